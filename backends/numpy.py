@@ -1,0 +1,262 @@
+"""NumPy reference backend: plain NumPy arrays on virtual CPU devices.
+
+Mechanism. NumPy has one memory space, so devices are virtual. An array placed by multidev is a
+``VirtualDeviceArray``: a ``numpy.ndarray`` subclass whose only addition is a device tag
+(``_md_device``). It is a real ndarray (every NumPy function takes it, no copy is made to tag it),
+and the tag travels with views (``__array_finalize__``) and with results of ufuncs and NumPy
+functions (``__array_ufunc__``/``__array_function__``). Those hooks refuse operands from two
+devices with DeviceMismatchError, as a GPU framework would, so code tested here keeps its device
+discipline elsewhere. An untagged ndarray (or NumPy scalar) is on ``cpu:0``; 0-d untagged arrays
+mix with any device, like torch's CPU scalars.
+
+The number of virtual devices is ``$MULTIDEV_NUMPY_DEVICES`` (default 2), or
+``set_device_count(n)`` at run time. Execution is synchronous; ``synchronize`` returns at once.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from multidev._device import Device
+from multidev._dtypes import DTYPES, canonical_dtype, numpy_dtype
+from multidev.errors import CapabilityError, DeviceMismatchError, InvalidDeviceError
+from multidev.protocol import Capabilities
+
+_HOST = Device("cpu", 0)
+_count_lock = threading.Lock()
+_device_count = max(1, int(os.environ.get("MULTIDEV_NUMPY_DEVICES", "2")))
+
+
+def set_device_count(n: int) -> None:
+    """Set how many virtual CPU devices the NumPy backend has (at least 1)."""
+    global _device_count
+    if not isinstance(n, int) or n < 1:
+        raise InvalidDeviceError(f"the NumPy backend needs at least one device, got {n!r}")
+    with _count_lock:
+        _device_count = n
+
+
+def _dev(a: Any) -> Device | None:
+    """The device an operand pins, or None where it mixes with anything (scalars, 0-d host arrays)."""
+    if isinstance(a, VirtualDeviceArray):
+        return a._md_device
+    if isinstance(a, np.ndarray) and a.ndim > 0:
+        return _HOST
+    return None
+
+
+def _collect(obj: Any, out: list[Device]) -> None:
+    if isinstance(obj, np.ndarray):
+        d = _dev(obj)
+        if d is not None:
+            out.append(d)
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            _collect(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _collect(o, out)
+
+
+def _common_device(what: str, *objs: Any) -> Device:
+    devs: list[Device] = []
+    for o in objs:
+        _collect(o, devs)
+    uniq = sorted(set(devs))
+    if len(uniq) > 1:
+        raise DeviceMismatchError(
+            f"numpy backend: {what} got operands on {', '.join(map(str, uniq))}. Move them to one "
+            "device first with multidev.to(x, device)."
+        )
+    return uniq[0] if uniq else _HOST
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, VirtualDeviceArray):
+        return obj.view(np.ndarray)
+    if isinstance(obj, list):
+        return [_plain(o) for o in obj]
+    if isinstance(obj, tuple):
+        return tuple(_plain(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _tag(obj: Any, device: Device) -> Any:
+    if isinstance(obj, np.ndarray):
+        v = obj.view(VirtualDeviceArray)
+        v._md_device = device
+        return v
+    if isinstance(obj, tuple):
+        return tuple(_tag(o, device) for o in obj)
+    if isinstance(obj, list):
+        return [_tag(o, device) for o in obj]
+    return obj
+
+
+class VirtualDeviceArray(np.ndarray):
+    """A NumPy array tagged with the virtual device it lives on (see the module docstring)."""
+
+    _md_device: Device = _HOST
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._md_device = getattr(obj, "_md_device", _HOST)
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        dev = _common_device(f"{ufunc.__name__}.{method}" if method != "__call__" else ufunc.__name__,
+                             inputs, kwargs.get("out", ()))
+        result = getattr(ufunc, method)(*_plain(inputs), **_plain(kwargs))
+        if method == "at" or result is NotImplemented:
+            return result
+        return _tag(result, dev)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        dev = _common_device(getattr(func, "__name__", "function"), args, kwargs)
+        return _tag(func(*_plain(args), **_plain(kwargs)), dev)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        _common_device("__setitem__", self, value)
+        self.view(np.ndarray)[_plain(key)] = _plain(value)
+
+    def __reduce__(self) -> Any:
+        fn, args, state = super().__reduce__()
+        return fn, args, (state, self._md_device)
+
+    def __setstate__(self, state: Any) -> None:
+        base, dev = state
+        super().__setstate__(base)
+        self._md_device = dev
+
+    def __repr__(self) -> str:
+        return f"{np.array_repr(self.view(np.ndarray))[:-1]}, device='{self._md_device}')"
+
+
+class NumpyBackend:
+    """The NumPy reference backend (see module docstring)."""
+
+    name: ClassVar[str] = "numpy"
+    framework: ClassVar[str] = "numpy"
+
+    def __init__(self) -> None:
+        dtypes = set(DTYPES) - {"bfloat16"}
+        try:
+            import ml_dtypes  # noqa: F401  # bfloat16 for NumPy, where installed
+
+            dtypes.add("bfloat16")
+        except ImportError:
+            pass
+        self._caps = Capabilities(mutable=True, async_execution=False, pinned_memory=False,
+                                  dlpack=True, native_collectives=frozenset(),
+                                  dtypes=frozenset(dtypes), multi_device_ops=True)
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    def version(self) -> str:
+        return np.__version__
+
+    def tensor_types(self) -> tuple[type, ...]:
+        return (np.ndarray, np.generic)
+
+    # -- devices ----------------------------------------------------------------------------
+    def devices(self) -> list[Device]:
+        return [Device("cpu", i) for i in range(_device_count)]
+
+    def to_native_device(self, device: Device) -> Any:
+        return device  # NumPy has no device objects; the neutral value is the native one.
+
+    def from_native_device(self, obj: Any) -> Device | None:
+        return obj if isinstance(obj, Device) else None
+
+    # -- dtypes -----------------------------------------------------------------------------
+    def to_native_dtype(self, dtype: str) -> Any:
+        if dtype not in self._caps.dtypes:
+            raise CapabilityError(f"numpy backend: dtype {dtype!r} needs the 'ml_dtypes' package")
+        return numpy_dtype(dtype)
+
+    def dtype_of(self, x: Any) -> str:
+        return canonical_dtype(np.asarray(x).dtype)
+
+    # -- creation ---------------------------------------------------------------------------
+    def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
+        return _tag(np.full(shape, value, dtype=self.to_native_dtype(dtype)), device)
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
+        return _tag(np.empty(shape, dtype=self.to_native_dtype(dtype)), device)
+
+    def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
+        return _tag(np.arange(start, stop, step, dtype=self.to_native_dtype(dtype)), device)
+
+    def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
+        _common_device("asarray", obj)  # reading another backend's memory is fine; tagging is ours
+        nd = None if dtype is None else self.to_native_dtype(dtype)
+        return _tag(np.array(_plain(obj), dtype=nd, copy=True), device)
+
+    def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
+        vals = np.random.default_rng(seed).random(shape)
+        return _tag(vals.astype(self.to_native_dtype(dtype)), device)
+
+    # -- placement --------------------------------------------------------------------------
+    def device_of(self, x: Any) -> Device:
+        return x._md_device if isinstance(x, VirtualDeviceArray) else _HOST
+
+    def move(self, x: Any, device: Device) -> Any:
+        return _tag(np.array(_plain(x), copy=True), device)
+
+    def copy(self, x: Any, device: Device) -> Any:
+        return _tag(np.array(_plain(x), copy=True), device)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return np.asarray(_plain(x))
+
+    def synchronize(self, device: Device | None) -> None:
+        return None  # NumPy runs every operation to completion before returning.
+
+    def wait(self, x: Any) -> None:
+        return None
+
+    # -- arithmetic for collectives ---------------------------------------------------------
+    def shape_of(self, x: Any) -> tuple[int, ...]:
+        return tuple(int(s) for s in np.shape(x))
+
+    def combine(self, op: str, a: Any, b: Any) -> Any:
+        fn = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[op]
+        dev = _common_device(op, a, b)
+        return _tag(fn(_plain(a), _plain(b)), dev)
+
+    def divide(self, x: Any, n: int) -> Any:
+        p = _plain(x)
+        return _tag((p / n).astype(p.dtype, copy=False), self.device_of(x))
+
+    def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
+        return _tag(np.reshape(_plain(x), shape), self.device_of(x))
+
+    def concat(self, xs: Sequence[Any], axis: int) -> Any:
+        dev = _common_device("concat", list(xs))
+        return _tag(np.concatenate(_plain(list(xs)), axis=axis), dev)
+
+    def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
+        cuts = np.cumsum(list(sizes))[:-1]
+        return _tag(list(np.split(_plain(x), cuts, axis=axis)), self.device_of(x))
+
+    def assign(self, dst: Any, src: Any) -> None:
+        _common_device("assign", dst, src)
+        np.copyto(_plain(dst), _plain(src))
+
+    # -- interchange ------------------------------------------------------------------------
+    def export_dlpack(self, x: Any) -> Any:
+        return _plain(x)  # ndarray has __dlpack__, strided layouts included
+
+    def import_dlpack(self, obj: Any) -> Any:
+        return np.from_dlpack(obj)
+
+    # -- native fast paths ------------------------------------------------------------------
+    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
+        raise CapabilityError("numpy backend has no native allreduce; use algorithm='naive', 'ring' "
+                              "or 'tree' (or 'auto')")

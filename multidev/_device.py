@@ -1,0 +1,113 @@
+"""The neutral :class:`Device` value and its parser."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Union
+
+from .errors import InvalidDeviceError
+
+__all__ = ["Device", "DeviceLike", "KINDS", "ACCEPTED_FORMS"]
+
+#: Device kinds multidev knows. ``gpu`` covers CUDA and ROCm; ``mps`` is Apple's Metal GPU.
+KINDS = ("cpu", "gpu", "mps")
+
+# DLPack device types (dlpack.h, DLDeviceType).
+_DLPACK_TO_KIND = {1: "cpu", 2: "gpu", 3: "cpu", 8: "mps", 10: "gpu", 13: "cpu"}
+_KIND_TO_DLPACK = {"cpu": 1, "gpu": 2, "mps": 8}
+
+_ALIASES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "hip": "gpu", "mps": "mps",
+            "metal": "mps"}
+
+ACCEPTED_FORMS = (
+    "'cpu', 'cpu:1', 'gpu', 'gpu:1', 'cuda:1', 'GPU:1', '/GPU:1', '/device:GPU:1', "
+    "'/job:localhost/replica:0/task:0/device:GPU:1', 'mps', a (dlpack_type, index) pair, "
+    "a Device, or a native device object (torch.device, a jax Device, mx.Context)"
+)
+
+# kind, optionally ":index". Everything before the last "device:" (TF's job/replica/task prefix) is dropped.
+_SPEC = re.compile(r"^\s*([a-z]+)\s*(?::\s*(\d+))?\s*$")
+_TF_PREFIX = re.compile(r"^(?:/job:[^/]+)?(?:/replica:\d+)?(?:/task:\d+)?(?:/device:|/)", re.IGNORECASE)
+
+
+@dataclass(frozen=True, order=True)
+class Device:
+    """A backend-neutral device: a kind (``"cpu"``, ``"gpu"``, ``"mps"``) and an index.
+
+    Frozen, hashable and normalized: ``Device.parse("cuda:1") == Device.parse("/GPU:1")``. The index
+    is the framework's ordinal for that kind, so ``gpu:0`` is the same GPU to every framework, as a
+    DLPack ``(device_type, device_id)`` pair is.
+    """
+
+    kind: str
+    index: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise InvalidDeviceError(f"unknown device kind {self.kind!r}; expected one of {KINDS}")
+        if not isinstance(self.index, int) or isinstance(self.index, bool) or self.index < 0:
+            raise InvalidDeviceError(f"device index must be a non-negative int, got {self.index!r}")
+
+    def __repr__(self) -> str:
+        return f"Device({self.kind!r}, {self.index})"
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.index}"
+
+    @property
+    def is_gpu(self) -> bool:
+        """True for accelerator devices (``gpu`` and ``mps``)."""
+        return self.kind != "cpu"
+
+    def to_dlpack(self) -> tuple[int, int]:
+        """The DLPack ``(device_type, device_id)`` pair (kDLCPU=1, kDLCUDA=2, kDLMetal=8)."""
+        return (_KIND_TO_DLPACK[self.kind], self.index)
+
+    @classmethod
+    def from_dlpack(cls, pair: tuple[int, int]) -> "Device":
+        """Build from a DLPack ``(device_type, device_id)`` pair, as ``__dlpack_device__`` returns."""
+        dtype, idx = int(pair[0]), int(pair[1])
+        if dtype not in _DLPACK_TO_KIND:
+            raise InvalidDeviceError(f"unsupported DLPack device type {dtype}; known: {sorted(_DLPACK_TO_KIND)}")
+        return cls(_DLPACK_TO_KIND[dtype], idx)
+
+    @classmethod
+    def parse(cls, spec: "DeviceLike") -> "Device":
+        """Parse any accepted spelling or native device object into a :class:`Device`.
+
+        Pure: never imports a framework. Native objects of frameworks are resolved through the
+        registry's loaded adapters (see :func:`multidev.device`).
+        """
+        if isinstance(spec, Device):
+            return spec
+        if isinstance(spec, str):
+            return _parse_str(spec)
+        if isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(v, int) for v in spec):
+            return cls.from_dlpack(spec)
+        from . import registry  # local: registry imports this module
+
+        found = registry.native_device(spec)
+        if found is not None:
+            return found
+        raise InvalidDeviceError(
+            f"cannot interpret {spec!r} (type {type(spec).__name__}) as a device. Accepted: {ACCEPTED_FORMS}"
+        )
+
+
+def _parse_str(text: str) -> Device:
+    raw = text
+    s = text.strip()
+    if s.startswith("/"):
+        m = _TF_PREFIX.match(s)
+        if not m:
+            raise InvalidDeviceError(f"cannot parse device {raw!r}. Accepted: {ACCEPTED_FORMS}")
+        s = s[m.end():]
+    elif s.lower().startswith("device:"):
+        s = s[len("device:"):]
+    m = _SPEC.match(s.lower())
+    if not m or m.group(1) not in _ALIASES:
+        raise InvalidDeviceError(f"cannot parse device {raw!r}. Accepted: {ACCEPTED_FORMS}")
+    return Device(_ALIASES[m.group(1)], int(m.group(2)) if m.group(2) is not None else 0)
+
+
+DeviceLike = Union[Device, str, tuple, Any]

@@ -1,0 +1,50 @@
+"""The one error taxonomy of multidev.
+
+Every error multidev raises on purpose is a :class:`MultidevError`. Each class also derives from the
+builtin exception a caller would naturally catch (``ValueError``, ``LookupError``, ...), so code that
+does not know multidev still handles them sensibly.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "MultidevError",
+    "InvalidDeviceError",
+    "DeviceNotFoundError",
+    "DeviceMismatchError",
+    "BackendNotAvailableError",
+    "UnsupportedTensorError",
+    "CapabilityError",
+    "CollectiveInputError",
+]
+
+
+class MultidevError(Exception):
+    """Base class of every error multidev raises on purpose."""
+
+
+class InvalidDeviceError(MultidevError, ValueError):
+    """A device spelling or object that multidev cannot parse."""
+
+
+class DeviceNotFoundError(MultidevError, LookupError):
+    """A well-formed device that the backend does not have (``gpu:3`` on a machine with one GPU)."""
+
+
+class DeviceMismatchError(MultidevError, ValueError):
+    """Operands that must share a device do not."""
+
+
+class BackendNotAvailableError(MultidevError, ImportError):
+    """A backend that is unknown, or whose framework is not installed or cannot be imported."""
+
+
+class UnsupportedTensorError(MultidevError, TypeError):
+    """An object that no registered backend recognises as its tensor."""
+
+
+class CapabilityError(MultidevError, NotImplementedError):
+    """The backend lacks a capability the call needs (in-place writes on JAX, float64 without x64, ...)."""
+
+
+class CollectiveInputError(MultidevError, ValueError):
+    """Invalid inputs to a collective: empty, mixed backends, shapes, dtypes or repeated devices."""
