@@ -1,0 +1,204 @@
+"""pytest plugin that parametrizes the conformance suite by backend and device.
+
+Fixtures for suite authors:
+- ``md_backend``: the adapter under test (parametrized over the selected backends);
+- ``md_device``: one of its devices (parametrized over backend x device);
+- ``md_devices``: all devices of the backend under test.
+
+Options: ``--multidev-backend NAME[,NAME]`` (registered names or ``module:attr``; default: every
+installed backend), ``--multidev-device SPEC[,SPEC]`` (keep only these devices),
+``--multidev-json FILE`` (the per-backend, per-feature matrix as JSON). Skips come only from
+capability flags and device counts, each with its reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SUITE_DIR = Path(__file__).resolve().parent
+
+# Virtual devices the suite asks for, when the user has not configured their own. They only take
+# effect for frameworks not imported yet (JAX reads XLA_FLAGS at import; TF before first use).
+_VIRTUAL_DEFAULTS = {"MULTIDEV_NUMPY_DEVICES": "4", "MULTIDEV_JAX_CPU_DEVICES": "4",
+                     "MULTIDEV_TF_CPU_DEVICES": "4", "MULTIDEV_MXNET_CPU_DEVICES": "4"}
+
+_state: dict[str, Any] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("multidev", "multidev conformance suite")
+    g.addoption("--multidev-backend", action="append", default=[],
+                help="backend(s) to test: registered names or module:attr (comma-separated, repeatable)")
+    g.addoption("--multidev-device", action="append", default=[],
+                help="only these devices, e.g. cpu:0,gpu:0 (comma-separated, repeatable)")
+    g.addoption("--multidev-json", default=None, help="write the pass/fail/skip matrix to this JSON file")
+
+
+def _split(values: list[str]) -> list[str]:
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def _in_suite(config: pytest.Config) -> bool:
+    if _split(config.getoption("multidev_backend")) or config.getoption("multidev_json"):
+        return True
+    return any(str(SUITE_DIR) in str(Path(a).resolve()) or "multidev.conformance" in a
+               for a in config.args)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "md_feature(name): feature row of the conformance matrix")
+    config.addinivalue_line("markers", "multiprocess: spawns several processes")
+    if not _in_suite(config):
+        return
+    for k, v in _VIRTUAL_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+    import multidev as md
+    from multidev.errors import BackendNotAvailableError
+
+    names = _split(config.getoption("multidev_backend"))
+    if not names or names == ["all"]:
+        names = md.backends()
+    backends = []
+    for n in names:
+        try:
+            backends.append(md.registry.get_backend(n))
+        except BackendNotAvailableError as e:
+            raise pytest.UsageError(f"multidev conformance: {e}") from e
+    wanted = [md.device(s) for s in _split(config.getoption("multidev_device"))]
+    pairs = []
+    for b in backends:
+        devs = b.devices()
+        if wanted:
+            devs = [d for d in devs if d in wanted]
+        pairs.extend((b.name, d) for d in devs)
+    _state.update(backends={b.name: b for b in backends}, pairs=pairs, items={}, outcomes={},
+                  started=time.time())
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "md_device" in metafunc.fixturenames:
+        pairs = _state.get("pairs", [])
+        metafunc.parametrize(("md_backend_name", "md_device"), pairs,
+                             ids=[f"{n}-{d}" for n, d in pairs], scope="session")
+    elif "md_backend_name" in metafunc.fixturenames:
+        names = list(_state.get("backends", {}))
+        metafunc.parametrize("md_backend_name", names, ids=names, scope="session")
+
+
+@pytest.fixture(scope="session")
+def md_backend(md_backend_name: str) -> Any:
+    """The adapter under test."""
+    return _state["backends"][md_backend_name]
+
+
+@pytest.fixture(scope="session")
+def md_devices(md_backend: Any) -> list:
+    """Every device of the backend under test (after --multidev-device filtering)."""
+    return [d for n, d in _state["pairs"] if n == md_backend.name]
+
+
+def _feature(item: pytest.Item) -> str:
+    m = item.get_closest_marker("md_feature")
+    if m is not None:
+        return str(m.args[0])
+    stem = Path(str(item.fspath)).stem
+    return stem[5:] if stem.startswith("test_") else stem
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "items" not in _state:
+        return
+    for it in items:
+        cs = getattr(it, "callspec", None)
+        if cs is not None and "md_backend_name" in cs.params:
+            _state["items"][it.nodeid] = (cs.params["md_backend_name"], _feature(it))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    key = _state.get("items", {}).get(report.nodeid)
+    if key is None:
+        return
+    prev = _state["outcomes"].get(report.nodeid)
+    if report.failed:
+        outcome = "failed"
+    elif report.skipped:
+        outcome = "skipped"
+    elif report.when == "call":
+        outcome = "passed"
+    else:
+        return
+    if prev != "failed":
+        _state["outcomes"][report.nodeid] = outcome
+        if report.skipped and report.longrepr:
+            _state.setdefault("reasons", {})[report.nodeid] = str(report.longrepr[-1])
+
+
+def matrix() -> dict[str, dict[str, dict[str, int]]]:
+    """backend -> feature -> {passed, failed, skipped} counts of the run so far."""
+    out: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"passed": 0, "failed": 0, "skipped": 0}))
+    for nodeid, (backend, feature) in _state.get("items", {}).items():
+        oc = _state["outcomes"].get(nodeid)
+        if oc:
+            out[backend][feature][oc] += 1
+    return {b: dict(f) for b, f in out.items()}
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if "items" not in _state or not _state["items"]:
+        return
+    m = matrix()
+    tr = terminalreporter
+    tr.section("multidev conformance matrix (passed/failed/skipped)")
+    features = sorted({f for b in m.values() for f in b})
+    names = list(_state["backends"])
+    width = max([len(f) for f in features] + [8])
+    tr.write_line(f"{'feature':<{width}}  " + "  ".join(f"{n:>14}" for n in names))
+    for f in features:
+        cells = []
+        for n in names:
+            c = m.get(n, {}).get(f)
+            cells.append(f"{c['passed']}/{c['failed']}/{c['skipped']:<4}" if c else "-")
+        tr.write_line(f"{f:<{width}}  " + "  ".join(f"{c:>14}" for c in cells))
+    reasons: dict[str, int] = defaultdict(int)
+    for nodeid, r in _state.get("reasons", {}).items():
+        backend = _state["items"][nodeid][0]
+        reasons[f"{backend}: {r}"] += 1
+    if reasons:
+        tr.write_line("skip reasons:")
+        for r, k in sorted(reasons.items()):
+            tr.write_line(f"  {k:4d} x {r}")
+    path = config.getoption("multidev_json")
+    if path:
+        import multidev as md
+
+        doc = {
+            "schema": "multidev.conformance/1",
+            "command": " ".join(sys.argv),
+            "exit_status": int(exitstatus),
+            "duration_s": round(time.time() - _state["started"], 2),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "multidev": md.__version__,
+            "backends": {n: {"version": b.version(), "devices": [str(d) for n2, d in _state["pairs"] if n2 == n],
+                             "capabilities": _caps_json(b)} for n, b in _state["backends"].items()},
+            "matrix": m,
+            "skip_reasons": dict(reasons),
+            "env": {k: os.environ[k] for k in sorted(os.environ)
+                    if k.startswith(("MULTIDEV_", "XLA_FLAGS", "CUDA_VISIBLE", "NCCL_"))},
+        }
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(doc, indent=2, sort_keys=True))
+        tr.write_line(f"matrix written to {path}")
+
+
+def _caps_json(b: Any) -> dict[str, Any]:
+    c = b.capabilities
+    return {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in vars(c).items()}
