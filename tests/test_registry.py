@@ -1,0 +1,121 @@
+"""The lazy, thread-safe registry: no framework on import, entry points, run-time registration."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+import multidev as md
+from multidev import registry
+from multidev.errors import BackendNotAvailableError, UnsupportedTensorError
+
+FRAMEWORKS = ("torch", "jax", "jaxlib", "tensorflow", "mxnet")
+
+
+def test_import_multidev_imports_no_framework() -> None:
+    code = ("import sys, multidev as md; md.device('cuda:1'); md.Device('cpu', 0);"
+            "x = md.ones(3, backend='numpy'); md.to(x, 'cpu:1'); md.synchronize();"
+            f"print(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_builtin_adapters_come_from_entry_points() -> None:
+    from importlib import metadata
+
+    names = {ep.name for ep in metadata.entry_points(group=registry.ENTRY_POINT_GROUP)}
+    assert {"numpy", "torch", "jax", "tensorflow", "mxnet"} <= names
+    assert set(registry.registered_backends()) >= names
+    assert "numpy" in md.backends()
+
+
+def test_unknown_backend_message_lists_registered() -> None:
+    with pytest.raises(BackendNotAvailableError) as ei:
+        md.backend("nope")
+    assert "numpy" in str(ei.value) and "entry-point" in str(ei.value)
+
+
+def test_default_backend_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MULTIDEV_BACKEND", raising=False)
+    assert md.get_default_backend() == "numpy"
+    monkeypatch.setenv("MULTIDEV_BACKEND", "numpy")
+    assert md.get_default_backend() == "numpy"
+    with pytest.raises(BackendNotAvailableError):
+        md.set_default_backend("no-such")
+    md.set_default_backend("numpy")
+    try:
+        assert md.get_default_backend() == "numpy"
+    finally:
+        md.set_default_backend(None)
+
+
+class FakeArray:
+    """A third-party 'framework' tensor for registry tests."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data
+
+
+class FakeBackend:
+    name: ClassVar[str] = "fake"
+    framework: ClassVar[str] = "tests"  # a module that is surely imported during the tests
+    created = 0
+
+    def __init__(self) -> None:
+        type(self).created += 1
+
+    def tensor_types(self) -> tuple[type, ...]:
+        return (FakeArray,)
+
+    def device_of(self, x: Any) -> md.Device:
+        return md.Device("cpu", 0)
+
+
+def test_register_backend_is_lazy_and_found_by_type() -> None:
+    FakeBackend.created = 0
+    md.register_backend("fake", FakeBackend, replace=True)
+    assert FakeBackend.created == 0, "registration must not instantiate"
+    assert "fake" in registry.registered_backends()
+    sys.modules.setdefault("tests", sys.modules[__name__])
+    assert registry.backend_of(FakeArray(np.zeros(1))).name == "fake"
+    assert md.device_of(FakeArray(np.zeros(1))) == md.Device("cpu", 0)
+    assert FakeBackend.created == 1
+    with pytest.raises(ValueError, match="already registered"):
+        md.register_backend("fake", FakeBackend)
+
+
+def test_unknown_tensor_type() -> None:
+    with pytest.raises(UnsupportedTensorError, match="FakeUnknown"):
+        md.device_of(type("FakeUnknown", (), {})())
+
+
+def test_concurrent_first_use_creates_one_instance() -> None:
+    class Slow(FakeBackend):
+        name: ClassVar[str] = "slowfake"
+        made: ClassVar[list] = []
+
+        def __init__(self) -> None:
+            import time
+
+            time.sleep(0.05)
+            Slow.made.append(self)
+
+    md.register_backend("slowfake", Slow, replace=True)
+    got: list[Any] = []
+    threads = [threading.Thread(target=lambda: got.append(md.backend("slowfake"))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(Slow.made) == 1 and all(g is Slow.made[0] for g in got)
+
+
+def test_dotted_backend_name() -> None:
+    b = registry.get_backend("multidev.adapters.numpy:NumpyBackend")
+    assert b.name == "numpy"
+    with pytest.raises(BackendNotAvailableError, match="cannot import"):
+        registry.get_backend("no_such_module_xyz:Thing")
