@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -208,6 +208,9 @@ class NumpyBackend:
 
     def move(self, x: Any, device: Device) -> Any:
         return _tag(np.array(_plain(x), copy=True), device)
+
+    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
+        return self.move(x, device), None  # synchronous: the copy is done on return
 
     def copy(self, x: Any, device: Device) -> Any:
         return _tag(np.array(_plain(x), copy=True), device)

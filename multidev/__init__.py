@@ -15,6 +15,7 @@ from .errors import (BackendNotAvailableError, CapabilityError, CollectiveInputE
                      DeviceMismatchError, DeviceNotFoundError, InvalidDeviceError, MultidevError,
                      UnsupportedTensorError)
 from .protocol import Backend, Capabilities
+from .transfer import Transfer, convert, to_host
 from .registry import (backend_of, get_default_backend, register_backend, registered_backends,
                        set_default_backend)
 
@@ -27,7 +28,7 @@ __all__ = [
     "set_default_backend", "get_default_backend", "device_scope", "default_device",
     "zeros", "ones", "full", "empty", "arange", "asarray", "rand",
     "device_of", "dtype_of", "to", "copy", "to_numpy", "synchronize",
-    "allreduce",
+    "allreduce", "Transfer", "convert", "to_host",
     "MultidevError", "InvalidDeviceError", "DeviceNotFoundError", "DeviceMismatchError",
     "BackendNotAvailableError", "UnsupportedTensorError", "CapabilityError", "CollectiveInputError",
 ]

@@ -217,9 +217,17 @@ def dtype_of(x: Any) -> str:
     return backend_of(x).dtype_of(x)
 
 
-def to(x: Any, device: DeviceLike) -> Any:
+def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     """``x`` on ``device``: ``x`` itself when it is already there (no-op, D2L's ``as_in_ctx``),
-    else a copy on the target device. Asynchronous where the framework is."""
+    else a copy on the target device. Asynchronous where the framework is, but always safe to read.
+
+    ``non_blocking=True`` returns a :class:`~multidev.transfer.Transfer` at once; its ``wait()``
+    gives the tensor once the copy has landed (host targets use pinned buffers where they exist).
+    """
+    if non_blocking:
+        from .transfer import start_to
+
+        return start_to(x, device)
     b = backend_of(x)
     dev = _resolve(b, device)
     if b.device_of(x) == dev:

@@ -15,7 +15,7 @@ Contract shared by every method:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -125,6 +125,13 @@ class Backend(Protocol):
     def move(self, x: Any, device: Device) -> Any:
         """``x`` on another device. Called only when ``x`` is not on ``device``. Asynchronous where
         the framework is; the result is safe to use in later framework operations."""
+        ...
+
+    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
+        """Start moving ``x`` (not on ``device``) and return at once with the target tensor and a
+        callable that blocks until it is safe to read (None when it already is). Host targets use
+        pinned buffers where the backend has them. The caller must not read the tensor before
+        calling the waiter."""
         ...
 
     def copy(self, x: Any, device: Device) -> Any:
