@@ -33,7 +33,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
         try:
             b = registry.get_backend(n)
         except Exception as e:  # an adapter that fails to load is reported, not fatal
-            table.add_row(n, "-", f"[dim]not available: {_short(e)}[/dim]", "-", "-")
+            from rich.markup import escape
+
+            table.add_row(n, "-", f"[dim]{escape(_short(n, e))}[/dim]", "-", "-")
             if args.backend:
                 rc = 1
             continue
@@ -48,9 +50,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return rc
 
 
-def _short(e: BaseException) -> str:
-    s = str(e).split(". Install")[0]
-    return s if len(s) < 90 else s[:87] + "..."
+def _short(name: str, e: BaseException) -> str:
+    s = str(e)
+    if "No module named" in s:
+        return f"not installed: pip install \"multidev[{name}]\""
+    s = "not available: " + s.split(". Install")[0]
+    return s if len(s) < 120 else s[:117] + "..."
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
