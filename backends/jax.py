@@ -1,0 +1,488 @@
+"""JAX backend: ``jax.Array`` values committed to single JAX devices.
+
+Mechanism. Devices are JAX's addressable devices of the ``cpu`` platform (``cpu:i``) and, where
+present, of the ``gpu`` platform (CUDA or ROCm, ``gpu:i``), each numbered by its order (device id)
+within its platform. Every tensor this adapter creates is *committed* to its device (JAX then refuses
+arithmetic between committed arrays of two devices, as a GPU framework would). An array sharded or
+replicated over several devices has no single device: ``device_of`` raises DeviceMismatchError.
+
+Environment. ``$MULTIDEV_JAX_CPU_DEVICES=N`` gives JAX ``N`` virtual CPU devices: when the adapter is
+created before ``import jax`` it appends ``--xla_force_host_platform_device_count=N`` to
+``$XLA_FLAGS``; when jax is imported but its backends are not yet initialized it sets the config
+option ``jax_num_cpu_devices`` (both work on jax 0.7 and 0.10); afterwards it cannot be changed.
+
+JAX specifics. Arrays are immutable (``assign`` raises CapabilityError: rebind results instead).
+64-bit dtypes exist only under ``jax_enable_x64``, so ``capabilities.dtypes`` is recomputed from the
+flag. Execution is asynchronous; ``synchronize`` blocks on every live array (JAX has no per-device
+barrier). ``native_allreduce`` is ``psum``/``pmax``/``pmin`` under ``jax.shard_map`` over exactly the
+inputs' devices (``prod`` and complex max/min as an ordered fold over ``all_gather``).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import secrets
+import sys
+import threading
+import weakref
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+
+from multidev._device import Device
+from multidev._dtypes import DTYPES, canonical_dtype, numpy_dtype
+from multidev.errors import (CapabilityError, CollectiveInputError, DeviceMismatchError,
+                             DeviceNotFoundError, InvalidDeviceError)
+from multidev.protocol import Capabilities
+
+_ENV_CPU = "MULTIDEV_JAX_CPU_DEVICES"
+_XLA_FLAG = "--xla_force_host_platform_device_count"
+_X64_DTYPES = frozenset({"int64", "uint64", "float64", "complex128"})
+_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+_COMPLEX_PART = {"complex64": "float32", "complex128": "float64"}
+_ALLREDUCE_OPS = ("sum", "max", "min", "prod", "mean")
+_CACHE_MAX = 256
+# DLPack (code, bits) pairs of the 64-bit dtypes JAX holds only under x64 (dlpack.h DLDataTypeCode).
+_DL_X64 = {(0, 64), (1, 64), (2, 64), (5, 128)}
+
+
+def _x64_hint() -> str:
+    return "enable 64-bit types with jax.config.update('jax_enable_x64', True)"
+
+
+def _cpu_count_from_env() -> int | None:
+    raw = os.environ.get(_ENV_CPU)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise InvalidDeviceError(f"${_ENV_CPU} must be a positive integer, got {raw!r}")
+    return n
+
+
+class _CapsuleProducer:
+    """Presents a legacy ``"dltensor"`` PyCapsule as a ``__dlpack__`` producer.
+
+    Works around jax.dlpack.from_dlpack refusing bare capsules (removed in jax 0.10, deprecated in
+    0.7): the device and dtype are read from the DLManagedTensor's DLTensor header (dlpack.h ABI).
+    """
+
+    def __init__(self, capsule: Any) -> None:
+        get_name = ctypes.pythonapi.PyCapsule_GetName
+        get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+        name = get_name(capsule)
+        if name == b"used_dltensor" or name == b"used_dltensor_versioned":
+            raise CapabilityError("jax backend: this DLPack capsule was already consumed (a capsule "
+                                  "can be imported once); export the tensor again")
+        if name != b"dltensor":
+            raise CapabilityError(
+                f"jax backend: JAX imports only legacy 'dltensor' capsules, got {name!r}; pass the "
+                "producer object itself (anything with __dlpack__) instead of a capsule")
+        get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+        get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        addr = get_ptr(capsule, name)
+        # DLTensor: void* data; DLDevice{int32 type, int32 id}; int32 ndim; DLDataType{u8 code, u8 bits, u16 lanes}
+        dev = (ctypes.c_int32 * 2).from_address(addr + 8)
+        dt = (ctypes.c_uint8 * 2).from_address(addr + 20)
+        self.device = (int(dev[0]), int(dev[1]))
+        self.code_bits = (int(dt[0]), int(dt[1]))
+        self._capsule = capsule
+
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.device
+
+
+class JaxBackend:
+    """The JAX backend (see module docstring)."""
+
+    name: ClassVar[str] = "jax"
+    framework: ClassVar[str] = "jax"
+
+    def __init__(self) -> None:
+        n = _cpu_count_from_env()
+        imported = "jax" in sys.modules
+        if n is not None and not imported:
+            flags = os.environ.get("XLA_FLAGS", "")
+            if _XLA_FLAG not in flags:
+                os.environ["XLA_FLAGS"] = f"{flags} {_XLA_FLAG}={n}".strip()
+        import jax
+        import jax.numpy as jnp
+
+        self._jax = jax
+        self._jnp = jnp
+        if n is not None and imported and _XLA_FLAG not in os.environ.get("XLA_FLAGS", ""):
+            try:
+                if jax.config.jax_num_cpu_devices in (-1, None):  # never override the user's choice
+                    jax.config.update("jax_num_cpu_devices", n)
+            except (RuntimeError, AttributeError):
+                pass  # backends already initialized (or an old jax): the CPU count is fixed now
+        self._lock = threading.RLock()
+        self._devs: list[Device] | None = None
+        self._to_native: dict[Device, Any] = {}
+        self._from_native: dict[Any, Device] = {}
+        self._caps: dict[bool, Capabilities] = {}
+        self._allreduce_cache: dict[tuple, tuple[Callable[[Any], Any], Any]] = {}
+        self._reported: list[weakref.ref] = []  # failed arrays whose error synchronize already raised
+
+    def _enumerate(self) -> None:
+        """Read JAX's devices once (this initializes JAX's backends)."""
+        with self._lock:
+            if self._devs is not None:
+                return
+            jax = self._jax
+            devs: list[Device] = []
+            for platform, kind in (("cpu", "cpu"), ("gpu", "gpu")):
+                try:
+                    natives = jax.local_devices(backend=platform)
+                except RuntimeError:  # jax.devices("gpu") raises when no GPU platform is present
+                    continue
+                for i, nd in enumerate(sorted(natives, key=lambda d: d.id)):
+                    dev = Device(kind, i)
+                    devs.append(dev)
+                    self._to_native[dev] = nd
+                    self._from_native[nd] = dev
+            self._devs = devs
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> Capabilities:
+        """Recomputed when ``jax_enable_x64`` changes: without it 64-bit dtypes are not listed."""
+        x64 = bool(self._jax.config.jax_enable_x64)
+        caps = self._caps.get(x64)
+        if caps is None:
+            self._enumerate()
+            dtypes = frozenset(DTYPES) if x64 else frozenset(DTYPES) - _X64_DTYPES
+            gpus = [nd for d, nd in self._to_native.items() if d.kind == "gpu"]
+            pinned = False
+            for nd in gpus:
+                try:
+                    pinned = pinned or any(m.kind == "pinned_host" for m in nd.addressable_memories())
+                except Exception:  # memory kinds are not implemented on every plugin
+                    pass
+            caps = Capabilities(mutable=False, async_execution=True, pinned_memory=pinned,
+                                dlpack=True, native_collectives=frozenset({"allreduce"}),
+                                dtypes=dtypes, multi_device_ops=True)
+            self._caps[x64] = caps
+        return caps
+
+    def version(self) -> str:
+        return str(self._jax.__version__)
+
+    def tensor_types(self) -> tuple[type, ...]:
+        return (self._jax.Array,)
+
+    # -- devices ----------------------------------------------------------------------------
+    def devices(self) -> list[Device]:
+        if self._devs is None:
+            self._enumerate()
+        return list(self._devs or ())
+
+    def to_native_device(self, device: Device) -> Any:
+        if self._devs is None:
+            self._enumerate()
+        nd = self._to_native.get(device)
+        if nd is None:
+            raise DeviceNotFoundError(
+                f"jax backend has no device {device}; available: {', '.join(map(str, self.devices()))}. "
+                f"More virtual CPUs: set ${_ENV_CPU}=N before JAX initializes.")
+        return nd
+
+    def from_native_device(self, obj: Any) -> Device | None:
+        if not isinstance(obj, self._jax.Device):
+            return None
+        if self._devs is None:
+            self._enumerate()
+        return self._from_native.get(obj)  # by platform and order within it, not global id
+
+    # -- dtypes -----------------------------------------------------------------------------
+    def to_native_dtype(self, dtype: str) -> Any:
+        if dtype not in self.capabilities.dtypes:
+            if dtype in _X64_DTYPES:
+                raise CapabilityError(f"jax backend: dtype {dtype!r} needs 64-bit mode; {_x64_hint()}")
+            raise CapabilityError(f"jax backend: unsupported dtype {dtype!r}")
+        return self._jnp.dtype(numpy_dtype(dtype))
+
+    def dtype_of(self, x: Any) -> str:
+        return canonical_dtype(x.dtype)
+
+    # -- creation ---------------------------------------------------------------------------
+    def _finish(self, x: Any, native: Any, nd: Any) -> Any:
+        """``x`` committed to ``native`` with dtype ``nd``, or a CapabilityError."""
+        sh = x.sharding
+        if not (x.committed and len(sh.device_set) == 1 and native in sh.device_set):
+            x = self._jax.device_put(x, native)  # an uncommitted or misplaced result: commit it
+        if x.dtype != nd:  # JAX canonicalizes 64-bit types away when x64 is off
+            raise CapabilityError(f"jax backend produced {x.dtype}, not {nd}; {_x64_hint()}")
+        return x
+
+    def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
+        nd, native = self.to_native_dtype(dtype), self.to_native_device(device)
+        return self._finish(self._jnp.full(shape, value, dtype=nd, device=native), native, nd)
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
+        nd, native = self.to_native_dtype(dtype), self.to_native_device(device)
+        return self._finish(self._jnp.empty(shape, dtype=nd, device=native), native, nd)
+
+    def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
+        nd, native = self.to_native_dtype(dtype), self.to_native_device(device)
+        # jnp.arange's values differ from NumPy's (jax 0.10: int dtype with float bounds gives
+        # zeros; low-precision floats round differently): compute on the host with NumPy.
+        host = np.arange(start, stop, step, dtype=numpy_dtype(dtype))
+        return self._finish(self._jax.device_put(host, native), native, nd)
+
+    def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
+        native = self.to_native_device(device)
+        nd = None if dtype is None else self.to_native_dtype(dtype)
+        x = self._jnp.array(obj, dtype=nd, copy=True, device=native)
+        if nd is None:
+            nd = x.dtype
+            if x.weak_type:  # jnp.array(3.0) is weakly typed; give it a definite dtype
+                x = self._jnp.array(x, dtype=nd, copy=False, device=native)
+        return self._finish(x, native, nd)
+
+    def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
+        jax = self._jax
+        nd, native = self.to_native_dtype(dtype), self.to_native_device(device)
+        if seed is None:
+            seed = secrets.randbits(31)
+        elif not 0 <= seed < 2**31:
+            # PRNGKey truncates wide seeds silently (2**40 gives the key of 0 without x64): hash them.
+            seed = int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=4).digest(), "little")
+            seed &= 0x7FFFFFFF
+        key = jax.device_put(jax.random.PRNGKey(seed), native)  # committed key: sampling runs there
+        if dtype in _FLOATS:
+            x = jax.random.uniform(key, shape, dtype=nd)  # in the target precision: stays below 1
+        else:
+            real = _COMPLEX_PART.get(dtype, "float32")
+            x = jax.random.uniform(key, shape, dtype=self.to_native_dtype(real)).astype(nd)
+        return self._finish(x, native, nd)
+
+    # -- placement --------------------------------------------------------------------------
+    def _native_of(self, x: Any) -> Any:
+        """The one JAX device holding ``x``; DeviceMismatchError for multi-device arrays."""
+        try:
+            ds = x.sharding.device_set
+        except AttributeError:
+            raise CapabilityError(
+                f"jax backend: {type(x).__name__} has no concrete device (a tracer inside jax.jit/"
+                "vmap/grad?); call multidev outside traced functions") from None
+        if len(ds) != 1:
+            if self._devs is None:
+                self._enumerate()
+            names = ", ".join(sorted(str(self._from_native.get(d, d)) for d in ds))
+            raise DeviceMismatchError(
+                f"jax backend: this array is sharded or replicated over {len(ds)} devices ({names}) "
+                "and so has no single device. Take one piece with x.addressable_shards[i].data, or "
+                "gather it onto one device with multidev.copy(x, device) / jax.device_put(x, device).")
+        return next(iter(ds))
+
+    def device_of(self, x: Any) -> Device:
+        nd = self._native_of(x)
+        if self._devs is None:
+            self._enumerate()
+        dev = self._from_native.get(nd)
+        if dev is None:
+            raise DeviceNotFoundError(f"jax backend: array lives on {nd}, which is not one of this "
+                                      f"process's devices ({', '.join(map(str, self.devices()))})")
+        return dev
+
+    def move(self, x: Any, device: Device) -> Any:
+        return self._jax.device_put(x, self.to_native_device(device))  # asynchronous
+
+    def copy(self, x: Any, device: Device) -> Any:
+        # device_put to x's own device may return an alias of x's buffer; may_alias=False forces a copy.
+        return self._jax.device_put(x, self.to_native_device(device), may_alias=False)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return np.asarray(x)  # waits; read-only and zero-copy for CPU arrays
+
+    def synchronize(self, device: Device | None) -> None:
+        """JAX has no per-device barrier: wait for every live array (on ``device`` when given), plus
+        ordered effects (``jax.effects_barrier``) when ``device`` is None."""
+        jax = self._jax
+        if self._devs is None:
+            self._enumerate()
+        platforms = sorted({nd.platform for nd in self._to_native.values()})
+        target = None if device is None else self.to_native_device(device)
+        if device is None:
+            jax.effects_barrier()
+        arrays: list[Any] = []
+        for p in platforms:
+            for a in jax.live_arrays(p):
+                if target is None or target in a.sharding.device_set:
+                    arrays.append(a)
+        if not arrays:
+            return
+        try:
+            jax.block_until_ready(arrays)
+            return
+        except Exception:
+            pass
+        # Some array failed: find it, and raise each asynchronous error once (not on every later call).
+        self._reported = [r for r in self._reported if r() is not None]
+        for a in arrays:
+            try:
+                a.block_until_ready()
+            except Exception:
+                if any(r() is a for r in self._reported):
+                    continue
+                self._reported.append(weakref.ref(a))
+                raise
+
+    def wait(self, x: Any) -> None:
+        x.block_until_ready()  # raises the asynchronous error behind x, if any
+
+    # -- arithmetic for collectives ---------------------------------------------------------
+    def shape_of(self, x: Any) -> tuple[int, ...]:
+        return tuple(int(s) for s in x.shape)
+
+    def _same_device(self, what: str, xs: Sequence[Any]) -> None:
+        devs = [self.device_of(x) for x in xs]
+        uniq = sorted(set(devs))
+        if len(uniq) > 1:
+            raise DeviceMismatchError(
+                f"jax backend: {what} got operands on {', '.join(map(str, uniq))}. Move them to one "
+                "device first with multidev.to(x, device).")
+
+    def combine(self, op: str, a: Any, b: Any) -> Any:
+        jnp = self._jnp
+        fn = {"sum": jnp.add, "max": jnp.maximum, "min": jnp.minimum, "prod": jnp.multiply}[op]
+        self._same_device(op, (a, b))
+        return fn(a, b)
+
+    def divide(self, x: Any, n: int) -> Any:
+        return (x / n).astype(x.dtype)
+
+    def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
+        return self._jnp.reshape(x, shape)  # JAX has no views: a new (immutable) array
+
+    def concat(self, xs: Sequence[Any], axis: int) -> Any:
+        xs = list(xs)
+        self._same_device("concat", xs)
+        return self._jnp.concatenate(xs, axis=axis)
+
+    def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
+        cuts = np.cumsum([int(s) for s in sizes])[:-1].tolist()
+        return list(self._jnp.split(x, cuts, axis=axis))
+
+    def assign(self, dst: Any, src: Any) -> None:
+        raise CapabilityError(
+            "jax backend: JAX arrays are immutable and cannot be written in place. Rebind the result "
+            "instead, e.g. xs = multidev.allreduce(xs) (inplace=False) and x = xs[i], or use x.at[...].set(...)")
+
+    # -- interchange ------------------------------------------------------------------------
+    def export_dlpack(self, x: Any) -> Any:
+        self._native_of(x)  # a multi-device array has no single buffer to export
+        if not self._jax.dlpack.is_supported_dtype(x.dtype):
+            raise CapabilityError(f"jax backend: DLPack cannot carry dtype {x.dtype}")
+        return x  # jax.Array has __dlpack__ and __dlpack_device__
+
+    def import_dlpack(self, obj: Any) -> Any:
+        """Zero-copy where JAX can; JAX copies CPU buffers that are not 64-byte aligned."""
+        jax = self._jax
+        x64 = bool(jax.config.jax_enable_x64)
+        if type(obj).__name__ == "PyCapsule":
+            obj = _CapsuleProducer(obj)
+            if not x64 and obj.code_bits in _DL_X64:
+                raise CapabilityError(f"jax backend: cannot import a 64-bit DLPack tensor without "
+                                      f"x64 (it would become a 32-bit copy); {_x64_hint()}")
+        elif not x64:
+            try:
+                src = canonical_dtype(obj.dtype)
+            except Exception:  # no readable dtype: let JAX decide
+                src = None
+            if src in _X64_DTYPES:
+                raise CapabilityError(f"jax backend: cannot import a {src} tensor without x64 (it "
+                                      f"would become a 32-bit copy); {_x64_hint()}")
+        try:
+            return jax.dlpack.from_dlpack(obj)
+        except CapabilityError:
+            raise
+        except (TypeError, ValueError, BufferError, RuntimeError) as e:
+            raise CapabilityError(f"jax backend cannot import this DLPack tensor "
+                                  f"({type(obj).__name__}): {e}") from e
+
+    # -- native fast paths ------------------------------------------------------------------
+    def _allreduce_fn(self, natives: tuple, block: tuple[int, ...], dtype: Any, op: str) -> tuple:
+        """A compiled shard_map over ``natives`` reducing one ``block``-shaped shard per device."""
+        key = (natives, block, str(dtype), op)
+        hit = self._allreduce_cache.get(key)
+        if hit is not None:
+            return hit
+        jax, jnp = self._jax, self._jnp
+        lax = jax.lax
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        n = len(natives)
+        name = canonical_dtype(dtype)
+        is_bool, is_complex = name == "bool", name.startswith("complex")
+
+        def fold(fn: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
+            def body(a: Any) -> Any:  # same left-to-right order as the naive algorithm
+                g = lax.all_gather(a, "i")
+                acc = g[0]
+                for k in range(1, n):
+                    acc = fn(acc, g[k])
+                return acc
+            return body
+
+        if op == "sum":
+            body = (lambda a: lax.pmax(a, "i")) if is_bool else (lambda a: lax.psum(a, "i"))
+        elif op == "mean":
+            body = lambda a: (lax.psum(a, "i") / n).astype(a.dtype)  # noqa: E731
+        elif op in ("max", "min"):
+            fn = jnp.maximum if op == "max" else jnp.minimum
+            prim = lax.pmax if op == "max" else lax.pmin
+            # XLA has no complex max/min all-reduce (UNIMPLEMENTED): fold over an all_gather.
+            body = fold(fn) if is_complex else (lambda a, p=prim: p(a, "i"))
+        else:  # prod: there is no lax.pprod
+            body = (lambda a: lax.pmin(a, "i")) if is_bool else fold(jnp.multiply)
+        mesh = Mesh(np.array(natives, dtype=object), ("i",))
+        sharding = NamedSharding(mesh, PartitionSpec("i"))
+        smap = jax.shard_map(body, mesh=mesh, in_specs=PartitionSpec("i"),
+                             out_specs=PartitionSpec("i"))
+        gshape = (block[0] * n,) + tuple(block[1:])
+        compiled = jax.jit(smap).lower(jax.ShapeDtypeStruct(gshape, dtype, sharding=sharding)).compile()
+        with self._lock:
+            if len(self._allreduce_cache) >= _CACHE_MAX:
+                self._allreduce_cache.clear()
+            self._allreduce_cache[key] = (compiled, sharding)
+        return compiled, sharding
+
+    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
+        """``psum``/``pmax``/``pmin`` under ``jax.shard_map`` over the inputs' devices, compiled once
+        per (devices, shape, dtype, op). The per-device inputs are the shards of one global array
+        (no copy); result ``i`` is the output shard on input ``i``'s device. Also takes ``mean``."""
+        jax = self._jax
+        xs = list(xs)
+        if op not in _ALLREDUCE_OPS:
+            raise CollectiveInputError(f"jax backend: unknown allreduce op {op!r}; expected one of "
+                                       f"{', '.join(_ALLREDUCE_OPS)}")
+        if not xs:
+            raise CollectiveInputError("jax backend: allreduce needs at least one tensor")
+        natives = tuple(self._native_of(x) for x in xs)
+        if len(set(natives)) != len(natives):
+            raise CollectiveInputError("jax backend: native allreduce needs one tensor per device")
+        platforms = {nd.platform for nd in natives}
+        if len(platforms) > 1:
+            raise CapabilityError(
+                f"jax backend: native allreduce runs over devices of one platform, got "
+                f"{', '.join(sorted(platforms))}; use algorithm='naive' to mix CPUs and GPUs")
+        shape, dtype = tuple(xs[0].shape), xs[0].dtype
+        scalar = len(shape) == 0
+        block = (1,) if scalar else shape
+        pieces = [x.reshape(1) for x in xs] if scalar else xs
+        compiled, sharding = self._allreduce_fn(natives, block, dtype, op)
+        gshape = (block[0] * len(xs),) + tuple(block[1:])
+        glob = jax.make_array_from_single_device_arrays(gshape, sharding, pieces)
+        out = compiled(glob)
+        by_dev = {s.device: s.data for s in out.addressable_shards}
+        res = [by_dev[nd] for nd in natives]
+        return [r.reshape(()) for r in res] if scalar else res
