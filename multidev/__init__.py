@@ -10,7 +10,8 @@ from ._dtypes import canonical_dtype
 from .api import (arange, asarray, backend, backends, copy, cpu, default_device, device, device_of,
                   device_scope, devices, dtype_of, empty, full, gpu, num_gpus, ones, rand, synchronize,
                   to, to_numpy, try_all_gpus, try_gpu, zeros)
-from .collectives import allreduce
+from .collectives import (allgather, allreduce, broadcast, gather, reduce, reduce_scatter, scatter,
+                          split_batch)
 from .errors import (BackendNotAvailableError, CapabilityError, CollectiveInputError,
                      DeviceMismatchError, DeviceNotFoundError, InvalidDeviceError, MultidevError,
                      UnsupportedTensorError)
@@ -28,7 +29,8 @@ __all__ = [
     "set_default_backend", "get_default_backend", "device_scope", "default_device",
     "zeros", "ones", "full", "empty", "arange", "asarray", "rand",
     "device_of", "dtype_of", "to", "copy", "to_numpy", "synchronize",
-    "allreduce", "Transfer", "convert", "to_host",
+    "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "scatter", "gather", "split_batch",
+    "Transfer", "convert", "to_host",
     "MultidevError", "InvalidDeviceError", "DeviceNotFoundError", "DeviceMismatchError",
     "BackendNotAvailableError", "UnsupportedTensorError", "CapabilityError", "CollectiveInputError",
 ]

@@ -1,28 +1,74 @@
 """Single-process collectives over many devices, written once over the adapter protocol.
 
 Lists in, lists out: result ``i`` lives on input ``i``'s device and keeps the inputs' dtype.
-Inputs are validated completely before anything is computed or written, so a failing call,
-in place or not, leaves its inputs bit-identical.
+Every argument is validated before anything is computed, moved or written, so a failing call, in
+place or not, leaves its inputs bit-identical.
+
+Semantics (the same on every backend; docs/collectives.md has the table):
+
+- ``op``: ``sum``, ``mean``, ``max``, ``min``, ``prod``. ``mean`` is a sum followed by one division
+  by the number of tensors, in the inputs' dtype; ``mean`` of integer or bool tensors raises
+  :class:`CollectiveInputError` (no silent flooring). ``bool`` tensors take ``max`` (logical or) and
+  ``min`` (logical and) only. Integer sums and products wrap as the framework's own arithmetic does.
+- One tensor per device: a device appearing twice raises :class:`CollectiveInputError`.
+- Uneven splits (``scatter``, ``reduce_scatter``, ``split_batch``) follow ``numpy.array_split``: with
+  ``L`` rows over ``n`` devices the first ``L % n`` pieces get ``L // n + 1`` rows, the rest
+  ``L // n`` (pieces may be empty). ``allgather`` and ``gather`` accept pieces that differ along
+  ``axis`` only, so they undo a split.
+- Results never alias inputs (except ``allreduce(inplace=True)``, which returns the inputs).
+
+Algorithms of :func:`allreduce` (all produce the same values within the dtype's tolerance):
+
+- ``naive``: reduce every tensor into the first device in list order, then copy the result out (D2L).
+- ``ring``: the bandwidth-optimal ring: the flattened tensors are cut into ``n`` chunks; a
+  reduce-scatter passes partial sums from device ``i`` to ``i+1`` for ``n-1`` steps, after which
+  device ``i`` owns the reduced chunk ``i``; an allgather passes the reduced chunks around the same
+  ring for ``n-1`` more steps. Tensors with fewer elements than devices use ``tree``.
+- ``tree``: the latency-optimal binary tree: pairwise reductions at strides 1, 2, 4, ... into the
+  first device (``ceil(log2 n)`` rounds), then a broadcast down the same tree.
+- ``native``: the adapter's framework path (NCCL, psum, kvstore, ...); CapabilityError where the
+  backend advertises none.
+- ``auto`` (:func:`choose_algorithm`): ``native`` when the backend has it, every device is an
+  accelerator and ``deterministic`` is False; else ``tree`` for small tensors (at most
+  :data:`AUTO_TREE_MAX_BYTES` bytes per device, or fewer elements than devices); else ``ring``.
+
+Determinism: ``naive``, ``ring`` and ``tree`` are deterministic by construction: every element is
+reduced in a fixed order set by the algorithm and the list order (naive: ``x0, x1, ..., x(n-1)``;
+ring: chunk ``c`` in ring order starting after device ``c``; tree: fixed pairs), and each step is an
+elementwise binary operation, which frameworks compute the same way every run. Every device receives
+a bitwise copy of one result. ``deterministic=True`` makes that a promise: ``native`` (whose order the
+framework decides) is refused with CapabilityError, and ``auto`` only chooses among the portable
+algorithms, by a rule that depends on shape, dtype and device count alone.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ._device import Device, DeviceLike
 from ._dtypes import is_floating
 from .errors import CapabilityError, CollectiveInputError
 from .protocol import REDUCE_OPS, Backend
 from .registry import backend_of
 
-__all__ = ["allreduce", "OPS", "ALGORITHMS"]
+__all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "scatter", "gather",
+           "split_batch", "split_sizes", "choose_algorithm", "OPS", "ALGORITHMS",
+           "AUTO_TREE_MAX_BYTES"]
 
 #: Reductions accepted by allreduce/reduce/reduce_scatter.
 OPS = REDUCE_OPS + ("mean",)
 #: Algorithm names accepted by allreduce.
-ALGORITHMS = ("auto", "naive", "native")
+ALGORITHMS = ("auto", "naive", "ring", "tree", "native")
+#: ``auto`` uses ``tree`` up to this many bytes per device and ``ring`` above.
+AUTO_TREE_MAX_BYTES = 64 * 1024
+
+_ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2,
+             "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8,
+             "complex64": 8, "complex128": 16}
 
 
-def _validate(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any]]:
-    """Check a collective's tensor list: non-empty, one backend, one shape, one dtype, distinct devices."""
+# -- validation ----------------------------------------------------------------------------------
+def _tensor_list(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any]]:
+    """A non-empty list of tensors of one backend and one dtype, on distinct devices."""
     if isinstance(tensors, (str, bytes)) or not isinstance(tensors, Sequence):
         raise CollectiveInputError(f"{what} takes a list of tensors, one per device; got {type(tensors).__name__}")
     xs = list(tensors)
@@ -35,80 +81,356 @@ def _validate(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any]]:
             f"{what} got tensors of several backends ({', '.join(names)}); convert them to one backend first"
         )
     b = backs[0]
-    shapes = [b.shape_of(x) for x in xs]
-    if len(set(shapes)) > 1:
-        raise CollectiveInputError(f"{what} needs one shape; got {shapes} on {b.name}")
     dtypes = [b.dtype_of(x) for x in xs]
     if len(set(dtypes)) > 1:
         raise CollectiveInputError(f"{what} needs one dtype; got {dtypes} on {b.name}")
-    devs = [b.device_of(x) for x in xs]
+    _distinct([b.device_of(x) for x in xs], b, what)
+    return b, xs
+
+
+def _distinct(devs: list[Device], b: Backend, what: str) -> None:
     if len(set(devs)) != len(devs):
         dup = sorted({str(d) for d in devs if devs.count(d) > 1})
         raise CollectiveInputError(
             f"{what} needs one tensor per device; {', '.join(dup)} appear more than once on {b.name}. "
             "Sum same-device tensors first, or place each on its own device."
         )
+
+
+def _validate(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any]]:
+    """:func:`_tensor_list` plus one shape for every tensor."""
+    b, xs = _tensor_list(tensors, what)
+    shapes = [b.shape_of(x) for x in xs]
+    if len(set(shapes)) > 1:
+        raise CollectiveInputError(f"{what} needs one shape; got {shapes} on {b.name}")
     return b, xs
 
 
 def _check_op(op: str, dtype: str, what: str) -> None:
-    if op not in OPS:
+    if not isinstance(op, str) or op not in OPS:
         raise CollectiveInputError(f"{what}: unknown op {op!r}; expected one of {', '.join(OPS)}")
     if op == "mean" and not is_floating(dtype):
         raise CollectiveInputError(
             f"{what}: op='mean' on {dtype} tensors is refused (integer division would silently floor); "
             "cast to a floating dtype first, or use op='sum' and divide yourself"
         )
+    if dtype == "bool" and op in ("sum", "prod"):
+        raise CollectiveInputError(
+            f"{what}: op={op!r} on bool tensors is refused (frameworks disagree on it); use op='max' "
+            "for a logical or, op='min' for a logical and"
+        )
+    if dtype.startswith("complex") and op in ("max", "min"):
+        raise CollectiveInputError(f"{what}: op={op!r} is undefined for {dtype} tensors")
 
 
-def _reduce_into(b: Backend, xs: list[Any], root: int, op: str) -> Any:
-    """Reduce every tensor into device ``xs[root]``'s, in list order (deterministic)."""
-    dev = b.device_of(xs[root])
-    base = op if op != "mean" else "sum"
-    acc = b.copy(xs[0], dev) if b.device_of(xs[0]) != dev else xs[0]
+def _axis(axis: Any, ndim: int, what: str) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise CollectiveInputError(f"{what}: axis must be an int, got {axis!r}")
+    if ndim == 0:
+        raise CollectiveInputError(
+            f"{what} splits or joins along an axis, which a 0-d tensor lacks; reshape it to (1,) first"
+        )
+    if not -ndim <= axis < ndim:
+        raise CollectiveInputError(f"{what}: axis {axis} is out of range for {ndim}-d tensors")
+    return axis % ndim
+
+
+def _devices(b: Backend, devices: Sequence[DeviceLike], what: str) -> list[Device]:
+    """Parse a device list: non-empty, every device present on ``b``, no repeats."""
+    from .api import _resolve
+
+    if isinstance(devices, (str, bytes, Device)) or not isinstance(devices, Sequence):
+        raise CollectiveInputError(f"{what} takes a list of devices; got {devices!r}")
+    if not devices:
+        raise CollectiveInputError(f"{what} needs at least one device; got an empty list")
+    devs = [_resolve(b, d) for d in devices]
+    _distinct(devs, b, what)
+    return devs
+
+
+def split_sizes(length: int, n: int) -> list[int]:
+    """Piece sizes of ``numpy.array_split(range(length), n)``: the first ``length % n`` pieces get
+    one element more."""
+    q, r = divmod(int(length), int(n))
+    return [q + 1] * r + [q] * (n - r)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+# -- building blocks -----------------------------------------------------------------------------
+def _on(b: Backend, x: Any, dev: Device) -> Any:
+    """``x`` on ``dev`` (itself when already there)."""
+    return x if b.device_of(x) == dev else b.move(x, dev)
+
+
+def _fresh(b: Backend, y: Any, inputs: Sequence[Any], dev: Device) -> Any:
+    """``y`` itself unless it is one of the inputs (a framework may return an operand), else a copy."""
+    return b.copy(y, dev) if any(y is x for x in inputs) else y
+
+
+def _finish(b: Backend, acc: Any, op: str, n: int) -> Any:
+    return b.divide(acc, n) if op == "mean" else acc
+
+
+def _base(op: str) -> str:
+    return "sum" if op == "mean" else op
+
+
+def _fold(b: Backend, xs: Sequence[Any], dev: Device, op: str) -> Any:
+    """Reduce ``xs`` onto ``dev`` in list order (``((x0 op x1) op x2) ...``); mean divided once."""
+    acc = _on(b, xs[0], dev)
     for x in xs[1:]:
-        other = x if b.device_of(x) == dev else b.move(x, dev)
-        acc = b.combine(base, acc, other)
+        acc = b.combine(_base(op), acc, _on(b, x, dev))
     if len(xs) == 1:
-        acc = b.copy(acc, dev)  # a fresh buffer: results never alias inputs
-    if op == "mean":
-        acc = b.divide(acc, len(xs))
-    return acc
+        acc = _fresh(b, acc, xs, dev)
+    return _finish(b, acc, op, len(xs))
 
 
-def _naive_allreduce(b: Backend, xs: list[Any], op: str) -> list[Any]:
+def _ring_reduce_scatter(b: Backend, chunks: list[list[Any]], devs: list[Device], op: str) -> list[Any]:
+    """``chunks[i][c]``: chunk ``c`` of device ``i``. After ``n-1`` steps in which device ``i`` sends a
+    partial result to device ``i+1``, device ``c`` holds chunk ``c`` reduced over every device, in
+    ring order starting at device ``c+1``. Returns those reduced chunks (mean divided once)."""
+    n = len(devs)
+    cur = [list(row) for row in chunks]
+    for s in range(n - 1):
+        for i in range(n):
+            c = (i - 1 - s) % n
+            dst = (i + 1) % n
+            cur[dst][c] = b.combine(_base(op), b.move(cur[i][c], devs[dst]), cur[dst][c])
+    return [_finish(b, cur[c][c], op, n) for c in range(n)]
+
+
+def _ring_allgather(b: Backend, owned: list[Any], devs: list[Device]) -> list[list[Any]]:
+    """Device ``i`` starts with ``owned[i]`` (chunk ``i``); after ``n-1`` steps sending i -> i+1, every
+    device holds every chunk. Returns ``have[i][c]``."""
+    n = len(devs)
+    have: list[list[Any]] = [[None] * n for _ in range(n)]
+    for i in range(n):
+        have[i][i] = owned[i]
+    for s in range(n - 1):
+        for i in range(n):
+            c = (i - s) % n
+            dst = (i + 1) % n
+            have[dst][c] = b.move(have[i][c], devs[dst])
+    return have
+
+
+def _naive_allreduce(b: Backend, xs: list[Any], devs: list[Device], op: str) -> list[Any]:
     """D2L's allreduce: reduce everything into the first device, then copy the result back out."""
-    total = _reduce_into(b, xs, 0, op)
-    return [total] + [b.copy(total, b.device_of(x)) for x in xs[1:]]
+    total = _fold(b, xs, devs[0], op)
+    return [total] + [b.move(total, d) for d in devs[1:]]
 
 
+def _tree_allreduce(b: Backend, xs: list[Any], devs: list[Device], op: str) -> list[Any]:
+    """Binary tree: pairwise reduction at strides 1, 2, 4... into device 0, then broadcast back down."""
+    n = len(xs)
+    acc = list(xs)
+    stride = 1
+    while stride < n:
+        for i in range(0, n, 2 * stride):
+            j = i + stride
+            if j < n:
+                acc[i] = b.combine(_base(op), acc[i], b.move(acc[j], devs[i]))
+        stride *= 2
+    out: list[Any] = [None] * n
+    out[0] = _finish(b, acc[0], op, n)
+    while stride > 1:
+        stride //= 2
+        for i in range(0, n, 2 * stride):
+            j = i + stride
+            if j < n:
+                out[j] = b.move(out[i], devs[j])
+    return out
+
+
+def _ring_allreduce(b: Backend, xs: list[Any], devs: list[Device], op: str) -> list[Any]:
+    """Reduce-scatter then allgather over ``n`` chunks of the flattened tensors (see module doc)."""
+    n = len(xs)
+    shape = b.shape_of(xs[0])
+    numel = _numel(shape)
+    if numel < n:
+        return _tree_allreduce(b, xs, devs, op)
+    sizes = split_sizes(numel, n)
+    chunks = [b.split(b.reshape(x, (numel,)), sizes, 0) for x in xs]
+    owned = _ring_reduce_scatter(b, chunks, devs, op)
+    have = _ring_allgather(b, owned, devs)
+    return [b.reshape(b.concat(have[i], 0), shape) for i in range(n)]
+
+
+def choose_algorithm(b: Backend, shape: tuple[int, ...], dtype: str, devices: Sequence[Device],
+                     deterministic: bool = False) -> str:
+    """The algorithm ``auto`` runs: ``native`` when the backend has one, every device is an
+    accelerator and ``deterministic`` is False; ``tree`` for at most :data:`AUTO_TREE_MAX_BYTES`
+    bytes per device (or fewer elements than devices); ``ring`` otherwise."""
+    n = len(devices)
+    if (not deterministic and n > 1 and "allreduce" in b.capabilities.native_collectives
+            and all(d.is_gpu for d in devices)):
+        return "native"
+    numel = _numel(shape)
+    if numel * _ITEMSIZE.get(dtype, 8) <= AUTO_TREE_MAX_BYTES or numel < n:
+        return "tree"
+    return "ring"
+
+
+# -- public operations ---------------------------------------------------------------------------
 def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
-              algorithm: str = "auto") -> list[Any]:
+              algorithm: str = "auto", deterministic: bool = False) -> list[Any]:
     """Reduce ``tensors`` (one per device) elementwise and give every device the result.
 
-    - ``op``: sum, mean, max, min or prod. ``mean`` of integer tensors raises CollectiveInputError.
-    - ``inplace=False`` returns new tensors; ``inplace=True`` writes into the inputs and returns
-      them (mutable backends only; CapabilityError elsewhere).
-    - ``algorithm``: ``naive`` (D2L), ``native`` (the framework's own, CapabilityError where there is
-      none) or ``auto``.
+    - ``op``: sum, mean, max, min or prod (see the module doc for mean and bool rules).
+    - ``inplace=False`` returns new tensors, result ``i`` on input ``i``'s device; ``inplace=True``
+      writes into the inputs and returns them (mutable backends only; CapabilityError elsewhere).
+    - ``algorithm``: ``auto``, ``naive``, ``ring``, ``tree`` or ``native`` (see the module doc).
+    - ``deterministic=True``: a fixed reduction order with bitwise-identical results run to run;
+      ``native`` is then refused with CapabilityError.
     Synchronous in API, asynchronous in execution where the framework is: call ``synchronize``
-    before timing.
+    before timing. Inputs are left bit-identical by any failure.
     """
     b, xs = _validate(tensors, "allreduce")
-    _check_op(op, b.dtype_of(xs[0]), "allreduce")
-    if algorithm not in ALGORITHMS:
+    dtype = b.dtype_of(xs[0])
+    _check_op(op, dtype, "allreduce")
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise CollectiveInputError(f"allreduce: unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
     if inplace and not b.capabilities.mutable:
         raise CapabilityError(f"{b.name} tensors are immutable: allreduce(inplace=True) cannot write "
                               "into them; use inplace=False and rebind the results")
     if algorithm == "native":
+        if deterministic:
+            raise CapabilityError(f"allreduce: {b.name}'s native allreduce does not promise a fixed "
+                                  "reduction order; use deterministic=False, or algorithm='ring'/'tree'")
         if "allreduce" not in b.capabilities.native_collectives:
-            raise CapabilityError(f"{b.name} has no native allreduce; use algorithm='naive' or 'auto'")
-        out = b.native_allreduce(xs, op)
+            raise CapabilityError(f"{b.name} has no native allreduce (capabilities.native_collectives); "
+                                  "use algorithm='auto', 'ring', 'tree' or 'naive'")
+    devs = [b.device_of(x) for x in xs]
+    if inplace:
+        for x in xs:  # probe writability (read-only arrays, autograd leaves) before touching anything
+            b.assign(x, x)
+    n = len(xs)
+    alg = algorithm
+    if alg == "auto":
+        alg = choose_algorithm(b, b.shape_of(xs[0]), dtype, devs, deterministic)
+    if n == 1:
+        out = [_fold(b, xs, devs[0], op)]
+    elif alg == "native":
+        out = list(b.native_allreduce(xs, _base(op)))
+        if op == "mean":
+            out = [b.divide(y, n) for y in out]
+    elif alg == "ring":
+        out = _ring_allreduce(b, xs, devs, op)
+    elif alg == "tree":
+        out = _tree_allreduce(b, xs, devs, op)
     else:
-        out = _naive_allreduce(b, xs, op)
+        out = _naive_allreduce(b, xs, devs, op)
     if inplace:
         for dst, src in zip(xs, out):
             b.assign(dst, src)
         return xs
     return out
+
+
+def broadcast(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
+    """A new copy of ``x`` on each of ``devices`` (distinct; x's own device may be among them)."""
+    b = backend_of(x)
+    devs = _devices(b, devices, "broadcast")
+    src = b.device_of(x)
+    return [b.copy(x, d) if d == src else b.move(x, d) for d in devs]
+
+
+def reduce(tensors: Sequence[Any], device: DeviceLike, op: str = "sum") -> Any:
+    """The elementwise reduction of ``tensors`` (one per device) as one new tensor on ``device``
+    (any device of the backend). Reduced in list order, so deterministic."""
+    from .api import _resolve
+
+    b, xs = _validate(tensors, "reduce")
+    _check_op(op, b.dtype_of(xs[0]), "reduce")
+    dev = _resolve(b, device)
+    return _fold(b, xs, dev, op)
+
+
+def allgather(tensors: Sequence[Any], axis: int = 0) -> list[Any]:
+    """Every device gets the concatenation of all tensors along ``axis``, in list order.
+
+    The tensors may differ in size along ``axis`` (uneven pieces), nowhere else.
+    """
+    b, xs = _tensor_list(tensors, "allgather")
+    axis = _joinable(b, xs, axis, "allgather")
+    devs = [b.device_of(x) for x in xs]
+    return [_fresh(b, b.concat([_on(b, x, d) for x in xs], axis), xs, d) for d in devs]
+
+
+def gather(tensors: Sequence[Any], device: DeviceLike, axis: int = 0) -> Any:
+    """The concatenation of ``tensors`` (one per device) along ``axis`` as one new tensor on ``device``."""
+    from .api import _resolve
+
+    b, xs = _tensor_list(tensors, "gather")
+    axis = _joinable(b, xs, axis, "gather")
+    dev = _resolve(b, device)
+    return _fresh(b, b.concat([_on(b, x, dev) for x in xs], axis), xs, dev)
+
+
+def _joinable(b: Backend, xs: list[Any], axis: int, what: str) -> int:
+    shapes = [b.shape_of(x) for x in xs]
+    ndims = {len(s) for s in shapes}
+    if len(ndims) > 1:
+        raise CollectiveInputError(f"{what} needs tensors of one rank; got shapes {shapes} on {b.name}")
+    ax = _axis(axis, ndims.pop(), what)
+    rest = {s[:ax] + s[ax + 1:] for s in shapes}
+    if len(rest) > 1:
+        raise CollectiveInputError(
+            f"{what}: shapes may differ along axis {ax} only; got {shapes} on {b.name}"
+        )
+    return ax
+
+
+def reduce_scatter(tensors: Sequence[Any], op: str = "sum", axis: int = 0) -> list[Any]:
+    """Reduce ``tensors`` elementwise and give device ``i`` piece ``i`` of the result, cut along
+    ``axis`` as ``numpy.array_split`` cuts (the first pieces one larger). A ring reduce-scatter:
+    deterministic, piece ``i`` reduced in ring order starting after device ``i``."""
+    b, xs = _validate(tensors, "reduce_scatter")
+    _check_op(op, b.dtype_of(xs[0]), "reduce_scatter")
+    shape = b.shape_of(xs[0])
+    ax = _axis(axis, len(shape), "reduce_scatter")
+    n = len(xs)
+    devs = [b.device_of(x) for x in xs]
+    if n == 1:
+        return [_fold(b, xs, devs[0], op)]
+    sizes = split_sizes(shape[ax], n)
+    chunks = [b.split(x, sizes, ax) for x in xs]
+    return _ring_reduce_scatter(b, chunks, devs, op)
+
+
+def scatter(x: Any, devices: Sequence[DeviceLike], axis: int = 0) -> list[Any]:
+    """``x`` cut along ``axis`` into ``len(devices)`` pieces (``numpy.array_split``'s sizes: the first
+    pieces one larger; pieces may be empty), piece ``i`` copied to ``devices[i]``."""
+    b = backend_of(x)
+    shape = b.shape_of(x)
+    ax = _axis(axis, len(shape), "scatter")
+    devs = _devices(b, devices, "scatter")
+    src = b.device_of(x)
+    pieces = b.split(x, split_sizes(shape[ax], len(devs)), ax)
+    return [b.copy(p, d) if d == src else b.move(p, d) for p, d in zip(pieces, devs)]
+
+
+def split_batch(X: Any, y: Any, devices: Sequence[DeviceLike]) -> tuple[list[Any], list[Any]]:
+    """D2L's ``split_batch``: scatter a minibatch ``X`` and its labels ``y`` along their first axis
+    over ``devices`` (``numpy.array_split`` sizes). Needs at least one example per device."""
+    bx, by = backend_of(X), backend_of(y)
+    if bx.name != by.name:
+        raise CollectiveInputError(f"split_batch: X is a {bx.name} tensor and y a {by.name} tensor; "
+                                   "use one backend for both")
+    sx, sy = bx.shape_of(X), by.shape_of(y)
+    if not sx or not sy:
+        raise CollectiveInputError("split_batch needs X and y with a batch axis (got a 0-d tensor)")
+    if sx[0] != sy[0]:
+        raise CollectiveInputError(f"split_batch: X has {sx[0]} examples but y has {sy[0]}")
+    devs = _devices(bx, devices, "split_batch")
+    if sx[0] < len(devs):
+        raise CollectiveInputError(f"split_batch: a batch of {sx[0]} cannot give each of {len(devs)} "
+                                   "devices an example; use a larger batch or fewer devices")
+    return scatter(X, devs), scatter(y, devs)
+
