@@ -1,0 +1,402 @@
+"""PyTorch backend: native ``torch.Tensor`` objects on ``cpu:0``, ``gpu:i`` (CUDA/ROCm) and ``mps:0``.
+
+Mechanism. Devices map one to one: ``cpu:0`` is ``torch.device("cpu")``, ``gpu:i`` is
+``torch.device("cuda", i)`` for every visible CUDA device, ``mps:0`` is Apple's Metal device where
+torch has it. Creation passes ``device=``/``dtype=`` straight to torch, which places exactly.
+CUDA work is queued on each device's current stream: ``synchronize`` waits with
+``torch.cuda.synchronize`` device by device (it only waits for one device per call), which also
+raises any sticky asynchronous CUDA error. Torch refuses mixed-device arithmetic natively; this
+adapter's own ops check devices first and raise :class:`~multidev.DeviceMismatchError` instead.
+The native allreduce is ``torch.cuda.nccl.all_reduce`` (``torch.cuda.comm`` for sums where torch
+has no NCCL) over one CUDA tensor per GPU.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from multidev._device import Device
+from multidev._dtypes import is_floating, numpy_dtype
+from multidev.errors import (CapabilityError, CollectiveInputError, DeviceMismatchError,
+                             InvalidDeviceError)
+from multidev.protocol import REDUCE_OPS, Capabilities
+
+_HOST = Device("cpu", 0)
+_UNSIGNED_WIDE = ("uint16", "uint32", "uint64")
+_TORCH_DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                      "uint64", "float16", "bfloat16", "float32", "float64", "complex64",
+                      "complex128")
+# ncclRedOp_t values (nccl.h: ncclSum=0, ncclProd=1, ncclMax=2, ncclMin=3); torch.cuda.nccl only
+# exports SUM and passes the int straight through to NCCL.
+_NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3}
+# Element types torch.cuda.nccl converts (torch/csrc/cuda/nccl.cpp: to_nccl_data_type).
+_NCCL_DTYPES = ("bool", "int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32",
+                "float64")
+
+
+class TorchBackend:
+    """The PyTorch backend (see module docstring)."""
+
+    name: ClassVar[str] = "torch"
+    framework: ClassVar[str] = "torch"
+
+    def __init__(self) -> None:
+        import torch
+
+        self._torch = torch
+        self._to_torch = {n: getattr(torch, n) for n in _TORCH_DTYPE_NAMES if hasattr(torch, n)}
+        self._from_torch = {v: k for k, v in self._to_torch.items()}
+        self._n_cuda = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+        mps = getattr(torch.backends, "mps", None)
+        self._has_mps = bool(mps is not None and mps.is_available())
+        devs = [_HOST] + [Device("gpu", i) for i in range(self._n_cuda)]
+        if self._has_mps:
+            devs.append(Device("mps", 0))
+        self._devices = tuple(devs)
+        self._native_devs = {d: self._make_native_device(d) for d in self._devices}
+        dtypes = {n for n in self._to_torch if n not in _UNSIGNED_WIDE}
+        dtypes |= {n for n in _UNSIGNED_WIDE if n in self._to_torch and self._unsigned_usable(n)}
+        self._caps = Capabilities(
+            mutable=True,
+            async_execution=self._n_cuda > 0 or self._has_mps,
+            pinned_memory=self._n_cuda > 0,
+            dlpack=True,
+            native_collectives=frozenset({"allreduce"}) if self._n_cuda >= 2 else frozenset(),
+            dtypes=frozenset(dtypes),
+            multi_device_ops=True,
+        )
+
+    def _unsigned_usable(self, name: str) -> bool:
+        """Whether this torch can do the arithmetic multidev needs on ``name`` (torch >= 2.3 has
+        uint16/32/64 as storage-only "shell" dtypes: no add, maximum, minimum or arange on CPU)."""
+        torch = self._torch
+        dt = self._to_torch[name]
+        try:
+            a = torch.full((2,), 3, dtype=dt)
+            b = torch.full((2,), 2, dtype=dt)
+            ok = (torch.add(a, b), torch.mul(a, b), torch.maximum(a, b), torch.minimum(a, b),
+                  torch.arange(0, 2, 1, dtype=dt))
+            return int(ok[0][0]) == 5 and int(ok[2][0]) == 3 and int(ok[3][0]) == 2
+        except (RuntimeError, NotImplementedError, TypeError):
+            return False
+
+    def _make_native_device(self, device: Device) -> Any:
+        torch = self._torch
+        if device.kind == "cpu":
+            return torch.device("cpu")
+        if device.kind == "gpu":
+            return torch.device("cuda", device.index)
+        return torch.device("mps", device.index)
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    def version(self) -> str:
+        return str(self._torch.__version__)
+
+    def tensor_types(self) -> tuple[type, ...]:
+        return (self._torch.Tensor,)
+
+    # -- devices ----------------------------------------------------------------------------
+    def devices(self) -> list[Device]:
+        return list(self._devices)
+
+    def to_native_device(self, device: Device) -> Any:
+        nd = self._native_devs.get(device)
+        return nd if nd is not None else self._make_native_device(device)
+
+    def from_native_device(self, obj: Any) -> Device | None:
+        torch = self._torch
+        if not isinstance(obj, torch.device):
+            return None
+        if obj.type == "cpu":
+            return Device("cpu", obj.index or 0)
+        if obj.type == "cuda":  # ROCm builds use "cuda" too
+            if obj.index is not None:
+                return Device("gpu", obj.index)
+            # torch.device("cuda") means the current device; without CUDA it would be device 0.
+            return Device("gpu", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+        if obj.type == "mps":
+            return Device("mps", obj.index or 0)
+        return None
+
+    # -- dtypes -----------------------------------------------------------------------------
+    def to_native_dtype(self, dtype: str) -> Any:
+        if dtype not in self._caps.dtypes:
+            if dtype in _UNSIGNED_WIDE and dtype in self._to_torch:
+                raise CapabilityError(
+                    f"torch backend: torch {self.version()} stores {dtype} but has no add/max/min/"
+                    "arange for it; use int32/int64 (or uint8) instead")
+            raise CapabilityError(f"torch backend: torch {self.version()} has no dtype {dtype!r}; "
+                                  f"supported: {', '.join(sorted(self._caps.dtypes))}")
+        return self._to_torch[dtype]
+
+    def dtype_of(self, x: Any) -> str:
+        name = self._from_torch.get(x.dtype)
+        if name is None:
+            raise CapabilityError(f"torch backend: tensor dtype {x.dtype} has no multidev name; "
+                                  "convert it with x.to(torch.float32) (or another standard dtype)")
+        return name
+
+    def _target(self, dtype: str, device: Device) -> tuple[Any, Any]:
+        """(torch dtype, torch device) for a creation or copy, refusing what the device cannot hold."""
+        if device.kind == "mps" and dtype in ("float64", "complex128"):
+            raise CapabilityError(f"torch backend: {device} (Metal) has no {dtype}; use "
+                                  f"{'float32' if dtype == 'float64' else 'complex64'} there")
+        return self.to_native_dtype(dtype), self.to_native_device(device)
+
+    # -- creation ---------------------------------------------------------------------------
+    def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
+        dt, dev = self._target(dtype, device)
+        return self._torch.full(shape, value, dtype=dt, device=dev)
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
+        dt, dev = self._target(dtype, device)
+        return self._torch.empty(shape, dtype=dt, device=dev)
+
+    def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
+        dt, dev = self._target(dtype, device)
+        torch = self._torch
+        if step != 0 and (stop - start) / step <= 0:
+            # torch.arange raises on an empty range whose bounds disagree with step's sign.
+            return torch.empty((0,), dtype=dt, device=dev)
+        try:
+            return torch.arange(start, stop, step, dtype=dt, device=dev)
+        except NotImplementedError:
+            # torch has no arange kernel for bool/complex: build it with NumPy's semantics.
+            return self.asarray(np.arange(start, stop, step, dtype=numpy_dtype(dtype)), dtype, device)
+
+    def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
+        torch = self._torch
+        dt = None if dtype is None else self._target(dtype, device)[0]
+        dev = self.to_native_device(device)
+        if isinstance(obj, torch.Tensor):
+            src = obj.detach()
+        elif isinstance(obj, np.ndarray) or (hasattr(obj, "__array__")
+                                             and not isinstance(obj, (list, tuple))):
+            src = self._from_numpy(np.asarray(obj))  # NumPy arrays and other frameworks' tensors
+        else:
+            return torch.tensor(obj, dtype=dt, device=dev)  # torch's own inference for sequences
+        if dt is None:
+            dt = self._target(self.dtype_of(src), device)[0]
+        return src.to(device=dev, dtype=dt, copy=True)
+
+    def _from_numpy(self, arr: np.ndarray) -> Any:
+        """A CPU tensor viewing ``arr`` (or a native-order, contiguous copy of it)."""
+        torch = self._torch
+        if arr.dtype.name == "bfloat16":  # ml_dtypes.bfloat16: torch.from_numpy does not know it
+            bits = np.ascontiguousarray(arr).view(np.int16)
+            if not bits.flags.writeable:
+                bits = bits.copy()
+            return torch.from_numpy(bits).view(torch.bfloat16)
+        if arr.dtype.byteorder not in ("=", "|"):
+            arr = arr.astype(arr.dtype.newbyteorder("="))
+        if not arr.flags.c_contiguous or not arr.flags.writeable:
+            # torch.from_numpy refuses negative strides and warns on read-only arrays.
+            arr = np.array(arr, order="C", copy=True)
+        try:
+            return torch.from_numpy(arr)
+        except TypeError as e:
+            raise CapabilityError(f"torch backend cannot hold NumPy dtype {arr.dtype}: {e}") from e
+
+    def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
+        dt, dev = self._target(dtype, device)
+        torch = self._torch
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device=dev)
+            gen.manual_seed(int(seed))
+        # torch.rand only samples floating/complex dtypes; other dtypes get float32 samples cast.
+        sample_dt = dt if is_floating(dtype) else torch.float32
+        out = torch.rand(shape, generator=gen, dtype=sample_dt, device=dev)
+        return out if sample_dt is dt else out.to(dt)
+
+    # -- placement --------------------------------------------------------------------------
+    def device_of(self, x: Any) -> Device:
+        dev = self.from_native_device(x.device)
+        if dev is None:
+            raise InvalidDeviceError(
+                f"torch backend: tensor is on {x.device}, a device multidev does not model "
+                "(cpu, cuda, mps); move it with x.to('cpu') first")
+        return dev
+
+    def move(self, x: Any, device: Device) -> Any:
+        self._target(self.dtype_of(x), device)
+        # Blocking copy: non_blocking device-to-host copies can be read before they land (pytorch#86264).
+        return x.to(self.to_native_device(device))
+
+    def copy(self, x: Any, device: Device) -> Any:
+        self._target(self.dtype_of(x), device)
+        return x.to(self.to_native_device(device), copy=True)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        torch = self._torch
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()  # blocking: waits for the work that produces x on its stream
+        t = t.resolve_conj().resolve_neg()  # numpy() refuses lazily conjugated/negated views
+        if t.dtype == torch.bfloat16:
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise CapabilityError(
+                    "torch backend: NumPy has no bfloat16; install 'ml_dtypes' for it, or convert "
+                    "first with x.to(torch.float32)") from None
+            return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.numpy()
+
+    def synchronize(self, device: Device | None) -> None:
+        torch = self._torch
+        if device is None:
+            if self._n_cuda and torch.cuda.is_initialized():  # no CUDA work exists before init
+                has_ctx = (None if torch.version.hip  # HIP contexts differ: sync every device
+                           else getattr(torch._C, "_cuda_hasPrimaryContext", None))
+                for i in range(self._n_cuda):
+                    # Skip devices never used: syncing them would only create a CUDA context.
+                    if has_ctx is None or has_ctx(i):
+                        torch.cuda.synchronize(i)
+            if self._has_mps:
+                torch.mps.synchronize()
+        elif device.kind == "gpu":
+            torch.cuda.synchronize(device.index)
+        elif device.kind == "mps":
+            torch.mps.synchronize()
+        # cpu: torch runs CPU operations to completion before returning.
+
+    def wait(self, x: Any) -> None:
+        self.synchronize(self.device_of(x))
+
+    # -- arithmetic for collectives ---------------------------------------------------------
+    def shape_of(self, x: Any) -> tuple[int, ...]:
+        return tuple(int(s) for s in x.shape)
+
+    def _same_device(self, what: str, xs: Sequence[Any]) -> None:
+        devs = sorted({self.device_of(x) for x in xs})
+        if len(devs) > 1:
+            raise DeviceMismatchError(
+                f"torch backend: {what} got operands on {', '.join(map(str, devs))}. Move them to "
+                "one device first with multidev.to(x, device).")
+
+    def combine(self, op: str, a: Any, b: Any) -> Any:
+        if op not in REDUCE_OPS:
+            raise CollectiveInputError(f"torch backend: unknown op {op!r}; expected one of {REDUCE_OPS}")
+        self._same_device(op, (a, b))
+        torch = self._torch
+        if op in ("max", "min") and (a.is_complex() or b.is_complex()):
+            raise CapabilityError(f"torch backend: {op} is not defined for complex tensors in torch")
+        fn = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum, "prod": torch.mul}[op]
+        try:
+            return fn(a, b)
+        except NotImplementedError as e:  # torch lacks the kernel for this dtype (e.g. uint16 add)
+            raise CapabilityError(f"torch backend: {op} on {a.dtype} is not implemented by torch "
+                                  f"{self.version()}: {e}") from e
+
+    def divide(self, x: Any, n: int) -> Any:
+        if x.is_floating_point() or x.is_complex():
+            return x / n  # a Python scalar divisor keeps float16/bfloat16/complex64
+        return self._torch.div(x, n, rounding_mode="trunc").to(x.dtype)
+
+    def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
+        return x.reshape(shape)
+
+    def concat(self, xs: Sequence[Any], axis: int) -> Any:
+        xs = list(xs)
+        self._same_device("concat", xs)
+        return self._torch.cat(xs, dim=axis)
+
+    def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
+        return list(self._torch.split(x, [int(s) for s in sizes], dim=axis))
+
+    def assign(self, dst: Any, src: Any) -> None:
+        self._same_device("assign", (dst, src))
+        with self._torch.no_grad():  # autograd refuses in-place writes into leaves (parameters)
+            dst.copy_(src)
+
+    # -- interchange ------------------------------------------------------------------------
+    def export_dlpack(self, x: Any) -> Any:
+        t = x.detach()  # __dlpack__ refuses tensors that require grad
+        if t.layout != self._torch.strided:
+            raise CapabilityError(f"torch backend: DLPack takes dense tensors only, not {t.layout}; "
+                                  "convert with x.to_dense()")
+        if t.is_conj() or t.is_neg():
+            raise CapabilityError("torch backend: a lazily conjugated/negated view cannot be exported "
+                                  "without a copy; call x.resolve_conj().resolve_neg() first")
+        return t  # torch.Tensor has __dlpack__/__dlpack_device__, strided layouts included
+
+    def import_dlpack(self, obj: Any) -> Any:
+        try:
+            return self._torch.from_dlpack(obj)
+        except (RuntimeError, TypeError, BufferError, ValueError, AttributeError) as e:
+            raise CapabilityError(
+                f"torch backend cannot import {type(obj).__name__} through DLPack: {e}") from e
+
+    # -- native fast paths ------------------------------------------------------------------
+    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
+        """NCCL allreduce over one CUDA tensor per GPU (``torch.cuda.comm`` for sums without NCCL).
+
+        Out of place: each input is copied into a private contiguous buffer that NCCL reduces in
+        place, on each device's current stream (asynchronous). bool reduces as or/and (sum/prod),
+        int16 through int32 (exact modulo 2**16), complex sums as pairs of reals.
+        """
+        torch = self._torch
+        xs = list(xs)
+        if not xs:
+            raise CollectiveInputError("torch native allreduce needs at least one tensor")
+        if any(x.device.type != "cuda" for x in xs):
+            where = ", ".join(str(x.device) for x in xs)
+            raise CapabilityError(
+                f"torch backend: the native allreduce (NCCL) takes CUDA tensors on distinct GPUs; "
+                f"got tensors on {where}. Use algorithm='naive' or 'auto'.")
+        idx = [x.device.index for x in xs]
+        if len(set(idx)) != len(idx):
+            raise CollectiveInputError(f"torch native allreduce needs one tensor per GPU; got {idx}")
+        if op not in _NCCL_OPS and op != "mean":
+            raise CapabilityError(f"torch backend: native allreduce has no op {op!r}; "
+                                  "use sum, mean, max, min or prod")
+        dtype = self.dtype_of(xs[0])
+        if op == "mean" and not is_floating(dtype):
+            raise CollectiveInputError(f"torch native allreduce: op='mean' on {dtype} is refused; "
+                                       "cast to a floating dtype first")
+        base = "sum" if op == "mean" else op
+        complex_ = dtype.startswith("complex")
+        if complex_ and base != "sum":
+            raise CapabilityError(f"torch backend: {base} is not defined for complex tensors")
+        if not complex_ and dtype not in _NCCL_DTYPES and dtype != "int16":
+            raise CapabilityError(f"torch backend: NCCL cannot reduce {dtype}; use algorithm='naive'")
+        work_dt = torch.int32 if dtype == "int16" else xs[0].dtype  # NCCL has no int16
+        code = _NCCL_OPS[base]
+        if dtype == "bool":
+            # NCCL reduces bool as uint8: a sum could store 2 in a bool; or/and are max/min.
+            code = _NCCL_OPS["max"] if base in ("sum", "max") else _NCCL_OPS["min"]
+        with torch.no_grad():
+            bufs = []
+            for x in xs:
+                # copy_ materializes conj/neg views and strides; the inputs are never written.
+                b = torch.empty(tuple(x.shape), dtype=work_dt, device=x.device)
+                b.copy_(x.detach())
+                bufs.append(b)
+            if len(bufs) > 1 and bufs[0].numel() > 0:
+                views = [torch.view_as_real(b) for b in bufs] if complex_ else bufs
+                if hasattr(torch._C, "_nccl_all_reduce") and torch.cuda.nccl.is_available(views):
+                    try:
+                        torch.cuda.nccl.all_reduce(views, op=code)
+                    except RuntimeError as e:
+                        if "Unconvertible NCCL type" in str(e):  # e.g. bfloat16 with an old NCCL
+                            raise CapabilityError(f"torch backend: this NCCL cannot reduce {dtype}; "
+                                                  "use algorithm='naive'") from e
+                        raise
+                elif base == "sum":
+                    # No NCCL in this build: torch.cuda.comm sums onto one GPU and broadcasts back.
+                    total = torch.cuda.comm.reduce_add(bufs, destination=idx[0])
+                    bufs = list(torch.cuda.comm.broadcast(total, idx))
+                else:
+                    raise CapabilityError(f"torch backend: {base} allreduce needs NCCL, which this "
+                                          "torch build lacks; use algorithm='naive'")
+            if op == "mean":
+                bufs = [b / len(xs) for b in bufs]
+            if dtype == "int16":
+                bufs = [b.to(torch.int16) for b in bufs]
+        return bufs
