@@ -1,130 +1,526 @@
-"""Collectives against a float64 NumPy reference, on every backend with several devices."""
+"""Collectives against a float64 NumPy reference: every operation x op x algorithm x {1, 2, 3, all}
+devices on the backend under test; exact for integers, a tolerance growing with the device count for
+floats; negative cases; failure atomicity of ``inplace``; hypothesis-drawn shapes (0-d and empty
+included) and values."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import multidev as md
-from multidev.errors import CapabilityError, CollectiveInputError
+from multidev.collectives import AUTO_TREE_MAX_BYTES, choose_algorithm
+from multidev.errors import CapabilityError, CollectiveInputError, DeviceNotFoundError
 
 from ._helpers import as_f64, assert_close, need_devices, need_dtype, np_dtype
 
 pytestmark = pytest.mark.md_feature("collectives")
 
-_REF = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod, "mean": np.mean}
+_REF: dict[str, Callable[..., np.ndarray]] = {"sum": np.sum, "max": np.max, "min": np.min,
+                                              "prod": np.prod, "mean": np.mean}
+OPS = ["sum", "mean", "max", "min", "prod"]
+DTYPES = ["float32", "float64", "float16", "int32"]
+#: 1, 2 and 3 devices, and "all": every device of the backend when it has 4 or more.
+COUNTS = [1, 2, 3, "all"]
+PORTABLE = ["naive", "ring", "tree", "auto"]
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _devs(devices: list, n: Any) -> list:
+    if n == "all":
+        if len(devices) < 4:
+            pytest.skip(f"'all' runs on 4 or more devices; this backend has {len(devices)} here "
+                        "(the 2- and 3-device cases cover it)")
+        return list(devices)
+    return need_devices(devices, n)
+
+
+def _algorithms(b: Any) -> list[str]:
+    algs = list(PORTABLE)
+    if "allreduce" in b.capabilities.native_collectives:
+        algs.append("native")
+    return algs
 
 
 def _inputs(b: Any, devs: list, arrays: list[np.ndarray], dtype: str) -> list[Any]:
     return [md.asarray(a, dtype=dtype, device=d, backend=b.name) for a, d in zip(arrays, devs)]
 
 
-def _algorithms(b: Any) -> list[str]:
-    algs = ["naive", "auto"]
-    if "allreduce" in b.capabilities.native_collectives:
-        algs.append("native")
-    return algs
+def _arrays(n: int, shape: tuple[int, ...], dtype: str, op: str, seed: int = 0) -> list[np.ndarray]:
+    """Reference data in the tensor dtype: small integers for integer dtypes (exact), floats of
+    mixed sign for sums, near 1 for products (so they neither overflow nor vanish)."""
+    rng = np.random.default_rng(seed)
+    nd = np_dtype(dtype)
+    if nd.kind in "iu":
+        return [rng.integers(-3, 4, size=shape).astype(nd) for _ in range(n)]
+    if op == "prod":
+        return [rng.uniform(0.5, 1.5, size=shape).astype(nd) for _ in range(n)]
+    return [rng.uniform(-2, 2, size=shape).astype(nd) for _ in range(n)]
 
 
-@pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "prod"])
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
-def test_allreduce_ops_match_reference(md_backend: Any, md_devices: list, op: str, dtype: str) -> None:
+def _expect(op: str, arrays: list[np.ndarray]) -> np.ndarray:
+    stack = np.stack([a.astype(np.int64 if a.dtype.kind in "iu" else np.float64) for a in arrays])
+    return _REF[op](stack, axis=0)
+
+
+def _bits(b: Any, xs: list[Any]) -> list[tuple[str, tuple[int, ...], bytes]]:
+    """A bitwise snapshot of tensors (dtype, shape, bytes)."""
+    out = []
+    for x in xs:
+        a = np.array(b.to_numpy(x))
+        out.append((str(a.dtype), a.shape, a.tobytes()))
+    return out
+
+
+def _check_results(b: Any, out: list[Any], devs: list, dtype: str, expect: np.ndarray, what: str) -> None:
+    assert isinstance(out, list) and len(out) == len(devs), what
+    for y, d in zip(out, devs):
+        assert isinstance(y, b.tensor_types()), f"{what}: {type(y)} is not a native {b.name} tensor"
+        assert md.device_of(y) == d, f"{what}: result must live on its input's device {d}"
+        assert md.dtype_of(y) == dtype, f"{what}: dtype {md.dtype_of(y)} != {dtype}"
+        got = as_f64(b, y)
+        assert got.shape == expect.shape, f"{what}: shape {got.shape} != {expect.shape}"
+        assert_close(got, expect, dtype, len(devs))
+
+
+# -- allreduce ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", COUNTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_allreduce_matches_reference(md_backend: Any, md_devices: list, op: str, dtype: str, n: Any) -> None:
     b = md_backend
     need_dtype(b, dtype)
-    devs = need_devices(md_devices, 2)
-    rng = np.random.default_rng(0)
-    arrays = [(rng.integers(1, 4, size=(3, 5))).astype(np_dtype(dtype)) for _ in devs]
-    expect = _REF[op](np.stack([a.astype(np.float64) for a in arrays]), axis=0)
+    devs = _devs(md_devices, n)
+    arrays = _arrays(len(devs), (5, 7), dtype, op)  # 35 elements: uneven ring chunks for 2, 3, 4
     for alg in _algorithms(b):
         xs = _inputs(b, devs, arrays, dtype)
         if op == "mean" and dtype.startswith("int"):
             with pytest.raises(CollectiveInputError, match="mean"):
                 md.allreduce(xs, op=op, algorithm=alg)
             continue
-        if alg == "native":
-            try:
-                out = md.allreduce(xs, op=op, algorithm=alg)
-            except CapabilityError as e:
-                assert b.name in str(e)
-                continue
-        else:
-            out = md.allreduce(xs, op=op, algorithm=alg)
-        assert len(out) == len(xs)
-        for x, y, d in zip(xs, out, devs):
-            assert md.device_of(y) == d, f"{alg}: result must live on its input's device"
-            assert md.dtype_of(y) == dtype
-            assert_close(as_f64(b, y), expect, dtype, len(devs))
+        out = md.allreduce(xs, op=op, algorithm=alg)
+        _check_results(b, out, devs, dtype, _expect(op, arrays), f"allreduce({op}, {alg})")
+        for y in out:
+            assert not any(y is x for x in xs), f"{alg}: results must be new tensors"
         for a, x in zip(arrays, xs):  # out of place: inputs untouched
-            np.testing.assert_array_equal(as_f64(b, x), a.astype(np.float64))
+            np.testing.assert_array_equal(np.array(b.to_numpy(x)), a)
 
 
-def test_allreduce_inplace(md_backend: Any, md_devices: list) -> None:
+@pytest.mark.parametrize("n", [2, "all"])
+def test_allreduce_results_do_not_alias_inputs(md_backend: Any, md_devices: list, n: Any) -> None:
+    b = md_backend
+    if not b.capabilities.mutable:
+        pytest.skip(f"{b.name} tensors are immutable (capabilities.mutable=False): aliasing is harmless")
+    devs = _devs(md_devices, n)
+    arrays = _arrays(len(devs), (6,), "float32", "sum")
+    for alg in _algorithms(b):
+        xs = _inputs(b, devs, arrays, "float32")
+        out = md.allreduce(xs, algorithm=alg)
+        for y, d in zip(out, devs):
+            b.assign(y, md.zeros((6,), device=d, backend=b.name))
+        for a, x in zip(arrays, xs):
+            np.testing.assert_array_equal(np.array(b.to_numpy(x)), a, err_msg=f"{alg} aliased an input")
+        for y in out[1:]:
+            np.testing.assert_array_equal(as_f64(b, y), 0.0, err_msg=f"{alg}: results share a buffer")
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_allreduce_bool(md_backend: Any, md_devices: list, op: str) -> None:
+    b = md_backend
+    need_dtype(b, "bool")
+    devs = need_devices(md_devices, 2)
+    arrays = [np.array([True, False, True, False]), np.array([True, True, False, False])]
+    arrays += [np.array([True, False, True, False])] * (len(devs) - 2)
+    for alg in _algorithms(b):
+        out = md.allreduce(_inputs(b, devs, arrays, "bool"), op=op, algorithm=alg)
+        _check_results(b, out, devs, "bool", _REF[op](np.stack(arrays), axis=0), f"bool {op} {alg}")
+    for bad in ("sum", "prod", "mean"):
+        with pytest.raises(CollectiveInputError, match=bad):
+            md.allreduce(_inputs(b, devs, arrays, "bool"), op=bad)
+
+
+@pytest.mark.parametrize("n", [2, 3, "all"])
+def test_allreduce_large_tensor_auto_picks_ring(md_backend: Any, md_devices: list, n: Any) -> None:
+    b = md_backend
+    devs = _devs(md_devices, n)
+    shape = (AUTO_TREE_MAX_BYTES // 4 // 50 + 1, 50)  # just above the tree limit in float32
+    chosen = choose_algorithm(b, shape, "float32", devs)
+    expected = ("native" if "allreduce" in b.capabilities.native_collectives
+                and all(d.is_gpu for d in devs) else "ring")
+    assert chosen == expected
+    assert choose_algorithm(b, (4,), "float32", devs, deterministic=True) == "tree"
+    arrays = _arrays(len(devs), shape, "float32", "sum", seed=3)
+    out = md.allreduce(_inputs(b, devs, arrays, "float32"))
+    _check_results(b, out, devs, "float32", _expect("sum", arrays), "allreduce(auto, large)")
+
+
+@pytest.mark.parametrize("n", [2, 3, "all"])
+def test_allreduce_deterministic(md_backend: Any, md_devices: list, n: Any) -> None:
+    """Every portable algorithm is bitwise reproducible, and every device gets the same bits."""
+    b = md_backend
+    devs = _devs(md_devices, n)
+    rng = np.random.default_rng(7)
+    arrays = [(rng.standard_normal((9, 11)) * 10.0 ** rng.integers(-3, 4, (9, 11))).astype(np.float32)
+              for _ in devs]
+    for alg in PORTABLE:
+        for op in ("sum", "mean"):
+            runs = [_bits(b, md.allreduce(_inputs(b, devs, arrays, "float32"), op=op, algorithm=alg,
+                                          deterministic=True)) for _ in range(2)]
+            assert runs[0] == runs[1], f"{alg}/{op}: two runs differ"
+            assert all(r == runs[0][0] for r in runs[0]), f"{alg}/{op}: devices got different bits"
+    with pytest.raises(CapabilityError, match="deterministic"):
+        md.allreduce(_inputs(b, devs, arrays, "float32"), algorithm="native", deterministic=True)
+
+
+@pytest.mark.parametrize("n", [1, 2, "all"])
+def test_allreduce_inplace(md_backend: Any, md_devices: list, n: Any) -> None:
+    b = md_backend
+    devs = _devs(md_devices, n)
+    arrays = [np.full((4,), i + 1, dtype=np.float32) for i in range(len(devs))]
+    total = np.full((4,), sum(range(1, len(devs) + 1)), dtype=np.float64)
+    for alg in _algorithms(b):
+        xs = _inputs(b, devs, arrays, "float32")
+        if not b.capabilities.mutable:
+            with pytest.raises(CapabilityError, match=b.name):
+                md.allreduce(xs, inplace=True, algorithm=alg)
+            for a, x in zip(arrays, xs):
+                np.testing.assert_array_equal(as_f64(b, x), a)
+            continue
+        out = md.allreduce(xs, inplace=True, algorithm=alg)
+        assert all(o is x for o, x in zip(out, xs)), "inplace=True returns the inputs themselves"
+        for x, d in zip(xs, devs):
+            assert md.device_of(x) == d
+            np.testing.assert_array_equal(as_f64(b, x), total)
+        out = md.allreduce(xs, op="mean", inplace=True, algorithm=alg)
+        for x in xs:
+            np.testing.assert_array_equal(as_f64(b, x), total)
+
+
+def test_inplace_failure_leaves_inputs_bit_identical(md_backend: Any, md_devices: list) -> None:
+    """Every invalid call with inplace=True raises before writing anything."""
     b = md_backend
     devs = need_devices(md_devices, 2)
-    arrays = [np.full((4,), i + 1, dtype=np.float32) for i in range(len(devs))]
-    xs = _inputs(b, devs, arrays, "float32")
+    rng = np.random.default_rng(1)
+    good = _inputs(b, devs, [rng.standard_normal((3, 4)).astype(np.float32) for _ in devs], "float32")
+    ints = _inputs(b, devs, [rng.integers(0, 9, (3, 4)).astype(np.int32) for _ in devs], "int32")
+    other_shape = md.asarray(rng.standard_normal((4, 3)).astype(np.float32), device=devs[1], backend=b.name)
+    other_dtype = md.asarray(np.ones((3, 4)), dtype="int32", device=devs[1], backend=b.name)
+    same_dev = md.asarray(rng.standard_normal((3, 4)).astype(np.float32), device=devs[0], backend=b.name)
+    everything = good + ints + [other_shape, other_dtype, same_dev]
+    before = _bits(b, everything)
+    native = "allreduce" in b.capabilities.native_collectives
+    cases: list[tuple[list[Any], dict[str, Any], type]] = [
+        ([good[0], other_shape], {}, CollectiveInputError),
+        ([good[0], other_dtype], {}, CollectiveInputError),
+        ([good[0], same_dev], {}, CollectiveInputError),
+        (good, {"op": "median"}, CollectiveInputError),
+        (good, {"algorithm": "telepathy"}, CollectiveInputError),
+        (ints, {"op": "mean"}, CollectiveInputError),
+        (good, {"algorithm": "native", "deterministic": True}, CapabilityError),
+    ]
+    if not native:
+        cases.append((good, {"algorithm": "native"}, CapabilityError))
     if not b.capabilities.mutable:
-        with pytest.raises(CapabilityError, match=b.name):
-            md.allreduce(xs, inplace=True)
-        for a, x in zip(arrays, xs):
-            np.testing.assert_array_equal(as_f64(b, x), a)
-        return
-    out = md.allreduce(xs, inplace=True)
-    assert all(o is x for o, x in zip(out, xs))
-    for x in xs:
-        np.testing.assert_array_equal(as_f64(b, x), np.full((4,), sum(range(1, len(devs) + 1))))
+        cases.append((good, {}, CapabilityError))
+    for xs, kw, err in cases:
+        with pytest.raises(err):
+            md.allreduce(xs, inplace=True, **kw)
+        assert _bits(b, everything) == before, f"inputs changed after a failed allreduce({kw})"
 
 
-def test_allreduce_bad_inputs_leave_inputs_untouched(md_backend: Any, md_devices: list) -> None:
+def test_allreduce_bad_inputs(md_backend: Any, md_devices: list) -> None:
     b = md_backend
     devs = need_devices(md_devices, 2)
     a = md.ones((2, 3), device=devs[0], backend=b.name)
     c = md.ones((3, 2), device=devs[1], backend=b.name)
     i = md.ones((2, 3), dtype="int32", device=devs[1], backend=b.name)
     same = md.ones((2, 3), device=devs[0], backend=b.name)
+    a1 = md.ones((2, 3), device=devs[1], backend=b.name)
     for bad, match in (([], "at least one"), ([a, c], "shape"), ([a, i], "dtype"), ([a, same], "more than once")):
         with pytest.raises(CollectiveInputError, match=match):
             md.allreduce(bad, inplace=b.capabilities.mutable)
+    with pytest.raises(CollectiveInputError, match="list"):
+        md.allreduce(a)
     with pytest.raises(CollectiveInputError, match="op"):
-        md.allreduce([a, md.ones((2, 3), device=devs[1], backend=b.name)], op="median")
+        md.allreduce([a, a1], op="median")
     with pytest.raises(CollectiveInputError, match="algorithm"):
-        md.allreduce([a, md.ones((2, 3), device=devs[1], backend=b.name)], algorithm="telepathy")
-    for x in (a, c, same):
-        assert float(as_f64(b, x).sum()) == 6.0
+        md.allreduce([a, a1], algorithm="telepathy")
     if "allreduce" not in b.capabilities.native_collectives:
         with pytest.raises(CapabilityError, match=b.name):
-            md.allreduce([a, md.ones((2, 3), device=devs[1], backend=b.name)], algorithm="native")
+            md.allreduce([a, a1], algorithm="native")
+    for x in (a, c, same, a1):
+        assert float(as_f64(b, x).sum()) == 6.0
 
 
-def test_allreduce_mixed_backends_raise(md_backend: Any, md_device: Any) -> None:
+def test_collectives_mixed_backends_raise(md_backend: Any, md_device: Any) -> None:
     if md_backend.name == "numpy":
         pytest.skip("needs a second backend; the numpy reference is the other side")
     x = md.ones(2, device=md_device, backend=md_backend.name)
     y = md.ones(2, device="cpu:0", backend="numpy")
-    with pytest.raises(CollectiveInputError, match="several backends"):
-        md.allreduce([x, y])
+    for call in (lambda: md.allreduce([x, y]), lambda: md.allgather([x, y]),
+                 lambda: md.reduce([x, y], "cpu:0"), lambda: md.reduce_scatter([x, y]),
+                 lambda: md.gather([x, y], "cpu:0")):
+        with pytest.raises(CollectiveInputError, match="several backends"):
+            call()
+    with pytest.raises(CollectiveInputError, match="one backend"):
+        md.split_batch(x, y, [md_device])
 
 
-@settings(max_examples=25, deadline=None)
+# -- reduce, broadcast ----------------------------------------------------------------------------
+@pytest.mark.parametrize("n", COUNTS)
+@pytest.mark.parametrize("op", OPS)
+def test_reduce_matches_reference(md_backend: Any, md_devices: list, op: str, n: Any) -> None:
+    b = md_backend
+    devs = _devs(md_devices, n)
+    for dtype in ("float32", "int32"):
+        arrays = _arrays(len(devs), (4, 3), dtype, op, seed=2)
+        xs = _inputs(b, devs, arrays, dtype)
+        for target in {devs[0], devs[-1], md_devices[-1]}:
+            if op == "mean" and dtype == "int32":
+                with pytest.raises(CollectiveInputError, match="mean"):
+                    md.reduce(xs, target, op)
+                continue
+            y = md.reduce(xs, target, op)
+            _check_results(b, [y], [target], dtype, _expect(op, arrays), f"reduce({op}) to {target}")
+            assert not any(y is x for x in xs)
+        for a, x in zip(arrays, xs):
+            np.testing.assert_array_equal(np.array(b.to_numpy(x)), a)
+
+
+@pytest.mark.parametrize("n", COUNTS)
+def test_broadcast(md_backend: Any, md_devices: list, n: Any) -> None:
+    b = md_backend
+    devs = _devs(md_devices, n)
+    src = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for origin in {devs[0], devs[-1]}:
+        x = md.asarray(src, device=origin, backend=b.name)
+        out = md.broadcast(x, devs)
+        _check_results(b, out, devs, "float32", src.astype(np.float64), "broadcast")
+        assert all(y is not x for y in out), "broadcast always returns new tensors"
+    s = md.asarray(np.float64(2.5) if "float64" in b.capabilities.dtypes else np.float32(2.5),
+                   device=devs[0], backend=b.name)  # 0-d
+    out = md.broadcast(s, [str(d) for d in devs])  # device spellings are accepted
+    assert [md.device_of(y) for y in out] == devs and all(as_f64(b, y).shape == () for y in out)
+
+
+# -- allgather, gather, scatter, reduce_scatter, split_batch --------------------------------------
+@pytest.mark.parametrize("n", COUNTS)
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_allgather_and_gather(md_backend: Any, md_devices: list, axis: int, n: Any) -> None:
+    b = md_backend
+    devs = _devs(md_devices, n)
+    for dtype in ("float32", "int32"):
+        nd = np_dtype(dtype)
+        # uneven pieces along `axis` (as scatter makes them), equal elsewhere
+        arrays = []
+        for i in range(len(devs)):
+            shape = [2, 3]
+            shape[axis] = 1 + (i % 2)
+            arrays.append((np.arange(int(np.prod(shape))) + 10 * i).reshape(shape).astype(nd))
+        expect = np.concatenate(arrays, axis=axis).astype(np.float64)
+        xs = _inputs(b, devs, arrays, dtype)
+        out = md.allgather(xs, axis=axis)
+        _check_results(b, out, devs, dtype, expect, f"allgather(axis={axis})")
+        assert not any(y is x for y in out for x in xs)
+        y = md.gather(xs, devs[-1], axis=axis)
+        _check_results(b, [y], [devs[-1]], dtype, expect, f"gather(axis={axis})")
+
+
+@pytest.mark.parametrize("n", COUNTS)
+@pytest.mark.parametrize("length", [0, 1, 5, 8])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_scatter_follows_array_split(md_backend: Any, md_devices: list, length: int, axis: int, n: Any) -> None:
+    b = md_backend
+    devs = _devs(md_devices, n)
+    shape = (length, 3) if axis == 0 else (2, length)
+    src = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    for origin in {devs[0], devs[-1]}:
+        x = md.asarray(src, device=origin, backend=b.name)
+        pieces = md.scatter(x, devs, axis=axis)
+        ref = np.array_split(src, len(devs), axis=axis)
+        assert len(pieces) == len(devs)
+        for p, r, d in zip(pieces, ref, devs):
+            _check_results(b, [p], [d], "float32", r.astype(np.float64), f"scatter(axis={axis})")
+        if length >= len(devs):  # gather undoes scatter
+            back = md.gather(pieces, origin, axis=axis)
+            np.testing.assert_array_equal(as_f64(b, back), src)
+            again = md.allgather(pieces, axis=axis)
+            _check_results(b, again, devs, "float32", src.astype(np.float64), "allgather(scatter(x))")
+
+
+@pytest.mark.parametrize("n", COUNTS)
+@pytest.mark.parametrize("op", OPS)
+def test_reduce_scatter_matches_reference(md_backend: Any, md_devices: list, op: str, n: Any) -> None:
+    b = md_backend
+    devs = _devs(md_devices, n)
+    for dtype, axis, shape in (("float32", 0, (7, 3)), ("int32", 1, (2, 5)), ("float32", -1, (3, 2))):
+        arrays = _arrays(len(devs), shape, dtype, op, seed=4)
+        xs = _inputs(b, devs, arrays, dtype)
+        if op == "mean" and dtype == "int32":
+            with pytest.raises(CollectiveInputError, match="mean"):
+                md.reduce_scatter(xs, op, axis=axis)
+            continue
+        out = md.reduce_scatter(xs, op, axis=axis)
+        ref = np.array_split(_expect(op, arrays), len(devs), axis=axis)
+        assert len(out) == len(devs)
+        for y, r, d in zip(out, ref, devs):
+            _check_results(b, [y], [d], dtype, r, f"reduce_scatter({op}, axis={axis})")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, "all"])
+def test_split_batch(md_backend: Any, md_devices: list, n: Any) -> None:
+    b = md_backend
+    devs = _devs(md_devices, n)
+    X = np.arange(10 * 3, dtype=np.float32).reshape(10, 3)
+    y = np.arange(10, dtype=np.int32)
+    Xs, ys = md.split_batch(md.asarray(X, backend=b.name, device=devs[0]),
+                            md.asarray(y, backend=b.name, device=devs[0]), devs)
+    for xp, yp, xr, yr, d in zip(Xs, ys, np.array_split(X, len(devs)), np.array_split(y, len(devs)), devs):
+        _check_results(b, [xp], [d], "float32", xr.astype(np.float64), "split_batch X")
+        _check_results(b, [yp], [d], "int32", yr, "split_batch y")
+    small = md.asarray(X[: len(devs) - 1], backend=b.name, device=devs[0])
+    if len(devs) > 1:
+        with pytest.raises(CollectiveInputError, match="batch"):
+            md.split_batch(small, md.asarray(y[: len(devs) - 1], backend=b.name, device=devs[0]), devs)
+    with pytest.raises(CollectiveInputError, match="examples"):
+        md.split_batch(md.asarray(X, backend=b.name, device=devs[0]),
+                       md.asarray(y[:5], backend=b.name, device=devs[0]), devs)
+
+
+def test_other_collectives_bad_inputs(md_backend: Any, md_devices: list) -> None:
+    b = md_backend
+    devs = need_devices(md_devices, 2)
+    a = md.ones((2, 3), device=devs[0], backend=b.name)
+    a1 = md.ones((2, 3), device=devs[1], backend=b.name)
+    dup = md.ones((2, 3), device=devs[0], backend=b.name)
+    c = md.ones((3, 3), device=devs[1], backend=b.name)
+    i = md.ones((2, 3), dtype="int32", device=devs[1], backend=b.name)
+    s0 = md.asarray(np.float32(1.0), device=devs[0], backend=b.name)
+    s1 = md.asarray(np.float32(1.0), device=devs[1], backend=b.name)
+    missing = f"{devs[0].kind}:{max(d.index for d in md_devices) + 1}"
+    cases = [
+        (lambda: md.reduce([a, dup], devs[0]), CollectiveInputError, "more than once"),
+        (lambda: md.reduce([a, c], devs[0]), CollectiveInputError, "shape"),
+        (lambda: md.reduce([a, i], devs[0]), CollectiveInputError, "dtype"),
+        (lambda: md.reduce([a, a1], devs[0], "median"), CollectiveInputError, "op"),
+        (lambda: md.reduce([a, a1], missing), DeviceNotFoundError, b.name),
+        (lambda: md.reduce([], devs[0]), CollectiveInputError, "at least one"),
+        (lambda: md.broadcast(a, [devs[0], devs[0]]), CollectiveInputError, "more than once"),
+        (lambda: md.broadcast(a, []), CollectiveInputError, "at least one"),
+        (lambda: md.broadcast(a, devs[0]), CollectiveInputError, "list"),
+        (lambda: md.broadcast(a, [missing]), DeviceNotFoundError, b.name),
+        (lambda: md.allgather([a, dup]), CollectiveInputError, "more than once"),
+        (lambda: md.allgather([a, i]), CollectiveInputError, "dtype"),
+        (lambda: md.allgather([a, c], axis=1), CollectiveInputError, "axis"),
+        (lambda: md.allgather([a, a1], axis=2), CollectiveInputError, "out of range"),
+        (lambda: md.allgather([s0, s1]), CollectiveInputError, "0-d"),
+        (lambda: md.gather([a, c], devs[0], axis=1), CollectiveInputError, "axis"),
+        (lambda: md.gather([a, a1], missing), DeviceNotFoundError, b.name),
+        (lambda: md.reduce_scatter([a, c]), CollectiveInputError, "shape"),
+        (lambda: md.reduce_scatter([a, dup]), CollectiveInputError, "more than once"),
+        (lambda: md.reduce_scatter([s0, s1]), CollectiveInputError, "0-d"),
+        (lambda: md.reduce_scatter([a, a1], axis=-3), CollectiveInputError, "out of range"),
+        (lambda: md.reduce_scatter([a, a1], "avg"), CollectiveInputError, "op"),
+        (lambda: md.scatter(a, [devs[1], devs[1]]), CollectiveInputError, "more than once"),
+        (lambda: md.scatter(s0, devs), CollectiveInputError, "0-d"),
+        (lambda: md.scatter(a, devs, axis=2), CollectiveInputError, "out of range"),
+        (lambda: md.scatter(a, devs, axis=0.5), CollectiveInputError, "int"),
+        (lambda: md.scatter(a, [missing]), DeviceNotFoundError, b.name),
+        (lambda: md.split_batch(a, a1, [devs[0], devs[0]]), CollectiveInputError, "more than once"),
+        (lambda: md.split_batch(s0, s0, devs), CollectiveInputError, "0-d"),
+    ]
+    before = _bits(b, [a, a1, dup, c, i, s0, s1])
+    for call, err, match in cases:
+        with pytest.raises(err, match=match):
+            call()
+    assert _bits(b, [a, a1, dup, c, i, s0, s1]) == before
+
+
+# -- properties -----------------------------------------------------------------------------------
+_SHAPES = st.lists(st.integers(0, 5), min_size=0, max_size=3).map(tuple)  # 0-d and empty included
+_VALUES = st.floats(-1e3, 1e3, allow_nan=False, width=32)
+
+
+def _draw_arrays(data: Any, n: int, shape: tuple[int, ...]) -> list[np.ndarray]:
+    size = int(np.prod(shape))
+    return [np.asarray(data.draw(st.lists(_VALUES, min_size=size, max_size=size)), dtype=np.float32).reshape(shape)
+            for _ in range(n)]
+
+
+def _close(got: np.ndarray, expect: np.ndarray, n: int) -> None:
+    # float32 inputs up to 1e3: an absolute floor for cancellation in sums, growing with n
+    np.testing.assert_allclose(got, expect, rtol=4 * 1.2e-7 * n, atol=1e-3 * n)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_allreduce_property(md_backend: Any, md_devices: list, data: Any) -> None:
     b = md_backend
-    if len(md_devices) < 2:
-        pytest.skip(f"needs 2 devices; {b.name} has {len(md_devices)} here")
-    n = data.draw(st.integers(2, len(md_devices)), label="devices")
-    shape = tuple(data.draw(st.lists(st.integers(0, 5), min_size=0, max_size=3), label="shape"))
+    n = data.draw(st.integers(1, len(md_devices)), label="devices")
+    shape = data.draw(_SHAPES, label="shape")
     op = data.draw(st.sampled_from(["sum", "max", "min", "mean"]), label="op")
-    vals = st.floats(-1e3, 1e3, allow_nan=False, width=32)
-    arrays = [np.asarray(data.draw(st.lists(vals, min_size=int(np.prod(shape)), max_size=int(np.prod(shape)))),
-                         dtype=np.float32).reshape(shape) for _ in range(n)]
+    alg = data.draw(st.sampled_from(_algorithms(b)), label="algorithm")
+    arrays = _draw_arrays(data, n, shape)
     devs = md_devices[:n]
-    out = md.allreduce(_inputs(b, devs, arrays, "float32"), op=op)
-    expect = _REF[op](np.stack([a.astype(np.float64) for a in arrays]), axis=0)
+    out = md.allreduce(_inputs(b, devs, arrays, "float32"), op=op, algorithm=alg)
+    expect = _expect(op, arrays)
     for y, d in zip(out, devs):
-        assert md.device_of(y) == d
+        assert md.device_of(y) == d and md.dtype_of(y) == "float32"
         got = as_f64(b, y)
         assert got.shape == shape
-        np.testing.assert_allclose(got, expect, rtol=1e-5 * n, atol=1e-3 * n)
+        _close(got, expect, n)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_other_collectives_property(md_backend: Any, md_devices: list, data: Any) -> None:
+    b = md_backend
+    n = data.draw(st.integers(1, len(md_devices)), label="devices")
+    what = data.draw(st.sampled_from(["reduce", "broadcast", "allgather", "gather", "reduce_scatter",
+                                      "scatter"]), label="operation")
+    shape = data.draw(_SHAPES, label="shape")
+    devs = md_devices[:n]
+    if what in ("allgather", "gather", "reduce_scatter", "scatter") and not shape:
+        shape = (data.draw(st.integers(0, 5), label="length"),)  # these need an axis
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1), label="axis") if shape else 0
+    if what in ("broadcast", "scatter"):
+        (src,) = _draw_arrays(data, 1, shape)
+        origin = data.draw(st.sampled_from(devs), label="origin")
+        x = md.asarray(src, device=origin, backend=b.name)
+        if what == "broadcast":
+            out, ref = md.broadcast(x, devs), [src] * n
+        else:
+            out, ref = md.scatter(x, devs, axis=axis), np.array_split(src, n, axis=axis)
+        for y, r, d in zip(out, ref, devs):
+            assert md.device_of(y) == d
+            np.testing.assert_array_equal(as_f64(b, y), r.astype(np.float64))
+        return
+    arrays = _draw_arrays(data, n, shape)
+    xs = _inputs(b, devs, arrays, "float32")
+    if what in ("reduce", "reduce_scatter"):
+        op = data.draw(st.sampled_from(["sum", "max", "min", "mean"]), label="op")
+        expect = _expect(op, arrays)
+        if what == "reduce":
+            target = data.draw(st.sampled_from(md_devices), label="target")
+            y = md.reduce(xs, target, op)
+            assert md.device_of(y) == target
+            _close(as_f64(b, y), expect, n)
+        else:
+            out = md.reduce_scatter(xs, op, axis=axis)
+            for y, r, d in zip(out, np.array_split(expect, n, axis=axis), devs):
+                assert md.device_of(y) == d
+                _close(as_f64(b, y), r, n)
+        return
+    expect = np.concatenate(arrays, axis=axis).astype(np.float64)
+    if what == "allgather":
+        for y, d in zip(md.allgather(xs, axis=axis), devs):
+            assert md.device_of(y) == d
+            np.testing.assert_array_equal(as_f64(b, y), expect)
+    else:
+        target = data.draw(st.sampled_from(md_devices), label="target")
+        y = md.gather(xs, target, axis=axis)
+        assert md.device_of(y) == target
+        np.testing.assert_array_equal(as_f64(b, y), expect)
