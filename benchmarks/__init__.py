@@ -1,0 +1,226 @@
+"""Benchmark definitions for ``multidev bench`` (installed as ``multidev.benchmarks``).
+
+A benchmark is one function, registered with :func:`benchmark`, that takes a :class:`Context` and
+yields :class:`Case` objects. A case is one row of the report: named variants (``"md"`` through
+multidev, ``"native"`` through the framework's own call, sometimes others such as ``"numpy"``),
+the devices to synchronize, and an untimed correctness check. The runner (:mod:`multidev.bench`)
+does all the timing: warm-up, synchronization, repetitions, statistics, JSON, table and plot.
+
+Adding a benchmark::
+
+    from multidev.benchmarks import Case, Variant, benchmark, close
+
+    @benchmark("overhead")
+    def my_op(ctx):
+        x = md.ones((1000,), device=ctx.dev, backend=ctx.backend)
+        yield Case("my op", {"md": Variant(md.to, (x, ctx.dev)),
+                             "native": ctx.native_call("to", x, ctx.dev)},
+                   devices=[ctx.dev], check=lambda: close(md.to(x, ctx.dev), np.ones(1000)))
+
+The native side of every suite lives in :mod:`multidev.benchmarks._native`: one class per framework,
+written directly against the framework (that is the baseline multidev is measured against).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from multidev._device import Device
+
+__all__ = ["Variant", "Case", "Context", "Benchmark", "benchmark", "registry", "load_all",
+           "close", "SUITES", "MiB", "KiB", "GiB", "fmt_bytes"]
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+#: Suite modules in report order (module name -> suite name).
+SUITES = {"overhead": "overhead", "asynchronous": "async", "autoparallel": "autoparallel",
+          "bandwidth": "bandwidth", "collectives": "collectives"}
+
+
+@dataclass
+class Variant:
+    """One way of doing the row's operation, timed as ``fn(*args)``.
+
+    - ``finish(result)``: called on the last result, inside the clock (e.g. wait for that tensor).
+    - ``sync``: synchronize every device of the case before stopping the clock (default). ``False``
+      only for rows that measure dispatch on purpose; the runner then syncs after the clock stops.
+    - ``inner``: calls per sample; ``None`` lets the runner batch fast calls up to ~1 ms a sample.
+    - ``label``: the call, as a reader would write it (kept in the JSON).
+    """
+
+    fn: Callable[..., Any]
+    args: tuple = ()
+    finish: Callable[[Any], Any] | None = None
+    sync: bool = True
+    inner: int | None = None
+    label: str = ""
+
+
+@dataclass
+class Case:
+    """One row: variants timed in the same run, devices synchronized around each sample.
+
+    ``ratio`` names the variants whose median ratio is reported (numerator, denominator);
+    ``bytes`` (payload per call) turns times into GB/s; ``busbw_factor`` turns algbw into busbw.
+    ``check`` runs once, untimed, after warm-up; it returns ``(ok, detail)`` or a bool.
+    """
+
+    name: str
+    variants: dict[str, Variant | None]
+    devices: Sequence[Device] = ()
+    check: Callable[[], Any] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    bytes: int | None = None
+    busbw_factor: float | None = None
+    ratio: tuple[str, str] | None = ("md", "native")
+    group: str | None = None  # plot/table grouping key within a benchmark (e.g. "H2D")
+    key: str | None = None  # the row label in the side-by-side table (default: name); rows of
+    # different backends with one key share a table row (e.g. "D2D 1 MiB" on cpu:0->cpu:1 and cpu:0)
+
+
+@dataclass
+class Benchmark:
+    suite: str
+    name: str
+    fn: Callable[["Context"], Iterable[Case]]
+    precision: bool  # runs once per requested precision mode (matmul-heavy)
+    doc: str
+
+
+_REGISTRY: list[Benchmark] = []
+
+
+def benchmark(suite: str, *, name: str | None = None, precision: bool = False
+              ) -> Callable[[Callable[["Context"], Iterable[Case]]], Callable[["Context"], Iterable[Case]]]:
+    """Register ``fn(ctx) -> Iterable[Case]`` in ``suite``. ``precision=True`` for matmul-bound
+    benchmarks: they run once per precision mode (fp32, tf32), each labelled."""
+    def deco(fn: Callable[["Context"], Iterable[Case]]) -> Callable[["Context"], Iterable[Case]]:
+        bname = name or fn.__name__
+        for i, b in enumerate(_REGISTRY):
+            if b.suite == suite and b.name == bname:
+                del _REGISTRY[i]  # re-registration (reloaded file) replaces
+                break
+        _REGISTRY.append(Benchmark(suite, bname, fn, precision, (fn.__doc__ or "").strip().split("\n")[0]))
+        return fn
+    return deco
+
+
+def load_all(extra_files: Sequence[str] = ()) -> list[Benchmark]:
+    """Import every built-in suite module (and extra definition files); return the registry."""
+    for mod in SUITES:
+        importlib.import_module(f"{__name__}.{mod}")
+    for path in extra_files:
+        p = pathlib.Path(path)
+        spec = importlib.util.spec_from_file_location(f"multidev_bench_user_{p.stem}", p)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load benchmark file {path}")
+        m = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(m)
+    return registry()
+
+
+def registry() -> list[Benchmark]:
+    order = list(SUITES.values())
+    return sorted(_REGISTRY, key=lambda b: (order.index(b.suite) if b.suite in order else len(order)))
+
+
+@dataclass
+class Context:
+    """What a benchmark function gets: the backend under test, its devices and the run's settings."""
+
+    backend: str
+    b: Any  # the adapter (multidev.protocol.Backend)
+    native: Any  # a _native.Native for the framework, or None (third-party backend: md rows only)
+    devices: list[Device]
+    quick: bool
+    precision: str  # "fp32", "tf32" or "default": the mode this benchmark runs under
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> list[Device]:
+        return [d for d in self.devices if d.is_gpu]
+
+    @property
+    def cpus(self) -> list[Device]:
+        return [d for d in self.devices if not d.is_gpu]
+
+    @property
+    def dev(self) -> Device:
+        """The primary device: the first GPU if any, else the first CPU device."""
+        return (self.gpus or self.devices)[0]
+
+    @property
+    def host(self) -> Device:
+        return Device("cpu", 0)
+
+    @property
+    def accelerated(self) -> bool:
+        return bool(self.gpus)
+
+    def pick(self, quick: Any, cpu: Any, gpu: Any) -> Any:
+        """A size by scale: tiny for --quick, scaled down on CPU-only runs, full on a GPU."""
+        return quick if self.quick else gpu if self.accelerated else cpu
+
+    def ndev(self, d: Device | None) -> Device | None:
+        """``d`` for checking where a native result lives, or None where the native side has no
+        devices multidev can read back (NumPy)."""
+        return d if self.native is not None and self.native.tracks_devices else None
+
+    def native_call(self, op: str, *args: Any) -> Variant | None:
+        """A Variant for the framework's own ``op`` (see _native), or None where it has none."""
+        if self.native is None:
+            return None
+        spec = self.native.call(op, *args)
+        if spec is None:
+            return None
+        fn, a, label = spec
+        return Variant(fn, a, label=label)
+
+
+def close(x: Any, ref: np.ndarray, *, rtol: float = 1e-5, atol: float | None = None,
+          device: Device | None = None) -> tuple[bool, str]:
+    """Untimed check: ``x`` (any backend's tensor, or ndarray) equals ``ref`` within tolerance,
+    and lives on ``device`` when given. ``atol`` defaults to ``rtol * max|ref|``."""
+    import multidev as md
+
+    try:
+        got = np.asarray(md.to_numpy(x)).view(np.ndarray)  # plain: no virtual-device tag
+        if device is not None:
+            where = md.device_of(x)
+            if where != device:
+                return False, f"on {where}, expected {device}"
+    except Exception as e:  # noqa: BLE001 - a check reports, never raises
+        return False, f"{type(e).__name__}: {e}"
+    ref = np.asarray(ref).view(np.ndarray)
+    if got.shape != ref.shape:
+        return False, f"shape {got.shape} != {ref.shape}"
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    tol = atol if atol is not None else rtol * max(scale, 1.0)
+    err = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64)))) if ref.size else 0.0
+    ok = bool(err <= tol)
+    return ok, f"max abs err {err:.3g} (tol {tol:.3g})"
+
+
+def all_ok(*checks: tuple[bool, str]) -> tuple[bool, str]:
+    """Combine several ``(ok, detail)`` checks; the details of failing ones come first."""
+    ok = all(c[0] for c in checks)
+    bad = [c[1] for c in checks if not c[0]]
+    return ok, "; ".join(bad or [c[1] for c in checks])
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
+def iter_cases(bm: Benchmark, ctx: Context) -> Iterator[Case]:
+    yield from bm.fn(ctx)

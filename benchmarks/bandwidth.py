@@ -1,0 +1,106 @@
+"""Suite ``bandwidth``: host-to-device, device-to-host and device-to-device copies, 1 MiB to 1 GiB
+(1 to 64 MiB on CPU-only machines, where "device" is the framework's CPU device and D2D goes
+cpu:0 -> cpu:1 where the backend has two CPU devices, else is a same-device copy).
+
+GB/s are 10^9 bytes of payload per second. Host buffers are ordinary (pageable) NumPy arrays.
+On CPU, ``to_numpy`` and the native D2H may return a view (zero-copy): those rows then time the
+view, not a copy, and say so in their params.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Iterator
+
+import numpy as np
+
+import multidev as md
+
+from . import MiB, Case, Context, Variant, benchmark, close, fmt_bytes
+
+
+def sizes(ctx: Context) -> list[int]:
+    return ctx.pick(quick=[64 << 10, 1 * MiB], cpu=[1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB],
+                    gpu=[1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB])
+
+
+def _d2d_target(ctx: Context) -> md.Device:
+    d = ctx.dev
+    same_kind = [e for e in ctx.devices if e.kind == d.kind and e != d]
+    return same_kind[0] if same_kind else d
+
+
+@benchmark("bandwidth")
+def h2d(ctx: Context) -> Iterator[Case]:
+    """NumPy array -> device: md.asarray(a, device=d) against the framework's own upload."""
+    d = ctx.dev
+    for nbytes in sizes(ctx):
+        a = np.random.default_rng(1).random(nbytes // 4, dtype=np.float32)
+        nat = ctx.native_call("h2d", a, d)
+
+        def check(a: np.ndarray = a, nat: Variant | None = nat) -> tuple[bool, str]:
+            ok, det = close(md.asarray(a, device=d, backend=ctx.backend), a, rtol=0, atol=0, device=d)
+            if nat is not None:
+                ok2, det2 = close(nat.fn(*nat.args), a, rtol=0, atol=0, device=ctx.ndev(d))
+                ok, det = ok and ok2, f"md {det}; native {det2}"
+            return ok, det
+
+        yield Case(f"H2D host->{d} {fmt_bytes(nbytes)}",
+                   {"md": Variant(partial(md.asarray, a, device=d, backend=ctx.backend), (),
+                                  label="md.asarray(a, device=d)"), "native": nat},
+                   devices=[d], check=check, params={"src": "host", "dst": str(d), "size": nbytes},
+                   bytes=nbytes, group="H2D")
+
+
+@benchmark("bandwidth")
+def d2h(ctx: Context) -> Iterator[Case]:
+    """Device -> NumPy: md.to_numpy(x) against the framework's own download."""
+    d = ctx.dev
+    for nbytes in sizes(ctx):
+        a = np.random.default_rng(2).random(nbytes // 4, dtype=np.float32)
+        x = md.asarray(a, device=d, backend=ctx.backend)
+        nat = ctx.native_call("d2h", x)
+
+        def check(x: object = x, a: np.ndarray = a, nat: Variant | None = nat) -> tuple[bool, str]:
+            ok, det = close(md.to_numpy(x), a, rtol=0, atol=0)
+            if nat is not None:
+                ok2, det2 = close(np.asarray(nat.fn(*nat.args)), a, rtol=0, atol=0)
+                ok, det = ok and ok2, f"md {det}; native {det2}"
+            return ok, det
+
+        yield Case(f"D2H {d}->host {fmt_bytes(nbytes)}",
+                   {"md": Variant(md.to_numpy, (x,), label="md.to_numpy(x)"), "native": nat},
+                   devices=[d], check=check,
+                   params={"src": str(d), "dst": "host", "size": nbytes, "zero_copy_possible": not d.is_gpu},
+                   bytes=nbytes, group="D2H")
+
+
+@benchmark("bandwidth")
+def d2d(ctx: Context) -> Iterator[Case]:
+    """Device -> device: md.to(x, d2) (md.copy on one device) against the framework's copy."""
+    d, d2 = ctx.dev, _d2d_target(ctx)
+    same = d == d2
+    for nbytes in sizes(ctx):
+        a = np.random.default_rng(3).random(nbytes // 4, dtype=np.float32)
+        x = md.asarray(a, device=d, backend=ctx.backend)
+        if same:
+            mdv = Variant(md.copy, (x, d2), label="md.copy(x, d)")
+            nat = ctx.native_call("copy", x, d2)
+        else:
+            mdv = Variant(md.to, (x, d2), label="md.to(x, d2)")
+            nat = ctx.native_call("to", x, d2)
+
+        def check(x: object = x, a: np.ndarray = a, nat: Variant | None = nat, mdv: Variant = mdv
+                  ) -> tuple[bool, str]:
+            y = mdv.fn(*mdv.args)
+            ok, det = close(y, a, rtol=0, atol=0, device=d2)
+            if y is x:
+                ok, det = False, "md returned its input: no copy was made"
+            if nat is not None:
+                ok2, det2 = close(nat.fn(*nat.args), a, rtol=0, atol=0, device=ctx.ndev(d2))
+                ok, det = ok and ok2, f"md {det}; native {det2}"
+            return ok, det
+
+        yield Case(f"D2D {d}->{d2} {fmt_bytes(nbytes)}", {"md": mdv, "native": nat},
+                   devices=[d] if same else [d, d2], check=check,
+                   params={"src": str(d), "dst": str(d2), "size": nbytes, "same_device": same},
+                   bytes=nbytes, group="D2D")

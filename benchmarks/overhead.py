@@ -1,0 +1,113 @@
+"""Suite ``overhead``: what multidev's own Python costs on calls that should cost nothing.
+
+Per device (the primary device, and cpu:0 beside a GPU): no-op ``to`` (P1), ``device_of``,
+``synchronize`` on an idle device (P2) and on an idle tensor, creation of a small tensor.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Iterator
+
+import numpy as np
+
+import multidev as md
+
+from . import Case, Context, Variant, all_ok, benchmark, close
+
+N = 1000  # elements of the small tensor every row uses
+
+
+def _devices(ctx: Context) -> list[md.Device]:
+    devs = [ctx.dev]
+    if ctx.dev != ctx.host and ctx.host in ctx.devices:
+        devs.append(ctx.host)
+    return devs
+
+
+@benchmark("overhead")
+def to_noop(ctx: Context) -> Iterator[Case]:
+    """md.to(x, its own device) against the framework's own no-op placement call."""
+    ref = np.ones(N, np.float32)
+    for d in _devices(ctx):
+        x = md.ones((N,), device=d, backend=ctx.backend)
+        native = ctx.native_call("to", x, d)
+
+        def check(x=x, d=d, native=native) -> tuple[bool, str]:
+            same = md.to(x, d) is x
+            checks = [(same, "md.to returns x itself" if same else "md.to copied a tensor already there"),
+                      close(md.to(x, str(d)), ref, device=d)]
+            if native is not None:
+                checks.append(close(native.fn(*native.args), ref, device=ctx.ndev(d)))
+            return all_ok(*checks)
+
+        yield Case(f"to(x, Device) no-op [{d}]",
+                   {"md": Variant(md.to, (x, d), label="md.to(x, device)"), "native": native},
+                   devices=[d], check=check, params={"device": str(d), "elements": N}, group="to no-op")
+        yield Case(f"to(x, '{d}') no-op, str spec [{d}]",
+                   {"md": Variant(md.to, (x, str(d)), label=f"md.to(x, '{d}')"), "native": native},
+                   devices=[d], check=check, params={"device": str(d), "elements": N}, group="to no-op (str)")
+
+
+@benchmark("overhead")
+def device_of(ctx: Context) -> Iterator[Case]:
+    """md.device_of(x) against the framework's device attribute."""
+    for d in _devices(ctx):
+        x = md.ones((N,), device=d, backend=ctx.backend)
+        native = ctx.native_call("device_of", x)
+
+        def check(x=x, d=d, native=native) -> tuple[bool, str]:
+            got = md.device_of(x)
+            ok = got == d
+            detail = f"md.device_of -> {got}"
+            if native is not None:
+                nd = md.device(native.fn(*native.args))
+                ok = ok and nd == d
+                detail += f", native -> {nd}"
+            return ok, detail
+
+        yield Case(f"device_of(x) [{d}]", {"md": Variant(md.device_of, (x,), label="md.device_of(x)"),
+                                           "native": native},
+                   devices=[d], check=check, params={"device": str(d)}, group="device_of")
+
+
+@benchmark("overhead")
+def synchronize(ctx: Context) -> Iterator[Case]:
+    """md.synchronize(device) / md.synchronize(x) on idle work, against the native wait."""
+    for d in _devices(ctx):
+        x = md.ones((N,), device=d, backend=ctx.backend)
+        md.synchronize(x)
+
+        def check(x=x, d=d) -> tuple[bool, str]:
+            r = md.synchronize(d, backend=ctx.backend)
+            return all_ok((r is None, "synchronize returned None"), close(x, np.ones(N)))
+
+        nat = ctx.native_call("sync", d, x)
+        yield Case(f"synchronize(device) idle [{d}]",
+                   {"md": Variant(md.synchronize, (d,), label="md.synchronize(device)"), "native": nat},
+                   devices=[d], check=check, params={"device": str(d)}, group="synchronize(device)")
+        yield Case(f"synchronize(device, backend=) idle [{d}]",
+                   {"md": Variant(partial(md.synchronize, d, backend=ctx.backend), (),
+                                  label="md.synchronize(device, backend=name)"), "native": nat},
+                   devices=[d], check=check, params={"device": str(d)}, group="synchronize(device, backend)")
+        yield Case(f"synchronize(x) idle tensor [{d}]",
+                   {"md": Variant(md.synchronize, (x,), label="md.synchronize(x)"),
+                    "native": ctx.native_call("wait", x)},
+                   devices=[d], check=check, params={"device": str(d)}, group="synchronize(x)")
+
+
+@benchmark("overhead")
+def creation(ctx: Context) -> Iterator[Case]:
+    """md.zeros((1000,), device=d) against the framework's creation on a device."""
+    for d in _devices(ctx):
+        native = ctx.native_call("zeros", (N,), d)
+
+        def check(d=d, native=native) -> tuple[bool, str]:
+            checks = [close(md.zeros((N,), device=d, backend=ctx.backend), np.zeros(N), device=d)]
+            if native is not None:
+                checks.append(close(native.fn(*native.args), np.zeros(N), device=ctx.ndev(d)))
+            return all_ok(*checks)
+
+        yield Case(f"zeros(({N},), device) [{d}]",
+                   {"md": Variant(partial(md.zeros, (N,), device=d, backend=ctx.backend), (),
+                                  label="md.zeros(shape, device=d, backend=name)"), "native": native},
+                   devices=[d], check=check, params={"device": str(d), "elements": N}, group="creation")
