@@ -80,6 +80,13 @@ class Native:
         Returns the flags as they now read."""
         return {}
 
+    def save_precision(self) -> Any:
+        """The precision state, for :meth:`restore_precision` once the run is over."""
+        return None
+
+    def restore_precision(self, state: Any) -> None:
+        return None
+
     def device_name(self, dev: Device) -> str:
         return cpu_name() if not dev.is_gpu else str(dev)
 
@@ -192,6 +199,13 @@ class TorchNative(Native):
                 "torch.get_float32_matmul_precision()": t.get_float32_matmul_precision(),
                 "torch.get_num_threads()": t.get_num_threads()}
 
+    def save_precision(self) -> Any:
+        t = self.torch
+        return t.backends.cuda.matmul.allow_tf32, t.backends.cudnn.allow_tf32
+
+    def restore_precision(self, state: Any) -> None:
+        self.torch.backends.cuda.matmul.allow_tf32, self.torch.backends.cudnn.allow_tf32 = state
+
     def device_name(self, dev: Device) -> str:
         if dev.kind == "gpu":
             return self.torch.cuda.get_device_name(dev.index)
@@ -255,6 +269,12 @@ class JaxNative(Native):
         return {"jax_default_matmul_precision": self.jax.config.jax_default_matmul_precision,
                 "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
                 "jax_enable_x64": bool(self.jax.config.jax_enable_x64)}
+
+    def save_precision(self) -> Any:
+        return self.jax.config.jax_default_matmul_precision
+
+    def restore_precision(self, state: Any) -> None:
+        self.jax.config.update("jax_default_matmul_precision", state)
 
     def device_name(self, dev: Device) -> str:
         if dev.kind == "gpu":
@@ -329,6 +349,12 @@ class TensorflowNative(Native):
         return {"tf.config.experimental.tensor_float_32_execution_enabled()":
                 bool(tf.config.experimental.tensor_float_32_execution_enabled()),
                 "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "")}
+
+    def save_precision(self) -> Any:
+        return self.tf.config.experimental.tensor_float_32_execution_enabled()
+
+    def restore_precision(self, state: Any) -> None:
+        self.tf.config.experimental.enable_tensor_float_32_execution(state)
 
     def device_name(self, dev: Device) -> str:
         if dev.kind == "gpu":

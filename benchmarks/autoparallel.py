@@ -90,8 +90,9 @@ def d2l_autoparallel(ctx: Context) -> Iterator[Case]:
                                   label="run(x); md.synchronize(d)"),
                     "native": Variant(runs[d], (xs[d],), finish=native_waiter(ctx, [d]),
                                       label="run(x); native wait")},
-                   devices=[d], check=check_run(d), params={**params, "device": str(d)},
-                   group=f"device {devs.index(d) + 1}")
+                   devices=[d], check=check_run(d),
+                   params={**params, "device": str(d), "note": f"{d}, {k}x {_size(ctx, d)}²"},
+                   group=f"device {devs.index(d) + 1}", key=f"device {devs.index(d) + 1}: run(x)")
     if d2 is not None:
         def both(a: Any, b: Any) -> Any:
             return runs[d1](a), runs[d2](b)
@@ -101,7 +102,8 @@ def d2l_autoparallel(ctx: Context) -> Iterator[Case]:
                     "native": Variant(both, (xs[d1], xs[d2]), finish=native_waiter(ctx, devs),
                                       label="run(x1); run(x2); native wait on both")},
                    devices=devs, check=lambda: all_ok(check_run(d1)(), check_run(d2)()),
-                   params={**params, "devices": [str(d1), str(d2)]}, group="both")
+                   params={**params, "devices": [str(d1), str(d2)], "note": f"{d1} + {d2}"}, group="both",
+                   key="devices 1+2 concurrently")
 
     # Parallel computation and communication: results of `src` copied to the host.
     src = ctx.gpus[0] if ctx.gpus else devs[-1]
@@ -124,30 +126,37 @@ def d2l_autoparallel(ctx: Context) -> Iterator[Case]:
         b = nat_put(y[-1])
         return all_ok(close(a, ref_y, device=dst), close(b, ref_y, device=dst))
 
-    cp = {**params, "src": str(src), "dst": str(dst), "tensors": k}
+    cp = {**params, "src": str(src), "dst": str(dst), "tensors": k,
+          "note": f"{k}x {_size(ctx, src)}² {src}->{dst}" + (" (same device: md.copy)" if same else "")}
     yield Case(f"{what}: {k} results from {src}",
                {"md": Variant(lambda ys: [md_put(t) for t in ys], (y,), finish=lambda _r: md.synchronize(backend=ctx.backend),
                               label="[md.to(y, host) for y in ys]; md.synchronize()"),
                 "native": Variant(lambda ys: [nat_put(t) for t in ys], (y,), finish=native_waiter(ctx, [src, dst]),
                                   label="[y.to(host) for y in ys]; native wait")},
                devices=[src, dst] if not same else [src], check=check_copy, params=cp, bytes=nbytes,
-               group="copy to host")
+               group="copy to host", key="copy results to host")
 
     def run_copy_md(x: Any) -> list[Any]:
-        return [md_put(t) for t in runs[src](x)]
+        if same:
+            return [md_put(t) for t in runs[src](x)]
+        return [md.to(t, dst, non_blocking=True) for t in runs[src](x)]  # Transfer handles
+
+    def land(r: list[Any]) -> list[Any]:
+        out = [t.wait() if isinstance(t, md.Transfer) else t for t in r]
+        md.synchronize(backend=ctx.backend)
+        return out
 
     def run_copy_native(x: Any) -> list[Any]:
         return [nat_put_async(t) for t in runs[src](x)]
 
     def check_overlap() -> tuple[bool, str]:
-        a = run_copy_md(xs[src])
-        md.synchronize()
+        a = land(run_copy_md(xs[src]))
         return close(a[-1], refs[src], rtol=tol, device=dst)
 
     yield Case(f"run(x) on {src} + overlapped {what}",
-               {"md": Variant(run_copy_md, (xs[src],), finish=lambda _r: md.synchronize(backend=ctx.backend),
-                              label="[md.to(y, host) for y in run(x)]; md.synchronize()"),
+               {"md": Variant(run_copy_md, (xs[src],), finish=land,
+                              label="[md.to(y, host, non_blocking=True) for y in run(x)]; wait each"),
                 "native": Variant(run_copy_native, (xs[src],), finish=native_waiter(ctx, [src, dst]),
                                   label="[y.to(host, non_blocking=True) for y in run(x)]; native wait")},
                devices=[src, dst] if not same else [src], check=check_overlap, params=cp, bytes=nbytes,
-               group="run + overlapped copy")
+               group="run + overlapped copy", key="run + overlapped copy to host")

@@ -47,8 +47,8 @@ def h2d(ctx: Context) -> Iterator[Case]:
         yield Case(f"H2D host->{d} {fmt_bytes(nbytes)}",
                    {"md": Variant(partial(md.asarray, a, device=d, backend=ctx.backend), (),
                                   label="md.asarray(a, device=d)"), "native": nat},
-                   devices=[d], check=check, params={"src": "host", "dst": str(d), "size": nbytes},
-                   bytes=nbytes, group="H2D")
+                   devices=[d], check=check, params={"src": "host", "dst": str(d), "size": nbytes, "note": f"host->{d}"},
+                   bytes=nbytes, group="H2D", key=f"H2D {fmt_bytes(nbytes)}")
 
 
 @benchmark("bandwidth")
@@ -70,8 +70,9 @@ def d2h(ctx: Context) -> Iterator[Case]:
         yield Case(f"D2H {d}->host {fmt_bytes(nbytes)}",
                    {"md": Variant(md.to_numpy, (x,), label="md.to_numpy(x)"), "native": nat},
                    devices=[d], check=check,
-                   params={"src": str(d), "dst": "host", "size": nbytes, "zero_copy_possible": not d.is_gpu},
-                   bytes=nbytes, group="D2H")
+                   params={"src": str(d), "dst": "host", "size": nbytes, "zero_copy_possible": not d.is_gpu,
+                           "note": f"{d}->host" + ("" if d.is_gpu else " (may be a view)")},
+                   bytes=nbytes, group="D2H", key=f"D2H {fmt_bytes(nbytes)}")
 
 
 @benchmark("bandwidth")
@@ -102,5 +103,6 @@ def d2d(ctx: Context) -> Iterator[Case]:
 
         yield Case(f"D2D {d}->{d2} {fmt_bytes(nbytes)}", {"md": mdv, "native": nat},
                    devices=[d] if same else [d, d2], check=check,
-                   params={"src": str(d), "dst": str(d2), "size": nbytes, "same_device": same},
-                   bytes=nbytes, group="D2D")
+                   params={"src": str(d), "dst": str(d2), "size": nbytes, "same_device": same,
+                           "note": f"{d}->{d2}" + (" (same device)" if same else "")},
+                   bytes=nbytes, group="D2D", key=f"D2D {fmt_bytes(nbytes)}")

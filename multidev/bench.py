@@ -53,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", help=f"comma-separated suites: {', '.join(SUITE_NAMES)} (default: all)")
     p.add_argument("--json", metavar="FILE", help="write every result, raw samples included, to FILE")
     p.add_argument("--plot", metavar="FILE.png", help="write a figure of the results (needs matplotlib)")
+    p.add_argument("--markdown", metavar="FILE.md", help="write the side-by-side tables as Markdown")
     p.add_argument("--quick", action="store_true", help="tiny sizes, few repetitions (CI)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="f32 matmul precision for matmul suites: fp32 (full, default), tf32, both "
@@ -275,6 +276,14 @@ def _setup_env(cpu_devices: int) -> dict[str, str]:
     return set_now
 
 
+def _loadavg() -> list[float] | None:
+    """The 1/5/15-minute load averages: other work on the machine skews every figure."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
 def _env_flags() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
 
@@ -325,6 +334,7 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
     wanted = [md.device(x) for x in _split(args.device)]
 
     backends_info: dict[str, Any] = {}
+    saved_precision: dict[str, Any] = {}
     ready: list[tuple[str, Any, Any, list[Any]]] = []
     for n in names:
         try:
@@ -339,6 +349,8 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
             backends_info[n] = {"error": f"none of the devices {args.device} on {n}"}
             continue
         nat = native_for(b)
+        if nat is not None:
+            saved_precision[n] = nat.save_precision()
         info = {"version": b.version(), "framework": b.framework, "devices": [str(d) for d in devs],
                 "all_devices": [str(d) for d in b.devices()], "capabilities": _caps(b),
                 "native_baseline": nat is not None, "device_names": {}, "precision": {}}
@@ -355,6 +367,7 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
              for mode in (modes if bm.precision else modes[:1])]
     results: list[dict[str, Any]] = []
     floor = timer_floor()
+    load_before = _loadavg()
     progress = None
     if not args.no_progress:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
@@ -412,12 +425,17 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
     finally:
         if progress is not None:
             progress.stop()
+        for (n, b, nat, devs) in ready:
+            if nat is not None:
+                nat.restore_precision(saved_precision.get(n))
+    load_after = _loadavg()
     run_info = {"command": ["multidev", "bench"] + list(getattr(args, "argv", []) or []),
                 "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 "machine": _machine(), "env": _env_flags(), "env_set_by_bench": env_set,
                 "settings": {**s.as_dict(), "precision": args.precision, "suites": suites,
                              "devices": _split(args.device)},
-                "timer_floor_s": floor, "backends": backends_info}
+                "timer_floor_s": floor, "loadavg_before": load_before, "loadavg_after": load_after,
+                "backends": backends_info}
     for r in results:
         r["run"] = 0
     return {"schema": SCHEMA, "created": run_info["created"], "runs": [run_info], "results": results}
@@ -456,18 +474,22 @@ def _backend_order(doc: dict[str, Any]) -> list[str]:
     return seen
 
 
-def _cell(rec: dict[str, Any]) -> str:
+def _cell_lines(rec: dict[str, Any]) -> list[tuple[str, str]]:
+    """A result cell as (text, style) lines: one per variant, the ratio, a failed check."""
     if rec.get("skipped"):
-        return f"[dim]skipped: {rec['skipped'][:40]}[/dim]"
+        return [(f"skipped: {rec['skipped'][:40]}", "dim")]
     if rec.get("error") and not rec.get("variants"):
-        return f"[red]error: {rec['error'][:60]}[/red]"
+        return [(f"error: {rec['error'][:60]}", "red")]
     lines = []
+    note = (rec.get("params") or {}).get("note")
+    if note:
+        lines.append((str(note), "dim"))
     for name in sorted(rec["variants"], key=_vkey):
         v = rec["variants"][name]
         if v is None:
             continue
         if "median_s" not in v:
-            lines.append(f"[red]{_SHORT.get(name, name)}: {v.get('error', 'no samples')[:50]}[/red]")
+            lines.append((f"{_SHORT.get(name, name)}: {v.get('error', 'no samples')[:50]}", "red"))
             continue
         iqr = 100 * v["iqr_s"] / v["median_s"] if v["median_s"] > 0 else 0.0
         extra = ""
@@ -475,36 +497,79 @@ def _cell(rec: dict[str, Any]) -> str:
             extra = f" bus {v['busbw_GBps']:.3g} GB/s"
         elif "GBps" in v:
             extra = f" {v['GBps']:.3g} GB/s"
-        lines.append(f"{_SHORT.get(name, name)} {fmt_time(v['median_s'])} ±{iqr:.0f}%{extra}")
+        lines.append((f"{_SHORT.get(name, name)} {fmt_time(v['median_s'])} ±{iqr:.0f}%{extra}", ""))
     if rec.get("ratio"):
         a, b = rec["ratio"]["of"]
-        lines.append(f"[bold]×{rec['ratio']['value']:.2f}[/bold] [dim]{_SHORT.get(a, a)}/{_SHORT.get(b, b)}[/dim]")
+        lines.append((f"×{rec['ratio']['value']:.2f} {_SHORT.get(a, a)}/{_SHORT.get(b, b)}", "bold"))
     if rec.get("check") and not rec["check"]["ok"]:
-        lines.append(f"[red]✗ check: {rec['check']['detail'][:60]}[/red]")
-    return "\n".join(lines)
+        lines.append((f"✗ check: {rec['check']['detail'][:60]}", "red"))
+    return lines
+
+
+def _cell(rec: dict[str, Any]) -> str:
+    from rich.markup import escape
+
+    return "\n".join(f"[{st}]{escape(t)}[/{st}]" if st else escape(t) for t, st in _cell_lines(rec))
+
+
+def _md_cell(rec: dict[str, Any]) -> str:
+    out = []
+    for t, st in _cell_lines(rec):
+        t = t.replace("|", "\\|")
+        out.append(f"**{t}**" if st == "bold" else f"⚠ {t}" if st == "red" else f"_{t}_" if st == "dim" else t)
+    return "<br>".join(out)
+
+
+def _rows(doc: dict[str, Any], suite: str) -> tuple[list[str], dict[tuple[str, str | None], dict[str, Any]]]:
+    recs = [r for r in doc["results"] if r["suite"] == suite]
+    cols = [b for b in _backend_order(doc) if any(r["backend"] == b for r in recs)]
+    rows: dict[tuple[str, str | None], dict[str, Any]] = {}
+    for r in recs:
+        rows.setdefault((r.get("key") or r["case"], r.get("precision")), {})[r["backend"]] = r
+    return cols, rows
+
+
+def _version(doc: dict[str, Any], backend: str) -> str:
+    for r in doc["results"]:
+        if r["backend"] == backend:
+            return str(doc["runs"][r["run"]]["backends"].get(backend, {}).get("version", ""))
+    return ""
+
+
+def _suites(doc: dict[str, Any]) -> list[str]:
+    present = {r["suite"] for r in doc["results"]}
+    return [x for x in SUITE_NAMES if x in present] + sorted(present - set(SUITE_NAMES))
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The side-by-side tables as Markdown (for results/README.md)."""
+    out = [f"Results of `multidev bench` ({doc['created']}): median ±IQR/median per call; "
+           "**×r** = md ÷ native (below 1: multidev faster).", ""]
+    for suite in _suites(doc):
+        cols, rows = _rows(doc, suite)
+        out += [f"### {suite}", "", "| case | " + " | ".join(f"{b} {_version(doc, b)}" for b in cols) + " |",
+                "|---" * (len(cols) + 1) + "|"]
+        for (label, prec), by in rows.items():
+            name = label + (f" [{prec}]" if prec else "")
+            out.append(f"| {name} | " + " | ".join(_md_cell(by[b]) if b in by else "" for b in cols) + " |")
+        out.append("")
+    g = goals(doc)
+    if g:
+        out += ["### goals", "", "```", *g, "```", ""]
+    return "\n".join(out)
 
 
 def render(doc: dict[str, Any], console: Any) -> None:
     """One table per suite: a row per case, a column per backend."""
     from rich.table import Table
 
-    order = _backend_order(doc)
-    runs = doc["runs"]
-    for suite in SUITE_NAMES + tuple(sorted({r["suite"] for r in doc["results"]} - set(SUITE_NAMES))):
-        recs = [r for r in doc["results"] if r["suite"] == suite]
-        if not recs:
-            continue
-        cols = [b for b in order if any(r["backend"] == b for r in recs)]
+    for suite in _suites(doc):
+        cols, rows = _rows(doc, suite)
         t = Table(title=f"multidev bench: {suite}", show_lines=True,
                   caption="median ±IQR/median; ×ratio = md ÷ native (below 1: multidev faster)")
         t.add_column("case")
         for b in cols:
-            info = runs[next(r["run"] for r in recs if r["backend"] == b)]["backends"].get(b, {})
-            t.add_column(f"{b} {info.get('version', '')}", overflow="fold")
-        rows: dict[tuple[str, str | None], dict[str, dict[str, Any]]] = {}
-        for r in recs:
-            label = r.get("key") or r["case"]
-            rows.setdefault((label, r.get("precision")), {})[r["backend"]] = r
+            t.add_column(f"{b} {_version(doc, b)}", overflow="fold")
         for (label, prec), by in rows.items():
             name = label + (f" [{prec}]" if prec else "")
             t.add_row(name, *[_cell(by[b]) if b in by else "" for b in cols])
@@ -514,9 +579,10 @@ def render(doc: dict[str, Any], console: Any) -> None:
     console.print(f"correctness checks: {sum(1 for r in doc['results'] if r.get('check'))} run, "
                   f"[{'red' if failed else 'green'}]{len(failed)} failed[/]; {len(errors)} errors")
     for r in failed + errors:
-        console.print(f"  [red]{r['backend']} {r['case']}: {r.get('error') or r['check']['detail']}[/red]")
+        console.print(f"  [red]{r['backend']} {r['case']}: {r.get('error') or r['check']['detail']}[/red]",
+                      markup=True, highlight=False)
     for line in goals(doc):
-        console.print(line)
+        console.print(line, markup=False, highlight=False)
 
 
 def goals(doc: dict[str, Any]) -> list[str]:
@@ -605,7 +671,8 @@ def plot(doc: dict[str, Any], path: str) -> None:
         a.set_xscale("log", base=2)
         a.set_title(f"bandwidth {grp} (md solid, native dashed)")
         a.set_xlabel("bytes")
-        a.set_ylabel("GB/s")
+        a.set_yscale("log")
+        a.set_ylabel("GB/s (log)")
         a.legend(fontsize=7)
     coll = [r for r in res if r["suite"] == "collectives" and r.get("variants")]
     for i, op in enumerate(("allreduce", "other")):
@@ -690,6 +757,10 @@ def main(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1, default=_json_default)
         console.print(f"wrote {args.json}")
+    if getattr(args, "markdown", None):
+        with open(args.markdown, "w") as f:
+            f.write(markdown(doc))
+        console.print(f"wrote {args.markdown}")
     if args.plot:
         try:
             plot(doc, args.plot)
