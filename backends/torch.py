@@ -3,7 +3,8 @@
 Mechanism. Devices map one to one: ``cpu:0`` is ``torch.device("cpu")``, ``gpu:i`` is
 ``torch.device("cuda", i)`` for every visible CUDA device, ``mps:0`` is Apple's Metal device where
 torch has it. Creation passes ``device=``/``dtype=`` straight to torch, which places exactly.
-CUDA work is queued on each device's current stream: ``synchronize`` waits with
+CUDA work is queued on each device's current stream; ``start_move`` hands back a CUDA event to wait
+on (pinned host buffers both ways). ``synchronize`` waits with
 ``torch.cuda.synchronize`` device by device (it only waits for one device per call), which also
 raises any sticky asynchronous CUDA error. Torch refuses mixed-device arithmetic natively; this
 adapter's own ops check devices first and raise :class:`~multidev.DeviceMismatchError` instead.
@@ -12,7 +13,7 @@ has no NCCL) over one CUDA tensor per GPU.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -227,6 +228,29 @@ class TorchBackend:
         self._target(self.dtype_of(x), device)
         # Blocking copy: non_blocking device-to-host copies can be read before they land (pytorch#86264).
         return x.to(self.to_native_device(device))
+
+    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
+        torch = self._torch
+        src = x.device
+        if src.type != "cuda" and device.kind != "gpu":
+            # No CUDA involved: the copy is synchronous (MPS work is drained by the waiter).
+            y = self.move(x, device)
+            return y, (torch.mps.synchronize if "mps" in (src.type, device.kind) else None)
+        self._target(self.dtype_of(x), device)
+        dev = self.to_native_device(device)
+        if device.kind == "gpu":
+            if src.type == "cpu" and not x.requires_grad and not x.is_pinned():
+                x = x.pin_memory()  # a pinned snapshot makes the host-to-device copy asynchronous
+            y = x.to(dev, non_blocking=True)
+            stream = torch.cuda.current_stream(dev)  # cross-device copies join the target's stream
+        else:
+            # Device-to-host into a pinned buffer torch allocates; it reads as garbage until the
+            # event completes (pytorch#86264), so the tensor is only handed out behind the waiter.
+            y = x.to(dev, non_blocking=True)
+            stream = torch.cuda.current_stream(src)
+        done = torch.cuda.Event()
+        done.record(stream)
+        return y, done.synchronize
 
     def copy(self, x: Any, device: Device) -> Any:
         self._target(self.dtype_of(x), device)

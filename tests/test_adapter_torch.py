@@ -314,6 +314,23 @@ def test_cuda_move_copy_to_numpy(tb):
 
 @pytest.mark.gpu
 @needs_cuda
+def test_cuda_start_move_both_ways(tb):
+    x = torch.arange(1 << 20, dtype=torch.float32)
+    g, wait_h2d = tb.start_move(x, Device("gpu", 0))
+    assert wait_h2d is not None and g.device == torch.device("cuda", 0)
+    x.zero_()  # the source was snapshotted into a pinned buffer before start_move returned
+    wait_h2d()
+    assert g[5].item() == 5
+    h, wait_d2h = tb.start_move(g * 2, Device("cpu", 0))
+    assert wait_d2h is not None and h.device.type == "cpu" and h.is_pinned()
+    wait_d2h()
+    assert h[5].item() == 10 and h[-1].item() == 2 * ((1 << 20) - 1)
+    host = md.to(g, "cpu", non_blocking=True).wait()
+    assert torch.equal(host, torch.arange(1 << 20, dtype=torch.float32))
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_cuda_mixed_devices_raise_device_mismatch(tb):
     a, b = torch.ones(2), torch.ones(2, device="cuda")
     for call in (lambda: tb.combine("sum", a, b), lambda: tb.concat([a, b], 0), lambda: tb.assign(a, b)):
