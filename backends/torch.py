@@ -188,16 +188,16 @@ class TorchBackend:
     def _from_numpy(self, arr: np.ndarray) -> Any:
         """A CPU tensor viewing ``arr`` (or a native-order, contiguous copy of it)."""
         torch = self._torch
-        if arr.dtype.name == "bfloat16":  # ml_dtypes.bfloat16: torch.from_numpy does not know it
-            bits = np.ascontiguousarray(arr).view(np.int16)
-            if not bits.flags.writeable:
-                bits = bits.copy()
-            return torch.from_numpy(bits).view(torch.bfloat16)
-        if arr.dtype.byteorder not in ("=", "|"):
+        bf16 = arr.dtype.name == "bfloat16"
+        if bf16:  # ml_dtypes.bfloat16: torch.from_numpy does not know it; carry the bits as int16
+            arr = arr.view(np.int16)
+        elif arr.dtype.byteorder not in ("=", "|"):
             arr = arr.astype(arr.dtype.newbyteorder("="))
         if not arr.flags.c_contiguous or not arr.flags.writeable:
             # torch.from_numpy refuses negative strides and warns on read-only arrays.
             arr = np.array(arr, order="C", copy=True)
+        if bf16:
+            return torch.from_numpy(arr).view(torch.bfloat16)
         try:
             return torch.from_numpy(arr)
         except TypeError as e:

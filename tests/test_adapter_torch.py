@@ -176,6 +176,10 @@ def test_asarray_bfloat16_numpy(tb):
     arr = np.array([1.5, -2.0, 3.25], dtype=ml_dtypes.bfloat16)
     t = tb.asarray(arr, None, Device("cpu", 0))
     assert t.dtype == torch.bfloat16 and t.float().tolist() == [1.5, -2.0, 3.25]
+    zero_d = tb.asarray(np.array(2.5, dtype=ml_dtypes.bfloat16), None, Device("cpu", 0))
+    assert zero_d.shape == () and zero_d.item() == 2.5
+    rev = tb.asarray(arr[::-1], None, Device("cpu", 0))
+    assert rev.float().tolist() == [3.25, -2.0, 1.5]
 
 
 # -- placement --------------------------------------------------------------------------------------
