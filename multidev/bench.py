@@ -61,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, help="minimum samples per variant (default 20; quick 5)")
     p.add_argument("--budget", type=float, help="seconds per variant before stopping short of --reps "
                                                "(default 2; quick 0.2)")
+    p.add_argument("--max-time", type=float, metavar="S",
+                   help="stop starting new rows after S seconds (the rest are marked skipped; the "
+                        "JSON is still written): for fixed-length slots such as a lent GPU")
     p.add_argument("--cpu-devices", type=int, default=2,
                    help="virtual CPU devices for JAX/TF/MXNet/NumPy when not set in the environment "
                         "(MULTIDEV_*_CPU_DEVICES); default 2")
@@ -223,7 +226,7 @@ def measure_case(case: Any, b: Any, s: Settings) -> dict[str, Any]:
             ok, detail = False, f"{type(e).__name__}: {e}"
         rec["check"] = {"ok": ok, "detail": detail}
     was = gc.isenabled()
-    gc.collect()
+    gc.collect(1)  # young generations only: the frameworks' own objects are frozen (see run)
     gc.disable()
     try:
         while True:
@@ -366,6 +369,8 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
     units = [(n, b, nat, devs, bm, mode) for (n, b, nat, devs) in ready for bm in benches
              for mode in (modes if bm.precision else modes[:1])]
     results: list[dict[str, Any]] = []
+    gc.collect()
+    gc.freeze()  # the frameworks' import-time objects: later collections need not walk them
     floor = timer_floor()
     load_before = _loadavg()
     progress = None
@@ -379,8 +384,23 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
                             console=Console(stderr=True), transient=False)
         progress.start()
         task = progress.add_task("", total=len(units), unit="")
+    t_start = time.perf_counter()
+    max_time = getattr(args, "max_time", None)
+
+    def out_of_time() -> bool:
+        return max_time is not None and time.perf_counter() - t_start > max_time
+
     try:
         for (n, b, nat, devs, bm, mode) in units:
+            if out_of_time():
+                results.append({"suite": bm.suite, "benchmark": bm.name, "backend": n,
+                                "precision": mode if bm.precision else None, "case": f"{bm.name}: not run",
+                                "key": f"{bm.name}: not run", "group": None, "devices": [], "params": {},
+                                "bytes": None, "busbw_factor": None, "variants": {}, "check": None,
+                                "ratio": None, "skipped": f"--max-time {max_time:g} s reached"})
+                if progress is not None:
+                    progress.advance(task)
+                continue
             unit = f"{n} {bm.suite}/{bm.name}" + (f" [{mode}]" if bm.precision else "")
             if progress is not None:
                 progress.update(task, unit=unit, description="")
@@ -396,6 +416,13 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
                     "precision": mode if bm.precision else None}
             try:
                 for case in bm.fn(ctx):
+                    if out_of_time():
+                        results.append({**base, "case": case.name, "key": case.key or case.name,
+                                        "group": case.group, "devices": [], "params": case.params,
+                                        "bytes": case.bytes, "busbw_factor": case.busbw_factor, "variants": {},
+                                        "check": None, "ratio": None,
+                                        "skipped": f"--max-time {max_time:g} s reached"})
+                        continue
                     if progress is not None:
                         progress.update(task, description=case.name)
                     rec = {**base, "case": case.name, "key": case.key or case.name, "group": case.group,
@@ -428,12 +455,14 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
         for (n, b, nat, devs) in ready:
             if nat is not None:
                 nat.restore_precision(saved_precision.get(n))
+        gc.unfreeze()
     load_after = _loadavg()
     run_info = {"command": ["multidev", "bench"] + list(getattr(args, "argv", []) or []),
                 "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 "machine": _machine(), "env": _env_flags(), "env_set_by_bench": env_set,
                 "settings": {**s.as_dict(), "precision": args.precision, "suites": suites,
-                             "devices": _split(args.device)},
+                             "devices": _split(args.device), "max_time_s": max_time,
+                             "wall_s": round(time.perf_counter() - t_start, 1)},
                 "timer_floor_s": floor, "loadavg_before": load_before, "loadavg_after": load_after,
                 "backends": backends_info}
     for r in results:
@@ -600,6 +629,11 @@ def goals(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _legend(a: Any, **kw: Any) -> None:
+    if a.get_legend_handles_labels()[0]:
+        a.legend(**kw)
+
+
 def plot(doc: dict[str, Any], path: str) -> None:
     """A figure: overhead ratios, async and autoparallel times, bandwidth and allreduce busbw."""
     import matplotlib
@@ -642,7 +676,7 @@ def plot(doc: dict[str, Any], path: str) -> None:
         a.set_ylabel(ylabel)
         if log:
             a.set_yscale("log")
-        a.legend(fontsize=7)
+        _legend(a, fontsize=7)
 
     ov = [r for r in res if r["suite"] == "overhead" and r.get("ratio")]
     grouped(ax[0], ov, lambda r: r["ratio"]["value"], "overhead: md ÷ native (median)", "ratio (log)", True)
@@ -673,7 +707,7 @@ def plot(doc: dict[str, Any], path: str) -> None:
         a.set_xlabel("bytes")
         a.set_yscale("log")
         a.set_ylabel("GB/s (log)")
-        a.legend(fontsize=7)
+        _legend(a, fontsize=7)
     coll = [r for r in res if r["suite"] == "collectives" and r.get("variants")]
     for i, op in enumerate(("allreduce", "other")):
         a = ax[6 + i]
@@ -702,7 +736,7 @@ def plot(doc: dict[str, Any], path: str) -> None:
         a.set_title("allreduce busbw per algorithm" if op == "allreduce" else "broadcast / allgather / reduce_scatter busbw")
         a.set_xlabel("bytes per device")
         a.set_ylabel("busbw GB/s")
-        a.legend(fontsize=6, ncol=2)
+        _legend(a, fontsize=6, ncol=2)
     ax[8].axis("off")
     lines = [f"multidev bench, {doc['created']}"]
     for run_ in doc["runs"]:
