@@ -17,7 +17,7 @@ MXNet quirks handled here, each also commented where it is worked around:
 - mixed contexts do not raise (MXNet computes on the first operand's context), so combine, concat
   and assign check devices and raise DeviceMismatchError; ``capabilities.multi_device_ops`` is False;
 - legacy NDArray shape semantics treat ``()`` and 0-sized dims as "unknown", so every op runs under
-  ``mx.util.np_shape(True)`` (thread-local, restored on exit) and 0-d / empty arrays work;
+  NumPy shape semantics (thread-local, restored on exit) and 0-d / empty arrays work;
 - bool arrays are not accepted by MXNet's arithmetic, concat, slice or kvstore: those paths go
   through an integer cast (sum/max of bools is "or", min/prod is "and", as in NumPy);
 - ``mx.nd.array`` turns float64 input into float32 unless told the dtype: dtypes are always passed.
@@ -31,6 +31,7 @@ module's tests check that ``synchronize()`` raises.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import warnings
 from typing import Any, Callable, ClassVar, Sequence
@@ -52,6 +53,28 @@ _ENV_CPUS = "MULTIDEV_MXNET_CPU_DEVICES"
 _WITH_MXNET_ENV = ('pip install torch==2.13.0 && pip install ".[all,mxnet]"  (from a multidev '
                    'checkout; it resolves numpy 1.26.4 and JAX 0.7.1 beside TF)')
 _FLOAT16_BELOW_ONE = 0.99951171875  # the largest float16 below 1.0
+
+
+class _NumpyShape:
+    """NumPy shape semantics for this thread inside the block, the previous state restored after.
+
+    Calls the C API itself: ``mx.util.np_shape`` logs through the root logger on first use, which
+    installs a stderr handler on the user's root logger (logging.basicConfig)."""
+
+    __slots__ = ("_lib", "_prev")
+
+    def __init__(self, lib: Any) -> None:
+        self._lib = lib
+        self._prev = ctypes.c_int()
+
+    def __enter__(self) -> None:
+        # 1 = thread-local on; the previous value (0 off, 1 thread-local, 2 global) is kept as is.
+        if self._lib.MXSetIsNumpyShape(ctypes.c_int(1), ctypes.byref(self._prev)) != 0:
+            raise RuntimeError("mxnet backend: MXSetIsNumpyShape failed")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._prev.value != 1:
+            self._lib.MXSetIsNumpyShape(self._prev, ctypes.byref(ctypes.c_int()))
 
 
 def _numpy_major() -> int:
@@ -213,14 +236,18 @@ class MxnetBackend:
 
     # -- placement --------------------------------------------------------------------------
     def device_of(self, x: Any) -> Device:
-        dev = self.from_native_device(x.context)
+        ctx = x.ctx  # (mx.np arrays warn on .context)
+        dev = self.from_native_device(ctx)
         if dev is None:
-            raise DeviceNotFoundError(f"mxnet backend: unknown context {x.context!r}")
+            raise DeviceNotFoundError(f"mxnet backend: unknown context {ctx!r}")
         return dev
 
     def move(self, x: Any, device: Device) -> Any:
         with self._scope():
-            return x.as_in_context(self._ctx(device))  # keeps x's array type
+            ctx = self._ctx(device)
+            if isinstance(x, self._np_type):
+                return x.as_in_ctx(ctx)  # (mx.np arrays warn on as_in_context)
+            return x.as_in_context(ctx)  # x itself when already there
 
     def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
         """The copy is queued on MXNet's engine; the waiter is the target's ``wait_to_read`` (which
@@ -411,9 +438,9 @@ class MxnetBackend:
             return [self._like(o, x) for o, x in zip(outs, xs)]
 
     # -- internals ----------------------------------------------------------------------------
-    def _scope(self) -> Any:
+    def _scope(self) -> "_NumpyShape":
         # Legacy NDArray ops reject () and 0-sized dims ("unknown" in legacy shape semantics).
-        return self._mx.util.np_shape(True)
+        return _NumpyShape(self._mx.base._LIB)
 
     def _nd(self, x: Any) -> Any:
         """The legacy NDArray view of x (shares memory; legacy ops refuse mx.np arrays)."""
