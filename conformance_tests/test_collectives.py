@@ -22,7 +22,9 @@ pytestmark = pytest.mark.md_feature("collectives")
 _REF: dict[str, Callable[..., np.ndarray]] = {"sum": np.sum, "max": np.max, "min": np.min,
                                               "prod": np.prod, "mean": np.mean}
 OPS = ["sum", "mean", "max", "min", "prod"]
-DTYPES = ["float32", "float64", "float16", "int32"]
+#: The shape most cases use (one shape keeps compile caches of JIT frameworks warm): 24 elements,
+#: so ring chunks are even for 2, 3 and 4 devices; reduce_scatter/scatter pieces are uneven for some.
+SHAPE = (6, 4)
 #: 1, 2 and 3 devices, and "all": every device of the backend when it has 4 or more.
 COUNTS = [1, 2, 3, "all"]
 PORTABLE = ["naive", "ring", "tree", "auto"]
@@ -56,9 +58,16 @@ def _arrays(n: int, shape: tuple[int, ...], dtype: str, op: str, seed: int = 0) 
     nd = np_dtype(dtype)
     if nd.kind in "iu":
         return [rng.integers(-3, 4, size=shape).astype(nd) for _ in range(n)]
-    if op == "prod":
-        return [rng.uniform(0.5, 1.5, size=shape).astype(nd) for _ in range(n)]
-    return [rng.uniform(-2, 2, size=shape).astype(nd) for _ in range(n)]
+    lo, hi = (0.5, 1.5) if op == "prod" else (-2, 2)
+    arrays = [rng.uniform(lo, hi, size=shape).astype(nd) for _ in range(n)]
+    return [_bf16_round(a) for a in arrays] if dtype == "bfloat16" else arrays
+
+
+def _bf16_round(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded (to nearest even) to bfloat16's precision, so references are exact."""
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
 
 
 def _expect(op: str, arrays: list[np.ndarray]) -> np.ndarray:
@@ -88,13 +97,41 @@ def _check_results(b: Any, out: list[Any], devs: list, dtype: str, expect: np.nd
 
 # -- allreduce ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n", COUNTS)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
 @pytest.mark.parametrize("op", OPS)
 def test_allreduce_matches_reference(md_backend: Any, md_devices: list, op: str, dtype: str, n: Any) -> None:
+    _allreduce_case(md_backend, md_devices, op, dtype, n, SHAPE)
+
+
+@pytest.mark.parametrize("n", [2, 3, "all"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+def test_allreduce_other_float_dtypes(md_backend: Any, md_devices: list, op: str, dtype: str, n: Any) -> None:
+    _allreduce_case(md_backend, md_devices, op, dtype, n, SHAPE)
+
+
+@pytest.mark.parametrize("n", [2, 3, "all"])
+def test_allreduce_uneven_chunks(md_backend: Any, md_devices: list, n: Any) -> None:
+    """35 elements: ring chunks of unequal sizes for 2, 3 and 4 devices."""
+    _allreduce_case(md_backend, md_devices, "sum", "float32", n, (5, 7))
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (1, 0), (3, 0, 2), (1,)], ids=str)
+def test_allreduce_edge_shapes(md_backend: Any, md_devices: list, shape: tuple[int, ...]) -> None:
+    """0-d, empty and single-element tensors through every algorithm (fewer elements than devices)."""
     b = md_backend
+    devs = need_devices(md_devices, 2)
+    for op in ("sum", "mean"):
+        arrays = _arrays(len(devs), shape, "float32", op, seed=5)
+        for alg in _algorithms(b):
+            out = md.allreduce(_inputs(b, devs, arrays, "float32"), op=op, algorithm=alg)
+            _check_results(b, out, devs, "float32", _expect(op, arrays), f"allreduce({op}, {alg}) of {shape}")
+
+
+def _allreduce_case(b: Any, md_devices: list, op: str, dtype: str, n: Any, shape: tuple[int, ...]) -> None:
     need_dtype(b, dtype)
     devs = _devs(md_devices, n)
-    arrays = _arrays(len(devs), (5, 7), dtype, op)  # 35 elements: uneven ring chunks for 2, 3, 4
+    arrays = _arrays(len(devs), shape, dtype, op)
     for alg in _algorithms(b):
         xs = _inputs(b, devs, arrays, dtype)
         if op == "mean" and dtype.startswith("int"):
@@ -115,12 +152,12 @@ def test_allreduce_results_do_not_alias_inputs(md_backend: Any, md_devices: list
     if not b.capabilities.mutable:
         pytest.skip(f"{b.name} tensors are immutable (capabilities.mutable=False): aliasing is harmless")
     devs = _devs(md_devices, n)
-    arrays = _arrays(len(devs), (6,), "float32", "sum")
+    arrays = _arrays(len(devs), SHAPE, "float32", "sum")
     for alg in _algorithms(b):
         xs = _inputs(b, devs, arrays, "float32")
         out = md.allreduce(xs, algorithm=alg)
         for y, d in zip(out, devs):
-            b.assign(y, md.zeros((6,), device=d, backend=b.name))
+            b.assign(y, md.zeros(SHAPE, device=d, backend=b.name))
         for a, x in zip(arrays, xs):
             np.testing.assert_array_equal(np.array(b.to_numpy(x)), a, err_msg=f"{alg} aliased an input")
         for y in out[1:]:
@@ -163,7 +200,7 @@ def test_allreduce_deterministic(md_backend: Any, md_devices: list, n: Any) -> N
     b = md_backend
     devs = _devs(md_devices, n)
     rng = np.random.default_rng(7)
-    arrays = [(rng.standard_normal((9, 11)) * 10.0 ** rng.integers(-3, 4, (9, 11))).astype(np.float32)
+    arrays = [(rng.standard_normal(SHAPE) * 10.0 ** rng.integers(-3, 4, SHAPE)).astype(np.float32)
               for _ in devs]
     for alg in PORTABLE:
         for op in ("sum", "mean"):
@@ -276,7 +313,7 @@ def test_reduce_matches_reference(md_backend: Any, md_devices: list, op: str, n:
     b = md_backend
     devs = _devs(md_devices, n)
     for dtype in ("float32", "int32"):
-        arrays = _arrays(len(devs), (4, 3), dtype, op, seed=2)
+        arrays = _arrays(len(devs), SHAPE, dtype, op, seed=2)
         xs = _inputs(b, devs, arrays, dtype)
         for target in {devs[0], devs[-1], md_devices[-1]}:
             if op == "mean" and dtype == "int32":
@@ -330,14 +367,14 @@ def test_allgather_and_gather(md_backend: Any, md_devices: list, axis: int, n: A
 
 
 @pytest.mark.parametrize("n", COUNTS)
-@pytest.mark.parametrize("length", [0, 1, 5, 8])
-@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("length", [0, 5])
+@pytest.mark.parametrize("axis", [0, -1])
 def test_scatter_follows_array_split(md_backend: Any, md_devices: list, length: int, axis: int, n: Any) -> None:
     b = md_backend
     devs = _devs(md_devices, n)
     shape = (length, 3) if axis == 0 else (2, length)
     src = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
-    for origin in {devs[0], devs[-1]}:
+    for origin in [devs[-1]]:  # devs[0] takes the move path, devs[-1] the copy path
         x = md.asarray(src, device=origin, backend=b.name)
         pieces = md.scatter(x, devs, axis=axis)
         ref = np.array_split(src, len(devs), axis=axis)
@@ -356,7 +393,7 @@ def test_scatter_follows_array_split(md_backend: Any, md_devices: list, length: 
 def test_reduce_scatter_matches_reference(md_backend: Any, md_devices: list, op: str, n: Any) -> None:
     b = md_backend
     devs = _devs(md_devices, n)
-    for dtype, axis, shape in (("float32", 0, (7, 3)), ("int32", 1, (2, 5)), ("float32", -1, (3, 2))):
+    for dtype, axis, shape in (("float32", 0, SHAPE), ("int32", -1, SHAPE)):
         arrays = _arrays(len(devs), shape, dtype, op, seed=4)
         xs = _inputs(b, devs, arrays, dtype)
         if op == "mean" and dtype == "int32":
@@ -455,7 +492,7 @@ def _close(got: np.ndarray, expect: np.ndarray, n: int) -> None:
     np.testing.assert_allclose(got, expect, rtol=4 * 1.2e-7 * n, atol=1e-3 * n)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_allreduce_property(md_backend: Any, md_devices: list, data: Any) -> None:
     b = md_backend
@@ -474,7 +511,7 @@ def test_allreduce_property(md_backend: Any, md_devices: list, data: Any) -> Non
         _close(got, expect, n)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_other_collectives_property(md_backend: Any, md_devices: list, data: Any) -> None:
     b = md_backend
