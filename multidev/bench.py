@@ -615,17 +615,25 @@ def render(doc: dict[str, Any], console: Any) -> None:
 
 
 def goals(doc: dict[str, Any]) -> list[str]:
-    """The issue's goals as measured ratios (P1: no-op to; P2: synchronize)."""
+    """The issue's goals as measured ratios. P1: md's no-op ``to`` at most 1.5x torch's ``.to``, and
+    at least 20x faster than ``jax.device_put`` (elsewhere: reported); P2: ``synchronize`` at most
+    1.2x the native wait."""
     out = []
     for r in doc["results"]:
         if r["suite"] != "overhead" or not r.get("ratio"):
             continue
         v = r["ratio"]["value"]
+        fw = doc["runs"][r["run"]]["backends"].get(r["backend"], {}).get("framework", r["backend"])
+        verdict = ""
         if r.get("group") == "to no-op":
-            out.append(f"P1 {r['backend']:10s} {r['case']}: md/native = {v:.2f}"
-                       + (f" (md {1 / v:.0f}x faster)" if v < 1 else ""))
+            goal = {"torch": 1.5, "jax": 1 / 20}.get(fw)
+            if goal is not None:
+                verdict = f"goal <= {goal:.3g}: {'met' if v <= goal else 'MISSED'}"
+            out.append(f"P1 {r['backend']:10s} {r['case']}: md/native = {v:.3g}"
+                       + (f" (md {1 / v:.0f}x faster)" if v < 1 else "") + (f"; {verdict}" if verdict else ""))
         elif r.get("group") in ("synchronize(device)", "synchronize(device, backend)"):
-            out.append(f"P2 {r['backend']:10s} {r['case']}: md/native = {v:.2f}")
+            verdict = f"goal <= 1.2: {'met' if v <= 1.2 else 'MISSED'}"
+            out.append(f"P2 {r['backend']:10s} {r['case']}: md/native = {v:.3g}; {verdict}")
     return out
 
 
