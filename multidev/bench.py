@@ -526,6 +526,9 @@ def _cell_lines(rec: dict[str, Any]) -> list[tuple[str, str]]:
             extra = f" bus {v['busbw_GBps']:.3g} GB/s"
         elif "GBps" in v:
             extra = f" {v['GBps']:.3g} GB/s"
+        first = v.get("first_call_s")
+        if first and first > 3 * v["median_s"] and first - v["median_s"] > 1e-3:
+            extra += f" (1st call {fmt_time(first)})"  # compilation / first-use cost, kept apart
         lines.append((f"{_SHORT.get(name, name)} {fmt_time(v['median_s'])} ±{iqr:.0f}%{extra}", ""))
     if rec.get("ratio"):
         a, b = rec["ratio"]["of"]
@@ -570,10 +573,113 @@ def _suites(doc: dict[str, Any]) -> list[str]:
     return [x for x in SUITE_NAMES if x in present] + sorted(present - set(SUITE_NAMES))
 
 
+def _first(doc: dict[str, Any], backend: str, pred: Any) -> dict[str, Any] | None:
+    for r in doc["results"]:
+        if r["backend"] == backend and r.get("variants") and pred(r):
+            return r
+    return None
+
+
+def _med(r: dict[str, Any] | None, v: str) -> float | None:
+    x = ((r or {}).get("variants") or {}).get(v) or {}
+    return x.get("median_s")
+
+
+def headline(doc: dict[str, Any]) -> list[str]:
+    """A compact Markdown table: the issue's goals and one figure per suite, a column per backend.
+    D2L's V100 numbers (PyTorch, 2 GPUs) stand beside the autoparallel rows for reference."""
+    cols = _backend_order(doc)
+    prec = sorted({r["precision"] for r in doc["results"] if r.get("precision")})
+    p0 = prec[0] if prec else None
+    rows: list[tuple[str, Any, str]] = []
+
+    def ratio(group: str) -> Any:
+        def f(b: str) -> str:
+            r = _first(doc, b, lambda r: r.get("group") == group and r.get("ratio"))
+            if r is None:
+                return ""
+            return f"{_SHORT['md']} {fmt_time(_med(r, 'md'))} / {fmt_time(_med(r, 'native'))} = **×{r['ratio']['value']:.2f}**"
+        return f
+
+    def timed(group: str, variants: Sequence[str], pr: str | None = p0) -> Any:
+        def f(b: str) -> str:
+            r = _first(doc, b, lambda r: r.get("group") == group and r.get("precision") in (pr, None))
+            if r is None:
+                return ""
+            parts = [f"{_SHORT.get(v, v)} {fmt_time(_med(r, v))}" for v in variants if _med(r, v) is not None]
+            note = (r.get("params") or {}).get("note")
+            return (f"_{note}_: " if note else "") + ", ".join(parts)
+        return f
+
+    def bw(group: str) -> Any:
+        def f(b: str) -> str:
+            recs = [r for r in doc["results"] if r["backend"] == b and r.get("group") == group and r.get("variants")]
+            if not recs:
+                return ""
+            r = max(recs, key=lambda r: r.get("bytes") or 0)
+            g = {v: ((r["variants"].get(v) or {}).get("GBps")) for v in ("md", "native")}
+            return (f"{fmt_bytes_short(r['bytes'])} {r['params'].get('note', '')}: md {g['md'] or 0:.3g} / "
+                    f"native {g['native'] or 0:.3g} GB/s")
+        return f
+
+    def allreduce(b: str) -> str:
+        recs = [r for r in doc["results"] if r["backend"] == b and r["benchmark"] == "allreduce" and r.get("variants")]
+        if not recs:
+            return ""
+        n = max(r["params"]["n"] for r in recs)
+        size = max(r["bytes"] for r in recs)
+        best = {}
+        for r in recs:
+            if r["params"]["n"] == n and r["bytes"] == size:
+                x = r["variants"].get("md") or {}
+                if "busbw_GBps" in x:
+                    best[r["params"]["algorithm"]] = x["busbw_GBps"]
+        return f"n={n}, {fmt_bytes_short(size)}: " + ", ".join(f"{a} {v:.3g}" for a, v in best.items()) + " GB/s busbw"
+
+    rows.append(("P1 no-op `to` (md / native)", ratio("to no-op"), "goal: torch ≤ 1.5, JAX ≤ 0.05"))
+    rows.append(("P2 `synchronize(device)` idle", ratio("synchronize(device)"), "goal ≤ 1.2"))
+    rows.append(("P2 `synchronize(device, backend=)`", ratio("synchronize(device, backend)"), "goal ≤ 1.2"))
+    rows.append(("`device_of(x)`", ratio("device_of"), ""))
+    rows.append(("creation `zeros(1000)`", ratio("creation"), ""))
+    rows.append((f"async: 10 matmuls, time to result [{p0}]", timed("time to result", ("numpy", "native", "md")), ""))
+    rows.append((f"async: 10 matmuls, dispatch only [{p0}]", timed("dispatch", ("framework",)), ""))
+    for pr in prec:
+        rows.append((f"autoparallel: run(x) on device 1 [{pr}]", timed("device 1", ("md", "native"), pr), "0.50 s"))
+        rows.append((f"autoparallel: devices 1+2 concurrently [{pr}]", timed("both", ("md", "native"), pr), ""))
+        rows.append((f"autoparallel: copy results to host [{pr}]", timed("copy to host", ("md", "native"), pr), "2.49 s"))
+        rows.append((f"autoparallel: run + overlapped copy [{pr}]", timed("run + overlapped copy", ("md", "native"), pr),
+                     "1.92 s"))
+    for g in ("H2D", "D2H", "D2D"):
+        rows.append((f"bandwidth {g}, largest size", bw(g), ""))
+    rows.append(("allreduce busbw per algorithm (md)", allreduce, ""))
+    out = ["| | " + " | ".join(f"{b} {_version(doc, b)}" for b in cols) + " | D2L (V100) |",
+           "|---" * (len(cols) + 2) + "|"]
+    for label, fn, ref in rows:
+        cells = [fn(b) for b in cols]
+        if any(cells):
+            out.append(f"| {label} | " + " | ".join(c.replace("|", "\\|") for c in cells) + f" | {ref} |")
+    return out
+
+
+def fmt_bytes_short(n: int | None) -> str:
+    from .benchmarks import fmt_bytes
+
+    return fmt_bytes(int(n or 0))
+
+
 def markdown(doc: dict[str, Any]) -> str:
     """The side-by-side tables as Markdown (for results/README.md)."""
     out = [f"Results of `multidev bench` ({doc['created']}): median ±IQR/median per call; "
-           "**×r** = md ÷ native (below 1: multidev faster).", ""]
+           "**×r** = md ÷ native (below 1: multidev faster).", "", "### headline", ""]
+    out += headline(doc) + [""]
+    for run_ in doc["runs"]:
+        m = run_["machine"]
+        names = sorted({n for info in run_["backends"].values() for n in info.get("device_names", {}).values()})
+        out.append(f"- {', '.join(b for b in run_['backends'])}: {m['cpu']} ({m['cpu_count']} cores, "
+                   f"{m['memory_GiB']} GiB), {'; '.join(names)}; python {m['python']}, numpy {m['numpy']}; "
+                   f"precision {run_['settings']['precision']}; load average {run_.get('loadavg_before')} -> "
+                   f"{run_.get('loadavg_after')}; {run_['settings'].get('wall_s')} s")
+    out.append("")
     for suite in _suites(doc):
         cols, rows = _rows(doc, suite)
         out += [f"### {suite}", "", "| case | " + " | ".join(f"{b} {_version(doc, b)}" for b in cols) + " |",
