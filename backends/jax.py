@@ -64,39 +64,61 @@ def _cpu_count_from_env() -> int | None:
     return n
 
 
-class _CapsuleProducer:
-    """Presents a legacy ``"dltensor"`` PyCapsule as a ``__dlpack__`` producer.
+def _capsule_info(capsule: Any) -> tuple[tuple[int, int], tuple[int, int], int]:
+    """``(device, (code, bits), data address)`` of a legacy ``"dltensor"`` capsule, read from the
+    DLManagedTensor's DLTensor header (dlpack.h ABI)."""
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    name = get_name(capsule)
+    if name in (b"used_dltensor", b"used_dltensor_versioned"):
+        raise CapabilityError("jax backend: this DLPack capsule was already consumed (a capsule can "
+                              "be imported once); export the tensor again")
+    if name != b"dltensor":
+        raise CapabilityError(
+            f"jax backend: JAX imports only legacy 'dltensor' capsules, got {name!r}; pass the "
+            "producer object itself (anything with __dlpack__) instead of a capsule")
+    get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+    get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    addr = get_ptr(capsule, name)
+    # DLTensor: void* data; DLDevice{i32 type, i32 id}; i32 ndim; DLDataType{u8 code, u8 bits, u16 lanes};
+    # i64* shape; i64* strides; u64 byte_offset
+    data = ctypes.c_void_p.from_address(addr).value or 0
+    dev = (ctypes.c_int32 * 2).from_address(addr + 8)
+    dt = (ctypes.c_uint8 * 2).from_address(addr + 20)
+    offset = ctypes.c_uint64.from_address(addr + 40).value
+    return (int(dev[0]), int(dev[1])), (int(dt[0]), int(dt[1])), data + offset
 
-    Works around jax.dlpack.from_dlpack refusing bare capsules (removed in jax 0.10, deprecated in
-    0.7): the device and dtype are read from the DLManagedTensor's DLTensor header (dlpack.h ABI).
+
+class _Producer:
+    """A DLPack producer for jax.dlpack.from_dlpack that notes where the shared buffer lives.
+
+    Wraps a bare ``"dltensor"`` capsule (jax.dlpack.from_dlpack refuses capsules: removed in jax
+    0.10, deprecated in 0.7) or a producer object; the buffer address lets the caller detect JAX's
+    silent copy of CPU buffers that are not 64-byte aligned.
     """
 
-    def __init__(self, capsule: Any) -> None:
-        get_name = ctypes.pythonapi.PyCapsule_GetName
-        get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
-        name = get_name(capsule)
-        if name == b"used_dltensor" or name == b"used_dltensor_versioned":
-            raise CapabilityError("jax backend: this DLPack capsule was already consumed (a capsule "
-                                  "can be imported once); export the tensor again")
-        if name != b"dltensor":
-            raise CapabilityError(
-                f"jax backend: JAX imports only legacy 'dltensor' capsules, got {name!r}; pass the "
-                "producer object itself (anything with __dlpack__) instead of a capsule")
-        get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
-        get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-        addr = get_ptr(capsule, name)
-        # DLTensor: void* data; DLDevice{int32 type, int32 id}; int32 ndim; DLDataType{u8 code, u8 bits, u16 lanes}
-        dev = (ctypes.c_int32 * 2).from_address(addr + 8)
-        dt = (ctypes.c_uint8 * 2).from_address(addr + 20)
-        self.device = (int(dev[0]), int(dev[1]))
-        self.code_bits = (int(dt[0]), int(dt[1]))
-        self._capsule = capsule
+    def __init__(self, src: Any) -> None:
+        self._src = src
+        self._is_capsule = type(src).__name__ == "PyCapsule"
+        self.code_bits: tuple[int, int] | None = None
+        self.address: int | None = None
+        if self._is_capsule:
+            self._device, self.code_bits, self.address = _capsule_info(src)
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
-        return self._capsule
+        if self._is_capsule:
+            return self._src
+        # Some producers (TensorFlow) take no stream argument: pass it only when there is one.
+        cap = self._src.__dlpack__(stream=stream, **kwargs) if stream is not None or kwargs \
+            else self._src.__dlpack__()
+        try:
+            _, self.code_bits, self.address = _capsule_info(cap)
+        except CapabilityError:
+            pass  # a versioned capsule: JAX reports it; no address to check
+        return cap
 
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return self.device
+    def __dlpack_device__(self) -> Any:
+        return self._device if self._is_capsule else self._src.__dlpack_device__()
 
 
 class JaxBackend:
@@ -296,6 +318,14 @@ class JaxBackend:
     def move(self, x: Any, device: Device) -> Any:
         return self._jax.device_put(x, self.to_native_device(device))  # asynchronous
 
+    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
+        y = self._jax.device_put(x, self.to_native_device(device))  # dispatched, not awaited
+
+        def waiter() -> None:
+            y.block_until_ready()
+
+        return y, waiter
+
     def copy(self, x: Any, device: Device) -> Any:
         # device_put to x's own device may return an alias of x's buffer; may_alias=False forces a copy.
         return self._jax.device_put(x, self.to_native_device(device), may_alias=False)
@@ -385,29 +415,32 @@ class JaxBackend:
         return x  # jax.Array has __dlpack__ and __dlpack_device__
 
     def import_dlpack(self, obj: Any) -> Any:
-        """Zero-copy where JAX can; JAX copies CPU buffers that are not 64-byte aligned."""
+        """Zero-copy or CapabilityError: JAX copies CPU buffers that are not 64-byte aligned and
+        turns 64-bit tensors into 32-bit copies without x64; both are refused here."""
         jax = self._jax
         x64 = bool(jax.config.jax_enable_x64)
-        if type(obj).__name__ == "PyCapsule":
-            obj = _CapsuleProducer(obj)
-            if not x64 and obj.code_bits in _DL_X64:
-                raise CapabilityError(f"jax backend: cannot import a 64-bit DLPack tensor without "
-                                      f"x64 (it would become a 32-bit copy); {_x64_hint()}")
-        elif not x64:
+        if not x64 and type(obj).__name__ != "PyCapsule":
             try:
                 src = canonical_dtype(obj.dtype)
-            except Exception:  # no readable dtype: let JAX decide
+            except Exception:  # no readable dtype: checked from the capsule below
                 src = None
             if src in _X64_DTYPES:
                 raise CapabilityError(f"jax backend: cannot import a {src} tensor without x64 (it "
                                       f"would become a 32-bit copy); {_x64_hint()}")
+        prod = _Producer(obj)
+        if not x64 and prod.code_bits in _DL_X64:
+            raise CapabilityError(f"jax backend: cannot import a 64-bit DLPack tensor without x64 "
+                                  f"(it would become a 32-bit copy); {_x64_hint()}")
         try:
-            return jax.dlpack.from_dlpack(obj)
-        except CapabilityError:
-            raise
+            y = jax.dlpack.from_dlpack(prod)
         except (TypeError, ValueError, BufferError, RuntimeError) as e:
             raise CapabilityError(f"jax backend cannot import this DLPack tensor "
                                   f"({type(obj).__name__}): {e}") from e
+        if prod.address is not None and y.size > 0 and y.unsafe_buffer_pointer() != prod.address:
+            raise CapabilityError(
+                "jax backend: JAX copied this DLPack buffer instead of sharing it (JAX needs 64-byte "
+                "aligned CPU buffers); use multidev.asarray for an explicit copy")
+        return y
 
     # -- native fast paths ------------------------------------------------------------------
     def _allreduce_fn(self, natives: tuple, block: tuple[int, ...], dtype: Any, op: str) -> tuple:
@@ -476,6 +509,8 @@ class JaxBackend:
                 f"jax backend: native allreduce runs over devices of one platform, got "
                 f"{', '.join(sorted(platforms))}; use algorithm='naive' to mix CPUs and GPUs")
         shape, dtype = tuple(xs[0].shape), xs[0].dtype
+        if 0 in shape:  # nothing to reduce (and XLA lays out empty shards unpredictably)
+            return [self._jnp.empty(shape, dtype=dtype, device=nd) for nd in natives]
         scalar = len(shape) == 0
         block = (1,) if scalar else shape
         pieces = [x.reshape(1) for x in xs] if scalar else xs
