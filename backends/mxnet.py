@@ -50,8 +50,8 @@ from multidev.protocol import Capabilities
 _MX_DTYPES = frozenset({"bool", "int8", "int32", "int64", "uint8", "float16", "float32", "float64"})
 _FLOATS = ("float16", "float32", "float64")
 _ENV_CPUS = "MULTIDEV_MXNET_CPU_DEVICES"
-_WITH_MXNET_ENV = ('pip install torch==2.13.0 && pip install ".[all,mxnet]"  (from a multidev '
-                   'checkout; it resolves numpy 1.26.4 and JAX 0.7.1 beside TF)')
+_WITH_MXNET_ENV = ('pip install torch==2.13.0 && pip install ".[all,mxnet]" in a multidev checkout '
+                   '(it resolves numpy 1.26.4, JAX 0.7.1 and TF 2.21 beside MXNet 1.9.1)')
 _FLOAT16_BELOW_ONE = 0.99951171875  # the largest float16 below 1.0
 
 
@@ -94,9 +94,9 @@ class MxnetBackend:
         # Checked before `import mxnet`, so a refusal leaves no half-imported mxnet behind.
         if _numpy_major() >= 2:
             raise BackendNotAvailableError(
-                f"backend 'mxnet' is not available: MXNet 1.9.1 (its last release) needs numpy<2, but "
-                f"numpy {np.__version__} is installed, and multidev does not support MXNet on NumPy 2. "
-                f"Use the \"with MXNet\" environment: {_WITH_MXNET_ENV}."
+                f"mxnet needs numpy<2 (MXNet 1.9.1 is its last release) but numpy {np.__version__} is "
+                f"installed; multidev does not support MXNet on NumPy 2. Use the \"with MXNet\" "
+                f"environment: {_WITH_MXNET_ENV}."
             )
         raw = os.environ.get(_ENV_CPUS, "2")
         try:
