@@ -10,6 +10,7 @@ from ._dtypes import canonical_dtype
 from .api import (arange, asarray, backend, backends, copy, cpu, default_device, device, device_of,
                   device_scope, devices, dtype_of, empty, full, gpu, num_gpus, ones, rand, synchronize,
                   to, to_numpy, try_all_gpus, try_gpu, zeros)
+from . import distributed
 from .collectives import (allgather, allreduce, broadcast, gather, reduce, reduce_scatter, scatter,
                           split_batch)
 from .errors import (BackendNotAvailableError, CapabilityError, CollectiveInputError,
@@ -30,6 +31,7 @@ __all__ = [
     "zeros", "ones", "full", "empty", "arange", "asarray", "rand",
     "device_of", "dtype_of", "to", "copy", "to_numpy", "synchronize",
     "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "scatter", "gather", "split_batch",
+    "distributed",
     "Transfer", "convert", "to_host",
     "MultidevError", "InvalidDeviceError", "DeviceNotFoundError", "DeviceMismatchError",
     "BackendNotAvailableError", "UnsupportedTensorError", "CapabilityError", "CollectiveInputError",
