@@ -287,6 +287,23 @@ def _loadavg() -> list[float] | None:
         return None
 
 
+def _git() -> dict[str, Any] | None:
+    """The commit the run's code came from, and its uncommitted files, where it is a git checkout."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "multidev", "backends",
+                                "benchmarks"], capture_output=True, text=True, timeout=10).stdout.split("\n")
+        return {"commit": head.stdout.strip(), "uncommitted": [d.strip() for d in dirty if d.strip()]}
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _env_flags() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
 
@@ -459,7 +476,7 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
     load_after = _loadavg()
     run_info = {"command": ["multidev", "bench"] + list(getattr(args, "argv", []) or []),
                 "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "machine": _machine(), "env": _env_flags(), "env_set_by_bench": env_set,
+                "machine": _machine(), "git": _git(), "env": _env_flags(), "env_set_by_bench": env_set,
                 "settings": {**s.as_dict(), "precision": args.precision, "suites": suites,
                              "devices": _split(args.device), "max_time_s": max_time,
                              "wall_s": round(time.perf_counter() - t_start, 1)},
