@@ -311,7 +311,17 @@ class TensorflowNative(Native):
         return identity_on, (x, self.dev(dev)), "with tf.device(d): tf.identity(x)"
 
     op_move_async = op_to
-    op_copy = op_to  # tf.identity under another device scope copies; same device: TF may alias
+
+    def op_copy(self, x: Any, dev: Device) -> Call:
+        tf = self.tf
+
+        def deep_copy_on(t: Any, name: str) -> Any:
+            with tf.device(name):  # tf.identity may alias (same device, logical CPU devices): force a copy
+                try:
+                    return tf.raw_ops.DeepCopy(x=t)
+                except tf.errors.NotFoundError:  # no DeepCopy kernel for this device/dtype
+                    return tf.raw_ops.Snapshot(input=t)
+        return deep_copy_on, (x, self.dev(dev)), "with tf.device(d): tf.raw_ops.DeepCopy(x=x)"
 
     def op_device_of(self, x: Any) -> Call:
         return operator.attrgetter("device"), (x,), "x.device"
