@@ -31,7 +31,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 
 from multidev._device import Device
-from multidev._dtypes import DTYPES, FLOAT_DTYPES, canonical_dtype, numpy_dtype
+from multidev._dtypes import DTYPES, FLOAT_DTYPES, canonical_dtype, is_floating, numpy_dtype
 from multidev.errors import (CapabilityError, CollectiveInputError, DeviceMismatchError,
                              DeviceNotFoundError, UnsupportedTensorError)
 from multidev.protocol import Capabilities
@@ -39,11 +39,15 @@ from multidev.protocol import Capabilities
 _KIND_OF_TF = {"CPU": "cpu", "GPU": "gpu"}
 _TF_OF_KIND = {"cpu": "CPU", "gpu": "GPU"}
 
-# CollectiveReduceV2 computes in these dtypes; narrower integers and bool are widened (see
-# native_allreduce), uint64 and complex have no exact widening and are refused.
+# CollectiveReduceV2 computes in these dtypes. Narrower integers and bool are widened (cast);
+# complex sums reduce as (real, imag) pairs and uint64 as int64 (bitcast, exact; for max/min with
+# the sign bit flipped, which maps unsigned order onto signed order).
 _COLLECTIVE_NATIVE = ("bfloat16", "float16", "float32", "float64", "int32", "int64")
 _COLLECTIVE_WIDEN = {"int8": "int64", "int16": "int64", "uint8": "int64", "uint16": "int64",
                      "uint32": "int64", "bool": "int32"}
+_COLLECTIVE_BITCAST = {"complex64": ("float32", ("sum", "mean")),
+                       "complex128": ("float64", ("sum", "mean")),
+                       "uint64": ("int64", ("sum", "prod", "max", "min"))}
 _MERGE_OP = {"sum": "Add", "mean": "Add", "prod": "Mul", "max": "Max", "min": "Min"}
 # Group keys of multidev's collectives start far from tf.distribute's own (which count from 1).
 _GROUP_KEY_BASE = 0x4D440000
@@ -189,8 +193,8 @@ class TensorflowBackend:
         tf = self._tf
         nd = self.to_native_dtype(dtype)
         with tf.device(self.to_native_device(device)):
-            if dtype in ("bool", "uint8", "complex64", "complex128"):
-                # tf.range has no kernel for these dtypes: count in a wide type and cast.
+            if dtype not in ("bfloat16", "float16", "float32", "float64", "int32", "int64"):
+                # tf.range has no CPU kernel for the other dtypes: count in a wide type and cast.
                 ints = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
                 wide = tf.int64 if ints else tf.float64
                 y = tf.cast(tf.range(start, stop, step, dtype=wide), nd)
@@ -414,8 +418,9 @@ class TensorflowBackend:
 
         Ops sum, mean (floating dtypes), max, min, prod. Computes natively in bfloat16, float16,
         float32, float64, int32, int64; bool and narrower integers are widened and cast back (exact:
-        results wrap as NumPy's do); uint64 and complex raise CapabilityError. Devices must be all
-        CPUs or all GPUs.
+        results wrap as NumPy's do); complex sum/mean reduce (real, imag) pairs and uint64 reduces
+        as int64 (bitcasts); complex prod raises CapabilityError. Devices must be all CPUs or all
+        GPUs.
         """
         tf = self._tf
         xs = list(xs)
@@ -432,12 +437,19 @@ class TensorflowBackend:
             raise CapabilityError("tensorflow native_allreduce cannot mix CPU and GPU devices in one "
                                   "collective group; use algorithm='naive'")
         dtype = self.dtype_of(xs[0])
-        if op == "mean" and dtype not in FLOAT_DTYPES:
+        if op == "mean" and not is_floating(dtype):
             raise CollectiveInputError(f"tensorflow native_allreduce: op='mean' needs a floating dtype, "
                                        f"got {dtype}")
-        if dtype not in _COLLECTIVE_NATIVE and dtype not in _COLLECTIVE_WIDEN:
-            raise CapabilityError(f"tensorflow native_allreduce cannot reduce {dtype} tensors "
-                                  "(CollectiveReduceV2 has no kernel and no exact widening); use "
+        wide = _COLLECTIVE_WIDEN.get(dtype)
+        bitcast = None
+        if dtype in _COLLECTIVE_BITCAST:
+            bitcast, ops = _COLLECTIVE_BITCAST[dtype]
+            if op not in ops:
+                raise CapabilityError(f"tensorflow native_allreduce cannot compute op={op!r} on {dtype} "
+                                      "tensors (CollectiveReduceV2 has no kernel and no exact "
+                                      "rewrite); use algorithm='naive'")
+        elif dtype not in _COLLECTIVE_NATIVE and wide is None:
+            raise CapabilityError(f"tensorflow native_allreduce cannot reduce {dtype} tensors; use "
                                   "algorithm='naive'")
         if len(xs) == 1 or 0 in self.shape_of(xs[0]):
             # A group of one would forward the input buffer (results never alias inputs), and
@@ -446,13 +458,19 @@ class TensorflowBackend:
         merge, final = _MERGE_OP[op], ("Div" if op == "mean" else "Id")
         if dtype == "bool":  # over {0, 1}: or = max, and = min
             merge = "Max" if op in ("sum", "max") else "Min"
-        wide = _COLLECTIVE_WIDEN.get(dtype)
+        flip = dtype == "uint64" and op in ("max", "min")
         ins = []
         for x, d in zip(xs, devs):
             with tf.device(self.to_native_device(d)):
                 v = self._read(x)
-                ins.append(tf.cast(v, wide) if wide else v)
-        fn = self._collective_fn(devs, merge, final)
+                if wide:
+                    v = tf.cast(v, wide)
+                elif bitcast:
+                    v = tf.bitcast(v, bitcast)
+                    if flip:
+                        v = tf.bitwise.bitwise_xor(v, tf.constant(-(2**63), tf.int64))
+                ins.append(v)
+        fn = self._collective_fn(devs, merge, final, ins[0].dtype)
         with self._lock:
             key = next(self._instance) % (2**31 - 1) + 1
         with tf.device(self.to_native_device(Device("cpu", 0))):
@@ -464,7 +482,14 @@ class TensorflowBackend:
             with tf.device(self.to_native_device(d)):
                 # A tf.function's host-memory outputs come back labelled CPU:0 (TF reports the host
                 # device for them): tf.identity in the device's scope relabels without copying.
-                y = tf.cast(y, nd) if wide else tf.identity(y)
+                if wide:
+                    y = tf.cast(y, nd)
+                elif bitcast:
+                    if flip:
+                        y = tf.bitwise.bitwise_xor(y, tf.constant(-(2**63), tf.int64))
+                    y = tf.bitcast(y, nd)
+                else:
+                    y = tf.identity(y)
             res.append(self._placed(y, d, "native_allreduce"))
         return res
 
@@ -527,11 +552,12 @@ class TensorflowBackend:
         nan_b = tf.math.is_nan(br) | tf.math.is_nan(bi)
         return tf.where(nan_a | (~nan_b & a_wins), a, b)
 
-    def _collective_fn(self, devs: tuple[Device, ...], merge: str, final: str) -> Any:
-        """A cached tf.function launching one CollectiveReduceV2 per device, concurrently."""
+    def _collective_fn(self, devs: tuple[Device, ...], merge: str, final: str, dtype: Any) -> Any:
+        """A cached tf.function launching one CollectiveReduceV2 per device, concurrently; traced
+        once per (devices, op, dtype), for every shape."""
         tf = self._tf
         with self._lock:
-            fkey = (devs, merge, final)
+            fkey = (devs, merge, final, dtype)
             fn = self._fns.get(fkey)
             if fn is not None:
                 return fn
@@ -547,7 +573,9 @@ class TensorflowBackend:
             names = [self.to_native_device(d) for d in devs]
             hint = "nccl" if devs[0].is_gpu else "auto"
 
-            @tf.function(reduce_retracing=True, autograph=False)
+            sig = [[tf.TensorSpec(None, dtype) for _ in devs], tf.TensorSpec([], tf.int32)]
+
+            @tf.function(input_signature=sig, autograph=False)
             def allreduce(ins: list[Any], instance: Any) -> list[Any]:
                 outs = []
                 for name, x, tok in zip(names, ins, tokens):
@@ -558,5 +586,8 @@ class TensorflowBackend:
                             communication_hint=hint))
                 return outs
 
+            # Each group's function traces once, but all share one code object, which TF's retracing
+            # detector counts together: silence its "excessive retracing" warning for them.
+            allreduce._omit_frequent_tracing_warning = True
             self._fns[fkey] = allreduce
             return allreduce
