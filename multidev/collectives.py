@@ -308,8 +308,11 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
                                   "use algorithm='auto', 'ring', 'tree' or 'naive'")
     devs = [b.device_of(x) for x in xs]
     if inplace:
-        for x in xs:  # probe writability (read-only arrays, autograd leaves) before touching anything
-            b.assign(x, x)
+        # Probe writability (read-only arrays, inference tensors) by rewriting each input with a copy
+        # of itself: bitwise a no-op. The first input needs none: nothing is written before it.
+        # (A self-assign is no probe: NumPy skips copyto(a, a) even for a read-only a.)
+        for x, d in zip(xs[1:], devs[1:]):
+            b.assign(x, b.copy(x, d))
     n = len(xs)
     alg = algorithm
     if alg == "auto":

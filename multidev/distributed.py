@@ -415,7 +415,6 @@ def _check_inplace(x: Any, inplace: bool, what: str) -> None:
     if not b.capabilities.mutable:
         raise CapabilityError(f"{b.name} tensors are immutable: {what}(inplace=True) cannot write into "
                               "them; use inplace=False and rebind the result")
-    b.assign(x, x)  # probe writability (read-only arrays, autograd leaves) before communicating
 
 
 def _axis(shape: tuple[int, ...], axis: int, what: str) -> int:

@@ -1,0 +1,169 @@
+"""Core tests of multidev.collectives on the NumPy backend: the algorithms' communication pattern,
+the auto rule, split sizes, failure atomicity of inplace, and the distributed module's guards."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+import multidev as md
+from multidev import Device
+from multidev import collectives as C
+from multidev.adapters import numpy as npb
+from multidev.errors import CapabilityError, CollectiveInputError
+
+
+@pytest.fixture(autouse=True)
+def four_devices() -> Any:
+    old = len(md.devices(backend="numpy"))
+    npb.set_device_count(4)
+    yield md.devices(backend="numpy")
+    npb.set_device_count(old)
+
+
+class _Spy:
+    """Records every move/copy the collectives ask of the NumPy backend."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.moves: list[tuple[int, int]] = []
+        self.copies = 0
+        b = md.backend("numpy")
+        move, copy = b.move, b.copy
+
+        def spy_move(x: Any, d: Device) -> Any:
+            self.moves.append((b.device_of(x).index, d.index))
+            return move(x, d)
+
+        def spy_copy(x: Any, d: Device) -> Any:
+            self.copies += 1
+            return copy(x, d)
+
+        monkeypatch.setattr(b, "move", spy_move)
+        monkeypatch.setattr(b, "copy", spy_copy)
+
+
+def _xs(n: int, shape: tuple[int, ...] = (10,), dtype: str = "float32") -> list[Any]:
+    return [md.asarray(np.full(shape, i + 1.0), dtype=dtype, device=f"cpu:{i}", backend="numpy") for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ring_moves_only_to_the_next_device(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    spy = _Spy(monkeypatch)
+    out = md.allreduce(_xs(n), algorithm="ring")
+    assert spy.moves and all(dst == (src + 1) % n for src, dst in spy.moves)
+    assert len(spy.moves) == 2 * n * (n - 1)  # n-1 reduce-scatter steps + n-1 allgather steps, n chunks each
+    for y in out:
+        np.testing.assert_array_equal(md.to_numpy(y), n * (n + 1) / 2)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_tree_and_naive_move_2n_minus_2_times(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    spy = _Spy(monkeypatch)
+    md.allreduce(_xs(n), algorithm="tree")
+    assert len(spy.moves) == 2 * (n - 1)
+    if n == 4:  # strides 1 then 2 up, 2 then 1 down
+        assert spy.moves == [(1, 0), (3, 2), (2, 0), (0, 2), (0, 1), (2, 3)]
+    spy.moves.clear()
+    md.allreduce(_xs(n), algorithm="naive")
+    assert sorted(spy.moves) == sorted([(i, 0) for i in range(1, n)] + [(0, i) for i in range(1, n)])
+
+
+def test_auto_rule() -> None:
+    b = md.backend("numpy")
+    cpus = [Device("cpu", i) for i in range(4)]
+    limit = C.AUTO_TREE_MAX_BYTES
+    assert C.choose_algorithm(b, (limit // 4,), "float32", cpus) == "tree"
+    assert C.choose_algorithm(b, (limit // 4 + 1,), "float32", cpus) == "ring"
+    assert C.choose_algorithm(b, (limit // 8 + 1,), "float64", cpus) == "ring"
+    assert C.choose_algorithm(b, (3,), "float32", cpus) == "tree"
+    assert C.choose_algorithm(b, (), "float32", cpus) == "tree"
+
+    class _Native:
+        name = "fake"
+        capabilities = md.Capabilities(mutable=True, async_execution=True, pinned_memory=False, dlpack=False,
+                                       native_collectives=frozenset({"allreduce"}))
+
+    gpus = [Device("gpu", i) for i in range(4)]
+    assert C.choose_algorithm(_Native(), (10,), "float32", gpus) == "native"
+    assert C.choose_algorithm(_Native(), (10,), "float32", gpus, deterministic=True) == "tree"
+    assert C.choose_algorithm(_Native(), (10,), "float32", cpus) == "tree"
+
+
+@pytest.mark.parametrize("length", range(0, 9))
+@pytest.mark.parametrize("n", range(1, 6))
+def test_split_sizes_match_array_split(length: int, n: int) -> None:
+    assert C.split_sizes(length, n) == [len(p) for p in np.array_split(np.arange(length), n)]
+
+
+def test_inplace_failure_on_a_read_only_input_writes_nothing() -> None:
+    xs = _xs(3)
+    xs[2].setflags(write=False)
+    before = [np.array(x).tobytes() for x in xs]
+    with pytest.raises(ValueError):
+        md.allreduce(xs, inplace=True)
+    assert [np.array(x).tobytes() for x in xs] == before
+
+
+def test_single_tensor_gives_a_new_tensor() -> None:
+    (x,) = _xs(1)
+    for alg in ("naive", "ring", "tree", "auto"):
+        (y,) = md.allreduce([x], op="mean", algorithm=alg)
+        assert y is not x and not np.shares_memory(y, x)
+        np.testing.assert_array_equal(y, x)
+    (g,) = md.allgather([x])
+    assert g is not x and not np.shares_memory(g, x)
+    assert not np.shares_memory(md.gather([x], "cpu:0"), x)
+    assert not np.shares_memory(md.scatter(x, ["cpu:0"])[0], x)
+
+
+def test_deterministic_orders_are_documented() -> None:
+    """naive folds in list order; values chosen so that another order would round differently."""
+    vals = [np.float32(1e8), np.float32(1.0), np.float32(-1e8), np.float32(1.0)]
+    xs = [md.asarray(np.array([v]), device=f"cpu:{i}", backend="numpy") for i, v in enumerate(vals)]
+    naive = md.to_numpy(md.allreduce(xs, algorithm="naive", deterministic=True)[0])
+    assert naive[0] == np.float32(((vals[0] + vals[1]) + vals[2]) + vals[3])
+    tree = md.to_numpy(md.allreduce(xs, algorithm="tree", deterministic=True)[0])
+    assert tree[0] == np.float32((vals[0] + vals[1]) + (vals[2] + vals[3]))
+
+
+def test_mean_of_bool_and_int_refused_everywhere() -> None:
+    ints = _xs(2, dtype="int32")
+    for call in (lambda: md.allreduce(ints, "mean"), lambda: md.reduce(ints, "cpu:0", "mean"),
+                 lambda: md.reduce_scatter(ints, "mean")):
+        with pytest.raises(CollectiveInputError, match="mean"):
+            call()
+    bools = [md.asarray(np.array([True]), device=f"cpu:{i}", backend="numpy") for i in range(2)]
+    with pytest.raises(CollectiveInputError, match="bool"):
+        md.allreduce(bools, "sum")
+
+
+def test_native_unavailable_and_deterministic_native() -> None:
+    xs = _xs(2)
+    with pytest.raises(CapabilityError, match="numpy"):
+        md.allreduce(xs, algorithm="native")
+    with pytest.raises(CapabilityError, match="deterministic"):
+        md.allreduce(xs, algorithm="native", deterministic=True)
+
+
+def test_distributed_imports_no_framework() -> None:
+    code = ("import sys, multidev, multidev.distributed; "
+            "print([m for m in ('torch', 'jax', 'tensorflow', 'mxnet') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_distributed_errors_are_typed() -> None:
+    from multidev import distributed as dist
+
+    assert issubclass(dist.DistributedTimeoutError, dist.DistributedError)
+    assert issubclass(dist.DistributedTimeoutError, TimeoutError)
+    assert issubclass(dist.DistributedError, md.MultidevError)
+    e = dist._translate(RuntimeError("[gloo/pair.cc:534] Connection closed by peer [127.0.0.1]:1"), "x", 5)
+    assert isinstance(e, dist.DistributedTimeoutError)
+    e = dist._translate(RuntimeError("Timed out waiting 3000ms for recv operation to complete"), "x", 3)
+    assert isinstance(e, dist.DistributedTimeoutError)
+    e = dist._translate(RuntimeError("invalid argument"), "x", 3)
+    assert isinstance(e, dist.DistributedError) and not isinstance(e, dist.DistributedTimeoutError)
