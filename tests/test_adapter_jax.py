@@ -1,0 +1,366 @@
+"""JAX-specific behaviour of the JAX adapter that the shared conformance suite cannot express.
+
+Tests needing several devices run in a subprocess with ``MULTIDEV_JAX_CPU_DEVICES=4`` (the device
+count is fixed once JAX initializes, and other test modules may have initialized it already).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+import multidev as md  # noqa: E402
+from multidev import Device  # noqa: E402
+from multidev.errors import CapabilityError  # noqa: E402
+
+CPU0 = Device("cpu", 0)
+
+
+@pytest.fixture(scope="module")
+def jb():
+    return md.backend("jax")
+
+
+@pytest.fixture
+def x64_off():
+    """Run with jax_enable_x64 off, restoring the flag afterwards."""
+    old = bool(jax.config.jax_enable_x64)
+    jax.config.update("jax_enable_x64", False)
+    yield
+    jax.config.update("jax_enable_x64", old)
+
+
+def _py(code: str, devices: int | None = 4, **env: str) -> str:
+    """Run ``code`` in a fresh interpreter; returns its stdout, failing the test on a non-zero exit."""
+    e = {k: v for k, v in os.environ.items() if k not in ("MULTIDEV_JAX_CPU_DEVICES", "XLA_FLAGS")}
+    if devices is not None:
+        e["MULTIDEV_JAX_CPU_DEVICES"] = str(devices)
+    e.update(env)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                       timeout=300, env=e)
+    assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr[-4000:]}"
+    return r.stdout.strip()
+
+
+# -- module hygiene and virtual devices -------------------------------------------------------------
+def test_adapter_module_does_not_import_jax():
+    out = _py("""
+        import sys
+        import multidev.adapters.jax as m
+        assert m.JaxBackend.framework == "jax" and m.JaxBackend.name == "jax"
+        print("jax" in sys.modules)
+    """)
+    assert out == "False"
+
+
+def test_cpu_device_count_from_env_before_import():
+    out = _py("""
+        import os, multidev as md
+        devs = md.devices(backend="jax")
+        print(os.environ["XLA_FLAGS"], [str(d) for d in devs])
+    """, devices=3)
+    assert "--xla_force_host_platform_device_count=3" in out
+    assert out.endswith("['cpu:0', 'cpu:1', 'cpu:2']")
+
+
+def test_cpu_device_count_when_jax_imported_but_not_initialized():
+    out = _py("""
+        import jax, multidev as md  # jax imported first: XLA_FLAGS is left alone, the config is used
+        print(len(md.devices(backend="jax")), jax.config.jax_num_cpu_devices)
+    """, devices=3)
+    assert out == "3 3"
+
+
+def test_cpu_device_count_after_initialization_is_left_alone():
+    out = _py("""
+        import jax, multidev as md
+        jax.devices()  # backends initialized: the count can no longer change
+        print(len(md.devices(backend="jax")))
+    """, devices=3)
+    assert out == "1"
+
+
+def test_bad_cpu_device_count_is_refused():
+    out = _py("""
+        import multidev as md
+        from multidev.errors import InvalidDeviceError
+        try:
+            md.backend("jax")
+        except Exception as e:
+            print(type(e).__name__, isinstance(e, InvalidDeviceError), "MULTIDEV_JAX_CPU_DEVICES" in str(e))
+    """, devices=None, MULTIDEV_JAX_CPU_DEVICES="zero")
+    assert "True True" in out
+
+
+# -- devices ----------------------------------------------------------------------------------------
+def test_jax_devices_parse_by_platform_order():
+    out = _py("""
+        import jax, multidev as md
+        from multidev import Device
+        b = md.backend("jax")
+        natives = jax.devices("cpu")
+        assert [md.device(nd) for nd in natives] == [Device("cpu", i) for i in range(4)]
+        assert [b.to_native_device(Device("cpu", i)) for i in range(4)] == natives
+        assert b.from_native_device("cpu:1") is None and b.from_native_device(Device("cpu", 1)) is None
+        x = md.ones(3, device=natives[2], backend="jax")  # a jax Device object as the device argument
+        assert md.device_of(x) == Device("cpu", 2) and x.devices() == {natives[2]}
+        print("ok")
+    """)
+    assert out == "ok"
+
+
+def test_no_gpu_platform_is_not_an_error(jb):
+    try:
+        n_gpu = len(jax.devices("gpu"))
+    except RuntimeError:
+        n_gpu = 0
+    assert [d for d in jb.devices() if d.kind == "gpu"] == [Device("gpu", i) for i in range(n_gpu)]
+    assert md.num_gpus(backend="jax") == n_gpu
+
+
+# -- dtypes: x64 switching ---------------------------------------------------------------------------
+def test_x64_flag_switches_capabilities(jb, x64_off):
+    wide = {"int64", "uint64", "float64", "complex128"}
+    assert not wide & jb.capabilities.dtypes
+    assert "bfloat16" in jb.capabilities.dtypes
+    with pytest.raises(CapabilityError, match="jax_enable_x64"):
+        md.ones(2, dtype="float64", backend="jax")
+    with pytest.raises(CapabilityError, match="jax_enable_x64"):
+        jb.to_native_dtype("int64")
+    assert md.dtype_of(md.arange(3, backend="jax")) == "int32"
+    jax.config.update("jax_enable_x64", True)
+    assert wide <= jb.capabilities.dtypes
+    x = md.ones(2, dtype="float64", backend="jax")
+    assert x.dtype == np.float64 and md.dtype_of(x) == "float64"
+    assert md.dtype_of(md.arange(3, backend="jax")) == "int64"
+    jax.config.update("jax_enable_x64", False)
+    assert "float64" not in jb.capabilities.dtypes
+
+
+def test_x64_context_manager_is_seen(jb, x64_off):
+    ctx = jax.enable_x64(True) if hasattr(jax, "enable_x64") else __import__(
+        "jax.experimental", fromlist=["enable_x64"]).enable_x64()
+    with ctx:
+        assert "float64" in jb.capabilities.dtypes
+    assert "float64" not in jb.capabilities.dtypes
+
+
+# -- creation ---------------------------------------------------------------------------------------
+def test_creation_commits_to_the_device(jb):
+    for x in (jb.full((2,), 1, "float32", CPU0), jb.empty((2,), "int32", CPU0),
+              jb.arange(0, 3, 1, "int32", CPU0), jb.asarray([1.0, 2.0], None, CPU0),
+              jb.rand((2,), "bfloat16", CPU0, 0)):
+        assert x.committed, x  # uncommitted arrays would silently follow other operands
+        assert x.devices() == {jb.to_native_device(CPU0)}
+
+
+def test_asarray_scalar_is_not_weakly_typed(jb):
+    x = jb.asarray(3.0, None, CPU0)
+    assert not x.weak_type and x.dtype == jnp.float32
+
+
+def test_arange_follows_numpy_not_jnp(jb):
+    # jnp.arange(0.5, 3.3, 0.7, dtype=int32) gives zeros on jax 0.10; NumPy gives 0, 1, 2, 3.
+    got = np.asarray(jb.arange(0.5, 3.3, 0.7, "int32", CPU0))
+    np.testing.assert_array_equal(got, np.arange(0.5, 3.3, 0.7, dtype=np.int32))
+    got = np.asarray(jb.arange(0.5, 3.3, 0.7, "bfloat16", CPU0)).astype(np.float32)
+    np.testing.assert_array_equal(got, np.arange(0.5, 3.3, 0.7, dtype=jnp.bfloat16).astype(np.float32))
+
+
+def test_rand_wide_seeds_do_not_collide(jb):
+    a, b = (np.asarray(jb.rand((16,), "float32", CPU0, s)) for s in (0, 2**40))
+    assert not np.array_equal(a, b)  # PRNGKey alone truncates 2**40 to the key of 0
+    np.testing.assert_array_equal(b, np.asarray(jb.rand((16,), "float32", CPU0, 2**40)))
+    r = np.asarray(jb.rand((4096,), "bfloat16", CPU0, 3)).astype(np.float32)
+    assert r.min() >= 0.0 and r.max() < 1.0
+    i = np.asarray(jb.rand((8,), "int32", CPU0, 1))
+    assert i.dtype == np.int32 and (i == 0).all()  # [0, 1) cast to an integer dtype
+
+
+# -- placement ----------------------------------------------------------------------------------------
+def test_copy_is_a_new_buffer_on_the_same_device(jb):
+    x = jb.arange(0, 64, 1, "float32", CPU0)
+    y = jb.copy(x, CPU0)
+    assert y is not x and y.committed
+    assert y.unsafe_buffer_pointer() != x.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+
+
+def test_assign_explains_immutability(jb):
+    x = jb.full((2,), 1, "float32", CPU0)
+    with pytest.raises(CapabilityError, match="immutable.*rebind|Rebind"):
+        jb.assign(x, jb.full((2,), 0, "float32", CPU0))
+
+
+def test_device_of_tracer_raises(jb):
+    seen = []
+
+    def f(t):
+        with pytest.raises(CapabilityError, match="tracer"):
+            jb.device_of(t)
+        seen.append(True)
+        return t
+
+    jax.jit(f)(jnp.ones(2))
+    assert seen == [True]
+
+
+class _FailingArray:
+    """Stands for an array whose asynchronous computation failed (CPU JAX raises at dispatch)."""
+
+    def __init__(self, dev):
+        self.sharding = jax.sharding.SingleDeviceSharding(dev)
+        self.calls = 0
+
+    def block_until_ready(self):
+        self.calls += 1
+        raise RuntimeError("async boom")
+
+
+def test_synchronize_raises_async_errors_once(jb, monkeypatch):
+    bad = _FailingArray(jb.to_native_device(CPU0))
+    live = jax.live_arrays
+    monkeypatch.setattr(jax, "live_arrays", lambda p=None: list(live(p)) + [bad])
+    with pytest.raises(RuntimeError, match="async boom"):
+        jb.synchronize(None)
+    jb.synchronize(None)  # reported once; it does not poison every later call
+    assert bad.calls >= 2  # it was waited on again, not skipped unseen
+    with pytest.raises(RuntimeError, match="async boom"):
+        jb.wait(bad)
+
+
+def test_start_move_returns_a_waiter():
+    out = _py("""
+        import multidev as md
+        from multidev import Device
+        b = md.backend("jax")
+        x = md.ones((64, 64), device="cpu:0", backend="jax")
+        y, waiter = b.start_move(x, Device("cpu", 3))
+        assert callable(waiter) and waiter() is None
+        assert md.device_of(y) == Device("cpu", 3) and y.committed
+        print("ok")
+    """)
+    assert out == "ok"
+
+
+def test_sharded_array_has_no_single_device():
+    out = _py("""
+        import jax, jax.numpy as jnp, numpy as np, multidev as md
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        from multidev import Device
+        from multidev.errors import DeviceMismatchError
+        b = md.backend("jax")  # before JAX initializes, so that it gets 4 CPU devices
+        mesh = Mesh(np.array(jax.devices()[:2]), ("i",))
+        g = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("i")))
+        try:
+            md.device_of(g)
+            raise SystemExit("device_of did not raise")
+        except DeviceMismatchError as e:
+            assert "sharded" in str(e) and "cpu:0, cpu:1" in str(e), e
+        try:
+            b.export_dlpack(g)
+            raise SystemExit("export_dlpack did not raise")
+        except DeviceMismatchError:
+            pass
+        y = md.copy(g, "cpu:3")  # gathers onto one device
+        assert md.device_of(y) == Device("cpu", 3)
+        np.testing.assert_array_equal(np.asarray(y), np.arange(8.0))
+        print("ok")
+    """)
+    assert out == "ok"
+
+
+# -- interchange --------------------------------------------------------------------------------------
+def _aligned(n: int, offset: int = 0) -> np.ndarray:
+    """A float32 array whose data starts ``offset`` bytes past a 64-byte boundary."""
+    raw = np.zeros(n * 4 + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    a = raw[start:start + n * 4].view(np.float32)
+    a[:] = np.arange(n, dtype=np.float32)
+    return a
+
+
+def test_import_bare_capsule_shares_memory(jb, x64_off):
+    a = _aligned(16)
+    y = jb.import_dlpack(a.__dlpack__())
+    assert y.unsafe_buffer_pointer() == a.ctypes.data
+    np.testing.assert_array_equal(np.asarray(y), np.arange(16, dtype=np.float32))
+    assert md.device_of(y) == CPU0
+
+
+def test_import_refuses_silent_copies(jb, x64_off):
+    with pytest.raises(CapabilityError, match="aligned"):
+        jb.import_dlpack(_aligned(16, offset=4))  # JAX would copy an unaligned CPU buffer
+    with pytest.raises(CapabilityError, match="x64"):
+        jb.import_dlpack(np.arange(4, dtype=np.int64))  # would become an int32 copy
+    with pytest.raises(CapabilityError, match="x64"):
+        jb.import_dlpack(np.arange(4, dtype=np.float64).__dlpack__())
+    cap = _aligned(4).__dlpack__()
+    jb.import_dlpack(cap)
+    with pytest.raises(CapabilityError, match="consumed"):
+        jb.import_dlpack(cap)
+
+
+@pytest.mark.skipif(np.lib.NumpyVersion(np.__version__) < "2.1.0", reason="needs versioned DLPack")
+def test_import_versioned_capsule_is_refused_clearly(jb):
+    with pytest.raises(CapabilityError, match="dltensor"):
+        jb.import_dlpack(_aligned(4).__dlpack__(max_version=(1, 0)))
+
+
+def test_export_round_trips_through_numpy(jb):
+    x = jb.arange(0, 6, 1, "float32", CPU0)
+    np.testing.assert_array_equal(np.from_dlpack(jb.export_dlpack(x)), np.arange(6, dtype=np.float32))
+
+
+# -- native allreduce ---------------------------------------------------------------------------------
+def test_native_allreduce_over_virtual_devices():
+    out = _py("""
+        import numpy as np, jax, multidev as md
+        from multidev import Device
+        b = md.backend("jax")
+        assert "allreduce" in b.capabilities.native_collectives
+        devs = [Device("cpu", i) for i in (2, 0, 3)]  # not in device order: results follow inputs
+        rng = np.random.default_rng(0)
+        arrays = [rng.integers(-3, 4, size=(3, 5)).astype(np.int32) for _ in devs]
+        ref = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}
+        for op, f in ref.items():
+            xs = [md.asarray(a, device=d, backend="jax") for a, d in zip(arrays, devs)]
+            ys = b.native_allreduce(xs, op)
+            for x, y, d in zip(xs, ys, devs):
+                assert md.device_of(y) == d and y.committed and y.dtype == np.int32
+                assert y.unsafe_buffer_pointer() != x.unsafe_buffer_pointer()
+                np.testing.assert_array_equal(np.asarray(y), f(np.stack(arrays), axis=0), err_msg=op)
+        n = len(b._allreduce_cache)
+        b.native_allreduce(xs, "sum")
+        assert len(b._allreduce_cache) == n, "the compiled function is reused"
+        bools = [md.asarray(np.array([True, False, i == 0]), device=d, backend="jax") for i, d in enumerate(devs)]
+        for op, want in (("sum", [1, 0, 1]), ("max", [1, 0, 1]), ("min", [1, 0, 0]), ("prod", [1, 0, 0])):
+            got = [np.asarray(y).tolist() for y in b.native_allreduce(bools, op)]
+            assert got == [[bool(v) for v in want]] * 3, (op, got)
+        cs = [md.asarray(np.array([1 + 1j * i, 2 - 1j * i], np.complex64), device=d, backend="jax")
+              for i, d in enumerate(devs)]
+        for op in ("sum", "prod"):  # prod: an ordered fold over all_gather (there is no pprod)
+            nat = [np.asarray(y) for y in b.native_allreduce(cs, op)]
+            nai = [np.asarray(y) for y in md.allreduce(cs, op, algorithm="naive")]
+            np.testing.assert_array_equal(np.stack(nat), np.stack(nai), err_msg=op)
+        s = [md.full((), i + 2.0, device=d, backend="jax") for i, d in enumerate(devs)]
+        m = b.native_allreduce(s, "mean")
+        assert [y.shape for y in m] == [()] * 3 and float(m[0]) == 3.0
+        print("ok")
+    """)
+    assert out == "ok"
+
+
+def test_native_allreduce_single_device_does_not_alias(jb):
+    x = jb.arange(0, 32, 1, "float32", CPU0)
+    (y,) = jb.native_allreduce([x], "sum")
+    assert y.unsafe_buffer_pointer() != x.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
