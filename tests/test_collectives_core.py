@@ -167,3 +167,15 @@ def test_distributed_errors_are_typed() -> None:
     assert isinstance(e, dist.DistributedTimeoutError)
     e = dist._translate(RuntimeError("invalid argument"), "x", 3)
     assert isinstance(e, dist.DistributedError) and not isinstance(e, dist.DistributedTimeoutError)
+
+
+def test_data_parallel_example_runs() -> None:
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "data_parallel.py"
+    if not script.exists():
+        pytest.skip("examples/ is not part of this installation")
+    res = subprocess.run([sys.executable, str(script), "--devices", "3", "--steps", "30"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "loss" in res.stdout
