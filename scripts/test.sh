@@ -20,10 +20,14 @@ setup() {  # setup VENV PIP-ARGS...: a fresh venv; torch's CPU pin first (anythi
 }
 
 run_tests() {  # run_tests VENV BACKENDS
-  local venv=$1 backends=$2
-  "$venv/bin/pytest" -q -p no:cacheprovider tests
-  "$venv/bin/multidev" conformance --backend "$backends" --multiprocess \
-    --json "build/conformance-$(basename "$venv").json"
+  # From build/, so that subprocesses (python -m / -c) import the installed package, not the
+  # source folder multidev/ (the installed one maps backends/ to multidev.adapters).
+  local venv=$PWD/$1 backends=$2
+  mkdir -p build
+  (cd build &&
+    "$venv/bin/pytest" -q -p no:cacheprovider --rootdir=.. ../tests &&
+    "$venv/bin/multidev" conformance --backend "$backends" --multiprocess \
+      --json "conformance-$(basename "$venv").json")
 }
 
 echo "== modern environment: numpy 2, torch, jax, tensorflow =="
