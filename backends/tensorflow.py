@@ -68,7 +68,6 @@ class TensorflowBackend:
         self._tf = tf
         self._context = context
         self._configure_cpu_devices()
-        self._eager_type: type = type(tf.constant(0))  # EagerTensor is not exported publicly
         devs: list[Device] = []
         self._names: dict[Device, str] = {}
         for tf_kind in ("CPU", "GPU"):
