@@ -113,6 +113,7 @@ def d2l_autoparallel(ctx: Context) -> Iterator[Case]:
     md.synchronize(y[-1])
     ref_y = md.to_numpy(y[-1]).copy()
     md_put = (lambda t: md.copy(t, dst)) if same else (lambda t: md.to(t, dst))
+
     def native_copy(t: Any) -> Any:
         fn, a, _label = ctx.native.call("copy", t, dst)
         return fn(*a)
@@ -121,16 +122,26 @@ def d2l_autoparallel(ctx: Context) -> Iterator[Case]:
     what = "copy (same device)" if same else f"copy to {dst}"
     nbytes = sum(int(np.prod(md.backend_of(t).shape_of(t))) * 4 for t in y)
 
+    has_to_host = hasattr(md, "to_host")
+
+    def run_to_host(x: Any) -> Any:
+        return md.to_host(runs[src](x), non_blocking=True)  # one Transfer for the whole list
+
     def check_copy() -> tuple[bool, str]:
         a = md_put(y[-1])
         b = nat_put(y[-1])
-        return all_ok(close(a, ref_y, device=dst), close(b, ref_y, device=dst))
+        checks = [close(a, ref_y, device=dst), close(b, ref_y, device=ctx.ndev(dst))]
+        if has_to_host:
+            checks.append(close(md.to_host(y[-1:])[0], ref_y))
+        return all_ok(*checks)
 
     cp = {**params, "src": str(src), "dst": str(dst), "tensors": k,
           "note": f"{k}x {_size(ctx, src)}² {src}->{dst}" + (" (same device: md.copy)" if same else "")}
     yield Case(f"{what}: {k} results from {src}",
                {"md": Variant(lambda ys: [md_put(t) for t in ys], (y,), finish=lambda _r: md.synchronize(backend=ctx.backend),
                               label="[md.to(y, host) for y in ys]; md.synchronize()"),
+                "md_to_host": (Variant(md.to_host, (y,), label="md.to_host(ys) (NumPy arrays; pinned where the backend has it)")
+                               if has_to_host else None),
                 "native": Variant(lambda ys: [nat_put(t) for t in ys], (y,), finish=native_waiter(ctx, [src, dst]),
                                   label="[y.to(host) for y in ys]; native wait")},
                devices=[src, dst] if not same else [src], check=check_copy, params=cp, bytes=nbytes,
@@ -151,11 +162,16 @@ def d2l_autoparallel(ctx: Context) -> Iterator[Case]:
 
     def check_overlap() -> tuple[bool, str]:
         a = land(run_copy_md(xs[src]))
-        return close(a[-1], refs[src], rtol=tol, device=dst)
+        checks = [close(a[-1], refs[src], rtol=tol, device=dst)]
+        if has_to_host:
+            checks.append(close(run_to_host(xs[src]).wait()[-1], refs[src], rtol=tol))
+        return all_ok(*checks)
 
     yield Case(f"run(x) on {src} + overlapped {what}",
                {"md": Variant(run_copy_md, (xs[src],), finish=land,
                               label="[md.to(y, host, non_blocking=True) for y in run(x)]; wait each"),
+                "md_to_host": (Variant(run_to_host, (xs[src],), finish=lambda t: t.wait(),
+                                       label="md.to_host(run(x), non_blocking=True).wait()") if has_to_host else None),
                 "native": Variant(run_copy_native, (xs[src],), finish=native_waiter(ctx, [src, dst]),
                                   label="[y.to(host, non_blocking=True) for y in run(x)]; native wait")},
                devices=[src, dst] if not same else [src], check=check_overlap, params=cp, bytes=nbytes,

@@ -62,13 +62,19 @@ def d2h(ctx: Context) -> Iterator[Case]:
 
         def check(x: object = x, a: np.ndarray = a, nat: Variant | None = nat) -> tuple[bool, str]:
             ok, det = close(md.to_numpy(x), a, rtol=0, atol=0)
+            if hasattr(md, "to_host"):
+                ok3, det3 = close(md.to_host([x])[0], a, rtol=0, atol=0)
+                ok, det = ok and ok3, det if ok3 else f"to_host {det3}"
             if nat is not None:
                 ok2, det2 = close(np.asarray(nat.fn(*nat.args)), a, rtol=0, atol=0)
                 ok, det = ok and ok2, f"md {det}; native {det2}"
             return ok, det
 
+        to_host = (Variant(lambda t: md.to_host([t])[0], (x,), label="md.to_host([x])[0] (pinned where the backend has it)")
+                   if hasattr(md, "to_host") else None)
         yield Case(f"D2H {d}->host {fmt_bytes(nbytes)}",
-                   {"md": Variant(md.to_numpy, (x,), label="md.to_numpy(x)"), "native": nat},
+                   {"md": Variant(md.to_numpy, (x,), label="md.to_numpy(x)"), "md_to_host": to_host,
+                    "native": nat},
                    devices=[d], check=check,
                    params={"src": str(d), "dst": "host", "size": nbytes, "zero_copy_possible": not d.is_gpu,
                            "note": f"{d}->host" + ("" if d.is_gpu else " (may be a view)")},

@@ -40,9 +40,9 @@ PRECISIONS = ("fp32", "tf32", "both", "default")
 SUITE_NAMES = ("overhead", "async", "autoparallel", "bandwidth", "collectives")
 ENV_PREFIXES = ("MULTIDEV_", "XLA_", "JAX_", "TF_", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "OPENBLAS_",
                 "TORCH_", "PYTORCH_", "MXNET_", "NCCL_", "KMP_", "CUBLAS_")
-_VARIANT_ORDER = ("md", "md_inplace", "native", "numpy", "framework")
-_SHORT = {"md": "md", "md_inplace": "md in-place", "native": "native", "numpy": "numpy",
-          "framework": "dispatch"}
+_VARIANT_ORDER = ("md", "md_inplace", "md_to_host", "native", "numpy", "framework")
+_SHORT = {"md": "md", "md_inplace": "md in-place", "md_to_host": "md.to_host", "native": "native",
+          "numpy": "numpy", "framework": "dispatch"}
 
 
 # -- command line --------------------------------------------------------------------------------
