@@ -331,7 +331,16 @@ class JaxBackend:
         return self._jax.device_put(x, self.to_native_device(device), may_alias=False)
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        return np.asarray(x)  # waits; read-only and zero-copy for CPU arrays
+        """Waits. Zero-copy and read-only for CPU arrays; a fresh host copy for accelerator arrays."""
+        ds = x.sharding.device_set
+        if len(ds) == 1:
+            nd = next(iter(ds))
+            if nd.platform != "cpu":
+                # np.asarray caches an accelerator array's host copy in the array (it assumes
+                # immutability), so a buffer shared through DLPack and written by its producer would
+                # read stale: copy through a fresh CPU array instead.
+                return np.asarray(self._jax.device_put(x, self.to_native_device(Device("cpu", 0))))
+        return np.asarray(x)
 
     def synchronize(self, device: Device | None) -> None:
         """JAX has no per-device barrier: wait for every live array (on ``device`` when given), plus
@@ -492,7 +501,11 @@ class JaxBackend:
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         """``psum``/``pmax``/``pmin`` under ``jax.shard_map`` over the inputs' devices, compiled once
         per (devices, shape, dtype, op). The per-device inputs are the shards of one global array
-        (no copy); result ``i`` is the output shard on input ``i``'s device. Also takes ``mean``."""
+        (no copy); result ``i`` is the output shard on input ``i``'s device. Also takes ``mean``.
+
+        Devices of several platforms (CPUs and GPUs) cannot share one mesh: each platform reduces
+        natively, the partial results are combined on the first input's device and copied back out.
+        """
         jax = self._jax
         xs = list(xs)
         if op not in _ALLREDUCE_OPS:
@@ -503,20 +516,34 @@ class JaxBackend:
         natives = tuple(self._native_of(x) for x in xs)
         if len(set(natives)) != len(natives):
             raise CollectiveInputError("jax backend: native allreduce needs one tensor per device")
-        platforms = {nd.platform for nd in natives}
-        if len(platforms) > 1:
-            raise CapabilityError(
-                f"jax backend: native allreduce runs over devices of one platform, got "
-                f"{', '.join(sorted(platforms))}; use algorithm='naive' to mix CPUs and GPUs")
         shape, dtype = tuple(xs[0].shape), xs[0].dtype
         if 0 in shape:  # nothing to reduce (and XLA lays out empty shards unpredictably)
             return [self._jnp.empty(shape, dtype=dtype, device=nd) for nd in natives]
+        groups: dict[str, list[int]] = {}
+        for i, nd in enumerate(natives):
+            groups.setdefault(nd.platform, []).append(i)
+        if len(groups) == 1:
+            return self._mesh_allreduce(xs, natives, op)
+        base = "sum" if op == "mean" else op
+        home = natives[0]
+        acc = None
+        for idx in groups.values():
+            part = self._mesh_allreduce([xs[i] for i in idx], tuple(natives[i] for i in idx), base)[0]
+            part = part if part.devices() == {home} else jax.device_put(part, home)
+            acc = part if acc is None else self.combine(base, acc, part)
+        if op == "mean":
+            acc = self.divide(acc, len(xs))
+        return [acc if nd == home else jax.device_put(acc, nd) for nd in natives]
+
+    def _mesh_allreduce(self, xs: list[Any], natives: tuple, op: str) -> list[Any]:
+        """The shard_map allreduce over devices of one platform (see native_allreduce)."""
+        shape, dtype = tuple(xs[0].shape), xs[0].dtype
         scalar = len(shape) == 0
         block = (1,) if scalar else shape
         pieces = [x.reshape(1) for x in xs] if scalar else xs
         compiled, sharding = self._allreduce_fn(natives, block, dtype, op)
         gshape = (block[0] * len(xs),) + tuple(block[1:])
-        glob = jax.make_array_from_single_device_arrays(gshape, sharding, pieces)
+        glob = self._jax.make_array_from_single_device_arrays(gshape, sharding, pieces)
         out = compiled(glob)
         by_dev = {s.device: s.data for s in out.addressable_shards}
         res = [by_dev[nd] for nd in natives]
