@@ -98,6 +98,7 @@ class MxnetBackend:
                 f"installed; multidev does not support MXNet on NumPy 2. Use the \"with MXNet\" "
                 f"environment: {_WITH_MXNET_ENV}."
             )
+        self._devof: dict[tuple[int, int], Device] = {}  # (device_typeid, id) -> Device cache
         raw = os.environ.get(_ENV_CPUS, "2")
         try:
             self._n_cpu = int(raw)
@@ -237,7 +238,13 @@ class MxnetBackend:
     # -- placement --------------------------------------------------------------------------
     def device_of(self, x: Any) -> Device:
         ctx = x.ctx  # (mx.np arrays warn on .context)
+        key = (ctx.device_typeid, ctx.device_id)
+        dev = self._devof.get(key)
+        if dev is not None:
+            return dev
         dev = self.from_native_device(ctx)
+        if dev is not None:
+            self._devof[key] = dev
         if dev is None:
             raise DeviceNotFoundError(f"mxnet backend: unknown context {ctx!r}")
         return dev

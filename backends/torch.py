@@ -46,6 +46,7 @@ class TorchBackend:
         import torch
 
         self._torch = torch
+        self._devof: dict[Any, Device] = {}  # torch.device -> Device, so device_of allocates nothing
         self._to_torch = {n: getattr(torch, n) for n in _TORCH_DTYPE_NAMES if hasattr(torch, n)}
         self._from_torch = {v: k for k, v in self._to_torch.items()}
         self._n_cuda = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
@@ -217,7 +218,13 @@ class TorchBackend:
 
     # -- placement --------------------------------------------------------------------------
     def device_of(self, x: Any) -> Device:
-        dev = self.from_native_device(x.device)
+        nd = x.device
+        dev = self._devof.get(nd)
+        if dev is not None:
+            return dev
+        dev = self.from_native_device(nd)
+        if dev is not None and (nd.index is not None or nd.type == "cpu"):
+            self._devof[nd] = dev
         if dev is None:
             raise InvalidDeviceError(
                 f"torch backend: tensor is on {x.device}, a device multidev does not model "

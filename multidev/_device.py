@@ -1,6 +1,7 @@
 """The neutral :class:`Device` value and its parser."""
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Union
@@ -30,6 +31,9 @@ _SPEC = re.compile(r"^\s*([a-z]+)\s*(?::\s*(\d+))?\s*$")
 _TF_PREFIX = re.compile(r"^(?:/job:[^/]+)?(?:/replica:\d+)?(?:/task:\d+)?(?:/device:|/)", re.IGNORECASE)
 
 
+_INTERN: dict[tuple[str, int], "Device"] = {}
+
+
 @dataclass(frozen=True, order=True)
 class Device:
     """A backend-neutral device: a kind (``"cpu"``, ``"gpu"``, ``"mps"``) and an index.
@@ -42,11 +46,31 @@ class Device:
     kind: str
     index: int = 0
 
+    def __new__(cls, kind: str, index: int = 0) -> "Device":
+        # Interned: Device("cpu", 0) is one object, so comparisons short-cut on identity.
+        inst = _INTERN.get((kind, index)) if type(index) is int else None
+        return inst if inst is not None else object.__new__(cls)
+
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise InvalidDeviceError(f"unknown device kind {self.kind!r}; expected one of {KINDS}")
         if not isinstance(self.index, int) or isinstance(self.index, bool) or self.index < 0:
             raise InvalidDeviceError(f"device index must be a non-negative int, got {self.index!r}")
+        if self.index < 256:
+            _INTERN.setdefault((self.kind, self.index), self)
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not Device:
+            return NotImplemented
+        return self.kind == other.kind and self.index == other.index  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.index))
+
+    def __reduce__(self) -> tuple:
+        return (Device, (self.kind, self.index))
 
     def __repr__(self) -> str:
         return f"Device({self.kind!r}, {self.index})"
@@ -94,6 +118,7 @@ class Device:
         )
 
 
+@functools.lru_cache(maxsize=512)
 def _parse_str(text: str) -> Device:
     raw = text
     s = text.strip()

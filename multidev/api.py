@@ -229,10 +229,10 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
 
         return start_to(x, device)
     b = backend_of(x)
-    dev = _resolve(b, device)
-    if b.device_of(x) == dev:
+    dev = device if device.__class__ is Device else Device.parse(device)
+    if b.device_of(x) == dev:  # the no-op path: no enumeration, no validation
         return x
-    return b.move(x, dev)
+    return b.move(x, _resolve(b, dev))
 
 
 def copy(x: Any, device: DeviceLike | None = None) -> Any:
@@ -258,6 +258,10 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
     """
     if target is None or isinstance(target, (Device, str)):
         dev = None if target is None else Device.parse(target)
+        if backend is not None and dev is not None:
+            b = get_backend(backend)
+            if dev in b.devices():
+                return b.synchronize(dev)
         targets = [get_backend(backend)] if backend is not None else loaded_backends()
         for b in targets:
             if dev is None:

@@ -233,8 +233,29 @@ def backend_of(x: Any) -> Backend:
     )
 
 
+_native_cache: dict[Any, Device] = {}
+
+
 def native_device(obj: Any) -> Device | None:
-    """Resolve a framework's native device object through the adapter whose framework made it."""
+    """Resolve a framework's native device object through the adapter whose framework made it.
+    Cached for hashable device objects (torch.device, jax Device, mx.Context)."""
+    try:
+        hit = _native_cache.get((type(obj), obj))
+    except TypeError:  # unhashable
+        hit = None
+    if hit is not None:
+        return hit
+    dev = _native_device(obj)
+    if dev is not None:
+        try:
+            if len(_native_cache) < 1024:
+                _native_cache[(type(obj), obj)] = dev
+        except TypeError:
+            pass
+    return dev
+
+
+def _native_device(obj: Any) -> Device | None:
     root = type(obj).__module__.split(".")[0]
     _read_entry_points()
     for n in list(_factories):
