@@ -309,6 +309,11 @@ def _from_torch(t: Any, o: _Origin) -> Any:
         return t if t.device == target else t.to(target)
     if t.device.type != "cpu" and o.device.kind == "cpu":
         t = t.cpu()
+    if t.device.type == "cuda":
+        # the collective finished on torch's stream; a consumer of a bare capsule does not wait for it
+        import torch
+
+        torch.cuda.current_stream(t.device).synchronize()
     y = None
     if b.capabilities.dlpack:
         try:
