@@ -381,7 +381,7 @@ class MxnetBackend:
                                   "cast first (x.astype('uint8')) or go through multidev.to_numpy")
         return self._mx.nd.to_dlpack_for_read(self._nd(x))
 
-    def import_dlpack(self, obj: Any) -> Any:
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
         """An NDArray sharing memory with ``obj`` (an object with ``__dlpack__`` or a legacy
         capsule). MXNet takes only compact (C-contiguous) tensors and not bool, int16 or bfloat16.
         A CPU tensor always lands on ``cpu:0``: MXNet's FromDLPack ignores the CPU device id, and
@@ -402,6 +402,10 @@ class MxnetBackend:
             # bfloat16 arrives as a structured uint16 dtype that no MXNet op computes with.
             raise CapabilityError(f"mxnet backend: DLPack tensor of dtype {dt} cannot be used by MXNet "
                                   f"1.9.1; cast it to one of {', '.join(sorted(_MX_DTYPES))} first")
+        if self.device_of(y) != device:
+            raise CapabilityError(f"mxnet backend: a DLPack buffer of {device} arrived on "
+                                  f"{self.device_of(y)}; MXNet cannot label foreign memory with another "
+                                  "CPU context, so sharing works on cpu:0 only")
         return y
 
     # -- native fast paths ------------------------------------------------------------------

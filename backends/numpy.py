@@ -270,8 +270,10 @@ class NumpyBackend:
     def export_dlpack(self, x: Any) -> Any:
         return _plain(x)  # ndarray has __dlpack__, strided layouts included
 
-    def import_dlpack(self, obj: Any) -> Any:
-        return np.from_dlpack(obj)
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        if device.kind != "cpu":
+            raise CapabilityError(f"numpy backend holds host memory only; cannot take a {device} buffer")
+        return _tag(np.from_dlpack(obj), device)  # a view: tagging the virtual device copies nothing
 
     # -- native fast paths ------------------------------------------------------------------
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:

@@ -396,19 +396,26 @@ class TensorflowBackend:
             return x
         return tf.experimental.dlpack.to_dlpack(x)  # TF releases without EagerTensor.__dlpack__
 
-    def import_dlpack(self, obj: Any) -> Any:
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
         """A tf.Tensor sharing memory with ``obj`` (an object with ``__dlpack__``, or a legacy
         ``"dltensor"`` capsule). TF takes only compact row-major tensors and unversioned capsules;
         anything else raises CapabilityError."""
         tf = self._tf
         cap = obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
         try:
-            return tf.experimental.dlpack.from_dlpack(cap)
+            y = tf.experimental.dlpack.from_dlpack(cap)
         except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, TypeError) as e:
             raise CapabilityError(
                 f"tensorflow backend cannot import this DLPack tensor: {str(e).splitlines()[0]}. TF "
                 "takes compact row-major tensors through legacy 'dltensor' capsules; make the source "
                 "contiguous first (np.ascontiguousarray, tensor.contiguous()).") from e
+        got = self.device_of(y)
+        if got == device:
+            return y
+        if got.kind == device.kind == "cpu":
+            with tf.device(self.to_native_device(device)):
+                return tf.identity(y)  # between logical CPUs identity relabels, it does not copy
+        raise CapabilityError(f"tensorflow backend: a DLPack buffer of {device} arrived on {got}")
 
     # -- native fast paths ------------------------------------------------------------------
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:

@@ -357,12 +357,16 @@ class TorchBackend:
                                   "without a copy; call x.resolve_conj().resolve_neg() first")
         return t  # torch.Tensor has __dlpack__/__dlpack_device__, strided layouts included
 
-    def import_dlpack(self, obj: Any) -> Any:
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
         try:
-            return self._torch.from_dlpack(obj)
+            y = self._torch.from_dlpack(obj)
         except (RuntimeError, TypeError, BufferError, ValueError, AttributeError) as e:
             raise CapabilityError(
                 f"torch backend cannot import {type(obj).__name__} through DLPack: {e}") from e
+        if self.device_of(y) != device:
+            raise CapabilityError(f"torch backend: a DLPack buffer of {device} arrived on "
+                                  f"{self.device_of(y)}; torch has no {device} to share it on")
+        return y
 
     # -- native fast paths ------------------------------------------------------------------
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:

@@ -85,14 +85,24 @@ def test_convert_copy_flag_and_sharing(md_backend: Any, partner: str) -> None:
     for dev in shared[:2]:
         for frm, to_ in ((b, p), (p, b)):
             x = md.asarray(np.arange(4, dtype=np.float32), device=dev, backend=frm.name)
-            y = md.convert(x, to_.name, copy=False)
             z = md.convert(x, to_.name, copy=True)
-            np.testing.assert_array_equal(as_f64(to_, y), np.arange(4))
+            try:
+                y = md.convert(x, to_.name, copy=False)
+            except CapabilityError as e:
+                # Zero-copy is the promise on the host and on GPUs. A virtual CPU device other
+                # than cpu:0 may be out of a consumer's reach (DLPack names every CPU 0).
+                assert dev.kind == "cpu" and dev.index > 0, f"{frm.name}->{to_.name} on {dev}: {e}"
+                assert "share" in str(e) and "copy=None" in str(e)
+                y = None
+            if y is not None:
+                assert md.device_of(y) == dev
+                np.testing.assert_array_equal(as_f64(to_, y), np.arange(4))
             np.testing.assert_array_equal(as_f64(to_, z), np.arange(4))
-            if frm.capabilities.mutable:  # a write on the source is seen through the shared view
+            if frm.capabilities.mutable:  # a write on the source shows through the shared view only
                 frm.assign(x, md.full(4, 7.0, device=dev, backend=frm.name))
                 md.synchronize(x)
-                np.testing.assert_array_equal(as_f64(to_, y), np.full(4, 7.0))
+                if y is not None:
+                    np.testing.assert_array_equal(as_f64(to_, y), np.full(4, 7.0))
                 np.testing.assert_array_equal(as_f64(to_, z), np.arange(4))
 
 

@@ -189,9 +189,11 @@ class Backend(Protocol):
         Raises CapabilityError where x cannot be exported (dtype, strides)."""
         ...
 
-    def import_dlpack(self, obj: Any) -> Any:
-        """A native tensor sharing memory with a DLPack producer (object or capsule). Raises
-        CapabilityError where the framework cannot take it."""
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        """A native tensor on ``device`` (the producer's device) sharing memory with a DLPack
+        producer (object or capsule). DLPack names every CPU ``cpu:0``, so placing a view on a
+        virtual CPU device is the adapter's job. Raises CapabilityError where the framework cannot
+        take it without a copy (the core then copies, unless the caller forbade it)."""
         ...
 
     # -- native fast paths (optional: advertised in capabilities.native_collectives) ------------

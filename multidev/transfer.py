@@ -152,7 +152,7 @@ def convert(x: Any, backend: str, copy: bool | None = None) -> Any:
         try:
             if src.capabilities.async_execution:
                 src.wait(x)
-            y = dst.import_dlpack(_exportable(src, x))
+            y = dst.import_dlpack(_exportable(src, x), dev)
             if dst.device_of(y) == dev and dst.dtype_of(y) == dtype:
                 return dst.copy(y, dev) if copy else y
             why = f"DLPack gave {dst.dtype_of(y)} on {dst.device_of(y)}"
