@@ -423,9 +423,10 @@ class JaxBackend:
             raise CapabilityError(f"jax backend: DLPack cannot carry dtype {x.dtype}")
         return x  # jax.Array has __dlpack__ and __dlpack_device__
 
-    def import_dlpack(self, obj: Any) -> Any:
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
         """Zero-copy or CapabilityError: JAX copies CPU buffers that are not 64-byte aligned and
-        turns 64-bit tensors into 32-bit copies without x64; both are refused here."""
+        turns 64-bit tensors into 32-bit copies without x64; both are refused here. A CPU buffer
+        lands on JAX's first CPU device, so other (virtual) CPU devices are refused too."""
         jax = self._jax
         x64 = bool(jax.config.jax_enable_x64)
         if not x64 and type(obj).__name__ != "PyCapsule":
@@ -449,6 +450,9 @@ class JaxBackend:
             raise CapabilityError(
                 "jax backend: JAX copied this DLPack buffer instead of sharing it (JAX needs 64-byte "
                 "aligned CPU buffers); use multidev.asarray for an explicit copy")
+        if self.device_of(y) != device:
+            raise CapabilityError(f"jax backend: a DLPack buffer of {device} arrived on "
+                                  f"{self.device_of(y)}; moving it would copy, so JAX cannot share it there")
         return y
 
     # -- native fast paths ------------------------------------------------------------------
