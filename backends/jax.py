@@ -19,6 +19,7 @@ inputs' devices (``prod`` and complex max/min as an ordered fold over ``all_gath
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -95,10 +96,15 @@ class _Producer:
     Wraps a bare ``"dltensor"`` capsule (jax.dlpack.from_dlpack refuses capsules: removed in jax
     0.10, deprecated in 0.7) or a producer object; the buffer address lets the caller detect JAX's
     silent copy of CPU buffers that are not 64-byte aligned.
+
+    ``cpu_id``: DLPack names every host buffer ``(kDLCPU, 0)``; reporting the hardware id of a
+    virtual CPU device instead makes JAX place its zero-copy view on that device (host memory is
+    the same for all of them).
     """
 
-    def __init__(self, src: Any) -> None:
+    def __init__(self, src: Any, cpu_id: int | None = None) -> None:
         self._src = src
+        self._cpu_id = cpu_id
         self._is_capsule = type(src).__name__ == "PyCapsule"
         self.code_bits: tuple[int, int] | None = None
         self.address: int | None = None
@@ -118,7 +124,10 @@ class _Producer:
         return cap
 
     def __dlpack_device__(self) -> Any:
-        return self._device if self._is_capsule else self._src.__dlpack_device__()
+        kind, idx = self._device if self._is_capsule else self._src.__dlpack_device__()
+        if int(kind) == 1 and self._cpu_id is not None:  # kDLCPU
+            return (kind, self._cpu_id)
+        return (kind, idx)
 
 
 class JaxBackend:
@@ -336,10 +345,10 @@ class JaxBackend:
         if len(ds) == 1:
             nd = next(iter(ds))
             if nd.platform != "cpu":
-                # np.asarray caches an accelerator array's host copy in the array (it assumes
-                # immutability), so a buffer shared through DLPack and written by its producer would
-                # read stale: copy through a fresh CPU array instead.
-                return np.asarray(self._jax.device_put(x, self.to_native_device(Device("cpu", 0))))
+                # np.asarray (and device_put to a CPU) caches an accelerator array's host copy in the
+                # array, assuming immutability: a buffer shared through DLPack and then written by
+                # its producer would read stale. Read a fresh on-device copy instead.
+                return np.asarray(self._jax.device_put(x, nd, may_alias=False))
         return np.asarray(x)
 
     def synchronize(self, device: Device | None) -> None:
@@ -425,8 +434,8 @@ class JaxBackend:
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:
         """Zero-copy or CapabilityError: JAX copies CPU buffers that are not 64-byte aligned and
-        turns 64-bit tensors into 32-bit copies without x64; both are refused here. A CPU buffer
-        lands on JAX's first CPU device, so other (virtual) CPU devices are refused too."""
+        turns 64-bit tensors into 32-bit copies without x64; both are refused here. A host buffer
+        becomes a view on the virtual CPU device ``device``."""
         jax = self._jax
         x64 = bool(jax.config.jax_enable_x64)
         if not x64 and type(obj).__name__ != "PyCapsule":
@@ -437,12 +446,20 @@ class JaxBackend:
             if src in _X64_DTYPES:
                 raise CapabilityError(f"jax backend: cannot import a {src} tensor without x64 (it "
                                       f"would become a 32-bit copy); {_x64_hint()}")
-        prod = _Producer(obj)
+        native = self.to_native_device(device)
+        cpu_id = getattr(native, "local_hardware_id", None) if device.kind == "cpu" else None
+        prod = _Producer(obj, cpu_id)
         if not x64 and prod.code_bits in _DL_X64:
             raise CapabilityError(f"jax backend: cannot import a 64-bit DLPack tensor without x64 "
                                   f"(it would become a 32-bit copy); {_x64_hint()}")
+        ctx: Any = contextlib.nullcontext()
+        dev = getattr(obj, "device", None)
+        if type(obj).__module__.startswith("torch") and getattr(dev, "type", None) == "cuda":
+            # torch exports a CUDA tensor only while its device is torch's current device.
+            ctx = sys.modules["torch"].cuda.device(dev)
         try:
-            y = jax.dlpack.from_dlpack(prod)
+            with ctx:
+                y = jax.dlpack.from_dlpack(prod)
         except (TypeError, ValueError, BufferError, RuntimeError) as e:
             raise CapabilityError(f"jax backend cannot import this DLPack tensor "
                                   f"({type(obj).__name__}): {e}") from e

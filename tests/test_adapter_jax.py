@@ -290,7 +290,7 @@ def _aligned(n: int, offset: int = 0) -> np.ndarray:
 
 def test_import_bare_capsule_shares_memory(jb, x64_off):
     a = _aligned(16)
-    y = jb.import_dlpack(a.__dlpack__())
+    y = jb.import_dlpack(a.__dlpack__(), CPU0)
     assert y.unsafe_buffer_pointer() == a.ctypes.data
     np.testing.assert_array_equal(np.asarray(y), np.arange(16, dtype=np.float32))
     assert md.device_of(y) == CPU0
@@ -298,21 +298,39 @@ def test_import_bare_capsule_shares_memory(jb, x64_off):
 
 def test_import_refuses_silent_copies(jb, x64_off):
     with pytest.raises(CapabilityError, match="aligned"):
-        jb.import_dlpack(_aligned(16, offset=4))  # JAX would copy an unaligned CPU buffer
+        jb.import_dlpack(_aligned(16, offset=4), CPU0)  # JAX would copy an unaligned CPU buffer
     with pytest.raises(CapabilityError, match="x64"):
-        jb.import_dlpack(np.arange(4, dtype=np.int64))  # would become an int32 copy
+        jb.import_dlpack(np.arange(4, dtype=np.int64), CPU0)  # would become an int32 copy
     with pytest.raises(CapabilityError, match="x64"):
-        jb.import_dlpack(np.arange(4, dtype=np.float64).__dlpack__())
+        jb.import_dlpack(np.arange(4, dtype=np.float64).__dlpack__(), CPU0)
     cap = _aligned(4).__dlpack__()
-    jb.import_dlpack(cap)
+    jb.import_dlpack(cap, CPU0)
     with pytest.raises(CapabilityError, match="consumed"):
-        jb.import_dlpack(cap)
+        jb.import_dlpack(cap, CPU0)
+
+
+def test_import_places_views_on_virtual_cpu_devices():
+    out = _py("""
+        import numpy as np, multidev as md
+        from multidev import Device
+        b = md.backend("jax")
+        raw = np.zeros(256, np.uint8)
+        start = (-raw.ctypes.data) % 64
+        a = raw[start:start + 64].view(np.float32)
+        a[:] = np.arange(16)
+        y = b.import_dlpack(a, Device("cpu", 2))  # DLPack says (kDLCPU, 0) for every host buffer
+        assert md.device_of(y) == Device("cpu", 2) and y.committed
+        assert y.unsafe_buffer_pointer() == a.ctypes.data  # a view, not a copy
+        a[0] = 42.0
+        print(float(b.to_numpy(y)[0]))
+    """)
+    assert out == "42.0"
 
 
 @pytest.mark.skipif(np.lib.NumpyVersion(np.__version__) < "2.1.0", reason="needs versioned DLPack")
 def test_import_versioned_capsule_is_refused_clearly(jb):
     with pytest.raises(CapabilityError, match="dltensor"):
-        jb.import_dlpack(_aligned(4).__dlpack__(max_version=(1, 0)))
+        jb.import_dlpack(_aligned(4).__dlpack__(max_version=(1, 0)), CPU0)
 
 
 def test_export_round_trips_through_numpy(jb):
