@@ -15,7 +15,9 @@ JAX specifics. Arrays are immutable (``assign`` raises CapabilityError: rebind r
 64-bit dtypes exist only under ``jax_enable_x64``, so ``capabilities.dtypes`` is recomputed from the
 flag. Execution is asynchronous; ``synchronize`` blocks on every live array (JAX has no per-device
 barrier). ``native_allreduce`` is ``psum``/``pmax``/``pmin`` under ``jax.shard_map`` over exactly the
-inputs' devices (``prod`` and complex max/min as an ordered fold over ``all_gather``).
+inputs' devices (``prod`` and complex max/min as an ordered fold over ``all_gather``; CPUs and GPUs
+mixed: per platform, then combined). DLPack imports are zero-copy or CapabilityError; a host buffer
+becomes a view on the requested virtual CPU device.
 """
 from __future__ import annotations
 
