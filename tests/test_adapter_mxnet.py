@@ -338,16 +338,16 @@ def test_dlpack_with_torch(b: Any, mx: Any) -> None:
     md.synchronize(x)
     assert t.tolist() == [7.0] * 6, "export shares memory"
     src = torch.arange(4, dtype=torch.float32)
-    y = b.import_dlpack(src)
+    y = b.import_dlpack(src, md.cpu(0))
     src += 1
     assert y.asnumpy().tolist() == [1.0, 2.0, 3.0, 4.0], "import shares memory"
     assert md.device_of(y) == Device("cpu", 0)  # MXNet's FromDLPack: every CPU tensor on cpu(0)
     with pytest.raises(CapabilityError, match="compact"):
-        b.import_dlpack(torch.arange(6.0).reshape(2, 3).T)
+        b.import_dlpack(torch.arange(6.0).reshape(2, 3).T, md.cpu(0))
     with pytest.raises(CapabilityError, match="mxnet"):
-        b.import_dlpack(torch.ones(2, dtype=torch.bfloat16))
+        b.import_dlpack(torch.ones(2, dtype=torch.bfloat16), md.cpu(0))
     with pytest.raises(CapabilityError, match="mxnet"):
-        b.import_dlpack(torch.ones(2, dtype=torch.bool))
+        b.import_dlpack(torch.ones(2, dtype=torch.bool), md.cpu(0))
 
 
 def test_dlpack_export_refuses_bool_and_takes_views(b: Any, mx: Any) -> None:

@@ -265,14 +265,14 @@ def test_export_dlpack_conj_view_refused(tb):
 
 def test_import_dlpack_object_and_capsule_share_memory(tb):
     a = np.arange(3, dtype=np.int64)
-    t = tb.import_dlpack(a)
+    t = tb.import_dlpack(a, md.cpu(0))
     a[0] = 7
     assert t[0].item() == 7
     src = torch.arange(3)
-    t2 = tb.import_dlpack(src.__dlpack__())
+    t2 = tb.import_dlpack(src.__dlpack__(), md.cpu(0))
     assert t2.data_ptr() == src.data_ptr()
     with pytest.raises(CapabilityError):
-        tb.import_dlpack(object())
+        tb.import_dlpack(object(), md.cpu(0))
 
 
 # -- native fast paths ------------------------------------------------------------------------------
