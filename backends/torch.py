@@ -378,8 +378,9 @@ class TorchBackend:
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         """NCCL allreduce over one CUDA tensor per GPU (``torch.cuda.comm`` for sums without NCCL).
 
-        Out of place: each input is copied into a private contiguous buffer that NCCL reduces in
-        place, on each device's current stream (asynchronous). bool reduces as or/and (sum/prod),
+        Out of place, on each device's current stream (asynchronous): contiguous inputs are reduced
+        by NCCL straight into new outputs; other layouts (strided, conj/neg views, int16, complex)
+        are first copied into private buffers that NCCL reduces in place. bool reduces as or/and (sum/prod),
         int16 through int32 (exact modulo 2**16), complex sums as pairs of reals.
         """
         torch = self._torch
@@ -412,18 +413,22 @@ class TorchBackend:
         if dtype == "bool":
             # NCCL reduces bool as uint8: a sum could store 2 in a bool; or/and are max/min.
             code = _NCCL_OPS["max"] if base in ("sum", "max") else _NCCL_OPS["min"]
+        # Plain contiguous inputs go to NCCL out of place (no staging copy: as fast as in place).
+        direct = (not complex_ and dtype != "int16" and len(xs) > 1
+                  and all(x.is_contiguous() and not x.is_conj() and not x.is_neg() for x in xs))
         with torch.no_grad():
             bufs = []
             for x in xs:
-                # copy_ materializes conj/neg views and strides; the inputs are never written.
                 b = torch.empty(tuple(x.shape), dtype=work_dt, device=x.device)
-                b.copy_(x.detach())
+                if not direct:
+                    b.copy_(x.detach())  # materializes conj/neg views and strides; inputs never written
                 bufs.append(b)
             if len(bufs) > 1 and bufs[0].numel() > 0:
                 views = [torch.view_as_real(b) for b in bufs] if complex_ else bufs
-                if hasattr(torch._C, "_nccl_all_reduce") and torch.cuda.nccl.is_available(views):
+                srcs = [x.detach() for x in xs] if direct else views
+                if hasattr(torch._C, "_nccl_all_reduce") and torch.cuda.nccl.is_available(srcs):
                     try:
-                        torch.cuda.nccl.all_reduce(views, op=code)
+                        torch.cuda.nccl.all_reduce(srcs, views, op=code)
                     except RuntimeError as e:
                         if "Unconvertible NCCL type" in str(e):  # e.g. bfloat16 with an old NCCL
                             raise CapabilityError(f"torch backend: this NCCL cannot reduce {dtype}; "
@@ -431,7 +436,8 @@ class TorchBackend:
                         raise
                 elif base == "sum":
                     # No NCCL in this build: torch.cuda.comm sums onto one GPU and broadcasts back.
-                    total = torch.cuda.comm.reduce_add(bufs, destination=idx[0])
+                    total = torch.cuda.comm.reduce_add([x.detach() for x in xs] if direct else bufs,
+                                                       destination=idx[0])
                     bufs = list(torch.cuda.comm.broadcast(total, idx))
                 else:
                     raise CapabilityError(f"torch backend: {base} allreduce needs NCCL, which this "
