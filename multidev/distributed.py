@@ -316,11 +316,16 @@ def _from_torch(t: Any, o: _Origin) -> Any:
         torch.cuda.current_stream(t.device).synchronize()
     y = None
     if b.capabilities.dlpack:
+        # import_dlpack takes the producer's device: the input's own where t lives on it (any CPU
+        # tensor for a CPU input, virtual devices included), else t's own device and a move after
+        here = (Device("cpu", 0) if t.device.type == "cpu" else Device("gpu", t.device.index or 0))
+        if here.kind == o.device.kind and (here.kind == "cpu" or here.index == o.device.index):
+            here = o.device
         try:
-            y = b.import_dlpack(t)
+            y = b.import_dlpack(t, here)
             if b.dtype_of(y) != o.dtype or b.shape_of(y) != tuple(t.shape):
                 y = None
-        except Exception:
+        except Exception:  # the backend cannot take this buffer without a copy: copy below
             y = None
     if y is None:
         a = t.cpu()
