@@ -272,7 +272,9 @@ class TorchBackend:
     def to_numpy(self, x: Any) -> np.ndarray:
         torch = self._torch
         t = x.detach()
-        if t.device.type != "cpu":
+        if t.device.type == "cuda":
+            t = self.move(t, Device("cpu", 0))  # through pinned memory: 54 vs 1.6 GB/s pageable (H200)
+        elif t.device.type != "cpu":
             t = t.cpu()  # blocking: waits for the work that produces x on its stream
         t = t.resolve_conj().resolve_neg()  # numpy() refuses lazily conjugated/negated views
         if t.dtype == torch.bfloat16:
