@@ -1,0 +1,1 @@
+"""Runnable demos, installed as ``multidev.examples``: ``python -m multidev.examples.data_parallel``."""
