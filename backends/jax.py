@@ -37,7 +37,7 @@ from multidev._device import Device
 from multidev._dtypes import DTYPES, canonical_dtype, numpy_dtype
 from multidev.errors import (CapabilityError, CollectiveInputError, DeviceMismatchError,
                              DeviceNotFoundError, InvalidDeviceError)
-from multidev.protocol import Capabilities
+from multidev.protocol import Capabilities, same_device
 
 _ENV_CPU = "MULTIDEV_JAX_CPU_DEVICES"
 _XLA_FLAG = "--xla_force_host_platform_device_count"
@@ -394,12 +394,7 @@ class JaxBackend:
         return tuple(int(s) for s in x.shape)
 
     def _same_device(self, what: str, xs: Sequence[Any]) -> None:
-        devs = [self.device_of(x) for x in xs]
-        uniq = sorted(set(devs))
-        if len(uniq) > 1:
-            raise DeviceMismatchError(
-                f"jax backend: {what} got operands on {', '.join(map(str, uniq))}. Move them to one "
-                "device first with multidev.to(x, device).")
+        same_device("jax", what, [self.device_of(x) for x in xs])
 
     def combine(self, op: str, a: Any, b: Any) -> Any:
         jnp = self._jnp

@@ -41,8 +41,8 @@ import numpy as np
 from multidev._device import Device
 from multidev._dtypes import canonical_dtype
 from multidev.errors import (BackendNotAvailableError, CapabilityError, CollectiveInputError,
-                             DeviceMismatchError, DeviceNotFoundError, InvalidDeviceError)
-from multidev.protocol import Capabilities
+                             DeviceNotFoundError, InvalidDeviceError)
+from multidev.protocol import Capabilities, same_device
 
 #: What MXNet 1.9.1 can create, compute with (through the casts above) and read back.
 #: Not here: int16, uint16/32/64, complex (no such NDArray dtypes) and bfloat16 (no NumPy-visible
@@ -466,13 +466,8 @@ class MxnetBackend:
 
     def _same_device(self, what: str, xs: Sequence[Any]) -> Device:
         devs = [self.device_of(x) for x in xs]
-        uniq = sorted(set(devs))
-        if len(uniq) > 1:
-            # MXNet itself would silently compute on the first operand's context.
-            raise DeviceMismatchError(
-                f"mxnet backend: {what} got operands on {', '.join(map(str, uniq))}. MXNet would "
-                f"silently compute on {devs[0]}; move them to one device first with multidev.to(x, device)."
-            )
+        # MXNet itself would silently compute on the first operand's context.
+        same_device("mxnet", what, devs, note=f" (MXNet would silently compute on {devs[0]})" if devs else "")
         return devs[0]
 
     def _binary(self, op: str) -> Any:

@@ -22,8 +22,8 @@ import numpy as np
 
 from multidev._device import Device
 from multidev._dtypes import DTYPES, canonical_dtype, numpy_dtype
-from multidev.errors import CapabilityError, DeviceMismatchError, InvalidDeviceError
-from multidev.protocol import Capabilities
+from multidev.errors import CapabilityError, InvalidDeviceError
+from multidev.protocol import Capabilities, same_device
 
 _HOST = Device("cpu", 0)
 _count_lock = threading.Lock()
@@ -65,13 +65,7 @@ def _common_device(what: str, *objs: Any) -> Device:
     devs: list[Device] = []
     for o in objs:
         _collect(o, devs)
-    uniq = sorted(set(devs))
-    if len(uniq) > 1:
-        raise DeviceMismatchError(
-            f"numpy backend: {what} got operands on {', '.join(map(str, uniq))}. Move them to one "
-            "device first with multidev.to(x, device)."
-        )
-    return uniq[0] if uniq else _HOST
+    return same_device("numpy", what, devs) or _HOST
 
 
 def _plain(obj: Any) -> Any:

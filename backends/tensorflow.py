@@ -32,9 +32,8 @@ import numpy as np
 
 from multidev._device import Device
 from multidev._dtypes import DTYPES, FLOAT_DTYPES, canonical_dtype, is_floating, numpy_dtype
-from multidev.errors import (CapabilityError, CollectiveInputError, DeviceMismatchError,
-                             DeviceNotFoundError, UnsupportedTensorError)
-from multidev.protocol import Capabilities
+from multidev.errors import (CapabilityError, CollectiveInputError, DeviceNotFoundError, UnsupportedTensorError)
+from multidev.protocol import Capabilities, same_device
 
 _KIND_OF_TF = {"CPU": "cpu", "GPU": "gpu"}
 _TF_OF_KIND = {"cpu": "CPU", "gpu": "GPU"}
@@ -537,15 +536,11 @@ class TensorflowBackend:
         return v
 
     def _common_device(self, what: str, xs: list[Any]) -> Device:
-        devs = [self.device_of(x) for x in xs]
-        uniq = sorted(set(devs))
-        if len(uniq) > 1:
-            raise DeviceMismatchError(
-                f"tensorflow backend: {what} got operands on {', '.join(map(str, uniq))} (TF itself "
-                "would copy them silently). Move them to one device first with multidev.to(x, device).")
-        if not uniq:
+        dev = same_device("tensorflow", what, [self.device_of(x) for x in xs],
+                          note=" (TF itself would copy them silently)")
+        if dev is None:
             raise CollectiveInputError(f"tensorflow backend: {what} needs at least one tensor")
-        return uniq[0]
+        return dev
 
     def _complex_extreme(self, op: str, a: Any, b: Any) -> Any:
         tf = self._tf

@@ -19,9 +19,8 @@ import numpy as np
 
 from multidev._device import Device
 from multidev._dtypes import is_floating, numpy_dtype
-from multidev.errors import (CapabilityError, CollectiveInputError, DeviceMismatchError,
-                             InvalidDeviceError)
-from multidev.protocol import REDUCE_OPS, Capabilities
+from multidev.errors import (CapabilityError, CollectiveInputError, InvalidDeviceError)
+from multidev.protocol import REDUCE_OPS, Capabilities, same_device
 
 _HOST = Device("cpu", 0)
 _UNSIGNED_WIDE = ("uint16", "uint32", "uint64")
@@ -313,11 +312,7 @@ class TorchBackend:
         return tuple(int(s) for s in x.shape)
 
     def _same_device(self, what: str, xs: Sequence[Any]) -> None:
-        devs = sorted({self.device_of(x) for x in xs})
-        if len(devs) > 1:
-            raise DeviceMismatchError(
-                f"torch backend: {what} got operands on {', '.join(map(str, devs))}. Move them to "
-                "one device first with multidev.to(x, device).")
+        same_device("torch", what, [self.device_of(x) for x in xs])
 
     def combine(self, op: str, a: Any, b: Any) -> Any:
         if op not in REDUCE_OPS:

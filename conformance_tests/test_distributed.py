@@ -54,7 +54,9 @@ def _launch(backend: str, world: int, scenario: str, timeout: float, ranks: list
     for r in (ranks if ranks is not None else range(world)):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore",
-                   TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
+                   TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1",
+                   # several JAX processes share a GPU: none may take 75% of its memory at start
+                   XLA_PYTHON_CLIENT_PREALLOCATE=os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"))
         cmd = [sys.executable, "-m", "multidev.conformance.test_distributed", backend, scenario, str(timeout)]
         procs.append((r, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True)))

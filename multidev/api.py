@@ -9,7 +9,7 @@ import numpy as np
 
 from ._device import Device, DeviceLike
 from ._dtypes import canonical_dtype
-from .errors import CapabilityError, DeviceNotFoundError, MultidevError, UnsupportedTensorError
+from .errors import CapabilityError, DeviceNotFoundError, UnsupportedTensorError
 from .protocol import Backend
 from .registry import available_backends, backend_of, get_backend, loaded_backends
 

@@ -21,10 +21,26 @@ import numpy as np
 
 from ._device import Device
 
-__all__ = ["Backend", "Capabilities", "REDUCE_OPS"]
+__all__ = ["Backend", "Capabilities", "REDUCE_OPS", "same_device"]
 
 #: Elementwise reductions every adapter's :meth:`Backend.combine` supports.
 REDUCE_OPS = ("sum", "max", "min", "prod")
+
+
+def same_device(backend: str, what: str, devices: Sequence[Device], note: str = "") -> Device | None:
+    """The one device of ``devices`` (None when empty), or DeviceMismatchError naming them all.
+
+    For adapters: call it before any operation that combines tensors, so a mismatch raises
+    multidev's typed error, whatever the framework would do (raise, copy or compute silently).
+    """
+    uniq = sorted(set(devices))
+    if len(uniq) > 1:
+        from .errors import DeviceMismatchError
+
+        raise DeviceMismatchError(
+            f"{backend} backend: {what} got operands on {', '.join(map(str, uniq))}{note}. Move them "
+            "to one device first with multidev.to(x, device).")
+    return uniq[0] if uniq else None
 
 
 @dataclass(frozen=True)
