@@ -14,7 +14,8 @@ from . import distributed
 from .collectives import (allgather, allreduce, broadcast, gather, reduce, reduce_scatter, scatter,
                           split_batch)
 from .errors import (BackendNotAvailableError, CapabilityError, CollectiveInputError,
-                     DeviceMismatchError, DeviceNotFoundError, InvalidDeviceError, MultidevError,
+                     DeviceMismatchError, DeviceNotFoundError, DistributedError,
+                     DistributedTimeoutError, InvalidDeviceError, MultidevError,
                      UnsupportedTensorError)
 from .protocol import Backend, Capabilities
 from .transfer import Transfer, convert, to_host
@@ -34,5 +35,5 @@ __all__ = [
     "distributed",
     "Transfer", "convert", "to_host",
     "MultidevError", "InvalidDeviceError", "DeviceNotFoundError", "DeviceMismatchError",
-    "BackendNotAvailableError", "UnsupportedTensorError", "CapabilityError", "CollectiveInputError",
+    "BackendNotAvailableError", "UnsupportedTensorError", "CapabilityError", "CollectiveInputError", "DistributedError", "DistributedTimeoutError",
 ]

@@ -45,7 +45,7 @@ import numpy as np
 
 from ._device import Device, DeviceLike
 from .collectives import split_sizes
-from .errors import CapabilityError, CollectiveInputError, MultidevError
+from .errors import CapabilityError, CollectiveInputError, DistributedError, DistributedTimeoutError
 from .registry import backend_of, get_backend
 
 __all__ = [
@@ -58,13 +58,6 @@ __all__ = [
 DEFAULT_TIMEOUT = 300.0
 
 
-class DistributedError(MultidevError, RuntimeError):
-    """A multi-process collective failed, or was called before :func:`init` / after a failure."""
-
-
-class DistributedTimeoutError(DistributedError, TimeoutError):
-    """Another rank died, hung or never arrived: the collective (or init) gave up after its timeout,
-    or as soon as the peer's connection closed."""
 
 
 # -- process group state --------------------------------------------------------------------------

@@ -15,6 +15,8 @@ __all__ = [
     "UnsupportedTensorError",
     "CapabilityError",
     "CollectiveInputError",
+    "DistributedError",
+    "DistributedTimeoutError",
 ]
 
 
@@ -48,3 +50,12 @@ class CapabilityError(MultidevError, NotImplementedError):
 
 class CollectiveInputError(MultidevError, ValueError):
     """Invalid inputs to a collective: empty, mixed backends, shapes, dtypes or repeated devices."""
+
+
+class DistributedError(MultidevError, RuntimeError):
+    """A multi-process collective failed, or was called before ``distributed.init`` / after a failure."""
+
+
+class DistributedTimeoutError(DistributedError, TimeoutError):
+    """Another rank died, hung or never arrived: the collective (or init) gave up after its timeout,
+    or as soon as the peer's connection closed."""
