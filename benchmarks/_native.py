@@ -189,6 +189,29 @@ class TorchNative(Native):
     def op_d2h(self, x: Any) -> Call:
         return (lambda t: t.cpu().numpy()), (x,), "x.cpu().numpy()"
 
+    def op_h2d_pinned(self, a: np.ndarray, dev: Device) -> Call | None:
+        """The best native upload: from a preallocated pinned host tensor (GPU only)."""
+        t = self.torch
+        if dev.kind != "gpu":
+            return None
+        src = t.from_numpy(a).pin_memory()
+        d = self.dev(dev)
+        return (lambda s: s.to(d, non_blocking=True)), (src,), \
+            "pinned.to(device, non_blocking=True) (pinned source allocated beforehand)"
+
+    def op_d2h_pinned(self, x: Any) -> Call | None:
+        """The best native download: into a preallocated pinned host tensor (GPU only)."""
+        t = self.torch
+        if x.device.type != "cuda":
+            return None
+        dst = t.empty(x.shape, dtype=x.dtype, pin_memory=True)
+
+        def down(x: Any) -> Any:
+            dst.copy_(x, non_blocking=True)
+            t.cuda.current_stream(x.device).synchronize()
+            return dst.numpy()
+        return down, (x,), "pinned.copy_(x, non_blocking=True); stream sync (pinned buffer allocated beforehand)"
+
     def set_precision(self, mode: str) -> dict[str, Any]:
         t = self.torch
         if mode in ("fp32", "tf32"):

@@ -2,7 +2,9 @@
 (1 to 64 MiB on CPU-only machines, where "device" is the framework's CPU device and D2D goes
 cpu:0 -> cpu:1 where the backend has two CPU devices, else is a same-device copy).
 
-GB/s are 10^9 bytes of payload per second. Host buffers are ordinary (pageable) NumPy arrays.
+GB/s are 10^9 bytes of payload per second. Host buffers are ordinary (pageable) NumPy arrays; on
+CUDA the ``native_pinned`` rows show the framework's best case, from or into a pinned host buffer
+allocated beforehand.
 On CPU, ``to_numpy`` and the native D2H may return a view (zero-copy): those rows then time the
 view, not a copy, and say so in their params.
 """
@@ -46,7 +48,8 @@ def h2d(ctx: Context) -> Iterator[Case]:
 
         yield Case(f"H2D host->{d} {fmt_bytes(nbytes)}",
                    {"md": Variant(partial(md.asarray, a, device=d, backend=ctx.backend), (),
-                                  label="md.asarray(a, device=d)"), "native": nat},
+                                  label="md.asarray(a, device=d)"), "native": nat,
+                    "native_pinned": ctx.native_call("h2d_pinned", a, d)},
                    devices=[d], check=check, params={"src": "host", "dst": str(d), "size": nbytes, "note": f"host->{d}"},
                    bytes=nbytes, group="H2D", key=f"H2D {fmt_bytes(nbytes)}")
 
@@ -74,7 +77,7 @@ def d2h(ctx: Context) -> Iterator[Case]:
                    if hasattr(md, "to_host") else None)
         yield Case(f"D2H {d}->host {fmt_bytes(nbytes)}",
                    {"md": Variant(md.to_numpy, (x,), label="md.to_numpy(x)"), "md_to_host": to_host,
-                    "native": nat},
+                    "native": nat, "native_pinned": ctx.native_call("d2h_pinned", x)},
                    devices=[d], check=check,
                    params={"src": str(d), "dst": "host", "size": nbytes, "zero_copy_possible": not d.is_gpu,
                            "note": f"{d}->host" + ("" if d.is_gpu else " (may be a view)")},
