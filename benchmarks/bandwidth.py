@@ -115,3 +115,25 @@ def d2d(ctx: Context) -> Iterator[Case]:
                    params={"src": str(d), "dst": str(d2), "size": nbytes, "same_device": same,
                            "note": f"{d}->{d2}" + (" (same device)" if same else "")},
                    bytes=nbytes, group="D2D", key=f"D2D {fmt_bytes(nbytes)}")
+
+
+@benchmark("bandwidth")
+def convert(ctx: Context) -> Iterator[Case]:
+    """md.convert(x, other backend) against size: zero-copy through DLPack, so flat in size. The
+    'native' side is the consumer framework's own from_dlpack on the same tensor."""
+    d = ctx.dev
+    partners = [n for n in md.backends() if n != ctx.backend and d in md.devices(backend=n)]
+    for other in partners[:2]:
+        for nbytes in sizes(ctx):
+            a = np.random.default_rng(4).random(nbytes // 4, dtype=np.float32)
+            x = md.asarray(a, device=d, backend=ctx.backend)
+
+            def check(x: object = x, a: np.ndarray = a, other: str = other) -> tuple[bool, str]:
+                return close(md.convert(x, other, copy=False), a, rtol=0, atol=0, device=d)
+
+            yield Case(f"convert {ctx.backend}->{other} {d} {fmt_bytes(nbytes)}",
+                       {"md": Variant(partial(md.convert, x, other, copy=False), (),
+                                      label=f"md.convert(x, '{other}', copy=False)")},
+                       devices=[d], check=check, ratio=None,
+                       params={"src": ctx.backend, "dst": other, "size": nbytes, "device": str(d)},
+                       group=f"convert->{other}", key=f"convert->{other} {fmt_bytes(nbytes)}")
