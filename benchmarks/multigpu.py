@@ -154,14 +154,49 @@ def distributed(sizes: list[int], reps: int, budget: float) -> list[dict[str, An
     return rows if r == 0 else []
 
 
+def plot(paths: list[str], out: str) -> None:
+    """busbw against size, one line per (backend, implementation), from result JSON files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[str, list[tuple[int, float]]] = {}
+    for path in paths:
+        with open(path) as f:
+            for r in json.load(f)["rows"]:
+                if "busbw_GBps" in r:
+                    tag = f"{r['backend']}: {r['impl']}" + (f" ({r['processes']} processes)" if "processes" in r else "")
+                    lines.setdefault(tag, []).append((r["bytes"], r["busbw_GBps"]))
+    fig, ax = plt.subplots(figsize=(10, 6))
+    ax.set_prop_cycle(color=[plt.get_cmap("tab20")(i) for i in range(20)])
+    for tag, pts in sorted(lines.items()):
+        pts.sort()
+        ax.plot([p[0] / MiB for p in pts], [p[1] for p in pts], marker="o",
+                linestyle="--" if "torch." in tag or "D2L" in tag else "-", label=tag)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tensor size (MiB, float32)")
+    ax.set_ylabel("busbw (GB/s) = algbw x 2(n-1)/n")
+    ax.set_title("allreduce on 2x H200: multidev vs NCCL")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--plot-from", nargs="+", metavar="JSON", help="only plot these result files")
+    p.add_argument("--plot", metavar="PNG", help="with --plot-from: the figure to write")
     p.add_argument("--dist", action="store_true", help="multi-process (run under torchrun)")
     p.add_argument("--sizes-mib", default="1,4,16,64,256,1024")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--budget", type=float, default=1.0, help="seconds per row, after the minimum reps")
     p.add_argument("--json", default=None)
     a = p.parse_args()
+    if a.plot_from:
+        plot(a.plot_from, a.plot or "multigpu.png")
+        return
     sizes = [int(s) * MiB for s in a.sizes_mib.split(",")]
     rows = (distributed if a.dist else single_process)(sizes, a.reps, a.budget)
     if a.json and rows:
