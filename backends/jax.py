@@ -67,9 +67,9 @@ def _cpu_count_from_env() -> int | None:
     return n
 
 
-def _capsule_info(capsule: Any) -> tuple[tuple[int, int], tuple[int, int], int]:
-    """``(device, (code, bits), data address)`` of a legacy ``"dltensor"`` capsule, read from the
-    DLManagedTensor's DLTensor header (dlpack.h ABI)."""
+def _capsule_info(capsule: Any) -> tuple[tuple[int, int], tuple[int, int], int, bool]:
+    """``(device, (code, bits), data address, row_major)`` of a legacy ``"dltensor"`` capsule, read
+    from the DLManagedTensor's DLTensor header (dlpack.h ABI)."""
     get_name = ctypes.pythonapi.PyCapsule_GetName
     get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
     name = get_name(capsule)
@@ -89,7 +89,19 @@ def _capsule_info(capsule: Any) -> tuple[tuple[int, int], tuple[int, int], int]:
     dev = (ctypes.c_int32 * 2).from_address(addr + 8)
     dt = (ctypes.c_uint8 * 2).from_address(addr + 20)
     offset = ctypes.c_uint64.from_address(addr + 40).value
-    return (int(dev[0]), int(dev[1])), (int(dt[0]), int(dt[1])), data + offset
+    ndim = ctypes.c_int32.from_address(addr + 16).value
+    shape_p = ctypes.c_void_p.from_address(addr + 24).value
+    strides_p = ctypes.c_void_p.from_address(addr + 32).value
+    row_major = True
+    if strides_p and ndim > 0 and shape_p:
+        shape = (ctypes.c_int64 * ndim).from_address(shape_p)
+        strides = (ctypes.c_int64 * ndim).from_address(strides_p)
+        expect = 1
+        for i in reversed(range(ndim)):
+            if shape[i] > 1 and strides[i] != expect:
+                row_major = False
+            expect *= max(int(shape[i]), 1)
+    return (int(dev[0]), int(dev[1])), (int(dt[0]), int(dt[1])), data + offset, row_major
 
 
 class _Producer:
@@ -110,8 +122,9 @@ class _Producer:
         self._is_capsule = type(src).__name__ == "PyCapsule"
         self.code_bits: tuple[int, int] | None = None
         self.address: int | None = None
+        self.row_major = True
         if self._is_capsule:
-            self._device, self.code_bits, self.address = _capsule_info(src)
+            self._device, self.code_bits, self.address, self.row_major = _capsule_info(src)
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
         if self._is_capsule:
@@ -120,7 +133,7 @@ class _Producer:
         cap = self._src.__dlpack__(stream=stream, **kwargs) if stream is not None or kwargs \
             else self._src.__dlpack__()
         try:
-            _, self.code_bits, self.address = _capsule_info(cap)
+            _, self.code_bits, self.address, self.row_major = _capsule_info(cap)
         except CapabilityError:
             pass  # a versioned capsule: JAX reports it; no address to check
         return cap
@@ -460,6 +473,10 @@ class JaxBackend:
         except (TypeError, ValueError, BufferError, RuntimeError) as e:
             raise CapabilityError(f"jax backend cannot import this DLPack tensor "
                                   f"({type(obj).__name__}): {e}") from e
+        if not prod.row_major:
+            # jax 0.7 reads a strided buffer as if it were row-major (wrong values); newer jax copies.
+            raise CapabilityError("jax backend: JAX shares only row-major DLPack buffers; this one is "
+                                  "strided (a transpose or slice). Make it contiguous first.")
         if prod.address is not None and y.size > 0 and y.unsafe_buffer_pointer() != prod.address:
             raise CapabilityError(
                 "jax backend: JAX copied this DLPack buffer instead of sharing it (JAX needs 64-byte "
