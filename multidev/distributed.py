@@ -443,6 +443,17 @@ def _writes_through(o: _Origin) -> bool:
     return o.is_torch or (o.backend.capabilities.mutable and not o.backend.capabilities.async_execution)
 
 
+def _working_tensor(x: Any, st: _State, inplace: bool) -> tuple[Any, _Origin, bool, bool]:
+    """The torch tensor a collective reduces into, ``(t, origin, shares x's memory, writes
+    through)``: x's own memory only when the call is in place and writes reach x; else a clone."""
+    t, o, shared, _ = _to_torch(x, st)
+    through = _writes_through(o)
+    if shared and not (inplace and through):
+        t = t.clone()
+        shared = False
+    return t, o, shared, through
+
+
 def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool = False) -> Any:
     """Reduce ``x`` elementwise over every rank; every rank gets the result.
 
@@ -458,11 +469,7 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch.distributed as tdist
 
-        t, o, shared, _ = _to_torch(x, st)
-        through = _writes_through(o)
-        if shared and not (inplace and through):
-            t = t.clone()
-            shared = False
+        t, o, shared, through = _working_tensor(x, st, inplace)
         with _quiet():
             w = tdist.all_reduce(t, op=_reduce_op(op), async_op=True)
 
@@ -485,11 +492,7 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch.distributed as tdist
 
-        t, o, shared, _ = _to_torch(x, st)
-        through = _writes_through(o)
-        if shared and not (inplace and through):
-            t = t.clone()
-            shared = False
+        t, o, shared, through = _working_tensor(x, st, inplace)
         with _quiet():
             w = tdist.broadcast(t, src=src, async_op=True)
         return [w], lambda: _result(t, o, x, inplace, shared, through)
