@@ -93,17 +93,6 @@ def test_numpy2_environment_reports_mxnet_unavailable() -> None:
     assert "mxnet" not in md.backends()
 
 
-def test_adapter_module_does_not_import_mxnet() -> None:
-    r = _py("""
-        import sys
-        import multidev.adapters.mxnet as m
-        assert m.MxnetBackend.framework == "mxnet" and m.MxnetBackend.name == "mxnet"
-        print("mxnet" in sys.modules)
-    """)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "False"
-
-
 def test_import_shim_silences_warnings_and_leaves_logging_alone(b: Any) -> None:
     # -W error: any DeprecationWarning escaping mxnet's import (or a use) fails the subprocess.
     # mx.util.np_shape logs through the root logger, which would install a handler on it.

@@ -24,6 +24,18 @@ def test_import_multidev_imports_no_framework() -> None:
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("name,cls", [("numpy", "NumpyBackend"), ("torch", "TorchBackend"), ("jax", "JaxBackend"),
+                                      ("tensorflow", "TensorflowBackend"), ("mxnet", "MxnetBackend")])
+def test_adapter_module_imports_no_framework(name: str, cls: str) -> None:
+    """Loading an adapter's module (what the registry does to read ``framework``) imports nothing heavy."""
+    code = (f"import sys, multidev.adapters.{name} as m; b = m.{cls};"
+            f"assert b.name == {name!r} and b.framework == {name!r};"
+            f"print(sorted(f for f in {FRAMEWORKS!r} if f in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_builtin_adapters_come_from_entry_points() -> None:
     from importlib import metadata
 
