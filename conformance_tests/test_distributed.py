@@ -218,6 +218,8 @@ def _worker(backend: str, scenario: str, timeout: float) -> int:
             dist.allreduce(x)  # the group is broken now: a clear error, no hang
         except dist.DistributedError as e:
             assert "shutdown" in str(e)
+        else:
+            raise AssertionError("a broken group accepted another allreduce")
         dist.shutdown()
         report["ok"] = True
         print("MDREPORT " + json.dumps(report), flush=True)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ._device import Device, DeviceLike
 from ._dtypes import canonical_dtype
-from .errors import CapabilityError, DeviceNotFoundError, UnsupportedTensorError
+from .errors import CapabilityError, DeviceNotFoundError, MultidevError, UnsupportedTensorError
 from .protocol import Backend
 from .registry import available_backends, backend_of, get_backend, loaded_backends
 
@@ -135,11 +135,9 @@ def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
 def _dtype(b: Backend, dtype: Any, default: str) -> str:
     name = canonical_dtype(dtype) if dtype is not None else default
     if name not in b.capabilities.dtypes:
+        b.to_native_dtype(name)  # the adapter's own CapabilityError says why and how to enable it
         raise CapabilityError(
-            f"{b.name} cannot hold dtype {name!r} here; supported: {', '.join(sorted(b.capabilities.dtypes))}"
-            + (". Enable 64-bit types with jax.config.update('jax_enable_x64', True)"
-               if b.framework == "jax" and name.endswith("64") else "")
-        )
+            f"{b.name} cannot hold dtype {name!r} here; supported: {', '.join(sorted(b.capabilities.dtypes))}")
     return name
 
 
@@ -273,7 +271,10 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
         return
     try:
         b = backend_of(target)
-    except UnsupportedTensorError:
-        dev = Device.parse(target)  # a native device object
+    except UnsupportedTensorError as e:
+        try:
+            dev = Device.parse(target)  # a native device object
+        except MultidevError:
+            raise e from None  # neither a tensor nor a device: say so as a tensor error
         return synchronize(dev, backend=backend)
     b.wait(target)

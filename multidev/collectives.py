@@ -320,9 +320,18 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
     if n == 1:
         out = [_fold(b, xs, devs[0], op)]
     elif alg == "native":
-        out = list(b.native_allreduce(xs, _base(op)))
-        if op == "mean":
-            out = [b.divide(y, n) for y in out]
+        try:
+            out = list(b.native_allreduce(xs, _base(op)))
+        except CapabilityError:
+            if algorithm != "auto":
+                raise
+            # auto chose native by capability flags; this dtype/op has no native path here (out of
+            # place, nothing was written): take the portable algorithm auto would pick otherwise.
+            alg = choose_algorithm(b, b.shape_of(xs[0]), dtype, devs, deterministic=True)
+            out = (_ring_allreduce if alg == "ring" else _tree_allreduce)(b, xs, devs, op)
+        else:
+            if op == "mean":
+                out = [b.divide(y, n) for y in out]
     elif alg == "ring":
         out = _ring_allreduce(b, xs, devs, op)
     elif alg == "tree":

@@ -193,39 +193,54 @@ def loaded_backends() -> list[Backend]:
         return list(_instances.values())
 
 
+def _related(root: str, fw: str) -> bool:
+    """Whether a type from top-level module ``root`` can belong to framework ``fw`` (jaxlib/jax)."""
+    return root == fw or root.startswith(fw) or fw.startswith(root)
+
+
+def _specificity(x: Any, types: tuple[type, ...]) -> int:
+    """How close x's type is to the nearest of ``types`` in its MRO (0: exactly one of them)."""
+    mro = type(x).__mro__
+    return min((mro.index(t) for t in types if t in mro), default=len(mro))
+
+
 def backend_of(x: Any) -> Backend:
-    """The adapter that owns tensor ``x``. Cached by type; never imports a framework."""
+    """The adapter that owns tensor ``x``. Cached by type; never imports a framework.
+
+    Adapters of the framework the type comes from are asked first, so identifying a tensor does
+    not start other frameworks' runtimes; among several owners the most specific class wins (a
+    framework's ndarray subclass is not claimed by the NumPy reference)."""
     t = type(x)
     name = _type_cache.get(t)
     if name is not None:
-        return _instances[name]
+        inst = _instances.get(name)
+        if inst is not None:
+            return inst
     _read_entry_points()
-    candidates = []
     with _lock:
         names = list(_factories)
+    root = t.__module__.split(".")[0]
+    related, others = [], []
     for n in names:
-        if n in _instances:
-            candidates.append(n)
+        fw = _frameworks.get(n) or _framework_of(n)
+        if n not in _instances and (fw is None or fw not in sys.modules):
             continue
-        fw = _framework_of(n)
-        if fw is not None and fw in sys.modules:
-            candidates.append(n)
-    # Prefer the most specific owner: a subclass-aware match on non-numpy frameworks first, so a
-    # framework tensor that subclasses np.ndarray is not claimed by the numpy reference.
-    matches = []
-    for n in candidates:
-        try:
-            inst = get_backend(n)
-        except BackendNotAvailableError:
-            continue
-        if isinstance(x, inst.tensor_types()):
-            matches.append(inst)
-    if matches:
-        matches.sort(key=lambda b: b.framework == "numpy")
-        inst = matches[0]
-        with _lock:
-            _type_cache[t] = inst.name
-        return inst
+        (related if fw is not None and _related(root, fw) else others).append(n)
+    for group in (related, others):
+        matches = []
+        for n in group:
+            try:
+                inst = get_backend(n)
+            except Exception:  # an adapter that cannot start here does not own this tensor
+                continue
+            types = inst.tensor_types()
+            if isinstance(x, types):
+                matches.append((_specificity(x, types), inst))
+        if matches:
+            inst = min(matches, key=lambda m: m[0])[1]
+            with _lock:
+                _type_cache[t] = inst.name
+            return inst
     raise UnsupportedTensorError(
         f"no backend recognises an object of type {t.__module__}.{t.__qualname__}. "
         f"Registered backends: {', '.join(registered_backends())}; loaded: "
@@ -246,7 +261,7 @@ def native_device(obj: Any) -> Device | None:
     if hit is not None:
         return hit
     dev = _native_device(obj)
-    if dev is not None:
+    if dev is not None and getattr(obj, "index", 0) is not None:  # torch.device("cuda"): current device
         try:
             if len(_native_cache) < 1024:
                 _native_cache[(type(obj), obj)] = dev
@@ -262,7 +277,7 @@ def _native_device(obj: Any) -> Device | None:
         fw = _framework_of(n)
         if fw is None or fw not in sys.modules:
             continue
-        if fw != root and not (root.startswith(fw) or fw.startswith(root)):
+        if not _related(root, fw):
             continue
         try:
             dev = get_backend(n).from_native_device(obj)

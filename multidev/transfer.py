@@ -128,7 +128,9 @@ def convert(x: Any, backend: str, copy: bool | None = None) -> Any:
     """``x`` as a tensor of another framework, on the same device, same shape, dtype and values.
 
     - ``copy=None``: zero-copy through DLPack where both sides allow it, else an explicit copy
-      (a non-contiguous or read-only source, an unsupported dtype, a device the consumer lacks).
+      (a strided source the consumer cannot take, a virtual CPU device the consumer cannot label).
+      A dtype the consumer cannot hold raises CapabilityError; a device it does not have raises
+      DeviceNotFoundError.
     - ``copy=False``: zero-copy or CapabilityError, never a copy.
     - ``copy=True``: always a new buffer.
     Asynchronous producers are waited for first, which is the stream synchronization DLPack leaves
