@@ -156,7 +156,13 @@ def convert(x: Any, backend: str, copy: bool | None = None) -> Any:
                 src.wait(x)
             y = dst.import_dlpack(_exportable(src, x), dev)
             if dst.device_of(y) == dev and dst.dtype_of(y) == dtype:
-                return dst.copy(y, dev) if copy else y
+                if not copy:
+                    return y
+                out = dst.copy(y, dev)
+                # The copy reads memory the producer's framework may write next, unseen by the
+                # consumer's scheduler: let it land before handing it out.
+                dst.wait(out)
+                return out
             why = f"DLPack gave {dst.dtype_of(y)} on {dst.device_of(y)}"
         except (MultidevError, BufferError, RuntimeError, TypeError, ValueError) as e:
             why = f"{type(e).__name__}: {e}"
