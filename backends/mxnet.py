@@ -91,6 +91,10 @@ class MxnetBackend:
     framework: ClassVar[str] = "mxnet"
 
     def __init__(self) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("mxnet") is None:
+            raise ImportError("No module named 'mxnet'")  # not installed: say that, not the numpy rule
         # Checked before `import mxnet`, so a refusal leaves no half-imported mxnet behind.
         if _numpy_major() >= 2:
             raise BackendNotAvailableError(
