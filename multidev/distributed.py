@@ -418,6 +418,13 @@ def _check_inplace(x: Any, inplace: bool, what: str) -> None:
     if not b.capabilities.mutable:
         raise CapabilityError(f"{b.name} tensors are immutable: {what}(inplace=True) cannot write into "
                               "them; use inplace=False and rebind the result")
+    # Probe writability before any rank communicates (read-only arrays, inference tensors): a
+    # rewrite with a copy of itself is bitwise a no-op, and a local failure then breaks no group.
+    try:
+        b.assign(x, b.copy(x, b.device_of(x)))
+    except (ValueError, RuntimeError) as e:
+        raise CapabilityError(f"{what}(inplace=True): this {b.name} tensor cannot be written ({e}); "
+                              "pass a writable tensor or use inplace=False") from e
 
 
 def _axis(shape: tuple[int, ...], axis: int, what: str) -> int:

@@ -175,3 +175,28 @@ def test_data_parallel_example_runs() -> None:
                           "--steps", "30"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "loss" in res.stdout
+
+
+def test_distributed_inplace_on_read_only_input_fails_locally_and_keeps_the_group() -> None:
+    """A read-only input with inplace=True raises CapabilityError before any communication, and the
+    group stays usable (one process, gloo)."""
+    pytest.importorskip("torch.distributed", reason="multidev.distributed needs torch")
+    import socket
+
+    from multidev import distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init("gloo", rank=0, world_size=1, master_addr="127.0.0.1", master_port=port, timeout=30)
+    try:
+        ro = np.arange(4.0)
+        ro.flags.writeable = False
+        with pytest.raises(md.CapabilityError, match="cannot be written"):
+            dist.allreduce(ro, inplace=True)
+        np.testing.assert_array_equal(ro, np.arange(4.0))
+        x = md.asarray(np.arange(4.0), backend="numpy")
+        assert dist.allreduce(x, inplace=True) is x
+        np.testing.assert_array_equal(md.to_numpy(x), np.arange(4.0))
+    finally:
+        dist.shutdown()
