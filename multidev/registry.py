@@ -37,6 +37,7 @@ _lock = threading.RLock()
 _factories: dict[str, Callable[[], Backend]] = {}  # name -> factory (class or callable)
 _frameworks: dict[str, str] = {}  # name -> framework module name, once known
 _instances: dict[str, Backend] = {}
+_name_locks: dict[str, threading.Lock] = {}  # per-backend creation locks
 _failures: dict[str, str] = {}  # name -> why it could not load
 _type_cache: dict[type, str] = {}
 _entry_points_read = False
@@ -130,30 +131,39 @@ def get_backend(name: str | None = None) -> Backend:
         return inst
     _read_entry_points()
     with _lock:
+        name_lock = _name_locks.setdefault(name, threading.Lock())
+    # One lock per name: a slow framework import (seconds for TF) blocks only callers of that
+    # backend, never every other registry lookup.
+    with name_lock:
         inst = _instances.get(name)
         if inst is not None:
             return inst
-        fac = _factories.get(name)
+        with _lock:
+            fac = _factories.get(name)
+            failure = _failures.get(name)
         if fac is None:
             raise BackendNotAvailableError(
                 f"no backend named {name!r}. Registered: {', '.join(registered_backends()) or 'none'}. "
                 f"Third-party adapters register through the {ENTRY_POINT_GROUP!r} entry-point group "
                 "or multidev.register_backend(name, factory)."
             )
-        if name in _failures:
-            raise BackendNotAvailableError(_failures[name])
+        if failure is not None:
+            raise BackendNotAvailableError(failure)
         try:
             inst = fac()
         except BackendNotAvailableError as e:
-            _failures[name] = str(e)
+            with _lock:
+                _failures[name] = str(e)
             raise
         except ImportError as e:
             msg = (f"backend {name!r} is not available: {e}. Install it with "
                    f"`pip install \"multidev[{name}]\"`.")
-            _failures[name] = msg
+            with _lock:
+                _failures[name] = msg
             raise BackendNotAvailableError(msg) from e
-        _instances[name] = inst
-        _frameworks[name] = inst.framework
+        with _lock:
+            _instances[name] = inst
+            _frameworks[name] = inst.framework
         return inst
 
 
