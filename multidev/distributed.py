@@ -578,6 +578,14 @@ def _pad_to(t: Any, length: int, axis: int) -> Any:
     return torch.cat([t, torch.zeros(shape, dtype=t.dtype, device=t.device)], dim=axis)
 
 
+def _padded_send(x: Any, st: _State, ax: int, what: str) -> tuple[Any, _Origin, list[int]]:
+    """For the gathers: x as torch, padded along ``ax`` to the longest rank's length, with its
+    origin and every rank's length (pieces may differ along ``ax``)."""
+    t, o, _, _ = _to_torch(x, st)
+    lengths = _exchange_shapes(t, st, ax, what)
+    return _pad_to(t, max(lengths), ax).contiguous(), o, lengths
+
+
 def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
     """The concatenation of every rank's ``x`` along ``axis``, in rank order, on every rank.
     Lengths along ``axis`` may differ between ranks (a first small exchange finds them)."""
@@ -589,10 +597,7 @@ def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
         import torch
         import torch.distributed as tdist
 
-        t, o, _, _ = _to_torch(x, st)
-        lengths = _exchange_shapes(t, st, ax, "distributed.allgather")
-        m = max(lengths)
-        send = _pad_to(t, m, ax).contiguous()
+        send, o, lengths = _padded_send(x, st, ax, "distributed.allgather")
         bufs = [torch.empty_like(send) for _ in range(st.world_size)]
         with _quiet():
             w = tdist.all_gather(bufs, send, async_op=True)
@@ -617,10 +622,7 @@ def gather(x: Any, dst: int = 0, axis: int = 0, *, async_op: bool = False) -> An
         import torch
         import torch.distributed as tdist
 
-        t, o, _, _ = _to_torch(x, st)
-        lengths = _exchange_shapes(t, st, ax, "distributed.gather")
-        m = max(lengths)
-        send = _pad_to(t, m, ax).contiguous()
+        send, o, lengths = _padded_send(x, st, ax, "distributed.gather")
         if "nccl" in st.pg_backend and send.device.type == "cuda":
             # NCCL has no gather: all_gather and keep what dst needs
             bufs = [torch.empty_like(send) for _ in range(st.world_size)]
