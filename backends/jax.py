@@ -22,29 +22,37 @@ becomes a view on the requested virtual CPU device.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import os
 import secrets
 import sys
 import threading
 import weakref
-from typing import Any, Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
-from multidev._device import Device
-from multidev._dtypes import DTYPES, canonical_dtype, numpy_dtype
-from multidev.errors import (CapabilityError, CollectiveInputError, DeviceMismatchError,
-                             DeviceNotFoundError, InvalidDeviceError)
-from multidev.protocol import Capabilities, same_device
+from multidev.adapter import (
+    DTYPES,
+    BaseBackend,
+    Capabilities,
+    CapabilityError,
+    Device,
+    DeviceMismatchError,
+    DeviceNotFoundError,
+    InvalidDeviceError,
+    canonical_dtype,
+    dlpack_info,
+    numpy_dtype,
+)
 
 _ENV_CPU = "MULTIDEV_JAX_CPU_DEVICES"
 _XLA_FLAG = "--xla_force_host_platform_device_count"
 _X64_DTYPES = frozenset({"int64", "uint64", "float64", "complex128"})
 _FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 _COMPLEX_PART = {"complex64": "float32", "complex128": "float64"}
-_ALLREDUCE_OPS = ("sum", "max", "min", "prod", "mean")
+_ALLREDUCE_OPS = ("sum", "max", "min", "prod")
 _CACHE_MAX = 256
 # DLPack (code, bits) pairs of the 64-bit dtypes JAX holds only under x64 (dlpack.h DLDataTypeCode).
 _DL_X64 = {(0, 64), (1, 64), (2, 64), (5, 128)}
@@ -67,41 +75,9 @@ def _cpu_count_from_env() -> int | None:
     return n
 
 
-def _capsule_info(capsule: Any) -> tuple[tuple[int, int], tuple[int, int], int, bool]:
-    """``(device, (code, bits), data address, row_major)`` of a legacy ``"dltensor"`` capsule, read
-    from the DLManagedTensor's DLTensor header (dlpack.h ABI)."""
-    get_name = ctypes.pythonapi.PyCapsule_GetName
-    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
-    name = get_name(capsule)
-    if name in (b"used_dltensor", b"used_dltensor_versioned"):
-        raise CapabilityError("jax backend: this DLPack capsule was already consumed (a capsule can "
-                              "be imported once); export the tensor again")
-    if name != b"dltensor":
-        raise CapabilityError(
-            f"jax backend: JAX imports only legacy 'dltensor' capsules, got {name!r}; pass the "
-            "producer object itself (anything with __dlpack__) instead of a capsule")
-    get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
-    get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    addr = get_ptr(capsule, name)
-    # DLTensor: void* data; DLDevice{i32 type, i32 id}; i32 ndim; DLDataType{u8 code, u8 bits, u16 lanes};
-    # i64* shape; i64* strides; u64 byte_offset
-    data = ctypes.c_void_p.from_address(addr).value or 0
-    dev = (ctypes.c_int32 * 2).from_address(addr + 8)
-    dt = (ctypes.c_uint8 * 2).from_address(addr + 20)
-    offset = ctypes.c_uint64.from_address(addr + 40).value
-    ndim = ctypes.c_int32.from_address(addr + 16).value
-    shape_p = ctypes.c_void_p.from_address(addr + 24).value
-    strides_p = ctypes.c_void_p.from_address(addr + 32).value
-    row_major = True
-    if strides_p and ndim > 0 and shape_p:
-        shape = (ctypes.c_int64 * ndim).from_address(shape_p)
-        strides = (ctypes.c_int64 * ndim).from_address(strides_p)
-        expect = 1
-        for i in reversed(range(ndim)):
-            if shape[i] > 1 and strides[i] != expect:
-                row_major = False
-            expect *= max(int(shape[i]), 1)
-    return (int(dev[0]), int(dev[1])), (int(dt[0]), int(dt[1])), data + offset, row_major
+def _reducer(prim: Callable[[Any, str], Any]) -> Callable[[Any], Any]:
+    """``prim`` (``lax.pmax``, ...) over the mesh axis ``"i"``."""
+    return lambda a: prim(a, "i")
 
 
 class _Producer:
@@ -124,7 +100,12 @@ class _Producer:
         self.address: int | None = None
         self.row_major = True
         if self._is_capsule:
-            self._device, self.code_bits, self.address, self.row_major = _capsule_info(src)
+            self._note(src)
+            self._device = dlpack_info(src).device
+
+    def _note(self, capsule: Any) -> None:
+        info = dlpack_info(capsule)
+        self.code_bits, self.address, self.row_major = info.code_bits, info.address, info.row_major
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
         if self._is_capsule:
@@ -132,10 +113,7 @@ class _Producer:
         # Some producers (TensorFlow) take no stream argument: pass it only when there is one.
         cap = self._src.__dlpack__(stream=stream, **kwargs) if stream is not None or kwargs \
             else self._src.__dlpack__()
-        try:
-            _, self.code_bits, self.address, self.row_major = _capsule_info(cap)
-        except CapabilityError:
-            pass  # a versioned capsule: JAX reports it; no address to check
+        self._note(cap)
         return cap
 
     def __dlpack_device__(self) -> Any:
@@ -145,11 +123,12 @@ class _Producer:
         return (kind, idx)
 
 
-class JaxBackend:
+class JaxBackend(BaseBackend):
     """The JAX backend (see module docstring)."""
 
     name: ClassVar[str] = "jax"
     framework: ClassVar[str] = "jax"
+    virtual_devices_env: ClassVar[str | None] = _ENV_CPU
 
     def __init__(self) -> None:
         n = _cpu_count_from_env()
@@ -210,16 +189,13 @@ class JaxBackend:
             for nd in gpus:
                 try:
                     pinned = pinned or any(m.kind == "pinned_host" for m in nd.addressable_memories())
-                except Exception:  # memory kinds are not implemented on every plugin
+                except Exception:  # noqa: BLE001 - memory kinds are not implemented on every plugin
                     pass
             caps = Capabilities(mutable=False, async_execution=True, pinned_memory=pinned,
                                 dlpack=True, native_collectives=frozenset({"allreduce"}),
-                                dtypes=dtypes, multi_device_ops=True)
+                                dtypes=dtypes, raises_on_mixed_devices=True)
             self._caps[x64] = caps
         return caps
-
-    def version(self) -> str:
-        return str(self._jax.__version__)
 
     def tensor_types(self) -> tuple[type, ...]:
         return (self._jax.Array,)
@@ -386,7 +362,7 @@ class JaxBackend:
         try:
             jax.block_until_ready(arrays)
             return
-        except Exception:
+        except Exception:  # noqa: BLE001 - any failure: find the failing array below
             pass
         # Some array failed: find it, and raise each asynchronous error once (not on every later call).
         self._reported = [r for r in self._reported if r() is not None]
@@ -403,16 +379,10 @@ class JaxBackend:
         x.block_until_ready()  # raises the asynchronous error behind x, if any
 
     # -- arithmetic for collectives ---------------------------------------------------------
-    def shape_of(self, x: Any) -> tuple[int, ...]:
-        return tuple(int(s) for s in x.shape)
-
-    def _same_device(self, what: str, xs: Sequence[Any]) -> None:
-        same_device("jax", what, [self.device_of(x) for x in xs])
-
     def combine(self, op: str, a: Any, b: Any) -> Any:
         jnp = self._jnp
         fn = {"sum": jnp.add, "max": jnp.maximum, "min": jnp.minimum, "prod": jnp.multiply}[op]
-        self._same_device(op, (a, b))
+        self.same_device(op, (a, b))
         return fn(a, b)
 
     def divide(self, x: Any, n: int) -> Any:
@@ -423,7 +393,7 @@ class JaxBackend:
 
     def concat(self, xs: Sequence[Any], axis: int) -> Any:
         xs = list(xs)
-        self._same_device("concat", xs)
+        self.same_device("concat", xs)
         return self._jnp.concatenate(xs, axis=axis)
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
@@ -451,7 +421,7 @@ class JaxBackend:
         if not x64 and type(obj).__name__ != "PyCapsule":
             try:
                 src = canonical_dtype(obj.dtype)
-            except Exception:  # no readable dtype: checked from the capsule below
+            except Exception:  # noqa: BLE001 - no readable dtype: checked from the capsule below
                 src = None
             if src in _X64_DTYPES:
                 raise CapabilityError(f"jax backend: cannot import a {src} tensor without x64 (it "
@@ -512,13 +482,11 @@ class JaxBackend:
 
         if op == "sum":
             body = (lambda a: lax.pmax(a, "i")) if is_bool else (lambda a: lax.psum(a, "i"))
-        elif op == "mean":
-            body = lambda a: (lax.psum(a, "i") / n).astype(a.dtype)  # noqa: E731
         elif op in ("max", "min"):
             fn = jnp.maximum if op == "max" else jnp.minimum
             prim = lax.pmax if op == "max" else lax.pmin
             # XLA has no complex max/min all-reduce (UNIMPLEMENTED): fold over an all_gather.
-            body = fold(fn) if is_complex else (lambda a, p=prim: p(a, "i"))
+            body = fold(fn) if is_complex else _reducer(prim)
         else:  # prod: there is no lax.pprod
             body = (lambda a: lax.pmin(a, "i")) if is_bool else fold(jnp.multiply)
         mesh = Mesh(np.array(natives, dtype=object), ("i",))
@@ -536,7 +504,7 @@ class JaxBackend:
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         """``psum``/``pmax``/``pmin`` under ``jax.shard_map`` over the inputs' devices, compiled once
         per (devices, shape, dtype, op). The per-device inputs are the shards of one global array
-        (no copy); result ``i`` is the output shard on input ``i``'s device. Also takes ``mean``.
+        (no copy); result ``i`` is the output shard on input ``i``'s device.
 
         Devices of several platforms (CPUs and GPUs) cannot share one mesh: each platform reduces
         natively, the partial results are combined on the first input's device and copied back out.
@@ -544,13 +512,9 @@ class JaxBackend:
         jax = self._jax
         xs = list(xs)
         if op not in _ALLREDUCE_OPS:
-            raise CollectiveInputError(f"jax backend: unknown allreduce op {op!r}; expected one of "
-                                       f"{', '.join(_ALLREDUCE_OPS)}")
-        if not xs:
-            raise CollectiveInputError("jax backend: allreduce needs at least one tensor")
+            raise CapabilityError(f"jax backend: native allreduce has no op {op!r}; use one of "
+                                  f"{', '.join(_ALLREDUCE_OPS)}")
         natives = tuple(self._native_of(x) for x in xs)
-        if len(set(natives)) != len(natives):
-            raise CollectiveInputError("jax backend: native allreduce needs one tensor per device")
         shape, dtype = tuple(xs[0].shape), xs[0].dtype
         if 0 in shape:  # nothing to reduce (and XLA lays out empty shards unpredictably)
             return [self._jnp.empty(shape, dtype=dtype, device=nd) for nd in natives]
@@ -559,15 +523,12 @@ class JaxBackend:
             groups.setdefault(nd.platform, []).append(i)
         if len(groups) == 1:
             return self._mesh_allreduce(xs, natives, op)
-        base = "sum" if op == "mean" else op
         home = natives[0]
         acc = None
         for idx in groups.values():
-            part = self._mesh_allreduce([xs[i] for i in idx], tuple(natives[i] for i in idx), base)[0]
+            part = self._mesh_allreduce([xs[i] for i in idx], tuple(natives[i] for i in idx), op)[0]
             part = part if part.devices() == {home} else jax.device_put(part, home)
-            acc = part if acc is None else self.combine(base, acc, part)
-        if op == "mean":
-            acc = self.divide(acc, len(xs))
+            acc = part if acc is None else self.combine(op, acc, part)
         return [acc if nd == home else jax.device_put(acc, nd) for nd in natives]
 
     def _mesh_allreduce(self, xs: list[Any], natives: tuple, op: str) -> list[Any]:

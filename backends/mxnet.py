@@ -15,7 +15,7 @@ here: CPU-only build). ``mx.cpu_pinned``/``mx.cpu_shared`` arrays report ``cpu:0
 
 MXNet quirks handled here, each also commented where it is worked around:
 - mixed contexts do not raise (MXNet computes on the first operand's context), so combine, concat
-  and assign check devices and raise DeviceMismatchError; ``capabilities.multi_device_ops`` is False;
+  and assign check devices and raise DeviceMismatchError; ``capabilities.raises_on_mixed_devices`` is False;
 - legacy NDArray shape semantics treat ``()`` and 0-sized dims as "unknown", so every op runs under
   NumPy shape semantics (thread-local, restored on exit) and 0-d / empty arrays work;
 - bool arrays are not accepted by MXNet's arithmetic, concat, slice or kvstore: those paths go
@@ -34,15 +34,21 @@ from __future__ import annotations
 import ctypes
 import os
 import warnings
-from typing import Any, Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
-from multidev._device import Device
-from multidev._dtypes import canonical_dtype
-from multidev.errors import (BackendNotAvailableError, CapabilityError, CollectiveInputError,
-                             DeviceNotFoundError, InvalidDeviceError)
-from multidev.protocol import Capabilities, same_device
+from multidev.adapter import (
+    BackendNotAvailableError,
+    BaseBackend,
+    Capabilities,
+    CapabilityError,
+    Device,
+    DeviceNotFoundError,
+    InvalidDeviceError,
+    canonical_dtype,
+)
 
 #: What MXNet 1.9.1 can create, compute with (through the casts above) and read back.
 #: Not here: int16, uint16/32/64, complex (no such NDArray dtypes) and bfloat16 (no NumPy-visible
@@ -84,11 +90,12 @@ def _numpy_major() -> int:
         return 0
 
 
-class MxnetBackend:
+class MxnetBackend(BaseBackend):
     """The MXNet backend (see module docstring)."""
 
     name: ClassVar[str] = "mxnet"
     framework: ClassVar[str] = "mxnet"
+    virtual_devices_env: ClassVar[str | None] = _ENV_CPUS
 
     def __init__(self) -> None:
         import importlib.util
@@ -111,7 +118,7 @@ class MxnetBackend:
         if self._n_cpu < 1:
             raise InvalidDeviceError(f"mxnet backend: ${_ENV_CPUS} must be an integer >= 1, got {raw!r}")
         if "bool" not in vars(np):
-            np.bool = np.bool_  # type: ignore[attr-defined]  # mxnet 1.9.1 uses np.bool, removed in NumPy 1.24
+            setattr(np, "bool", np.bool_)  # noqa: B010 - mxnet 1.9.1 uses np.bool, removed in NumPy 1.24
         try:
             with warnings.catch_warnings():
                 # mxnet's import touches distutils and NumPy's removed financial functions.
@@ -125,25 +132,22 @@ class MxnetBackend:
                 f"The tested environment is: {_WITH_MXNET_ENV}."
             ) from e
         self._mx = mx
-        self._nd_type: type = mx.nd.NDArray
-        self._np_type: type = mx.np.ndarray
-        self._error: type = mx.base.MXNetError
+        self._nd_type: Any = mx.nd.NDArray
+        self._np_type: Any = mx.np.ndarray
+        self._error: Any = mx.base.MXNetError
         try:
             n_gpu = int(mx.context.num_gpus())
-        except Exception:  # a CPU-only build may raise instead of answering 0
+        except Exception:  # noqa: BLE001 - a CPU-only build may raise instead of answering 0
             n_gpu = 0
         self._n_gpu = n_gpu
         self._caps = Capabilities(mutable=True, async_execution=True, pinned_memory=n_gpu > 0,
                                   dlpack=True, native_collectives=frozenset({"allreduce"}),
-                                  dtypes=_MX_DTYPES, multi_device_ops=False)
+                                  dtypes=_MX_DTYPES, raises_on_mixed_devices=False)
 
     # -- identity ---------------------------------------------------------------------------
     @property
     def capabilities(self) -> Capabilities:
         return self._caps
-
-    def version(self) -> str:
-        return str(self._mx.__version__)
 
     def tensor_types(self) -> tuple[type, ...]:
         return (self._nd_type, self._np_type)
@@ -290,11 +294,8 @@ class MxnetBackend:
         x.wait_to_read()
 
     # -- arithmetic for collectives ---------------------------------------------------------
-    def shape_of(self, x: Any) -> tuple[int, ...]:
-        return tuple(int(s) for s in x.shape)
-
     def combine(self, op: str, a: Any, b: Any) -> Any:
-        self._same_device(op, [a, b])
+        self.same_device(op, [a, b], self._silent(a))
         is_bool = self.dtype_of(a) == "bool"
         if is_bool:
             op = {"sum": "max", "prod": "min"}.get(op, op)  # NumPy: bool + is "or", bool * is "and"
@@ -330,7 +331,7 @@ class MxnetBackend:
 
     def concat(self, xs: Sequence[Any], axis: int) -> Any:
         xs = list(xs)
-        self._same_device("concat", xs)
+        self.same_device("concat", xs, self._silent(xs[0]))
         with self._scope():
             ns = [self._nd(x) for x in xs]
             is_bool = self.dtype_of(xs[0]) == "bool"
@@ -365,7 +366,7 @@ class MxnetBackend:
             return out
 
     def assign(self, dst: Any, src: Any) -> None:
-        self._same_device("assign", [dst, src])
+        self.same_device("assign", [dst, src], self._silent(dst))
         if dst is src:
             return
         with self._scope():
@@ -429,7 +430,6 @@ class MxnetBackend:
         if op == "mean" and dtype not in _FLOATS:
             raise CapabilityError(f"mxnet backend: mean of {dtype} tensors is refused; cast to a "
                                   "floating dtype first")
-        self._distinct_devices(xs)
         if dtype == "bool":
             op = {"sum": "max", "prod": "min"}.get(op, op)  # NumPy: bool + is "or", bool * is "and"
         with self._scope():
@@ -453,7 +453,7 @@ class MxnetBackend:
             return [self._like(o, x) for o, x in zip(outs, xs)]
 
     # -- internals ----------------------------------------------------------------------------
-    def _scope(self) -> "_NumpyShape":
+    def _scope(self) -> _NumpyShape:
         # Legacy NDArray ops reject () and 0-sized dims ("unknown" in legacy shape semantics).
         return _NumpyShape(self._mx.base._LIB)
 
@@ -468,22 +468,14 @@ class MxnetBackend:
     def _ctx(self, device: Device) -> Any:
         return self.to_native_device(device)
 
-    def _same_device(self, what: str, xs: Sequence[Any]) -> Device:
-        devs = [self.device_of(x) for x in xs]
+    def _silent(self, first: Any) -> str:
         # MXNet itself would silently compute on the first operand's context.
-        same_device("mxnet", what, devs, note=f" (MXNet would silently compute on {devs[0]})" if devs else "")
-        return devs[0]
+        return f" (MXNet would silently compute on {self.device_of(first)})"
 
     def _binary(self, op: str) -> Any:
         nd = self._mx.nd
         return {"sum": nd.broadcast_add, "max": nd.broadcast_maximum, "min": nd.broadcast_minimum,
                 "prod": nd.broadcast_mul}[op]
-
-    def _distinct_devices(self, xs: Sequence[Any]) -> None:
-        devs = [self.device_of(x) for x in xs]
-        if len(set(devs)) != len(devs):
-            raise CollectiveInputError(f"mxnet backend: native allreduce needs one tensor per device; "
-                                       f"got {', '.join(map(str, devs))}")
 
     def _kvstore_sum(self, ns: list[Any], gpu: bool) -> list[Any]:
         """Sum legacy NDArrays on distinct contexts through a fresh KVStore; new outputs."""

@@ -16,18 +16,40 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
-from multidev._device import Device
-from multidev._dtypes import DTYPES, canonical_dtype, numpy_dtype
-from multidev.errors import CapabilityError, InvalidDeviceError
-from multidev.protocol import Capabilities, same_device
+from multidev.adapter import (
+    DTYPES,
+    BaseBackend,
+    Capabilities,
+    CapabilityError,
+    Device,
+    InvalidDeviceError,
+    canonical_dtype,
+    numpy_dtype,
+    same_device,
+)
 
 _HOST = Device("cpu", 0)
 _count_lock = threading.Lock()
-_device_count = max(1, int(os.environ.get("MULTIDEV_NUMPY_DEVICES", "2")))
+_ENV = "MULTIDEV_NUMPY_DEVICES"
+
+
+def _count_from_env() -> int:
+    raw = os.environ.get(_ENV, "2")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise InvalidDeviceError(f"${_ENV} must be an integer >= 1, got {raw!r:.40}")
+    return n
+
+
+_device_count: int | None = None
 
 
 def set_device_count(n: int) -> None:
@@ -95,6 +117,10 @@ def _aligned(a: np.ndarray) -> np.ndarray:
 
 
 def _tag(obj: Any, device: Device) -> Any:
+    """``obj`` tagged with ``device``. NumPy turns 0-d results into scalars, which carry no tag: on
+    a device other than cpu:0 they become 0-d arrays, so the device is never lost."""
+    if isinstance(obj, np.generic) and device != _HOST:
+        obj = np.asarray(obj)
     if isinstance(obj, np.ndarray):
         v = obj.view(VirtualDeviceArray)
         v._md_device = device
@@ -131,7 +157,8 @@ class VirtualDeviceArray(np.ndarray):
         self.view(np.ndarray)[_plain(key)] = _plain(value)
 
     def __reduce__(self) -> Any:
-        fn, args, state = super().__reduce__()
+        reduced: Any = super().__reduce__()  # ndarray's is (fn, args, state)
+        fn, args, state = reduced
         return fn, args, (state, self._md_device)
 
     def __setstate__(self, state: Any) -> None:
@@ -143,13 +170,26 @@ class VirtualDeviceArray(np.ndarray):
         return f"{np.array_repr(self.view(np.ndarray))[:-1]}, device='{self._md_device}')"
 
 
-class NumpyBackend:
+class NumpyBackend(BaseBackend):
     """The NumPy reference backend (see module docstring)."""
 
     name: ClassVar[str] = "numpy"
     framework: ClassVar[str] = "numpy"
+    virtual_devices_env: ClassVar[str | None] = _ENV
+
+    @classmethod
+    def configure_devices(cls, count: int) -> bool:
+        """Virtual devices can change at any time: applies at once unless the user set $MULTIDEV_NUMPY_DEVICES."""
+        if _ENV in os.environ:
+            return os.environ[_ENV] == str(count)
+        set_device_count(count)
+        return True
 
     def __init__(self) -> None:
+        global _device_count
+        with _count_lock:
+            if _device_count is None:
+                _device_count = _count_from_env()
         dtypes = set(DTYPES) - {"bfloat16"}
         try:
             import ml_dtypes  # noqa: F401  # bfloat16 for NumPy, where installed
@@ -159,7 +199,7 @@ class NumpyBackend:
             pass
         self._caps = Capabilities(mutable=True, async_execution=False, pinned_memory=False,
                                   dlpack=True, native_collectives=frozenset(),
-                                  dtypes=frozenset(dtypes), multi_device_ops=True)
+                                  dtypes=frozenset(dtypes), raises_on_mixed_devices=True)
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -174,7 +214,7 @@ class NumpyBackend:
 
     # -- devices ----------------------------------------------------------------------------
     def devices(self) -> list[Device]:
-        return [Device("cpu", i) for i in range(_device_count)]
+        return [Device("cpu", i) for i in range(_device_count or 1)]
 
     def to_native_device(self, device: Device) -> Any:
         return device  # NumPy has no device objects; the neutral value is the native one.
@@ -217,9 +257,6 @@ class NumpyBackend:
     def move(self, x: Any, device: Device) -> Any:
         return _tag(_aligned(np.array(_plain(x), copy=True)), device)
 
-    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
-        return self.move(x, device), None  # synchronous: the copy is done on return
-
     def copy(self, x: Any, device: Device) -> Any:
         return _tag(_aligned(np.array(_plain(x), copy=True)), device)
 
@@ -229,13 +266,7 @@ class NumpyBackend:
     def synchronize(self, device: Device | None) -> None:
         return None  # NumPy runs every operation to completion before returning.
 
-    def wait(self, x: Any) -> None:
-        return None
-
     # -- arithmetic for collectives ---------------------------------------------------------
-    def shape_of(self, x: Any) -> tuple[int, ...]:
-        return tuple(int(s) for s in np.shape(x))
-
     def combine(self, op: str, a: Any, b: Any) -> Any:
         fn = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[op]
         dev = _common_device(op, a, b)
@@ -269,7 +300,3 @@ class NumpyBackend:
             raise CapabilityError(f"numpy backend holds host memory only; cannot take a {device} buffer")
         return _tag(np.from_dlpack(obj), device)  # a view: tagging the virtual device copies nothing
 
-    # -- native fast paths ------------------------------------------------------------------
-    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
-        raise CapabilityError("numpy backend has no native allreduce; use algorithm='naive', 'ring' "
-                              "or 'tree' (or 'auto')")

@@ -5,7 +5,7 @@ is ``cpu:i`` and ``/device:GPU:i`` is ``gpu:i``. Every operation the adapter run
 ``with tf.device(...)`` and the result's ``.device`` is checked, because eager TF places an op with
 no device scope on the default device (``CPU:0``/``GPU:0``), whatever its inputs' devices, and copies
 operands across devices silently. For the same reason TF arithmetic never raises on mixed devices
-(``capabilities.multi_device_ops`` is False): the adapter's own ``combine``, ``concat`` and ``assign``
+(``capabilities.raises_on_mixed_devices`` is False): the adapter's own ``combine``, ``concat`` and ``assign``
 check devices and raise DeviceMismatchError.
 
 Several CPU devices. ``$MULTIDEV_TF_CPU_DEVICES=N`` (N >= 2) splits the physical CPU into N logical
@@ -26,15 +26,25 @@ import itertools
 import os
 import sys
 import threading
-from typing import Any, Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
-from multidev._device import Device
-from multidev._dtypes import DTYPES, FLOAT_DTYPES, canonical_dtype, is_floating, numpy_dtype
-from multidev.errors import (CapabilityError, CollectiveInputError, DeviceNotFoundError, UnsupportedTensorError)
-from multidev.protocol import Capabilities, same_device
+from multidev.adapter import (
+    DTYPES,
+    FLOAT_DTYPES,
+    BaseBackend,
+    Capabilities,
+    CapabilityError,
+    Device,
+    DeviceNotFoundError,
+    UnsupportedTensorError,
+    canonical_dtype,
+    numpy_dtype,
+)
 
+_ENV_CPU = "MULTIDEV_TF_CPU_DEVICES"
 _KIND_OF_TF = {"CPU": "cpu", "GPU": "gpu"}
 _TF_OF_KIND = {"cpu": "CPU", "gpu": "GPU"}
 
@@ -50,13 +60,15 @@ _COLLECTIVE_BITCAST = {"complex64": ("float32", ("sum", "mean")),
 _MERGE_OP = {"sum": "Add", "mean": "Add", "prod": "Mul", "max": "Max", "min": "Min"}
 # Group keys of multidev's collectives start far from tf.distribute's own (which count from 1).
 _GROUP_KEY_BASE = 0x4D440000
+_SILENT = " (TF itself would copy them silently)"
 
 
-class TensorflowBackend:
+class TensorflowBackend(BaseBackend):
     """The TensorFlow adapter (see module docstring)."""
 
     name: ClassVar[str] = "tensorflow"
     framework: ClassVar[str] = "tensorflow"
+    virtual_devices_env: ClassVar[str | None] = _ENV_CPU
 
     def __init__(self) -> None:
         if "tensorflow" not in sys.modules:
@@ -90,14 +102,14 @@ class TensorflowBackend:
             dlpack=True,
             native_collectives=frozenset({"allreduce"}),
             dtypes=frozenset(DTYPES),
-            multi_device_ops=False,
+            raises_on_mixed_devices=False,
         )
 
     def _configure_cpu_devices(self) -> None:
         """Split the CPU into $MULTIDEV_TF_CPU_DEVICES logical devices, if still possible."""
         tf = self._tf
         try:
-            n = int(os.environ.get("MULTIDEV_TF_CPU_DEVICES", "0"))
+            n = int(os.environ.get(_ENV_CPU, "0"))
         except ValueError:
             return
         if n < 2:
@@ -115,9 +127,6 @@ class TensorflowBackend:
     @property
     def capabilities(self) -> Capabilities:
         return self._caps
-
-    def version(self) -> str:
-        return str(self._tf.__version__)
 
     def tensor_types(self) -> tuple[type, ...]:
         return (self._tf.Tensor, self._tf.Variable)
@@ -220,7 +229,7 @@ class TensorflowBackend:
                     y = tf.constant(obj, dtype=nd)
                 except (TypeError, ValueError):
                     # tf.constant refuses lossy conversions (1.5 -> int32); NumPy casts, as np.array does.
-                    y = tf.constant(np.asarray(obj).astype(numpy_dtype(dtype)), dtype=nd)
+                    y = tf.constant(np.asarray(obj).astype(numpy_dtype(dtype or "float32")), dtype=nd)
         return self._placed(y, device, "asarray")
 
     def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
@@ -311,20 +320,13 @@ class TensorflowBackend:
                     tf.raw_ops.SyncDevice()
         self._context.async_wait()
 
-    def wait(self, x: Any) -> None:
-        """Synchronizes x's device: cheaper than ``x.numpy()``, which copies a GPU tensor to the host."""
-        self.synchronize(self.device_of(x))
-
     # -- arithmetic for collectives ---------------------------------------------------------
-    def shape_of(self, x: Any) -> tuple[int, ...]:
-        return tuple(int(s) for s in x.shape)
-
     def combine(self, op: str, a: Any, b: Any) -> Any:
         """Elementwise op on a's device; DeviceMismatchError when b is elsewhere (TF would copy it
         silently). bool follows NumPy (sum/max = or, prod/min = and); complex max/min compare
         lexicographically with NaN propagation, as np.maximum does."""
         tf = self._tf
-        dev = self._common_device(op, [a, b])
+        dev = self.same_device(op, [a, b], _SILENT)
         dtype = self.dtype_of(a)
         with tf.device(self.to_native_device(dev)):
             a, b = self._read(a), self._read(b)
@@ -357,7 +359,7 @@ class TensorflowBackend:
 
     def concat(self, xs: Sequence[Any], axis: int) -> Any:
         tf = self._tf
-        dev = self._common_device("concat", list(xs))
+        dev = self.same_device("concat", list(xs), _SILENT)
         with tf.device(self.to_native_device(dev)):
             y = tf.concat([self._read(x) for x in xs], axis=axis)
         return self._placed(y, dev, "concat")
@@ -377,7 +379,7 @@ class TensorflowBackend:
                 "tensorflow backend: tf.Tensor is immutable and cannot be written in place. Hold the "
                 "data in a tf.Variable (tf.Variable(x)) to assign into it, or rebind the result "
                 "(x = new_value; allreduce(..., inplace=False)).")
-        dev = self._common_device("assign", [dst, src])
+        dev = self.same_device("assign", [dst, src], _SILENT)
         with tf.device(self.to_native_device(dev)):
             dst.assign(self._read(src))
 
@@ -429,22 +431,13 @@ class TensorflowBackend:
         """
         tf = self._tf
         xs = list(xs)
-        if not xs:
-            raise CollectiveInputError("tensorflow native_allreduce needs at least one tensor")
         if op not in _MERGE_OP:
-            raise CollectiveInputError(f"tensorflow native_allreduce: unknown op {op!r}; expected one "
-                                       f"of {', '.join(_MERGE_OP)}")
+            raise CapabilityError(f"tensorflow native_allreduce has no op {op!r}; use one of {', '.join(_MERGE_OP)}")
         devs = tuple(self.device_of(x) for x in xs)
-        if len(set(devs)) != len(devs):
-            raise CollectiveInputError("tensorflow native_allreduce needs one tensor per device; got "
-                                       f"devices {', '.join(map(str, devs))}")
         if len({d.kind for d in devs}) > 1:
             raise CapabilityError("tensorflow native_allreduce cannot mix CPU and GPU devices in one "
                                   "collective group; use algorithm='naive'")
         dtype = self.dtype_of(xs[0])
-        if op == "mean" and not is_floating(dtype):
-            raise CollectiveInputError(f"tensorflow native_allreduce: op='mean' needs a floating dtype, "
-                                       f"got {dtype}")
         wide = _COLLECTIVE_WIDEN.get(dtype)
         bitcast = None
         if dtype in _COLLECTIVE_BITCAST:
@@ -534,13 +527,6 @@ class TensorflowBackend:
             raise CapabilityError(f"tensorflow backend: TF created the variable on {self.device_of(v)} "
                                   f"instead of {device}")
         return v
-
-    def _common_device(self, what: str, xs: list[Any]) -> Device:
-        dev = same_device("tensorflow", what, [self.device_of(x) for x in xs],
-                          note=" (TF itself would copy them silently)")
-        if dev is None:
-            raise CollectiveInputError(f"tensorflow backend: {what} needs at least one tensor")
-        return dev
 
     def _complex_extreme(self, op: str, a: Any, b: Any) -> Any:
         tf = self._tf

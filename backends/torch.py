@@ -13,14 +13,20 @@ has no NCCL) over one CUDA tensor per GPU.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
-from multidev._device import Device
-from multidev._dtypes import is_floating, numpy_dtype
-from multidev.errors import (CapabilityError, CollectiveInputError, InvalidDeviceError)
-from multidev.protocol import REDUCE_OPS, Capabilities, same_device
+from multidev.adapter import (
+    BaseBackend,
+    Capabilities,
+    CapabilityError,
+    Device,
+    InvalidDeviceError,
+    is_floating,
+    numpy_dtype,
+)
 
 _HOST = Device("cpu", 0)
 _UNSIGNED_WIDE = ("uint16", "uint32", "uint64")
@@ -35,7 +41,7 @@ _NCCL_DTYPES = ("bool", "int8", "uint8", "int32", "int64", "float16", "bfloat16"
                 "float64")
 
 
-class TorchBackend:
+class TorchBackend(BaseBackend):
     """The PyTorch backend (see module docstring)."""
 
     name: ClassVar[str] = "torch"
@@ -65,7 +71,9 @@ class TorchBackend:
             dlpack=True,
             native_collectives=frozenset({"allreduce"}) if self._n_cuda >= 2 else frozenset(),
             dtypes=frozenset(dtypes),
-            multi_device_ops=True,
+            raises_on_mixed_devices=True,
+            # Apple's Metal has no 64-bit floats
+            device_dtypes={Device("mps", 0): frozenset(dtypes) - {"float64", "complex128"}} if self._has_mps else {},
         )
 
     def _unsigned_usable(self, name: str) -> bool:
@@ -94,9 +102,6 @@ class TorchBackend:
     @property
     def capabilities(self) -> Capabilities:
         return self._caps
-
-    def version(self) -> str:
-        return str(self._torch.__version__)
 
     def tensor_types(self) -> tuple[type, ...]:
         return (self._torch.Tensor,)
@@ -304,20 +309,9 @@ class TorchBackend:
             torch.mps.synchronize()
         # cpu: torch runs CPU operations to completion before returning.
 
-    def wait(self, x: Any) -> None:
-        self.synchronize(self.device_of(x))
-
     # -- arithmetic for collectives ---------------------------------------------------------
-    def shape_of(self, x: Any) -> tuple[int, ...]:
-        return tuple(int(s) for s in x.shape)
-
-    def _same_device(self, what: str, xs: Sequence[Any]) -> None:
-        same_device("torch", what, [self.device_of(x) for x in xs])
-
     def combine(self, op: str, a: Any, b: Any) -> Any:
-        if op not in REDUCE_OPS:
-            raise CollectiveInputError(f"torch backend: unknown op {op!r}; expected one of {REDUCE_OPS}")
-        self._same_device(op, (a, b))
+        self.same_device(op, (a, b))
         torch = self._torch
         if op in ("max", "min") and (a.is_complex() or b.is_complex()):
             raise CapabilityError(f"torch backend: {op} is not defined for complex tensors in torch")
@@ -338,14 +332,14 @@ class TorchBackend:
 
     def concat(self, xs: Sequence[Any], axis: int) -> Any:
         xs = list(xs)
-        self._same_device("concat", xs)
+        self.same_device("concat", xs)
         return self._torch.cat(xs, dim=axis)
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
         return list(self._torch.split(x, [int(s) for s in sizes], dim=axis))
 
     def assign(self, dst: Any, src: Any) -> None:
-        self._same_device("assign", (dst, src))
+        self.same_device("assign", (dst, src))
         with self._torch.no_grad():  # autograd refuses in-place writes into leaves (parameters)
             dst.copy_(src)
 
@@ -382,24 +376,16 @@ class TorchBackend:
         """
         torch = self._torch
         xs = list(xs)
-        if not xs:
-            raise CollectiveInputError("torch native allreduce needs at least one tensor")
         if any(x.device.type != "cuda" for x in xs):
             where = ", ".join(str(x.device) for x in xs)
             raise CapabilityError(
                 f"torch backend: the native allreduce (NCCL) takes CUDA tensors on distinct GPUs; "
                 f"got tensors on {where}. Use algorithm='naive' or 'auto'.")
         idx = [x.device.index for x in xs]
-        if len(set(idx)) != len(idx):
-            raise CollectiveInputError(f"torch native allreduce needs one tensor per GPU; got {idx}")
-        if op not in _NCCL_OPS and op != "mean":
-            raise CapabilityError(f"torch backend: native allreduce has no op {op!r}; "
-                                  "use sum, mean, max, min or prod")
+        if op not in _NCCL_OPS:
+            raise CapabilityError(f"torch backend: native allreduce has no op {op!r}; use sum, max, min or prod")
         dtype = self.dtype_of(xs[0])
-        if op == "mean" and not is_floating(dtype):
-            raise CollectiveInputError(f"torch native allreduce: op='mean' on {dtype} is refused; "
-                                       "cast to a floating dtype first")
-        base = "sum" if op == "mean" else op
+        base = op
         complex_ = dtype.startswith("complex")
         if complex_ and base != "sum":
             raise CapabilityError(f"torch backend: {base} is not defined for complex tensors")
@@ -439,8 +425,6 @@ class TorchBackend:
                 else:
                     raise CapabilityError(f"torch backend: {base} allreduce needs NCCL, which this "
                                           "torch build lacks; use algorithm='naive'")
-            if op == "mean":
-                bufs = [b / len(xs) for b in bufs]
             if dtype == "int16":
                 bufs = [b.to(torch.int16) for b in bufs]
         return bufs

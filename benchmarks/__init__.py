@@ -3,7 +3,7 @@
 A benchmark is one function, registered with :func:`benchmark`, that takes a :class:`Context` and
 yields :class:`Case` objects. A case is one row of the report: named variants (``"md"`` through
 multidev, ``"native"`` through the framework's own call, sometimes others such as ``"numpy"``),
-the devices to synchronize, and an untimed correctness check. The runner (:mod:`multidev.bench`)
+the devices to synchronize, and an untimed correctness check. The runner (:mod:`multidev.benchmarks.runner`)
 does all the timing: warm-up, synchronization, repetitions, statistics, JSON, table and plot.
 
 Adding a benchmark::
@@ -17,23 +17,26 @@ Adding a benchmark::
                              "native": ctx.native_call("to", x, ctx.dev)},
                    devices=[ctx.dev], check=lambda: close(md.to(x, ctx.dev), np.ones(1000)))
 
-The native side of every suite lives in :mod:`multidev.benchmarks._native`: one class per framework,
-written directly against the framework (that is the baseline multidev is measured against).
+The native side of every suite is a baseline (:mod:`multidev.benchmarks.baseline`): one class per
+framework, written directly against the framework and kept beside the adapters
+(``multidev.adapters.baselines``). Goals are data of the suites (:class:`Goal`, passed to
+:func:`benchmark`); ``multidev bench --check`` exits non-zero when a measured goal is missed.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import pathlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from multidev._device import Device
+from multidev import Device
 
-__all__ = ["Variant", "Case", "Context", "Benchmark", "benchmark", "registry", "load_all",
-           "close", "SUITES", "MiB", "KiB", "GiB", "fmt_bytes"]
+__all__ = ["SUITES", "Benchmark", "Case", "Context", "GiB", "Goal", "KiB", "MiB", "Variant", "all_ok", "benchmark",
+           "close", "fmt_bytes", "goals", "load_all", "registry"]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -41,7 +44,84 @@ GiB = 1 << 30
 
 #: Suite modules in report order (module name -> suite name).
 SUITES = {"overhead": "overhead", "asynchronous": "async", "autoparallel": "autoparallel",
-          "bandwidth": "bandwidth", "collectives": "collectives"}
+          "bandwidth": "bandwidth", "collectives": "collectives", "distributed": "distributed"}
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A target a suite sets for its rows, checked on every result of ``group``.
+
+    ``metric``:
+
+    - ``"time_ratio"``: median(``num``) / max(median of ``den``) <= ``target`` (e.g. md / native);
+    - ``"speedup"``: max(median of ``den``) / median(``num``) >= ``target`` (e.g. book / md);
+    - ``"GBps"``: the payload rate of ``num`` >= ``target`` (GB/s, 10**9 bytes);
+    - ``"GBps_ratio"``: GB/s of ``num`` / max(GB/s of ``den``) >= ``target``.
+
+    ``gpu_only``: judged only on rows that involve an accelerator; ``min_bytes``/``max_bytes``:
+    only on rows with that payload. A row lacking a variant the goal needs is not judged.
+    """
+
+    name: str
+    group: str
+    target: float
+    metric: str = "time_ratio"
+    num: str = "md"
+    den: tuple[str, ...] = ("native",)
+    gpu_only: bool = False
+    min_bytes: int | None = None
+    max_bytes: int | None = None
+    note: str = ""
+
+    def applies(self, rec: dict[str, Any]) -> bool:
+        if rec.get("group") != self.group or not rec.get("variants"):
+            return False
+        if self.gpu_only and not any(str(d).startswith(("gpu", "mps")) for d in rec.get("devices", [])):
+            return False
+        n = rec.get("bytes")
+        if self.min_bytes is not None and (n is None or n < self.min_bytes):
+            return False
+        return not (self.max_bytes is not None and (n is None or n > self.max_bytes))
+
+    def value(self, rec: dict[str, Any]) -> float | None:
+        """The measured figure this goal judges on ``rec``, or None where a variant is missing."""
+        v = rec["variants"]
+
+        def med(name: str) -> float | None:
+            x = v.get(name) or {}
+            return x.get("median_s")
+
+        def rate(name: str) -> float | None:
+            x = v.get(name) or {}
+            return x.get("GBps")
+
+        if self.metric == "GBps":
+            return rate(self.num)
+        if self.metric == "GBps_ratio":
+            a, bs = rate(self.num), [rate(d) for d in self.den]
+            if a is None or any(b is None for b in bs) or not bs:
+                return None
+            return a / max(b for b in bs if b is not None)
+        a, ms = med(self.num), [med(d) for d in self.den]
+        if a is None or not ms or any(m is None for m in ms) or a <= 0:
+            return None
+        ref = max(m for m in ms if m is not None)
+        return a / ref if self.metric == "time_ratio" else ref / a
+
+    def met(self, value: float) -> bool:
+        return value <= self.target if self.metric == "time_ratio" else value >= self.target
+
+    def describe(self) -> str:
+        rel = "<=" if self.metric == "time_ratio" else ">="
+        what = {"time_ratio": f"{self.num} / max({', '.join(self.den)})",
+                "speedup": f"max({', '.join(self.den)}) / {self.num}",
+                "GBps": f"{self.num} GB/s", "GBps_ratio": f"{self.num} GB/s / max({', '.join(self.den)} GB/s)"}
+        return f"{what[self.metric]} {rel} {self.target:g}"
+
+
+def goals() -> list[tuple[Benchmark, Goal]]:
+    """Every goal of the registered benchmarks, with its benchmark."""
+    return [(b, g) for b in registry() for g in b.goals]
 
 
 @dataclass
@@ -83,31 +163,35 @@ class Case:
     group: str | None = None  # plot/table grouping key within a benchmark (e.g. "H2D")
     key: str | None = None  # the row label in the side-by-side table (default: name); rows of
     # different backends with one key share a table row (e.g. "D2D 1 MiB" on cpu:0->cpu:1 and cpu:0)
+    before: Callable[[], Any] | None = None  # called before every sample, untimed (e.g. a barrier)
 
 
 @dataclass
 class Benchmark:
     suite: str
     name: str
-    fn: Callable[["Context"], Iterable[Case]]
+    fn: Callable[[Context], Iterable[Case]]
     precision: bool  # runs once per requested precision mode (matmul-heavy)
     doc: str
+    goals: tuple[Goal, ...] = ()
 
 
 _REGISTRY: list[Benchmark] = []
 
 
-def benchmark(suite: str, *, name: str | None = None, precision: bool = False
-              ) -> Callable[[Callable[["Context"], Iterable[Case]]], Callable[["Context"], Iterable[Case]]]:
+def benchmark(suite: str, *, name: str | None = None, precision: bool = False, goals: Sequence[Goal] = ()
+              ) -> Callable[[Callable[[Context], Iterable[Case]]], Callable[[Context], Iterable[Case]]]:
     """Register ``fn(ctx) -> Iterable[Case]`` in ``suite``. ``precision=True`` for matmul-bound
-    benchmarks: they run once per precision mode (fp32, tf32), each labelled."""
-    def deco(fn: Callable[["Context"], Iterable[Case]]) -> Callable[["Context"], Iterable[Case]]:
+    benchmarks: they run once per precision mode (fp32, tf32), each labelled. ``goals``: the
+    targets its rows are judged by (:class:`Goal`)."""
+    def deco(fn: Callable[[Context], Iterable[Case]]) -> Callable[[Context], Iterable[Case]]:
         bname = name or fn.__name__
         for i, b in enumerate(_REGISTRY):
             if b.suite == suite and b.name == bname:
                 del _REGISTRY[i]  # re-registration (reloaded file) replaces
                 break
-        _REGISTRY.append(Benchmark(suite, bname, fn, precision, (fn.__doc__ or "").strip().split("\n")[0]))
+        _REGISTRY.append(Benchmark(suite, bname, fn, precision, (fn.__doc__ or "").strip().split("\n")[0],
+                                   tuple(goals)))
         return fn
     return deco
 

@@ -6,7 +6,8 @@ on purpose: that is the asynchrony being shown).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 

@@ -9,7 +9,8 @@ and its own wait. The matmuls are the framework's in both.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +58,10 @@ def native_waiter(ctx: Context, devs: list[md.Device]) -> Callable[[Any], None]:
     return wait_results
 
 
+def _sync_on(d: md.Device) -> Callable[[Any], None]:
+    return lambda _r: md.synchronize(d)
+
+
 @benchmark("autoparallel", precision=True)
 def d2l_autoparallel(ctx: Context) -> Iterator[Case]:
     """D2L automatic parallelism: 2 devices alone and together; run, copy to host, overlapped."""
@@ -86,7 +91,7 @@ def d2l_autoparallel(ctx: Context) -> Iterator[Case]:
     params = {"matmuls": k, "sizes": {str(d): _size(ctx, d) for d in devs}, "dtype": "float32"}
     for d in devs:
         yield Case(f"run(x) on {d} ({k}× {_size(ctx, d)}²)",
-                   {"md": Variant(runs[d], (xs[d],), finish=lambda _r, d=d: md.synchronize(d),
+                   {"md": Variant(runs[d], (xs[d],), finish=_sync_on(d),
                                   label="run(x); md.synchronize(d)"),
                     "native": Variant(runs[d], (xs[d],), finish=native_waiter(ctx, [d]),
                                       label="run(x); native wait")},
@@ -138,9 +143,11 @@ def d2l_autoparallel(ctx: Context) -> Iterator[Case]:
     cp = {**params, "src": str(src), "dst": str(dst), "tensors": k,
           "note": f"{k}x {_size(ctx, src)}² {src}->{dst}" + (" (same device: md.copy)" if same else "")}
     yield Case(f"{what}: {k} results from {src}",
-               {"md": Variant(lambda ys: [md_put(t) for t in ys], (y,), finish=lambda _r: md.synchronize(backend=ctx.backend),
+               {"md": Variant(lambda ys: [md_put(t) for t in ys], (y,),
+                              finish=lambda _r: md.synchronize(backend=ctx.backend),
                               label="[md.to(y, host) for y in ys]; md.synchronize()"),
-                "md_to_host": (Variant(md.to_host, (y,), label="md.to_host(ys) (NumPy arrays; pinned where the backend has it)")
+                "md_to_host": (Variant(md.to_host, (y,),
+                                       label="md.to_host(ys) (NumPy arrays; pinned where the backend has it)")
                                if has_to_host else None),
                 "native": Variant(lambda ys: [nat_put(t) for t in ys], (y,), finish=native_waiter(ctx, [src, dst]),
                                   label="[y.to(host) for y in ys]; native wait")},

@@ -10,14 +10,14 @@ view, not a copy, and say so in their params.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import partial
-from typing import Iterator
 
 import numpy as np
 
 import multidev as md
 
-from . import MiB, Case, Context, Variant, benchmark, close, fmt_bytes
+from . import Case, Context, MiB, Variant, benchmark, close, fmt_bytes
 
 
 def sizes(ctx: Context) -> list[int]:
@@ -50,7 +50,8 @@ def h2d(ctx: Context) -> Iterator[Case]:
                    {"md": Variant(partial(md.asarray, a, device=d, backend=ctx.backend), (),
                                   label="md.asarray(a, device=d)"), "native": nat,
                     "native_pinned": ctx.native_call("h2d_pinned", a, d)},
-                   devices=[d], check=check, params={"src": "host", "dst": str(d), "size": nbytes, "note": f"host->{d}"},
+                   devices=[d], check=check,
+                   params={"src": "host", "dst": str(d), "size": nbytes, "note": f"host->{d}"},
                    bytes=nbytes, group="H2D", key=f"H2D {fmt_bytes(nbytes)}")
 
 
@@ -73,8 +74,8 @@ def d2h(ctx: Context) -> Iterator[Case]:
                 ok, det = ok and ok2, f"md {det}; native {det2}"
             return ok, det
 
-        to_host = (Variant(lambda t: md.to_host([t])[0], (x,), label="md.to_host([x])[0] (pinned where the backend has it)")
-                   if hasattr(md, "to_host") else None)
+        to_host = Variant(lambda t: md.to_host([t])[0], (x,),
+                          label="md.to_host([x])[0] (pinned where the backend has it)")
         yield Case(f"D2H {d}->host {fmt_bytes(nbytes)}",
                    {"md": Variant(md.to_numpy, (x,), label="md.to_numpy(x)"), "md_to_host": to_host,
                     "native": nat, "native_pinned": ctx.native_call("d2h_pinned", x)},

@@ -10,15 +10,16 @@ framework's own copy to each device in a loop.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 import multidev as md
 import multidev.collectives as mc
 
-from . import KiB, MiB, Case, Context, Variant, all_ok, benchmark, close, fmt_bytes
+from . import Case, Context, KiB, MiB, Variant, all_ok, benchmark, close, fmt_bytes
 
 
 def _devices(ctx: Context) -> list[md.Device]:
@@ -38,7 +39,7 @@ def _counts(n: int) -> list[int]:
 
 def _sizes(ctx: Context) -> list[int]:
     return ctx.pick(quick=[4 * KiB, 64 * KiB], cpu=[4 * KiB, 256 * KiB, 4 * MiB, 16 * MiB],
-                    gpu=[4 * KiB, 256 * KiB, 4 * MiB, 64 * MiB, 256 * MiB])
+                    gpu=[4 * KiB, 256 * KiB, 4 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB])
 
 
 def _inputs(ctx: Context, devs: list[md.Device], elems: int, seed: int) -> tuple[list[Any], list[np.ndarray]]:
@@ -52,7 +53,7 @@ def _skip(ctx: Context, what: str) -> Case:
                 f"{len(_devices(ctx))} device(s) of one kind here; set MULTIDEV_*_CPU_DEVICES"}, ratio=None)
 
 
-def _check_all(outs: list[Any], ref: np.ndarray, devs: list[md.Device | None], rtol: float = 1e-5
+def _check_all(outs: list[Any], ref: np.ndarray, devs: Sequence[md.Device | None], rtol: float = 1e-5
                ) -> tuple[bool, str]:
     if len(outs) != len(devs):
         return False, f"{len(outs)} results for {len(devs)} devices"
@@ -80,6 +81,9 @@ def allreduce(ctx: Context) -> Iterator[Case]:
             bufs = [md.zeros((elems,), device=d, backend=ctx.backend) for d in devs] if b.capabilities.mutable else None
             native = (Variant(b.native_allreduce, (xs, "sum"), label="adapter.native_allreduce(xs, 'sum')")
                       if has_native else None)
+            # the framework's own collective on preallocated buffers (NCCL for torch), and D2L's recipe
+            bound = ctx.native_call("allreduce_framework", [md.copy(x) for x in xs])
+            book = ctx.native_call("allreduce_d2l", [md.copy(x) for x in xs])
             for alg in algs:
                 def check(alg: str = alg, xs: list[Any] = xs, ref: np.ndarray = ref, devs: list[md.Device] = devs
                           ) -> tuple[bool, str]:
@@ -100,6 +104,8 @@ def allreduce(ctx: Context) -> Iterator[Case]:
                                            label=f"md.allreduce(bufs, algorithm='{alg}', inplace=True)")
                                    if bufs is not None else None),
                     "native": native,
+                    "bound": bound,
+                    "book": book,
                 }
                 yield Case(f"allreduce {alg} n={n} {fmt_bytes(size)}", variants, devices=devs, check=check,
                            params={"op": "sum", "algorithm": alg, "n": n, "size": size, "dtype": "float32"},

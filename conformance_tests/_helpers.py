@@ -6,8 +6,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from multidev._device import Device
-from multidev._dtypes import numpy_dtype
+from multidev.adapter import Device, numpy_dtype
 
 #: dtypes the creation and placement tests run over (each skipped where the backend lacks it).
 CREATION_DTYPES = ("bool", "int32", "int64", "float16", "bfloat16", "float32", "float64")

@@ -25,10 +25,9 @@ import pytest
 
 SUITE_DIR = Path(__file__).resolve().parent
 
-# Virtual devices the suite asks for, when the user has not configured their own. They only take
-# effect for frameworks not imported yet (JAX reads XLA_FLAGS at import; TF before first use).
-_VIRTUAL_DEFAULTS = {"MULTIDEV_NUMPY_DEVICES": "4", "MULTIDEV_JAX_CPU_DEVICES": "4",
-                     "MULTIDEV_TF_CPU_DEVICES": "4", "MULTIDEV_MXNET_CPU_DEVICES": "4"}
+#: Virtual CPU devices the suite asks every adapter for (its ``configure_devices`` hook), when the
+#: user has not configured their own. Only frameworks not started yet can take them.
+VIRTUAL_DEVICES = 4
 
 _state: dict[str, Any] = {}
 
@@ -40,6 +39,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--multidev-device", action="append", default=[],
                 help="only these devices, e.g. cpu:0,gpu:0 (comma-separated, repeatable)")
     g.addoption("--multidev-json", default=None, help="write the pass/fail/skip matrix to this JSON file")
+    g.addoption("--multidev-import", action="append", default=[],
+                help="import this module first (adapters registered with multidev.register_backend)")
 
 
 def _split(values: list[str]) -> list[str]:
@@ -58,10 +59,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "multiprocess: spawns several processes")
     if not _in_suite(config):
         return
-    for k, v in _VIRTUAL_DEFAULTS.items():
-        os.environ.setdefault(k, v)
+    import importlib
+
     import multidev as md
     from multidev.errors import BackendNotAvailableError
+    from multidev.registry import configure_virtual_devices
+
+    for mod in config.getoption("multidev_import"):
+        importlib.import_module(mod)
+    configure_virtual_devices(VIRTUAL_DEVICES)
 
     names = _split(config.getoption("multidev_backend"))
     if not names or names == ["all"]:
@@ -69,11 +75,11 @@ def pytest_configure(config: pytest.Config) -> None:
     backends = []
     for n in names:
         try:
-            backends.append(md.registry.get_backend(n))
+            backends.append(md.backend(n))
         except BackendNotAvailableError as e:
             raise pytest.UsageError(f"multidev conformance: {e}") from e
     wanted = [md.device(s) for s in _split(config.getoption("multidev_device"))]
-    pairs = []
+    pairs: list[tuple[str, Any]] = []
     for b in backends:
         devs = b.devices()
         if wanted:
@@ -81,6 +87,11 @@ def pytest_configure(config: pytest.Config) -> None:
         pairs.extend((b.name, d) for d in devs)
     _state.update(backends={b.name: b for b in backends}, pairs=pairs, items={}, outcomes={},
                   started=time.time())
+
+
+def selected_backends() -> list[str]:
+    """The names of the backends this suite run tests, in the order given."""
+    return list(_state.get("backends", {}))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -97,6 +108,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def md_backend(md_backend_name: str) -> Any:
     """The adapter under test."""
     return _state["backends"][md_backend_name]
+
+
+@pytest.fixture(autouse=True)
+def _md_prefer_backend_under_test(request: pytest.FixtureRequest) -> Any:
+    """Tensors of a class several adapters claim go to the adapter under test (a renamed or
+    mutated copy of another adapter is tested as itself)."""
+    name = request.node.callspec.params.get("md_backend_name") if hasattr(request.node, "callspec") else None
+    if name is None or "backends" not in _state:
+        yield
+        return
+    from multidev.registry import prefer
+
+    with prefer(_state["backends"][name].name):
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -138,12 +163,14 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if prev != "failed":
         _state["outcomes"][report.nodeid] = outcome
         if report.skipped and report.longrepr:
-            _state.setdefault("reasons", {})[report.nodeid] = str(report.longrepr[-1])
+            rep: Any = report.longrepr
+            _state.setdefault("reasons", {})[report.nodeid] = str(rep[-1] if isinstance(rep, tuple) else rep)
 
 
 def matrix() -> dict[str, dict[str, dict[str, int]]]:
     """backend -> feature -> {passed, failed, skipped} counts of the run so far."""
-    out: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"passed": 0, "failed": 0, "skipped": 0}))
+    out: dict[str, dict[str, dict[str, int]]] = defaultdict(
+        lambda: defaultdict(lambda: {"passed": 0, "failed": 0, "skipped": 0}))
     for nodeid, (backend, feature) in _state.get("items", {}).items():
         oc = _state["outcomes"].get(nodeid)
         if oc:

@@ -4,7 +4,8 @@ floats; negative cases; failure atomicity of ``inplace``; hypothesis-drawn shape
 included) and values."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -83,8 +84,8 @@ def _arrays(n: int, shape: tuple[int, ...], dtype: str, op: str, seed: int = 0) 
 def _bf16_round(a: np.ndarray) -> np.ndarray:
     """float32 values rounded (to nearest even) to bfloat16's precision, so references are exact."""
     u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return u.astype(np.uint32).view(np.float32)
+    r = (u + np.uint64(0x7FFF) + ((u >> np.uint64(16)) & np.uint64(1))) & np.uint64(0xFFFF0000)
+    return r.astype(np.uint32).view(np.float32)
 
 
 def _expect(op: str, arrays: list[np.ndarray]) -> np.ndarray:
@@ -478,7 +479,7 @@ def test_other_collectives_bad_inputs(md_backend: Any, md_devices: list) -> None
         (lambda: md.reduce([], devs[0]), CollectiveInputError, "at least one"),
         (lambda: md.broadcast(a, [devs[0], devs[0]]), CollectiveInputError, "more than once"),
         (lambda: md.broadcast(a, []), CollectiveInputError, "at least one"),
-        (lambda: md.broadcast(a, devs[0]), CollectiveInputError, "list"),
+        (lambda: md.broadcast(a, devs[0]), CollectiveInputError, "list"),  # type: ignore[arg-type]
         (lambda: md.broadcast(a, [missing]), DeviceNotFoundError, b.name),
         (lambda: md.allgather([a, dup]), CollectiveInputError, "more than once"),
         (lambda: md.allgather([a, i]), CollectiveInputError, "dtype"),
@@ -495,7 +496,7 @@ def test_other_collectives_bad_inputs(md_backend: Any, md_devices: list) -> None
         (lambda: md.scatter(a, [devs[1], devs[1]]), CollectiveInputError, "more than once"),
         (lambda: md.scatter(s0, devs), CollectiveInputError, "0-d"),
         (lambda: md.scatter(a, devs, axis=2), CollectiveInputError, "out of range"),
-        (lambda: md.scatter(a, devs, axis=0.5), CollectiveInputError, "int"),
+        (lambda: md.scatter(a, devs, axis=0.5), CollectiveInputError, "int"),  # type: ignore[arg-type]
         (lambda: md.scatter(a, [missing]), DeviceNotFoundError, b.name),
         (lambda: md.split_batch(a, a1, [devs[0], devs[0]]), CollectiveInputError, "more than once"),
         (lambda: md.split_batch(s0, s0, devs), CollectiveInputError, "0-d"),

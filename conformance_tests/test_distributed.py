@@ -13,7 +13,8 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -92,9 +93,9 @@ def _first_selected(name: str) -> bool:
     """Whether ``name`` is the first backend of this suite run. Tests of the transport alone, and
     the larger worlds, run once per suite run rather than once per backend (a process pool of
     framework imports is slow); which backend carries them does not matter."""
-    from multidev.conformance.plugin import _state  # the plugin pytest loaded, whatever our import path
+    from multidev.conformance.plugin import selected_backends
 
-    return next(iter(_state.get("backends", {name: None}))) == name
+    return (selected_backends() or [name])[0] == name
 
 
 def _worlds(name: str) -> list[int]:
@@ -171,7 +172,7 @@ class _Checks:
     def run(self, name: str, fn: Callable[[], None]) -> None:
         try:
             fn()
-        except Exception:
+        except Exception:  # noqa: BLE001 - every failure is reported
             self.failures.append(f"[{name}] {traceback.format_exc()}")
 
 
@@ -199,13 +200,13 @@ def _worker(backend: str, scenario: str, timeout: float) -> int:
         return 1
     dist.init(timeout=timeout, rendezvous_timeout=max(timeout, WORKER_TIMEOUT))  # slow imports arrive
 
-    def arr(a: np.ndarray, dtype: str = "float32", device: Any = None) -> Any:
+    def arr(a: Any, dtype: str = "float32", device: Any = None) -> Any:
         return md.asarray(a, dtype=dtype, device=dev if device is None else device, backend=backend)
 
     def host(x: Any) -> np.ndarray:
         return np.asarray(b.to_numpy(x)).astype(np.float64)
 
-    def same(y: Any, expect: np.ndarray, dtype: str = "float32", device: Any = None, rtol: float = 1e-6) -> None:
+    def same(y: Any, expect: Any, dtype: str = "float32", device: Any = None, rtol: float = 1e-6) -> None:
         assert isinstance(y, b.tensor_types()), f"{type(y)} is not a {backend} tensor"
         assert md.device_of(y) == (dev if device is None else device), f"{md.device_of(y)} != {dev}"
         assert md.dtype_of(y) == dtype, f"{md.dtype_of(y)} != {dtype}"
@@ -259,7 +260,7 @@ def _worker(backend: str, scenario: str, timeout: float) -> int:
     c = _Checks()
     vals = [np.arange(24, dtype=np.float64).reshape(4, 6) / 8 - k for k in range(w)]  # exact in fp16/bf16
     mine = vals[r]
-    refs = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
+    refs: dict[str, Any] = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
 
     def ops() -> None:
         for op, ref in refs.items():
@@ -360,10 +361,7 @@ def _worker(backend: str, scenario: str, timeout: float) -> int:
         dist.barrier()
 
     def transfer_paths() -> None:
-        from multidev.distributed import _st, _to_torch
-
-        _, _, shared, path = _to_torch(arr(mine.astype(np.float32)), _st())
-        c.paths["to_torch"] = path
+        c.paths["to_torch"] = dist.transport_path(arr(mine.astype(np.float32)))
         assert dist.rank() == r and dist.world_size() == w
 
     for name, fn in (("ops", ops), ("dtypes", dtypes), ("inplace", inplace),

@@ -37,7 +37,7 @@ def test_to_host_many(md_backend: Any, md_device: Device, non_blocking: bool) ->
     b = md_backend
     xs = [md.rand((32, 16), device=md_device, backend=b.name, seed=s) for s in range(4)]
     ys = [b.combine("sum", x, x) for x in xs]  # queued work the copies must wait for
-    got = md.to_host(ys, non_blocking=non_blocking)
+    got: Any = md.to_host(ys, non_blocking=non_blocking)
     if non_blocking:
         assert isinstance(got, md.Transfer)
         got = got.wait()

@@ -9,8 +9,14 @@ import pytest
 
 import multidev as md
 from multidev import Device
-from multidev.errors import (BackendNotAvailableError, CapabilityError, DeviceMismatchError,
-                             DeviceNotFoundError, InvalidDeviceError, UnsupportedTensorError)
+from multidev.errors import (
+    BackendNotAvailableError,
+    CapabilityError,
+    DeviceMismatchError,
+    DeviceNotFoundError,
+    InvalidDeviceError,
+    UnsupportedTensorError,
+)
 
 from ._helpers import CREATION_DTYPES, as_f64, need_dtype, np_dtype, other_device
 
@@ -136,7 +142,7 @@ def test_device_mismatch_raises_typed_error(md_backend: Any, md_device: Device, 
         with pytest.raises(DeviceMismatchError):
             b.assign(x, y)
         np.testing.assert_array_equal(as_f64(b, x), np.ones((2, 2)))
-    if b.capabilities.multi_device_ops:
+    if b.capabilities.raises_on_mixed_devices:
         with pytest.raises(Exception):
             md.to_numpy(x + y)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,6 @@ def gradient_fn(name: str, backend: Any) -> Callable[[Any, Any, Any, Any, Any], 
             # keepdims: a NumPy reduction to a scalar would drop the virtual-device tag
             return (r * r).sum(keepdims=True) / 2, X.T @ r, r.sum(axis=0, keepdims=True)
     elif name == "torch":
-        import torch
 
         def grad(w, b, X, y, device):
             w, b = w.detach().requires_grad_(), b.detach().requires_grad_()
@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     assert all(np.array_equal(w_learned[0], w) for w in w_learned), "replicas diverged"
     assert losses[-1] < losses[0] / 100, f"loss did not decrease: {losses[0]:.4f} -> {losses[-1]:.4f}"
     print(f"{args.backend} on {', '.join(map(str, devices))}: loss {losses[0]:.4f} -> {losses[-1]:.6f}; "
-          f"w = [{', '.join(f'{v:.3f}' for v in w_learned[0].ravel())}] (true [{', '.join(f'{v:.3f}' for v in true_w.ravel())}])")
+          f"w = [{', '.join(f'{v:.3f}' for v in w_learned[0].ravel())}] "
+          f"(true [{', '.join(f'{v:.3f}' for v in true_w.ravel())}])")
     return 0
 
 

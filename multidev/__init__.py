@@ -1,39 +1,75 @@
-"""multidev: one device layer for PyTorch, TensorFlow, JAX, MXNet and NumPy.
+"""multidev: one device layer for PyTorch, TensorFlow, JAX, MXNet, NumPy and any array library.
 
 Native tensors in, native tensors out. ``import multidev`` imports no framework: an adapter is
 loaded when a call first needs it (by backend name or by a tensor's type).
+
+Layers, bottom up (each imports only those below it): ``errors``, ``_device`` and ``dtypes``;
+``protocol`` and ``adapter`` (the public API for adapter authors); ``registry``; ``placement`` and
+``validate``; ``transfer`` and ``exchange``; ``api`` and ``collectives``; ``distributed``; ``cli``.
 """
 from __future__ import annotations
 
-from ._device import Device
-from ._dtypes import canonical_dtype
-from .api import (arange, asarray, backend, backends, copy, cpu, default_device, device, device_of,
-                  device_scope, devices, dtype_of, empty, full, gpu, num_gpus, ones, rand, synchronize,
-                  to, to_numpy, try_all_gpus, try_gpu, zeros)
 from . import distributed
-from .collectives import (allgather, allreduce, broadcast, gather, reduce, reduce_scatter, scatter,
-                          split_batch)
-from .errors import (BackendNotAvailableError, CapabilityError, CollectiveInputError,
-                     DeviceMismatchError, DeviceNotFoundError, DistributedError,
-                     DistributedTimeoutError, InvalidDeviceError, MultidevError,
-                     UnsupportedTensorError)
+from ._device import Device
+from .api import (
+                  arange,
+                  asarray,
+                  backend,
+                  backends,
+                  copy,
+                  cpu,
+                  default_device,
+                  device,
+                  device_of,
+                  device_scope,
+                  devices,
+                  dtype_of,
+                  empty,
+                  full,
+                  gpu,
+                  num_gpus,
+                  ones,
+                  rand,
+                  synchronize,
+                  to,
+                  to_numpy,
+                  try_all_gpus,
+                  try_gpu,
+                  zeros,
+)
+from .collectives import allgather, allreduce, broadcast, gather, reduce, reduce_scatter, scatter, split_batch
+from .dtypes import canonical_dtype
+from .errors import (
+                  AdapterError,
+                  BackendError,
+                  BackendNotAvailableError,
+                  CapabilityError,
+                  CollectiveInputError,
+                  DeviceMismatchError,
+                  DeviceNotFoundError,
+                  DistributedError,
+                  DistributedTimeoutError,
+                  InvalidArgumentError,
+                  InvalidDeviceError,
+                  InvalidDtypeError,
+                  MultidevError,
+                  UnsupportedTensorError,
+)
+from .exchange import convert
 from .protocol import Backend, Capabilities
-from .transfer import Transfer, convert, to_host
-from .registry import (backend_of, get_default_backend, register_backend, registered_backends,
-                       set_default_backend)
+from .registry import backend_of, get_default_backend, register_backend, registered_backends, set_default_backend
+from .transfer import Transfer, to_host
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
-    "Device", "Backend", "Capabilities", "canonical_dtype",
-    "device", "cpu", "gpu", "devices", "num_gpus", "try_gpu", "try_all_gpus",
-    "backends", "backend", "backend_of", "registered_backends", "register_backend",
-    "set_default_backend", "get_default_backend", "device_scope", "default_device",
-    "zeros", "ones", "full", "empty", "arange", "asarray", "rand",
-    "device_of", "dtype_of", "to", "copy", "to_numpy", "synchronize",
-    "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "scatter", "gather", "split_batch",
-    "distributed",
-    "Transfer", "convert", "to_host",
-    "MultidevError", "InvalidDeviceError", "DeviceNotFoundError", "DeviceMismatchError",
-    "BackendNotAvailableError", "UnsupportedTensorError", "CapabilityError", "CollectiveInputError", "DistributedError", "DistributedTimeoutError",
+    "AdapterError", "Backend", "BackendError", "BackendNotAvailableError", "Capabilities", "CapabilityError",
+    "CollectiveInputError", "Device", "DeviceMismatchError", "DeviceNotFoundError", "DistributedError",
+    "DistributedTimeoutError", "InvalidArgumentError", "InvalidDeviceError", "InvalidDtypeError", "MultidevError",
+    "Transfer", "UnsupportedTensorError",
+    "allgather", "allreduce", "arange", "asarray", "backend", "backend_of", "backends", "broadcast",
+    "canonical_dtype", "convert", "copy", "cpu", "default_device", "device", "device_of", "device_scope", "devices",
+    "distributed", "dtype_of", "empty", "full", "gather", "get_default_backend", "gpu", "num_gpus", "ones", "rand",
+    "reduce", "reduce_scatter", "register_backend", "registered_backends", "scatter", "set_default_backend",
+    "split_batch", "synchronize", "to", "to_host", "to_numpy", "try_all_gpus", "try_gpu", "zeros",
 ]

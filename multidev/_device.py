@@ -8,7 +8,7 @@ from typing import Any, Union
 
 from .errors import InvalidDeviceError
 
-__all__ = ["Device", "DeviceLike", "KINDS", "ACCEPTED_FORMS"]
+__all__ = ["ACCEPTED_FORMS", "KINDS", "MAX_INDEX", "Device", "DeviceLike"]
 
 #: Device kinds multidev knows. ``gpu`` covers CUDA and ROCm; ``mps`` is Apple's Metal GPU.
 KINDS = ("cpu", "gpu", "mps")
@@ -31,7 +31,9 @@ _SPEC = re.compile(r"^\s*([a-z]+)\s*(?::\s*(\d+))?\s*$")
 _TF_PREFIX = re.compile(r"^(?:/job:[^/]+)?(?:/replica:\d+)?(?:/task:\d+)?(?:/device:|/)", re.IGNORECASE)
 
 
-_INTERN: dict[tuple[str, int], "Device"] = {}
+_INTERN: dict[tuple[str, int], Device] = {}
+#: The largest device index multidev accepts (more than any machine has; refuses 5000-digit indices).
+MAX_INDEX = 1 << 16
 
 
 @dataclass(frozen=True, order=True)
@@ -46,7 +48,7 @@ class Device:
     kind: str
     index: int = 0
 
-    def __new__(cls, kind: str, index: int = 0) -> "Device":
+    def __new__(cls, kind: str, index: int = 0) -> Device:
         # Interned: Device("cpu", 0) is one object, so comparisons short-cut on identity.
         inst = _INTERN.get((kind, index)) if type(index) is int else None
         return inst if inst is not None else object.__new__(cls)
@@ -54,8 +56,8 @@ class Device:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise InvalidDeviceError(f"unknown device kind {self.kind!r}; expected one of {KINDS}")
-        if not isinstance(self.index, int) or isinstance(self.index, bool) or self.index < 0:
-            raise InvalidDeviceError(f"device index must be a non-negative int, got {self.index!r}")
+        if not isinstance(self.index, int) or isinstance(self.index, bool) or not 0 <= self.index <= MAX_INDEX:
+            raise InvalidDeviceError(f"device index must be an int in 0..{MAX_INDEX}, got {self.index!r:.40}")
         if self.index < 256:
             _INTERN.setdefault((self.kind, self.index), self)
 
@@ -64,7 +66,7 @@ class Device:
             return True
         if other.__class__ is not Device:
             return NotImplemented
-        return self.kind == other.kind and self.index == other.index  # type: ignore[attr-defined]
+        return self.kind == other.kind and self.index == other.index
 
     def __hash__(self) -> int:
         return hash((self.kind, self.index))
@@ -88,31 +90,30 @@ class Device:
         return (_KIND_TO_DLPACK[self.kind], self.index)
 
     @classmethod
-    def from_dlpack(cls, pair: tuple[int, int]) -> "Device":
+    def from_dlpack(cls, pair: tuple[int, int]) -> Device:
         """Build from a DLPack ``(device_type, device_id)`` pair, as ``__dlpack_device__`` returns."""
         dtype, idx = int(pair[0]), int(pair[1])
+        if idx < 0 or idx > MAX_INDEX:
+            raise InvalidDeviceError(f"DLPack device id {idx} is out of range (0..{MAX_INDEX})")
         if dtype not in _DLPACK_TO_KIND:
             raise InvalidDeviceError(f"unsupported DLPack device type {dtype}; known: {sorted(_DLPACK_TO_KIND)}")
         return cls(_DLPACK_TO_KIND[dtype], idx)
 
     @classmethod
-    def parse(cls, spec: "DeviceLike") -> "Device":
-        """Parse any accepted spelling or native device object into a :class:`Device`.
+    def parse(cls, spec: DeviceLike) -> Device:
+        """Parse a spelling (``"cuda:1"``, ``"/GPU:1"``, ...), a DLPack ``(type, id)`` pair or a Device.
 
-        Pure: never imports a framework. Native objects of frameworks are resolved through the
-        registry's loaded adapters (see :func:`multidev.device`).
+        Pure: consults nothing but its argument. Native device objects of frameworks
+        (``torch.device``, a jax ``Device``) are resolved by :func:`multidev.device`, which asks the
+        loaded adapters; here they raise InvalidDeviceError.
         """
         if isinstance(spec, Device):
             return spec
         if isinstance(spec, str):
             return _parse_str(spec)
-        if isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(v, int) for v in spec):
+        if (isinstance(spec, tuple) and len(spec) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in spec)):
             return cls.from_dlpack(spec)
-        from . import registry  # local: registry imports this module
-
-        found = registry.native_device(spec)
-        if found is not None:
-            return found
         raise InvalidDeviceError(
             f"cannot interpret {spec!r} (type {type(spec).__name__}) as a device. Accepted: {ACCEPTED_FORMS}"
         )
@@ -131,8 +132,11 @@ def _parse_str(text: str) -> Device:
         s = s[len("device:"):]
     m = _SPEC.match(s.lower())
     if not m or m.group(1) not in _ALIASES:
-        raise InvalidDeviceError(f"cannot parse device {raw!r}. Accepted: {ACCEPTED_FORMS}")
-    return Device(_ALIASES[m.group(1)], int(m.group(2)) if m.group(2) is not None else 0)
+        raise InvalidDeviceError(f"cannot parse device {raw!r:.60}. Accepted: {ACCEPTED_FORMS}")
+    digits = m.group(2)
+    if digits is not None and len(digits) > 6:
+        raise InvalidDeviceError(f"device index {digits[:12]}... in {raw!r:.40} is out of range (0..{MAX_INDEX})")
+    return Device(_ALIASES[m.group(1)], int(digits) if digits is not None else 0)
 
 
-DeviceLike = Union[Device, str, tuple, Any]
+DeviceLike = Union[Device, str, tuple, Any]  # noqa: UP007 - a runtime alias, valid on Python 3.10

@@ -2,36 +2,36 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from ._device import Device, DeviceLike
-from ._dtypes import canonical_dtype
-from .errors import CapabilityError, DeviceNotFoundError, MultidevError, UnsupportedTensorError
+from .dtypes import canonical_dtype
+from .errors import CapabilityError, InvalidArgumentError, InvalidDeviceError, MultidevError, UnsupportedTensorError
+from .placement import as_device, resolve, scope_backend, scope_device
+from .placement import default_device as default_device
 from .protocol import Backend
 from .registry import available_backends, backend_of, get_backend, loaded_backends
+from .transfer import start_to
+from .validate import check_fill, check_range, check_seed, check_shape
 
 __all__ = [
-    "device", "cpu", "gpu", "devices", "num_gpus", "try_gpu", "try_all_gpus", "backends", "backend",
-    "device_scope", "default_device",
-    "zeros", "ones", "full", "empty", "arange", "asarray", "rand",
-    "device_of", "to", "copy", "to_numpy", "synchronize", "dtype_of",
+    "arange", "asarray", "backend", "backends", "copy", "cpu", "default_device", "device", "device_of",
+    "device_scope", "devices", "dtype_of", "empty", "full", "gpu", "num_gpus", "ones", "rand", "synchronize",
+    "to", "to_numpy", "try_all_gpus", "try_gpu", "zeros",
 ]
-
-_scope_device: contextvars.ContextVar[Device | None] = contextvars.ContextVar("md_device", default=None)
-_scope_backend: contextvars.ContextVar[str | None] = contextvars.ContextVar("md_backend", default=None)
 
 
 # -- devices -------------------------------------------------------------------------------------
 def device(spec: DeviceLike) -> Device:
     """Parse any device spelling or native device object into the neutral :class:`Device`.
 
-    ``device("cuda:1") == device("gpu:1") == device("/GPU:1") == device(torch.device("cuda", 1))``.
-    Pure: does not check that the device exists (``devices()`` does that).
+    ``device("cuda:1") == device("gpu:1") == device("/GPU:1") == device(<torch.device cuda:1>)``.
+    Does not check that the device exists (``devices()`` does that).
     """
-    return Device.parse(spec)
+    return as_device(spec)
 
 
 def cpu(index: int = 0) -> Device:
@@ -46,7 +46,7 @@ def gpu(index: int = 0) -> Device:
 
 def _backend(name: str | None) -> Backend:
     if name is None:
-        name = _scope_backend.get()
+        name = scope_backend.get()
     return get_backend(name)
 
 
@@ -56,7 +56,7 @@ def backend(name: str | None = None) -> Backend:
 
 
 def backends() -> list[str]:
-    """Names of the backends whose framework is installed and imports, e.g. ``['jax', 'numpy']``."""
+    """Names of the backends whose framework is installed and imports (sorted)."""
     return available_backends()
 
 
@@ -64,7 +64,9 @@ def devices(backend: str | None = None, kind: str | None = None) -> list[Device]
     """Every device of the backend (the default one when None), CPUs first; ``kind`` filters."""
     devs = _backend(backend).devices()
     if kind is not None:
-        k = Device.parse(kind).kind if kind not in ("cpu", "gpu", "mps") else kind
+        if not isinstance(kind, str):
+            raise InvalidDeviceError(f"kind must be a string such as 'cpu' or 'gpu', got {kind!r:.40}")
+        k = kind if kind in ("cpu", "gpu", "mps") else Device.parse(kind).kind
         devs = [d for d in devs if d.kind == k]
     return devs
 
@@ -74,8 +76,15 @@ def num_gpus(backend: str | None = None) -> int:
     return sum(1 for d in _backend(backend).devices() if d.is_gpu)
 
 
+def _index(i: Any, what: str) -> int:
+    if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+        raise InvalidArgumentError(f"{what} takes a GPU index (an int), got {i!r:.40} ({type(i).__name__})")
+    return int(i)
+
+
 def try_gpu(i: int = 0, backend: str | None = None) -> Device:
     """GPU ``i`` if the backend has it, else ``cpu:0`` (D2L's ``try_gpu``)."""
+    i = _index(i, "try_gpu")
     gpus = [d for d in _backend(backend).devices() if d.is_gpu]
     return gpus[i] if 0 <= i < len(gpus) else Device("cpu", 0)
 
@@ -86,21 +95,6 @@ def try_all_gpus(backend: str | None = None) -> list[Device]:
     return gpus or [Device("cpu", 0)]
 
 
-def _resolve(b: Backend, spec: DeviceLike | None) -> Device:
-    """Parse ``spec`` (scope default, then cpu:0, when None) and check that ``b`` has it."""
-    if spec is None:
-        spec = _scope_device.get() or Device("cpu", 0)
-    dev = Device.parse(spec)
-    avail = b.devices()
-    if dev not in avail:
-        hint = ("use multidev.try_gpu() to fall back to the CPU" if dev.is_gpu
-                else "configure more virtual devices for this backend (see the README)")
-        raise DeviceNotFoundError(
-            f"{b.name} has no device {dev}; available: {', '.join(map(str, avail))}. Hint: {hint}."
-        )
-    return dev
-
-
 @contextlib.contextmanager
 def device_scope(device: DeviceLike, backend: str | None = None) -> Iterator[Device]:
     """Within the block, creation calls default to ``device`` (and to ``backend`` when given).
@@ -109,99 +103,142 @@ def device_scope(device: DeviceLike, backend: str | None = None) -> Iterator[Dev
     """
     if backend is not None:
         get_backend(backend)
-    dev = Device.parse(device)
-    t1 = _scope_device.set(dev)
-    t2 = _scope_backend.set(backend) if backend is not None else None
+    dev = as_device(device)
+    t1 = scope_device.set(dev)
+    t2 = scope_backend.set(backend) if backend is not None else None
     try:
         yield dev
     finally:
-        _scope_device.reset(t1)
+        scope_device.reset(t1)
         if t2 is not None:
-            _scope_backend.reset(t2)
-
-
-def default_device() -> Device:
-    """The device creation calls use when given none: the innermost device_scope, else cpu:0."""
-    return _scope_device.get() or Device("cpu", 0)
+            scope_backend.reset(t2)
 
 
 # -- creation ------------------------------------------------------------------------------------
-def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
-    if isinstance(shape, (int, np.integer)):
-        return (int(shape),)
-    return tuple(int(s) for s in shape)
-
-
-def _dtype(b: Backend, dtype: Any, default: str) -> str:
+def _dtype(b: Backend, dtype: Any, default: str, device: Device) -> str:
     name = canonical_dtype(dtype) if dtype is not None else default
-    if name not in b.capabilities.dtypes:
-        b.to_native_dtype(name)  # the adapter's own CapabilityError says why and how to enable it
+    if name not in b.capabilities.dtypes_on(device):
+        if name not in b.capabilities.dtypes:
+            b.to_native_dtype(name)  # the adapter's own CapabilityError says why and how to enable it
         raise CapabilityError(
-            f"{b.name} cannot hold dtype {name!r} here; supported: {', '.join(sorted(b.capabilities.dtypes))}")
+            f"{b.name} cannot hold dtype {name!r} on {device}; supported there: "
+            f"{', '.join(sorted(b.capabilities.dtypes_on(device)))}")
     return name
+
+
+def _int_default(b: Backend, device: Device) -> str:
+    return "int64" if "int64" in b.capabilities.dtypes_on(device) else "int32"
 
 
 def full(shape: int | Sequence[int], value: Any, dtype: Any = None, device: DeviceLike | None = None,
          backend: str | None = None) -> Any:
-    """A new tensor of ``value`` on ``device`` (default float32, or bool/int64 for such a value)."""
+    """A new tensor of ``value`` on ``device`` (default float32, or bool/int64 for such a value,
+    complex64 for a complex one). A value the dtype cannot hold exactly (1000 into int8, NaN into
+    int32, 1+2j into float32) raises InvalidArgumentError."""
     b = _backend(backend)
-    default = ("bool" if isinstance(value, bool) else "int64" if isinstance(value, (int, np.integer))
-               else "float32")
-    if default == "int64" and "int64" not in b.capabilities.dtypes:
-        default = "int32"
-    return b.full(_shape(shape), value, _dtype(b, dtype, default), _resolve(b, device))
+    shp = check_shape(shape)
+    dev = resolve(b, device)
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool):
+        default = "bool"
+    elif isinstance(value, int):
+        default = _int_default(b, dev)
+    elif isinstance(value, complex):
+        default = "complex64"
+    else:
+        default = "float32"
+    name = _dtype(b, dtype, default, dev)
+    return b.full(shp, check_fill(value, name), name, dev)
 
 
 def zeros(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
           backend: str | None = None) -> Any:
     """A new tensor of zeros (float32 by default) on ``device``."""
     b = _backend(backend)
-    return b.full(_shape(shape), 0, _dtype(b, dtype, "float32"), _resolve(b, device))
+    shp = check_shape(shape)
+    dev = resolve(b, device)
+    name = _dtype(b, dtype, "float32", dev)
+    return b.full(shp, check_fill(0, name), name, dev)
 
 
 def ones(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
          backend: str | None = None) -> Any:
     """A new tensor of ones (float32 by default) on ``device``."""
     b = _backend(backend)
-    return b.full(_shape(shape), 1, _dtype(b, dtype, "float32"), _resolve(b, device))
+    shp = check_shape(shape)
+    dev = resolve(b, device)
+    name = _dtype(b, dtype, "float32", dev)
+    return b.full(shp, check_fill(1, name), name, dev)
 
 
 def empty(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
           backend: str | None = None) -> Any:
     """A new uninitialised tensor (float32 by default) on ``device``."""
     b = _backend(backend)
-    return b.empty(_shape(shape), _dtype(b, dtype, "float32"), _resolve(b, device))
+    shp = check_shape(shape)
+    dev = resolve(b, device)
+    return b.empty(shp, _dtype(b, dtype, "float32", dev), dev)
 
 
 def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
            device: DeviceLike | None = None, backend: str | None = None) -> Any:
-    """``start, start+step, ...`` below ``stop`` on ``device`` (int64 for integer bounds, else float32)."""
+    """``start, start+step, ...`` below ``stop`` on ``device`` (int64 for integer bounds, else
+    float32); empty when the range is, on every backend."""
     if stop is None:
         start, stop = 0, start
     b = _backend(backend)
-    ints = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
-    default = ("int64" if "int64" in b.capabilities.dtypes else "int32") if ints else "float32"
-    return b.arange(start, stop, step, _dtype(b, dtype, default), _resolve(b, device))
+    dev = resolve(b, device)
+    ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (start, stop, step))
+    name = _dtype(b, dtype, _int_default(b, dev) if ints else "float32", dev)
+    if name == "bool":
+        raise InvalidArgumentError("arange cannot make bool tensors; make an int range and compare it")
+    start, stop, step = check_range(start, stop, step, name)
+    return b.arange(start, stop, step, name, dev)
+
+
+def _host_value(obj: Any) -> None:
+    """Refuse what no tensor can hold before a framework guesses (strings, objects, ragged lists)."""
+    if isinstance(obj, (str, bytes)) or obj is None:
+        raise InvalidArgumentError(f"asarray takes numbers, nested sequences of numbers or arrays, got "
+                                   f"{obj!r:.60} ({type(obj).__name__})")
+    if isinstance(obj, np.ndarray):
+        canonical_dtype(obj.dtype)  # strings, objects, datetimes: InvalidDtypeError
+        return
+    if isinstance(obj, (list, tuple)):
+        try:
+            a = np.asarray(obj)
+        except ValueError as e:  # ragged
+            raise InvalidArgumentError(f"asarray: {type(obj).__name__} is ragged or mixed ({e}); every "
+                                       "nested sequence must have the same length") from None
+        if a.dtype.kind in "OUSVMm":
+            raise InvalidArgumentError(f"asarray: this {type(obj).__name__} holds {a.dtype} values "
+                                       "(strings, objects or ragged lists), which no tensor can hold")
 
 
 def asarray(obj: Any, dtype: Any = None, device: DeviceLike | None = None,
             backend: str | None = None) -> Any:
-    """A new tensor holding ``obj`` (nested lists, scalars, NumPy arrays) on ``device``. Always copies.
+    """A new tensor holding ``obj`` (nested lists, scalars, NumPy arrays) on ``device``. Always
+    copies: the result never shares the caller's buffer.
 
     ``dtype=None`` keeps a NumPy array's dtype and otherwise uses the framework's own inference.
     """
     b = _backend(backend)
-    name = _dtype(b, dtype, "float32") if dtype is not None else None
+    dev = resolve(b, device)
+    _host_value(obj)
+    name = _dtype(b, dtype, "float32", dev) if dtype is not None else None
     if name is None and isinstance(obj, np.ndarray):
-        name = _dtype(b, obj.dtype, "float32")
-    return b.asarray(obj, name, _resolve(b, device))
+        name = _dtype(b, obj.dtype, "float32", dev)
+    return b.asarray(obj, name, dev)
 
 
 def rand(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
          backend: str | None = None, seed: int | None = None) -> Any:
     """Uniform samples in [0, 1) on ``device`` (float32 by default); a seed makes them repeatable."""
     b = _backend(backend)
-    return b.rand(_shape(shape), _dtype(b, dtype, "float32"), _resolve(b, device), seed)
+    shp = check_shape(shape)
+    dev = resolve(b, device)
+    return b.rand(shp, _dtype(b, dtype, "float32", dev), dev, check_seed(seed))
 
 
 # -- placement -----------------------------------------------------------------------------------
@@ -220,24 +257,24 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     else a copy on the target device. Asynchronous where the framework is, but always safe to read.
 
     ``non_blocking=True`` returns a :class:`~multidev.transfer.Transfer` at once; its ``wait()``
-    gives the tensor once the copy has landed (host targets use pinned buffers where they exist).
+    gives the tensor once the copy has landed. Host targets use pinned buffers where they exist,
+    and the copy starts as soon as the work producing ``x`` is done, so it overlaps with work
+    queued afterwards.
     """
     if non_blocking:
-        from .transfer import start_to
-
         return start_to(x, device)
     b = backend_of(x)
-    dev = device if device.__class__ is Device else Device.parse(device)
+    dev = device if device.__class__ is Device else as_device(device)
     if b.device_of(x) == dev:  # the no-op path: no enumeration, no validation
         return x
-    return b.move(x, _resolve(b, dev))
+    return b.move(x, resolve(b, dev))
 
 
 def copy(x: Any, device: DeviceLike | None = None) -> Any:
     """A new, independent buffer holding ``x`` on ``device`` (x's own device when None): D2L's
     ``copyto``. Always copies, even on the same device."""
     b = backend_of(x)
-    dev = b.device_of(x) if device is None else _resolve(b, device)
+    dev = b.device_of(x) if device is None else resolve(b, device)
     return b.copy(x, dev)
 
 
@@ -251,29 +288,29 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
     """Wait for queued work and raise any asynchronous error it produced.
 
     - ``synchronize()``: every device of every loaded backend (or of ``backend``).
-    - ``synchronize(device)``: that device, on ``backend`` or on every loaded backend.
+    - ``synchronize(device)``: that device, on ``backend`` or on every loaded backend that has it.
     - ``synchronize(tensor)``: until that tensor is computed.
     """
     if target is None or isinstance(target, (Device, str)):
-        dev = None if target is None else Device.parse(target)
-        if backend is not None and dev is not None:
+        dev = None if target is None else (target if target.__class__ is Device else Device.parse(target))
+        if backend is not None:
             b = get_backend(backend)
-            if dev in b.devices():
-                return b.synchronize(dev)
-        targets = [get_backend(backend)] if backend is not None else loaded_backends()
-        for b in targets:
+            if dev is None:
+                b.synchronize(None)
+            else:
+                b.synchronize(resolve(b, dev))
+            return
+        for b in loaded_backends():
             if dev is None:
                 b.synchronize(None)
             elif dev in b.devices():
                 b.synchronize(dev)
-            elif backend is not None:
-                _resolve(b, dev)  # raises DeviceNotFoundError with the available devices
         return
     try:
         b = backend_of(target)
     except UnsupportedTensorError as e:
         try:
-            dev = Device.parse(target)  # a native device object
+            dev = as_device(target)  # a native device object
         except MultidevError:
             raise e from None  # neither a tensor nor a device: say so as a tensor error
         return synchronize(dev, backend=backend)

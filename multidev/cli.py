@@ -1,40 +1,67 @@
-"""The ``multidev`` command: ``devices``, ``demo``, ``conformance`` and ``bench``."""
+"""The ``multidev`` command: ``devices``, ``demo``, ``conformance``, and the subcommands other packages
+add through the ``multidev.commands`` entry-point group (``bench`` comes from ``multidev.benchmarks``).
+
+Every bad flag (an unknown or uninstalled backend, a device no backend has, a spelling that is no
+device) ends in one line on stderr and a non-zero exit, never a traceback.
+"""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
 
 from . import __version__
+from .errors import MultidevError
+
+COMMANDS_GROUP = "multidev.commands"
 
 
-def _console():  # rich is a dependency; keep its import off `import multidev`
+class _UsageError(Exception):
+    pass
+
+
+def _console() -> Any:  # rich is a dependency; keep its import off `import multidev`
     from rich.console import Console
 
     return Console()
 
 
+def _split(s: str | None) -> list[str]:
+    return [v.strip() for v in (s or "").split(",") if v.strip()]
+
+
+def _backends(spec: str | None, default: list[str]) -> list[Any]:
+    """The adapters named in ``spec`` (default: ``default``), or a one-line usage error."""
+    from . import registry
+
+    out = []
+    for n in _split(spec) or default:
+        try:
+            out.append(registry.get_backend(n))
+        except MultidevError as e:
+            raise _UsageError(f"--backend {n}: {str(e).splitlines()[0]}") from None
+    return out
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
     """A table of every installed backend's devices, side by side."""
+    from rich.markup import escape
     from rich.table import Table
 
     from . import registry
 
-    names = args.backend.split(",") if args.backend else registry.registered_backends()
+    names = _split(args.backend) or registry.registered_backends()
     table = Table(title="multidev devices")
-    table.add_column("backend")
-    table.add_column("version")
-    table.add_column("devices")
-    table.add_column("GPUs", justify="right")
-    table.add_column("capabilities")
+    for col in ("backend", "version", "devices", "GPUs", "capabilities"):
+        table.add_column(col, justify="right" if col == "GPUs" else "left")
     rc = 0
     for n in names:
         try:
             b = registry.get_backend(n)
-        except Exception as e:  # an adapter that fails to load is reported, not fatal
-            from rich.markup import escape
-
+        except Exception as e:  # noqa: BLE001 - an adapter that fails to load is reported, not fatal
             table.add_row(n, "-", f"[dim]{escape(_short(n, e))}[/dim]", "-", "-")
             if args.backend:
                 rc = 1
@@ -52,33 +79,41 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def _short(name: str, e: BaseException) -> str:
     s = str(e)
-    if "No module named" in s:
-        return f"not installed: pip install \"multidev[{name}]\""
+    if "not available" in s and "Install" in s:
+        return "not installed: " + s.split("Install", 1)[1].strip().rstrip(".")
     s = "not available: " + s.split(". Install")[0]
     return s if len(s) < 120 else s[:117] + "..."
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """D2L's GPU chapter in a few calls, on every installed backend."""
+    """D2L's GPU chapter in a few calls, on every installed backend, each line saying what it shows."""
     import numpy as np
 
     import multidev as md
+    from multidev.registry import configure_virtual_devices
 
+    configure_virtual_devices(args.devices)
     con = _console()
-    names = args.backend.split(",") if args.backend else md.backends()
-    for n in names:
+    backs = _backends(args.backend, md.backends())
+    for b in backs:
+        n = b.name
         dev = md.try_gpu(backend=n)
         devs = md.devices(backend=n)
         x = md.ones((2, 3), device=dev, backend=n)
         same = md.to(x, dev) is x
         y = md.copy(x)
-        parts = [md.asarray(np.full((2, 3), i + 1.0, dtype=np.float32), device=d, backend=n) for i, d in enumerate(devs[:4])]
+        parts = [md.asarray(np.full((2, 3), i + 1.0, dtype=np.float32), device=d, backend=n)
+                 for i, d in enumerate(devs[:4])]
         total = md.allreduce(parts, op="sum")
         md.synchronize()
-        con.print(f"[bold]{n}[/bold]: try_gpu() -> {dev}; devices {', '.join(map(str, devs))}")
-        con.print(f"  to(x, {dev}) is x: {same}; copy(x) is x: {y is x}; "
-                  f"allreduce over {len(parts)} device(s) -> {md.to_numpy(total[0])[0, 0]:g} "
-                  f"on {', '.join(str(md.device_of(t)) for t in total)}")
+        terms = " + ".join(str(i + 1) for i in range(len(parts)))
+        value = float(md.to_numpy(total[0])[0, 0])
+        con.print(f"[bold]{n}[/bold] {b.version()}: try_gpu() -> {dev}; devices {', '.join(map(str, devs))}",
+                  highlight=False)
+        con.print(f"  to(x, {dev}) is x: {same} (already there: no copy); copy(x) is x: {y is x} "
+                  "(copy always makes a new buffer)", highlight=False)
+        con.print(f"  allreduce over {len(parts)} device(s) -> {value:g} = {terms} on "
+                  f"{', '.join(str(md.device_of(t)) for t in total)}", highlight=False)
     return 0
 
 
@@ -87,42 +122,54 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     try:
         import pytest
     except ImportError:
-        print("multidev conformance needs pytest and hypothesis: pip install \"multidev[conformance]\"",
-              file=sys.stderr)
-        return 2
+        raise _UsageError('multidev conformance needs pytest and hypothesis: '
+                          'pip install "multidev[conformance]"') from None
     from pathlib import Path
+
+    import multidev as md
 
     from . import conformance
 
-    suite = str(Path(conformance.__file__).resolve().parent)
+    for mod in args.import_:
+        try:
+            __import__(mod)
+        except ImportError as e:
+            raise _UsageError(f"--import {mod}: {e}") from None
+    if args.backend and args.backend != "all":
+        from multidev.conformance.plugin import VIRTUAL_DEVICES
+        from multidev.registry import configure_virtual_devices
+
+        configure_virtual_devices(VIRTUAL_DEVICES)  # before any framework starts, as the suite would
+        _backends(args.backend, [])  # load now: an unknown backend is a one-line error
+    for spec in _split(args.device):
+        try:
+            md.device(spec)
+        except MultidevError as e:
+            raise _UsageError(f"--device {spec}: {str(e).splitlines()[0]}") from None
+    suite = str(Path(conformance.__file__).parent)
     argv = [suite, "-p", "no:cacheprovider", f"--rootdir={suite}", "-o", "addopts="]
     argv.append(f"--multidev-backend={args.backend}")
     if args.device:
         argv.append(f"--multidev-device={args.device}")
     if args.json:
         argv.append(f"--multidev-json={os.path.abspath(args.json)}")
+    for mod in args.import_:
+        argv.append(f"--multidev-import={mod}")
     if not args.multiprocess:
         argv += ["-m", "not multiprocess"]
-    argv += ["-q"] + list(args.pytest_args)
+    argv += ["-q", *list(args.pytest_args)]
     if "multidev.conformance.plugin" not in _loaded_plugins():
-        argv = ["-p", "multidev.conformance.plugin"] + argv
+        argv = ["-p", "multidev.conformance.plugin", *argv]
     return int(pytest.main(argv))
 
 
 def _loaded_plugins() -> set[str]:
-    from importlib import metadata
-
     return {ep.value for ep in metadata.entry_points(group="pytest11")}
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench
-
-    return bench.main(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="multidev", description="One device layer for PyTorch, TensorFlow, JAX, MXNet and NumPy.")
+    p = argparse.ArgumentParser(prog="multidev", description="One device layer for PyTorch, TensorFlow, JAX, "
+                                "MXNet, CuPy, NumPy and any array-API library.")
     p.add_argument("--version", action="version", version=f"multidev {__version__}")
     sub = p.add_subparsers(dest="command")
     d = sub.add_parser("devices", help="list every installed backend's devices side by side")
@@ -130,23 +177,32 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_devices)
     m = sub.add_parser("demo", help="place, move, copy and allreduce on every installed backend")
     m.add_argument("--backend", help="comma-separated backends (default: all installed)")
+    m.add_argument("--devices", type=int, default=2,
+                   help="virtual CPU devices per backend where it can have them (default 2)")
     m.set_defaults(fn=cmd_demo)
     c = sub.add_parser("conformance", help="run the shared conformance suite against adapters")
-    c.add_argument("--backend", default="all", help="names or module:attr, comma-separated (default: all installed)")
+    c.add_argument("--backend", default="all",
+                   help="names, module:attr (an adapter class or factory), comma-separated (default: all installed)")
     c.add_argument("--device", help="only these devices, e.g. cpu:0,gpu:0")
     c.add_argument("--json", help="write the pass/fail/skip matrix to this JSON file")
+    c.add_argument("--import", dest="import_", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (for adapters it registers with multidev.register_backend)")
     c.add_argument("--multiprocess", action="store_true", help="include the multi-process (gloo) tests")
     c.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     c.set_defaults(fn=cmd_conformance)
-    try:
-        from . import bench
-    except ImportError:
-        bench = None  # type: ignore[assignment]
-    if bench is not None:
-        b = sub.add_parser("bench", help="compare frameworks side by side through multidev and natively")
-        bench.add_arguments(b)
-        b.set_defaults(fn=cmd_bench)
+    for ep in metadata.entry_points(group=COMMANDS_GROUP):
+        try:
+            ep.load()(sub)
+        except Exception as e:  # noqa: BLE001 - a broken plug-in must not break the other commands
+            broken = sub.add_parser(ep.name, help=f"(unavailable: {type(e).__name__})")
+            broken.set_defaults(fn=_unavailable(ep.name, e))
     return p
+
+
+def _unavailable(name: str, e: BaseException) -> Any:
+    def fn(args: argparse.Namespace) -> int:
+        raise _UsageError(f"{name} is unavailable: {type(e).__name__}: {e}")
+    return fn
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -154,9 +210,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if getattr(args, "fn", None) is None:
         args = p.parse_args(["devices"])
-        rc = cmd_devices(args)
-        return rc
-    return int(args.fn(args) or 0)
+    try:
+        return int(args.fn(args) or 0)
+    except _UsageError as e:
+        print(f"multidev {args.command or 'devices'}: {e}", file=sys.stderr)
+        return 2
+    except MultidevError as e:
+        print(f"multidev {args.command or 'devices'}: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -42,28 +42,24 @@ algorithms, by a rule that depends on shape, dtype and device count alone.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ._device import Device, DeviceLike
-from ._dtypes import is_floating
-from .errors import CapabilityError, CollectiveInputError
-from .protocol import REDUCE_OPS, Backend
+from .dtypes import ITEMSIZE
+from .errors import CapabilityError, CollectiveInputError, UnsupportedTensorError
+from .placement import device_list, resolve
+from .protocol import Backend
 from .registry import backend_of
+from .validate import OPS, check_axis, check_op
 
-__all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "scatter", "gather",
-           "split_batch", "split_sizes", "choose_algorithm", "OPS", "ALGORITHMS",
-           "AUTO_TREE_MAX_BYTES"]
+__all__ = ["ALGORITHMS", "AUTO_TREE_MAX_BYTES", "OPS", "allgather", "allreduce", "broadcast", "choose_algorithm",
+           "gather", "reduce", "reduce_scatter", "scatter", "split_batch", "split_sizes"]
 
-#: Reductions accepted by allreduce/reduce/reduce_scatter.
-OPS = REDUCE_OPS + ("mean",)
 #: Algorithm names accepted by allreduce.
 ALGORITHMS = ("auto", "naive", "ring", "tree", "native")
 #: ``auto`` uses ``tree`` up to this many bytes per device and ``ring`` above.
 AUTO_TREE_MAX_BYTES = 64 * 1024
-
-_ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2,
-             "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8,
-             "complex64": 8, "complex128": 16}
 
 
 # -- validation ----------------------------------------------------------------------------------
@@ -74,7 +70,12 @@ def _tensor_list(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any]]
     xs = list(tensors)
     if not xs:
         raise CollectiveInputError(f"{what} needs at least one tensor; got an empty list")
-    backs = [backend_of(x) for x in xs]
+    backs = []
+    for i, x in enumerate(xs):
+        try:
+            backs.append(backend_of(x))
+        except UnsupportedTensorError as e:
+            raise CollectiveInputError(f"{what}: item {i} is not a tensor ({e})") from None
     names = sorted({b.name for b in backs})
     if len(names) > 1:
         raise CollectiveInputError(
@@ -104,48 +105,6 @@ def _validate(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any]]:
     if len(set(shapes)) > 1:
         raise CollectiveInputError(f"{what} needs one shape; got {shapes} on {b.name}")
     return b, xs
-
-
-def _check_op(op: str, dtype: str, what: str) -> None:
-    if not isinstance(op, str) or op not in OPS:
-        raise CollectiveInputError(f"{what}: unknown op {op!r}; expected one of {', '.join(OPS)}")
-    if op == "mean" and not is_floating(dtype):
-        raise CollectiveInputError(
-            f"{what}: op='mean' on {dtype} tensors is refused (integer division would silently floor); "
-            "cast to a floating dtype first, or use op='sum' and divide yourself"
-        )
-    if dtype == "bool" and op in ("sum", "prod"):
-        raise CollectiveInputError(
-            f"{what}: op={op!r} on bool tensors is refused (frameworks disagree on it); use op='max' "
-            "for a logical or, op='min' for a logical and"
-        )
-    if dtype.startswith("complex") and op in ("max", "min"):
-        raise CollectiveInputError(f"{what}: op={op!r} is undefined for {dtype} tensors")
-
-
-def _axis(axis: Any, ndim: int, what: str) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, int):
-        raise CollectiveInputError(f"{what}: axis must be an int, got {axis!r}")
-    if ndim == 0:
-        raise CollectiveInputError(
-            f"{what} splits or joins along an axis, which a 0-d tensor lacks; reshape it to (1,) first"
-        )
-    if not -ndim <= axis < ndim:
-        raise CollectiveInputError(f"{what}: axis {axis} is out of range for {ndim}-d tensors")
-    return axis % ndim
-
-
-def _devices(b: Backend, devices: Sequence[DeviceLike], what: str) -> list[Device]:
-    """Parse a device list: non-empty, every device present on ``b``, no repeats."""
-    from .api import _resolve
-
-    if isinstance(devices, (str, bytes, Device)) or not isinstance(devices, Sequence):
-        raise CollectiveInputError(f"{what} takes a list of devices; got {devices!r}")
-    if not devices:
-        raise CollectiveInputError(f"{what} needs at least one device; got an empty list")
-    devs = [_resolve(b, d) for d in devices]
-    _distinct(devs, b, what)
-    return devs
 
 
 def split_sizes(length: int, n: int) -> list[int]:
@@ -272,7 +231,7 @@ def choose_algorithm(b: Backend, shape: tuple[int, ...], dtype: str, devices: Se
             and all(d.is_gpu for d in devices)):
         return "native"
     numel = _numel(shape)
-    if numel * _ITEMSIZE.get(dtype, 8) <= AUTO_TREE_MAX_BYTES or numel < n:
+    if numel * ITEMSIZE.get(dtype, 8) <= AUTO_TREE_MAX_BYTES or numel < n:
         return "tree"
     return "ring"
 
@@ -293,7 +252,7 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
     """
     b, xs = _validate(tensors, "allreduce")
     dtype = b.dtype_of(xs[0])
-    _check_op(op, dtype, "allreduce")
+    check_op(op, dtype, "allreduce")
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise CollectiveInputError(f"allreduce: unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
     if inplace and not b.capabilities.mutable:
@@ -348,7 +307,7 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
 def broadcast(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
     """A new copy of ``x`` on each of ``devices`` (distinct; x's own device may be among them)."""
     b = backend_of(x)
-    devs = _devices(b, devices, "broadcast")
+    devs = device_list(b, devices, "broadcast")
     src = b.device_of(x)
     return [b.copy(x, d) if d == src else b.move(x, d) for d in devs]
 
@@ -356,11 +315,9 @@ def broadcast(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
 def reduce(tensors: Sequence[Any], device: DeviceLike, op: str = "sum") -> Any:
     """The elementwise reduction of ``tensors`` (one per device) as one new tensor on ``device``
     (any device of the backend). Reduced in list order, so deterministic."""
-    from .api import _resolve
-
     b, xs = _validate(tensors, "reduce")
-    _check_op(op, b.dtype_of(xs[0]), "reduce")
-    dev = _resolve(b, device)
+    check_op(op, b.dtype_of(xs[0]), "reduce")
+    dev = resolve(b, device)
     return _fold(b, xs, dev, op)
 
 
@@ -377,11 +334,9 @@ def allgather(tensors: Sequence[Any], axis: int = 0) -> list[Any]:
 
 def gather(tensors: Sequence[Any], device: DeviceLike, axis: int = 0) -> Any:
     """The concatenation of ``tensors`` (one per device) along ``axis`` as one new tensor on ``device``."""
-    from .api import _resolve
-
     b, xs = _tensor_list(tensors, "gather")
     axis = _joinable(b, xs, axis, "gather")
-    dev = _resolve(b, device)
+    dev = resolve(b, device)
     return _fresh(b, b.concat([_on(b, x, dev) for x in xs], axis), xs, dev)
 
 
@@ -390,7 +345,7 @@ def _joinable(b: Backend, xs: list[Any], axis: int, what: str) -> int:
     ndims = {len(s) for s in shapes}
     if len(ndims) > 1:
         raise CollectiveInputError(f"{what} needs tensors of one rank; got shapes {shapes} on {b.name}")
-    ax = _axis(axis, ndims.pop(), what)
+    ax = check_axis(axis, ndims.pop(), what)
     rest = {s[:ax] + s[ax + 1:] for s in shapes}
     if len(rest) > 1:
         raise CollectiveInputError(
@@ -404,9 +359,9 @@ def reduce_scatter(tensors: Sequence[Any], op: str = "sum", axis: int = 0) -> li
     ``axis`` as ``numpy.array_split`` cuts (the first pieces one larger). A ring reduce-scatter:
     deterministic, piece ``i`` reduced in ring order starting after device ``i``."""
     b, xs = _validate(tensors, "reduce_scatter")
-    _check_op(op, b.dtype_of(xs[0]), "reduce_scatter")
+    check_op(op, b.dtype_of(xs[0]), "reduce_scatter")
     shape = b.shape_of(xs[0])
-    ax = _axis(axis, len(shape), "reduce_scatter")
+    ax = check_axis(axis, len(shape), "reduce_scatter")
     n = len(xs)
     devs = [b.device_of(x) for x in xs]
     if n == 1:
@@ -421,8 +376,8 @@ def scatter(x: Any, devices: Sequence[DeviceLike], axis: int = 0) -> list[Any]:
     pieces one larger; pieces may be empty), piece ``i`` copied to ``devices[i]``."""
     b = backend_of(x)
     shape = b.shape_of(x)
-    ax = _axis(axis, len(shape), "scatter")
-    devs = _devices(b, devices, "scatter")
+    ax = check_axis(axis, len(shape), "scatter")
+    devs = device_list(b, devices, "scatter")
     src = b.device_of(x)
     pieces = b.split(x, split_sizes(shape[ax], len(devs)), ax)
     return [b.copy(p, d) if d == src else b.move(p, d) for p, d in zip(pieces, devs)]
@@ -440,7 +395,7 @@ def split_batch(X: Any, y: Any, devices: Sequence[DeviceLike]) -> tuple[list[Any
         raise CollectiveInputError("split_batch needs X and y with a batch axis (got a 0-d tensor)")
     if sx[0] != sy[0]:
         raise CollectiveInputError(f"split_batch: X has {sx[0]} examples but y has {sy[0]}")
-    devs = _devices(bx, devices, "split_batch")
+    devs = device_list(bx, devices, "split_batch")
     if sx[0] < len(devs):
         raise CollectiveInputError(f"split_batch: a batch of {sx[0]} cannot give each of {len(devs)} "
                                    "devices an example; use a larger batch or fewer devices")

@@ -9,14 +9,15 @@ One process per rank, started by ``torchrun`` (or anything that sets its environ
     from multidev import distributed as dist
 
     dist.init()                                   # reads RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK
-    g = dist.allreduce(grad, op="mean")           # grad: a numpy, torch, JAX, TF or MXNet tensor
+    g = dist.allreduce(grad, op="mean")           # grad: a tensor of any backend
     h = dist.allreduce(grad, async_op=True)       # a handle; h.wait() gives the result
     dist.shutdown()
 
-Any backend's tensor travels as a torch tensor: zero-copy through DLPack where the producer and the
-process group's device allow it (``torch.from_dlpack`` of the adapter's ``export_dlpack``), else an
-explicit copy through NumPy; the result comes back as a tensor of the input's backend, on the input's
-device, with its dtype. The transport is torch.distributed itself; nothing here is home-made.
+Any backend's tensor travels as a tensor of the transport backend (:data:`TRANSPORT`) through
+:func:`multidev.convert`: zero-copy through DLPack where the producer and the process group's device
+allow it, else an explicit copy; the result comes back, again through ``convert``, as a tensor of
+the input's backend, on the input's device, with its dtype. The transport is torch.distributed
+itself; nothing here is home-made.
 
 Semantics follow :mod:`multidev.collectives`: the same ops (``mean`` is a sum divided by the world
 size and is refused for integers; ``bool`` takes max/min only), uneven pieces follow
@@ -26,7 +27,10 @@ one dtype and (except along ``axis`` for the gathers) one shape.
 
 Failure: a rank that dies, hangs or never arrives makes the others raise
 :class:`DistributedTimeoutError` within the ``timeout`` given to :func:`init` (immediately, when
-the peer's connection closes), never hang. The process group is then unusable: call
+the peer's connection closes), never hang. Errors are classified by type: what the transport
+raises during a collective (torch's ``DistError`` family, and the bare ``RuntimeError`` gloo uses
+for a lost peer) is a lost or hung peer, since the inputs were checked before it was called;
+argument errors are :class:`DistributedError`. The process group is then unusable: call
 :func:`shutdown` and start again.
 
 ``torch`` is imported by these functions only, so ``import multidev`` stays light.
@@ -37,27 +41,30 @@ import contextlib
 import os
 import threading
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Sequence
-
-import numpy as np
+from typing import Any
 
 from ._device import Device, DeviceLike
 from .collectives import split_sizes
-from .errors import CapabilityError, CollectiveInputError, DistributedError, DistributedTimeoutError
+from .errors import CapabilityError, CollectiveInputError, DistributedError, DistributedTimeoutError, MultidevError
+from .exchange import convert
+from .placement import resolve
+from .protocol import Backend
 from .registry import backend_of, get_backend
+from .validate import check_axis, check_op
 
 __all__ = [
-    "init", "is_initialized", "shutdown", "rank", "world_size", "local_rank", "backend_name",
-    "barrier", "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "scatter", "gather",
-    "Work", "DistributedError", "DistributedTimeoutError", "DEFAULT_TIMEOUT",
+    "DEFAULT_TIMEOUT", "TRANSPORT", "DistributedError", "DistributedTimeoutError", "Work", "allgather", "allreduce",
+    "backend_name", "barrier", "broadcast", "gather", "init", "is_initialized", "local_rank", "rank", "reduce",
+    "reduce_scatter", "scatter", "shutdown", "transport_path", "world_size",
 ]
 
 #: Seconds a collective (and init's rendezvous) waits for the other ranks before raising.
 DEFAULT_TIMEOUT = 300.0
-
-
+#: The backend whose tensors torch.distributed moves: every other backend's tensor is converted to it.
+TRANSPORT = "torch"
 
 
 # -- process group state --------------------------------------------------------------------------
@@ -71,17 +78,40 @@ class _State:
     cuda_device: Any  # torch.device of this rank's GPU, or None
     broken: str | None = None
 
+    @property
+    def nccl(self) -> bool:
+        return "nccl" in self.pg_backend
+
+    @property
+    def host_transport(self) -> bool:
+        """Whether the group moves CPU tensors itself (gloo or MPI)."""
+        return "gloo" in self.pg_backend or "mpi" in self.pg_backend
+
+    def device_for(self, kind: str) -> Any:
+        """The one place that knows the group's devices: where a transport tensor whose device type
+        is ``kind`` ("cpu" or "cuda") must be for this group. Its own device type where the group
+        serves it, else this rank's GPU (NCCL only) or the CPU (gloo only)."""
+        import torch
+
+        if kind == "cuda" and self.nccl:
+            return self.cuda_device
+        if kind == "cpu" and self.host_transport:
+            return torch.device("cpu")
+        return self.cuda_device if self.nccl else torch.device("cpu")
+
+    def object_device(self) -> Any:
+        """The device ``broadcast_object_list`` needs: this rank's GPU when only NCCL serves the group."""
+        return self.cuda_device if self.nccl and not self.host_transport else None
+
 
 _state: _State | None = None
 _lock = threading.Lock()
 
-_PEER_LOST = ("timed out", "timeout", "connection closed", "connection reset", "pair closure",
-              "broken pipe", "connection refused", "peer", "waiting for clients", "socket", "aborted",
-              "unavailable")
-
 
 def _env_int(name: str, given: int | None, default: int | None) -> int:
     if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int):
+            raise DistributedError(f"{name.lower()} must be an int, got {given!r:.40}")
         return int(given)
     v = os.environ.get(name)
     if v is None or v == "":
@@ -92,7 +122,7 @@ def _env_int(name: str, given: int | None, default: int | None) -> int:
     try:
         return int(v)
     except ValueError:
-        raise DistributedError(f"${name}={v!r} is not an integer") from None
+        raise DistributedError(f"${name}={v!r:.40} is not an integer") from None
 
 
 def init(backend: str | None = None, *, rank: int | None = None, world_size: int | None = None,
@@ -127,11 +157,13 @@ def init(backend: str | None = None, *, rank: int | None = None, world_size: int
             raise DistributedError(f"rank {r} is out of range for world size {ws}")
         rdv = timeout if rendezvous_timeout is None else rendezvous_timeout
         for name, v in (("timeout", timeout), ("rendezvous_timeout", rdv)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-                raise DistributedError(f"{name} must be a positive number of seconds, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise DistributedError(f"{name} must be a positive number of seconds, got {v!r:.40}")
         cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
         if backend is None:
             backend = "cpu:gloo,cuda:nccl" if cuda and tdist.is_nccl_available() else "gloo"
+        if not isinstance(backend, str) or not backend:
+            raise DistributedError(f"backend must be 'gloo', 'nccl' or 'cpu:gloo,cuda:nccl', got {backend!r:.40}")
         cuda_device = None
         if "nccl" in backend:
             if not cuda:
@@ -149,7 +181,7 @@ def init(backend: str | None = None, *, rank: int | None = None, world_size: int
                                    timeout=timedelta(seconds=float(rdv)), wait_for_workers=True)
             tdist.init_process_group(backend, store=store, rank=r, world_size=ws,
                                      timeout=timedelta(seconds=float(timeout)), **kwargs)
-        except Exception as e:  # DistStoreError, RuntimeError, ValueError
+        except Exception as e:
             raise _translate(e, f"init (rank {r} of {ws}, {addr}:{port})", float(rdv)) from e
         _state = _State(r, ws, lr, backend, float(timeout), cuda_device)
 
@@ -198,22 +230,23 @@ def shutdown() -> None:
             return
         import torch.distributed as tdist
 
-        try:
+        with contextlib.suppress(Exception):  # a broken group may fail to tear down; it is gone either way
             if tdist.is_initialized():
                 tdist.destroy_process_group()
-        except Exception:  # a broken group may fail to tear down cleanly; it is gone either way
-            pass
         _state = None
 
 
 def _translate(e: BaseException, what: str, timeout: float) -> DistributedError:
-    msg = str(e)
-    low = msg.lower()
-    if isinstance(e, TimeoutError) or any(k in low for k in _PEER_LOST):
+    """Classify a torch.distributed failure by its type (see the module docstring)."""
+    msg = str(e).strip()[:500]
+    if isinstance(e, DistributedError):
+        return e
+    if isinstance(e, (MultidevError, ValueError, TypeError, KeyError, AttributeError)):
+        return DistributedError(f"{what} failed: {type(e).__name__}: {msg}")
+    if isinstance(e, (TimeoutError, RuntimeError, ConnectionError)):  # DistError and gloo's RuntimeError
         return DistributedTimeoutError(
-            f"{what}: another rank died, hung or never arrived (timeout {timeout:g} s): {msg.strip()[:500]}"
-        )
-    return DistributedError(f"{what} failed in torch.distributed: {type(e).__name__}: {msg.strip()[:500]}")
+            f"{what}: another rank died, hung or never arrived (timeout {timeout:g} s): {type(e).__name__}: {msg}")
+    return DistributedError(f"{what} failed in torch.distributed: {type(e).__name__}: {msg}")
 
 
 def _fail(st: _State, e: BaseException, what: str) -> DistributedError:
@@ -222,109 +255,59 @@ def _fail(st: _State, e: BaseException, what: str) -> DistributedError:
     return err
 
 
-# -- conversion to and from torch -----------------------------------------------------------------
+# -- conversion to and from the transport ---------------------------------------------------------
 @dataclass
 class _Origin:
-    backend: Any
+    backend: Backend
     device: Device
     dtype: str
-    is_torch: bool
+    is_transport: bool
 
 
-def _torch_dtype_name(t: Any) -> str:
-    return str(t.dtype).replace("torch.", "")
+def _transport() -> Backend:
+    return get_backend(TRANSPORT)
 
 
-def _from_numpy_to_torch(a: np.ndarray, dtype: str) -> Any:
-    import torch
-
-    a = np.ascontiguousarray(a)
-    if dtype == "bfloat16":  # NumPy has no native bfloat16 (ml_dtypes); share the bits
-        return torch.from_numpy(a.view(np.uint16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(np.array(a, copy=True))
-
-
-def _to_torch(x: Any, st: _State) -> tuple[Any, _Origin, bool, str]:
-    """``(t, origin, shared, path)``: a contiguous torch tensor with x's values on the device the
-    process group takes; ``shared`` when it aliases x's memory; ``path`` is ``"native"``,
-    ``"dlpack"`` or ``"copy"``."""
-    import torch
-
+def _to_transport(x: Any, st: _State) -> tuple[Any, _Origin, bool, str]:
+    """``(t, origin, shared, path)``: a contiguous transport tensor with x's values on the device
+    the process group takes; ``shared`` when it aliases x's memory; ``path`` is ``"native"`` (x is
+    a transport tensor), ``"dlpack"`` (shared through DLPack) or ``"copy"``."""
     b = backend_of(x)
-    o = _Origin(b, b.device_of(x), b.dtype_of(x), b.framework == "torch")
-    t, shared, path = None, False, "copy"
-    if o.is_torch:
+    tb = _transport()
+    o = _Origin(b, b.device_of(x), b.dtype_of(x), b is tb)
+    if o.is_transport:
         t, shared, path = x.detach(), True, "native"  # detach: collectives are not autograd ops
-    elif b.capabilities.dlpack:
+    else:
         try:
-            from .transfer import _exportable
-
-            if b.capabilities.async_execution:
-                b.wait(x)  # a bare capsule carries no stream: wait for the producer first
-            t = torch.from_dlpack(_exportable(b, x))
-            if _torch_dtype_name(t) != o.dtype or tuple(t.shape) != b.shape_of(x):
-                t = None
-            else:
-                shared, path = True, "dlpack"
-        except Exception:  # unsupported dtype, strides, read-only, device: copy instead
-            t = None
-    if t is None:
-        t = _from_numpy_to_torch(b.to_numpy(x), o.dtype)
-        shared, path = False, "copy"
-    target = _pg_device(t, st)
+            t, shared, path = convert(x, TRANSPORT, copy=False), True, "dlpack"
+        except CapabilityError:
+            t, shared, path = convert(x, TRANSPORT, copy=True), False, "copy"
+    target = st.device_for(t.device.type)
     if t.device != target or not t.is_contiguous():
         t = t.to(target).contiguous()
-        shared = False
-        path = "copy"
+        shared, path = False, "copy"
     return t, o, shared, path
 
 
-def _pg_device(t: Any, st: _State) -> Any:
-    """The device a tensor must be on for this process group: its own where the group's backend
-    serves that device type, else this rank's GPU (NCCL only) or the CPU (gloo only)."""
-    import torch
-
-    be = st.pg_backend
-    if t.device.type == "cuda" and "nccl" in be:
-        return st.cuda_device
-    if t.device.type == "cpu" and ("gloo" in be or "mpi" in be):
-        return torch.device("cpu")
-    if "nccl" in be:
-        return st.cuda_device
-    return torch.device("cpu")
-
-
-def _from_torch(t: Any, o: _Origin) -> Any:
-    """``t`` as a tensor of the input's backend, on its device, with its dtype."""
+def _from_transport(t: Any, o: _Origin) -> Any:
+    """``t`` as a tensor of the input's backend, on its device, with its dtype (through convert)."""
+    tb = _transport()
+    if o.is_transport:
+        return t if tb.device_of(t) == o.device else tb.move(t, o.device)
+    if o.device.kind == "cpu":
+        if tb.device_of(t).kind != "cpu":
+            t = tb.move(t, Device("cpu", 0))
+        y = convert(t, o.backend.name, device=o.device)  # a view on the input's (virtual) CPU device
+    else:
+        y = convert(t, o.backend.name)
     b = o.backend
-    if o.is_torch:
-        target = b.to_native_device(o.device)
-        return t if t.device == target else t.to(target)
-    if t.device.type != "cpu" and o.device.kind == "cpu":
-        t = t.cpu()
-    if t.device.type == "cuda":
-        # the collective finished on torch's stream; a consumer of a bare capsule does not wait for it
-        import torch
-
-        torch.cuda.current_stream(t.device).synchronize()
-    y = None
-    if b.capabilities.dlpack:
-        # import_dlpack takes the producer's device: the input's own where t lives on it (any CPU
-        # tensor for a CPU input, virtual devices included), else t's own device and a move after
-        here = (Device("cpu", 0) if t.device.type == "cpu" else Device("gpu", t.device.index or 0))
-        if here.kind == o.device.kind and (here.kind == "cpu" or here.index == o.device.index):
-            here = o.device
-        try:
-            y = b.import_dlpack(t, here)
-            if b.dtype_of(y) != o.dtype or b.shape_of(y) != tuple(t.shape):
-                y = None
-        except Exception:  # the backend cannot take this buffer without a copy: copy below
-            y = None
-    if y is None:
-        a = t.cpu()
-        a = a.float().numpy() if o.dtype == "bfloat16" else a.numpy()
-        return b.asarray(a, o.dtype, o.device)
     return y if b.device_of(y) == o.device else b.move(y, o.device)
+
+
+def transport_path(x: Any) -> str:
+    """How ``x`` would travel in a collective of the current group: ``"native"`` (a transport
+    tensor), ``"dlpack"`` (shared zero-copy) or ``"copy"``."""
+    return _to_transport(x, _st())[3]
 
 
 # -- async handles --------------------------------------------------------------------------------
@@ -358,7 +341,7 @@ class Work:
                     self._result = self._finish()
                 except DistributedError as e:
                     self._error = e
-                except Exception as e:  # torch's RuntimeError / DistError
+                except Exception as e:  # noqa: BLE001 - torch's RuntimeError / DistError, classified
                     self._error = _fail(self._st, e, self._what)
                 self._done = True
                 self._works = []
@@ -383,7 +366,7 @@ def _run(st: _State, what: str, start: Callable[[], tuple[list[Any], Callable[[]
 
 
 @contextlib.contextmanager
-def _quiet() -> Any:
+def _quiet() -> Iterator[None]:
     """torch.distributed warns on some calls about its own deprecated internals; keep logs clean."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
@@ -392,12 +375,6 @@ def _quiet() -> Any:
 
 
 # -- validation -----------------------------------------------------------------------------------
-def _check_op(op: str, dtype: str, what: str) -> None:
-    from .collectives import _check_op as check
-
-    check(op, dtype, what)
-
-
 def _reduce_op(op: str) -> Any:
     import torch.distributed as tdist
 
@@ -407,7 +384,7 @@ def _reduce_op(op: str) -> Any:
 
 def _check_rank(r: Any, st: _State, what: str, name: str) -> int:
     if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < st.world_size:
-        raise CollectiveInputError(f"{what}: {name}={r!r} is not a rank of this world (0..{st.world_size - 1})")
+        raise CollectiveInputError(f"{what}: {name}={r!r:.40} is not a rank of this world (0..{st.world_size - 1})")
     return r
 
 
@@ -422,38 +399,32 @@ def _check_inplace(x: Any, inplace: bool, what: str) -> None:
     # rewrite with a copy of itself is bitwise a no-op, and a local failure then breaks no group.
     try:
         b.assign(x, b.copy(x, b.device_of(x)))
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, MultidevError) as e:
         raise CapabilityError(f"{what}(inplace=True): this {b.name} tensor cannot be written ({e}); "
                               "pass a writable tensor or use inplace=False") from e
-
-
-def _axis(shape: tuple[int, ...], axis: int, what: str) -> int:
-    from .collectives import _axis as check
-
-    return check(axis, len(shape), what)
 
 
 # -- collectives ----------------------------------------------------------------------------------
 def _result(t: Any, o: _Origin, x: Any, inplace: bool, shared: bool, writes_through: bool) -> Any:
     if not inplace:
-        return _from_torch(t, o)
+        return _from_transport(t, o)
     if shared and writes_through:
         return x  # the collective wrote into x's own memory
-    o.backend.assign(x, _from_torch(t, o))
+    o.backend.assign(x, _from_transport(t, o))
     return x
 
 
 def _writes_through(o: _Origin) -> bool:
     """Whether writing into memory shared through DLPack is a valid in-place update of the input:
-    torch tensors, and synchronous mutable backends (NumPy). Asynchronous engines (MXNet) get an
+    transport tensors, and synchronous mutable backends (NumPy). Asynchronous engines (MXNet) get an
     explicit ``assign`` so their dependency tracking sees the write."""
-    return o.is_torch or (o.backend.capabilities.mutable and not o.backend.capabilities.async_execution)
+    return o.is_transport or (o.backend.capabilities.mutable and not o.backend.capabilities.async_execution)
 
 
 def _working_tensor(x: Any, st: _State, inplace: bool) -> tuple[Any, _Origin, bool, bool]:
-    """The torch tensor a collective reduces into, ``(t, origin, shares x's memory, writes
+    """The transport tensor a collective reduces into, ``(t, origin, shares x's memory, writes
     through)``: x's own memory only when the call is in place and writes reach x; else a clone."""
-    t, o, shared, _ = _to_torch(x, st)
+    t, o, shared, _ = _to_transport(x, st)
     through = _writes_through(o)
     if shared and not (inplace and through):
         t = t.clone()
@@ -470,7 +441,7 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     """
     st = _st()
     b = backend_of(x)
-    _check_op(op, b.dtype_of(x), "distributed.allreduce")
+    check_op(op, b.dtype_of(x), "distributed.allreduce")
     _check_inplace(x, inplace, "distributed.allreduce")
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
@@ -494,6 +465,7 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
     only ``src``'s values matter). ``inplace=True`` writes into ``x`` (mutable backends)."""
     st = _st()
     _check_rank(src, st, "distributed.broadcast", "src")
+    backend_of(x)
     _check_inplace(x, inplace, "distributed.broadcast")
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
@@ -512,12 +484,12 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
     st = _st()
     b = backend_of(x)
     _check_rank(dst, st, "distributed.reduce", "dst")
-    _check_op(op, b.dtype_of(x), "distributed.reduce")
+    check_op(op, b.dtype_of(x), "distributed.reduce")
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch.distributed as tdist
 
-        t, o, shared, _ = _to_torch(x, st)
+        t, o, shared, _ = _to_transport(x, st)
         if shared:
             t = t.clone()  # torch reduces in place on every rank
         with _quiet():
@@ -528,44 +500,44 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
                 return None
             if op == "mean":
                 t.div_(st.world_size)
-            return _from_torch(t, o)
+            return _from_transport(t, o)
         return [w], finish
 
     return _run(st, "reduce", start, async_op)
-
-
-def _exchange_shapes(t: Any, st: _State, axis: int, what: str) -> list[int]:
-    """Every rank's length along ``axis`` (synchronously); checks rank count, other dims and dtype."""
-    import torch
-    import torch.distributed as tdist
-
-    code = _DTYPE_CODES.get(_torch_dtype_name(t), -1)
-    meta = [t.dim(), code] + list(t.shape)
-    meta += [-1] * (2 + 16 - len(meta))
-    if t.dim() > 16:
-        raise CollectiveInputError(f"{what}: at most 16 dimensions")
-    mine = torch.tensor(meta, dtype=torch.int64, device=t.device)
-    allm = [torch.empty_like(mine) for _ in range(st.world_size)]
-    with _quiet():
-        tdist.all_gather(allm, mine)
-    rows = [m.tolist() for m in allm]
-    for r, row in enumerate(rows):
-        shape_r = row[2:2 + row[0]] if row[0] >= 0 else []
-        rest_r = shape_r[:axis] + shape_r[axis + 1:]
-        rest = list(t.shape[:axis]) + list(t.shape[axis + 1:])
-        if row[0] != t.dim() or row[1] != code or rest_r != rest:
-            raise CollectiveInputError(
-                f"{what}: rank {r} passed shape {tuple(shape_r)} ({_DTYPE_NAMES.get(row[1], '?')}) but rank "
-                f"{st.rank} passed {tuple(t.shape)} ({_torch_dtype_name(t)}); tensors must agree in dtype "
-                f"and in every dimension but axis {axis}"
-            )
-    return [row[2 + axis] for row in rows]
 
 
 _DTYPE_NAMES = dict(enumerate(["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16",
                                "float32", "float64", "complex64", "complex128", "uint16", "uint32",
                                "uint64"]))
 _DTYPE_CODES = {v: k for k, v in _DTYPE_NAMES.items()}
+
+
+def _exchange_shapes(t: Any, dtype: str, st: _State, axis: int, what: str) -> list[int]:
+    """Every rank's length along ``axis`` (synchronously); checks rank count, other dims and dtype."""
+    import torch
+    import torch.distributed as tdist
+
+    if t.dim() > 16:
+        raise CollectiveInputError(f"{what}: at most 16 dimensions")
+    code = _DTYPE_CODES.get(dtype, -1)
+    meta = [t.dim(), code, *list(t.shape)]
+    meta += [-1] * (2 + 16 - len(meta))
+    mine = torch.tensor(meta, dtype=torch.int64, device=t.device)
+    allm = [torch.empty_like(mine) for _ in range(st.world_size)]
+    with _quiet():
+        tdist.all_gather(allm, mine)
+    rows = [m.tolist() for m in allm]
+    rest = list(t.shape[:axis]) + list(t.shape[axis + 1:])
+    for r, row in enumerate(rows):
+        shape_r = row[2:2 + row[0]] if row[0] >= 0 else []
+        rest_r = shape_r[:axis] + shape_r[axis + 1:]
+        if row[0] != t.dim() or row[1] != code or rest_r != rest:
+            raise CollectiveInputError(
+                f"{what}: rank {r} passed shape {tuple(shape_r)} ({_DTYPE_NAMES.get(row[1], '?')}) but rank "
+                f"{st.rank} passed {tuple(t.shape)} ({dtype}); tensors must agree in dtype "
+                f"and in every dimension but axis {axis}"
+            )
+    return [row[2 + axis] for row in rows]
 
 
 def _pad_to(t: Any, length: int, axis: int) -> Any:
@@ -579,10 +551,10 @@ def _pad_to(t: Any, length: int, axis: int) -> Any:
 
 
 def _padded_send(x: Any, st: _State, ax: int, what: str) -> tuple[Any, _Origin, list[int]]:
-    """For the gathers: x as torch, padded along ``ax`` to the longest rank's length, with its
-    origin and every rank's length (pieces may differ along ``ax``)."""
-    t, o, _, _ = _to_torch(x, st)
-    lengths = _exchange_shapes(t, st, ax, what)
+    """For the gathers: x as a transport tensor, padded along ``ax`` to the longest rank's length,
+    with its origin and every rank's length (pieces may differ along ``ax``)."""
+    t, o, _, _ = _to_transport(x, st)
+    lengths = _exchange_shapes(t, o.dtype, st, ax, what)
     return _pad_to(t, max(lengths), ax).contiguous(), o, lengths
 
 
@@ -591,7 +563,7 @@ def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
     Lengths along ``axis`` may differ between ranks (a first small exchange finds them)."""
     st = _st()
     b = backend_of(x)
-    ax = _axis(b.shape_of(x), axis, "distributed.allgather")
+    ax = check_axis(axis, len(b.shape_of(x)), "distributed.allgather")
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch
@@ -604,7 +576,7 @@ def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
 
         def finish() -> Any:
             parts = [buf.narrow(ax, 0, n) for buf, n in zip(bufs, lengths)]
-            return _from_torch(torch.cat(parts, dim=ax).contiguous(), o)
+            return _from_transport(torch.cat(parts, dim=ax).contiguous(), o)
         return [w], finish
 
     return _run(st, "allgather", start, async_op)
@@ -612,32 +584,26 @@ def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
 
 def gather(x: Any, dst: int = 0, axis: int = 0, *, async_op: bool = False) -> Any:
     """The concatenation of every rank's ``x`` along ``axis`` on rank ``dst``; None elsewhere.
-    Lengths along ``axis`` may differ between ranks."""
+    Lengths along ``axis`` may differ between ranks. Uses torch.distributed's gather (NCCL too)."""
     st = _st()
     b = backend_of(x)
     _check_rank(dst, st, "distributed.gather", "dst")
-    ax = _axis(b.shape_of(x), axis, "distributed.gather")
+    ax = check_axis(axis, len(b.shape_of(x)), "distributed.gather")
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch
         import torch.distributed as tdist
 
         send, o, lengths = _padded_send(x, st, ax, "distributed.gather")
-        if "nccl" in st.pg_backend and send.device.type == "cuda":
-            # NCCL has no gather: all_gather and keep what dst needs
-            bufs = [torch.empty_like(send) for _ in range(st.world_size)]
-            with _quiet():
-                w = tdist.all_gather(bufs, send, async_op=True)
-        else:
-            bufs = [torch.empty_like(send) for _ in range(st.world_size)] if st.rank == dst else None
-            with _quiet():
-                w = tdist.gather(send, gather_list=bufs, dst=dst, async_op=True)
+        bufs = [torch.empty_like(send) for _ in range(st.world_size)] if st.rank == dst else None
+        with _quiet():
+            w = tdist.gather(send, gather_list=bufs, dst=dst, async_op=True)
 
         def finish() -> Any:
-            if st.rank != dst:
+            if st.rank != dst or bufs is None:
                 return None
             parts = [buf.narrow(ax, 0, n) for buf, n in zip(bufs, lengths)]
-            return _from_torch(torch.cat(parts, dim=ax).contiguous(), o)
+            return _from_transport(torch.cat(parts, dim=ax).contiguous(), o)
         return [w], finish
 
     return _run(st, "gather", start, async_op)
@@ -648,22 +614,22 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
     ``axis`` as ``numpy.array_split`` cuts (the first pieces one larger)."""
     st = _st()
     b = backend_of(x)
-    _check_op(op, b.dtype_of(x), "distributed.reduce_scatter")
+    check_op(op, b.dtype_of(x), "distributed.reduce_scatter")
     shape = b.shape_of(x)
-    ax = _axis(shape, axis, "distributed.reduce_scatter")
+    ax = check_axis(axis, len(shape), "distributed.reduce_scatter")
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch
         import torch.distributed as tdist
 
-        t, o, _, _ = _to_torch(x, st)
+        t, o, _, _ = _to_transport(x, st)
         n = st.world_size
         sizes = split_sizes(shape[ax], n)
         m = sizes[0] if sizes else 0
         # equal blocks (pad each piece to the largest), moved to the front axis: contiguous rows
         pieces = [_pad_to(p, m, ax) for p in torch.split(t, sizes, dim=ax)]
         send = torch.cat([p.movedim(ax, 0) for p in pieces], dim=0).contiguous()
-        out = torch.empty((m,) + tuple(send.shape[1:]), dtype=send.dtype, device=send.device)
+        out = torch.empty((m, *tuple(send.shape[1:])), dtype=send.dtype, device=send.device)
         with _quiet():
             w = tdist.reduce_scatter_tensor(out, send, op=_reduce_op(op), async_op=True)
 
@@ -671,7 +637,7 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
             if op == "mean":
                 out.div_(n)
             mine = out.narrow(0, 0, sizes[st.rank]).movedim(0, ax).contiguous()
-            return _from_torch(mine, o)
+            return _from_transport(mine, o)
         return [w], finish
 
     return _run(st, "reduce_scatter", start, async_op)
@@ -690,7 +656,7 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
     if st.rank == src:
         if x is None:
             raise CollectiveInputError("distributed.scatter: the src rank must pass the tensor to scatter")
-        _axis(backend_of(x).shape_of(x), axis, "distributed.scatter")
+        check_axis(axis, len(backend_of(x).shape_of(x)), "distributed.scatter")
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch
@@ -698,12 +664,12 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
 
         meta: list[Any] = [None]
         if st.rank == src:
-            t, o, _, _ = _to_torch(x, st)
-            meta = [(tuple(t.shape), o.dtype, o.backend.name)]
+            t, o, _, _ = _to_transport(x, st)
+            meta = [(tuple(t.shape), o.dtype, o.backend.name, t.device.type)]
         with _quiet():
-            tdist.broadcast_object_list(meta, src=src, device=st.cuda_device if "nccl" == st.pg_backend else None)
-        full_shape, dtype, src_backend = meta[0]
-        ax = _axis(full_shape, axis, "distributed.scatter")
+            tdist.broadcast_object_list(meta, src=src, device=st.object_device())
+        full_shape, dtype, src_backend, kind = meta[0]
+        ax = check_axis(axis, len(full_shape), "distributed.scatter")
         sizes = split_sizes(full_shape[ax], st.world_size)
         m = sizes[0] if sizes else 0
         if st.rank == src:
@@ -711,18 +677,15 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
         else:
             b = backend_of(x) if x is not None else get_backend(backend or src_backend)
             if device is not None:
-                from .api import _resolve
-
-                dev = _resolve(b, device)
+                dev = resolve(b, device)
             else:
                 dev = b.device_of(x) if x is not None else Device("cpu", 0)
-            o_me = _Origin(b, dev, dtype, b.framework == "torch")
+            o_me = _Origin(b, dev, dtype, b is _transport())
         piece_shape = list(full_shape)
         piece_shape[ax] = m
-        moved = [piece_shape[ax]] + piece_shape[:ax] + piece_shape[ax + 1:]
-        tdev = st.cuda_device if st.pg_backend == "nccl" else torch.device("cpu")
-        tdtype = getattr(torch, dtype)
-        out = torch.empty(moved, dtype=tdtype, device=tdev)
+        moved = [piece_shape[ax], *piece_shape[:ax], *piece_shape[ax + 1:]]
+        tdev = st.device_for(kind)
+        out = torch.empty(moved, dtype=getattr(torch, dtype), device=tdev)
         chunks = None
         if st.rank == src:
             t2 = t.to(tdev)
@@ -732,7 +695,7 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
 
         def finish() -> Any:
             mine = out.narrow(0, 0, sizes[st.rank]).movedim(0, ax).contiguous()
-            return _from_torch(mine, o_me)
+            return _from_transport(mine, o_me)
         return [w], finish
 
     return _run(st, "scatter", start, async_op)
@@ -750,4 +713,3 @@ def barrier() -> None:
         return [w], lambda: None
 
     _run(st, "barrier", start, False)
-

@@ -7,16 +7,20 @@ does not know multidev still handles them sensibly.
 from __future__ import annotations
 
 __all__ = [
-    "MultidevError",
-    "InvalidDeviceError",
-    "DeviceNotFoundError",
-    "DeviceMismatchError",
+    "AdapterError",
+    "BackendError",
     "BackendNotAvailableError",
-    "UnsupportedTensorError",
     "CapabilityError",
     "CollectiveInputError",
+    "DeviceMismatchError",
+    "DeviceNotFoundError",
     "DistributedError",
     "DistributedTimeoutError",
+    "InvalidArgumentError",
+    "InvalidDeviceError",
+    "InvalidDtypeError",
+    "MultidevError",
+    "UnsupportedTensorError",
 ]
 
 
@@ -26,6 +30,16 @@ class MultidevError(Exception):
 
 class InvalidDeviceError(MultidevError, ValueError):
     """A device spelling or object that multidev cannot parse."""
+
+
+class InvalidArgumentError(MultidevError, ValueError):
+    """An argument multidev refuses before any framework sees it: a shape, fill value, range, seed
+    or object it cannot represent exactly. The message names the argument, the value and what is
+    accepted."""
+
+
+class InvalidDtypeError(MultidevError, TypeError):
+    """A dtype spelling multidev does not know, or one it refuses (strings, objects, datetimes)."""
 
 
 class DeviceNotFoundError(MultidevError, LookupError):
@@ -40,6 +54,11 @@ class BackendNotAvailableError(MultidevError, ImportError):
     """A backend that is unknown, or whose framework is not installed or cannot be imported."""
 
 
+class AdapterError(BackendNotAvailableError, TypeError):
+    """An adapter that does not follow the protocol (a missing method, attribute or capability): found
+    when it is loaded, with one line per problem."""
+
+
 class UnsupportedTensorError(MultidevError, TypeError):
     """An object that no registered backend recognises as its tensor."""
 
@@ -50,6 +69,11 @@ class CapabilityError(MultidevError, NotImplementedError):
 
 class CollectiveInputError(MultidevError, ValueError):
     """Invalid inputs to a collective: empty, mixed backends, shapes, dtypes or repeated devices."""
+
+
+class BackendError(MultidevError, RuntimeError):
+    """A framework raised an error multidev did not foresee; the framework's message is kept and the
+    original exception is the ``__cause__``."""
 
 
 class DistributedError(MultidevError, RuntimeError):

@@ -1,82 +1,90 @@
 """What an adapter provides: the :class:`Backend` protocol and its :class:`Capabilities` record.
 
-An adapter is one file that implements every method below, in this order, for one framework. The
+An adapter is one file that implements the methods below, in this order, for one framework, usually
+as a subclass of :class:`multidev.adapter.BaseBackend` (which supplies the shared defaults). The
 core (placement, collectives, conformance suite, benchmarks) is written once over this protocol.
 
 Contract shared by every method:
+
 - tensors are the framework's native objects; nothing is wrapped;
 - ``device`` arguments are already-validated :class:`~multidev.Device` values that the backend has
   (the core checks with :meth:`Backend.devices` first);
 - ``dtype`` arguments are canonical NumPy-style names (``"float32"``, ``"bfloat16"``, ``"int64"``,
-  ``"bool"``, ...);
+  ``"bool"``, ...) that the backend lists in its capabilities;
+- shapes, fill values and ranges were validated by the core (non-negative ints, values that fit);
 - an adapter module must not import its framework at import time: the framework is imported when the
   adapter class is instantiated, so ``import multidev`` stays light.
 """
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
 from ._device import Device
 
-__all__ = ["Backend", "Capabilities", "REDUCE_OPS", "same_device"]
+__all__ = ["PROTOCOL_METHODS", "REDUCE_OPS", "Backend", "Capabilities"]
 
 #: Elementwise reductions every adapter's :meth:`Backend.combine` supports.
 REDUCE_OPS = ("sum", "max", "min", "prod")
 
 
-def same_device(backend: str, what: str, devices: Sequence[Device], note: str = "") -> Device | None:
-    """The one device of ``devices`` (None when empty), or DeviceMismatchError naming them all.
-
-    For adapters: call it before any operation that combines tensors, so a mismatch raises
-    multidev's typed error, whatever the framework would do (raise, copy or compute silently).
-    """
-    uniq = sorted(set(devices))
-    if len(uniq) > 1:
-        from .errors import DeviceMismatchError
-
-        raise DeviceMismatchError(
-            f"{backend} backend: {what} got operands on {', '.join(map(str, uniq))}{note}. Move them "
-            "to one device first with multidev.to(x, device).")
-    return uniq[0] if uniq else None
-
-
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do. The conformance suite skips by these flags, never by backend name."""
+    """What a backend can do. The conformance suite skips by these flags, never by backend name, and
+    checks each flag against behaviour (a flag that claims too much or too little fails)."""
 
     mutable: bool
-    """Tensors can be written in place (``assign``, ``allreduce(inplace=True)``)."""
+    """Tensors can be written in place: :meth:`Backend.assign` and ``allreduce(inplace=True)`` work
+    (NumPy, torch, MXNet). False where arrays are immutable values (JAX, TensorFlow tensors)."""
     async_execution: bool
-    """Work is queued and runs later; ``synchronize`` does real waiting."""
+    """Work is queued and runs later, so :meth:`Backend.synchronize` and :meth:`Backend.wait` really
+    wait (CUDA streams, JAX's dispatch, MXNet's engine). False where every call has finished when it
+    returns (NumPy, torch on the CPU)."""
     pinned_memory: bool
-    """Page-locked host buffers exist for fast host<->GPU copies."""
+    """Page-locked host buffers exist for fast host<->accelerator copies (a CUDA build with a GPU);
+    ``start_move`` to the host uses them."""
     dlpack: bool
-    """Tensors can be exchanged zero-copy through DLPack."""
+    """Tensors can be exchanged zero-copy through DLPack (:meth:`Backend.export_dlpack` and
+    :meth:`Backend.import_dlpack` work for at least the plain dtypes)."""
     native_collectives: frozenset[str] = field(default_factory=frozenset)
-    """Collectives with a framework fast path, e.g. ``{"allreduce"}`` (NCCL, psum, kvstore)."""
+    """Collectives with a framework fast path, e.g. ``{"allreduce"}`` (NCCL, psum, kvstore): the
+    adapter implements :meth:`Backend.native_allreduce` for them. Empty where it has none."""
     dtypes: frozenset[str] = field(default_factory=frozenset)
-    """Canonical dtype names this backend can hold right now (JAX drops 64-bit without x64)."""
-    multi_device_ops: bool = True
-    """Arithmetic across devices raises natively (False where the framework silently copies)."""
+    """Canonical dtype names this backend can hold right now, on every device unless
+    ``device_dtypes`` says otherwise (JAX drops the 64-bit ones without x64). Must not be empty."""
+    raises_on_mixed_devices: bool = True
+    """True where the framework's own arithmetic on tensors of two devices raises (torch, JAX,
+    multidev's NumPy devices); False where it silently copies or computes on one of them
+    (TensorFlow, MXNet). multidev's own operations raise DeviceMismatchError either way."""
+    device_dtypes: Mapping[Device, frozenset[str]] = field(default_factory=dict)
+    """Per-device dtype sets for devices that hold fewer dtypes than ``dtypes`` (a device without
+    float64, such as Apple's MPS or some of array-api-strict's devices). Devices not listed hold all
+    of ``dtypes``."""
+
+    def dtypes_on(self, device: Device) -> frozenset[str]:
+        """The dtypes ``device`` can hold."""
+        return self.device_dtypes.get(device, self.dtypes)
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """The adapter protocol. Method order here is the order every adapter file follows."""
+    """The adapter protocol, in the order every adapter file follows (see :data:`PROTOCOL_METHODS`
+    for the list as ``help()`` cannot show it: pydoc sorts methods by name)."""
 
-    #: The backend's registry name (``"torch"``).
+    #: The backend's registry name, e.g. ``"torch"`` (what ``backend=`` arguments take).
     name: ClassVar[str]
-    #: The top-level module of the framework (``"torch"``). The registry only instantiates the
-    #: adapter to identify a tensor when this module is already in ``sys.modules``.
+    #: The top-level module of the framework, e.g. ``"torch"``. The registry instantiates an adapter
+    #: to identify a tensor only once this module is in ``sys.modules`` (no tensor can exist before).
     framework: ClassVar[str]
 
     # -- identity ---------------------------------------------------------------------------
     @property
     def capabilities(self) -> Capabilities:
-        """This backend's capability record."""
+        """This backend's capability record (see :class:`Capabilities`)."""
         ...
 
     def version(self) -> str:
@@ -84,12 +92,14 @@ class Backend(Protocol):
         ...
 
     def tensor_types(self) -> tuple[type, ...]:
-        """Native tensor classes this adapter owns (used with ``isinstance``)."""
+        """Native tensor classes this adapter owns (used with ``isinstance``). No other registered
+        adapter may claim the same class."""
         ...
 
     # -- devices ----------------------------------------------------------------------------
     def devices(self) -> list[Device]:
-        """Every device this backend can place tensors on, CPUs first, each kind by index."""
+        """Every device this backend can place tensors on: ``cpu:0`` first, then the other CPUs, then
+        each accelerator kind, each kind numbered 0..n-1."""
         ...
 
     def to_native_device(self, device: Device) -> Any:
@@ -111,7 +121,7 @@ class Backend(Protocol):
 
     # -- creation (every call places exactly on ``device`` with exactly ``dtype``) ------------
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
-        """A new tensor filled with ``value``."""
+        """A new tensor filled with ``value`` (a Python scalar that fits ``dtype``)."""
         ...
 
     def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
@@ -119,14 +129,13 @@ class Backend(Protocol):
         ...
 
     def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
-        """``start, start+step, ...`` below ``stop``."""
+        """``start, start+step, ...`` below ``stop`` (NumPy's values; empty when the range is)."""
         ...
 
     def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
-        """A new tensor from nested sequences, scalars or a NumPy array (always a copy).
-
-        ``dtype=None`` keeps a NumPy array's dtype, else the framework's own inference.
-        """
+        """A new tensor from nested sequences, scalars or a NumPy array: always a copy, never sharing
+        the caller's buffer. ``dtype=None`` keeps a NumPy array's dtype, else the framework's own
+        inference."""
         ...
 
     def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
@@ -139,24 +148,27 @@ class Backend(Protocol):
         ...
 
     def move(self, x: Any, device: Device) -> Any:
-        """``x`` on another device. Called only when ``x`` is not on ``device``. Asynchronous where
-        the framework is; the result is safe to use in later framework operations."""
+        """``x`` on another device, a new buffer with x's dtype. Called only when ``x`` is not on
+        ``device``. Asynchronous where the framework is; the result is safe to use in later
+        framework operations and to read through :meth:`to_numpy`."""
         ...
 
     def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
         """Start moving ``x`` (not on ``device``) and return at once with the target tensor and a
         callable that blocks until it is safe to read (None when it already is). Host targets use
-        pinned buffers where the backend has them. The caller must not read the tensor before
+        pinned buffers where the backend has them; the copy starts once the work producing ``x``
+        (queued before this call) is done, not after later work. The adapter keeps ``x`` alive
+        until the copy has landed. The caller must not read the target, nor write ``x``, before
         calling the waiter."""
         ...
 
     def copy(self, x: Any, device: Device) -> Any:
-        """A new, independent buffer on ``device`` (which may be x's own), equal in value."""
+        """A new, independent buffer on ``device`` (which may be x's own), equal in value and dtype."""
         ...
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        """A host NumPy array with x's values, after waiting for pending work on x. May share
-        memory with a CPU-resident ``x``."""
+        """A host ``numpy.ndarray`` (exactly that type) with x's shape, dtype and values, after
+        waiting for pending work on x. May share memory with a CPU-resident ``x``; never stale."""
         ...
 
     def synchronize(self, device: Device | None) -> None:
@@ -174,7 +186,8 @@ class Backend(Protocol):
         ...
 
     def combine(self, op: str, a: Any, b: Any) -> Any:
-        """Elementwise ``op`` (one of REDUCE_OPS) of two same-shape, same-device tensors."""
+        """Elementwise ``op`` (one of REDUCE_OPS) of two same-shape, same-device tensors, in their dtype.
+        DeviceMismatchError when they are on two devices."""
         ...
 
     def divide(self, x: Any, n: int) -> Any:
@@ -186,7 +199,7 @@ class Backend(Protocol):
         ...
 
     def concat(self, xs: Sequence[Any], axis: int) -> Any:
-        """Concatenation of same-device tensors along ``axis``."""
+        """Concatenation of same-device tensors along ``axis``; DeviceMismatchError otherwise."""
         ...
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
@@ -195,7 +208,7 @@ class Backend(Protocol):
 
     def assign(self, dst: Any, src: Any) -> None:
         """Write ``src`` into ``dst`` in place (same device, shape and dtype). Raises CapabilityError
-        on immutable backends."""
+        on immutable backends and for read-only tensors; DeviceMismatchError across devices."""
         ...
 
     # -- interchange -------------------------------------------------------------------------
@@ -214,6 +227,37 @@ class Backend(Protocol):
 
     # -- native fast paths (optional: advertised in capabilities.native_collectives) ------------
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
-        """The framework's own allreduce over tensors on distinct devices (NCCL, psum, kvstore);
-        out of place. Raises CapabilityError where the backend has none."""
+        """The framework's own allreduce over tensors on distinct devices (NCCL, psum, kvstore),
+        out of place, result ``i`` on input ``i``'s device, in input order, with ``op`` one of
+        ``sum``, ``max``, ``min``, ``prod`` (mean is the core's sum and divide). Raises
+        CapabilityError where the backend has none, or none for this dtype/op/device set."""
         ...
+
+
+def _protocol_methods() -> tuple[str, ...]:
+    names = []
+    for n, v in Backend.__dict__.items():
+        if n.startswith("_"):
+            continue
+        if callable(v) or isinstance(v, property):
+            names.append(n)
+    return tuple(names)
+
+
+#: The protocol's methods in order (``capabilities`` is a property).
+PROTOCOL_METHODS: tuple[str, ...] = _protocol_methods()
+
+
+def _ordered_doc() -> str:
+    lines = ["", "The protocol, in order:", ""]
+    for i, n in enumerate(PROTOCOL_METHODS, 1):
+        v = Backend.__dict__[n]
+        fn: Any = v.fget if isinstance(v, property) else v
+        sig = "" if isinstance(v, property) else str(inspect.signature(fn)).replace("'", "")
+        first = (fn.__doc__ or "").strip().splitlines()[0]
+        lines.append(f"{i:2d}. {n}{sig}: {first}")
+    return "\n".join(lines)
+
+
+Backend.__doc__ = (Backend.__doc__ or "") + "\n" + _ordered_doc()
+

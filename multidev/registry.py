@@ -3,35 +3,48 @@
 Adapters are found through the ``multidev.backends`` entry-point group (the built-in ones too) or
 :func:`register_backend`. Nothing is imported until it is needed:
 
-- by name: the entry point is loaded and the adapter instantiated (which imports the framework);
+- by name: the entry point is loaded and the adapter instantiated (which imports the framework),
+  then checked against the protocol (:func:`multidev.adapter.validate_adapter`);
 - by tensor: the tensor's type is looked up in a cache; on a miss, only adapters whose framework
-  module is already in ``sys.modules`` are instantiated and asked (a tensor cannot exist otherwise).
+  module is already in ``sys.modules`` are asked (a tensor cannot exist otherwise), those of the
+  framework the type comes from first, so a NumPy array never starts TensorFlow.
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import sys
 import threading
+import warnings
+from collections.abc import Callable, Iterator
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
 from ._device import Device
-from .errors import BackendNotAvailableError, UnsupportedTensorError
+from .adapter import validate_adapter
+from .errors import AdapterError, BackendNotAvailableError, UnsupportedTensorError
 from .protocol import Backend
 
 __all__ = [
+    "DEFAULT_BACKEND",
     "ENTRY_POINT_GROUP",
-    "register_backend",
-    "get_backend",
-    "backend_of",
     "available_backends",
+    "backend_of",
+    "configure_virtual_devices",
+    "get_backend",
+    "get_default_backend",
+    "loaded_backends",
+    "native_device",
+    "prefer",
+    "register_backend",
     "registered_backends",
     "set_default_backend",
-    "get_default_backend",
-    "native_device",
 ]
 
 ENTRY_POINT_GROUP = "multidev.backends"
+#: The backend calls use when none is named: the embedded NumPy reference.
+DEFAULT_BACKEND = "numpy"
 
 _lock = threading.RLock()
 _factories: dict[str, Callable[[], Backend]] = {}  # name -> factory (class or callable)
@@ -40,6 +53,8 @@ _instances: dict[str, Backend] = {}
 _name_locks: dict[str, threading.Lock] = {}  # per-backend creation locks
 _failures: dict[str, str] = {}  # name -> why it could not load
 _type_cache: dict[type, str] = {}
+_claims: dict[type, list[str]] = {}  # tensor class -> adapters claiming it, in creation order
+_preferred: list[str] = []  # a stack: the adapter that wins a shared tensor class (conformance runs)
 _entry_points_read = False
 _default_backend: str | None = None
 
@@ -76,18 +91,32 @@ class _EntryPointFactory:
 def register_backend(name: str, factory: Callable[[], Backend], *, replace: bool = False) -> None:
     """Register an adapter factory (usually the adapter class) under ``name`` at run time.
 
-    The factory is called lazily, on first use. ``replace=True`` overrides an existing registration.
+    The factory is called lazily, on first use, and its product checked against the protocol.
+    ``replace=True`` overrides an existing registration (loaded or not).
     """
+    if not isinstance(name, str) or not name or ":" in name:
+        raise AdapterError(f"a backend name must be a non-empty string without ':', got {name!r}")
+    if not callable(factory):
+        raise AdapterError(f"register_backend({name!r}, ...) needs a class or a callable returning an "
+                           f"adapter, got {type(factory).__name__}")
     _read_entry_points()
     with _lock:
         if name in _instances and not replace:
-            raise ValueError(f"backend {name!r} is already registered and loaded; pass replace=True")
+            raise AdapterError(f"backend {name!r} is already registered and loaded; pass replace=True")
         _factories[name] = factory
-        _instances.pop(name, None)
-        _failures.pop(name, None)
-        _frameworks.pop(name, None)
-        for t in [t for t, n in _type_cache.items() if n == name]:
-            del _type_cache[t]
+        _forget(name)
+
+
+def _forget(name: str) -> None:
+    old = _instances.pop(name, None)
+    _failures.pop(name, None)
+    _frameworks.pop(name, None)
+    for t in [t for t, n in _type_cache.items() if n == name]:
+        del _type_cache[t]
+    if old is not None:
+        for owners in _claims.values():
+            if name in owners:
+                owners.remove(name)
 
 
 def registered_backends() -> list[str]:
@@ -105,7 +134,7 @@ def _framework_of(name: str) -> str | None:
         return None
     try:
         obj = fac.load() if isinstance(fac, _EntryPointFactory) else fac
-    except Exception:  # a broken third-party module: treat as unavailable, reported by get_backend
+    except Exception:  # noqa: BLE001 - a broken third-party module: reported by get_backend
         return None
     fw = getattr(obj, "framework", None)
     if isinstance(fw, str):
@@ -113,22 +142,43 @@ def _framework_of(name: str) -> str | None:
     return fw if isinstance(fw, str) else None
 
 
+def _adapter_class(name: str) -> Any:
+    """The adapter class (or factory) registered under ``name``, loading only its module."""
+    fac = _factories.get(name)
+    if isinstance(fac, _EntryPointFactory):
+        try:
+            return fac.load()
+        except Exception:  # noqa: BLE001 - unavailable here; get_backend reports it
+            return None
+    return fac
+
+
+def _install_hint(name: str) -> str:
+    try:
+        extras = set(metadata.metadata("multidev").get_all("Provides-Extra") or [])
+    except metadata.PackageNotFoundError:
+        extras = set()
+    if name in extras:
+        return f'Install it with `pip install "multidev[{name}]"`.'
+    return f"Install the package that provides the {name!r} adapter and its framework."
+
+
 def get_backend(name: str | None = None) -> Backend:
     """The adapter instance for ``name`` (the default backend when ``None``), loading it on first use.
 
-    ``name`` may also be ``"module:attr"``: an importable adapter class or factory that is
-    registered under its own ``name`` attribute. Raises BackendNotAvailableError naming the
-    registered and installed backends when it cannot be had.
+    ``name`` may also be ``"module:attr"``: an importable adapter class or factory, registered under
+    the ``name`` of what it makes. Raises BackendNotAvailableError naming the registered backends
+    when it cannot be had, AdapterError when the adapter breaks the protocol.
     """
     if name is None:
         name = get_default_backend()
     if not isinstance(name, str):
-        raise BackendNotAvailableError(f"backend must be a name string, got {name!r}")
-    if ":" in name:
-        return _load_dotted(name)
+        raise BackendNotAvailableError(f"backend must be a name string, got {name!r:.60}")
     inst = _instances.get(name)
     if inst is not None:
         return inst
+    if ":" in name:
+        return _load_dotted(name)
     _read_entry_points()
     with _lock:
         name_lock = _name_locks.setdefault(name, threading.Lock())
@@ -143,9 +193,9 @@ def get_backend(name: str | None = None) -> Backend:
             failure = _failures.get(name)
         if fac is None:
             raise BackendNotAvailableError(
-                f"no backend named {name!r}. Registered: {', '.join(registered_backends()) or 'none'}. "
-                f"Third-party adapters register through the {ENTRY_POINT_GROUP!r} entry-point group "
-                "or multidev.register_backend(name, factory)."
+                f"no backend named {name!r:.60}. Registered: {', '.join(registered_backends()) or 'none'}. "
+                f"Third-party adapters register through the {ENTRY_POINT_GROUP!r} entry-point group, "
+                "multidev.register_backend(name, factory), or as 'module:attr'."
             )
         if failure is not None:
             raise BackendNotAvailableError(failure)
@@ -156,33 +206,73 @@ def get_backend(name: str | None = None) -> Backend:
                 _failures[name] = str(e)
             raise
         except ImportError as e:
-            msg = (f"backend {name!r} is not available: {e}. Install it with "
-                   f"`pip install \"multidev[{name}]\"`.")
+            msg = f"backend {name!r} is not available: {e}. {_install_hint(name)}"
             with _lock:
                 _failures[name] = msg
             raise BackendNotAvailableError(msg) from e
+        validate_adapter(inst, name)
+        if inst.name != name:
+            raise AdapterError(f"the adapter registered as {name!r} names itself {inst.name!r}; register it "
+                               "under its own name")
         with _lock:
             _instances[name] = inst
             _frameworks[name] = inst.framework
+            _record_claims(inst)
         return inst
 
 
-def _load_dotted(spec: str) -> Backend:
-    import importlib
+def _record_claims(inst: Backend) -> None:
+    for t in inst.tensor_types():
+        owners = _claims.setdefault(t, [])
+        others = [o for o in owners if o != inst.name]
+        if others:
+            warnings.warn(f"multidev: adapter {inst.name!r} claims {t.__module__}.{t.__qualname__}, which "
+                          f"{', '.join(map(repr, others))} claims already; such tensors go to "
+                          f"{others[0]!r} unless multidev.registry.prefer({inst.name!r}) is in effect",
+                          RuntimeWarning, stacklevel=4)
+        if inst.name not in owners:
+            owners.append(inst.name)
+    for t in [t for t, n in _type_cache.items() if t in inst.tensor_types()]:
+        del _type_cache[t]
 
+
+def _load_dotted(spec: str) -> Backend:
     mod_name, _, attr = spec.partition(":")
     try:
-        obj = getattr(importlib.import_module(mod_name), attr)
+        obj: Any = importlib.import_module(mod_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
     except (ImportError, AttributeError) as e:
         raise BackendNotAvailableError(f"cannot import adapter {spec!r}: {e}") from e
+    if not callable(obj):
+        raise AdapterError(f"adapter {spec!r} is a {type(obj).__name__}, not a class or factory")
     name = getattr(obj, "name", None)
     if not isinstance(name, str):
-        raise BackendNotAvailableError(f"adapter {spec!r} has no string 'name' attribute")
+        # A factory function: make one instance to learn its name, and keep it.
+        try:
+            made = obj()
+        except ImportError as e:
+            raise BackendNotAvailableError(f"adapter {spec!r} is not available: {e}") from e
+        name = getattr(made, "name", None)
+        if not isinstance(name, str) or not name:
+            raise AdapterError(f"adapter {spec!r} makes an object without a string 'name' attribute "
+                               f"({type(made).__name__}); see multidev.protocol.Backend")
+        validate_adapter(made, spec)
+        with _lock:
+            _factories[name] = obj
+            _forget(name)
+            _instances[name] = made
+            _frameworks[name] = made.framework
+            _record_claims(made)
+            _instances[spec] = made
+        return made
     with _lock:
-        cur = _factories.get(name)
-        if cur is not obj:
+        if _factories.get(name) is not obj:
             register_backend(name, obj, replace=True)
-    return get_backend(name)
+    inst = get_backend(name)
+    with _lock:
+        _instances[spec] = inst
+    return inst
 
 
 def available_backends() -> list[str]:
@@ -198,14 +288,54 @@ def available_backends() -> list[str]:
 
 
 def loaded_backends() -> list[Backend]:
-    """Adapters already instantiated in this process."""
+    """Adapters already instantiated in this process (each once)."""
     with _lock:
-        return list(_instances.values())
+        seen: dict[int, Backend] = {}
+        for n, b in _instances.items():
+            if ":" not in n:
+                seen.setdefault(id(b), b)
+        return list(seen.values())
+
+
+def configure_virtual_devices(count: int, names: list[str] | None = None) -> dict[str, bool]:
+    """Ask every registered adapter (or those in ``names``) for ``count`` virtual CPU devices
+    through its ``configure_devices`` hook, before its framework starts. Values the user set
+    already are kept. Returns, per adapter, whether the request is in place."""
+    _read_entry_points()
+    out = {}
+    for n in names or registered_backends():
+        cls = _adapter_class(n) if ":" not in n else None
+        hook = getattr(cls, "configure_devices", None)
+        if callable(hook):
+            try:
+                out[n] = bool(hook(count))
+            except Exception:  # noqa: BLE001 - a hook that fails leaves the backend's default
+                out[n] = False
+    return out
+
+
+@contextlib.contextmanager
+def prefer(name: str) -> Iterator[None]:
+    """Within the block, tensors of a class that several loaded adapters claim go to ``name``
+    (the conformance suite tests a renamed or mutated copy of an adapter this way)."""
+    with _lock:
+        _preferred.append(name)
+        _type_cache.clear()
+    try:
+        yield
+    finally:
+        with _lock:
+            _preferred.remove(name)
+            _type_cache.clear()
 
 
 def _related(root: str, fw: str) -> bool:
     """Whether a type from top-level module ``root`` can belong to framework ``fw`` (jaxlib/jax)."""
     return root == fw or root.startswith(fw) or fw.startswith(root)
+
+
+def _roots(t: type) -> set[str]:
+    return {c.__module__.split(".")[0] for c in t.__mro__ if c is not object}
 
 
 def _specificity(x: Any, types: tuple[type, ...]) -> int:
@@ -217,9 +347,10 @@ def _specificity(x: Any, types: tuple[type, ...]) -> int:
 def backend_of(x: Any) -> Backend:
     """The adapter that owns tensor ``x``. Cached by type; never imports a framework.
 
-    Adapters of the framework the type comes from are asked first, so identifying a tensor does
-    not start other frameworks' runtimes; among several owners the most specific class wins (a
-    framework's ndarray subclass is not claimed by the NumPy reference)."""
+    Adapters of the frameworks the type (or a base class) comes from are asked first, so
+    identifying a tensor does not start other frameworks' runtimes; among several owners the most
+    specific class wins (a framework's ndarray subclass is not claimed by the NumPy reference), then
+    the preferred adapter (:func:`prefer`), then the one loaded first."""
     t = type(x)
     name = _type_cache.get(t)
     if name is not None:
@@ -229,25 +360,43 @@ def backend_of(x: Any) -> Backend:
     _read_entry_points()
     with _lock:
         names = list(_factories)
-    root = t.__module__.split(".")[0]
-    related, others = [], []
+    roots = _roots(t)
+    related: list[str] = []
+    others: list[str] = []
     for n in names:
         fw = _frameworks.get(n) or _framework_of(n)
         if n not in _instances and (fw is None or fw not in sys.modules):
             continue
-        (related if fw is not None and _related(root, fw) else others).append(n)
+        is_related = fw is not None and any(_related(r, fw) for r in roots)
+        (related if is_related else others).append(n)
+    broken: list[str] = []
     for group in (related, others):
         matches = []
         for n in group:
             try:
                 inst = get_backend(n)
-            except Exception:  # an adapter that cannot start here does not own this tensor
+            except Exception as e:  # noqa: BLE001 - an adapter that cannot start here does not own this tensor
+                broken.append(f"{n} ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
                 continue
             types = inst.tensor_types()
             if isinstance(x, types):
                 matches.append((_specificity(x, types), inst))
         if matches:
-            inst = min(matches, key=lambda m: m[0])[1]
+            best = min(m[0] for m in matches)
+            tied = [m[1] for m in matches if m[0] == best]
+            inst = tied[0]
+            for p in reversed(_preferred):
+                hit = [b for b in tied if b.name == p]
+                if hit:
+                    inst = hit[0]
+                    break
+            else:
+                owners = _claims.get(t) or []
+                for o in owners:
+                    hit = [b for b in tied if b.name == o]
+                    if hit:
+                        inst = hit[0]
+                        break
             with _lock:
                 _type_cache[t] = inst.name
             return inst
@@ -255,39 +404,18 @@ def backend_of(x: Any) -> Backend:
         f"no backend recognises an object of type {t.__module__}.{t.__qualname__}. "
         f"Registered backends: {', '.join(registered_backends())}; loaded: "
         f"{', '.join(b.name for b in loaded_backends()) or 'none'}. Pass a native tensor of one of them."
+        + (f" Adapters that could not load: {'; '.join(broken)}." if broken else "")
     )
 
 
-_native_cache: dict[Any, Device] = {}
-
-
 def native_device(obj: Any) -> Device | None:
-    """Resolve a framework's native device object through the adapter whose framework made it.
-    Cached for hashable device objects (torch.device, jax Device, mx.Context)."""
-    try:
-        hit = _native_cache.get((type(obj), obj))
-    except TypeError:  # unhashable
-        hit = None
-    if hit is not None:
-        return hit
-    dev = _native_device(obj)
-    if dev is not None and getattr(obj, "index", 0) is not None:  # torch.device("cuda"): current device
-        try:
-            if len(_native_cache) < 1024:
-                _native_cache[(type(obj), obj)] = dev
-        except TypeError:
-            pass
-    return dev
-
-
-def _native_device(obj: Any) -> Device | None:
+    """Resolve a framework's native device object through the adapter whose framework made it
+    (adapters cache their own lookups)."""
     root = type(obj).__module__.split(".")[0]
     _read_entry_points()
     for n in list(_factories):
         fw = _framework_of(n)
-        if fw is None or fw not in sys.modules:
-            continue
-        if not _related(root, fw):
+        if fw is None or fw not in sys.modules or not _related(root, fw):
             continue
         try:
             dev = get_backend(n).from_native_device(obj)
@@ -310,4 +438,4 @@ def get_default_backend() -> str:
     """The default backend's name: set_default_backend, else ``$MULTIDEV_BACKEND``, else ``numpy``."""
     if _default_backend is not None:
         return _default_backend
-    return os.environ.get("MULTIDEV_BACKEND") or "numpy"
+    return os.environ.get("MULTIDEV_BACKEND") or DEFAULT_BACKEND

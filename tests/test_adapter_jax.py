@@ -360,7 +360,7 @@ def test_native_allreduce_over_virtual_devices():
             nai = [np.asarray(y) for y in md.allreduce(cs, op, algorithm="naive")]
             np.testing.assert_array_equal(np.stack(nat), np.stack(nai), err_msg=op)
         s = [md.full((), i + 2.0, device=d, backend="jax") for i, d in enumerate(devs)]
-        m = b.native_allreduce(s, "mean")
+        m = md.allreduce(s, "mean", algorithm="native")
         assert [y.shape for y in m] == [()] * 3 and float(m[0]) == 3.0
         print("ok")
     """)

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from multidev import bench
+from multidev.benchmarks import report as bench
+from multidev.benchmarks import runner
 
 FRAMEWORKS = {"torch": "torch", "jax": "jax", "tensorflow": "tensorflow", "mxnet": "mxnet"}
 FAST = ["--quick", "--reps", "3", "--budget", "0.05", "--no-progress"]
@@ -162,7 +163,52 @@ def test_list_and_unknown_suite() -> None:
 
 
 def test_stats_and_merge_are_plain_functions() -> None:
-    st = bench._stats([1.0, 2.0, 3.0, 4.0, 100.0])
+    st = runner._stats([1.0, 2.0, 3.0, 4.0, 100.0])
     assert st["median_s"] == 3.0 and st["q1_s"] == 2.0 and st["q3_s"] == 4.0 and st["n"] == 5
-    with pytest.raises(SystemExit):
-        bench.merge([{"schema": "something else"}])
+    with pytest.raises(runner.UsageError):
+        runner.merge([{"schema": "something else"}])
+
+
+GOAL_FILE = '''
+import numpy as np
+import multidev as md
+from multidev.benchmarks import Case, Goal, Variant, benchmark, close
+
+@benchmark("custom", goals=[Goal("always met", "copy", 1e9), Goal("never met", "copy", 1e-9)])
+def copies(ctx):
+    """md.copy against np.array."""
+    x = md.ones((8,), device=ctx.dev, backend=ctx.backend)
+    yield Case("copy(8 ones)", {"md": Variant(md.copy, (x,)), "native": ctx.native_call("copy", x, ctx.dev)},
+               devices=[ctx.dev], check=lambda: close(md.copy(x), np.ones(8)), group="copy")
+'''
+
+
+def test_goals_are_data_and_check_fails_on_a_missed_goal(tmp_path: Path) -> None:
+    f = tmp_path / "goals.py"
+    f.write_text(GOAL_FILE)
+    out = tmp_path / "g.json"
+    args = ("--backend", "numpy", "--suite", "custom", "--bench-file", str(f), "--json", str(out), *FAST)
+    p = cli(*args)
+    assert p.returncode == 0, p.stderr[-3000:]  # without --check, a missed goal is reported only
+    doc = json.loads(out.read_text())
+    verdicts = {g["goal"]: g["met"] for g in doc["goals"]}
+    assert verdicts == {"always met": True, "never met": False}
+    assert "MISSED never met" in p.stdout and "met    always met" in p.stdout
+    p = cli(*args, "--check")
+    assert p.returncode == 3 and "never met" in p.stderr, (p.returncode, p.stderr[-2000:])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--backend", "nosuch"], "--backend nosuch"),
+    (["--backend", "numpy", "--device", "banana"], "--device"),
+    (["--backend", "numpy", "--device", "gpu:0"], "numpy has no gpu:0"),
+    (["--backend", "numpy", "--device", "cpu:0,gpu:0"], "numpy has no gpu:0"),
+    (["--backend", "numpy", "--suite", "nope"], "unknown suite"),
+    (["--backend", "numpy", "--reps", "0"], "--reps"),
+    (["--report", "/no/such/file.json"], "--report"),
+])
+def test_bad_flags_give_one_line_and_a_nonzero_exit(argv: list[str], needle: str) -> None:
+    p = cli(*argv, "--no-progress")
+    assert p.returncode == 2, (p.returncode, p.stdout[-1000:], p.stderr[-1000:])
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, p.stderr

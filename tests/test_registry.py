@@ -11,6 +11,7 @@ import pytest
 
 import multidev as md
 from multidev import registry
+from multidev.adapters.numpy import NumpyBackend
 from multidev.errors import BackendNotAvailableError, UnsupportedTensorError
 
 FRAMEWORKS = ("torch", "jax", "jaxlib", "tensorflow", "mxnet")
@@ -72,12 +73,15 @@ class FakeArray:
         self.data = data
 
 
-class FakeBackend:
+class FakeBackend(NumpyBackend):
+    """A complete adapter (the NumPy reference's methods) that claims FakeArray."""
+
     name: ClassVar[str] = "fake"
     framework: ClassVar[str] = "tests"  # a module that is surely imported during the tests
     created = 0
 
     def __init__(self) -> None:
+        super().__init__()
         type(self).created += 1
 
     def tensor_types(self) -> tuple[type, ...]:
@@ -96,7 +100,7 @@ def test_register_backend_is_lazy_and_found_by_type() -> None:
     assert registry.backend_of(FakeArray(np.zeros(1))).name == "fake"
     assert md.device_of(FakeArray(np.zeros(1))) == md.Device("cpu", 0)
     assert FakeBackend.created == 1
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(md.AdapterError, match="already registered"):
         md.register_backend("fake", FakeBackend)
 
 
@@ -114,6 +118,7 @@ def test_concurrent_first_use_creates_one_instance() -> None:
             import time
 
             time.sleep(0.05)
+            super().__init__()
             Slow.made.append(self)
 
     md.register_backend("slowfake", Slow, replace=True)

@@ -1,0 +1,87 @@
+"""The jax baseline for ``multidev bench``: jax's own calls for every row."""
+from __future__ import annotations
+
+import functools
+import operator
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from multidev import Device
+from multidev.benchmarks.baseline import Call, Native
+
+
+class JaxNative(Native):
+    framework = "jax"
+    env_vars = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "JAX_PLATFORMS",
+                "JAX_ENABLE_X64")
+    # jax.device_put(x, its own device) costs ~30 µs of dispatch: multidev's no-op is to be 20x faster.
+    goal_targets = {"P1 no-op to": 0.05, "P1 no-op to (str spec)": 0.05}  # noqa: RUF012
+
+    def __init__(self, b: Any) -> None:
+        super().__init__(b)
+        import jax
+        import jax.numpy as jnp
+
+        self.jax, self.jnp = jax, jnp
+
+    def dev(self, d: Device) -> Any:
+        return self.b.to_native_device(d)
+
+    def mm(self, dev: Device) -> Callable[[Any, Any], Any]:
+        return self.jnp.matmul
+
+    def op_to(self, x: Any, dev: Device) -> Call:
+        return self.jax.device_put, (x, self.dev(dev)), "jax.device_put(x, device)"
+
+    op_move_async = op_to  # device_put is asynchronous already
+
+    def mover(self, dev: Device, non_blocking: bool = False) -> Callable[[Any], Any]:
+        return functools.partial(self.jax.device_put, device=self.dev(dev))
+
+    def op_copy(self, x: Any, dev: Device) -> Call:
+        if self.b.device_of(x) == dev:
+            return self.jnp.copy, (x,), "jnp.copy(x)"
+        return self.jax.device_put, (x, self.dev(dev)), "jax.device_put(x, device)"
+
+    def op_device_of(self, x: Any) -> Call:
+        return operator.attrgetter("device"), (x,), "x.device"
+
+    def op_sync(self, dev: Device, x: Any = None) -> Call | None:
+        if x is None:
+            return None
+        return x.block_until_ready, (), "x.block_until_ready() (JAX has no device-level sync)"
+
+    def op_wait(self, x: Any) -> Call:
+        return x.block_until_ready, (), "x.block_until_ready()"
+
+    def op_zeros(self, shape: tuple, dev: Device) -> Call:
+        jnp = self.jnp
+        return functools.partial(jnp.zeros, shape, jnp.float32, device=self.dev(dev)), (), \
+            "jnp.zeros(shape, device=device)"
+
+    def op_h2d(self, a: np.ndarray, dev: Device) -> Call:
+        return self.jax.device_put, (a, self.dev(dev)), "jax.device_put(a, device)"
+
+    def op_d2h(self, x: Any) -> Call:
+        return np.asarray, (x,), "np.asarray(x)"
+
+    def set_precision(self, mode: str) -> dict[str, Any]:
+        if mode in ("fp32", "tf32"):
+            self.jax.config.update("jax_default_matmul_precision", "highest" if mode == "fp32" else "tensorfloat32")
+        return {"jax_default_matmul_precision": self.jax.config.jax_default_matmul_precision,
+                "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+                "jax_enable_x64": bool(self.jax.config.jax_enable_x64)}
+
+    def save_precision(self) -> Any:
+        return self.jax.config.jax_default_matmul_precision
+
+    def restore_precision(self, state: Any) -> None:
+        self.jax.config.update("jax_default_matmul_precision", state)
+
+    def device_name(self, dev: Device) -> str:
+        if dev.kind == "gpu":
+            return str(self.dev(dev).device_kind)
+        return super().device_name(dev)

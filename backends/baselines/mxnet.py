@@ -1,0 +1,69 @@
+"""The mxnet baseline for ``multidev bench``: mxnet's own calls for every row."""
+from __future__ import annotations
+
+import functools
+import operator
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from multidev import Device
+from multidev.benchmarks.baseline import Call, Native
+
+
+class MxnetNative(Native):
+    framework = "mxnet"
+    env_vars = ("MXNET_ENGINE_TYPE", "MXNET_CUDA_ALLOW_TENSOR_CORE", "MXNET_CPU_WORKER_NTHREADS")
+
+    def __init__(self, b: Any) -> None:
+        super().__init__(b)
+        import mxnet as mx
+
+        self.mx = mx
+
+    def dev(self, d: Device) -> Any:
+        return self.mx.gpu(d.index) if d.kind == "gpu" else self.mx.cpu(d.index)
+
+    def mm(self, dev: Device) -> Callable[[Any, Any], Any]:
+        return self.mx.nd.dot
+
+    def op_to(self, x: Any, dev: Device) -> Call:
+        return x.as_in_context, (self.dev(dev),), "x.as_in_context(ctx)"
+
+    op_move_async = op_to
+
+    def mover(self, dev: Device, non_blocking: bool = False) -> Callable[[Any], Any]:
+        c = self.dev(dev)
+        return lambda x: x.as_in_context(c)
+
+    def op_copy(self, x: Any, dev: Device) -> Call:
+        return x.copyto, (self.dev(dev),), "x.copyto(ctx)"
+
+    def op_device_of(self, x: Any) -> Call:
+        return operator.attrgetter("context"), (x,), "x.context"
+
+    def op_sync(self, dev: Device, x: Any = None) -> Call:
+        return self.mx.nd.waitall, (), "mx.nd.waitall()"
+
+    def op_wait(self, x: Any) -> Call:
+        return x.wait_to_read, (), "x.wait_to_read()"
+
+    def op_zeros(self, shape: tuple, dev: Device) -> Call:
+        mx = self.mx
+        return functools.partial(mx.nd.zeros, shape, ctx=self.dev(dev), dtype="float32"), (), \
+            "mx.nd.zeros(shape, ctx=ctx)"
+
+    def op_h2d(self, a: np.ndarray, dev: Device) -> Call:
+        mx = self.mx
+        return (lambda arr, c: mx.nd.array(arr, ctx=c, dtype=arr.dtype)), (a, self.dev(dev)), \
+            "mx.nd.array(a, ctx=ctx)"
+
+    def op_d2h(self, x: Any) -> Call:
+        return x.asnumpy, (), "x.asnumpy()"
+
+    def set_precision(self, mode: str) -> dict[str, Any]:
+        return {"MXNET_CUDA_ALLOW_TENSOR_CORE": os.environ.get("MXNET_CUDA_ALLOW_TENSOR_CORE", ""),
+                "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE", ""),
+                "note": "MXNet has no run-time TF32 switch; fp32 GEMMs use cuBLAS default math"}

@@ -1,0 +1,49 @@
+"""The numpy baseline for ``multidev bench``: numpy's own calls for every row."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from multidev import Device
+from multidev.benchmarks.baseline import Call, Native, nothing
+
+
+class NumpyNative(Native):
+    framework = "numpy"
+    tracks_devices = False
+    # np.asarray(x) of an ndarray is a 60 ns C call that does nothing: no ratio to it is a goal.
+    goal_targets = {"P1 no-op to": None, "P1 no-op to (str spec)": None}  # noqa: RUF012
+
+    def op_sync(self, dev: Device, x: Any = None) -> Call:
+        return nothing, (), "nothing (NumPy is synchronous)"
+
+    def op_wait(self, x: Any) -> Call:
+        return nothing, (), "nothing (NumPy is synchronous)"
+
+    def mm(self, dev: Device) -> Callable[[Any, Any], Any]:
+        return np.matmul
+
+    def op_to(self, x: Any, dev: Device) -> Call:
+        if self.b.device_of(x) != dev:  # another (virtual) device: NumPy's equivalent is a copy
+            return np.array, (x,), "np.array(x)"
+        return np.asarray, (x,), "np.asarray(x)"
+
+    def op_copy(self, x: Any, dev: Device) -> Call:
+        return np.array, (x,), "np.array(x)"
+
+    def op_move_async(self, x: Any, dev: Device) -> Call:
+        return self.op_to(x, dev)
+
+    def op_zeros(self, shape: tuple, dev: Device) -> Call:
+        return np.zeros, (shape, np.float32), "np.zeros(shape, float32)"
+
+    def op_h2d(self, a: np.ndarray, dev: Device) -> Call:
+        return np.array, (a,), "np.array(a)"
+
+    def op_d2h(self, x: Any) -> Call:
+        return np.asarray, (x,), "np.asarray(x)"
+
+    def set_precision(self, mode: str) -> dict[str, Any]:
+        return {"matmul": "float32 (BLAS)"}

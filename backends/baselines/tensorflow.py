@@ -1,0 +1,107 @@
+"""The tensorflow baseline for ``multidev bench``: tensorflow's own calls for every row."""
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from multidev import Device
+from multidev.benchmarks.baseline import Call, Native
+
+
+class TensorflowNative(Native):
+    framework = "tensorflow"
+    env_vars = ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR")
+
+    def __init__(self, b: Any) -> None:
+        super().__init__(b)
+        import tensorflow as tf
+
+        self.tf = tf
+
+    def dev(self, d: Device) -> str:
+        return {"gpu": "/GPU:", "cpu": "/CPU:"}.get(d.kind, "/GPU:") + str(d.index)
+
+    def mm(self, dev: Device) -> Callable[[Any, Any], Any]:
+        tf, name = self.tf, self.dev(dev)
+
+        def matmul(a: Any, b: Any) -> Any:
+            with tf.device(name):
+                return tf.linalg.matmul(a, b)
+        return matmul
+
+    def op_to(self, x: Any, dev: Device) -> Call:
+        tf = self.tf
+
+        def identity_on(t: Any, name: str) -> Any:
+            with tf.device(name):
+                return tf.identity(t)
+        return identity_on, (x, self.dev(dev)), "with tf.device(d): tf.identity(x)"
+
+    op_move_async = op_to
+
+    def op_copy(self, x: Any, dev: Device) -> Call:
+        tf = self.tf
+
+        def deep_copy_on(t: Any, name: str) -> Any:
+            with tf.device(name):  # tf.identity may alias (same device, logical CPU devices): force a copy
+                try:
+                    return tf.raw_ops.DeepCopy(x=t)
+                except tf.errors.NotFoundError:  # no DeepCopy kernel for this device/dtype
+                    return tf.raw_ops.Snapshot(input=t)
+        return deep_copy_on, (x, self.dev(dev)), "with tf.device(d): tf.raw_ops.DeepCopy(x=x)"
+
+    def op_device_of(self, x: Any) -> Call:
+        return operator.attrgetter("device"), (x,), "x.device"
+
+    def op_sync(self, dev: Device, x: Any = None) -> Call | None:
+        f = getattr(getattr(self.tf.test, "experimental", None), "sync_devices", None)
+        return None if f is None else (f, (), "tf.test.experimental.sync_devices()")
+
+    def op_wait(self, x: Any) -> Call | None:
+        return self.op_sync(self.b.device_of(x))
+
+    def op_zeros(self, shape: tuple, dev: Device) -> Call:
+        tf = self.tf
+
+        def zeros_on(s: tuple, name: str) -> Any:
+            with tf.device(name):
+                return tf.zeros(s, tf.float32)
+        return zeros_on, (shape, self.dev(dev)), "with tf.device(d): tf.zeros(shape)"
+
+    def op_h2d(self, a: np.ndarray, dev: Device) -> Call:
+        tf = self.tf
+
+        def constant_on(arr: np.ndarray, name: str) -> Any:
+            with tf.device(name):
+                return tf.identity(tf.constant(arr))  # identity: places it on d (constants start on host)
+        return constant_on, (a, self.dev(dev)), "with tf.device(d): tf.identity(tf.constant(a))"
+
+    def op_d2h(self, x: Any) -> Call:
+        return (lambda t: t.numpy()), (x,), "x.numpy()"
+
+    def set_precision(self, mode: str) -> dict[str, Any]:
+        tf = self.tf
+        if mode in ("fp32", "tf32"):
+            tf.config.experimental.enable_tensor_float_32_execution(mode == "tf32")
+        return {"tf.config.experimental.tensor_float_32_execution_enabled()":
+                bool(tf.config.experimental.tensor_float_32_execution_enabled()),
+                "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "")}
+
+    def save_precision(self) -> Any:
+        return self.tf.config.experimental.tensor_float_32_execution_enabled()
+
+    def restore_precision(self, state: Any) -> None:
+        self.tf.config.experimental.enable_tensor_float_32_execution(state)
+
+    def device_name(self, dev: Device) -> str:
+        if dev.kind == "gpu":
+            try:
+                gpu = self.tf.config.list_physical_devices("GPU")[dev.index]
+                return str(self.tf.config.experimental.get_device_details(gpu).get("device_name", dev))
+            except Exception:  # noqa: BLE001 - a label only
+                return str(dev)
+        return super().device_name(dev)

@@ -1,0 +1,147 @@
+"""The torch baseline for ``multidev bench``: torch's own calls for every row."""
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from multidev import Device
+from multidev.benchmarks.baseline import Call, Native
+
+
+class TorchNative(Native):
+    framework = "torch"
+    env_vars = ("TORCH_NCCL_BLOCKING_WAIT", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "PYTORCH_CUDA_ALLOC_CONF",
+                "TORCH_DISTRIBUTED_DEBUG")
+
+    def __init__(self, b: Any) -> None:
+        super().__init__(b)
+        import torch
+
+        self.torch = torch
+
+    def dev(self, d: Device) -> Any:
+        t = self.torch
+        return t.device("cuda", d.index) if d.kind == "gpu" else t.device("mps") if d.kind == "mps" else t.device("cpu")
+
+    def mm(self, dev: Device) -> Callable[[Any, Any], Any]:
+        return self.torch.mm
+
+    def op_to(self, x: Any, dev: Device) -> Call:
+        return x.to, (self.dev(dev),), "x.to(device)"
+
+    def mover(self, dev: Device, non_blocking: bool = False) -> Callable[[Any], Any]:
+        d = self.dev(dev)
+        return lambda x: x.to(d, non_blocking=non_blocking)
+
+    def op_move_async(self, x: Any, dev: Device) -> Call:
+        return functools.partial(x.to, self.dev(dev), non_blocking=True), (), "x.to(device, non_blocking=True)"
+
+    def op_copy(self, x: Any, dev: Device) -> Call:
+        return functools.partial(x.to, self.dev(dev), copy=True), (), "x.to(device, copy=True)"
+
+    def op_device_of(self, x: Any) -> Call:
+        return operator.attrgetter("device"), (x,), "x.device"
+
+    def _sync_fn(self, dev: Device) -> Call:
+        t = self.torch
+        if dev.kind == "gpu":
+            return t.cuda.synchronize, (self.dev(dev),), "torch.cuda.synchronize(device)"
+        if dev.kind == "mps":
+            return t.mps.synchronize, (), "torch.mps.synchronize()"
+        return t.cpu.synchronize, (), "torch.cpu.synchronize()"
+
+    def op_sync(self, dev: Device, x: Any = None) -> Call:
+        return self._sync_fn(dev)
+
+    def op_wait(self, x: Any) -> Call:
+        fn, a, label = self._sync_fn(self.b.device_of(x))
+        return fn, a, label + " (torch has no per-tensor wait)"
+
+    def op_zeros(self, shape: tuple, dev: Device) -> Call:
+        t = self.torch
+        return functools.partial(t.zeros, shape, dtype=t.float32, device=self.dev(dev)), (), \
+            "torch.zeros(shape, device=device)"
+
+    def op_h2d(self, a: np.ndarray, dev: Device) -> Call:
+        t = self.torch
+        if dev.kind == "cpu":  # from_numpy(a).to('cpu') would alias a: copy, as md.asarray does
+            return (lambda arr: t.from_numpy(arr).clone()), (a,), "torch.from_numpy(a).clone()"
+        return (lambda arr, d: t.from_numpy(arr).to(d)), (a, self.dev(dev)), "torch.from_numpy(a).to(device)"
+
+    def op_d2h(self, x: Any) -> Call:
+        return (lambda t: t.cpu().numpy()), (x,), "x.cpu().numpy()"
+
+    def op_h2d_pinned(self, a: np.ndarray, dev: Device) -> Call | None:
+        """The best native upload: from a preallocated pinned host tensor (GPU only)."""
+        t = self.torch
+        if dev.kind != "gpu":
+            return None
+        src = t.from_numpy(a).pin_memory()
+        d = self.dev(dev)
+        return (lambda s: s.to(d, non_blocking=True)), (src,), \
+            "pinned.to(device, non_blocking=True) (pinned source allocated beforehand)"
+
+    def op_d2h_pinned(self, x: Any) -> Call | None:
+        """The best native download: into a preallocated pinned host tensor (GPU only)."""
+        t = self.torch
+        if x.device.type != "cuda":
+            return None
+        dst = t.empty(x.shape, dtype=x.dtype, pin_memory=True)
+
+        def down(x: Any) -> Any:
+            dst.copy_(x, non_blocking=True)
+            t.cuda.current_stream(x.device).synchronize()
+            return dst.numpy()
+        return down, (x,), "pinned.copy_(x, non_blocking=True); stream sync (pinned buffer allocated beforehand)"
+
+    def set_precision(self, mode: str) -> dict[str, Any]:
+        t = self.torch
+        if mode in ("fp32", "tf32"):
+            t.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+            t.backends.cudnn.allow_tf32 = mode == "tf32"
+        return {"torch.backends.cuda.matmul.allow_tf32": bool(t.backends.cuda.matmul.allow_tf32),
+                "torch.backends.cudnn.allow_tf32": bool(t.backends.cudnn.allow_tf32),
+                "torch.get_float32_matmul_precision()": t.get_float32_matmul_precision(),
+                "torch.get_num_threads()": t.get_num_threads()}
+
+    def save_precision(self) -> Any:
+        t = self.torch
+        return t.backends.cuda.matmul.allow_tf32, t.backends.cudnn.allow_tf32
+
+    def restore_precision(self, state: Any) -> None:
+        self.torch.backends.cuda.matmul.allow_tf32, self.torch.backends.cudnn.allow_tf32 = state
+
+    def device_name(self, dev: Device) -> str:
+        if dev.kind == "gpu":
+            return self.torch.cuda.get_device_name(dev.index)
+        return super().device_name(dev)
+
+    def op_dist_allreduce(self, t: Any) -> Call:
+        """torch.distributed.all_reduce in place on a preallocated tensor (the process group's own)."""
+        import torch.distributed as tdist
+
+        return tdist.all_reduce, (t,), "torch.distributed.all_reduce(t) (in place)"
+
+    def op_allreduce_framework(self, bufs: list[Any]) -> Call | None:
+        """NCCL's allreduce in place on preallocated buffers, one per GPU (the nccl-tests baseline)."""
+        t = self.torch
+        if len(bufs) < 2 or any(b.device.type != "cuda" for b in bufs) or not t.cuda.nccl.is_available(bufs):
+            return None
+        return t.cuda.nccl.all_reduce, (bufs,), "torch.cuda.nccl.all_reduce(bufs) (in place)"
+
+    def op_allreduce_d2l(self, bufs: list[Any]) -> Call | None:
+        """D2L's allreduce written in torch: add everything into the first device, copy the sum back."""
+        if len(bufs) < 2:
+            return None
+
+        def d2l(bufs: list[Any]) -> list[Any]:
+            for b in bufs[1:]:
+                bufs[0][:] += b.to(bufs[0].device)
+            for b in bufs[1:]:
+                b[:] = bufs[0].to(b.device)
+            return bufs
+        return d2l, (bufs,), "D2L allreduce (copy-and-add into device 0, copy back)"

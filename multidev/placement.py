@@ -1,0 +1,70 @@
+"""Device resolution, shared by every layer above the registry: the ``device_scope`` defaults, turning
+any device spelling or native device object into a :class:`Device`, and checking that a backend has it.
+"""
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+from ._device import Device, DeviceLike
+from .errors import CollectiveInputError, DeviceNotFoundError
+from .protocol import Backend
+from .registry import native_device
+
+__all__ = ["as_device", "default_device", "device_list", "resolve", "scope_backend", "scope_device"]
+
+#: The innermost ``device_scope``'s device and backend (context-local: threads and tasks each see theirs).
+scope_device: contextvars.ContextVar[Device | None] = contextvars.ContextVar("md_device", default=None)
+scope_backend: contextvars.ContextVar[str | None] = contextvars.ContextVar("md_backend", default=None)
+
+_HOST = Device("cpu", 0)
+
+
+def as_device(spec: DeviceLike) -> Device:
+    """Any accepted spelling, DLPack pair, Device, or a native device object of a loaded framework
+    (``torch.device``, a jax ``Device``, ``mx.Context``) as a :class:`Device`. Does not check that
+    the device exists."""
+    if spec.__class__ is Device:
+        return spec
+    if isinstance(spec, (str, Device)) or type(spec) is tuple:  # (a namedtuple may be a native device)
+        return Device.parse(spec)
+    found = native_device(spec)
+    if found is not None:
+        return found
+    return Device.parse(spec)  # raises InvalidDeviceError naming the accepted forms
+
+
+def default_device() -> Device:
+    """The device creation calls use when given none: the innermost device_scope, else cpu:0."""
+    return scope_device.get() or _HOST
+
+
+def resolve(b: Backend, spec: Any) -> Device:
+    """``spec`` (the scope's default, then cpu:0, when None) as a Device that backend ``b`` has;
+    DeviceNotFoundError listing ``b``'s devices otherwise."""
+    dev = default_device() if spec is None else as_device(spec)
+    avail = b.devices()
+    if dev not in avail:
+        hint = ("use multidev.try_gpu() to fall back to the CPU" if dev.is_gpu
+                else "configure more virtual devices for this backend (see the README)")
+        raise DeviceNotFoundError(
+            f"{b.name} has no device {dev}; available: {', '.join(map(str, avail))}. Hint: {hint}."
+        )
+    return dev
+
+
+def device_list(b: Backend, devices: Any, what: str) -> list[Device]:
+    """A non-empty list of distinct devices of ``b``: for broadcast, scatter, replicate, split_batch."""
+    if isinstance(devices, (str, bytes, Device)) or not hasattr(devices, "__len__") or not hasattr(
+            devices, "__iter__"):
+        raise CollectiveInputError(f"{what} takes a list of devices; got {devices!r:.80}")
+    devs_in = list(devices)
+    if not devs_in:
+        raise CollectiveInputError(f"{what} needs at least one device; got an empty list")
+    devs = [resolve(b, d) for d in devs_in]
+    if len(set(devs)) != len(devs):
+        dup = sorted({str(d) for d in devs if devs.count(d) > 1})
+        raise CollectiveInputError(
+            f"{what} needs one tensor per device; {', '.join(dup)} appear more than once on {b.name}. "
+            "Sum same-device tensors first, or place each on its own device.")
+    return devs
