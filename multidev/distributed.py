@@ -278,10 +278,12 @@ def _to_transport(x: Any, st: _State) -> tuple[Any, _Origin, bool, str]:
     if o.is_transport:
         t, shared, path = x.detach(), True, "native"  # detach: collectives are not autograd ops
     else:
+        # host memory of any (virtual) CPU device travels as the transport's CPU tensor
+        at = Device("cpu", 0) if o.device.kind == "cpu" else None
         try:
-            t, shared, path = convert(x, TRANSPORT, copy=False), True, "dlpack"
+            t, shared, path = convert(x, TRANSPORT, copy=False, device=at), True, "dlpack"
         except CapabilityError:
-            t, shared, path = convert(x, TRANSPORT, copy=True), False, "copy"
+            t, shared, path = convert(x, TRANSPORT, copy=True, device=at), False, "copy"
     target = st.device_for(t.device.type)
     if t.device != target or not t.is_contiguous():
         t = t.to(target).contiguous()
