@@ -12,7 +12,7 @@ B="$REPO/build/bench-cpu"
 R="$REPO/benchmarks/results"
 mkdir -p "$B" "$R"
 export TF_CPP_MIN_LOG_LEVEL=2 COLUMNS=${COLUMNS:-200}
-cd /tmp  # import the installed multidev, not the repo's unmapped package directory
+cd "$REPO"
 parts=()
 for b in numpy torch jax tensorflow; do
   echo "== $b ($MODERN)"

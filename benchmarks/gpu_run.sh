@@ -5,14 +5,13 @@
 #   conformance-$TAG.json  $TAG.json  $TAG.png  $TAG.md  log.txt        (5 files; ~8 minutes)
 # Run from anywhere:  bash benchmarks/gpu_run.sh      (TAG defaults to h200-YYYY-MM-DD)
 # Needs python3 with torch, jax, numpy, rich, matplotlib, pytest, hypothesis, setuptools (the H200
-# image has them). multidev is installed with --no-deps into /tmp (pip, else a plain copy).
+# image has them). multidev is installed editable with --no-deps (the tree imports as installed).
 # Knobs for a dry run elsewhere: PYTHON, OUT, TAG, CONFORMANCE_TIMEOUT (s), BENCH_EXTRA (e.g. --quick).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$(mkdir -p "${OUT:-$REPO/build/gpu}" && cd "${OUT:-$REPO/build/gpu}" && pwd)
 TAG=${TAG:-h200-$(date -u +%Y-%m-%d)}
 PY=${PYTHON:-python3}
-SITE=/tmp/multidev-site
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 PYTHONWARNINGS=ignore::DeprecationWarning
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX and torch share the GPU in the conformance run
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
@@ -20,28 +19,9 @@ exec > >(tee -a "$OUT/log.txt") 2>&1
 start=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - start )) s] $*"; }
 
-stamp "install multidev into $SITE"
-rm -rf "$SITE" "$REPO/build/lib" "$REPO/build/bdist."*
-if ! (cd "$REPO" && "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target "$SITE" .); then
-  echo "pip install failed: copying the tree with the pyproject package mapping instead"
-  rm -rf "$SITE" && mkdir -p "$SITE/multidev-0.1.0.dist-info"
-  cp -r "$REPO/multidev" "$SITE/multidev"
-  cp -r "$REPO/backends" "$SITE/multidev/adapters"
-  cp -r "$REPO/conformance_tests" "$SITE/multidev/conformance"
-  cp -r "$REPO/benchmarks" "$SITE/multidev/benchmarks" && rm -rf "$SITE/multidev/benchmarks/results"
-  (cd "$REPO" && "$PY" - "$SITE/multidev-0.1.0.dist-info" <<'EOF'
-import sys, tomllib
-p = tomllib.load(open("pyproject.toml", "rb"))["project"]
-d = sys.argv[1]
-open(f"{d}/METADATA", "w").write(f"Metadata-Version: 2.1\nName: multidev\nVersion: {p['version']}\n")
-groups = dict(p["entry-points"], console_scripts=p["scripts"])
-open(f"{d}/entry_points.txt", "w").write(
-    "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in m.items()) + "\n" for g, m in groups.items()))
-EOF
-  )
-fi
-export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-cd /tmp  # never import the repo's own (unmapped) multidev/ from the working directory
+stamp "install multidev (editable, from this checkout; the image has every dependency)"
+(cd "$REPO" && "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .) || exit 1
+cd "$REPO"
 MD() { "$PY" -m multidev.cli "$@"; }
 
 stamp "machine"
