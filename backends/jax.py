@@ -22,6 +22,7 @@ becomes a view on the requested virtual CPU device.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import secrets
@@ -92,9 +93,10 @@ class _Producer:
     the same for all of them).
     """
 
-    def __init__(self, src: Any, cpu_id: int | None = None) -> None:
+    def __init__(self, src: Any, cpu_id: int | None = None, inspect: bool = True) -> None:
         self._src = src
         self._cpu_id = cpu_id
+        self._inspect = inspect  # read the capsule's header (host buffers; jax < 0.8's strides)
         self._is_capsule = type(src).__name__ == "PyCapsule"
         self.code_bits: tuple[int, int] | None = None
         self.address: int | None = None
@@ -113,7 +115,8 @@ class _Producer:
         # Some producers (TensorFlow) take no stream argument: pass it only when there is one.
         cap = self._src.__dlpack__(stream=stream, **kwargs) if stream is not None or kwargs \
             else self._src.__dlpack__()
-        self._note(cap)
+        if self._inspect:
+            self._note(cap)
         return cap
 
     def __dlpack_device__(self) -> Any:
@@ -155,6 +158,7 @@ class JaxBackend(BaseBackend):
         self._caps: dict[bool, Capabilities] = {}
         self._allreduce_cache: dict[tuple, tuple[Callable[[Any], Any], Any]] = {}
         self._reported: list[weakref.ref] = []  # failed arrays whose error synchronize already raised
+        self._pinned_kinds: dict[Any, bool] = {}  # native device -> has a pinned_host memory kind
 
     def _enumerate(self) -> None:
         """Read JAX's devices once (this initializes JAX's backends)."""
@@ -192,7 +196,7 @@ class JaxBackend(BaseBackend):
                 except Exception:  # noqa: BLE001 - memory kinds are not implemented on every plugin
                     pass
             caps = Capabilities(mutable=False, async_execution=True, pinned_memory=pinned,
-                                dlpack=True, native_collectives=frozenset({"allreduce"}),
+                                dlpack=True, dlpack_streams=bool(gpus), native_collectives=frozenset({"allreduce"}),
                                 dtypes=dtypes, raises_on_mixed_devices=True)
             self._caps[x64] = caps
         return caps
@@ -316,29 +320,71 @@ class JaxBackend(BaseBackend):
         return dev
 
     def move(self, x: Any, device: Device) -> Any:
-        return self._jax.device_put(x, self.to_native_device(device))  # asynchronous
+        """Asynchronous ``device_put``; accelerator to host through pinned host memory (54 GB/s
+        against 0.7 GB/s for a direct ``device_put`` to the CPU on an H200)."""
+        native = self.to_native_device(device)
+        if device.kind == "cpu":
+            z = self._pinned(x)
+            if z is not None:
+                return self._jax.device_put(z, native)
+        return self._jax.device_put(x, native)
 
     def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
-        y = self._jax.device_put(x, self.to_native_device(device))  # dispatched, not awaited
+        y = self.move(x, device)  # dispatched, not awaited
 
         def waiter() -> None:
             y.block_until_ready()
 
         return y, waiter
 
+    def start_to_numpy(self, x: Any) -> Callable[[], np.ndarray]:
+        """An accelerator array's copy into pinned host memory, dispatched now (it runs once x is
+        computed); the callable waits and gives a read-only NumPy view of that fresh copy."""
+        z = self._pinned(x)
+        if z is None:
+            return lambda: self.to_numpy(x)
+        return lambda: np.asarray(z)
+
+    def _pinned(self, x: Any) -> Any:
+        """``x``'s copy in pinned host memory (``device_put`` to the ``pinned_host`` memory kind of its
+        own device, asynchronous), or None where x is a host array or the platform has no pinned
+        memory kind. Always a fresh copy: a buffer shared through DLPack never reads stale."""
+        sh = x.sharding
+        ds = sh.device_set
+        if len(ds) != 1:
+            return None
+        nd = next(iter(ds))
+        if nd.platform == "cpu" or not self._has_pinned(nd):
+            return None
+        if getattr(sh, "memory_kind", None) == "pinned_host":
+            return x
+        return self._jax.device_put(x, sh.with_memory_kind("pinned_host"))
+
+    def _has_pinned(self, nd: Any) -> bool:
+        hit = self._pinned_kinds.get(nd)
+        if hit is None:
+            try:
+                hit = any(m.kind == "pinned_host" for m in nd.addressable_memories())
+            except Exception:  # noqa: BLE001 - memory kinds are not implemented on every plugin
+                hit = False
+            self._pinned_kinds[nd] = hit
+        return hit
+
     def copy(self, x: Any, device: Device) -> Any:
         # device_put to x's own device may return an alias of x's buffer; may_alias=False forces a copy.
         return self._jax.device_put(x, self.to_native_device(device), may_alias=False)
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        """Waits. Zero-copy and read-only for CPU arrays; a fresh host copy for accelerator arrays."""
+        """Waits. Zero-copy and read-only for CPU arrays; for accelerator arrays a read-only view of a
+        fresh copy in pinned host memory (PCIe speed), never np.asarray's cached host copy (which goes
+        stale when the buffer is shared through DLPack and written by its producer)."""
+        z = self._pinned(x)
+        if z is not None:
+            return np.asarray(z)
         ds = x.sharding.device_set
         if len(ds) == 1:
             nd = next(iter(ds))
-            if nd.platform != "cpu":
-                # np.asarray (and device_put to a CPU) caches an accelerator array's host copy in the
-                # array, assuming immutability: a buffer shared through DLPack and then written by
-                # its producer would read stale. Read a fresh on-device copy instead.
+            if nd.platform != "cpu":  # an accelerator without a pinned memory kind: a fresh device copy
                 return np.asarray(self._jax.device_put(x, nd, may_alias=False))
         return np.asarray(x)
 
@@ -428,13 +474,14 @@ class JaxBackend(BaseBackend):
                                       f"would become a 32-bit copy); {_x64_hint()}")
         native = self.to_native_device(device)
         cpu_id = getattr(native, "local_hardware_id", None) if device.kind == "cpu" else None
-        prod = _Producer(obj, cpu_id)
+        prod = _Producer(obj, cpu_id, inspect=device.kind == "cpu" or self._strides_read_as_row_major)
         if not x64 and prod.code_bits in _DL_X64:
             raise CapabilityError(f"jax backend: cannot import a 64-bit DLPack tensor without x64 "
                                   f"(it would become a 32-bit copy); {_x64_hint()}")
         ctx: Any = contextlib.nullcontext()
         dev = getattr(obj, "device", None)
-        if type(obj).__module__.startswith("torch") and getattr(dev, "type", None) == "cuda":
+        if type(obj).__module__.startswith("torch") and getattr(dev, "type", None) == "cuda" \
+                and getattr(dev, "index", None) != sys.modules["torch"].cuda.current_device():
             # torch exports a CUDA tensor only while its device is torch's current device.
             ctx = sys.modules["torch"].cuda.device(dev)
         try:
@@ -455,6 +502,14 @@ class JaxBackend(BaseBackend):
             raise CapabilityError(f"jax backend: a DLPack buffer of {device} arrived on "
                                   f"{self.device_of(y)}; moving it would copy, so JAX cannot share it there")
         return y
+
+    @functools.cached_property
+    def _strides_read_as_row_major(self) -> bool:
+        """jax < 0.8 reads a strided DLPack buffer as if it were row-major: headers must be checked."""
+        try:
+            return tuple(int(p) for p in self.version().split(".")[:2]) < (0, 8)
+        except ValueError:
+            return True
 
     # -- native fast paths ------------------------------------------------------------------
     def _allreduce_fn(self, natives: tuple, block: tuple[int, ...], dtype: Any, op: str) -> tuple:

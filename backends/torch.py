@@ -13,6 +13,7 @@ has no NCCL) over one CUDA tensor per GPU.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -24,8 +25,10 @@ from multidev.adapter import (
     CapabilityError,
     Device,
     InvalidDeviceError,
+    StagingPlan,
     is_floating,
     numpy_dtype,
+    staged_upload,
 )
 
 _HOST = Device("cpu", 0)
@@ -62,6 +65,13 @@ class TorchBackend(BaseBackend):
             devs.append(Device("mps", 0))
         self._devices = tuple(devs)
         self._native_devs = {d: self._make_native_device(d) for d in self._devices}
+        self._copy_streams: dict[int, Any] = {}
+        self._stream_lock = threading.Lock()
+        #: How large pageable uploads are staged (multidev.adapter.StagingPlan; measured on an H200).
+        self.staging = StagingPlan()
+        self._plain_dtypes = {getattr(torch, n) for n in ("bool", "int8", "uint8", "int16", "int32", "int64",
+                                                           "float16", "float32", "float64", "complex64",
+                                                           "complex128")}
         dtypes = {n for n in self._to_torch if n not in _UNSIGNED_WIDE}
         dtypes |= {n for n in _UNSIGNED_WIDE if n in self._to_torch and self._unsigned_usable(n)}
         self._caps = Capabilities(
@@ -69,6 +79,7 @@ class TorchBackend(BaseBackend):
             async_execution=self._n_cuda > 0 or self._has_mps,
             pinned_memory=self._n_cuda > 0,
             dlpack=True,
+            dlpack_streams=self._n_cuda > 0,
             native_collectives=frozenset({"allreduce"}) if self._n_cuda >= 2 else frozenset(),
             dtypes=frozenset(dtypes),
             raises_on_mixed_devices=True,
@@ -188,6 +199,8 @@ class TorchBackend(BaseBackend):
             return torch.tensor(obj, dtype=dt, device=dev)  # torch's own inference for sequences
         if dt is None:
             dt = self._target(self.dtype_of(src), device)[0]
+        if device.kind == "gpu" and src.device.type == "cpu" and src.dtype == dt and self._stageable(src):
+            return self._upload(src.numpy(), dt, device)  # a large pageable upload: pipelined, pinned
         return src.to(device=dev, dtype=dt, copy=True)
 
     def _from_numpy(self, arr: np.ndarray) -> Any:
@@ -244,9 +257,15 @@ class TorchBackend(BaseBackend):
                 waiter()
             return y
         self._target(self.dtype_of(x), device)
+        if x.device.type == "cpu" and device.kind == "gpu" and self._stageable(x):
+            return self._upload(x.detach().numpy(), x.dtype, device)
         return x.to(self.to_native_device(device))
 
     def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
+        """Device to host: on a copy stream of the source GPU, into a pinned buffer (torch's caching
+        host allocator), starting once the work queued so far on x's stream is done, so later work
+        overlaps with the copy. Host to device: pinned (large pageable sources through the staging
+        pipeline), then an asynchronous copy ordered before later work on the target's stream."""
         torch = self._torch
         src = x.device
         if src.type != "cuda" and device.kind != "gpu":
@@ -255,19 +274,85 @@ class TorchBackend(BaseBackend):
             return y, (torch.mps.synchronize if "mps" in (src.type, device.kind) else None)
         self._target(self.dtype_of(x), device)
         dev = self.to_native_device(device)
-        if device.kind == "gpu":
-            if src.type == "cpu" and not x.requires_grad and not x.is_pinned():
-                x = x.pin_memory()  # a pinned snapshot makes the host-to-device copy asynchronous
-            y = x.to(dev, non_blocking=True)
-            stream = torch.cuda.current_stream(dev)  # cross-device copies join the target's stream
+        if device.kind == "cpu":
+            return self._start_download(x)
+        if src.type == "cpu":
+            if self._stageable(x):
+                y = self._upload(x.detach().numpy(), x.dtype, device)
+            else:
+                if not x.requires_grad and not x.is_pinned():
+                    x = x.pin_memory()  # a pinned snapshot makes the host-to-device copy asynchronous
+                y = x.to(dev, non_blocking=True)
         else:
-            # Device-to-host into a pinned buffer torch allocates; it reads as garbage until the
-            # event completes (pytorch#86264), so the tensor is only handed out behind the waiter.
-            y = x.to(dev, non_blocking=True)
-            stream = torch.cuda.current_stream(src)
+            y = x.to(dev, non_blocking=True)  # GPU to GPU joins the target's current stream
         done = torch.cuda.Event()
-        done.record(stream)
+        done.record(torch.cuda.current_stream(dev))
         return y, done.synchronize
+
+    def _copy_stream(self, dev: Any) -> Any:
+        """The dedicated copy stream of a GPU (made once)."""
+        s = self._copy_streams.get(dev.index)
+        if s is None:
+            with self._stream_lock:
+                s = self._copy_streams.get(dev.index)
+                if s is None:
+                    s = self._copy_streams[dev.index] = self._torch.cuda.Stream(dev)
+        return s
+
+    def _start_download(self, x: Any) -> tuple[Any, Callable[[], None]]:
+        torch = self._torch
+        dev = x.device
+        producer = torch.cuda.current_stream(dev)
+        cs = self._copy_stream(dev)
+        ready = torch.cuda.Event()
+        ready.record(producer)  # x is complete once the work queued on its stream so far is
+        t = x.detach()
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        cs.wait_event(ready)
+        with torch.cuda.stream(cs):
+            host.copy_(t, non_blocking=True)
+        t.record_stream(cs)  # the allocator keeps x's memory until the copy has read it
+        done = torch.cuda.Event()
+        done.record(cs)
+
+        def waiter() -> None:
+            done.synchronize()
+            keep.clear()  # x may go now
+
+        keep = [t]  # the handle holds the source until the copy has landed
+        return host, waiter
+
+    def _stageable(self, x: Any) -> bool:
+        return (self._n_cuda > 0 and not x.requires_grad and x.is_contiguous() and not x.is_pinned()
+                and x.numel() * x.element_size() >= self.staging.threshold and x.dtype in self._plain_dtypes)
+
+    def _upload(self, arr: np.ndarray, dt: Any, device: Device) -> Any:
+        """A new tensor on ``device`` holding pageable ``arr`` (C-contiguous), uploaded through the
+        staging pipeline (multidev.adapter.staged_upload) on the GPU's copy stream; ordered before
+        later work on the device's current stream."""
+        torch = self._torch
+        dev = self.to_native_device(device)
+        out = torch.empty(arr.shape, dtype=dt, device=dev)
+        cs = self._copy_stream(dev)
+        cur = torch.cuda.current_stream(dev)
+        cs.wait_stream(cur)  # out's memory is free for writing once the device's queued work allows
+        dst = out.view(-1).view(torch.uint8) if out.numel() else out
+
+        def alloc(n: int) -> tuple[Any, np.ndarray]:
+            buf = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+            return buf, buf.numpy()
+
+        def submit(buf: Any, n: int, off: int) -> Any:
+            with torch.cuda.stream(cs):
+                dst[off:off + n].copy_(buf[:n], non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(cs)
+            return ev
+
+        staged_upload(np.ascontiguousarray(arr), alloc, submit, lambda ev: ev.synchronize(), self.staging)
+        cur.wait_stream(cs)
+        out.record_stream(cur)
+        return out
 
     def copy(self, x: Any, device: Device) -> Any:
         self._target(self.dtype_of(x), device)
@@ -277,7 +362,9 @@ class TorchBackend(BaseBackend):
         torch = self._torch
         t = x.detach()
         if t.device.type == "cuda":
-            t = self.move(t, Device("cpu", 0))  # through pinned memory: 54 vs 1.6 GB/s pageable (H200)
+            host, waiter = self._start_download(t)  # pinned memory: 54 vs 1.6 GB/s pageable (H200)
+            waiter()
+            t = host
         elif t.device.type != "cpu":
             t = t.cpu()  # blocking: waits for the work that produces x on its stream
         t = t.resolve_conj().resolve_neg()  # numpy() refuses lazily conjugated/negated views

@@ -12,12 +12,33 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import partial
+from typing import Any
 
 import numpy as np
 
 import multidev as md
 
-from . import Case, Context, MiB, Variant, benchmark, close, fmt_bytes
+from . import Case, Context, GiB, Goal, MiB, Variant, benchmark, close, fmt_bytes
+from .baseline import native_for
+
+#: Pageable uploads: at least 18 GB/s and 2.5x the framework's own upload at 1 GiB (staged through
+#: pinned memory), and no slower than the framework's own at 1 MiB (below the staging threshold).
+H2D_GOALS = (
+    Goal("pageable H2D at 1 GiB", "H2D", 18.0, metric="GBps", gpu_only=True, min_bytes=GiB),
+    Goal("pageable H2D vs native at 1 GiB", "H2D", 2.5, metric="GBps_ratio", den=("native",), gpu_only=True,
+         min_bytes=GiB),
+    Goal("pageable H2D vs native at 1 MiB", "H2D", 1.1, den=("native",), gpu_only=True, max_bytes=MiB,
+         note="no slower than native (10% for noise)"),
+)
+#: Host copies at PCIe speed: within 10% of the framework's best (a preallocated pinned buffer), and
+#: at least 45 GB/s at 1 GiB.
+D2H_GOALS = (
+    Goal("D2H at pinned speed", "D2H", 0.9, metric="GBps_ratio", den=("native_pinned",), gpu_only=True,
+         min_bytes=64 * MiB),
+    Goal("D2H at 1 GiB", "D2H", 45.0, metric="GBps", gpu_only=True, min_bytes=GiB),
+)
+#: convert is a thin call over the consumer's own from_dlpack.
+CONVERT_GOALS = (Goal("convert vs the native DLPack call", "convert", 1.3, gpu_only=True),)
 
 
 def sizes(ctx: Context) -> list[int]:
@@ -31,7 +52,7 @@ def _d2d_target(ctx: Context) -> md.Device:
     return same_kind[0] if same_kind else d
 
 
-@benchmark("bandwidth")
+@benchmark("bandwidth", goals=H2D_GOALS)
 def h2d(ctx: Context) -> Iterator[Case]:
     """NumPy array -> device: md.asarray(a, device=d) against the framework's own upload."""
     d = ctx.dev
@@ -46,16 +67,19 @@ def h2d(ctx: Context) -> Iterator[Case]:
                 ok, det = ok and ok2, f"md {det}; native {det2}"
             return ok, det
 
+        xc = md.asarray(a, device=ctx.host, backend=ctx.backend) if d.is_gpu else None
         yield Case(f"H2D host->{d} {fmt_bytes(nbytes)}",
                    {"md": Variant(partial(md.asarray, a, device=d, backend=ctx.backend), (),
                                   label="md.asarray(a, device=d)"), "native": nat,
+                    "md_to": (Variant(md.to, (xc, d), label="md.to(x_cpu, d) (a CPU tensor of the backend)")
+                              if xc is not None else None),
                     "native_pinned": ctx.native_call("h2d_pinned", a, d)},
                    devices=[d], check=check,
                    params={"src": "host", "dst": str(d), "size": nbytes, "note": f"host->{d}"},
                    bytes=nbytes, group="H2D", key=f"H2D {fmt_bytes(nbytes)}")
 
 
-@benchmark("bandwidth")
+@benchmark("bandwidth", goals=D2H_GOALS)
 def d2h(ctx: Context) -> Iterator[Case]:
     """Device -> NumPy: md.to_numpy(x) against the framework's own download."""
     d = ctx.dev
@@ -118,7 +142,7 @@ def d2d(ctx: Context) -> Iterator[Case]:
                    bytes=nbytes, group="D2D", key=f"D2D {fmt_bytes(nbytes)}")
 
 
-@benchmark("bandwidth")
+@benchmark("bandwidth", goals=CONVERT_GOALS)
 def convert(ctx: Context) -> Iterator[Case]:
     """md.convert(x, other backend) against size: zero-copy through DLPack, so flat in size. The
     'native' side is the consumer framework's own from_dlpack on the same tensor."""
@@ -132,9 +156,47 @@ def convert(ctx: Context) -> Iterator[Case]:
             def check(x: object = x, a: np.ndarray = a, other: str = other) -> tuple[bool, str]:
                 return close(md.convert(x, other, copy=False), a, rtol=0, atol=0, device=d)
 
+            consumer = native_for(md.backend(other))
+            nat = None
+            if consumer is not None and ctx.native is not None:
+                spec = consumer.call("from_dlpack", x)
+                if spec is not None:
+                    nat = Variant(spec[0], spec[1], label=spec[2])
             yield Case(f"convert {ctx.backend}->{other} {d} {fmt_bytes(nbytes)}",
-                       {"md": Variant(partial(md.convert, x, other, copy=False), (),
-                                      label=f"md.convert(x, '{other}', copy=False)")},
-                       devices=[d], check=check, ratio=None,
+                       {"md": Variant(partial(md.convert, x, other), (), label=f"md.convert(x, '{other}')"),
+                        "native": nat},
+                       devices=[d], check=check, ratio=("md", "native") if nat is not None else None,
                        params={"src": ctx.backend, "dst": other, "size": nbytes, "device": str(d)},
-                       group=f"convert->{other}", key=f"convert->{other} {fmt_bytes(nbytes)}")
+                       group="convert", key=f"convert->{other} {fmt_bytes(nbytes)}")
+
+
+@benchmark("bandwidth")
+def h2d_staging(ctx: Context) -> Iterator[Case]:
+    """The staging plan of pageable uploads (chunk size, buffers in flight, threads) against size:
+    the measurement the adapter's defaults come from. Adapters with a ``staging`` plan, on a GPU."""
+    from multidev.adapter import StagingPlan
+
+    b = ctx.b
+    if not ctx.gpus or not hasattr(b, "staging"):
+        yield Case("H2D staging plans: needs a GPU backend with a staging plan", {},
+                   params={"skipped": "no GPU, or the adapter stages no uploads"}, ratio=None)
+        return
+    d = ctx.gpus[0]
+    plans = [StagingPlan(chunk=c * MiB, depth=k, threads=t, threshold=0)
+             for c in (8, 16, 32, 64) for k in (2, 3) for t in (4, 8)]
+    for nbytes in ctx.pick(quick=[MiB], cpu=[MiB], gpu=[4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, GiB]):
+        a = np.random.default_rng(5).random(nbytes // 4, dtype=np.float32)
+        for plan in plans:
+            def up(a: np.ndarray = a, plan: StagingPlan = plan) -> object:
+                saved, b.staging = b.staging, plan
+                try:
+                    return md.asarray(a, device=d, backend=ctx.backend)
+                finally:
+                    b.staging = saved
+            def check(up: Any = up, a: np.ndarray = a) -> tuple[bool, str]:
+                return close(up(), a, rtol=0, atol=0, device=d)
+
+            yield Case(f"H2D staged {fmt_bytes(nbytes)} {plan!r}",
+                       {"md": Variant(up, ()), "native": ctx.native_call("h2d", a, d)}, devices=[d], check=check,
+                       params={"size": nbytes, "chunk": plan.chunk, "depth": plan.depth, "threads": plan.threads},
+                       bytes=nbytes, group="H2D staging", key=f"H2D staged {fmt_bytes(nbytes)} {plan!r}")

@@ -29,6 +29,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
 from ._device import KINDS, Device
 from .dlpack import DLPackCapsule, DLPackInfo, dlpack_info
 from .dtypes import (
@@ -57,7 +59,8 @@ from .errors import (
     MultidevError,
     UnsupportedTensorError,
 )
-from .protocol import PROTOCOL_METHODS, REDUCE_OPS, Backend, Capabilities
+from .protocol import OPTIONAL_METHODS, PROTOCOL_METHODS, REDUCE_OPS, Backend, Capabilities
+from .staging import StagingPlan, staged_upload
 
 __all__ = [
     "COMPLEX_DTYPES",
@@ -66,6 +69,7 @@ __all__ = [
     "INT_DTYPES",
     "ITEMSIZE",
     "KINDS",
+    "OPTIONAL_METHODS",
     "PROTOCOL_METHODS",
     "REDUCE_OPS",
     "AdapterError",
@@ -85,6 +89,7 @@ __all__ = [
     "InvalidDeviceError",
     "InvalidDtypeError",
     "MultidevError",
+    "StagingPlan",
     "UnsupportedTensorError",
     "canonical_dtype",
     "check_adapter",
@@ -94,7 +99,11 @@ __all__ = [
     "is_integer",
     "numpy_dtype",
     "same_device",
+    "staged_upload",
 ]
+
+
+_HOST = Device("cpu", 0)
 
 
 def same_device(backend: str, what: str, devices: Sequence[Device], note: str = "") -> Device | None:
@@ -125,6 +134,7 @@ class BaseBackend:
         def capabilities(self) -> Capabilities: ...
         def device_of(self, x: Any) -> Device: ...
         def move(self, x: Any, device: Device) -> Any: ...
+        def to_numpy(self, x: Any) -> np.ndarray: ...
         def synchronize(self, device: Device | None) -> None: ...
 
     @classmethod
@@ -149,6 +159,17 @@ class BaseBackend:
         if not self.capabilities.async_execution:
             return y, None
         return y, lambda: self.wait(y)
+
+    def start_to_numpy(self, x: Any) -> Callable[[], np.ndarray]:
+        if self.device_of(x) == _HOST:
+            return lambda: self.to_numpy(x)
+        y, waiter = self.start_move(x, _HOST)
+
+        def land() -> np.ndarray:
+            if waiter is not None:
+                waiter()
+            return self.to_numpy(y)
+        return land
 
     def wait(self, x: Any) -> None:
         self.synchronize(self.device_of(x))
@@ -208,6 +229,8 @@ def check_adapter(obj: Any) -> list[str]:
         if m == "capabilities":
             continue
         fn = getattr(obj, m, None)
+        if fn is None and m in OPTIONAL_METHODS:
+            continue
         if fn is None:
             problems.append(f"method {m}() is missing")
         elif not callable(fn):
@@ -230,7 +253,7 @@ def check_adapter(obj: Any) -> list[str]:
                 problems.append(f"capabilities.device_dtypes key {dev!r} is not a Device")
             elif not set(ds) <= set(caps.dtypes):
                 problems.append(f"capabilities.device_dtypes[{dev}] lists dtypes outside capabilities.dtypes")
-        for k in ("mutable", "async_execution", "pinned_memory", "dlpack", "raises_on_mixed_devices"):
+        for k in ("mutable", "async_execution", "pinned_memory", "dlpack", "dlpack_streams", "raises_on_mixed_devices"):
             if not isinstance(getattr(caps, k), bool):
                 problems.append(f"capabilities.{k} must be a bool")
         extra = sorted(set(caps.native_collectives) - {"allreduce"})

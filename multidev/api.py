@@ -291,7 +291,7 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
     - ``synchronize(device)``: that device, on ``backend`` or on every loaded backend that has it.
     - ``synchronize(tensor)``: until that tensor is computed.
     """
-    if target is None or isinstance(target, (Device, str)):
+    if target is None or target.__class__ is Device or isinstance(target, str):
         dev = None if target is None else (target if target.__class__ is Device else Device.parse(target))
         if backend is not None:
             b = get_backend(backend)
@@ -301,6 +301,8 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
                 b.synchronize(resolve(b, dev))
             return
         for b in loaded_backends():
+            if not b.capabilities.async_execution:
+                continue  # every call of a synchronous backend has finished when it returns
             if dev is None:
                 b.synchronize(None)
             elif dev in b.devices():

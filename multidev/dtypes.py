@@ -51,6 +51,25 @@ def canonical_dtype(d: Any) -> str:
     ``"f4"``, ``float``, a framework's dtype object (``torch.float32``, ``tf.float32``,
     ``jnp.bfloat16``), or a ``module.name`` string. Type codes keep NumPy's meaning (case matters:
     ``"B"`` is uint8); full names are case-insensitive. Raises InvalidDtypeError for anything else."""
+    try:
+        hit = _cache.get(d)
+    except TypeError:  # unhashable
+        hit = None
+    if hit is not None:
+        return hit
+    name = _canonical(d)
+    if len(_cache) < 4096:
+        try:
+            _cache[d] = name
+        except TypeError:
+            pass
+    return name
+
+
+_cache: dict[Any, str] = {}
+
+
+def _canonical(d: Any) -> str:
     if d is None:
         raise InvalidDtypeError(f"dtype None is not a dtype; pass one of {_accepted()}")
     if isinstance(d, str):

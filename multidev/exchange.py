@@ -81,8 +81,9 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
     with any CPU device of the consumer (virtual CPU devices share host memory, so this copies
     nothing); other devices raise DeviceMismatchError (use :func:`multidev.to` to move).
 
-    Asynchronous producers are waited for first (a bare capsule carries no stream), so the result
-    is safe to read at once. Converting to x's own backend returns ``x`` itself (a copy with
+    Asynchronous producers are waited for first (a bare capsule carries no stream), except on
+    accelerators where both sides order the exchange on the device (``capabilities.dlpack_streams``:
+    no host wait), so the result is safe to use at once. Converting to x's own backend returns ``x`` itself (a copy with
     ``copy=True``) when it is on ``device``.
     """
     if copy is not None and not isinstance(copy, bool):
@@ -117,12 +118,14 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
     why = ""
     if src.capabilities.dlpack and dst.capabilities.dlpack:
         try:
-            if src.capabilities.async_execution:
-                src.wait(x)
+            handshake = here.is_gpu and src.capabilities.dlpack_streams and dst.capabilities.dlpack_streams
+            if src.capabilities.async_execution and not handshake:
+                src.wait(x)  # a bare capsule carries no stream: the producer's work must be done
             obj = exportable(src, x)
-            refusal = _share_refusal(peek(obj), dst)
-            if refusal is not None:
-                raise CapabilityError(f"{src.name} buffer not shared: {refusal}")
+            if not here.is_gpu:  # host buffers: layouts that abort or alias unsafely stay unshared
+                refusal = _share_refusal(peek(obj), dst)
+                if refusal is not None:
+                    raise CapabilityError(f"{src.name} buffer not shared: {refusal}")
             y = dst.import_dlpack(obj, dev)
             if dst.device_of(y) == dev and dst.dtype_of(y) == dtype:
                 if not copy:

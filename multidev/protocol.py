@@ -26,7 +26,7 @@ import numpy as np
 
 from ._device import Device
 
-__all__ = ["PROTOCOL_METHODS", "REDUCE_OPS", "Backend", "Capabilities"]
+__all__ = ["OPTIONAL_METHODS", "PROTOCOL_METHODS", "REDUCE_OPS", "Backend", "Capabilities"]
 
 #: Elementwise reductions every adapter's :meth:`Backend.combine` supports.
 REDUCE_OPS = ("sum", "max", "min", "prod")
@@ -50,6 +50,11 @@ class Capabilities:
     dlpack: bool
     """Tensors can be exchanged zero-copy through DLPack (:meth:`Backend.export_dlpack` and
     :meth:`Backend.import_dlpack` work for at least the plain dtypes)."""
+    dlpack_streams: bool = False
+    """On accelerators, DLPack exchanges order themselves on the device: ``export_dlpack``'s object
+    honours the consumer's ``stream`` argument and ``import_dlpack`` passes the consumer's stream
+    (torch, JAX, CuPy on CUDA). Where both sides say so, ``convert`` skips its host-blocking wait for
+    the producer."""
     native_collectives: frozenset[str] = field(default_factory=frozenset)
     """Collectives with a framework fast path, e.g. ``{"allreduce"}`` (NCCL, psum, kvstore): the
     adapter implements :meth:`Backend.native_allreduce` for them. Empty where it has none."""
@@ -162,6 +167,12 @@ class Backend(Protocol):
         calling the waiter."""
         ...
 
+    def start_to_numpy(self, x: Any) -> Callable[[], np.ndarray]:
+        """Optional (BaseBackend: :meth:`start_move` to ``cpu:0``, then :meth:`to_numpy`). Start copying
+        ``x`` into host memory (pinned where the backend has it) as soon as its producer is done, and
+        return at once a callable that waits and gives the ``numpy.ndarray``. For ``to_host``."""
+        ...
+
     def copy(self, x: Any, device: Device) -> Any:
         """A new, independent buffer on ``device`` (which may be x's own), equal in value and dtype."""
         ...
@@ -246,6 +257,9 @@ def _protocol_methods() -> tuple[str, ...]:
 
 #: The protocol's methods in order (``capabilities`` is a property).
 PROTOCOL_METHODS: tuple[str, ...] = _protocol_methods()
+#: Methods an adapter may leave out: the core then uses the default :class:`multidev.adapter.BaseBackend`
+#: documents (``native_allreduce`` is only called where ``capabilities.native_collectives`` lists it).
+OPTIONAL_METHODS = frozenset({"start_to_numpy", "native_allreduce"})
 
 
 def _ordered_doc() -> str:

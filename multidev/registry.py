@@ -287,14 +287,22 @@ def available_backends() -> list[str]:
     return out
 
 
-def loaded_backends() -> list[Backend]:
-    """Adapters already instantiated in this process (each once)."""
+_loaded: tuple[tuple[int, ...], tuple[Backend, ...]] = ((), ())
+
+
+def loaded_backends() -> tuple[Backend, ...]:
+    """Adapters already instantiated in this process (each once), in load order."""
+    global _loaded
+    key = tuple(map(id, _instances.values()))
+    if _loaded[0] == key:
+        return _loaded[1]
     with _lock:
         seen: dict[int, Backend] = {}
         for n, b in _instances.items():
             if ":" not in n:
                 seen.setdefault(id(b), b)
-        return list(seen.values())
+        _loaded = (key, tuple(seen.values()))
+        return _loaded[1]
 
 
 def configure_virtual_devices(count: int, names: list[str] | None = None) -> dict[str, bool]:

@@ -57,6 +57,20 @@ class Transfer(Generic[T]):
         return f"<multidev.Transfer {'done' if self._done else 'in flight'}>"
 
 
+def _start_to_numpy_default(b: Any) -> Callable[[Any], Callable[[], np.ndarray]]:
+    def start(x: Any) -> Callable[[], np.ndarray]:
+        if b.device_of(x) == _HOST:
+            return lambda: b.to_numpy(x)
+        y, waiter = b.start_move(x, _HOST)
+
+        def land() -> np.ndarray:
+            if waiter is not None:
+                waiter()
+            return b.to_numpy(y)
+        return land
+    return start
+
+
 def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
     """Start moving ``x`` to ``device`` and return its :class:`Transfer` at once; a done handle of
     ``x`` itself when it is already there."""
@@ -91,25 +105,19 @@ def to_host(xs: Iterable[Any], non_blocking: bool = False) -> list[np.ndarray] |
     """
     if isinstance(xs, (str, bytes)) or not hasattr(xs, "__iter__"):
         raise InvalidArgumentError(f"to_host takes a list or an iterable of tensors, got {type(xs).__name__}")
-    started: list[tuple[Any, Any, Callable[[], None] | None]] = []
+    started: list[Callable[[], np.ndarray]] = []
     for x in xs:
         try:
             b = backend_of(x)
         except UnsupportedTensorError as e:
             raise UnsupportedTensorError(f"to_host: item {len(started)}: {e}") from None
-        if b.device_of(x) == _HOST:
-            started.append((b, x, None))
-        else:
-            y, waiter = b.start_move(x, _HOST)
-            started.append((b, y, waiter))
+        start = getattr(b, "start_to_numpy", None)
+        if start is None:  # an adapter without the optional method: move, then read
+            start = _start_to_numpy_default(b)
+        started.append(start(x))
 
     def finish() -> list[np.ndarray]:
-        out = []
-        for b, y, waiter in started:
-            if waiter is not None:
-                waiter()
-            out.append(b.to_numpy(y))
-        return out
+        return [land() for land in started]
 
     if not non_blocking:
         return finish()
