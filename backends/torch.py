@@ -324,6 +324,7 @@ class TorchBackend(BaseBackend):
 
     def _stageable(self, x: Any) -> bool:
         return (self._n_cuda > 0 and not x.requires_grad and x.is_contiguous() and not x.is_pinned()
+                and not x.is_conj() and not x.is_neg()
                 and x.numel() * x.element_size() >= self.staging.threshold and x.dtype in self._plain_dtypes)
 
     def _upload(self, arr: np.ndarray, dt: Any, device: Device) -> Any:
@@ -350,8 +351,8 @@ class TorchBackend(BaseBackend):
             return ev
 
         staged_upload(np.ascontiguousarray(arr), alloc, submit, lambda ev: ev.synchronize(), self.staging)
-        cur.wait_stream(cs)
-        out.record_stream(cur)
+        cur.wait_stream(cs)  # later work on the device sees the whole upload
+        out.record_stream(cs)  # and out's memory outlives the copies into it
         return out
 
     def copy(self, x: Any, device: Device) -> Any:

@@ -102,6 +102,8 @@ def d2h(ctx: Context) -> Iterator[Case]:
                           label="md.to_host([x])[0] (pinned where the backend has it)")
         yield Case(f"D2H {d}->host {fmt_bytes(nbytes)}",
                    {"md": Variant(md.to_numpy, (x,), label="md.to_numpy(x)"), "md_to_host": to_host,
+                    "md_to": (Variant(md.to, (x, ctx.host), label="md.to(x, 'cpu') (a CPU tensor of the backend)")
+                              if d.is_gpu else None),
                     "native": nat, "native_pinned": ctx.native_call("d2h_pinned", x)},
                    devices=[d], check=check,
                    params={"src": str(d), "dst": "host", "size": nbytes, "zero_copy_possible": not d.is_gpu,
