@@ -52,7 +52,7 @@ def test_to_host_takes_a_generator(md_backend: Any, md_device: Device) -> None:
 
     for non_blocking in (False, True):
         refs.clear()
-        out = md.to_host(results(), non_blocking=non_blocking)
+        out: Any = md.to_host(results(), non_blocking=non_blocking)
         if non_blocking:
             assert isinstance(out, md.Transfer)
             out = out.wait()
