@@ -3,6 +3,7 @@
 # GPU + cpu:0. Writes into $OUT (default build/gpu): conformance-$TAG.json, $TAG.json/.png/.md, log.txt.
 #   bash benchmarks/gpu_run.sh            (TAG defaults to h200-YYYY-MM-DD)
 # Knobs: BACKENDS (torch,jax), SUITES (all), PRECISION (fp32), CONFORMANCE (1), CONFORMANCE_TIMEOUT (s),
+# CONFORMANCE_ARGS (extra pytest args, e.g. -k transfers),
 # BENCH_TIMEOUT (s per backend), BENCH_EXTRA (e.g. --quick), EXTRA (a command run after the benches).
 # Needs python3 with torch, jax, numpy, rich, matplotlib, pytest, hypothesis, setuptools (the image has
 # them). multidev is installed editable with --no-deps (the tree imports as installed).
@@ -34,7 +35,7 @@ for ((i = 0; i < NG; i++)); do DEVS="$DEVS,gpu:$i"; done
 if [ "${CONFORMANCE:-1}" = 1 ]; then
   stamp "conformance: $BACKENDS (devices $DEVS)"
   timeout -s INT -k 20 "${CONFORMANCE_TIMEOUT:-240}" "$PY" -m multidev.cli conformance --backend "$BACKENDS" \
-    --device "$DEVS" --json "$OUT/conformance-$TAG.json" -- -q -p no:cacheprovider
+    --device "$DEVS" --json "$OUT/conformance-$TAG.json" -- -q -p no:cacheprovider ${CONFORMANCE_ARGS:-}
   echo "conformance exit code: $?"
 fi
 
