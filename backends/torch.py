@@ -201,6 +201,8 @@ class TorchBackend(BaseBackend):
             dt = self._target(self.dtype_of(src), device)[0]
         if device.kind == "gpu" and src.device.type == "cpu" and src.dtype == dt and self._stageable(src):
             return self._upload(src.numpy(), dt, device)  # a large pageable upload: pipelined, pinned
+        if src.device != dev and src.dtype == dt:
+            return src.to(dev)  # another device: .to copies (the framework's own upload)
         return src.to(device=dev, dtype=dt, copy=True)
 
     def _from_numpy(self, arr: np.ndarray) -> Any:

@@ -13,7 +13,7 @@ from .errors import CapabilityError, InvalidArgumentError, InvalidDeviceError, M
 from .placement import as_device, resolve, scope_backend, scope_device
 from .placement import default_device as default_device
 from .protocol import Backend
-from .registry import available_backends, backend_of, get_backend, loaded_backends
+from .registry import available_backends, backend_of, get_backend, loaded_backends, wait_cache, waiter_of
 from .transfer import start_to
 from .validate import check_fill, check_range, check_seed, check_shape
 
@@ -252,6 +252,16 @@ def dtype_of(x: Any) -> str:
     return backend_of(x).dtype_of(x)
 
 
+_STR_DEVICES: dict[Any, Device] = {}
+
+
+def _as_device_cached(spec: Any) -> Device:
+    dev = as_device(spec)
+    if isinstance(spec, str) and len(_STR_DEVICES) < 1024:
+        _STR_DEVICES[spec] = dev
+    return dev
+
+
 def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     """``x`` on ``device``: ``x`` itself when it is already there (no-op, D2L's ``as_in_ctx``),
     else a copy on the target device. Asynchronous where the framework is, but always safe to read.
@@ -264,7 +274,10 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     if non_blocking:
         return start_to(x, device)
     b = backend_of(x)
-    dev = device if device.__class__ is Device else as_device(device)
+    if device.__class__ is Device:
+        dev = device
+    else:
+        dev = (_STR_DEVICES.get(device) if device.__class__ is str else None) or _as_device_cached(device)
     if b.device_of(x) == dev:  # the no-op path: no enumeration, no validation
         return x
     return b.move(x, resolve(b, dev))
@@ -291,6 +304,11 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
     - ``synchronize(device)``: that device, on ``backend`` or on every loaded backend that has it.
     - ``synchronize(tensor)``: until that tensor is computed.
     """
+    if backend is None and target is not None:
+        w = wait_cache.get(target.__class__)
+        if w is not None:  # the hot path: a tensor whose class was seen before
+            w(target)
+            return
     if target is None or target.__class__ is Device or isinstance(target, str):
         dev = None if target is None else (target if target.__class__ is Device else Device.parse(target))
         if backend is not None:
@@ -309,11 +327,11 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
                 b.synchronize(dev)
         return
     try:
-        b = backend_of(target)
+        wait = waiter_of(target)
     except UnsupportedTensorError as e:
         try:
             dev = as_device(target)  # a native device object
         except MultidevError:
             raise e from None  # neither a tensor nor a device: say so as a tensor error
         return synchronize(dev, backend=backend)
-    b.wait(target)
+    wait(target)

@@ -127,7 +127,7 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
                 if refusal is not None:
                     raise CapabilityError(f"{src.name} buffer not shared: {refusal}")
             y = dst.import_dlpack(obj, dev)
-            if dst.device_of(y) == dev and dst.dtype_of(y) == dtype:
+            if (handshake or dst.device_of(y) == dev) and dst.dtype_of(y) == dtype:
                 if not copy:
                     return y
                 out = dst.copy(y, dev)

@@ -158,9 +158,11 @@ class Backend(Protocol):
         framework operations and to read through :meth:`to_numpy`."""
         ...
 
-    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
+    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], Any] | None]:
         """Start moving ``x`` (not on ``device``) and return at once with the target tensor and a
-        callable that blocks until it is safe to read (None when it already is). Host targets use
+        callable that blocks until it is safe to read (None when it already is). Where the target
+        can only be made once the copy has landed, the callable returns it (the first element is then
+        a placeholder the caller must not use). Host targets use
         pinned buffers where the backend has them; the copy starts once the work producing ``x``
         (queued before this call) is done, not after later work. The adapter keeps ``x`` alive
         until the copy has landed. The caller must not read the target, nor write ``x``, before
@@ -188,7 +190,9 @@ class Backend(Protocol):
         ...
 
     def wait(self, x: Any) -> None:
-        """Block until ``x`` itself is computed, and raise any asynchronous error behind it."""
+        """Block until ``x`` itself is computed, and raise any asynchronous error behind it.
+        (An adapter may also set an attribute ``wait_fn``: a function doing the same for its
+        tensors with no adapter frame, such as the tensor class's own method.)"""
         ...
 
     # -- arithmetic the collectives need (operands always share a device) ---------------------

@@ -40,6 +40,7 @@ __all__ = [
     "register_backend",
     "registered_backends",
     "set_default_backend",
+    "waiter_of",
 ]
 
 ENTRY_POINT_GROUP = "multidev.backends"
@@ -53,6 +54,9 @@ _instances: dict[str, Backend] = {}
 _name_locks: dict[str, threading.Lock] = {}  # per-backend creation locks
 _failures: dict[str, str] = {}  # name -> why it could not load
 _type_cache: dict[type, str] = {}
+#: tensor class -> the owner's wait, bound with no adapter frame where the adapter offers one
+#: (``Backend.wait_fn``): the hot path of ``synchronize(tensor)``. Cleared with the type cache.
+wait_cache: dict[type, Callable[[Any], Any]] = {}
 _claims: dict[type, list[str]] = {}  # tensor class -> adapters claiming it, in creation order
 _preferred: list[str] = []  # a stack: the adapter that wins a shared tensor class (conformance runs)
 _entry_points_read = False
@@ -113,6 +117,7 @@ def _forget(name: str) -> None:
     _frameworks.pop(name, None)
     for t in [t for t, n in _type_cache.items() if n == name]:
         del _type_cache[t]
+    wait_cache.clear()
     if old is not None:
         for owners in _claims.values():
             if name in owners:
@@ -234,6 +239,7 @@ def _record_claims(inst: Backend) -> None:
             owners.append(inst.name)
     for t in [t for t, n in _type_cache.items() if t in inst.tensor_types()]:
         del _type_cache[t]
+    wait_cache.clear()
 
 
 def _load_dotted(spec: str) -> Backend:
@@ -329,12 +335,14 @@ def prefer(name: str) -> Iterator[None]:
     with _lock:
         _preferred.append(name)
         _type_cache.clear()
+        wait_cache.clear()
     try:
         yield
     finally:
         with _lock:
             _preferred.remove(name)
             _type_cache.clear()
+            wait_cache.clear()
 
 
 def _related(root: str, fw: str) -> bool:
@@ -414,6 +422,20 @@ def backend_of(x: Any) -> Backend:
         f"{', '.join(b.name for b in loaded_backends()) or 'none'}. Pass a native tensor of one of them."
         + (f" Adapters that could not load: {'; '.join(broken)}." if broken else "")
     )
+
+
+def waiter_of(x: Any) -> Callable[[Any], Any]:
+    """The function that waits for tensors of x's class (``backend_of(x).wait``, or the adapter's
+    ``wait_fn`` where it has one), cached by class."""
+    t = type(x)
+    w = wait_cache.get(t)
+    if w is None:
+        b = backend_of(x)
+        w = getattr(b, "wait_fn", None) or b.wait
+        with _lock:
+            if _type_cache.get(t) == b.name:
+                wait_cache[t] = w
+    return w
 
 
 def native_device(obj: Any) -> Device | None:

@@ -31,7 +31,7 @@ class Transfer(Generic[T]):
 
     __slots__ = ("_done", "_lock", "_value", "_waiter")
 
-    def __init__(self, value: T, waiter: Callable[[], None] | None) -> None:
+    def __init__(self, value: T, waiter: Callable[[], Any] | None) -> None:
         self._value = value
         self._waiter = waiter
         self._lock = threading.Lock()
@@ -48,7 +48,9 @@ class Transfer(Generic[T]):
                 if not self._done:
                     waiter = self._waiter
                     if waiter is not None:
-                        waiter()
+                        landed = waiter()
+                        if landed is not None:  # the adapter's target exists once the copy lands
+                            self._value = landed
                     self._waiter = None
                     self._done = True
         return self._value
@@ -64,9 +66,8 @@ def _start_to_numpy_default(b: Any) -> Callable[[Any], Callable[[], np.ndarray]]
         y, waiter = b.start_move(x, _HOST)
 
         def land() -> np.ndarray:
-            if waiter is not None:
-                waiter()
-            return b.to_numpy(y)
+            landed = waiter() if waiter is not None else None
+            return b.to_numpy(y if landed is None else landed)
         return land
     return start
 
