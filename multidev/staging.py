@@ -55,7 +55,7 @@ class StagingPlan:
     results); ``threshold``: uploads smaller than this go the framework's own way."""
 
     def __init__(self, chunk: int = 32 << 20, depth: int = 3, threads: int | None = None,
-                 threshold: int = 16 << 20) -> None:
+                 threshold: int = 32 << 20) -> None:
         if chunk <= 0 or depth < 1:
             raise ValueError("a staging plan needs chunk > 0 and depth >= 1")
         self.chunk, self.depth, self.threshold = int(chunk), int(depth), int(threshold)
