@@ -620,7 +620,7 @@ class TensorflowBackend(BaseBackend):
         if route != "eager":
             try:
                 f.get_concrete_function(*args)  # trace now: a function TF cannot trace fails here, typed
-            except (TypeError, ValueError, NotImplementedError, tf.errors.OpError) as e:
+            except (TypeError, ValueError, AttributeError, NotImplementedError, tf.errors.OpError) as e:
                 raise CapabilityError(f"tensorflow backend: {route} cannot trace this function: "
                                       f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}") from e
         types: Any = self.tensor_types()

@@ -10,6 +10,11 @@ training step, replication, split and allreduce are multidev's, the same call on
     python -m multidev.examples.digits                          # every installed backend, 2 devices
     python -m multidev.examples.digits --backend jax,numpy --devices 4 --plot digits.png
     python -m multidev.examples.digits --backend torch          # every GPU where there are GPUs
+    torchrun --nproc_per_node=2 -m multidev.examples.digits --backend jax   # 2 processes (gloo/NCCL)
+
+Under torchrun every process takes its part of each global minibatch (the rows ``split_batch``
+would give it) and ``train_batch`` sums the gradients across processes as well, so the run learns
+what one device learns; rank 0 evaluates and reports.
 
 Virtual CPU devices stand in for GPUs on a CPU-only machine (torch has one CPU device only, so
 its N-device run needs GPUs). Prints accuracy and time per epoch, with a progress bar.
@@ -156,8 +161,12 @@ def pick_devices(md: Any, name: str, n: int) -> list[Any]:
 
 
 def train(md: Any, name: str, n_devices: int, epochs: int, batch: int, lr: float, hidden: int, seed: int = 0,
-          progress: Any = None, log: Callable[..., None] = print) -> Run:
-    """Train on ``n_devices`` devices of backend ``name``; returns the run's per-epoch figures."""
+          progress: Any = None, log: Callable[..., None] | None = None) -> Run:
+    """Train on ``n_devices`` devices of backend ``name`` (in every process of a torchrun group);
+    returns the run's per-epoch figures."""
+    dist = md.distributed
+    rank, world = (dist.rank(), dist.world_size()) if dist.is_initialized() else (0, 1)
+    log = log or (lambda *a, **k: print(*a))
     model = model_for(name)
     devices = pick_devices(md, name, n_devices)
     Xtr, ytr, Xte, yte = load(seed)
@@ -166,7 +175,8 @@ def train(md: Any, name: str, n_devices: int, epochs: int, batch: int, lr: float
     replicas = md.replicate(params, devices)  # one list of parameters per device
     X_test = md.asarray(Xte, device=devices[0], backend=name)
     step_kw = {"grad": model.grad} if model.grad is not None else {"loss": model.loss}
-    run = Run(name, [str(d) for d in devices])
+    run = Run(name, [str(d) for d in devices] if world == 1 else
+              [f"rank{r}:{d}" for r in range(world) for d in devices])  # (every rank has as many)
     rng = np.random.default_rng(seed + 1)
     steps = len(Xtr) // batch  # drop the ragged last batch: every step sees `batch` examples
     task = None if progress is None else progress.add_task(f"{name} x{len(devices)}", total=epochs * steps)
@@ -175,7 +185,7 @@ def train(md: Any, name: str, n_devices: int, epochs: int, batch: int, lr: float
         total = 0.0
         t0 = time.perf_counter()
         for s in range(steps):
-            idx = order[s * batch:(s + 1) * batch]
+            idx = np.array_split(order[s * batch:(s + 1) * batch], world)[rank]  # this process's rows
             X = md.asarray(Xtr[idx], device=devices[0], backend=name)
             y = md.asarray(Ltr[idx], device=devices[0], backend=name)
             total += md.train_batch(X, y, replicas, devices, lr, **step_kw)
@@ -185,7 +195,8 @@ def train(md: Any, name: str, n_devices: int, epochs: int, batch: int, lr: float
         logits = np.asarray(md.to_numpy(model.forward(replicas[0], X_test)))
         run.accuracy.append(float((logits.argmax(axis=1) == yte).mean()))
         run.loss.append(total / (steps * batch))
-        log(f"{name} x{len(devices)} epoch {epoch + 1:2d}: loss {run.loss[-1]:.4f}, test accuracy "
+        where = f"x{len(devices)}" if world == 1 else f"{world} processes x{len(devices)}"
+        log(f"{name} {where} epoch {epoch + 1:2d}: loss {run.loss[-1]:.4f}, test accuracy "
             f"{run.accuracy[-1]:.3f}, {run.epoch_s[-1] * 1e3:.0f} ms", highlight=False)
     md.synchronize()
     first = [np.asarray(md.to_numpy(p)) for p in replicas[0]]
@@ -236,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_virtual_devices(max(2, args.devices))  # before any framework starts
     import multidev as md
 
+    if md.distributed.is_initialized() or int(__import__("os").environ.get("WORLD_SIZE", "1")) > 1:
+        return main_distributed(md, args)
     names = [n.strip() for n in (args.backend or "").split(",") if n.strip()] or \
         [n for n in BACKENDS if n in md.backends()]
     from rich.console import Console
@@ -285,6 +298,27 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"settings": vars(args), "tolerance": ACCURACY_TOLERANCE, "runs": [asdict(r) for r in runs]},
                       f, indent=1)
+    return 0
+
+
+def main_distributed(md: Any, args: argparse.Namespace) -> int:
+    """Under torchrun: the N-device run of each backend in every process; rank 0 reports."""
+    dist = md.distributed
+    if not dist.is_initialized():
+        dist.init(timeout=120)
+    names = [n.strip() for n in (args.backend or "numpy").split(",") if n.strip()]
+    quiet = dist.rank() != 0
+    runs = [train(md, name, args.devices, args.epochs, args.batch, args.lr, args.hidden, args.seed,
+                  log=(lambda *a, **k: None) if quiet else None) for name in names]
+    if not quiet:
+        for r in runs:
+            print(f"{r.backend} on {dist.world_size()} processes x {len(r.devices) // dist.world_size()} device(s): "
+                  f"final test accuracy {r.accuracy[-1]:.3f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"settings": vars(args), "world_size": dist.world_size(), "runs": [asdict(r) for r in runs]},
+                          f, indent=1)
+    dist.shutdown()
     return 0
 
 

@@ -5,7 +5,7 @@ loaded when a call first needs it (by backend name or by a tensor's type).
 
 Layers, bottom up (each imports only those below it): ``errors``, ``_device`` and ``dtypes``;
 ``protocol`` and ``adapter`` (the public API for adapter authors); ``registry``; ``placement`` and
-``validate``; ``transfer`` and ``exchange``; ``api``, ``collectives`` and ``compile``;
+``validate``; ``transfer`` and ``exchange``; ``api``, ``collectives`` and ``compilation``;
 ``distributed``; ``training``; ``cli``.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ from .api import (
                   zeros,
 )
 from .collectives import allgather, allreduce, broadcast, gather, reduce, reduce_scatter, scatter, split_batch
-from .compile import Compiled, compile
+from .compilation import Compiled, compile
 from .dtypes import canonical_dtype
 from .errors import (
                   AdapterError,
