@@ -624,13 +624,15 @@ class TensorflowBackend(BaseBackend):
                 raise CapabilityError(f"tensorflow backend: {route} cannot trace this function: "
                                       f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}") from e
         types: Any = self.tensor_types()
-        where = next((a.device for a in args if isinstance(a, types)), None)
+        devs = self.devices()
+        default = next((d for d in devs if d.is_gpu), devs[0])  # where TF runs ops given no device scope
+        where = next((a for a in args if isinstance(a, types)), None)
 
         def placed(*a: Any, **k: Any) -> Any:
             # Eager TF and tf.function place ops on the default device, not the inputs': keep the inputs'.
-            d = next((x.device for x in a if isinstance(x, types)), where)
-            if d is None:
-                return f(*a, **k)
-            with tf.device(d):
+            x = next((x for x in a if isinstance(x, types)), where)
+            if x is None or self.device_of(x) == default:
+                return f(*a, **k)  # no scope needed (a scope costs ~10 µs a call)
+            with tf.device(x.device):
                 return f(*a, **k)
         return placed

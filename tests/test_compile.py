@@ -348,3 +348,14 @@ def test_bad_arguments() -> None:
         md.compile(len, route="")
     with pytest.raises(InvalidArgumentError, match="no route 'jit'"):
         md.compile(len, backend="numpy", route="jit")
+
+
+def test_goal_against_the_fastest_of_a_prefix() -> None:
+    from multidev.benchmarks import Goal
+
+    g = Goal("best", "G", 1.1, metric="time_ratio_best", den=("native:*",))
+    rec = {"group": "G", "variants": {"md": {"median_s": 2.0}, "native:a": {"median_s": 1.9},
+                                      "native:b": {"median_s": 4.0}, "eager": {"median_s": 1.0}}}
+    assert g.applies(rec) and g.value(rec) == pytest.approx(2.0 / 1.9) and g.met(g.value(rec))
+    assert not g.met(1.2) and "min(native:*)" in g.describe()
+    assert g.value({"group": "G", "variants": {"md": {"median_s": 1.0}, "eager": {"median_s": 1.0}}}) is None

@@ -85,3 +85,20 @@ class JaxNative(Native):
         if dev.kind == "gpu":
             return str(self.dev(dev).device_kind)
         return super().device_name(dev)
+
+    # -- D2L 12.1 (suite "compile"): the MLP and jax's own compiler -----------------------------
+    def mlp_d2l(self, weights: list[np.ndarray], dev: Device) -> Callable[[], Any]:
+        """Fresh MLP functions (``jax.nn.relu`` between layers) closing over ``weights`` on ``dev``."""
+        jax = self.jax
+        ps = [jax.device_put(w, self.dev(dev)) for w in weights]
+
+        def make() -> Callable[[Any], Any]:
+            def mlp(x: Any) -> Any:
+                for i in range(0, len(ps) - 2, 2):
+                    x = jax.nn.relu(x @ ps[i] + ps[i + 1])
+                return x @ ps[-2] + ps[-1]
+            return mlp
+        return make
+
+    def compiled_d2l(self, make: Callable[[], Any], x: Any, dev: Device, quick: bool) -> dict[str, Any]:
+        return {"jax.jit": self.jax.jit(make())}
