@@ -18,7 +18,7 @@ What :class:`BaseBackend` supplies (override any of them):
   ``framework_module.from_dlpack`` in), refused with CapabilityError where
   ``capabilities.dlpack`` is False;
 - ``native_allreduce``: CapabilityError (no fast path);
-- the optional extensions for training and compilation (:data:`EXTENSION_METHODS`):
+- the optional extensions for training and compilation (in :data:`OPTIONAL_METHODS`):
   ``parameter_like`` returns the copy unchanged (tensors without autograd state), ``sgd_update``
   computes ``p - lr * g`` out of place with the tensors' own operators, and ``value_and_grad``,
   ``compile_routes`` and ``compile`` raise CapabilityError (no autodiff, no compiler);
@@ -61,16 +61,16 @@ from .errors import (
     MultidevError,
     UnsupportedTensorError,
 )
-from .protocol import EXTENSION_METHODS, PROTOCOL_METHODS, REDUCE_OPS, Backend, Capabilities
+from .protocol import OPTIONAL_METHODS, PROTOCOL_METHODS, REDUCE_OPS, Backend, Capabilities
 
 __all__ = [
     "COMPLEX_DTYPES",
     "DTYPES",
-    "EXTENSION_METHODS",
     "FLOAT_DTYPES",
     "INT_DTYPES",
     "ITEMSIZE",
     "KINDS",
+    "OPTIONAL_METHODS",
     "PROTOCOL_METHODS",
     "REDUCE_OPS",
     "AdapterError",
@@ -230,9 +230,10 @@ def check_adapter(obj: Any) -> list[str]:
         if m == "capabilities":
             continue
         fn = getattr(obj, m, None)
+        if fn is None and m in OPTIONAL_METHODS:
+            continue
         if fn is None:
-            if m not in EXTENSION_METHODS:  # optional: the core says what is missing when used
-                problems.append(f"method {m}() is missing")
+            problems.append(f"method {m}() is missing")
         elif not callable(fn):
             problems.append(f"{m} must be a method, got {type(fn).__name__}")
     try:

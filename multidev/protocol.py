@@ -26,7 +26,7 @@ import numpy as np
 
 from ._device import Device
 
-__all__ = ["EXTENSION_METHODS", "PROTOCOL_METHODS", "REDUCE_OPS", "Backend", "Capabilities"]
+__all__ = ["OPTIONAL_METHODS", "PROTOCOL_METHODS", "REDUCE_OPS", "Backend", "Capabilities"]
 
 #: Elementwise reductions every adapter's :meth:`Backend.combine` supports.
 REDUCE_OPS = ("sum", "max", "min", "prod")
@@ -235,7 +235,7 @@ class Backend(Protocol):
 
     # -- optional extensions: training and compilation (BaseBackend supplies defaults) ----------
     # An adapter that has no such feature leaves them out (BaseBackend's defaults: see
-    # multidev.adapter); check_adapter does not require them (EXTENSION_METHODS).
+    # multidev.adapter); check_adapter does not require them (OPTIONAL_METHODS).
     def parameter_like(self, src: Any, y: Any) -> Any:
         """``y`` (a new copy of ``src``, made by :meth:`copy` or :meth:`move`) made a training
         parameter the way ``src`` is: a leaf that requires grad where ``src`` requires grad (torch),
@@ -287,9 +287,11 @@ def _protocol_methods() -> tuple[str, ...]:
 #: The protocol's methods in order (``capabilities`` is a property).
 PROTOCOL_METHODS: tuple[str, ...] = _protocol_methods()
 
-#: The optional extensions at the end of the protocol: an adapter may leave them out (the core then
-#: raises CapabilityError, or BaseBackend's default applies).
-EXTENSION_METHODS: tuple[str, ...] = ("parameter_like", "value_and_grad", "sgd_update", "compile_routes", "compile")
+#: Methods an adapter may leave out: the core then uses the default :class:`multidev.adapter.BaseBackend`
+#: documents (``native_allreduce`` is only called where ``capabilities.native_collectives`` lists it;
+#: the training and compilation extensions raise CapabilityError where missing).
+OPTIONAL_METHODS = frozenset({"native_allreduce", "parameter_like", "value_and_grad", "sgd_update", "compile_routes",
+                              "compile"})
 
 
 def _ordered_doc() -> str:

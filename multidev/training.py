@@ -46,7 +46,7 @@ def replicate(params: Sequence[Any], devices: Sequence[DeviceLike]) -> list[list
 def _extension(b: Backend, name: str) -> Callable[..., Any]:
     fn = getattr(b, name, None)
     if fn is None:
-        raise CapabilityError(f"{b.name} backend has no {name} extension (multidev.protocol.EXTENSION_METHODS)")
+        raise CapabilityError(f"{b.name} backend has no {name} extension (multidev.protocol.OPTIONAL_METHODS)")
     return fn
 
 

@@ -359,3 +359,18 @@ def test_goal_against_the_fastest_of_a_prefix() -> None:
     assert g.applies(rec) and g.value(rec) == pytest.approx(2.0 / 1.9) and g.met(g.value(rec))
     assert not g.met(1.2) and "min(native:*)" in g.describe()
     assert g.value({"group": "G", "variants": {"md": {"median_s": 1.0}, "eager": {"median_s": 1.0}}}) is None
+
+
+def test_an_adapter_without_the_extensions_is_valid_and_says_what_it_lacks() -> None:
+    from multidev.adapter import OPTIONAL_METHODS, PROTOCOL_METHODS, Capabilities, check_adapter
+
+    attrs: dict[str, Any] = {m: (lambda self, *a: None) for m in PROTOCOL_METHODS
+                             if m not in OPTIONAL_METHODS and m != "capabilities"}
+    attrs.update(name="bare", framework="bare", tensor_types=lambda self: (np.ndarray,),
+                 capabilities=property(lambda self: Capabilities(False, False, False, False,
+                                                                 dtypes=frozenset({"float32"}))))
+    bare = type("Bare", (), attrs)()
+    assert check_adapter(bare) == []
+    c = mc.Compiled(len, "auto")
+    with pytest.raises(CapabilityError, match="bare backend has no compile extension"):
+        c._bind(bare)  # type: ignore[arg-type]
