@@ -133,13 +133,23 @@ def model_for(name: str) -> Model:
     raise SystemExit(f"no model for backend {name!r} in this example (known: {', '.join(BACKENDS)})")
 
 
-def load(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """scikit-learn's digits, pixels scaled to [0, 1], split 80/20 by a seeded permutation."""
-    from sklearn.datasets import load_digits
+#: A copy of the digits saved by ``--save-data`` (for a machine without scikit-learn); None: sklearn's.
+DATA: str | None = None
 
-    d = load_digits()
-    X = (d.data / 16.0).astype(np.float32)
-    y = d.target.astype(np.int64)
+
+def load(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's digits (or the ``--data`` copy), pixels scaled to [0, 1], split 80/20 by a
+    seeded permutation."""
+    if DATA is not None:
+        with np.load(DATA) as f:
+            data, target = f["data"], f["target"]
+    else:
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        data, target = d.data, d.target
+    X = (data / 16.0).astype(np.float32)
+    y = target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(X))
     cut = int(0.8 * len(X))
     tr, te = order[:cut], order[cut:]
@@ -241,7 +251,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", metavar="FILE.png", help="plot test accuracy per epoch per backend")
     p.add_argument("--json", metavar="FILE", help="write every run's figures to FILE")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--data", metavar="FILE.npz", help="read the digits from a --save-data file instead of scikit-learn")
+    p.add_argument("--save-data", metavar="FILE.npz", help="save scikit-learn's digits to FILE (for a machine "
+                   "without scikit-learn) and exit")
     args = p.parse_args(argv)
+    if args.save_data:
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        np.savez_compressed(args.save_data, data=d.data.astype(np.uint8), target=d.target.astype(np.uint8))
+        print(f"saved {len(d.target)} digits to {args.save_data}")
+        return 0
+    global DATA
+    DATA = args.data
     from multidev.registry import configure_virtual_devices
 
     configure_virtual_devices(max(2, args.devices))  # before any framework starts
