@@ -144,7 +144,8 @@ class Compiled:
         if not [r for r in compiled if r != "eager"]:
             if "eager" in failures:
                 raise failures["eager"]  # fn itself fails on these arguments: its own error
-            why = "; ".join(f"{r}: {m}" for r, m in self.errors.items())
+            prefix = f"{b.name} backend: "
+            why = "; ".join(f"{r}: {m.removeprefix(prefix)}" for r, m in self.errors.items())
             name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
             raise CapabilityError(f"{b.name} backend cannot compile {name} ({why}); call it as it is, "
                                   "or pass route='eager'") from next(iter(failures.values()), None)
