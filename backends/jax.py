@@ -551,7 +551,9 @@ class JaxBackend(BaseBackend):
         jax = self._jax
         vg = self._grad_fns.get(fn) if _weakrefable(fn) else None
         if vg is None:
-            vg = jax.value_and_grad(lambda ps, *a: self._jnp.sum(fn(list(ps), *a)))
+            # The cached function holds fn weakly, so the cache entry goes when fn does.
+            ref: Callable[[], Any] = weakref.ref(fn) if _weakrefable(fn) else (lambda: fn)
+            vg = jax.value_and_grad(lambda ps, *a: self._jnp.sum(ref()(list(ps), *a)))
             try:
                 jitted = jax.jit(vg)
                 value, grads = jitted(list(params), *args)  # runs where its committed inputs live
