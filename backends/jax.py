@@ -160,6 +160,7 @@ class JaxBackend(BaseBackend):
         self._reported: list[weakref.ref] = []  # failed arrays whose error synchronize already raised
         self._pinned_kinds: dict[Any, bool] = {}  # native device -> has a pinned_host memory kind
         self._dlpack_dtypes: set[Any] = set()  # dtypes DLPack was seen to carry
+        self._grad_fns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loss fn -> jitted grad
 
     def _enumerate(self) -> None:
         """Read JAX's devices once (this initializes JAX's backends)."""
@@ -651,3 +652,45 @@ class JaxBackend(BaseBackend):
         by_dev = {s.device: s.data for s in out.addressable_shards}
         res = [by_dev[nd] for nd in natives]
         return [r.reshape(()) for r in res] if scalar else res
+
+    # -- optional extensions: training and compilation --------------------------------------
+    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
+        jax = self._jax
+        vg = self._grad_fns.get(fn) if _weakrefable(fn) else None
+        if vg is None:
+            # The cached function holds fn weakly, so the cache entry goes when fn does.
+            ref: Callable[[], Any] = weakref.ref(fn) if _weakrefable(fn) else (lambda: fn)
+            vg = jax.value_and_grad(lambda ps, *a: self._jnp.sum(ref()(list(ps), *a)))
+            try:
+                jitted = jax.jit(vg)
+                value, grads = jitted(list(params), *args)  # runs where its committed inputs live
+            except jax.errors.ConcretizationTypeError:
+                jitted = vg  # data-dependent Python control flow: differentiate op by op
+                value, grads = vg(list(params), *args)
+            if _weakrefable(fn):
+                self._grad_fns[fn] = jitted
+            return value, list(grads)
+        value, grads = vg(list(params), *args)
+        return value, list(grads)
+
+    def compile_routes(self, fn: Any) -> dict[str, bool]:
+        return {"jax.jit": True, "eager": True}
+
+    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
+        if route == "eager":
+            return fn
+        jitted = self._jax.jit(fn)
+        try:
+            jitted.lower(*args)  # trace now: a function jit cannot trace fails here, typed
+        except TypeError as e:  # jax.errors.ConcretizationTypeError and the other tracing errors
+            raise CapabilityError(f"jax backend: jax.jit cannot trace this function: {type(e).__name__}: "
+                                  f"{str(e).strip().splitlines()[0][:200]}") from e
+        return jitted
+
+
+def _weakrefable(fn: Any) -> bool:
+    try:
+        weakref.ref(fn)
+    except TypeError:
+        return False
+    return True

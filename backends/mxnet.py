@@ -486,3 +486,39 @@ class MxnetBackend(BaseBackend):
         outs = [mx.nd.empty(shape, ctx=n.context, dtype=mdt) for n in ns]
         kv.pushpull(0, ns, out=outs)
         return outs
+
+    # -- optional extensions: training and compilation --------------------------------------
+    def parameter_like(self, src: Any, y: Any) -> Any:
+        if src.grad is not None:  # D2L's attach_grad: the replica gets its own gradient buffer
+            y.attach_grad()
+        return y
+
+    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
+        ps = [p.copy() for p in params]  # private copies with fresh (zero) buffers: params' .grad untouched
+        for q in ps:
+            q.attach_grad()
+        with self._mx.autograd.record():
+            out = fn(ps, *args)
+        out.backward()  # the gradient of out's sum
+        return out.sum(), [q.grad for q in ps]
+
+    def sgd_update(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
+        for p, g in zip(params, grads):
+            p -= lr * g  # in place: the array keeps its gradient buffer
+        return list(params)
+
+    def compile_routes(self, fn: Any) -> dict[str, bool]:
+        if not isinstance(fn, self._mx.gluon.HybridBlock):
+            raise CapabilityError("mxnet backend compiles Gluon HybridBlocks (hybridize); MXNet has no compiler "
+                                  f"for a plain {type(fn).__name__}: build the model from gluon.nn layers "
+                                  "(nn.HybridSequential) or call the function as it is")
+        # D2L 12.1 on the 2-core CPU: eager 203 µs, hybridize 69 µs, static_alloc+static_shape 50 µs a call.
+        return {"hybridize:static": True, "hybridize": True, "eager": True}
+
+    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
+        if route == "eager":
+            fn.hybridize(active=False)
+        else:  # hybridize resets the cached graph and flags every time it is called
+            static = route == "hybridize:static"
+            fn.hybridize(static_alloc=static, static_shape=static)
+        return fn

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -300,3 +300,10 @@ class NumpyBackend(BaseBackend):
             raise CapabilityError(f"numpy backend holds host memory only; cannot take a {device} buffer")
         return _tag(np.from_dlpack(obj), device)  # a view: tagging the virtual device copies nothing
 
+
+    # -- optional extensions: training and compilation --------------------------------------
+    def compile_routes(self, fn: Any) -> dict[str, bool]:
+        return {"identity": True}  # NumPy has no compiler: fn runs as it is
+
+    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
+        return fn

@@ -578,3 +578,61 @@ class TensorflowBackend(BaseBackend):
             allreduce._omit_frequent_tracing_warning = True
             self._fns[fkey] = allreduce
             return allreduce
+
+    # -- optional extensions: training and compilation --------------------------------------
+    def parameter_like(self, src: Any, y: Any) -> Any:
+        tf = self._tf
+        if isinstance(src, tf.Variable) and not isinstance(y, tf.Variable):
+            return self._new_variable(src, self.device_of(y), y)
+        return y  # move and copy keep Variables Variables already
+
+    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
+        tf = self._tf
+        ps = list(params)
+        dev = self.same_device("value_and_grad", ps, _SILENT)
+        with tf.device(self.to_native_device(dev)):  # eager TF would run the ops on its default device
+            with tf.GradientTape() as tape:
+                tape.watch(ps)
+                total = tf.reduce_sum(fn(ps, *args))
+            gs = tape.gradient(total, ps)
+            grads = [tf.zeros_like(self._read(p)) if g is None else tf.convert_to_tensor(g) for p, g in zip(ps, gs)]
+        return total, [self._placed(g, dev, "value_and_grad") for g in grads]
+
+    def sgd_update(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
+        tf = self._tf
+        out = []
+        for p, g in zip(params, grads):
+            with tf.device(p.device):
+                if isinstance(p, tf.Variable):
+                    p.assign_sub(lr * g)  # in place: a Variable stays the same Variable
+                    out.append(p)
+                else:
+                    out.append(p - lr * g)
+        return out
+
+    def compile_routes(self, fn: Any) -> dict[str, bool]:
+        # D2L 12.1 on the 2-core CPU: a plain function's tf.function is slower than eager, XLA faster.
+        return {"tf.function": True, "tf.function:jit_compile": True, "eager": True}
+
+    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
+        tf = self._tf
+        f = fn if route == "eager" else tf.function(fn, jit_compile=route.endswith(":jit_compile"))
+        if route != "eager":
+            try:
+                f.get_concrete_function(*args)  # trace now: a function TF cannot trace fails here, typed
+            except (TypeError, ValueError, AttributeError, NotImplementedError, tf.errors.OpError) as e:
+                raise CapabilityError(f"tensorflow backend: {route} cannot trace this function: "
+                                      f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}") from e
+        types: Any = self.tensor_types()
+        devs = self.devices()
+        default = next((d for d in devs if d.is_gpu), devs[0])  # where TF runs ops given no device scope
+        where = next((a for a in args if isinstance(a, types)), None)
+
+        def placed(*a: Any, **k: Any) -> Any:
+            # Eager TF and tf.function place ops on the default device, not the inputs': keep the inputs'.
+            x = next((x for x in a if isinstance(x, types)), where)
+            if x is None or self.device_of(x) == default:
+                return f(*a, **k)  # no scope needed (a scope costs ~10 µs a call)
+            with tf.device(x.device):
+                return f(*a, **k)
+        return placed

@@ -44,7 +44,8 @@ GiB = 1 << 30
 
 #: Suite modules in report order (module name -> suite name).
 SUITES = {"overhead": "overhead", "asynchronous": "async", "autoparallel": "autoparallel",
-          "bandwidth": "bandwidth", "collectives": "collectives", "distributed": "distributed"}
+          "bandwidth": "bandwidth", "collectives": "collectives", "distributed": "distributed",
+          "compilation": "compile"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,12 @@ class Goal:
     - ``"time_ratio"``: median(``num``) / max(median of ``den``) <= ``target`` (e.g. md / native);
     - ``"speedup"``: max(median of ``den``) / median(``num``) >= ``target`` (e.g. book / md);
     - ``"GBps"``: the payload rate of ``num`` >= ``target`` (GB/s, 10**9 bytes);
-    - ``"GBps_ratio"``: GB/s of ``num`` / max(GB/s of ``den``) >= ``target``.
+    - ``"GBps_ratio"``: GB/s of ``num`` / max(GB/s of ``den``) >= ``target``;
+    - ``"time_ratio_best"``: median(``num``) / min(median of ``den``) <= ``target`` (e.g. md / the
+      fastest native route).
+
+    A ``den`` name ending in ``*`` stands for every variant of the row with that prefix
+    (``"native:*"``), at least one.
 
     ``gpu_only``: judged only on rows that involve an accelerator; ``min_bytes``/``max_bytes``:
     only on rows with that payload. A row lacking a variant the goal needs is not judged.
@@ -95,25 +101,33 @@ class Goal:
             x = v.get(name) or {}
             return x.get("GBps")
 
+        den: list[str] = []
+        for d in self.den:
+            den += sorted(k for k in v if k.startswith(d[:-1])) if d.endswith("*") else [d]
+        if not den:
+            return None
         if self.metric == "GBps":
             return rate(self.num)
         if self.metric == "GBps_ratio":
-            a, bs = rate(self.num), [rate(d) for d in self.den]
+            a, bs = rate(self.num), [rate(d) for d in den]
             if a is None or any(b is None for b in bs) or not bs:
                 return None
             return a / max(b for b in bs if b is not None)
-        a, ms = med(self.num), [med(d) for d in self.den]
+        a, ms = med(self.num), [med(d) for d in den]
         if a is None or not ms or any(m is None for m in ms) or a <= 0:
             return None
+        if self.metric == "time_ratio_best":
+            return a / min(m for m in ms if m is not None)
         ref = max(m for m in ms if m is not None)
         return a / ref if self.metric == "time_ratio" else ref / a
 
     def met(self, value: float) -> bool:
-        return value <= self.target if self.metric == "time_ratio" else value >= self.target
+        return value <= self.target if self.metric.startswith("time_ratio") else value >= self.target
 
     def describe(self) -> str:
-        rel = "<=" if self.metric == "time_ratio" else ">="
+        rel = "<=" if self.metric.startswith("time_ratio") else ">="
         what = {"time_ratio": f"{self.num} / max({', '.join(self.den)})",
+                "time_ratio_best": f"{self.num} / min({', '.join(self.den)})",
                 "speedup": f"max({', '.join(self.den)}) / {self.num}",
                 "GBps": f"{self.num} GB/s", "GBps_ratio": f"{self.num} GB/s / max({', '.join(self.den)} GB/s)"}
         return f"{what[self.metric]} {rel} {self.target:g}"

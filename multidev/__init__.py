@@ -5,7 +5,8 @@ loaded when a call first needs it (by backend name or by a tensor's type).
 
 Layers, bottom up (each imports only those below it): ``errors``, ``_device`` and ``dtypes``;
 ``protocol`` and ``adapter`` (the public API for adapter authors); ``registry``; ``placement`` and
-``validate``; ``transfer`` and ``exchange``; ``api`` and ``collectives``; ``distributed``; ``cli``.
+``validate``; ``transfer`` and ``exchange``; ``api``, ``collectives`` and ``compilation``;
+``distributed``; ``training``; ``cli``.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from .api import (
                   zeros,
 )
 from .collectives import allgather, allreduce, broadcast, gather, reduce, reduce_scatter, scatter, split_batch
+from .compilation import Compiled, compile
 from .dtypes import canonical_dtype
 from .errors import (
                   AdapterError,
@@ -58,18 +60,19 @@ from .errors import (
 from .exchange import convert
 from .protocol import Backend, Capabilities
 from .registry import backend_of, get_default_backend, register_backend, registered_backends, set_default_backend
+from .training import replicate, train_batch
 from .transfer import Transfer, to_host
 
 __version__ = "0.2.0"
 
 __all__ = [
     "AdapterError", "Backend", "BackendError", "BackendNotAvailableError", "Capabilities", "CapabilityError",
-    "CollectiveInputError", "Device", "DeviceMismatchError", "DeviceNotFoundError", "DistributedError",
+    "CollectiveInputError", "Compiled", "Device", "DeviceMismatchError", "DeviceNotFoundError", "DistributedError",
     "DistributedTimeoutError", "InvalidArgumentError", "InvalidDeviceError", "InvalidDtypeError", "MultidevError",
-    "Transfer", "UnsupportedTensorError",
-    "allgather", "allreduce", "arange", "asarray", "backend", "backend_of", "backends", "broadcast",
-    "canonical_dtype", "convert", "copy", "cpu", "default_device", "device", "device_of", "device_scope", "devices",
-    "distributed", "dtype_of", "empty", "full", "gather", "get_default_backend", "gpu", "num_gpus", "ones", "rand",
-    "reduce", "reduce_scatter", "register_backend", "registered_backends", "scatter", "set_default_backend",
-    "split_batch", "synchronize", "to", "to_host", "to_numpy", "try_all_gpus", "try_gpu", "zeros",
+    "Transfer", "UnsupportedTensorError", "allgather", "allreduce", "arange", "asarray", "backend", "backend_of",
+    "backends", "broadcast", "canonical_dtype", "compile", "convert", "copy", "cpu", "default_device", "device",
+    "device_of", "device_scope", "devices", "distributed", "dtype_of", "empty", "full", "gather",
+    "get_default_backend", "gpu", "num_gpus", "ones", "rand", "reduce", "reduce_scatter", "register_backend",
+    "registered_backends", "replicate", "scatter", "set_default_backend", "split_batch", "synchronize", "to",
+    "to_host", "to_numpy", "train_batch", "try_all_gpus", "try_gpu", "zeros",
 ]

@@ -18,6 +18,10 @@ What :class:`BaseBackend` supplies (override any of them):
   ``framework_module.from_dlpack`` in), refused with CapabilityError where
   ``capabilities.dlpack`` is False;
 - ``native_allreduce``: CapabilityError (no fast path);
+- the optional extensions for training and compilation (in :data:`OPTIONAL_METHODS`):
+  ``parameter_like`` returns the copy unchanged (tensors without autograd state), ``sgd_update``
+  computes ``p - lr * g`` out of place with the tensors' own operators, and ``value_and_grad``,
+  ``compile_routes`` and ``compile`` raise CapabilityError (no autodiff, no compiler);
 - ``same_device(what, xs)``: the one device of ``xs``, or DeviceMismatchError naming them all;
 - ``configure_devices(n)`` (class method): ask for ``n`` virtual CPU devices before the framework
   starts, through the environment variable named by ``virtual_devices_env``.
@@ -205,6 +209,23 @@ class BaseBackend:
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         raise CapabilityError(f"{self.name} backend has no native allreduce; use algorithm='naive', "
                               "'ring', 'tree' or 'auto'")
+
+    # -- optional extensions: training and compilation ------------------------------------
+    def parameter_like(self, src: Any, y: Any) -> Any:
+        return y
+
+    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
+        raise CapabilityError(f"{self.name} backend has no automatic differentiation: pass a hand-written "
+                              "gradient (multidev.train_batch(..., grad=fn))")
+
+    def sgd_update(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
+        return [p - lr * g for p, g in zip(params, grads)]
+
+    def compile_routes(self, fn: Any) -> dict[str, bool]:
+        raise CapabilityError(f"{self.name} backend has no compiler; call the function as it is")
+
+    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
+        raise CapabilityError(f"{self.name} backend has no compiler; call the function as it is")
 
     # -- helpers ----------------------------------------------------------------------------
     def same_device(self, what: str, xs: Sequence[Any], note: str = "") -> Device:

@@ -112,9 +112,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   highlight=False)
         con.print(f"  to(x, {dev}) is x: {same} (already there: no copy); copy(x) is x: {y is x} "
                   "(copy always makes a new buffer)", highlight=False)
+        one = "" if len(parts) > 1 else " (this backend has one CPU device here; GPUs give it more)"
         con.print(f"  allreduce over {len(parts)} device(s) -> {value:g} = {terms} on "
-                  f"{', '.join(str(md.device_of(t)) for t in total)}", highlight=False)
+                  f"{', '.join(str(md.device_of(t)) for t in total)}{one}", highlight=False)
+        con.print(f"  {_demo_compile(md, n, parts[-1])}", highlight=False)
     return 0
+
+
+def _demo_compile(md: Any, name: str, x: Any) -> str:
+    """One line: md.compile of a plain function on ``name``, its measured route and where it ran."""
+    try:
+        c = md.compile(lambda t: t * 2 + 1, backend=name)
+        out = c(x)
+    except MultidevError as e:
+        return f"compile(lambda t: t * 2 + 1): {type(e).__name__}: {str(e).splitlines()[0][:110]}"
+    import numpy as np
+
+    ok = bool(np.allclose(md.to_numpy(out), md.to_numpy(x) * 2 + 1))
+    how = (", ".join(f"{r} {t * 1e6:.0f} µs" for r, t in c.timings.items()) + " a call, measured") \
+        if c.timings else "its only route"
+    return f"compile(lambda t: t * 2 + 1) -> {c.route} ({how}); same values: {ok}, on {md.device_of(out)}"
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:

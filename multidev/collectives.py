@@ -72,6 +72,8 @@ def _tensor_list(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any]]
         raise CollectiveInputError(f"{what} needs at least one tensor; got an empty list")
     backs = []
     for i, x in enumerate(xs):
+        if x is None:
+            raise CollectiveInputError(f"{what}: item {i} is None, not a tensor. {NONE_GRADIENT_HINT}")
         try:
             backs.append(backend_of(x))
         except UnsupportedTensorError as e:
@@ -87,6 +89,14 @@ def _tensor_list(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any]]
         raise CollectiveInputError(f"{what} needs one dtype; got {dtypes} on {b.name}")
     _distinct([b.device_of(x) for x in xs], b, what)
     return b, xs
+
+
+#: What a None among a collective's tensors usually means (gradients that were never computed).
+NONE_GRADIENT_HINT = (
+    "If these are gradients (p.grad), check that every parameter is a leaf that requires grad or has "
+    "a gradient buffer (multidev.replicate and multidev.broadcast give such replicas; a plain copy or "
+    "x.to(device) of a parameter does not), that backward() ran on every device's loss before the "
+    "allreduce, and that the loss uses every parameter.")
 
 
 def _distinct(devs: list[Device], b: Backend, what: str) -> None:
@@ -305,11 +315,15 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
 
 
 def broadcast(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
-    """A new copy of ``x`` on each of ``devices`` (distinct; x's own device may be among them)."""
+    """A new copy of ``x`` on each of ``devices`` (distinct; x's own device may be among them). A
+    training parameter gives parameters: leaves that require grad where ``x`` requires grad, with a
+    gradient buffer where ``x`` has one, Variables where ``x`` is one (the adapter's ``parameter_like``)."""
     b = backend_of(x)
     devs = device_list(b, devices, "broadcast")
     src = b.device_of(x)
-    return [b.copy(x, d) if d == src else b.move(x, d) for d in devs]
+    out = [b.copy(x, d) if d == src else b.move(x, d) for d in devs]
+    like = getattr(b, "parameter_like", None)  # an optional extension of the protocol
+    return out if like is None else [like(x, y) for y in out]
 
 
 def reduce(tensors: Sequence[Any], device: DeviceLike, op: str = "sum") -> Any:

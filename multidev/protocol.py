@@ -248,6 +248,46 @@ class Backend(Protocol):
         CapabilityError where the backend has none, or none for this dtype/op/device set."""
         ...
 
+    # -- optional extensions: training and compilation (BaseBackend supplies defaults) ----------
+    # An adapter that has no such feature leaves them out (BaseBackend's defaults: see
+    # multidev.adapter); check_adapter does not require them (OPTIONAL_METHODS).
+    def parameter_like(self, src: Any, y: Any) -> Any:
+        """``y`` (a new copy of ``src``, made by :meth:`copy` or :meth:`move`) made a training
+        parameter the way ``src`` is: a leaf that requires grad where ``src`` requires grad (torch),
+        with a gradient buffer where ``src`` has one (MXNet ``attach_grad``), a Variable where
+        ``src`` is one (TF). ``y`` itself where tensors carry no autograd state (the default)."""
+        ...
+
+    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
+        """``(loss, grads)``: ``loss = fn(list(params), *args)`` (a scalar, or a tensor whose sum is
+        the loss) and its gradient with respect to each of ``params``, by the framework's own autodiff,
+        computed on the device of ``params`` (they share one). ``loss`` is detached from any graph;
+        ``grads[i]`` has the shape, dtype and device of ``params[i]`` (zeros where the loss does not
+        depend on it). Leaves ``params`` and their gradient buffers (``.grad``) untouched.
+        CapabilityError where the framework has no autodiff (the default)."""
+        ...
+
+    def sgd_update(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
+        """``params[i] - lr * grads[i]`` for every i, each on its parameter's device: written in place
+        where the parameter is writable (returning the same objects, which stay parameters: leaves,
+        Variables, arrays with a gradient buffer), new tensors elsewhere. The default: out of place,
+        with the tensors' own ``-`` and ``*``."""
+        ...
+
+    def compile_routes(self, fn: Any) -> dict[str, bool]:
+        """The ways this framework can compile ``fn`` (a function or the framework's own module
+        object), in order of preference: route name -> whether ``route="auto"`` measures it. Names
+        are the framework's own (``"jax.jit"``); ``"eager"`` runs ``fn`` as it is. CapabilityError,
+        saying what would work, where ``fn`` is nothing this framework can compile (the default)."""
+        ...
+
+    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
+        """``fn`` compiled by ``route`` (one of :meth:`compile_routes`), taking and returning what
+        ``fn`` does; ``args`` are the first call's arguments (for tracing compilers). Results live on
+        the device of the inputs, as ``fn``'s would. May return ``fn`` itself, reconfigured (Gluon's
+        ``hybridize``). CapabilityError, saying why, where ``fn`` cannot be compiled this way."""
+        ...
+
 
 def _protocol_methods() -> tuple[str, ...]:
     names = []
@@ -264,6 +304,12 @@ PROTOCOL_METHODS: tuple[str, ...] = _protocol_methods()
 #: Methods an adapter may leave out: the core then uses the default :class:`multidev.adapter.BaseBackend`
 #: documents (``native_allreduce`` is only called where ``capabilities.native_collectives`` lists it).
 OPTIONAL_METHODS = frozenset({"start_to_numpy", "native_allreduce"})
+
+#: Methods an adapter may leave out: the core then uses the default :class:`multidev.adapter.BaseBackend`
+#: documents (``native_allreduce`` is only called where ``capabilities.native_collectives`` lists it;
+#: the training and compilation extensions raise CapabilityError where missing).
+OPTIONAL_METHODS = frozenset({"native_allreduce", "parameter_like", "value_and_grad", "sgd_update", "compile_routes",
+                              "compile"})
 
 
 def _ordered_doc() -> str:

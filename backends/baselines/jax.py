@@ -139,3 +139,19 @@ class JaxNative(Native):
             zs = [self._pinned(mm(x, x)) for _ in range(k)]
             return [np.asarray(z) for z in zs]
         return bound, (x,), "per result: device_put(mm(x, x), pinned_host); np.asarray each"
+    # -- D2L 12.1 (suite "compile"): the MLP and jax's own compiler -----------------------------
+    def mlp_d2l(self, weights: list[np.ndarray], dev: Device) -> Callable[[], Any]:
+        """Fresh MLP functions (``jax.nn.relu`` between layers) closing over ``weights`` on ``dev``."""
+        jax = self.jax
+        ps = [jax.device_put(w, self.dev(dev)) for w in weights]
+
+        def make() -> Callable[[Any], Any]:
+            def mlp(x: Any) -> Any:
+                for i in range(0, len(ps) - 2, 2):
+                    x = jax.nn.relu(x @ ps[i] + ps[i + 1])
+                return x @ ps[-2] + ps[-1]
+            return mlp
+        return make
+
+    def compiled_d2l(self, make: Callable[[], Any], x: Any, dev: Device, quick: bool) -> dict[str, Any]:
+        return {"jax.jit": self.jax.jit(make())}

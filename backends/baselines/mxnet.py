@@ -67,3 +67,30 @@ class MxnetNative(Native):
         return {"MXNET_CUDA_ALLOW_TENSOR_CORE": os.environ.get("MXNET_CUDA_ALLOW_TENSOR_CORE", ""),
                 "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE", ""),
                 "note": "MXNet has no run-time TF32 switch; fp32 GEMMs use cuBLAS default math"}
+
+    # -- D2L 12.1 (suite "compile"): the MLP and Gluon's hybridize ------------------------------
+    def mlp_d2l(self, weights: list[np.ndarray], dev: Device) -> Callable[[], Any]:
+        """Fresh Gluon ``HybridSequential`` MLPs (Dense + relu, as D2L) holding ``weights``, on ``dev``."""
+        mx = self.mx
+        nn = mx.gluon.nn
+        ctx = self.dev(dev)
+
+        def make() -> Any:
+            net = nn.HybridSequential()
+            n = len(weights) // 2
+            for i in range(n):
+                w = weights[2 * i]
+                net.add(nn.Dense(w.shape[1], activation="relu" if i < n - 1 else None, in_units=w.shape[0]))
+            net.initialize(ctx=ctx)
+            for i, layer in enumerate(net):
+                layer.weight.set_data(mx.nd.array(weights[2 * i].T, ctx=ctx))
+                layer.bias.set_data(mx.nd.array(weights[2 * i + 1], ctx=ctx))
+            return net
+        return make
+
+    def compiled_d2l(self, make: Callable[[], Any], x: Any, dev: Device, quick: bool) -> dict[str, Any]:
+        """``hybridize()`` (D2L's) and ``hybridize(static_alloc=True, static_shape=True)``, each on a fresh net."""
+        a, b = make(), make()
+        a.hybridize()
+        b.hybridize(static_alloc=True, static_shape=True)
+        return {"hybridize()": a, "hybridize(static_alloc=True, static_shape=True)": b}

@@ -47,3 +47,19 @@ class NumpyNative(Native):
 
     def set_precision(self, mode: str) -> dict[str, Any]:
         return {"matmul": "float32 (BLAS)"}
+
+    # -- D2L 12.1 (suite "compile"): the MLP; NumPy has no compiler ------------------------------
+    def mlp_d2l(self, weights: list[np.ndarray], dev: Device) -> Callable[[], Any]:
+        """Fresh MLP functions (``np.maximum(h, 0)`` between layers) closing over ``weights``."""
+        ps = [self.b.asarray(w, None, dev) for w in weights]
+
+        def make() -> Callable[[Any], Any]:
+            def mlp(x: Any) -> Any:
+                for i in range(0, len(ps) - 2, 2):
+                    x = np.maximum(x @ ps[i] + ps[i + 1], 0)
+                return x @ ps[-2] + ps[-1]
+            return mlp
+        return make
+
+    def compiled_d2l(self, make: Callable[[], Any], x: Any, dev: Device, quick: bool) -> dict[str, Any]:
+        return {}

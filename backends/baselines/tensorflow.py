@@ -105,3 +105,26 @@ class TensorflowNative(Native):
             except Exception:  # noqa: BLE001 - a label only
                 return str(dev)
         return super().device_name(dev)
+
+    # -- D2L 12.1 (suite "compile"): the MLP and TF's own compilers -----------------------------
+    def mlp_d2l(self, weights: list[np.ndarray], dev: Device) -> Callable[[], Any]:
+        """Fresh Keras ``Sequential`` MLPs (Dense + relu, as D2L) holding ``weights``, built on ``dev``."""
+        tf = self.tf
+        name = self.dev(dev)
+
+        def make() -> Any:
+            n = len(weights) // 2
+            layers = [tf.keras.layers.Dense(weights[2 * i].shape[1], activation="relu" if i < n - 1 else None)
+                      for i in range(n)]
+            net = tf.keras.Sequential(layers)
+            with tf.device(name):
+                net(tf.zeros((1, weights[0].shape[0])))  # build the variables on the device
+                net.set_weights(weights)
+            return net
+        return make
+
+    def compiled_d2l(self, make: Callable[[], Any], x: Any, dev: Device, quick: bool) -> dict[str, Any]:
+        """``tf.function`` (D2L's) and ``tf.function(jit_compile=True)`` (XLA), each on a fresh net."""
+        tf = self.tf
+        return {"tf.function": tf.function(make()),
+                "tf.function(jit_compile=True)": tf.function(make(), jit_compile=True)}

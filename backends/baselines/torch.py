@@ -198,3 +198,36 @@ class TorchNative(Native):
             cs.synchronize()
             return out
         return bound, (x,), "per result: event; copy stream waits; pinned.copy_(y, non_blocking=True); sync"
+    # -- D2L 12.1 (suite "compile"): the MLP and torch's own compilers --------------------------
+    def mlp_d2l(self, weights: list[np.ndarray], dev: Device) -> Callable[[], Any]:
+        """Fresh ``nn.Sequential`` MLPs (Linear + ReLU, as D2L) holding ``weights``, on ``dev``."""
+        t = self.torch
+        nn = t.nn
+
+        def make() -> Any:
+            layers: list[Any] = []
+            for i in range(0, len(weights), 2):
+                w, b = weights[i], weights[i + 1]
+                lin = nn.Linear(w.shape[0], w.shape[1])
+                with t.no_grad():
+                    lin.weight.copy_(t.from_numpy(w.T.copy()))
+                    lin.bias.copy_(t.from_numpy(b))
+                layers += [lin, nn.ReLU()]
+            return nn.Sequential(*layers[:-1]).to(self.dev(dev))
+        return make
+
+    def compiled_d2l(self, make: Callable[[], Any], x: Any, dev: Device, quick: bool) -> dict[str, Any]:
+        """torch's compilers, each on a fresh net: TorchScript (D2L's), a trace, and torch.compile
+        (default mode; reduce-overhead, i.e. CUDA graphs, on a GPU) except in quick runs (seconds
+        of compilation)."""
+        import warnings
+
+        t = self.torch
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch >= 2.10 deprecates torch.jit
+            out = {"torch.jit.script": t.jit.script(make()), "torch.jit.trace": t.jit.trace(make(), (x,))}
+        if not quick:
+            out["torch.compile"] = t.compile(make())
+            if dev.kind == "gpu":
+                out["torch.compile(mode='reduce-overhead')"] = t.compile(make(), mode="reduce-overhead")
+        return out
