@@ -266,12 +266,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"saved {len(d.target)} digits to {args.save_data}")
         return 0
     if args.plot_from:
-        runs = []
+        saved: list[Run] = []
         for path in args.plot_from:
             with open(path) as f:
-                runs += [Run(**r) for r in json.load(f)["runs"]]
-        plot(runs, args.plot or "digits.png")
-        print(f"plot: {args.plot or 'digits.png'} ({len(runs)} runs)")
+                saved += [Run(**r) for r in json.load(f)["runs"]]
+        plot(saved, args.plot or "digits.png")
+        print(f"plot: {args.plot or 'digits.png'} ({len(saved)} runs)")
         return 0
     global DATA
     DATA = args.data
