@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -88,3 +89,46 @@ def mlp_12_1(ctx: Context) -> Iterator[Case]:
                        "md_route_errors": dict(compiled.errors), "md_first_call_s": first,
                        "native_routes": list(routes), "note": f"md.compile -> {compiled.route}"},
                ratio=("md", "eager"), group="D2L 12.1 MLP", key="D2L 12.1 MLP, batch 1")
+
+
+def plot(doc: dict[str, Any], path: str) -> None:
+    """Time per call of every variant of the 12.1 rows, one group of bars per backend (log scale):
+    eager, each native compiler, and md.compile labelled with the route it took."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in doc["results"] if r.get("suite") == "compile" and r.get("variants")]
+    fig, ax = plt.subplots(figsize=(max(7.0, 2.2 * len(rows)), 5))
+    ticks, labels = [], []
+    x = 0.0
+    for r in rows:
+        names = ["eager"] + sorted(k for k in r["variants"] if k.startswith("native:")) + ["md"]
+        names = [n for n in names if (r["variants"].get(n) or {}).get("median_s")]
+        for i, n in enumerate(names):
+            t = r["variants"][n]["median_s"] * 1e6
+            colour = "C3" if n == "md" else "C7" if n == "eager" else "C0"
+            ax.bar(x + i, t, color=colour)
+            text = f"md: {r['params'].get('route')}" if n == "md" else n.removeprefix("native:")
+            ax.text(x + i, t, f" {text}  {t:.3g} µs", rotation=90, ha="center", va="bottom", fontsize=7)
+        ticks.append(x + (len(names) - 1) / 2)
+        labels.append(f"{r['backend']} [{', '.join(r['devices'])}]")
+        x += len(names) + 1.5
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylim(top=ax.get_ylim()[1] * 30)
+    ax.set_ylabel("µs per call (median, log)")
+    ax.set_title("D2L 12.1: MLP, batch 1 — eager (grey), native compilers (blue), md.compile (red)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":  # python -m multidev.benchmarks.compilation RESULT.json OUT.png
+    import json
+    import sys
+
+    with open(sys.argv[1]) as f:
+        plot(json.load(f), sys.argv[2])

@@ -38,8 +38,9 @@ for b in torch jax; do
   [ -s "$OUT/compile-$b.json" ] && parts+=("$OUT/compile-$b.json")
 done
 if [ ${#parts[@]} -gt 0 ]; then
-  "$PY" -m multidev.cli bench --report "${parts[@]}" --json "$OUT/compile-$TAG.json" --plot "$OUT/compile-$TAG.png" \
-    --markdown "$OUT/compile-$TAG.md" --check; echo "goals (--check) exit code: $?"
+  "$PY" -m multidev.cli bench --report "${parts[@]}" --json "$OUT/compile-$TAG.json" --markdown "$OUT/compile-$TAG.md" \
+    --check; echo "goals (--check) exit code: $?"
+  "$PY" -m multidev.benchmarks.compilation "$OUT/compile-$TAG.json" "$OUT/compile-$TAG.png"
   rm -f "$OUT"/compile-torch.json "$OUT"/compile-jax.json
 fi
 

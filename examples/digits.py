@@ -216,24 +216,25 @@ def train(md: Any, name: str, n_devices: int, epochs: int, batch: int, lr: float
 
 
 def plot(runs: list[Run], path: str) -> None:
-    """Test accuracy against epoch, one colour per backend: solid N devices, dashed 1 device."""
+    """Test accuracy against epoch, one panel per backend: 1 device dashed, N devices solid."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colours: dict[str, Any] = {}
-    for r in runs:
-        c = colours.setdefault(r.backend, f"C{len(colours)}")
-        n = len(r.devices)
-        ax.plot(range(1, len(r.accuracy) + 1), r.accuracy, color=c, ls="-" if n > 1 else "--", marker=".",
-                label=f"{r.backend}, {n} device{'s' if n > 1 else ''}")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("test accuracy")
-    ax.set_title("digits MLP, multidev.train_batch: 1 device (dashed) vs N devices (solid)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    names = list(dict.fromkeys(r.backend for r in runs))
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names) + 0.8, 3.6), sharey=True, squeeze=False)
+    for i, (ax, name) in enumerate(zip(axes[0], names)):
+        for r in (r for r in runs if r.backend == name):
+            n = len(r.devices)
+            ax.plot(range(1, len(r.accuracy) + 1), r.accuracy, color=f"C{i}", ls="-" if n > 1 else "--",
+                    marker="o" if n > 1 else "x", ms=4 if n > 1 else 7, label=f"{n} device{'s' if n > 1 else ''}")
+        ax.set_title(name)
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    axes[0][0].set_ylabel("test accuracy")
+    fig.suptitle("digits MLP trained with multidev.train_batch: 1 device (dashed, x) vs N devices (solid, o)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -251,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", metavar="FILE.png", help="plot test accuracy per epoch per backend")
     p.add_argument("--json", metavar="FILE", help="write every run's figures to FILE")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--plot-from", nargs="+", metavar="JSON", help="train nothing: plot the runs of these --json "
+                   "files (e.g. one per environment) into --plot")
     p.add_argument("--data", metavar="FILE.npz", help="read the digits from a --save-data file instead of scikit-learn")
     p.add_argument("--save-data", metavar="FILE.npz", help="save scikit-learn's digits to FILE (for a machine "
                    "without scikit-learn) and exit")
@@ -261,6 +264,14 @@ def main(argv: list[str] | None = None) -> int:
         d = load_digits()
         np.savez_compressed(args.save_data, data=d.data.astype(np.uint8), target=d.target.astype(np.uint8))
         print(f"saved {len(d.target)} digits to {args.save_data}")
+        return 0
+    if args.plot_from:
+        saved: list[Run] = []
+        for path in args.plot_from:
+            with open(path) as f:
+                saved += [Run(**r) for r in json.load(f)["runs"]]
+        plot(saved, args.plot or "digits.png")
+        print(f"plot: {args.plot or 'digits.png'} ({len(saved)} runs)")
         return 0
     global DATA
     DATA = args.data
