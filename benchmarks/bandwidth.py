@@ -172,7 +172,7 @@ def convert(ctx: Context) -> Iterator[Case]:
                        group="convert", key=f"convert->{other} {fmt_bytes(nbytes)}")
 
 
-@benchmark("bandwidth")
+@benchmark("staging")
 def h2d_staging(ctx: Context) -> Iterator[Case]:
     """The staging plan of pageable uploads (chunk size, buffers in flight, threads) against size:
     the measurement the adapter's defaults come from. Adapters with a ``staging`` plan, on a GPU."""
