@@ -227,5 +227,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def _caps_json(b: Any) -> dict[str, Any]:
-    c = b.capabilities
-    return {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in vars(c).items()}
+    def plain(v: Any) -> Any:
+        if isinstance(v, (frozenset, set)):
+            return sorted(v)
+        if isinstance(v, dict):  # device_dtypes: Device keys
+            return {str(k): plain(x) for k, x in v.items()}
+        return v
+
+    return {k: plain(v) for k, v in vars(b.capabilities).items()}

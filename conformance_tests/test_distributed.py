@@ -281,7 +281,7 @@ def _worker(backend: str, scenario: str, timeout: float) -> int:
 
     def dtypes() -> None:
         for dtype in ("float16", "bfloat16", "float64", "int64", "uint8"):
-            if dtype not in b.capabilities.dtypes:
+            if dtype not in b.capabilities.dtypes_on(dev):
                 continue
             a = np.abs(mine) if dtype == "uint8" else mine
             a = np.floor(a) if dtype.startswith(("int", "uint")) else a

@@ -61,8 +61,8 @@ def _pairs(b: Any, partner: str) -> tuple[Any, list[Device]]:
 def test_convert_both_ways(md_backend: Any, partner: str, dtype: str) -> None:
     b = md_backend
     p, shared = _pairs(b, partner)
-    need_dtype(b, dtype)
-    need_dtype(p, dtype)
+    need_dtype(b, dtype, *shared[:2])
+    need_dtype(p, dtype, *shared[:2])
     src = (np.arange(12).reshape(3, 4) - 5).astype(np.float32 if dtype == "bfloat16" else dtype)
     for dev in shared[:2]:
         for frm, to_ in ((b, p), (p, b)):

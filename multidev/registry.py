@@ -8,6 +8,17 @@ Adapters are found through the ``multidev.backends`` entry-point group (the buil
 - by tensor: the tensor's type is looked up in a cache; on a miss, only adapters whose framework
   module is already in ``sys.modules`` are asked (a tensor cannot exist otherwise), those of the
   framework the type comes from first, so a NumPy array never starts TensorFlow.
+
+Names, as every ``backend=`` argument and ``--backend`` flag takes them:
+
+- ``NAME``: a registered adapter (entry point or :func:`register_backend`);
+- ``FAMILY:ARG``: a member of an adapter *family* registered as ``FAMILY``: an object with a
+  ``select(arg)`` method returning the adapter class named ``"FAMILY:ARG"`` (the generic
+  array-API adapter: ``array_api:array_api_strict``). ``FAMILY`` alone is ``select(None)``, the
+  family's default member. A family may also have ``select_for(x)``, the ``ARG`` serving tensor
+  ``x``: tensors no other adapter of their framework claims are then found by type;
+- ``module:attr``: an importable adapter class or factory (a function returning an instance),
+  registered under the ``name`` of what it makes.
 """
 from __future__ import annotations
 
@@ -177,9 +188,12 @@ def get_backend(name: str | None = None) -> Backend:
     inst = _instances.get(name)
     if inst is not None:
         return inst
-    if ":" in name:
-        return _load_dotted(name)
     _read_entry_points()
+    if ":" in name and name not in _factories:
+        head = name.partition(":")[0]
+        if head in _factories and _family(head) is not None:
+            return _load_member(head, name.partition(":")[2])
+        return _load_dotted(name)
     with _lock:
         name_lock = _name_locks.setdefault(name, threading.Lock())
     # One lock per name: a slow framework import (seconds for TF) blocks only callers of that
@@ -199,6 +213,8 @@ def get_backend(name: str | None = None) -> Backend:
             )
         if failure is not None:
             raise BackendNotAvailableError(failure)
+        if _family(name) is not None:
+            return _load_member(name, None)
         try:
             inst = fac()
         except BackendNotAvailableError as e:
@@ -236,14 +252,59 @@ def _record_claims(inst: Backend) -> None:
         del _type_cache[t]
 
 
-def _load_dotted(spec: str) -> Backend:
+def _family(name: str) -> Any:
+    """The adapter family registered under ``name`` (an object with ``select``), or None."""
+    obj = _adapter_class(name)
+    return obj if callable(getattr(obj, "select", None)) else None
+
+
+def _load_member(head: str, arg: str | None) -> Backend:
+    """The member ``head:arg`` of family ``head`` (its default member when ``arg`` is None),
+    registered under its own name and validated like any adapter."""
+    fam = _family(head)
+    spec = head if arg is None else f"{head}:{arg}"
+    try:
+        factory = fam.select(arg)
+    except BackendNotAvailableError:
+        raise
+    except ImportError as e:
+        raise BackendNotAvailableError(f"backend {spec!r} is not available: {e}. {_install_hint(head)}") from e
+    full = getattr(factory, "name", None)
+    if not isinstance(full, str) or not full.startswith(head + ":") or len(full) <= len(head) + 1:
+        raise AdapterError(f"adapter family {head!r} selected {factory!r} for {spec!r}, whose class attribute "
+                           f"'name' is {full!r}; a member's name must be '{head}:ARG'")
+    with _lock:
+        if full not in _instances and _factories.get(full) is not factory:
+            _factories[full] = factory
+            _failures.pop(full, None)
+    inst = get_backend(full)
+    if spec != full:
+        with _lock:
+            _instances[spec] = inst
+    return inst
+
+
+def _dotted_object(spec: str) -> Any:
+    """The object ``module:attr`` names (imported, not called), or None where it cannot be had."""
+    try:
+        return _import_dotted(spec)
+    except BackendNotAvailableError:
+        return None
+
+
+def _import_dotted(spec: str) -> Any:
     mod_name, _, attr = spec.partition(":")
     try:
         obj: Any = importlib.import_module(mod_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
+    except (ImportError, AttributeError, ValueError) as e:
         raise BackendNotAvailableError(f"cannot import adapter {spec!r}: {e}") from e
+    return obj
+
+
+def _load_dotted(spec: str) -> Backend:
+    obj = _import_dotted(spec)
     if not callable(obj):
         raise AdapterError(f"adapter {spec!r} is a {type(obj).__name__}, not a class or factory")
     name = getattr(obj, "name", None)
@@ -276,15 +337,17 @@ def _load_dotted(spec: str) -> Backend:
 
 
 def available_backends() -> list[str]:
-    """Names of registered backends whose framework can be imported (loading each one)."""
-    out = []
+    """Names of the adapters whose framework can be imported (loading each one), each once under
+    its own name (``array_api:array_api_strict``, not the family's bare ``array_api``)."""
+    out: list[str] = []
     for name in registered_backends():
         try:
-            get_backend(name)
+            inst = get_backend(name)
         except BackendNotAvailableError:
             continue
-        out.append(name)
-    return out
+        if inst.name not in out:  # a family's bare name and its default member are one adapter
+            out.append(inst.name)
+    return sorted(out)
 
 
 def loaded_backends() -> list[Backend]:
@@ -292,7 +355,7 @@ def loaded_backends() -> list[Backend]:
     with _lock:
         seen: dict[int, Backend] = {}
         for n, b in _instances.items():
-            if ":" not in n:
+            if n == b.name:  # not the aliases ("module:attr" specs, a family's bare name)
                 seen.setdefault(id(b), b)
         return list(seen.values())
 
@@ -304,7 +367,10 @@ def configure_virtual_devices(count: int, names: list[str] | None = None) -> dic
     _read_entry_points()
     out = {}
     for n in names or registered_backends():
-        cls = _adapter_class(n) if ":" not in n else None
+        if ":" in n and n not in _factories:
+            cls = None if _family(n.partition(":")[0]) is not None else _dotted_object(n)
+        else:
+            cls = _adapter_class(n)
         hook = getattr(cls, "configure_devices", None)
         if callable(hook):
             try:
@@ -400,12 +466,40 @@ def backend_of(x: Any) -> Backend:
             with _lock:
                 _type_cache[t] = inst.name
             return inst
+    if not related:  # no adapter of this tensor's framework: ask the families (array API, ...)
+        found = _family_member_for(x, names, broken)
+        if found is not None:
+            with _lock:
+                _type_cache[t] = found.name
+            return found
     raise UnsupportedTensorError(
         f"no backend recognises an object of type {t.__module__}.{t.__qualname__}. "
         f"Registered backends: {', '.join(registered_backends())}; loaded: "
         f"{', '.join(b.name for b in loaded_backends()) or 'none'}. Pass a native tensor of one of them."
         + (f" Adapters that could not load: {'; '.join(broken)}." if broken else "")
     )
+
+
+def _family_member_for(x: Any, names: list[str], broken: list[str]) -> Backend | None:
+    """The family member serving ``x`` (through the families' ``select_for``), or None."""
+    for n in names:
+        if ":" in n:
+            continue
+        fam = _family(n)
+        pick = getattr(fam, "select_for", None)
+        if not callable(pick):
+            continue
+        try:
+            arg = pick(x)
+            if not arg:
+                continue
+            inst = get_backend(f"{n}:{arg}")
+        except Exception as e:  # noqa: BLE001 - a member that cannot start here does not own x
+            broken.append(f"{n} ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+            continue
+        if isinstance(x, inst.tensor_types()):
+            return inst
+    return None
 
 
 def native_device(obj: Any) -> Device | None:
