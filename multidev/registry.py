@@ -404,6 +404,13 @@ def _roots(t: type) -> set[str]:
     return {c.__module__.split(".")[0] for c in t.__mro__ if c is not object}
 
 
+def _defines(name: str, t: type) -> bool:
+    """Whether ``t`` (or a base) is defined in the module of adapter ``name`` (a host-array class an
+    adapter makes, such as CuPy's NumPy subclass, belongs to that adapter's framework)."""
+    mod = getattr(_adapter_class(name), "__module__", None)
+    return isinstance(mod, str) and any(c.__module__ == mod for c in t.__mro__)
+
+
 def _specificity(x: Any, types: tuple[type, ...]) -> int:
     """How close x's type is to the nearest of ``types`` in its MRO (0: exactly one of them)."""
     mro = type(x).__mro__
@@ -433,7 +440,7 @@ def backend_of(x: Any) -> Backend:
         fw = _frameworks.get(n) or _framework_of(n)
         if n not in _instances and (fw is None or fw not in sys.modules):
             continue
-        is_related = fw is not None and any(_related(r, fw) for r in roots)
+        is_related = (fw is not None and any(_related(r, fw) for r in roots)) or _defines(n, t)
         (related if is_related else others).append(n)
     broken: list[str] = []
     for group in (related, others):
