@@ -187,11 +187,18 @@ def _make(fn: Any) -> Any:
     return made
 
 
-full, empty, arange = _make(np.full), _make(np.empty), _make(np.arange)
+full, empty, arange, zeros = _make(np.full), _make(np.empty), _make(np.arange), _make(np.zeros)
+float32 = np.float32
+
+
+def asnumpy(x: ndarray) -> np.ndarray:
+    return x.get()
 
 
 def array(obj: Any, dtype: Any = None, copy: bool = True) -> ndarray:
     if isinstance(obj, ndarray):
+        if obj._dev != _cur():  # CuPy copies an array of another device to the current one
+            return ndarray(obj._a.astype(obj.dtype if dtype is None else dtype), _cur())
         return obj.astype(obj.dtype if dtype is None else dtype)
     return ndarray(np.array(obj, dtype=dtype, copy=True), _kernel("array"))
 
@@ -221,6 +228,7 @@ def _ufunc(fn: Any) -> Any:
 
 
 add, maximum, minimum, multiply = _ufunc(np.add), _ufunc(np.maximum), _ufunc(np.minimum), _ufunc(np.multiply)
+matmul = _ufunc(np.matmul)
 logical_or, logical_and, abs, where = _ufunc(np.logical_or), _ufunc(np.logical_and), _ufunc(np.abs), _ufunc(np.where)  # noqa: A001
 
 
@@ -339,7 +347,7 @@ def _install() -> None:
     me = sys.modules[__name__]
     for name in ("ndarray", "full", "empty", "arange", "array", "asarray", "ascontiguousarray", "empty_like",
                  "concatenate", "add", "maximum", "minimum", "multiply", "logical_or", "logical_and", "abs",
-                 "where", "from_dlpack", "__version__"):
+                 "where", "from_dlpack", "__version__", "zeros", "float32", "asnumpy", "matmul"):
         setattr(cupy, name, getattr(me, name))
     ndarray.__module__ = "cupy"
     Device.__module__ = "cupy.cuda.device"
@@ -355,6 +363,7 @@ def _install() -> None:
     runtime.getDeviceCount = count
     runtime.getDevice = _cur
     runtime.deviceCanAccessPeer = lambda i, j: 0
+    runtime.getDeviceProperties = lambda i: {"name": b"fake GPU"}
     nccl.available = True
     nccl.NcclCommunicator, nccl.groupStart, nccl.groupEnd = NcclCommunicator, groupStart, groupEnd
     cuda.nccl = nccl
