@@ -45,6 +45,7 @@ import numpy as np
 
 from multidev.adapter import (
     DTYPES,
+    HOST_ALIGNMENT,
     BackendNotAvailableError,
     BaseBackend,
     Capabilities,
@@ -53,13 +54,13 @@ from multidev.adapter import (
     InvalidDeviceError,
     canonical_dtype,
     dlpack_info,
+    host_aligned,
     is_floating,
     numpy_dtype,
 )
 
 #: The library plain ``array_api`` selects: the standard's reference implementation.
 DEFAULT_LIBRARY = "array_api_strict"
-_ALIGN = 64
 _LIB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _classes: dict[str, type[ArrayApiBackend]] = {}
 _classes_lock = threading.Lock()
@@ -113,14 +114,6 @@ class ArrayApiFamily:
         if not isinstance(name, str) or not hasattr(ns, "__array_namespace_info__"):
             return None
         return name
-
-
-def _aligned_copy(a: np.ndarray) -> np.ndarray:
-    raw = np.empty(a.nbytes + _ALIGN, dtype=np.uint8)
-    off = (-raw.ctypes.data) % _ALIGN
-    out = raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
-    out[...] = a
-    return out
 
 
 class ArrayApiBackend(BaseBackend):
@@ -285,9 +278,9 @@ class ArrayApiBackend(BaseBackend):
             info = dlpack_info(y.__dlpack__())
         except Exception:  # noqa: BLE001 - a producer that cannot say: left as it is
             return y
-        if info.aligned(_ALIGN) or not info.shape or 0 in info.shape:
+        if info.aligned(HOST_ALIGNMENT) or not info.shape or 0 in info.shape:
             return y
-        buf = _aligned_copy(np.from_dlpack(y))
+        buf = host_aligned(np.from_dlpack(y))
         try:
             return self._xp.from_dlpack(buf, device=self.to_native_device(device))
         except Exception:  # noqa: BLE001 - a library that cannot view it keeps its own buffer

@@ -47,13 +47,14 @@ from multidev.adapter import (
     CapabilityError,
     Device,
     InvalidDeviceError,
+    aligned_empty,
     canonical_dtype,
+    host_aligned,
     is_floating,
     numpy_dtype,
 )
 
 _HOST = Device("cpu", 0)
-_ALIGN = 64
 # ncclDataType_t (nccl.h) and ncclRedOp_t values.
 _NCCL_DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5, "float16": 6,
                 "float32": 7, "float64": 8, "bfloat16": 9}
@@ -67,20 +68,9 @@ class CupyHostArray(np.ndarray):
     module docstring); ``np.asarray(x)`` or ``x.view(np.ndarray)`` gives the plain array."""
 
 
-def _aligned_empty(shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    raw = np.empty(nbytes + _ALIGN, dtype=np.uint8)
-    off = (-raw.ctypes.data) % _ALIGN
-    return raw[off:off + nbytes].view(dt).reshape(shape)
-
-
 def _host(a: np.ndarray) -> CupyHostArray:
     """``a`` (a fresh buffer) as a host array of this backend, 64-byte aligned."""
-    if a.ctypes.data % _ALIGN or not a.flags.c_contiguous:
-        out = _aligned_empty(a.shape, a.dtype)
-        out[...] = a
-        a = out
-    return a.view(CupyHostArray)
+    return host_aligned(a).view(CupyHostArray)
 
 
 class CupyBackend(BaseBackend):
@@ -210,7 +200,7 @@ class CupyBackend(BaseBackend):
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
         dt = self.to_native_dtype(dtype)
         if device.kind == "cpu":
-            out = _aligned_empty(shape, dt)
+            out = aligned_empty(shape, dt)
             out.fill(value)
             return out.view(CupyHostArray)
         cp = self._cp
@@ -222,7 +212,7 @@ class CupyBackend(BaseBackend):
     def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
         dt = self.to_native_dtype(dtype)
         if device.kind == "cpu":
-            return _aligned_empty(shape, dt).view(CupyHostArray)
+            return aligned_empty(shape, dt).view(CupyHostArray)
         with self._gpu(device):
             return self._cp.empty(shape, dtype=dt)
 
@@ -301,7 +291,7 @@ class CupyBackend(BaseBackend):
         src = self.device_of(x)
         if device.kind == "cpu":  # GPU -> host, into a pinned buffer
             if x.size == 0:
-                return _aligned_empty(tuple(x.shape), dt).view(CupyHostArray), None
+                return aligned_empty(tuple(x.shape), dt).view(CupyHostArray), None
             with self._gpu(src):
                 out = self._cpx.empty_pinned(tuple(x.shape), dtype=dt)
                 x.get(stream=cp.cuda.get_current_stream(), out=out, blocking=False)

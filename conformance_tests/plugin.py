@@ -63,21 +63,26 @@ def pytest_configure(config: pytest.Config) -> None:
 
     import multidev as md
     from multidev.errors import BackendNotAvailableError
-    from multidev.registry import configure_virtual_devices
+    from multidev.registry import configure_virtual_devices, registered_backends
 
-    for mod in config.getoption("multidev_import"):
+    imports = list(config.getoption("multidev_import"))
+    for mod in imports:
         importlib.import_module(mod)
-    configure_virtual_devices(VIRTUAL_DEVICES)
-
     names = _split(config.getoption("multidev_backend"))
+    # every registered adapter's hook, and those of the module:attr adapters named on the command line
+    configure_virtual_devices(VIRTUAL_DEVICES, registered_backends() + [n for n in names if ":" in n])
+
     if not names or names == ["all"]:
         names = md.backends()
     backends = []
+    specs: dict[str, str] = {}
     for n in names:
         try:
-            backends.append(md.backend(n))
+            b = md.backend(n)
         except BackendNotAvailableError as e:
             raise pytest.UsageError(f"multidev conformance: {e}") from e
+        backends.append(b)
+        specs.setdefault(b.name, n)
     wanted = [md.device(s) for s in _split(config.getoption("multidev_device"))]
     pairs: list[tuple[str, Any]] = []
     for b in backends:
@@ -86,12 +91,18 @@ def pytest_configure(config: pytest.Config) -> None:
             devs = [d for d in devs if d in wanted]
         pairs.extend((b.name, d) for d in devs)
     _state.update(backends={b.name: b for b in backends}, pairs=pairs, items={}, outcomes={},
-                  started=time.time())
+                  started=time.time(), specs=specs, imports=imports)
 
 
 def selected_backends() -> list[str]:
     """The names of the backends this suite run tests, in the order given."""
     return list(_state.get("backends", {}))
+
+
+def backend_spec(name: str) -> tuple[str, list[str]]:
+    """How a child process gets adapter ``name`` as this run has it: the spec given on the command
+    line (a registered name, ``module:attr`` or ``FAMILY:ARG``) and the modules to import first."""
+    return _state.get("specs", {}).get(name, name), list(_state.get("imports", []))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -21,6 +21,12 @@ What :class:`BaseBackend` supplies (override any of them):
 - ``same_device(what, xs)``: the one device of ``xs``, or DeviceMismatchError naming them all;
 - ``configure_devices(n)`` (class method): ask for ``n`` virtual CPU devices before the framework
   starts, through the environment variable named by ``virtual_devices_env``.
+
+Host memory: XLA (JAX, TensorFlow) shares a host buffer through DLPack only when its address is a
+multiple of :data:`HOST_ALIGNMENT` (64 bytes), and the exchange layer refuses to hand such a
+partner an unaligned buffer zero-copy (an explicit copy, or CapabilityError under ``copy=False``).
+An adapter whose host tensors should reach them zero-copy allocates aligned buffers
+(:func:`aligned_empty`, :func:`host_aligned`).
 """
 from __future__ import annotations
 
@@ -28,6 +34,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from ._device import KINDS, Device
 from .dlpack import DLPackCapsule, DLPackInfo, dlpack_info
@@ -63,6 +71,7 @@ __all__ = [
     "COMPLEX_DTYPES",
     "DTYPES",
     "FLOAT_DTYPES",
+    "HOST_ALIGNMENT",
     "INT_DTYPES",
     "ITEMSIZE",
     "KINDS",
@@ -86,15 +95,40 @@ __all__ = [
     "InvalidDtypeError",
     "MultidevError",
     "UnsupportedTensorError",
+    "aligned_empty",
     "canonical_dtype",
     "check_adapter",
     "dlpack_info",
+    "host_aligned",
     "is_complex",
     "is_floating",
     "is_integer",
     "numpy_dtype",
     "same_device",
 ]
+
+
+#: Bytes a host buffer's address must be a multiple of for XLA (JAX, TensorFlow) to share it.
+HOST_ALIGNMENT = 64
+
+
+def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """A new, uninitialised C-contiguous NumPy array whose buffer is :data:`HOST_ALIGNMENT`-aligned."""
+    dt = np.dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.empty(nbytes + HOST_ALIGNMENT, dtype=np.uint8)
+    off = (-raw.ctypes.data) % HOST_ALIGNMENT
+    return raw[off:off + nbytes].view(dt).reshape(shape)
+
+
+def host_aligned(a: np.ndarray) -> np.ndarray:
+    """``a`` itself when it is C-contiguous and :data:`HOST_ALIGNMENT`-aligned, else an aligned copy."""
+    if a.flags.c_contiguous and a.ctypes.data % HOST_ALIGNMENT == 0:
+        return a
+    out = aligned_empty(a.shape, a.dtype)
+    out[...] = a
+    return out
 
 
 def same_device(backend: str, what: str, devices: Sequence[Device], note: str = "") -> Device | None:

@@ -92,7 +92,7 @@ def _kernel(what: str, *xs: Any) -> int:
     return dev
 
 
-class ndarray:  # noqa: N801 - CuPy's name
+class ndarray:
     __array_ufunc__ = None  # NumPy refuses to mix a host array with one of these, as with CuPy's
 
     def __init__(self, a: np.ndarray, dev: int) -> None:
@@ -229,7 +229,7 @@ def _ufunc(fn: Any) -> Any:
 
 add, maximum, minimum, multiply = _ufunc(np.add), _ufunc(np.maximum), _ufunc(np.minimum), _ufunc(np.multiply)
 matmul = _ufunc(np.matmul)
-logical_or, logical_and, abs, where = _ufunc(np.logical_or), _ufunc(np.logical_and), _ufunc(np.abs), _ufunc(np.where)  # noqa: A001
+logical_or, logical_and, abs, where = _ufunc(np.logical_or), _ufunc(np.logical_and), _ufunc(np.abs), _ufunc(np.where)
 
 
 def from_dlpack(obj: Any, *, device: Any = None, copy: Any = None) -> ndarray:
@@ -286,7 +286,7 @@ class NcclCommunicator:
         self._clique, self._rank, self._device = clique, rank, device
 
     @staticmethod
-    def initAll(devices: Any) -> list[NcclCommunicator]:  # noqa: N802 - NCCL's name
+    def initAll(devices: Any) -> list[NcclCommunicator]:
         devs = list(range(devices)) if isinstance(devices, int) else list(devices)
         clique = _Clique(len(devs))
         return [NcclCommunicator(clique, r, d) for r, d in enumerate(devs)]
@@ -297,7 +297,7 @@ class NcclCommunicator:
     def rank_id(self) -> int:
         return self._rank
 
-    def allReduce(self, send: int, recv: int, count: int, datatype: int, op: int, stream: int) -> None:  # noqa: N802
+    def allReduce(self, send: int, recv: int, count: int, datatype: int, op: int, stream: int) -> None:
         if _cur() != self._device:
             raise RuntimeError("ncclInvalidUsage: the current device is not the communicator's")
         if _state["group"] is None:
@@ -315,11 +315,11 @@ except ImportError:
     pass
 
 
-def groupStart() -> None:  # noqa: N802
+def groupStart() -> None:
     _state["group"] = []
 
 
-def groupEnd() -> None:  # noqa: N802
+def groupEnd() -> None:
     calls, _state["group"] = _state["group"], None
     by: dict[int, list] = {}
     for c in calls:
