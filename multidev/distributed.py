@@ -278,10 +278,12 @@ def _to_transport(x: Any, st: _State) -> tuple[Any, _Origin, bool, str]:
     if o.is_transport:
         t, shared, path = x.detach(), True, "native"  # detach: collectives are not autograd ops
     else:
+        # a host tensor of a virtual CPU device travels as the transport's cpu:0 (same memory)
+        to = Device("cpu", 0) if o.device.kind == "cpu" else None
         try:
-            t, shared, path = convert(x, TRANSPORT, copy=False), True, "dlpack"
+            t, shared, path = convert(x, TRANSPORT, copy=False, device=to), True, "dlpack"
         except CapabilityError:
-            t, shared, path = convert(x, TRANSPORT, copy=True), False, "copy"
+            t, shared, path = convert(x, TRANSPORT, copy=True, device=to), False, "copy"
     target = st.device_for(t.device.type)
     if t.device != target or not t.is_contiguous():
         t = t.to(target).contiguous()
