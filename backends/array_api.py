@@ -359,6 +359,10 @@ class ArrayApiBackend(BaseBackend):
             x.block_until_ready()
 
     # -- arithmetic for collectives ---------------------------------------------------------
+    def _arr(self, y: Any) -> Any:
+        """``y`` as an array (NumPy's namespace turns 0-d results into scalars)."""
+        return y if isinstance(y, self._array_type) else self._xp.asarray(y)
+
     def combine(self, op: str, a: Any, b: Any) -> Any:
         self.same_device(op, (a, b))
         xp = self._xp
@@ -368,14 +372,14 @@ class ArrayApiBackend(BaseBackend):
             raise CapabilityError(f"{self.name}: {op} is not defined for complex arrays")
         else:
             fn = {"sum": xp.add, "max": xp.maximum, "min": xp.minimum, "prod": xp.multiply}[op]
-        return fn(a, b)
+        return self._arr(fn(a, b))
 
     def divide(self, x: Any, n: int) -> Any:
         if is_floating(self.dtype_of(x)):
-            return x / n
+            return self._arr(x / n)
         xp = self._xp
         q = xp.abs(x) // n  # integer division truncating toward zero, in x's dtype
-        return xp.where(x < 0, -q, q)
+        return self._arr(xp.where(x < 0, -q, q))
 
     def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
         return self._xp.reshape(x, shape)
@@ -409,12 +413,15 @@ class ArrayApiBackend(BaseBackend):
         if not self._caps.dlpack:
             raise CapabilityError(f"{self.name}: {self.library} has no DLPack support")
         nd = self.to_native_device(device)
+        errors = (TypeError, ValueError, BufferError, RuntimeError, NotImplementedError)
         try:
             try:
                 y = self._xp.from_dlpack(obj, device=nd, copy=False)
-            except TypeError:  # a namespace older than the 2023.12 keywords
+            except errors:
+                # a namespace older than the 2023.12 keywords, or a producer refusing dl_device
+                # (TensorFlow): the library's own placement, checked below
                 y = self._xp.from_dlpack(obj)
-        except (TypeError, ValueError, BufferError, RuntimeError, NotImplementedError) as e:
+        except errors as e:
             raise CapabilityError(f"{self.name} cannot import {type(obj).__name__} through DLPack: {e}") from e
         if self.device_of(y) != device:
             raise CapabilityError(f"{self.name}: a DLPack buffer of {device} arrived on {self.device_of(y)}")

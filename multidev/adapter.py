@@ -222,7 +222,9 @@ class BaseBackend:
 
     # -- helpers ----------------------------------------------------------------------------
     def same_device(self, what: str, xs: Sequence[Any], note: str = "") -> Device:
-        """The one device of tensors ``xs``; DeviceMismatchError naming every device otherwise."""
+        """The one device of tensors ``xs``, for operation ``what`` (named in the error); otherwise
+        DeviceMismatchError naming every device, with ``note`` appended to its message (what the
+        framework itself would have done), or CollectiveInputError when ``xs`` is empty."""
         dev = same_device(self.name, what, [self.device_of(x) for x in xs], note)
         if dev is None:
             raise CollectiveInputError(f"{self.name} backend: {what} needs at least one tensor")

@@ -34,13 +34,17 @@ def _split(s: str | None) -> list[str]:
 
 
 def _backends(spec: str | None, default: list[str]) -> list[Any]:
-    """The adapters named in ``spec`` (default: ``default``), or a one-line usage error."""
+    """The adapters named in ``spec`` (default: ``default``), or a usage error: one line, or for an
+    adapter that breaks the protocol its list of problems, one line each."""
     from . import registry
+    from .errors import AdapterError
 
     out = []
     for n in _split(spec) or default:
         try:
             out.append(registry.get_backend(n))
+        except AdapterError as e:
+            raise _UsageError(f"--backend {n}: {e}") from None
         except MultidevError as e:
             raise _UsageError(f"--backend {n}: {str(e).splitlines()[0]}") from None
     return out
