@@ -19,6 +19,7 @@ Register yours in your package's ``pyproject.toml``::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any, ClassVar
 
 import numpy as np
@@ -169,7 +170,7 @@ class TemplateBackend(BaseBackend):
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
         bounds = np.cumsum([0, *sizes])
-        return [x[(*(slice(None),) * axis, slice(int(a), int(b)), ...)] for a, b in zip(bounds, bounds[1:])]
+        return [x[(*(slice(None),) * axis, slice(int(a), int(b)), ...)] for a, b in pairwise(bounds)]
 
     def assign(self, dst: Any, src: Any) -> None:
         self.same_device("assign", (dst, src))
