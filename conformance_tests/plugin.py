@@ -41,6 +41,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--multidev-json", default=None, help="write the pass/fail/skip matrix to this JSON file")
     g.addoption("--multidev-import", action="append", default=[],
                 help="import this module first (adapters registered with multidev.register_backend)")
+    g.addoption("--multidev-isolate", action="append", default=[],
+                help="interop partners whose tests run in a child process, so a framework that aborts "
+                     "the interpreter fails them without ending the run (default: the adapters that set "
+                     "interop_in_child; 'none')")
 
 
 def _split(values: list[str]) -> list[str]:
@@ -64,6 +68,8 @@ def pytest_configure(config: pytest.Config) -> None:
     import multidev as md
     from multidev.errors import BackendNotAvailableError
     from multidev.registry import configure_virtual_devices, registered_backends
+
+    from ._isolate import isolated
 
     imports = list(config.getoption("multidev_import"))
     for mod in imports:
@@ -91,12 +97,32 @@ def pytest_configure(config: pytest.Config) -> None:
             devs = [d for d in devs if d in wanted]
         pairs.extend((b.name, d) for d in devs)
     _state.update(backends={b.name: b for b in backends}, pairs=pairs, items={}, outcomes={},
-                  started=time.time(), specs=specs, imports=imports)
+                  started=time.time(), specs=specs, imports=imports,
+                  isolate=isolated(config.getoption("multidev_isolate")))
 
 
 def selected_backends() -> list[str]:
     """The names of the backends this suite run tests, in the order given."""
     return list(_state.get("backends", {}))
+
+
+def isolated_partners() -> set[str]:
+    """Interop partners whose tests run in a child process: ``--multidev-isolate``, else the
+    adapters that set ``interop_in_child``."""
+    chosen = _state.get("isolate")
+    if chosen is not None:
+        return set(chosen)
+    from ._isolate import wants_child
+
+    return {n for n in _partners() if wants_child(n)}
+
+
+def _partners() -> list[str]:
+    if "partners" not in _state:
+        import multidev as md
+
+        _state["partners"] = md.backends()
+    return list(_state["partners"])
 
 
 def backend_spec(name: str) -> tuple[str, list[str]]:
@@ -229,6 +255,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                              "capabilities": _caps_json(b)} for n, b in _state["backends"].items()},
             "matrix": m,
             "skip_reasons": dict(reasons),
+            "isolated_partners": sorted(isolated_partners()),
             "env": {k: os.environ[k] for k in sorted(os.environ)
                     if k.startswith(("MULTIDEV_", "XLA_FLAGS", "CUDA_VISIBLE", "NCCL_"))},
         }

@@ -281,3 +281,36 @@ def test_aligned_host_buffers_reach_xla_partners_without_copy() -> None:
         warnings.simplefilter("ignore")
         j = jax.dlpack.from_dlpack(a)
     assert j.unsafe_buffer_pointer() == a.ctypes.data
+
+
+# -- a partner that aborts the interpreter fails its tests, and the run goes on ---------------------------------------
+@needs_strict
+@pytest.mark.slow
+def test_a_partner_that_aborts_fails_its_tests_and_the_matrix_survives(tmp_path: Path) -> None:
+    (tmp_path / "abortmod.py").write_text(textwrap.dedent("""
+        import os
+
+        import multidev as md
+        from multidev.examples.template_adapter import TemplateBackend
+
+
+        class Aborter(TemplateBackend):
+            name = "aborter"
+
+            def import_dlpack(self, obj, device):
+                os.abort()  # what TensorFlow does on an unaligned host buffer
+
+
+        md.register_backend("aborter", Aborter)
+    """))
+    out = tmp_path / "m.json"
+    r = _cli(["conformance", "--backend", "numpy", "--import", "abortmod", "--json", str(out), "--", "-q",
+              "-p", "no:warnings", "-k", "interop and (aborter or jax or torch)", "--multidev-isolate=aborter"],
+             env=_pythonpath(tmp_path), cwd=tmp_path)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
+    doc = json.loads(out.read_text())  # the parent lived to write it
+    assert doc["isolated_partners"] == ["aborter"]
+    interop = doc["matrix"]["numpy"]["interop"]
+    assert interop["failed"] == 6, interop  # every interop test with the aborting partner
+    assert interop["passed"] >= 6, "the other partners' tests ran and passed in the same run"
+    assert "died of signal SIGABRT" in r.stdout and "during this test" in r.stdout
