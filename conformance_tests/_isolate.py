@@ -3,10 +3,11 @@ interpreter (TensorFlow's ``Check failed: IsAligned()`` on an unaligned host buf
 tests and leaves the parent run, its matrix and its JSON intact.
 
 Which partners: ``--multidev-isolate NAME[,NAME]``, else the adapters that set the class attribute
-``interop_in_child`` (those of frameworks known to abort); ``none`` turns it off. The first test of a (backend, partner) pair starts one child pytest that runs every
-collected interop test of that pair (``-v``, so each outcome is printed as it happens) and caches
-the outcomes; each test then reports its own: passed, skipped with the child's reason, failed
-with the child's report, or failed as the test the child died in (or never reached).
+``interop_in_child`` (those of frameworks known to abort); ``none`` turns it off. The first test of
+a (backend, partner) pair starts one child pytest that runs every collected interop test of that
+pair (``-v``, so each outcome is printed as it happens) and caches the outcomes; each test then
+reports its own: passed, skipped with the child's reason, failed with the child's report, or
+failed as the test the child died in (or never reached).
 """
 from __future__ import annotations
 
@@ -72,9 +73,11 @@ def _run_pair(request: pytest.FixtureRequest, backend: str, partner: str) -> dic
     from .plugin import backend_spec
 
     suite = Path(__file__).resolve().parent
-    items = [it for it in request.session.items
-             if getattr(it, "callspec", None) is not None and it.callspec.params.get("partner") == partner
-             and it.callspec.params.get("md_backend_name") == backend]
+    items = []
+    for it in request.session.items:
+        params = getattr(getattr(it, "callspec", None), "params", {})
+        if params.get("partner") == partner and params.get("md_backend_name") == backend:
+            items.append(it)
     spec, imports = backend_spec(backend)
     ids = [f"{suite / Path(str(it.fspath)).name}::{it.name}" for it in items]
     cmd = [sys.executable, "-m", "pytest", *ids, "-v", "--tb=short", "-p", "no:cacheprovider", f"--rootdir={suite}",
