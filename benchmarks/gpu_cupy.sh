@@ -37,7 +37,7 @@ stamp "machine"
 } 2>&1 | tee "$OUT/env.txt"
 
 stamp "unit tests of the adapter on the GPU"
-(cd "$REPO" && timeout -k 10 45 "$PY" -m pytest tests/test_adapter_cupy.py -q -p no:cacheprovider -o addopts= \
+(cd "$REPO" && timeout -k 10 45 "$PY" -m pytest tests/test_adapter_cupy.py -m gpu -q -p no:cacheprovider -o addopts= \
   --import-mode=importlib -rs --junitxml="$OUT/pytest-cupy.xml" > "$OUT/pytest-cupy.txt" 2>&1)
 echo "pytest exit code: $?"; tail -n 25 "$OUT/pytest-cupy.txt"
 

@@ -41,7 +41,13 @@ def _real_cupy_reason() -> str | None:
 
 
 REAL = _real_cupy_reason()
-gpu = pytest.mark.skipif(REAL is not None, reason=REAL or "")
+_needs_gpu = pytest.mark.skipif(REAL is not None, reason=REAL or "")
+
+
+def gpu(fn: Any) -> Any:
+    """A test of the real GPU half: marked ``gpu`` (``pytest -m gpu`` selects them) and skipped with
+    the reason where there is none."""
+    return pytest.mark.gpu(_needs_gpu(fn))
 fake = pytest.mark.skipif(importlib.util.find_spec("cupy") is not None,
                           reason="a real CuPy is installed: the fake never shadows it (the GPU half runs instead)")
 
