@@ -281,10 +281,15 @@ class ArrayApiBackend(BaseBackend):
         if info.aligned(HOST_ALIGNMENT) or not info.shape or 0 in info.shape:
             return y
         buf = host_aligned(np.from_dlpack(y))
+        nd = self.to_native_device(device)
         try:
-            return self._xp.from_dlpack(buf, device=self.to_native_device(device))
-        except Exception:  # noqa: BLE001 - a library that cannot view it keeps its own buffer
-            return y
+            # asarray(copy=False) wraps the buffer writable (NumPy 1.x marks DLPack imports read-only)
+            return self._xp.asarray(buf, device=nd, copy=False)
+        except Exception:  # noqa: BLE001 - a library that cannot wrap it: DLPack, else its own buffer
+            try:
+                return self._xp.from_dlpack(buf, device=nd)
+            except Exception:  # noqa: BLE001
+                return y
 
     # -- creation ---------------------------------------------------------------------------
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
@@ -344,11 +349,12 @@ class ArrayApiBackend(BaseBackend):
 
     def to_numpy(self, x: Any) -> np.ndarray:
         self.wait(x)
-        if self.device_of(x).kind == "cpu":
-            return np.from_dlpack(x)
         try:
+            if self.device_of(x).kind == "cpu":
+                return np.from_dlpack(x)  # a view of the host buffer
             return np.from_dlpack(x, device="cpu", copy=True)
         except (TypeError, BufferError, ValueError, RuntimeError):
+            # NumPy 1.x refuses read-only buffers and the device keyword: a copy through the default device
             return np.asarray(self._xp.asarray(x, device=self._to_native[self._host], copy=True))
 
     def synchronize(self, device: Device | None) -> None:
@@ -407,6 +413,14 @@ class ArrayApiBackend(BaseBackend):
             raise CapabilityError(f"{self.name}: cannot write into this array: {e}") from e
 
     # -- interchange ------------------------------------------------------------------------
+    def export_dlpack(self, x: Any) -> Any:
+        """``x`` behind a thin producer that answers ``max_version`` with an unversioned capsule
+        where the library cannot make a versioned one (array-api-strict on NumPy 1.x raises),
+        as the DLPack standard allows; no copy either way."""
+        if not self._caps.dlpack:
+            raise CapabilityError(f"{self.name}: {self.library} has no DLPack support")
+        return _Producer(x)
+
     def import_dlpack(self, obj: Any, device: Device) -> Any:
         """A view of a DLPack producer on ``device`` (``from_dlpack(obj, device=, copy=False)``):
         host buffers are labelled with the virtual CPU device asked for."""
@@ -426,3 +440,25 @@ class ArrayApiBackend(BaseBackend):
         if self.device_of(y) != device:
             raise CapabilityError(f"{self.name}: a DLPack buffer of {device} arrived on {self.device_of(y)}")
         return y
+
+
+class _Producer:
+    """A DLPack producer for an array whose ``__dlpack__`` may not take ``max_version``."""
+
+    __slots__ = ("_x",)
+
+    def __init__(self, x: Any) -> None:
+        self._x = x
+
+    def __dlpack_device__(self) -> Any:
+        return self._x.__dlpack_device__()
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        try:
+            return self._x.__dlpack__(**kwargs)
+        except (TypeError, NotImplementedError, ValueError, BufferError):
+            if kwargs.get("max_version") is None or kwargs.get("copy") is not None \
+                    or kwargs.get("dl_device") is not None:
+                raise  # a copy or another device was asked for: never silently dropped
+            legacy = {k: v for k, v in kwargs.items() if k == "stream" and v is not None}
+            return self._x.__dlpack__(**legacy)
