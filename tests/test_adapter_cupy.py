@@ -117,6 +117,9 @@ y, waiter = b.start_move(g, md.cpu())
 assert any(any(o is y.base for o in objs) for _, objs in b._inflight), 'the buffers of a copy in flight are held'
 waiter()
 for dtype, op in (('bool', 'max'), ('bool', 'min'), ('int16', 'sum'), ('uint16', 'prod'), ('complex64', 'sum'), ('bfloat16', 'max')):
+    if dtype not in b.capabilities.dtypes:
+        assert dtype == 'bfloat16' and int(np.__version__.split('.')[0]) < 2, dtype  # CuPy 14 needs NumPy >= 2.1.2
+        continue
     vals = [np.array([[1, 0], [3, 2]]) , np.array([[2, 1], [0, 2]])]
     xs = [md.asarray(v, dtype=dtype, device=f'gpu:{i}', backend='cupy') for i, v in enumerate(vals)]
     out = b.native_allreduce(xs, op)
