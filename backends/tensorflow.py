@@ -68,6 +68,8 @@ class TensorflowBackend(BaseBackend):
 
     name: ClassVar[str] = "tensorflow"
     framework: ClassVar[str] = "tensorflow"
+    # TF aborts the interpreter on host buffers it cannot take (Check failed: IsAligned())
+    interop_in_child: ClassVar[bool] = True
     virtual_devices_env: ClassVar[str | None] = _ENV_CPU
 
     def __init__(self) -> None:

@@ -12,9 +12,13 @@ from multidev.adapter import Device, numpy_dtype
 CREATION_DTYPES = ("bool", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 
 
-def need_dtype(backend: Any, dtype: str) -> None:
+def need_dtype(backend: Any, dtype: str, *devices: Device) -> None:
+    """Skip unless the backend holds ``dtype`` (on each of ``devices``, when given)."""
     if dtype not in backend.capabilities.dtypes:
         pytest.skip(f"{backend.name} cannot hold {dtype} here (capabilities.dtypes)")
+    lacking = [str(d) for d in devices if dtype not in backend.capabilities.dtypes_on(d)]
+    if lacking:
+        pytest.skip(f"{backend.name} cannot hold {dtype} on {', '.join(lacking)} (capabilities.device_dtypes)")
 
 
 def other_device(devices: list[Device], device: Device) -> Device:

@@ -41,6 +41,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--multidev-json", default=None, help="write the pass/fail/skip matrix to this JSON file")
     g.addoption("--multidev-import", action="append", default=[],
                 help="import this module first (adapters registered with multidev.register_backend)")
+    g.addoption("--multidev-isolate", action="append", default=[],
+                help="interop partners whose tests run in a child process, so a framework that aborts "
+                     "the interpreter fails them without ending the run (default: the adapters that set "
+                     "interop_in_child; 'none')")
 
 
 def _split(values: list[str]) -> list[str]:
@@ -63,21 +67,28 @@ def pytest_configure(config: pytest.Config) -> None:
 
     import multidev as md
     from multidev.errors import BackendNotAvailableError
-    from multidev.registry import configure_virtual_devices
+    from multidev.registry import configure_virtual_devices, registered_backends
 
-    for mod in config.getoption("multidev_import"):
+    from ._isolate import isolated
+
+    imports = list(config.getoption("multidev_import"))
+    for mod in imports:
         importlib.import_module(mod)
-    configure_virtual_devices(VIRTUAL_DEVICES)
-
     names = _split(config.getoption("multidev_backend"))
+    # every registered adapter's hook, and those of the module:attr adapters named on the command line
+    configure_virtual_devices(VIRTUAL_DEVICES, registered_backends() + [n for n in names if ":" in n])
+
     if not names or names == ["all"]:
         names = md.backends()
     backends = []
+    specs: dict[str, str] = {}
     for n in names:
         try:
-            backends.append(md.backend(n))
+            b = md.backend(n)
         except BackendNotAvailableError as e:
             raise pytest.UsageError(f"multidev conformance: {e}") from e
+        backends.append(b)
+        specs.setdefault(b.name, n)
     wanted = [md.device(s) for s in _split(config.getoption("multidev_device"))]
     pairs: list[tuple[str, Any]] = []
     for b in backends:
@@ -86,12 +97,38 @@ def pytest_configure(config: pytest.Config) -> None:
             devs = [d for d in devs if d in wanted]
         pairs.extend((b.name, d) for d in devs)
     _state.update(backends={b.name: b for b in backends}, pairs=pairs, items={}, outcomes={},
-                  started=time.time())
+                  started=time.time(), specs=specs, imports=imports,
+                  isolate=isolated(config.getoption("multidev_isolate")))
 
 
 def selected_backends() -> list[str]:
     """The names of the backends this suite run tests, in the order given."""
     return list(_state.get("backends", {}))
+
+
+def isolated_partners() -> set[str]:
+    """Interop partners whose tests run in a child process: ``--multidev-isolate``, else the
+    adapters that set ``interop_in_child``."""
+    chosen = _state.get("isolate")
+    if chosen is not None:
+        return set(chosen)
+    from ._isolate import wants_child
+
+    return {n for n in _partners() if wants_child(n)}
+
+
+def _partners() -> list[str]:
+    if "partners" not in _state:
+        import multidev as md
+
+        _state["partners"] = md.backends()
+    return list(_state["partners"])
+
+
+def backend_spec(name: str) -> tuple[str, list[str]]:
+    """How a child process gets adapter ``name`` as this run has it: the spec given on the command
+    line (a registered name, ``module:attr`` or ``FAMILY:ARG``) and the modules to import first."""
+    return _state.get("specs", {}).get(name, name), list(_state.get("imports", []))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -218,6 +255,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                              "capabilities": _caps_json(b)} for n, b in _state["backends"].items()},
             "matrix": m,
             "skip_reasons": dict(reasons),
+            "isolated_partners": sorted(isolated_partners()),
             "env": {k: os.environ[k] for k in sorted(os.environ)
                     if k.startswith(("MULTIDEV_", "XLA_FLAGS", "CUDA_VISIBLE", "NCCL_"))},
         }
@@ -227,5 +265,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def _caps_json(b: Any) -> dict[str, Any]:
-    c = b.capabilities
-    return {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in vars(c).items()}
+    def plain(v: Any) -> Any:
+        if isinstance(v, (frozenset, set)):
+            return sorted(v)
+        if isinstance(v, dict):  # device_dtypes: Device keys
+            return {str(k): plain(x) for k, x in v.items()}
+        return v
+
+    return {k: plain(v) for k, v in vars(b.capabilities).items()}

@@ -49,16 +49,20 @@ def _free_port() -> int:
 
 def _launch(backend: str, world: int, scenario: str, timeout: float, ranks: list[int] | None = None) -> list[dict]:
     """Run ``scenario`` on ``world`` ranks (only ``ranks`` are started when given); return each
-    started rank's report (``rc``, ``out``, ``err``, and the JSON it printed)."""
+    started rank's report (``rc``, ``out``, ``err``, and the JSON it printed). The workers get the
+    backend as the suite was given it (``module:attr`` included) and import the same modules."""
+    from multidev.conformance.plugin import backend_spec
+
+    spec, imports = backend_spec(backend)
     port = _free_port()
     procs = []
     for r in (ranks if ranks is not None else range(world)):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore",
-                   TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1",
+                   TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1", MULTIDEV_CONFORMANCE_IMPORT=",".join(imports),
                    # several JAX processes share a GPU: none may take 75% of its memory at start
                    XLA_PYTHON_CLIENT_PREALLOCATE=os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"))
-        cmd = [sys.executable, "-m", "multidev.conformance.test_distributed", backend, scenario, str(timeout)]
+        cmd = [sys.executable, "-m", "multidev.conformance.test_distributed", spec, scenario, str(timeout)]
         procs.append((r, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True)))
     deadline = time.monotonic() + GROUP_DEADLINE
@@ -177,12 +181,16 @@ class _Checks:
 
 
 def _worker(backend: str, scenario: str, timeout: float) -> int:
+    import importlib
+
     import torch  # noqa: F401  # import everything before the rendezvous so ranks arrive together
 
     import multidev as md
     from multidev import distributed as dist
     from multidev.errors import CapabilityError, CollectiveInputError
 
+    for mod in filter(None, os.environ.get("MULTIDEV_CONFORMANCE_IMPORT", "").split(",")):
+        importlib.import_module(mod)  # adapters registered at run time, as in the parent
     b = md.backend(backend)
     r, w = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     devs = b.devices()
@@ -281,7 +289,8 @@ def _worker(backend: str, scenario: str, timeout: float) -> int:
 
     def dtypes() -> None:
         for dtype in ("float16", "bfloat16", "float64", "int64", "uint8"):
-            if dtype not in b.capabilities.dtypes:
+            # every rank skips the same dtypes (each rank's device may hold fewer: device_dtypes)
+            if not all(dtype in b.capabilities.dtypes_on(devs[(k + 1) % len(devs)]) for k in range(w)):
                 continue
             a = np.abs(mine) if dtype == "uint8" else mine
             a = np.floor(a) if dtype.startswith(("int", "uint")) else a

@@ -35,7 +35,7 @@ def _check(b: Any, x: Any, device: Device, dtype: str, expected: np.ndarray) -> 
 @pytest.mark.parametrize("dtype", CREATION_DTYPES)
 def test_creation_honours_device_and_dtype(md_backend: Any, md_device: Device, dtype: str) -> None:
     b, n = md_backend, md_backend.name
-    need_dtype(b, dtype)
+    need_dtype(b, dtype, md_device)
     nd = np_dtype(dtype)
     _check(b, md.zeros((2, 3), dtype=dtype, device=md_device, backend=n), md_device, dtype, np.zeros((2, 3), nd))
     _check(b, md.ones((4,), dtype=dtype, device=md_device, backend=n), md_device, dtype, np.ones((4,), nd))
@@ -70,7 +70,7 @@ def test_creation_defaults(md_backend: Any, md_device: Device) -> None:
 @pytest.mark.md_feature("creation")
 @pytest.mark.parametrize("dtype", ("float32", "float64", "bfloat16"))
 def test_rand_uniform_and_seeded(md_backend: Any, md_device: Device, dtype: str) -> None:
-    need_dtype(md_backend, dtype)
+    need_dtype(md_backend, dtype, md_device)
     n = md_backend.name
     x = md.rand((64, 8), dtype=dtype, device=md_device, backend=n, seed=7)
     y = md.rand((64, 8), dtype=dtype, device=md_device, backend=n, seed=7)

@@ -25,6 +25,12 @@ What :class:`BaseBackend` supplies (override any of them):
 - ``same_device(what, xs)``: the one device of ``xs``, or DeviceMismatchError naming them all;
 - ``configure_devices(n)`` (class method): ask for ``n`` virtual CPU devices before the framework
   starts, through the environment variable named by ``virtual_devices_env``.
+
+Host memory: XLA (JAX, TensorFlow) shares a host buffer through DLPack only when its address is a
+multiple of :data:`HOST_ALIGNMENT` (64 bytes), and the exchange layer refuses to hand such a
+partner an unaligned buffer zero-copy (an explicit copy, or CapabilityError under ``copy=False``).
+An adapter whose host tensors should reach them zero-copy allocates aligned buffers
+(:func:`aligned_empty`, :func:`host_aligned`).
 """
 from __future__ import annotations
 
@@ -70,6 +76,7 @@ __all__ = [
     "COMPLEX_DTYPES",
     "DTYPES",
     "FLOAT_DTYPES",
+    "HOST_ALIGNMENT",
     "INT_DTYPES",
     "ITEMSIZE",
     "KINDS",
@@ -95,9 +102,11 @@ __all__ = [
     "MultidevError",
     "StagingPlan",
     "UnsupportedTensorError",
+    "aligned_empty",
     "canonical_dtype",
     "check_adapter",
     "dlpack_info",
+    "host_aligned",
     "is_complex",
     "is_floating",
     "is_integer",
@@ -108,6 +117,29 @@ __all__ = [
 
 
 _HOST = Device("cpu", 0)
+
+
+#: Bytes a host buffer's address must be a multiple of for XLA (JAX, TensorFlow) to share it.
+HOST_ALIGNMENT = 64
+
+
+def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """A new, uninitialised C-contiguous NumPy array whose buffer is :data:`HOST_ALIGNMENT`-aligned."""
+    dt = np.dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.empty(nbytes + HOST_ALIGNMENT, dtype=np.uint8)
+    off = (-raw.ctypes.data) % HOST_ALIGNMENT
+    return raw[off:off + nbytes].view(dt).reshape(shape)
+
+
+def host_aligned(a: np.ndarray) -> np.ndarray:
+    """``a`` itself when it is C-contiguous and :data:`HOST_ALIGNMENT`-aligned, else an aligned copy."""
+    if a.flags.c_contiguous and a.ctypes.data % HOST_ALIGNMENT == 0:
+        return a
+    out = aligned_empty(a.shape, a.dtype)
+    out[...] = a
+    return out
 
 
 def same_device(backend: str, what: str, devices: Sequence[Device], note: str = "") -> Device | None:
@@ -132,6 +164,9 @@ class BaseBackend:
     #: The environment variable giving this backend's number of virtual CPU devices, read when the
     #: adapter starts its framework (None: the backend has no virtual devices).
     virtual_devices_env: ClassVar[str | None] = None
+    #: The conformance suite runs the interop tests that have this adapter as the partner in a
+    #: child process: set it where the framework is known to abort the interpreter on some buffers.
+    interop_in_child: ClassVar[bool] = False
 
     if TYPE_CHECKING:  # provided by every subclass; declared here for the type checker only
         @property
@@ -229,7 +264,9 @@ class BaseBackend:
 
     # -- helpers ----------------------------------------------------------------------------
     def same_device(self, what: str, xs: Sequence[Any], note: str = "") -> Device:
-        """The one device of tensors ``xs``; DeviceMismatchError naming every device otherwise."""
+        """The one device of tensors ``xs``, for operation ``what`` (named in the error); otherwise
+        DeviceMismatchError naming every device, with ``note`` appended to its message (what the
+        framework itself would have done), or CollectiveInputError when ``xs`` is empty."""
         dev = same_device(self.name, what, [self.device_of(x) for x in xs], note)
         if dev is None:
             raise CollectiveInputError(f"{self.name} backend: {what} needs at least one tensor")

@@ -34,13 +34,17 @@ def _split(s: str | None) -> list[str]:
 
 
 def _backends(spec: str | None, default: list[str]) -> list[Any]:
-    """The adapters named in ``spec`` (default: ``default``), or a one-line usage error."""
+    """The adapters named in ``spec`` (default: ``default``), or a usage error: one line, or for an
+    adapter that breaks the protocol its list of problems, one line each."""
     from . import registry
+    from .errors import AdapterError
 
     out = []
     for n in _split(spec) or default:
         try:
             out.append(registry.get_backend(n))
+        except AdapterError as e:
+            raise _UsageError(f"--backend {n}: {e}") from None
         except MultidevError as e:
             raise _UsageError(f"--backend {n}: {str(e).splitlines()[0]}") from None
     return out
@@ -154,9 +158,11 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             raise _UsageError(f"--import {mod}: {e}") from None
     if args.backend and args.backend != "all":
         from multidev.conformance.plugin import VIRTUAL_DEVICES
-        from multidev.registry import configure_virtual_devices
+        from multidev.registry import configure_virtual_devices, registered_backends
 
-        configure_virtual_devices(VIRTUAL_DEVICES)  # before any framework starts, as the suite would
+        # before any framework starts, as the suite would (module:attr adapters' hooks included)
+        dotted = [n for n in _split(args.backend) if ":" in n]
+        configure_virtual_devices(VIRTUAL_DEVICES, registered_backends() + dotted)
         _backends(args.backend, [])  # load now: an unknown backend is a one-line error
     for spec in _split(args.device):
         try:
@@ -199,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(fn=cmd_demo)
     c = sub.add_parser("conformance", help="run the shared conformance suite against adapters")
     c.add_argument("--backend", default="all",
-                   help="names, module:attr (an adapter class or factory), comma-separated (default: all installed)")
+                   help="names, FAMILY:ARG (array_api:LIB: any array-API library), module:attr (an adapter "
+                   "class or factory), comma-separated (default: all installed)")
     c.add_argument("--device", help="only these devices, e.g. cpu:0,gpu:0")
     c.add_argument("--json", help="write the pass/fail/skip matrix to this JSON file")
     c.add_argument("--import", dest="import_", action="append", default=[], metavar="MODULE",

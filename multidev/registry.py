@@ -8,6 +8,17 @@ Adapters are found through the ``multidev.backends`` entry-point group (the buil
 - by tensor: the tensor's type is looked up in a cache; on a miss, only adapters whose framework
   module is already in ``sys.modules`` are asked (a tensor cannot exist otherwise), those of the
   framework the type comes from first, so a NumPy array never starts TensorFlow.
+
+Names, as every ``backend=`` argument and ``--backend`` flag takes them:
+
+- ``NAME``: a registered adapter (entry point or :func:`register_backend`);
+- ``FAMILY:ARG``: a member of an adapter *family* registered as ``FAMILY``: an object with a
+  ``select(arg)`` method returning the adapter class named ``"FAMILY:ARG"`` (the generic
+  array-API adapter: ``array_api:array_api_strict``). ``FAMILY`` alone is ``select(None)``, the
+  family's default member. A family may also have ``select_for(x)``, the ``ARG`` serving tensor
+  ``x``: tensors no other adapter of their framework claims are then found by type;
+- ``module:attr``: an importable adapter class or factory (a function returning an instance),
+  registered under the ``name`` of what it makes.
 """
 from __future__ import annotations
 
@@ -182,9 +193,12 @@ def get_backend(name: str | None = None) -> Backend:
     inst = _instances.get(name)
     if inst is not None:
         return inst
-    if ":" in name:
-        return _load_dotted(name)
     _read_entry_points()
+    if ":" in name and name not in _factories:
+        head = name.partition(":")[0]
+        if head in _factories and _family(head) is not None:
+            return _load_member(head, name.partition(":")[2])
+        return _load_dotted(name)
     with _lock:
         name_lock = _name_locks.setdefault(name, threading.Lock())
     # One lock per name: a slow framework import (seconds for TF) blocks only callers of that
@@ -204,6 +218,8 @@ def get_backend(name: str | None = None) -> Backend:
             )
         if failure is not None:
             raise BackendNotAvailableError(failure)
+        if _family(name) is not None:
+            return _load_member(name, None)
         try:
             inst = fac()
         except BackendNotAvailableError as e:
@@ -242,14 +258,59 @@ def _record_claims(inst: Backend) -> None:
     wait_cache.clear()
 
 
-def _load_dotted(spec: str) -> Backend:
+def _family(name: str) -> Any:
+    """The adapter family registered under ``name`` (an object with ``select``), or None."""
+    obj = _adapter_class(name)
+    return obj if callable(getattr(obj, "select", None)) else None
+
+
+def _load_member(head: str, arg: str | None) -> Backend:
+    """The member ``head:arg`` of family ``head`` (its default member when ``arg`` is None),
+    registered under its own name and validated like any adapter."""
+    fam = _family(head)
+    spec = head if arg is None else f"{head}:{arg}"
+    try:
+        factory = fam.select(arg)
+    except BackendNotAvailableError:
+        raise
+    except ImportError as e:
+        raise BackendNotAvailableError(f"backend {spec!r} is not available: {e}. {_install_hint(head)}") from e
+    full = getattr(factory, "name", None)
+    if not isinstance(full, str) or not full.startswith(head + ":") or len(full) <= len(head) + 1:
+        raise AdapterError(f"adapter family {head!r} selected {factory!r} for {spec!r}, whose class attribute "
+                           f"'name' is {full!r}; a member's name must be '{head}:ARG'")
+    with _lock:
+        if full not in _instances and _factories.get(full) is not factory:
+            _factories[full] = factory
+            _failures.pop(full, None)
+    inst = get_backend(full)
+    if spec != full:
+        with _lock:
+            _instances[spec] = inst
+    return inst
+
+
+def _dotted_object(spec: str) -> Any:
+    """The object ``module:attr`` names (imported, not called), or None where it cannot be had."""
+    try:
+        return _import_dotted(spec)
+    except BackendNotAvailableError:
+        return None
+
+
+def _import_dotted(spec: str) -> Any:
     mod_name, _, attr = spec.partition(":")
     try:
         obj: Any = importlib.import_module(mod_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
+    except (ImportError, AttributeError, ValueError) as e:
         raise BackendNotAvailableError(f"cannot import adapter {spec!r}: {e}") from e
+    return obj
+
+
+def _load_dotted(spec: str) -> Backend:
+    obj = _import_dotted(spec)
     if not callable(obj):
         raise AdapterError(f"adapter {spec!r} is a {type(obj).__name__}, not a class or factory")
     name = getattr(obj, "name", None)
@@ -282,15 +343,17 @@ def _load_dotted(spec: str) -> Backend:
 
 
 def available_backends() -> list[str]:
-    """Names of registered backends whose framework can be imported (loading each one)."""
-    out = []
+    """Names of the adapters whose framework can be imported (loading each one), each once under
+    its own name (``array_api:array_api_strict``, not the family's bare ``array_api``)."""
+    out: list[str] = []
     for name in registered_backends():
         try:
-            get_backend(name)
+            inst = get_backend(name)
         except BackendNotAvailableError:
             continue
-        out.append(name)
-    return out
+        if inst.name not in out:  # a family's bare name and its default member are one adapter
+            out.append(inst.name)
+    return sorted(out)
 
 
 _loaded: tuple[tuple[int, ...], tuple[Backend, ...]] = ((), ())
@@ -305,7 +368,7 @@ def loaded_backends() -> tuple[Backend, ...]:
     with _lock:
         seen: dict[int, Backend] = {}
         for n, b in _instances.items():
-            if ":" not in n:
+            if n == b.name:  # not the aliases ("module:attr" specs, a family's bare name)
                 seen.setdefault(id(b), b)
         _loaded = (key, tuple(seen.values()))
         return _loaded[1]
@@ -318,7 +381,10 @@ def configure_virtual_devices(count: int, names: list[str] | None = None) -> dic
     _read_entry_points()
     out = {}
     for n in names or registered_backends():
-        cls = _adapter_class(n) if ":" not in n else None
+        if ":" in n and n not in _factories:
+            cls = None if _family(n.partition(":")[0]) is not None else _dotted_object(n)
+        else:
+            cls = _adapter_class(n)
         hook = getattr(cls, "configure_devices", None)
         if callable(hook):
             try:
@@ -354,6 +420,13 @@ def _roots(t: type) -> set[str]:
     return {c.__module__.split(".")[0] for c in t.__mro__ if c is not object}
 
 
+def _defines(name: str, t: type) -> bool:
+    """Whether ``t`` (or a base) is defined in the module of adapter ``name`` (a host-array class an
+    adapter makes, such as CuPy's NumPy subclass, belongs to that adapter's framework)."""
+    mod = getattr(_adapter_class(name), "__module__", None)
+    return isinstance(mod, str) and any(c.__module__ == mod for c in t.__mro__)
+
+
 def _specificity(x: Any, types: tuple[type, ...]) -> int:
     """How close x's type is to the nearest of ``types`` in its MRO (0: exactly one of them)."""
     mro = type(x).__mro__
@@ -383,7 +456,7 @@ def backend_of(x: Any) -> Backend:
         fw = _frameworks.get(n) or _framework_of(n)
         if n not in _instances and (fw is None or fw not in sys.modules):
             continue
-        is_related = fw is not None and any(_related(r, fw) for r in roots)
+        is_related = (fw is not None and any(_related(r, fw) for r in roots)) or _defines(n, t)
         (related if is_related else others).append(n)
     broken: list[str] = []
     for group in (related, others):
@@ -416,6 +489,12 @@ def backend_of(x: Any) -> Backend:
             with _lock:
                 _type_cache[t] = inst.name
             return inst
+    if not related:  # no adapter of this tensor's framework: ask the families (array API, ...)
+        found = _family_member_for(x, names, broken)
+        if found is not None:
+            with _lock:
+                _type_cache[t] = found.name
+            return found
     raise UnsupportedTensorError(
         f"no backend recognises an object of type {t.__module__}.{t.__qualname__}. "
         f"Registered backends: {', '.join(registered_backends())}; loaded: "
@@ -436,6 +515,28 @@ def waiter_of(x: Any) -> Callable[[Any], Any]:
             if _type_cache.get(t) == b.name:
                 wait_cache[t] = w
     return w
+
+
+def _family_member_for(x: Any, names: list[str], broken: list[str]) -> Backend | None:
+    """The family member serving ``x`` (through the families' ``select_for``), or None."""
+    for n in names:
+        if ":" in n:
+            continue
+        fam = _family(n)
+        pick = getattr(fam, "select_for", None)
+        if not callable(pick):
+            continue
+        try:
+            arg = pick(x)
+            if not arg:
+                continue
+            inst = get_backend(f"{n}:{arg}")
+        except Exception as e:  # noqa: BLE001 - a member that cannot start here does not own x
+            broken.append(f"{n} ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+            continue
+        if isinstance(x, inst.tensor_types()):
+            return inst
+    return None
 
 
 def native_device(obj: Any) -> Device | None:
