@@ -305,7 +305,9 @@ class TensorflowBackend(BaseBackend):
         return self._placed(y, device, "copy")
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        return x.numpy()  # waits for x and raises its asynchronous error, if any
+        # .numpy() waits for x and raises its asynchronous error, if any; for a 0-d tensor it gives a
+        # NumPy scalar, not an ndarray: np.asarray makes that a 0-d array (and copies nothing else).
+        return np.asarray(x.numpy())
 
     def synchronize(self, device: Device | None) -> None:
         """Runs TF's SyncDevice op on each device (``device``, or all of them), then async_wait.
