@@ -111,6 +111,22 @@ def aligned_copy(a: np.ndarray, alignment: int = 64) -> np.ndarray:
 
 
 # -- probes of what a framework exposes ----------------------------------------------------------
+def buffer_address(b: Any, x: Any) -> int | None:
+    """The address of x's first element, read from its DLPack export without consuming it (None
+    where the backend has no DLPack or the producer cannot say): two tensors share memory exactly
+    when their addresses are equal (for tensors with elements)."""
+    from multidev.errors import MultidevError
+    from multidev.exchange import exportable, peek
+
+    if not b.capabilities.dlpack:
+        return None
+    try:
+        info = peek(exportable(b, x))
+    except (MultidevError, BufferError, TypeError, ValueError, RuntimeError):
+        return None
+    return None if info is None else info.address
+
+
 def readiness(b: Any, x: Any) -> Callable[[], bool] | None:
     """A callable telling whether the work producing ``x`` has finished, where the framework
     exposes one: an ``is_ready()`` method on the tensor, or the CUDA stream of a CUDA tensor
@@ -119,7 +135,7 @@ def readiness(b: Any, x: Any) -> Callable[[], bool] | None:
     if callable(ready):
         return lambda: bool(ready())
     fw = sys.modules.get(b.framework)
-    cuda = getattr(fw, "cuda", None)
+    cuda: Any = getattr(fw, "cuda", None)
     if getattr(x, "is_cuda", False) is True and hasattr(cuda, "current_stream"):
         stream = cuda.current_stream(x.device)
         return lambda: bool(stream.query())

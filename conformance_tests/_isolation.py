@@ -83,7 +83,7 @@ class Child:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         for k, n in self.config.get("counts", {}).items():
             env[k] = str(n)
-        self.err = tempfile.TemporaryFile()
+        self.err = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child; closed in _reset
         self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(w)], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=self.err, pass_fds=(w,), env=env)
         os.close(w)

@@ -452,7 +452,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 def _caps_json(b: Any) -> dict[str, Any]:
     c = b.capabilities
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in vars(c).items():
         if isinstance(v, frozenset):
             out[k] = sorted(v)

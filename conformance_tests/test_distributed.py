@@ -49,16 +49,21 @@ def _free_port() -> int:
 
 def _launch(backend: str, world: int, scenario: str, timeout: float, ranks: list[int] | None = None) -> list[dict]:
     """Run ``scenario`` on ``world`` ranks (only ``ranks`` are started when given); return each
-    started rank's report (``rc``, ``out``, ``err``, and the JSON it printed)."""
+    started rank's report (``rc``, ``out``, ``err``, and the JSON it printed). The workers load the
+    backend as this run selected it (``module:attr`` included, with this process's ``sys.path``)."""
+    from multidev.conformance.plugin import spec_of
+
+    spec = spec_of(backend)
     port = _free_port()
     procs = []
     for r in (ranks if ranks is not None else range(world)):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore",
                    TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                    # several JAX processes share a GPU: none may take 75% of its memory at start
                    XLA_PYTHON_CLIENT_PREALLOCATE=os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"))
-        cmd = [sys.executable, "-m", "multidev.conformance.test_distributed", backend, scenario, str(timeout)]
+        cmd = [sys.executable, "-m", "multidev.conformance.test_distributed", spec, scenario, str(timeout)]
         procs.append((r, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True)))
     deadline = time.monotonic() + GROUP_DEADLINE
@@ -180,10 +185,19 @@ def _worker(backend: str, scenario: str, timeout: float) -> int:
     import torch  # noqa: F401  # import everything before the rendezvous so ranks arrive together
 
     import multidev as md
+    from multidev.registry import prefer
+
+    b = md.backend(backend)  # a registered name or module:attr (the spec the parent selected)
+    backend = b.name
+    with prefer(backend):  # a renamed or mutated copy of an adapter owns its tensors here
+        return _scenario(b, backend, scenario, timeout)
+
+
+def _scenario(b: Any, backend: str, scenario: str, timeout: float) -> int:
+    import multidev as md
     from multidev import distributed as dist
     from multidev.errors import CapabilityError, CollectiveInputError
 
-    b = md.backend(backend)
     r, w = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     devs = b.devices()
     dev = devs[(r + 1) % len(devs)]  # results must come back to a device other than the first

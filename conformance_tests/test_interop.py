@@ -15,9 +15,9 @@ import pytest
 import multidev as md
 from multidev import Device
 from multidev.errors import CapabilityError
-from multidev.exchange import exportable, peek
+from multidev.exchange import exportable
 
-from ._helpers import ALL_DTYPES, aligned_copy, as_f64, found, isolated, need_dtype, other_device, sample
+from ._helpers import ALL_DTYPES, aligned_copy, as_f64, buffer_address, found, isolated, need_dtype, other_device, sample
 
 
 @pytest.mark.md_feature("transfers")
@@ -88,9 +88,7 @@ def test_convert_keeps_every_dtype(md_backend: Any, md_partner_name: str, dtype:
                 np.testing.assert_array_equal(as_f64(to_, y), ref)
 
 
-def _address(b: Any, x: Any) -> int | None:
-    info = peek(exportable(b, x))
-    return None if info is None else info.address
+_address = buffer_address
 
 
 def _labels_host_memory(c: Any, dev: Device) -> bool:
