@@ -112,19 +112,31 @@ def aligned_copy(a: np.ndarray, alignment: int = 64) -> np.ndarray:
 
 # -- probes of what a framework exposes ----------------------------------------------------------
 def buffer_address(b: Any, x: Any) -> int | None:
-    """The address of x's first element, read from its DLPack export without consuming it (None
-    where the backend has no DLPack or the producer cannot say): two tensors share memory exactly
-    when their addresses are equal (for tensors with elements)."""
+    """The address of x's first element (None where it cannot be read): from its DLPack export,
+    read without consuming it, else from what the tensor itself tells (``__array_interface__``,
+    ``data_ptr()``, ``unsafe_buffer_pointer()``; NumPy before 2.0 cannot export a read-only array).
+    Two tensors with elements share memory exactly when their addresses are equal."""
     from multidev.errors import MultidevError
     from multidev.exchange import exportable, peek
 
-    if not b.capabilities.dlpack:
-        return None
-    try:
-        info = peek(exportable(b, x))
-    except (MultidevError, BufferError, TypeError, ValueError, RuntimeError):
-        return None
-    return None if info is None else info.address
+    if b.capabilities.dlpack:
+        try:
+            info = peek(exportable(b, x))
+        except (MultidevError, BufferError, TypeError, ValueError, RuntimeError):
+            info = None
+        if info is not None:
+            return info.address
+    ai = getattr(x, "__array_interface__", None)
+    if isinstance(ai, dict) and isinstance(ai.get("data"), tuple):
+        return int(ai["data"][0])
+    for attr in ("data_ptr", "unsafe_buffer_pointer"):
+        fn = getattr(x, attr, None)
+        if callable(fn):
+            try:
+                return int(fn())
+            except Exception:  # noqa: BLE001 - the tensor cannot say (a multi-device array...)
+                return None
+    return None
 
 
 def readiness(b: Any, x: Any) -> Callable[[], bool] | None:

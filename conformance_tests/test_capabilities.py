@@ -102,7 +102,13 @@ def test_dlpack_flag_matches_behaviour(md_backend: Any, md_devices: list) -> Non
         for dev in md_devices:
             x = md.asarray(src, device=dev, backend=b.name)
             md.synchronize(x)
-            y = b.import_dlpack(exportable(b, x), dev)
+            try:
+                y = b.import_dlpack(exportable(b, x), dev)
+            except CapabilityError as e:
+                # DLPack names every host buffer cpu:0: a backend may be unable to label one with
+                # another (virtual) CPU device; cpu:0 and accelerators must round-trip.
+                assert dev.kind == "cpu" and dev.index > 0, f"{b.name} cannot import its own export on {dev}: {e}"
+                continue
             assert md.device_of(y) == dev, f"a DLPack round trip on {dev} landed on {md.device_of(y)}"
             np.testing.assert_array_equal(as_f64(b, y), src)
         found(b, "dlpack", True)

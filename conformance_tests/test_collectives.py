@@ -293,7 +293,7 @@ def test_other_collectives_keep_every_dtype(md_backend: Any, md_devices: list, d
     need_dtype(b, dtype)
     devs = _ordered(md_devices)[:3]
     n = len(devs)
-    arrays = [sample(dtype, (4, 3), seed=10 + i, high=3) for i in range(n)]
+    arrays = [sample(dtype, SHAPE, seed=10 + i, high=3) for i in range(n)]
     ref_t = np.complex128 if np_dtype(dtype).kind == "c" else (np_dtype(dtype) if np_dtype(dtype).kind in "biu"
                                                                 else np.float64)
     xs = _inputs(b, devs, arrays, dtype)
