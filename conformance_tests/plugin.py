@@ -329,7 +329,7 @@ def matrix() -> dict[str, dict[str, dict[str, int]]]:
     return {b: dict(f) for b, f in out.items()}
 
 
-def warnings_() -> list[str]:
+def device_warnings() -> list[str]:
     """One line per backend tested on fewer than 2 devices: what was not exercised, and how to get
     more devices."""
     lines = []
@@ -409,7 +409,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line("capabilities found by the checks (the declared value in parentheses where it differs):")
         for line in found:
             tr.write_line(line)
-    warns = warnings_()
+    warns = device_warnings()
     for w in warns:
         tr.write_line(w, yellow=True, bold=True)
     reasons: dict[str, int] = defaultdict(int)

@@ -312,6 +312,32 @@ class NumpyClaimsNative(NumpyBackend):
         return dataclasses.replace(super().capabilities, native_collectives=frozenset({"allreduce"}))
 
 
+@mutant("numpy", "capabilities give per-device dtypes for a device it does not have",
+        ["test_capability_record_is_well_formed"])
+class NumpyDeviceDtypesForeign(NumpyBackend):
+    name = "numpy_device_dtypes_foreign"
+
+    @property
+    def capabilities(self) -> Any:
+        c = super().capabilities
+        return dataclasses.replace(c, device_dtypes={Device("gpu", 0): c.dtypes - {"float64"}})
+
+
+@mutant("numpy", "concat preallocates its result with np.empty's default dtype (float64)",
+        ["test_other_collectives_keep_every_dtype"])
+class NumpyConcatPreallocates(NumpyBackend):
+    name = "numpy_concat_preallocates"
+
+    def concat(self, xs: Sequence[Any], axis: int) -> Any:
+        dev = self.same_device("concat", xs)
+        parts = [_plain(x) for x in xs]
+        shape = list(parts[0].shape)
+        shape[axis] = sum(p.shape[axis] for p in parts)
+        out = np.empty(shape)
+        np.concatenate(parts, axis=axis, out=out, casting="unsafe")
+        return _tag(out, dev)
+
+
 @mutant("numpy", "devices lists the virtual devices in reverse order", ["test_devices_listed_cpu_first"])
 class NumpyDevicesReversed(NumpyBackend):
     name = "numpy_devices_reversed"
@@ -652,6 +678,18 @@ class JaxSynchronizeNoop(JaxBackend):
         return None
 
 
+@mutant("jax", "synchronize waits but swallows the asynchronous error it meets",
+        ["test_synchronize_raises_asynchronous_errors"])
+class JaxSynchronizeSwallows(JaxBackend):
+    name = "jax_synchronize_swallows"
+
+    def synchronize(self, device: Device | None) -> None:
+        try:
+            super().synchronize(device)
+        except Exception:  # noqa: BLE001 - the defect
+            pass
+
+
 @mutant("jax", "native_allreduce returns the results in ascending device order, not input order",
         ["test_allreduce_device_order", "test_native_allreduce_every_op_and_dtype"])
 class JaxNativeSorted(JaxBackend):
@@ -683,6 +721,17 @@ class JaxImportOnHost(JaxBackend):
     name = "jax_import_on_host"
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:
+        return self._jax.dlpack.from_dlpack(obj)
+
+
+@mutant("jax", "import_dlpack places its own arrays but leaves other frameworks' host buffers on cpu:0",
+        ["test_import_dlpack_from_partner_lands_on_the_requested_device"])
+class JaxImportForeignOnHost(JaxBackend):
+    name = "jax_import_foreign_on_host"
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        if isinstance(obj, self._jax.Array):
+            return super().import_dlpack(obj, device)
         return self._jax.dlpack.from_dlpack(obj)
 
 
