@@ -268,10 +268,11 @@ class JaxBackend(BaseBackend):
     def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
         native = self.to_native_device(device)
         nd = None if dtype is None else self.to_native_dtype(dtype)
-        if isinstance(obj, np.ndarray) and (nd is None or obj.dtype == nd):
-            # device_put is JAX's fast upload (3x jnp.array's at 1 MiB on an H200); may_alias=False:
-            # a CPU device could otherwise share the caller's buffer, and asarray always copies.
-            x = self._jax.device_put(obj, native, may_alias=False)
+        if device.kind != "cpu" and isinstance(obj, np.ndarray) and (nd is None or obj.dtype == nd):
+            # device_put is JAX's fast upload (3x jnp.array's at 1 MiB on an H200). Not to a CPU
+            # device: there it may share the caller's aligned buffer (may_alias=False or not), and
+            # asarray always copies.
+            x = self._jax.device_put(obj, native)
             return self._finish(x, native, x.dtype if nd is None else nd)
         x = self._jnp.array(obj, dtype=nd, copy=True, device=native)
         if nd is None:

@@ -69,7 +69,6 @@ class TensorflowBackend(BaseBackend):
     name: ClassVar[str] = "tensorflow"
     framework: ClassVar[str] = "tensorflow"
     # TF aborts the interpreter on host buffers it cannot take (Check failed: IsAligned())
-    interop_in_child: ClassVar[bool] = True
     virtual_devices_env: ClassVar[str | None] = _ENV_CPU
 
     def __init__(self) -> None:
@@ -307,7 +306,9 @@ class TensorflowBackend(BaseBackend):
         return self._placed(y, device, "copy")
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        return x.numpy()  # waits for x and raises its asynchronous error, if any
+        # .numpy() waits for x and raises its asynchronous error, if any; for a 0-d tensor it gives a
+        # NumPy scalar, not an ndarray: np.asarray makes that a 0-d array (and copies nothing else).
+        return np.asarray(x.numpy())
 
     def synchronize(self, device: Device | None) -> None:
         """Runs TF's SyncDevice op on each device (``device``, or all of them), then async_wait.

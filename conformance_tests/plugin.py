@@ -3,12 +3,22 @@
 Fixtures for suite authors:
 - ``md_backend``: the adapter under test (parametrized over the selected backends);
 - ``md_device``: one of its devices (parametrized over backend x device);
-- ``md_devices``: all devices of the backend under test.
+- ``md_devices``: all devices of the backend under test;
+- ``md_partner_name``: another installed backend of a different framework to exchange tensors with
+  (parametrized over backend x partner);
+- ``md_algorithm``: an allreduce algorithm the backend under test has (the portable ones, and
+  ``native`` where ``capabilities.native_collectives`` lists ``allreduce``).
+
+Markers: ``md_feature(name)`` (the matrix row), ``md_requires(capability)`` (parametrize only the
+backends that declare it: a boolean field of Capabilities, or ``"native_allreduce"``).
 
 Options: ``--multidev-backend NAME[,NAME]`` (registered names or ``module:attr``; default: every
 installed backend), ``--multidev-device SPEC[,SPEC]`` (keep only these devices),
+``--multidev-partner NAME[,NAME]`` (exchange partners; default: every installed backend),
 ``--multidev-json FILE`` (the per-backend, per-feature matrix as JSON). Skips come only from
-capability flags and device counts, each with its reason.
+capability flags and device counts, each with its reason. Checks that hand buffers to another
+framework run in a child interpreter (:mod:`._isolation`), so a framework that aborts fails its
+checks instead of ending the run.
 """
 from __future__ import annotations
 
@@ -18,6 +28,7 @@ import platform
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +40,12 @@ SUITE_DIR = Path(__file__).resolve().parent
 #: user has not configured their own. Only frameworks not started yet can take them.
 VIRTUAL_DEVICES = 4
 
+#: The allreduce algorithms every backend has (``native`` is added where declared).
+PORTABLE_ALGORITHMS = ("naive", "ring", "tree", "auto")
+
+#: Phrases in the skip reasons of cases that need more devices than the backend has here.
+DEVICE_COUNT_PHRASES = ("needs a second device", "needs 2 devices", "needs 3 devices", "runs on 4 or more devices")
+
 _state: dict[str, Any] = {}
 
 
@@ -38,13 +55,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="backend(s) to test: registered names or module:attr (comma-separated, repeatable)")
     g.addoption("--multidev-device", action="append", default=[],
                 help="only these devices, e.g. cpu:0,gpu:0 (comma-separated, repeatable)")
+    g.addoption("--multidev-partner", action="append", default=[],
+                help="exchange partners for the interop cases (default: every installed backend)")
     g.addoption("--multidev-json", default=None, help="write the pass/fail/skip matrix to this JSON file")
     g.addoption("--multidev-import", action="append", default=[],
                 help="import this module first (adapters registered with multidev.register_backend)")
-    g.addoption("--multidev-isolate", action="append", default=[],
-                help="interop partners whose tests run in a child process, so a framework that aborts "
-                     "the interpreter fails them without ending the run (default: the adapters that set "
-                     "interop_in_child; 'none')")
 
 
 def _split(values: list[str]) -> list[str]:
@@ -60,6 +75,7 @@ def _in_suite(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "md_feature(name): feature row of the conformance matrix")
+    config.addinivalue_line("markers", "md_requires(capability): only backends that declare it")
     config.addinivalue_line("markers", "multiprocess: spawns several processes")
     if not _in_suite(config):
         return
@@ -69,9 +85,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from multidev.errors import BackendNotAvailableError
     from multidev.registry import configure_virtual_devices, registered_backends
 
-    from ._isolate import isolated
-
-    imports = list(config.getoption("multidev_import"))
+    imports = config.getoption("multidev_import")
     for mod in imports:
         importlib.import_module(mod)
     names = _split(config.getoption("multidev_backend"))
@@ -88,7 +102,7 @@ def pytest_configure(config: pytest.Config) -> None:
         except BackendNotAvailableError as e:
             raise pytest.UsageError(f"multidev conformance: {e}") from e
         backends.append(b)
-        specs.setdefault(b.name, n)
+        specs[b.name] = n
     wanted = [md.device(s) for s in _split(config.getoption("multidev_device"))]
     pairs: list[tuple[str, Any]] = []
     for b in backends:
@@ -96,9 +110,30 @@ def pytest_configure(config: pytest.Config) -> None:
         if wanted:
             devs = [d for d in devs if d in wanted]
         pairs.extend((b.name, d) for d in devs)
-    _state.update(backends={b.name: b for b in backends}, pairs=pairs, items={}, outcomes={},
-                  started=time.time(), specs=specs, imports=imports,
-                  isolate=isolated(config.getoption("multidev_isolate")))
+    partner_names = _split(config.getoption("multidev_partner")) or md.backends()
+    dotted = {b.name for b in backends if ":" in specs[b.name]}
+    partners: dict[str, list[str]] = {}
+    for b in backends:
+        mine = []
+        for p in partner_names:
+            if p == b.name or p in dotted:
+                continue
+            try:
+                pb = md.backend(p)
+            except BackendNotAvailableError as e:
+                raise pytest.UsageError(f"multidev conformance: --multidev-partner {p}: {e}") from e
+            # Two adapters of one framework claim the same tensors: they cannot be told apart.
+            if pb.framework != b.framework:
+                mine.append(pb.name)
+        partners[b.name] = mine
+    _state.update(backends={b.name: b for b in backends}, specs=specs, pairs=pairs, items={}, outcomes={},
+                  partners=partners, imports=list(imports), found={}, started=time.time())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    child = _state.pop("child", None)
+    if child is not None:
+        child.close()
 
 
 def selected_backends() -> list[str]:
@@ -106,39 +141,62 @@ def selected_backends() -> list[str]:
     return list(_state.get("backends", {}))
 
 
-def isolated_partners() -> set[str]:
-    """Interop partners whose tests run in a child process: ``--multidev-isolate``, else the
-    adapters that set ``interop_in_child``."""
-    chosen = _state.get("isolate")
-    if chosen is not None:
-        return set(chosen)
-    from ._isolate import wants_child
-
-    return {n for n in _partners() if wants_child(n)}
+def spec_of(name: str) -> str:
+    """How the backend ``name`` was selected (a registered name or ``module:attr``): what another
+    process needs to load the same adapter."""
+    return str(_state.get("specs", {}).get(name, name))
 
 
-def _partners() -> list[str]:
-    if "partners" not in _state:
-        import multidev as md
-
-        _state["partners"] = md.backends()
-    return list(_state["partners"])
+def imports_of() -> list[str]:
+    """The modules this run imported first (``--import``): what another process imports too."""
+    return list(_state.get("imports", []))
 
 
-def backend_spec(name: str) -> tuple[str, list[str]]:
-    """How a child process gets adapter ``name`` as this run has it: the spec given on the command
-    line (a registered name, ``module:attr`` or ``FAMILY:ARG``) and the modules to import first."""
-    return _state.get("specs", {}).get(name, name), list(_state.get("imports", []))
+def partners_of(name: str) -> list[str]:
+    """The exchange partners of backend ``name`` (installed backends of other frameworks)."""
+    return list(_state.get("partners", {}).get(name, []))
+
+
+def algorithms_of(b: Any) -> list[str]:
+    """The allreduce algorithms ``b`` has: the portable ones, and native where declared."""
+    algs = list(PORTABLE_ALGORITHMS)
+    if "allreduce" in b.capabilities.native_collectives:
+        algs.append("native")
+    return algs
+
+
+def _requires(b: Any, what: str) -> bool:
+    if what == "native_allreduce":
+        return "allreduce" in b.capabilities.native_collectives
+    return bool(getattr(b.capabilities, what))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "md_device" in metafunc.fixturenames:
-        pairs = _state.get("pairs", [])
-        metafunc.parametrize(("md_backend_name", "md_device"), pairs,
-                             ids=[f"{n}-{d}" for n, d in pairs], scope="session")
-    elif "md_backend_name" in metafunc.fixturenames:
-        names = list(_state.get("backends", {}))
-        metafunc.parametrize("md_backend_name", names, ids=names, scope="session")
+    if "md_backend_name" not in metafunc.fixturenames:
+        return
+    backends = _state.get("backends", {})
+    names = list(backends)
+    for m in metafunc.definition.iter_markers("md_requires"):
+        names = [n for n in names if _requires(backends[n], str(m.args[0]))]
+    dims = [d for d in ("md_device", "md_partner_name", "md_algorithm") if d in metafunc.fixturenames]
+    rows: list[tuple[Any, ...]] = []
+    for n in names:
+        combos: list[tuple[Any, ...]] = [(n,)]
+        for d in dims:
+            if d == "md_device":
+                values: list[Any] = [dev for n2, dev in _state["pairs"] if n2 == n]
+            elif d == "md_partner_name":
+                values = partners_of(n)
+            else:
+                values = algorithms_of(backends[n])
+            combos = [c + (v,) for c in combos for v in values]
+        rows.extend(combos)
+    argnames = ["md_backend_name", *dims]
+    ids = ["-".join(str(v) for v in r) for r in rows]
+    if len(argnames) == 1:
+        metafunc.parametrize("md_backend_name", [r[0] for r in rows], ids=ids, scope="session")
+    else:
+        metafunc.parametrize(argnames, rows, ids=ids, scope="session")
 
 
 @pytest.fixture(scope="session")
@@ -167,6 +225,53 @@ def md_devices(md_backend: Any) -> list:
     return [d for n, d in _state["pairs"] if n == md_backend.name]
 
 
+# -- checks in a child interpreter ---------------------------------------------------------------
+def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Run test function ``fn`` (its undecorated body) with ``kwargs`` in the suite's child
+    interpreter and report its outcome here: pass, fail with the child's traceback, skip with its
+    reason; a child that dies (a framework aborted it) or hangs fails the check."""
+    from ._isolation import Child, encode
+
+    child = _state.get("child")
+    if child is None:
+        child = Child({"imports": _state.get("imports", []), "specs": _state.get("specs", {}),
+                       "virtual_devices": VIRTUAL_DEVICES, "counts": _cpu_counts()})
+        _state["child"] = child
+    res = child.call({"module": fn.__module__, "function": fn.__qualname__, "kwargs": encode(kwargs)})
+    for backend, found in res.get("found", {}).items():
+        for k, v in found.items():
+            record_found(backend, k, v)
+    if res["outcome"] == "skipped":
+        pytest.skip(res["reason"])
+    if res["outcome"] == "failed":
+        pytest.fail(res["longrepr"], pytrace=False)
+
+
+def request_child_restart() -> None:
+    """Called by a check running in the child interpreter that left its framework unusable (a
+    sticky device error): the child ends after answering, and the next check gets a fresh one."""
+    _state["restart"] = True
+
+
+def _cpu_counts() -> dict[str, int]:
+    """Environment variable -> CPU device count of every loaded adapter with virtual devices, so
+    the child interpreter gets the same devices."""
+    from multidev.registry import loaded_backends
+
+    out = {}
+    for b in loaded_backends():
+        env = getattr(type(b), "virtual_devices_env", None)
+        if env:
+            out[env] = sum(1 for d in b.devices() if d.kind == "cpu")
+    return out
+
+
+# -- the matrix ----------------------------------------------------------------------------------
+def record_found(backend: str, key: str, value: Any) -> None:
+    """Note what a check found out about a backend (shown under the matrix and in the JSON)."""
+    _state.setdefault("found", {}).setdefault(backend, {})[key] = value
+
+
 def _feature(item: pytest.Item) -> str:
     m = item.get_closest_marker("md_feature")
     if m is not None:
@@ -178,10 +283,25 @@ def _feature(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if "items" not in _state:
         return
+    # A case marked md_requires that no selected backend declares has no parameters: not a test.
+    names = _state["backends"]
+    unparametrized = [it for it in items if "md_backend_name" in getattr(it, "fixturenames", ())
+                      and getattr(getattr(it, "callspec", None), "params", {}).get("md_backend_name") not in names]
+    if unparametrized:
+        config.hook.pytest_deselected(items=unparametrized)
+        items[:] = [it for it in items if it not in unparametrized]
     for it in items:
         cs = getattr(it, "callspec", None)
         if cs is not None and "md_backend_name" in cs.params:
             _state["items"][it.nodeid] = (cs.params["md_backend_name"], _feature(it))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if "items" not in _state:
+        return
+    kept = {it.nodeid for it in session.items}
+    for nodeid in [n for n in _state["items"] if n not in kept]:  # deselected (-k, -m)
+        del _state["items"][nodeid]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -215,6 +335,65 @@ def matrix() -> dict[str, dict[str, dict[str, int]]]:
     return {b: dict(f) for b, f in out.items()}
 
 
+def device_warnings() -> list[str]:
+    """One line per backend tested on fewer than 2 devices: what was not exercised, and how to get
+    more devices."""
+    lines = []
+    for name, b in _state.get("backends", {}).items():
+        devs = [d for n, d in _state["pairs"] if n == name]
+        if len(devs) >= 2:
+            continue
+        missed: dict[str, int] = defaultdict(int)
+        for nodeid, r in _state.get("reasons", {}).items():
+            backend, feature = _state["items"].get(nodeid, (None, None))
+            if backend == name and any(p in r for p in DEVICE_COUNT_PHRASES):
+                missed[feature] += 1
+        what = (", ".join(f"{f} ({k} case{'s' if k > 1 else ''})" for f, k in sorted(missed.items()))
+                or "every multi-device case")
+        env = getattr(type(b), "virtual_devices_env", None)
+        if _split_devices_filtered(name):
+            how = "drop --device (or name more devices) to test the others"
+        elif env:
+            how = f"set ${env}=4 before the framework starts (the suite asks for {VIRTUAL_DEVICES} when unset)"
+        else:
+            how = ("this backend has one CPU device: run on a machine with GPUs, e.g. "
+                   "--device cpu:0,gpu:0 or more GPUs")
+        lines.append(f"WARNING {name}: only {len(devs)} device(s) here ({', '.join(map(str, devs)) or 'none'}); "
+                     f"not exercised: moves between devices, multi-device collectives, device-mismatch "
+                     f"errors: {what}. To get more devices: {how}.")
+    return lines
+
+
+def _split_devices_filtered(name: str) -> bool:
+    b = _state["backends"][name]
+    return len([d for n, d in _state["pairs"] if n == name]) < len(b.devices())
+
+
+def _found_lines() -> list[str]:
+    lines = []
+    for name, b in _state.get("backends", {}).items():
+        found = _state.get("found", {}).get(name, {})
+        if not found:
+            continue
+        c = b.capabilities
+        declared: dict[str, Any] = {
+            "mutable": c.mutable, "async_execution": c.async_execution, "dlpack": c.dlpack,
+            "pinned_memory": c.pinned_memory, "native_allreduce": "allreduce" in c.native_collectives,
+            "raises_on_mixed_devices": c.raises_on_mixed_devices, "dtypes": len(c.dtypes)}
+        cells = []
+        for k in sorted(found):
+            d = declared.get(k, found[k])
+            cells.append(f"{k}={_fmt(found[k])}" + (f" (declared {_fmt(d)})" if d != found[k] else ""))
+        lines.append(f"  {name}: " + ", ".join(cells))
+    return lines
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return str(v)
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     if "items" not in _state or not _state["items"]:
         return
@@ -231,8 +410,18 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             c = m.get(n, {}).get(f)
             cells.append(f"{c['passed']}/{c['failed']}/{c['skipped']:<4}" if c else "-")
         tr.write_line(f"{f:<{width}}  " + "  ".join(f"{c:>14}" for c in cells))
+    found = _found_lines()
+    if found:
+        tr.write_line("capabilities found by the checks (the declared value in parentheses where it differs):")
+        for line in found:
+            tr.write_line(line)
+    warns = device_warnings()
+    for w in warns:
+        tr.write_line(w, yellow=True, bold=True)
     reasons: dict[str, int] = defaultdict(int)
     for nodeid, r in _state.get("reasons", {}).items():
+        if nodeid not in _state["items"]:
+            continue
         backend = _state["items"][nodeid][0]
         reasons[f"{backend}: {r}"] += 1
     if reasons:
@@ -252,24 +441,29 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             "platform": platform.platform(),
             "multidev": md.__version__,
             "backends": {n: {"version": b.version(), "devices": [str(d) for n2, d in _state["pairs"] if n2 == n],
-                             "capabilities": _caps_json(b)} for n, b in _state["backends"].items()},
+                             "spec": spec_of(n), "partners": partners_of(n),
+                             "capabilities": _caps_json(b),
+                             "capabilities_found": _state.get("found", {}).get(n, {})}
+                         for n, b in _state["backends"].items()},
             "matrix": m,
+            "warnings": warns,
             "skip_reasons": dict(reasons),
-            "isolated_partners": sorted(isolated_partners()),
             "env": {k: os.environ[k] for k in sorted(os.environ)
                     if k.startswith(("MULTIDEV_", "XLA_FLAGS", "CUDA_VISIBLE", "NCCL_"))},
         }
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(doc, indent=2, sort_keys=True))
+        Path(path).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
         tr.write_line(f"matrix written to {path}")
 
 
 def _caps_json(b: Any) -> dict[str, Any]:
-    def plain(v: Any) -> Any:
-        if isinstance(v, (frozenset, set)):
-            return sorted(v)
-        if isinstance(v, dict):  # device_dtypes: Device keys
-            return {str(k): plain(x) for k, x in v.items()}
-        return v
-
-    return {k: plain(v) for k, v in vars(b.capabilities).items()}
+    c = b.capabilities
+    out: dict[str, Any] = {}
+    for k, v in vars(c).items():
+        if isinstance(v, frozenset):
+            out[k] = sorted(v)
+        elif isinstance(v, dict):
+            out[k] = {str(d): sorted(s) for d, s in v.items()}
+        else:
+            out[k] = v
+    return out

@@ -49,17 +49,19 @@ def _free_port() -> int:
 
 def _launch(backend: str, world: int, scenario: str, timeout: float, ranks: list[int] | None = None) -> list[dict]:
     """Run ``scenario`` on ``world`` ranks (only ``ranks`` are started when given); return each
-    started rank's report (``rc``, ``out``, ``err``, and the JSON it printed). The workers get the
-    backend as the suite was given it (``module:attr`` included) and import the same modules."""
-    from multidev.conformance.plugin import backend_spec
+    started rank's report (``rc``, ``out``, ``err``, and the JSON it printed). The workers load the
+    backend as this run selected it (``module:attr`` included, with this process's ``sys.path``)."""
+    from multidev.conformance.plugin import imports_of, spec_of
 
-    spec, imports = backend_spec(backend)
+    spec = spec_of(backend)
     port = _free_port()
     procs = []
     for r in (ranks if ranks is not None else range(world)):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore",
-                   TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1", MULTIDEV_CONFORMANCE_IMPORT=",".join(imports),
+                   TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                   MULTIDEV_CONFORMANCE_IMPORT=",".join(imports_of()),
                    # several JAX processes share a GPU: none may take 75% of its memory at start
                    XLA_PYTHON_CLIENT_PREALLOCATE=os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"))
         cmd = [sys.executable, "-m", "multidev.conformance.test_distributed", spec, scenario, str(timeout)]
@@ -186,12 +188,21 @@ def _worker(backend: str, scenario: str, timeout: float) -> int:
     import torch  # noqa: F401  # import everything before the rendezvous so ranks arrive together
 
     import multidev as md
-    from multidev import distributed as dist
-    from multidev.errors import CapabilityError, CollectiveInputError
+    from multidev.registry import prefer
 
     for mod in filter(None, os.environ.get("MULTIDEV_CONFORMANCE_IMPORT", "").split(",")):
         importlib.import_module(mod)  # adapters registered at run time, as in the parent
-    b = md.backend(backend)
+    b = md.backend(backend)  # a registered name, module:attr or FAMILY:ARG (the spec the parent selected)
+    backend = b.name
+    with prefer(backend):  # a renamed or mutated copy of an adapter owns its tensors here
+        return _scenario(b, backend, scenario, timeout)
+
+
+def _scenario(b: Any, backend: str, scenario: str, timeout: float) -> int:
+    import multidev as md
+    from multidev import distributed as dist
+    from multidev.errors import CapabilityError, CollectiveInputError
+
     r, w = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     devs = b.devices()
     dev = devs[(r + 1) % len(devs)]  # results must come back to a device other than the first
@@ -288,10 +299,7 @@ def _worker(backend: str, scenario: str, timeout: float) -> int:
             raise AssertionError("mean of int32 must raise CollectiveInputError")
 
     def dtypes() -> None:
-        for dtype in ("float16", "bfloat16", "float64", "int64", "uint8"):
-            # every rank skips the same dtypes (each rank's device may hold fewer: device_dtypes)
-            if not all(dtype in b.capabilities.dtypes_on(devs[(k + 1) % len(devs)]) for k in range(w)):
-                continue
+        for dtype in [d for d in ("float16", "bfloat16", "float64", "int64", "uint8") if d in b.capabilities.dtypes]:
             a = np.abs(mine) if dtype == "uint8" else mine
             a = np.floor(a) if dtype.startswith(("int", "uint")) else a
             y = dist.allreduce(arr(a, dtype))

@@ -1,5 +1,10 @@
 """Transfers and exchange: non-blocking moves with handles, batched host copies, and convert()
-between every ordered pair of installed backends on every shared device."""
+between the backend under test and every partner (an installed backend of another framework) on
+every shared device, for every dtype both hold; ``import_dlpack`` placement; zero-copy wherever
+both sides can share memory, virtual CPU devices included.
+
+Every check that hands a buffer to another framework runs in the suite's child interpreter
+(``@isolated``): a framework that aborts on a buffer fails that check, and the run goes on."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,11 +15,19 @@ import pytest
 import multidev as md
 from multidev import Device
 from multidev.errors import CapabilityError
+from multidev.exchange import exportable
 
-from ._helpers import as_f64, need_dtype, other_device
-from ._isolate import run_isolated
-
-_PARTNERS = md.backends()
+from ._helpers import (
+    ALL_DTYPES,
+    aligned_copy,
+    as_f64,
+    buffer_address,
+    found,
+    isolated,
+    need_dtype,
+    other_device,
+    sample,
+)
 
 
 @pytest.mark.md_feature("transfers")
@@ -48,68 +61,144 @@ def test_to_host_many(md_backend: Any, md_device: Device, non_blocking: bool) ->
         np.testing.assert_allclose(a.astype(np.float64), 2 * as_f64(b, x), rtol=1e-6)
 
 
-def _pairs(b: Any, partner: str) -> tuple[Any, list[Device]]:
-    if partner == b.name:
-        pytest.skip("convert to the same backend is covered by test_convert_same_backend")
+def _shared(b: Any, partner: str) -> tuple[Any, list[Device]]:
     p = md.backend(partner)
     shared = [d for d in b.devices() if d in p.devices()]
+    if not shared:
+        pytest.skip(f"{b.name} and {p.name} have no device in common here")
     return p, shared
 
 
+def _where(shared: list[Device]) -> list[Device]:
+    """Devices the exchange cases run on: cpu:0, another CPU (a virtual device) and the first GPU."""
+    cpus = [d for d in shared if d.kind == "cpu"]
+    out = cpus[:1] + (cpus[-1:] if len(cpus) > 1 else [])
+    return out + [d for d in shared if d.kind != "cpu"][:1]
+
+
 @pytest.mark.md_feature("interop")
-@pytest.mark.parametrize("partner", _PARTNERS)
-@pytest.mark.parametrize("dtype", ["float32", "int32", "float64", "bfloat16"])
-def test_convert_both_ways(request: pytest.FixtureRequest, md_backend: Any, partner: str, dtype: str) -> None:
-    if run_isolated(request, md_backend.name, partner):
-        return  # its checks ran, and passed, in a child process (risky partner: see _isolate)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@isolated
+def test_convert_keeps_every_dtype(md_backend: Any, md_partner_name: str, dtype: str) -> None:
+    """convert both ways keeps values, device and dtype, for every dtype both backends hold."""
     b = md_backend
-    p, shared = _pairs(b, partner)
-    need_dtype(b, dtype, *shared[:2])
-    need_dtype(p, dtype, *shared[:2])
-    src = (np.arange(12).reshape(3, 4) - 5).astype(np.float32 if dtype == "bfloat16" else dtype)
-    for dev in shared[:2]:
+    p, shared = _shared(b, md_partner_name)
+    need_dtype(b, dtype)
+    need_dtype(p, dtype)
+    src = sample(dtype, (3, 4), seed=30, high=5)
+    ref = src.astype(np.complex128 if src.dtype.kind == "c" else np.float64)
+    for dev in _where(shared):
         for frm, to_ in ((b, p), (p, b)):
             x = md.asarray(src, dtype=dtype, device=dev, backend=frm.name)
             y = md.convert(x, to_.name)
             assert isinstance(y, to_.tensor_types()), f"{frm.name}->{to_.name}: got {type(y)}"
-            assert md.device_of(y) == dev and md.dtype_of(y) == dtype
-            np.testing.assert_array_equal(as_f64(to_, y), src.astype(np.float64))
+            assert md.device_of(y) == dev, f"{frm.name}->{to_.name} of {dtype}: on {md.device_of(y)}, not {dev}"
+            assert md.dtype_of(y) == dtype, f"{frm.name}->{to_.name}: dtype {md.dtype_of(y)}, not {dtype}"
+            np.testing.assert_array_equal(as_f64(to_, y), ref)
+
+
+_address = buffer_address
+
+
+def _labels_host_memory(c: Any, dev: Device) -> bool:
+    """Whether consumer ``c`` can give a plain host buffer (an aligned NumPy array, the reference
+    producer) the device ``dev`` without copying: every host buffer can then be shared there."""
+    host = aligned_copy(np.arange(4, dtype=np.float32))
+    try:
+        y = c.import_dlpack(host, dev)
+    except CapabilityError:
+        return False
+    return bool(md.device_of(y) == dev and _address(c, y) == host.ctypes.data)
 
 
 @pytest.mark.md_feature("interop")
-@pytest.mark.parametrize("partner", _PARTNERS)
-def test_convert_copy_flag_and_sharing(request: pytest.FixtureRequest, md_backend: Any, partner: str) -> None:
-    if run_isolated(request, md_backend.name, partner):
-        return  # its checks ran, and passed, in a child process (risky partner: see _isolate)
+@pytest.mark.parametrize("partner_side", ["to partner", "from partner"])
+@isolated
+def test_convert_shares_memory_wherever_both_sides_can(md_backend: Any, md_partner_name: str,
+                                                      partner_side: str) -> None:
+    """``copy=False`` shares memory (the same buffer address; a write on a mutable source shows
+    through) on cpu:0, on GPUs, and on every virtual CPU device the consumer can label host memory
+    with; elsewhere it raises CapabilityError. ``copy=True`` is always independent."""
     b = md_backend
-    p, shared = _pairs(b, partner)
+    p, shared = _shared(b, md_partner_name)
+    frm, to_ = (b, p) if partner_side == "to partner" else (p, b)
     if not (b.capabilities.dlpack and p.capabilities.dlpack):
         with pytest.raises(CapabilityError):
-            md.convert(md.ones(3, device=shared[0], backend=b.name), p.name, copy=False)
+            md.convert(md.ones(3, device=shared[0], backend=frm.name), to_.name, copy=False)
         pytest.skip(f"{b.name} or {p.name} has no DLPack (capabilities.dlpack)")
-    for dev in shared[:2]:
-        for frm, to_ in ((b, p), (p, b)):
-            x = md.asarray(np.arange(4, dtype=np.float32), device=dev, backend=frm.name)
-            z = md.convert(x, to_.name, copy=True)
-            try:
-                y = md.convert(x, to_.name, copy=False)
-            except CapabilityError as e:
-                # Zero-copy is the promise on the host and on GPUs. A virtual CPU device other
-                # than cpu:0 may be out of a consumer's reach (DLPack names every CPU 0).
-                assert dev.kind == "cpu" and dev.index > 0, f"{frm.name}->{to_.name} on {dev}: {e}"
-                assert "share" in str(e) and "copy=None" in str(e)
-                y = None
-            expect = np.arange(4.0)
-            if frm.capabilities.mutable:
-                # A write on the source shows through the shared view only. It happens before the
-                # first read of y: immutable consumers (JAX) may cache a host copy once read.
-                frm.assign(x, md.full(4, 7.0, device=dev, backend=frm.name))
-                md.synchronize(x)
-                expect = np.full(4, 7.0)
-            if y is not None:
-                assert md.device_of(y) == dev
-                np.testing.assert_array_equal(as_f64(to_, y), expect)
-            np.testing.assert_array_equal(as_f64(to_, z), np.arange(4))
+    labelled = []
+    for dev in [d for d in shared if d.kind == "cpu"] + [d for d in shared if d.kind != "cpu"][:1]:
+        x = md.asarray(np.arange(4, dtype=np.float32), device=dev, backend=frm.name)
+        z = md.convert(x, to_.name, copy=True)
+        try:
+            y = md.convert(x, to_.name, copy=False)
+        except CapabilityError as e:
+            virtual = dev.kind == "cpu" and dev.index > 0
+            assert virtual, f"{frm.name}->{to_.name} on {dev} must share memory: {e}"
+            assert not _labels_host_memory(to_, dev), (
+                f"{to_.name} labels host memory with {dev} (it shares a NumPy buffer there), but refused "
+                f"{frm.name}'s buffer: {e}")
+            assert "share" in str(e) and "copy=None" in str(e)
+            labelled.append(False)
+            continue  # refused where the consumer cannot label host memory with dev: that is the check
+        labelled.append(True)
+        assert md.device_of(y) == dev
+        assert _address(to_, y) == _address(frm, x), f"{frm.name}->{to_.name} on {dev}: copy=False copied"
+        assert _address(to_, z) != _address(frm, x), f"{frm.name}->{to_.name} on {dev}: copy=True shares"
+        expect = np.arange(4.0)
+        if frm.capabilities.mutable:
+            # A write on the source shows through the shared view only. It happens before the first
+            # read of y: immutable consumers (JAX) may cache a host copy once read.
+            frm.assign(x, md.full(4, 7.0, device=dev, backend=frm.name))
+            md.synchronize(x)
+            expect = np.full(4, 7.0)
+        np.testing.assert_array_equal(as_f64(to_, y), expect)
+        np.testing.assert_array_equal(as_f64(to_, z), np.arange(4))
+    if len(labelled) > 1:
+        found(to_, "shares_on_virtual_cpus", all(labelled[1:]))
+
+
+@pytest.mark.md_feature("interop")
+@isolated
+def test_import_dlpack_lands_on_the_requested_device(md_backend: Any, md_devices: list) -> None:
+    """``import_dlpack(obj, device)`` of the backend's own export gives a tensor on ``device``,
+    sharing memory, on every device (virtual CPUs included), or raises CapabilityError; never a
+    tensor somewhere else."""
+    b = md_backend
+    if not b.capabilities.dlpack:
+        pytest.skip(f"{b.name} has no DLPack (capabilities.dlpack)")
+    for dev in md_devices:
+        x = md.asarray(np.arange(6, dtype=np.float32) + dev.index, device=dev, backend=b.name)
+        md.synchronize(x)
+        try:
+            y = b.import_dlpack(exportable(b, x), dev)
+        except CapabilityError:
+            assert dev.kind == "cpu" and dev.index > 0, f"{b.name} cannot import its own export on {dev}"
+            continue  # refused on a virtual CPU device: allowed, and the core then copies
+        assert md.device_of(y) == dev, f"import_dlpack(..., {dev}) landed on {md.device_of(y)}"
+        assert _address(b, y) == _address(b, x), f"import_dlpack on {dev} copied"
+        np.testing.assert_array_equal(as_f64(b, y), np.arange(6.0) + dev.index)
+
+
+@pytest.mark.md_feature("interop")
+@isolated
+def test_import_dlpack_from_partner_lands_on_the_requested_device(md_backend: Any, md_partner_name: str) -> None:
+    """The same for a partner's exports on every shared device (host buffers of every CPU device
+    arrive labelled cpu:0 by DLPack: placing them is the consumer's job)."""
+    b = md_backend
+    p, shared = _shared(b, md_partner_name)
+    if not (b.capabilities.dlpack and p.capabilities.dlpack):
+        pytest.skip(f"{b.name} or {p.name} has no DLPack (capabilities.dlpack)")
+    for dev in shared:
+        x = md.asarray(np.arange(6, dtype=np.float32) * (dev.index + 1), device=dev, backend=p.name)
+        md.synchronize(x)
+        try:
+            y = b.import_dlpack(exportable(p, x), dev)
+        except CapabilityError:
+            assert dev.kind == "cpu" and dev.index > 0, f"{b.name} cannot import {p.name}'s buffer on {dev}"
+            continue  # refused on a virtual CPU device: allowed, and the core then copies
+        assert md.device_of(y) == dev, f"import_dlpack of a {p.name} buffer on {dev} landed on {md.device_of(y)}"
+        np.testing.assert_array_equal(as_f64(b, y), np.arange(6.0) * (dev.index + 1))
 
 
 @pytest.mark.md_feature("interop")
@@ -121,14 +210,12 @@ def test_convert_same_backend(md_backend: Any, md_device: Device) -> None:
 
 
 @pytest.mark.md_feature("interop")
-@pytest.mark.parametrize("partner", _PARTNERS)
-def test_convert_transposed_view(request: pytest.FixtureRequest, md_backend: Any, partner: str) -> None:
+@isolated
+def test_convert_transposed_view(md_backend: Any, md_partner_name: str) -> None:
     """A transposed (strided) view converts to the right values: zero-copy where the consumer takes
     strides, else through the documented explicit copy."""
-    if run_isolated(request, md_backend.name, partner):
-        return  # its checks ran, and passed, in a child process (risky partner: see _isolate)
     b = md_backend
-    p, shared = _pairs(b, partner)
+    p, shared = _shared(b, md_partner_name)
     src = np.arange(12, dtype=np.float32).reshape(3, 4)
     x = md.asarray(src, device=shared[0], backend=b.name)
     xt = getattr(x, "T", None)

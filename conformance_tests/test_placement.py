@@ -18,7 +18,7 @@ from multidev.errors import (
     UnsupportedTensorError,
 )
 
-from ._helpers import CREATION_DTYPES, as_f64, need_dtype, np_dtype, other_device
+from ._helpers import CREATION_DTYPES, as_f64, buffer_address, need_dtype, np_dtype, other_device
 
 pytestmark = pytest.mark.md_feature("placement")
 
@@ -100,20 +100,27 @@ def test_move_keeps_values(md_backend: Any, md_device: Device, md_devices: list)
 
 
 def test_copy_is_a_new_buffer(md_backend: Any, md_device: Device, md_devices: list) -> None:
+    """copy always makes a new buffer: never x itself, never x's memory (by buffer address where
+    DLPack can tell, and through a write on mutable backends)."""
     b = md_backend
     src = np.arange(6, dtype=np.float32).reshape(2, 3)
     x = md.asarray(src, device=md_device, backend=b.name)
     y = md.copy(x)
     assert y is not x and md.device_of(y) == md_device
     np.testing.assert_array_equal(as_f64(b, y), src)
+    here = buffer_address(b, x)
     targets = [md_device] + [d for d in md_devices if d != md_device][:1]
     for dev in targets:
         z = md.copy(x, dev)
         assert md.device_of(z) == dev
         np.testing.assert_array_equal(as_f64(b, z), src)
+        if here is not None:
+            assert buffer_address(b, z) != here, f"copy to {dev} shares x's buffer"
     if not b.capabilities.mutable:
-        pytest.skip(f"{b.name} tensors are immutable (capabilities.mutable=False): independence "
-                    "cannot be observed through a write")
+        if here is None:
+            pytest.skip(f"{b.name} tensors are immutable (capabilities.mutable=False) and have no DLPack: "
+                        "independence cannot be observed")
+        return  # immutable: the buffer addresses above were the check
     b.assign(y, b.full((2, 3), 9, "float32", md_device))
     np.testing.assert_array_equal(as_f64(b, x), src)
     np.testing.assert_array_equal(as_f64(b, y), np.full((2, 3), 9.0))

@@ -136,6 +136,7 @@ class TemplateBackend(BaseBackend):
         return self._aligned(self._xp.asarray(x, device=self._native[device], copy=True))
 
     # start_move(): BaseBackend's (move, then no waiter: the backend is synchronous).
+    # start_to_numpy(): optional; BaseBackend's (start_move to cpu:0, then to_numpy).
 
     def copy(self, x: Any, device: Device) -> Any:
         return self.move(x, device)
@@ -187,3 +188,10 @@ class TemplateBackend(BaseBackend):
             raise CapabilityError(f"template backend cannot import this DLPack tensor: {e}") from e
 
     # native_allreduce(): BaseBackend's (CapabilityError: no framework allreduce).
+
+    # The optional training and compilation extensions (multidev.replicate, train_batch, compile):
+    # parameter_like(): BaseBackend's (the copy as it is: arrays are parameters already).
+    # value_and_grad(): BaseBackend's (CapabilityError: pass train_batch a hand-written grad=).
+    # sgd_update(): BaseBackend's (p - lr * g, out of place).
+    # compile_routes(): BaseBackend's (none: md.compile runs the function as it is, or refuses).
+    # compile(): BaseBackend's (CapabilityError naming the routes the adapter has).

@@ -164,9 +164,6 @@ class BaseBackend:
     #: The environment variable giving this backend's number of virtual CPU devices, read when the
     #: adapter starts its framework (None: the backend has no virtual devices).
     virtual_devices_env: ClassVar[str | None] = None
-    #: The conformance suite runs the interop tests that have this adapter as the partner in a
-    #: child process: set it where the framework is known to abort the interpreter on some buffers.
-    interop_in_child: ClassVar[bool] = False
 
     if TYPE_CHECKING:  # provided by every subclass; declared here for the type checker only
         @property

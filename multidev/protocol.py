@@ -302,14 +302,10 @@ def _protocol_methods() -> tuple[str, ...]:
 #: The protocol's methods in order (``capabilities`` is a property).
 PROTOCOL_METHODS: tuple[str, ...] = _protocol_methods()
 #: Methods an adapter may leave out: the core then uses the default :class:`multidev.adapter.BaseBackend`
-#: documents (``native_allreduce`` is only called where ``capabilities.native_collectives`` lists it).
-OPTIONAL_METHODS = frozenset({"start_to_numpy", "native_allreduce"})
-
-#: Methods an adapter may leave out: the core then uses the default :class:`multidev.adapter.BaseBackend`
 #: documents (``native_allreduce`` is only called where ``capabilities.native_collectives`` lists it;
 #: the training and compilation extensions raise CapabilityError where missing).
-OPTIONAL_METHODS = frozenset({"native_allreduce", "parameter_like", "value_and_grad", "sgd_update", "compile_routes",
-                              "compile"})
+OPTIONAL_METHODS = frozenset({"start_to_numpy", "native_allreduce", "parameter_like", "value_and_grad", "sgd_update",
+                              "compile_routes", "compile"})
 
 
 def _ordered_doc() -> str:

@@ -1,0 +1,872 @@
+"""The mutation catalogue: one-method defects of the NumPy, torch and JAX adapters and of the
+generic pieces every adapter relies on (BaseBackend's defaults), each the kind of bug an adapter
+author writes. ``tests/test_mutation_catalogue.py`` runs the conformance suite against each one
+(``multidev conformance --backend mutants:ClassName``) and requires it to fail.
+
+Every mutant is a subclass that overrides exactly one method (or the ``capabilities`` property) of
+its base and has its own registry ``name``, so several are tested in one pytest session. Each entry
+says what the defect is and which checks are run against it (``select``: substrings of the test
+ids; the catalogue run keeps only those, and stops testing a mutant at its first failure). A
+renamed, unmutated copy of each base (the ``*Control`` classes) runs the union of the selections and
+must pass: the failures come from the defects, not from the renaming.
+
+Mutants that cannot fail on a machine without a GPU say why and where they are caught instead
+(``gpus`` > 0: the GPU run, ``scripts/gpu_mutants.sh``).
+
+Loaded as a pytest plugin (``-p mutants``), this module also applies the selections and the
+stop-at-first-failure rule to the suite run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from multidev.adapter import DTYPES, BaseBackend, CapabilityError, Device
+from multidev.adapters.jax import JaxBackend
+from multidev.adapters.numpy import NumpyBackend, VirtualDeviceArray
+from multidev.adapters.torch import TorchBackend
+
+_HOST = Device("cpu", 0)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    cls: type
+    base: str
+    """``numpy``, ``torch``, ``jax`` or ``generic`` (a BaseBackend default, on the adapter named in
+    the class's base)."""
+    defect: str
+    select: tuple[str, ...]
+    """Substrings of the suite's test ids that must catch it (the run is limited to them)."""
+    gpus: int = 0
+    """GPUs needed for the defect to show (0: it fails on any machine)."""
+    why_gpu: str = ""
+    """For ``gpus`` > 0: why a CPU-only machine cannot show it, and which check catches it there."""
+
+    @property
+    def name(self) -> str:
+        return str(self.cls.name)
+
+    @property
+    def spec(self) -> str:
+        return f"mutants:{self.cls.__name__}"
+
+
+CATALOGUE: list[Mutant] = []
+
+
+def mutant(base: str, defect: str, select: Sequence[str], gpus: int = 0,
+           why_gpu: str = "") -> Callable[[type], type]:
+    def deco(cls: type) -> type:
+        CATALOGUE.append(Mutant(cls, base, defect, tuple(select), gpus, why_gpu))
+        return cls
+    return deco
+
+
+def _plain(x: Any) -> Any:
+    return x.view(np.ndarray) if isinstance(x, VirtualDeviceArray) else x
+
+
+def _tag(a: Any, device: Device) -> Any:
+    v = np.asarray(a).view(VirtualDeviceArray)
+    v._md_device = device
+    return v
+
+
+# == controls: renamed, unmutated copies of each base ==============================================
+class NumpyControl(NumpyBackend):
+    name = "numpy_control"
+
+
+class GenericControl(NumpyBackend):
+    """The NumPy adapter on BaseBackend's generic defaults (start_move, wait, shape_of, DLPack
+    export/import through ``numpy.from_dlpack``, no native allreduce): the base of the generic mutants."""
+
+    name = "generic_control"
+    start_move = BaseBackend.start_move
+    wait = BaseBackend.wait
+    shape_of = BaseBackend.shape_of
+    export_dlpack = BaseBackend.export_dlpack
+    import_dlpack = BaseBackend.import_dlpack
+    native_allreduce = BaseBackend.native_allreduce
+
+
+class TorchControl(TorchBackend):
+    name = "torch_control"
+
+
+class JaxControl(JaxBackend):
+    name = "jax_control"
+
+
+def control_of(cls: type) -> type:
+    """The control a mutant class is compared with (the unmutated copy of its base)."""
+    for base, control in ((GenericControl, GenericControl), (NumpyBackend, NumpyControl),
+                          (TorchBackend, TorchControl), (JaxBackend, JaxControl)):
+        if issubclass(cls, base):
+            return control
+    raise TypeError(f"{cls.__name__} has no control")
+
+
+CONTROLS = (NumpyControl, GenericControl, TorchControl, JaxControl)
+
+
+# == NumPy ===========================================================================================
+@mutant("numpy", "copy casts every float to float32", ["test_copy_keeps_every_dtype"])
+class NumpyCopyCastsFloats(NumpyBackend):
+    name = "numpy_copy_casts_floats"
+
+    def copy(self, x: Any, device: Device) -> Any:
+        a = np.array(_plain(x), copy=True)
+        return _tag(a.astype(np.float32) if a.dtype.kind == "f" else a, device)
+
+
+@mutant("numpy", "copy on the same device returns a view of x", ["test_copy_is_a_new_buffer"])
+class NumpyCopySharesBuffer(NumpyBackend):
+    name = "numpy_copy_shares"
+
+    def copy(self, x: Any, device: Device) -> Any:
+        return _tag(_plain(x), device)
+
+
+@mutant("numpy", "asarray wraps the caller's array instead of copying it", ["test_asarray_never_shares"])
+class NumpyAsarrayShares(NumpyBackend):
+    name = "numpy_asarray_shares"
+
+    def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
+        nd = None if dtype is None else self.to_native_dtype(dtype)
+        return _tag(np.asarray(_plain(obj), dtype=nd), device)
+
+
+@mutant("numpy", "move turns float64 into float32", ["test_move_keeps_every_dtype"])
+class NumpyMoveDowncasts(NumpyBackend):
+    name = "numpy_move_downcasts"
+
+    def move(self, x: Any, device: Device) -> Any:
+        a = np.array(_plain(x), copy=True)
+        return _tag(a.astype(np.float32) if a.dtype == np.float64 else a, device)
+
+
+@mutant("numpy", "move keeps the source's device tag", ["test_move_keeps_values"])
+class NumpyMoveStays(NumpyBackend):
+    name = "numpy_move_stays"
+
+    def move(self, x: Any, device: Device) -> Any:
+        return _tag(np.array(_plain(x), copy=True), self.device_of(x))
+
+
+@mutant("numpy", "to_numpy gives a NumPy scalar for a 0-d tensor", ["test_to_numpy_gives_an_exact_ndarray"])
+class NumpyToNumpyScalar(NumpyBackend):
+    name = "numpy_to_numpy_scalar"
+
+    def to_numpy(self, x: Any) -> Any:
+        a = np.asarray(_plain(x))
+        return a[()] if a.ndim == 0 else a
+
+
+@mutant("numpy", "to_numpy hands back the device-tagged subclass", ["test_to_numpy_gives_an_exact_ndarray"])
+class NumpyToNumpySubclass(NumpyBackend):
+    name = "numpy_to_numpy_subclass"
+
+    def to_numpy(self, x: Any) -> Any:
+        return x if isinstance(x, np.ndarray) else np.asarray(x)
+
+
+@mutant("numpy", "dtype_of names float16 tensors float32", ["test_creation_honours_device_and_dtype"])
+class NumpyDtypeOfHalf(NumpyBackend):
+    name = "numpy_dtype_of_half"
+
+    def dtype_of(self, x: Any) -> str:
+        d = super().dtype_of(x)
+        return "float32" if d == "float16" else d
+
+
+@mutant("numpy", "combine's table maps min to maximum", ["test_combine_matches_numpy"])
+class NumpyCombineMinIsMax(NumpyBackend):
+    name = "numpy_combine_min_max"
+
+    def combine(self, op: str, a: Any, b: Any) -> Any:
+        return super().combine("max" if op == "min" else op, a, b)
+
+
+@mutant("numpy", "combine accumulates integers in int64 and never casts back",
+        ["test_allreduce_keeps_every_dtype", "test_combine_matches_numpy"])
+class NumpyCombineWidensInts(NumpyBackend):
+    name = "numpy_combine_widens"
+
+    def combine(self, op: str, a: Any, b: Any) -> Any:
+        y = super().combine(op, a, b)
+        return _tag(_plain(y).astype(np.int64), self.device_of(y)) if y.dtype.kind in "iu" else y
+
+
+@mutant("numpy", "divide floors (x // n), as for integers", ["test_divide_keeps_the_floating_dtype"])
+class NumpyDivideFloors(NumpyBackend):
+    name = "numpy_divide_floors"
+
+    def divide(self, x: Any, n: int) -> Any:
+        return _tag(_plain(x) // n, self.device_of(x))
+
+
+@mutant("numpy", "divide by a float64 scalar promotes float32 and float16 to float64",
+        ["test_divide_keeps_the_floating_dtype"])
+class NumpyDividePromotes(NumpyBackend):
+    name = "numpy_divide_promotes"
+
+    def divide(self, x: Any, n: int) -> Any:
+        return _tag(_plain(x) / np.float64(n), self.device_of(x))
+
+
+@mutant("numpy", "split returns its pieces in reverse order", ["test_reshape_concat_split"])
+class NumpySplitReversed(NumpyBackend):
+    name = "numpy_split_reversed"
+
+    def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
+        return super().split(x, sizes, axis)[::-1]
+
+
+@mutant("numpy", "concat does not check that its operands share a device", ["test_device_mismatch_raises"])
+class NumpyConcatNoDeviceCheck(NumpyBackend):
+    name = "numpy_concat_any_device"
+
+    def concat(self, xs: Sequence[Any], axis: int) -> Any:
+        return _tag(np.concatenate([_plain(x) for x in xs], axis=axis), self.device_of(xs[0]))
+
+
+@mutant("numpy", "assign writes across devices", ["test_device_mismatch_raises"])
+class NumpyAssignNoDeviceCheck(NumpyBackend):
+    name = "numpy_assign_any_device"
+
+    def assign(self, dst: Any, src: Any) -> None:
+        np.copyto(_plain(dst), _plain(src))
+
+
+@mutant("numpy", "import_dlpack tags every buffer cpu:0, whatever device was asked for",
+        ["test_import_dlpack_lands_on_the_requested_device"])
+class NumpyImportOnHost(NumpyBackend):
+    name = "numpy_import_on_host"
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        return _tag(np.from_dlpack(obj), _HOST)
+
+
+@mutant("numpy", "export_dlpack exports a copy, so nothing is shared",
+        ["test_convert_shares_memory_wherever_both_sides_can"])
+class NumpyExportCopies(NumpyBackend):
+    name = "numpy_export_copies"
+
+    def export_dlpack(self, x: Any) -> Any:
+        return np.array(_plain(x), copy=True)
+
+
+@mutant("numpy", "capabilities claim dlpack=False (its arrays still export)", ["test_dlpack_flag_matches_behaviour"])
+class NumpyClaimsNoDlpack(NumpyBackend):
+    name = "numpy_claims_no_dlpack"
+
+    @property
+    def capabilities(self) -> Any:
+        return dataclasses.replace(super().capabilities, dlpack=False)
+
+
+@mutant("numpy", "capabilities claim mutable=False (assign still writes)", ["test_mutable_flag_matches_behaviour"])
+class NumpyClaimsImmutable(NumpyBackend):
+    name = "numpy_claims_immutable"
+
+    @property
+    def capabilities(self) -> Any:
+        return dataclasses.replace(super().capabilities, mutable=False)
+
+
+@mutant("numpy", "capabilities claim raises_on_mixed_devices=False (NumPy devices do raise)",
+        ["test_raises_on_mixed_devices_flag"])
+class NumpyClaimsSilentMixing(NumpyBackend):
+    name = "numpy_claims_silent_mixing"
+
+    @property
+    def capabilities(self) -> Any:
+        return dataclasses.replace(super().capabilities, raises_on_mixed_devices=False)
+
+
+@mutant("numpy", "capabilities leave out float16, which it holds", ["test_dtypes_flag_matches_behaviour"])
+class NumpyHidesFloat16(NumpyBackend):
+    name = "numpy_hides_float16"
+
+    @property
+    def capabilities(self) -> Any:
+        c = super().capabilities
+        return dataclasses.replace(c, dtypes=c.dtypes - {"float16"})
+
+
+@mutant("numpy", "capabilities claim a native allreduce it does not have",
+        ["test_native_allreduce_flag_matches_behaviour"])
+class NumpyClaimsNative(NumpyBackend):
+    name = "numpy_claims_native"
+
+    @property
+    def capabilities(self) -> Any:
+        return dataclasses.replace(super().capabilities, native_collectives=frozenset({"allreduce"}))
+
+
+@mutant("numpy", "capabilities give per-device dtypes for a device it does not have",
+        ["test_capability_record_is_well_formed"])
+class NumpyDeviceDtypesForeign(NumpyBackend):
+    name = "numpy_device_dtypes_foreign"
+
+    @property
+    def capabilities(self) -> Any:
+        c = super().capabilities
+        return dataclasses.replace(c, device_dtypes={Device("gpu", 0): c.dtypes - {"float64"}})
+
+
+@mutant("numpy", "concat preallocates its result with np.empty's default dtype (float64)",
+        ["test_other_collectives_keep_every_dtype"])
+class NumpyConcatPreallocates(NumpyBackend):
+    name = "numpy_concat_preallocates"
+
+    def concat(self, xs: Sequence[Any], axis: int) -> Any:
+        dev = self.same_device("concat", xs)
+        parts = [_plain(x) for x in xs]
+        shape = list(parts[0].shape)
+        shape[axis] = sum(p.shape[axis] for p in parts)
+        out = np.empty(shape)
+        np.concatenate(parts, axis=axis, out=out, casting="unsafe")
+        return _tag(out, dev)
+
+
+@mutant("numpy", "devices lists the virtual devices in reverse order", ["test_devices_listed_cpu_first"])
+class NumpyDevicesReversed(NumpyBackend):
+    name = "numpy_devices_reversed"
+
+    def devices(self) -> list[Device]:
+        return super().devices()[::-1]
+
+
+@mutant("numpy", "rand ignores its seed", ["test_rand_uniform_and_seeded"])
+class NumpyRandUnseeded(NumpyBackend):
+    name = "numpy_rand_unseeded"
+
+    def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
+        return super().rand(shape, dtype, device, None)
+
+
+@mutant("numpy", "full leaves the dtype to NumPy's inference from the value",
+        ["test_creation_honours_device_and_dtype"])
+class NumpyFullInfersDtype(NumpyBackend):
+    name = "numpy_full_infers"
+
+    def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
+        return _tag(np.full(shape, value), device)
+
+
+@mutant("numpy", "from_native_device takes any object for cpu:0", ["test_from_native_device_rejects"])
+class NumpyNativeDeviceAnything(NumpyBackend):
+    name = "numpy_native_device_any"
+
+    def from_native_device(self, obj: Any) -> Device | None:
+        return obj if isinstance(obj, Device) else _HOST
+
+
+# == generic pieces (BaseBackend's defaults) ======================================================
+@mutant("generic", "BaseBackend.shape_of gives a list", ["test_shape_of_gives_a_tuple_of_ints"])
+class GenericShapeOfList(GenericControl):
+    name = "generic_shape_of_list"
+
+    def shape_of(self, x: Any) -> tuple[int, ...]:
+        return list(x.shape)  # type: ignore[return-value]
+
+
+@mutant("generic", "BaseBackend.import_dlpack without its placement check (a view of cpu:0 for any device)",
+        ["test_import_dlpack_lands_on_the_requested_device"])
+class GenericImportNoPlacementCheck(GenericControl):
+    name = "generic_import_unchecked"
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        return np.from_dlpack(obj)
+
+
+@mutant("generic", "BaseBackend.native_allreduce hands back its inputs instead of refusing",
+        ["test_native_allreduce_flag_matches_behaviour"])
+class GenericNativeReturnsInputs(GenericControl):
+    name = "generic_native_inputs"
+
+    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
+        return list(xs)
+
+
+@mutant("generic", "BaseBackend.start_move gives no waiter, even on an asynchronous backend (JAX)",
+        ["test_reads_and_transfers_wait_for_queued_work"])
+class GenericStartMoveNoWaiter(JaxBackend):
+    name = "generic_start_move_no_wait"
+
+    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
+        return self.move(x, device), None
+
+
+@mutant("generic", "BaseBackend.wait does not wait (on JAX, which is asynchronous)",
+        ["test_synchronize_waits_for_queued_work", "test_synchronize_raises_asynchronous_errors"])
+class GenericWaitNoop(JaxBackend):
+    name = "generic_wait_noop"
+
+    def wait(self, x: Any) -> None:
+        return None
+
+
+@mutant("generic", "BaseBackend.same_device returns the first device without comparing (on JAX)",
+        ["test_device_mismatch_raises"])
+class GenericSameDeviceUnchecked(JaxBackend):
+    name = "generic_same_device_first"
+
+    def same_device(self, what: str, xs: Sequence[Any], note: str = "") -> Device:
+        return self.device_of(xs[0])
+
+
+# == torch ===========================================================================================
+@mutant("torch", "copy turns float64 into float32", ["test_copy_keeps_every_dtype"])
+class TorchCopyDowncasts(TorchBackend):
+    name = "torch_copy_downcasts"
+
+    def copy(self, x: Any, device: Device) -> Any:
+        dt = self._torch.float32 if x.dtype == self._torch.float64 else x.dtype
+        return x.to(self.to_native_device(device), dtype=dt, copy=True)
+
+
+@mutant("torch", "asarray shares a NumPy array's memory (torch.from_numpy)", ["test_asarray_never_shares"])
+class TorchAsarrayShares(TorchBackend):
+    name = "torch_asarray_shares"
+
+    def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
+        if isinstance(obj, np.ndarray) and obj.dtype.name != "bfloat16" and device == _HOST:
+            t = self._torch.from_numpy(obj)
+            return t if dtype is None else t.to(self.to_native_dtype(dtype))
+        return super().asarray(obj, dtype, device)
+
+
+@mutant("torch", "to_numpy gives a Python scalar for a 0-d tensor (x.item())", ["test_to_numpy_gives_an_exact_ndarray"])
+class TorchToNumpyItem(TorchBackend):
+    name = "torch_to_numpy_item"
+
+    def to_numpy(self, x: Any) -> Any:
+        return x.item() if x.ndim == 0 else super().to_numpy(x)
+
+
+@mutant("torch", "dtype_of maps bfloat16 to float16", ["test_creation_honours_device_and_dtype"])
+class TorchDtypeOfBf16(TorchBackend):
+    name = "torch_dtype_of_bf16"
+
+    def dtype_of(self, x: Any) -> str:
+        return "float16" if x.dtype == self._torch.bfloat16 else super().dtype_of(x)
+
+
+@mutant("torch", "combine's table maps prod to torch.add", ["test_combine_matches_numpy"])
+class TorchCombineProdAdds(TorchBackend):
+    name = "torch_combine_prod_adds"
+
+    def combine(self, op: str, a: Any, b: Any) -> Any:
+        return super().combine("sum" if op == "prod" else op, a, b)
+
+
+@mutant("torch", "divide computes half precision in float32 and returns float32",
+        ["test_divide_keeps_the_floating_dtype"])
+class TorchDivideUpcasts(TorchBackend):
+    name = "torch_divide_upcasts"
+
+    def divide(self, x: Any, n: int) -> Any:
+        if x.dtype in (self._torch.float16, self._torch.bfloat16):
+            return x.float() / n
+        return super().divide(x, n)
+
+
+@mutant("torch", "export_dlpack exports a clone", ["test_convert_shares_memory_wherever_both_sides_can"])
+class TorchExportClones(TorchBackend):
+    name = "torch_export_clones"
+
+    def export_dlpack(self, x: Any) -> Any:
+        return super().export_dlpack(x).clone()
+
+
+@mutant("torch", "capabilities claim dlpack=False (tensors still export)", ["test_dlpack_flag_matches_behaviour"])
+class TorchClaimsNoDlpack(TorchBackend):
+    name = "torch_claims_no_dlpack"
+
+    @property
+    def capabilities(self) -> Any:
+        return dataclasses.replace(super().capabilities, dlpack=False)
+
+
+@mutant("torch", "capabilities leave out bfloat16, which it holds", ["test_dtypes_flag_matches_behaviour"])
+class TorchHidesBf16(TorchBackend):
+    name = "torch_hides_bf16"
+
+    @property
+    def capabilities(self) -> Any:
+        c = super().capabilities
+        return dataclasses.replace(c, dtypes=c.dtypes - {"bfloat16"})
+
+
+@mutant("torch", "capabilities claim mutable=False (assign still writes)", ["test_mutable_flag_matches_behaviour"])
+class TorchClaimsImmutable(TorchBackend):
+    name = "torch_claims_immutable"
+
+    @property
+    def capabilities(self) -> Any:
+        return dataclasses.replace(super().capabilities, mutable=False)
+
+
+@mutant("torch", "split cuts equal chunks (torch.chunk), ignoring the sizes", ["test_reshape_concat_split"])
+class TorchSplitChunks(TorchBackend):
+    name = "torch_split_chunks"
+
+    def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
+        return list(self._torch.chunk(x, len(sizes), dim=axis))
+
+
+@mutant("torch", "concat always joins along axis 0", ["test_reshape_concat_split"])
+class TorchConcatAxis0(TorchBackend):
+    name = "torch_concat_axis0"
+
+    def concat(self, xs: Sequence[Any], axis: int) -> Any:
+        return super().concat(xs, 0)
+
+
+@mutant("torch", "rand ignores its seed", ["test_rand_uniform_and_seeded"])
+class TorchRandUnseeded(TorchBackend):
+    name = "torch_rand_unseeded"
+
+    def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
+        return super().rand(shape, dtype, device, None)
+
+
+_ONE_CPU = "torch has a single CPU device, so without a GPU "
+
+
+@mutant("torch", "synchronize does nothing", ["test_synchronize_waits_for_queued_work"], gpus=1,
+        why_gpu=_ONE_CPU + "nothing is asynchronous; on a GPU the CUDA stream is still busy after the call "
+        "(test_synchronize_waits_for_queued_work)")
+class TorchSynchronizeNoop(TorchBackend):
+    name = "torch_synchronize_noop"
+
+    def synchronize(self, device: Device | None) -> None:
+        return None
+
+
+@mutant("torch", "start_move gives no waiter for CUDA copies", ["test_reads_and_transfers_wait_for_queued_work"],
+        gpus=1, why_gpu="no CUDA copy exists on a CPU; on a GPU the pinned host buffer is read before the "
+        "device-to-host copy lands (test_reads_and_transfers_wait_for_queued_work)")
+class TorchStartMoveNoWaiter(TorchBackend):
+    name = "torch_start_move_no_wait"
+
+    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
+        y, _ = super().start_move(x, device)
+        return y, None
+
+
+@mutant("torch", "to_numpy of a CUDA tensor copies non-blocking and does not wait",
+        ["test_reads_and_transfers_wait_for_queued_work"], gpus=1,
+        why_gpu="a CPU tensor's to_numpy is synchronous; on a GPU the host array is read before the copy lands "
+        "(test_reads_and_transfers_wait_for_queued_work)")
+class TorchToNumpyNoWait(TorchBackend):
+    name = "torch_to_numpy_no_wait"
+
+    def to_numpy(self, x: Any) -> Any:
+        if x.device.type == "cuda" and x.dtype != self._torch.bfloat16:
+            return x.detach().to("cpu", non_blocking=True).numpy()
+        return super().to_numpy(x)
+
+
+@mutant("torch", "capabilities claim pinned_memory=False (device-to-host moves are pinned)",
+        ["test_pinned_memory_flag_matches_behaviour"], gpus=1,
+        why_gpu="pinned memory exists only with a GPU (test_pinned_memory_flag_matches_behaviour)")
+class TorchClaimsUnpinned(TorchBackend):
+    name = "torch_claims_unpinned"
+
+    @property
+    def capabilities(self) -> Any:
+        return dataclasses.replace(super().capabilities, pinned_memory=False)
+
+
+@mutant("torch", "capabilities claim async_execution=False (CUDA work is queued)",
+        ["test_async_execution_flag_matches_behaviour"], gpus=1,
+        why_gpu="torch runs CPU work synchronously; on a GPU queued work is seen running after the call "
+        "returns (test_async_execution_flag_matches_behaviour)")
+class TorchClaimsSynchronous(TorchBackend):
+    name = "torch_claims_sync"
+
+    @property
+    def capabilities(self) -> Any:
+        return dataclasses.replace(super().capabilities, async_execution=False)
+
+
+@mutant("torch", "native_allreduce returns the results in ascending device order, not input order",
+        ["test_allreduce_device_order", "test_native_allreduce_every_op_and_dtype"], gpus=2,
+        why_gpu="torch declares its NCCL allreduce only with 2 or more GPUs (test_allreduce_device_order[native], "
+        "test_native_allreduce_every_op_and_dtype: inputs in reversed order)")
+class TorchNativeSorted(TorchBackend):
+    name = "torch_native_sorted"
+
+    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
+        return sorted(super().native_allreduce(xs, op), key=lambda y: y.device.index)
+
+
+@mutant("torch", "native_allreduce's NCCL op table swaps prod and max", ["test_native_allreduce_every_op_and_dtype"],
+        gpus=2, why_gpu="needs the NCCL path, which takes 2 or more GPUs (test_native_allreduce_every_op_and_dtype)")
+class TorchNativeOpTable(TorchBackend):
+    name = "torch_native_op_table"
+
+    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
+        return super().native_allreduce(xs, {"prod": "max", "max": "prod"}.get(op, op))
+
+
+@mutant("torch", "device_of reports gpu:0 for every CUDA tensor", ["test_move_keeps_values", "test_allreduce_matches"],
+        gpus=2, why_gpu="needs a second GPU to tell gpu:0 from gpu:1 (test_move_keeps_values)")
+class TorchDeviceOfFirstGpu(TorchBackend):
+    name = "torch_device_of_gpu0"
+
+    def device_of(self, x: Any) -> Device:
+        d = super().device_of(x)
+        return Device("gpu", 0) if d.kind == "gpu" else d
+
+
+# == JAX =============================================================================================
+@mutant("jax", "copy turns float16 and bfloat16 into float32", ["test_copy_keeps_every_dtype"])
+class JaxCopyUpcasts(JaxBackend):
+    name = "jax_copy_upcasts"
+
+    def copy(self, x: Any, device: Device) -> Any:
+        if x.dtype.name in ("float16", "bfloat16"):
+            x = x.astype(self._jnp.float32)
+        return super().copy(x, device)
+
+
+@mutant("jax", "copy uses device_put, which returns x itself on x's device", ["test_copy_is_a_new_buffer"])
+class JaxCopyAliases(JaxBackend):
+    name = "jax_copy_aliases"
+
+    def copy(self, x: Any, device: Device) -> Any:
+        return self._jax.device_put(x, self.to_native_device(device))
+
+
+@mutant("jax", "asarray device_puts the caller's NumPy array (XLA aliases aligned host buffers)",
+        ["test_asarray_never_shares"])
+class JaxAsarrayShares(JaxBackend):
+    name = "jax_asarray_shares"
+
+    def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
+        if isinstance(obj, np.ndarray) and (dtype is None or dtype == obj.dtype.name):
+            return self._jax.device_put(obj, self.to_native_device(device))
+        return super().asarray(obj, dtype, device)
+
+
+@mutant("jax", "to_numpy gives a Python scalar for a 0-d array (x.item())", ["test_to_numpy_gives_an_exact_ndarray"])
+class JaxToNumpyItem(JaxBackend):
+    name = "jax_to_numpy_item"
+
+    def to_numpy(self, x: Any) -> Any:
+        return x.item() if x.ndim == 0 else super().to_numpy(x)
+
+
+@mutant("jax", "synchronize does nothing (JAX dispatches asynchronously, on CPUs too)",
+        ["test_synchronize_waits_for_queued_work", "test_synchronize_raises_asynchronous_errors"])
+class JaxSynchronizeNoop(JaxBackend):
+    name = "jax_synchronize_noop"
+
+    def synchronize(self, device: Device | None) -> None:
+        return None
+
+
+@mutant("jax", "synchronize waits but swallows the asynchronous error it meets",
+        ["test_synchronize_raises_asynchronous_errors"])
+class JaxSynchronizeSwallows(JaxBackend):
+    name = "jax_synchronize_swallows"
+
+    def synchronize(self, device: Device | None) -> None:
+        try:
+            super().synchronize(device)
+        except Exception:  # noqa: BLE001 - the defect
+            pass
+
+
+@mutant("jax", "native_allreduce returns the results in ascending device order, not input order",
+        ["test_allreduce_device_order", "test_native_allreduce_every_op_and_dtype"])
+class JaxNativeSorted(JaxBackend):
+    name = "jax_native_sorted"
+
+    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
+        return sorted(super().native_allreduce(xs, op), key=lambda y: self.device_of(y))
+
+
+@mutant("jax", "native_allreduce computes prod with psum", ["test_native_allreduce_every_op_and_dtype"])
+class JaxNativeProdSums(JaxBackend):
+    name = "jax_native_prod_sums"
+
+    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
+        return super().native_allreduce(xs, "sum" if op == "prod" else op)
+
+
+@mutant("jax", "native_allreduce takes mean and returns the sum", ["test_native_allreduce_mean_is_the_mean"])
+class JaxNativeMeanSums(JaxBackend):
+    name = "jax_native_mean_sums"
+
+    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
+        return super().native_allreduce(xs, "sum" if op == "mean" else op)
+
+
+@mutant("jax", "import_dlpack leaves a host buffer on cpu:0 (no relabelling, no placement check)",
+        ["test_import_dlpack_lands_on_the_requested_device"])
+class JaxImportOnHost(JaxBackend):
+    name = "jax_import_on_host"
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        return self._jax.dlpack.from_dlpack(obj)
+
+
+@mutant("jax", "import_dlpack places its own arrays but leaves other frameworks' host buffers on cpu:0",
+        ["test_import_dlpack_from_partner_lands_on_the_requested_device"])
+class JaxImportForeignOnHost(JaxBackend):
+    name = "jax_import_foreign_on_host"
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        if isinstance(obj, self._jax.Array):
+            return super().import_dlpack(obj, device)
+        return self._jax.dlpack.from_dlpack(obj)
+
+
+@mutant("jax", "import_dlpack copies through NumPy", ["test_convert_shares_memory_wherever_both_sides_can"])
+class JaxImportCopies(JaxBackend):
+    name = "jax_import_copies"
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        if device.kind != "cpu":
+            return super().import_dlpack(obj, device)
+        return self._jax.device_put(np.array(np.from_dlpack(obj)), self.to_native_device(device))
+
+
+@mutant("jax", "capabilities claim async_execution=False", ["test_async_execution_flag_matches_behaviour"])
+class JaxClaimsSynchronous(JaxBackend):
+    name = "jax_claims_sync"
+
+    @property
+    def capabilities(self) -> Any:
+        return dataclasses.replace(super().capabilities, async_execution=False)
+
+
+@mutant("jax", "capabilities list no native allreduce (it works)", ["test_native_allreduce_flag_matches_behaviour"])
+class JaxHidesNative(JaxBackend):
+    name = "jax_hides_native"
+
+    @property
+    def capabilities(self) -> Any:
+        return dataclasses.replace(super().capabilities, native_collectives=frozenset())
+
+
+@mutant("jax", "capabilities claim mutable=True", ["test_mutable_flag_matches_behaviour"])
+class JaxClaimsMutable(JaxBackend):
+    name = "jax_claims_mutable"
+
+    @property
+    def capabilities(self) -> Any:
+        return dataclasses.replace(super().capabilities, mutable=True)
+
+
+@mutant("jax", "divide by a float32 scalar turns float16 and bfloat16 into float32",
+        ["test_divide_keeps_the_floating_dtype"])
+class JaxDividePromotes(JaxBackend):
+    name = "jax_divide_promotes"
+
+    def divide(self, x: Any, n: int) -> Any:
+        return x / np.float32(n)
+
+
+@mutant("jax", "full leaves the array uncommitted on JAX's default device", ["test_creation_honours_device_and_dtype"])
+class JaxFullDefaultDevice(JaxBackend):
+    name = "jax_full_default_device"
+
+    def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
+        return self._jnp.full(shape, value, dtype=self.to_native_dtype(dtype))
+
+
+@mutant("jax", "split cuts equal pieces (jnp.array_split), ignoring the sizes", ["test_reshape_concat_split"])
+class JaxSplitEqual(JaxBackend):
+    name = "jax_split_equal"
+
+    def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
+        return list(self._jnp.array_split(x, len(sizes), axis=axis))
+
+
+@mutant("jax", "combine raises CapabilityError for 8-bit integers", ["test_combine_matches_numpy"])
+class JaxCombineRefusesInt8(JaxBackend):
+    name = "jax_combine_refuses_int8"
+
+    def combine(self, op: str, a: Any, b: Any) -> Any:
+        if a.dtype.itemsize == 1 and a.dtype.kind in "iu":
+            raise CapabilityError("jax backend: no 8-bit combine")
+        return super().combine(op, a, b)
+
+
+# == not a catalogue entry: a framework that aborts the interpreter =============================
+class NumpyImportAborts(NumpyBackend):
+    """Aborts the interpreter when given a buffer, as TensorFlow does on an unaligned one (``Check
+    failed: IsAligned()``): the suite must fail those checks and still write its matrix."""
+
+    name = "numpy_import_aborts"
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        os.abort()
+
+
+# == the catalogue run: selections and stop-at-first-failure (this module as a pytest plugin) =====
+_BY_NAME = {m.name: m for m in CATALOGUE}
+#: Each control runs every check any of its mutants is selected for.
+_UNIONS = {c.name: tuple(sorted({s for m in CATALOGUE if control_of(m.cls) is c for s in m.select})) for c in CONTROLS}
+_failed: set[str] = set()
+
+
+def _backend_of(item: pytest.Item) -> str | None:
+    cs = getattr(item, "callspec", None)
+    return None if cs is None else cs.params.get("md_backend_name")
+
+
+def _wanted(item: pytest.Item) -> bool:
+    name = _backend_of(item)
+    if name in _BY_NAME:
+        return any(s in item.nodeid for s in _BY_NAME[name].select)
+    if name in _UNIONS:
+        return any(s in item.nodeid for s in _UNIONS[name]) and not _other_dtype(item.nodeid)
+    return True
+
+
+#: The dtypes a control runs the dtype-parametrized checks in (a renaming artifact does not depend
+#: on the dtype; the full conformance run covers every dtype of the real adapters).
+_CONTROL_DTYPES = ("bool", "int8", "float16", "float32")
+
+
+def _other_dtype(nodeid: str) -> bool:
+    params = nodeid.rsplit("[", 1)[-1].rstrip("]").split("-")
+    return any(p in DTYPES and p not in _CONTROL_DTYPES for p in params)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("MULTIDEV_CATALOGUE_SELECT") != "1":
+        return
+    drop = [it for it in items if not _wanted(it)]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [it for it in items if _wanted(it)]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    name = _backend_of(item)
+    if os.environ.get("MULTIDEV_CATALOGUE_SELECT") == "1" and name in _failed:
+        pytest.skip(f"mutant {name} already failed a check (the catalogue stops at the first failure)")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed:
+        for name in _BY_NAME:
+            if f"[{name}-" in report.nodeid or f"[{name}]" in report.nodeid:
+                _failed.add(name)

@@ -1,0 +1,167 @@
+"""The conformance suite catches real adapter bugs: every mutant of ``tests/mutants.py`` must fail it,
+and every unmutated control must pass the same checks.
+
+One ``multidev conformance`` run per framework tests all of its mutants and controls at once (each
+mutant only against the checks its entry selects, stopping at its first failure). Mutants whose
+defect needs GPUs are listed as such and run where the GPUs are: ``scripts/gpu_mutants.sh`` (the
+same test with ``MULTIDEV_CATALOGUE_DEVICE=cpu:0,gpu:0``).
+
+Environment: ``MULTIDEV_CATALOGUE_DEVICE`` (``--device`` for the runs), ``MULTIDEV_CATALOGUE_OUT``
+(a folder for the per-mutant results as JSON), ``MULTIDEV_CATALOGUE_ONLY`` (frameworks to run,
+comma-separated).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import mutants  # noqa: E402
+
+#: Partners per framework: enough for the interop checks, without starting every framework.
+PARTNERS = {"numpy": "torch", "torch": "numpy", "jax": "numpy"}
+FRAMEWORKS = [f for f in ("numpy", "torch", "jax")
+              if f in (os.environ.get("MULTIDEV_CATALOGUE_ONLY") or "numpy,torch,jax").split(",")]
+
+
+def _gpus() -> int:
+    if not os.environ.get("MULTIDEV_CATALOGUE_DEVICE"):
+        return 0
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            "COLUMNS": "200", "PYTHONWARNINGS": "ignore::RuntimeWarning", **extra}
+
+
+def _conformance(specs: list[str], json_path: Path, *pytest_args: str, timeout: float = 900,
+                 env: dict[str, str] | None = None, cli: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "multidev.cli", "conformance", "--backend", ",".join(specs),
+           "--json", str(json_path), *cli]
+    device = os.environ.get("MULTIDEV_CATALOGUE_DEVICE")
+    if device:
+        cmd += ["--device", device]
+    return subprocess.run([*cmd, "--", "-rfE", *pytest_args], capture_output=True, text=True,
+                          env=env or _env(), timeout=timeout)
+
+
+@pytest.fixture(scope="module", params=FRAMEWORKS)
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One conformance run over every runnable mutant and control of a framework."""
+    fw = request.param
+    gpus = _gpus()
+    entries = [m for m in mutants.CATALOGUE if m.cls.framework == fw]
+    runnable = [m for m in entries if m.gpus <= gpus]
+    controls = [c for c in mutants.CONTROLS if c.framework == fw]
+    out = tmp_path_factory.mktemp(f"catalogue-{fw}") / "matrix.json"
+    specs = [f"mutants:{c.__name__}" for c in controls] + [m.spec for m in runnable]
+    p = _conformance(specs, out, "-p", "mutants", f"--multidev-partner={PARTNERS[fw]}", "-q",
+                     env=_env(MULTIDEV_CATALOGUE_SELECT="1"))
+    assert out.exists(), f"the {fw} catalogue run wrote no matrix:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
+    doc = json.loads(out.read_text())
+    first: dict[str, str] = {}
+    for line in p.stdout.splitlines():
+        m = re.match(r"(?:FAILED|ERROR) (\S+?)\[([^\]-]+)[-\]]", line)
+        if m:
+            first.setdefault(m.group(2), f"{m.group(1).split('/')[-1]}[...]")
+    result = {"framework": fw, "doc": doc, "stdout": p.stdout, "first": first, "runnable": runnable,
+              "entries": entries, "controls": controls, "gpus": gpus}
+    _write_results(result)
+    return result
+
+
+def _failed(doc: dict[str, Any], name: str) -> int:
+    return sum(c["failed"] for c in doc["matrix"].get(name, {}).values())
+
+
+def _write_results(r: dict[str, Any]) -> None:
+    folder = os.environ.get("MULTIDEV_CATALOGUE_OUT")
+    if not folder:
+        return
+    rows = []
+    for m in r["entries"]:
+        ran = m in r["runnable"]
+        rows.append({"mutant": m.name, "class": m.cls.__name__, "base": m.base, "defect": m.defect,
+                     "gpus": m.gpus, "why_gpu": m.why_gpu,
+                     "outcome": ("caught" if _failed(r["doc"], m.name) else "MISSED") if ran else
+                                f"not run (needs {m.gpus} GPU(s), {r['gpus']} here)",
+                     "caught_by": r["first"].get(m.name, "")})
+    for c in r["controls"]:
+        rows.append({"control": c.name, "failed": _failed(r["doc"], c.name),
+                     "passed": sum(x["passed"] for x in r["doc"]["matrix"].get(c.name, {}).values())})
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / f"mutants-{r['framework']}.json").write_text(json.dumps(
+        {"device": os.environ.get("MULTIDEV_CATALOGUE_DEVICE", "cpu"), "gpus": r["gpus"], "rows": rows}, indent=2))
+
+
+def test_every_runnable_mutant_fails_the_suite(run: dict[str, Any]) -> None:
+    missed = [f"{m.name} ({m.defect})" for m in run["runnable"] if _failed(run["doc"], m.name) == 0]
+    assert not missed, "the conformance suite let these defects pass:\n  " + "\n  ".join(missed) + \
+        "\n" + run["stdout"][-3000:]
+
+
+def test_controls_pass_the_same_checks(run: dict[str, Any]) -> None:
+    """A renamed, unmutated copy of each base passes every check its mutants are caught by."""
+    for c in run["controls"]:
+        cells = run["doc"]["matrix"].get(c.name, {})
+        assert sum(x["passed"] for x in cells.values()) > 0, f"control {c.name} ran no check"
+        assert _failed(run["doc"], c.name) == 0, f"control {c.name} failed:\n{run['stdout'][-4000:]}"
+
+
+def test_catalogue_is_complete_and_documented() -> None:
+    cat = mutants.CATALOGUE
+    assert len(cat) >= 40, f"{len(cat)} mutants"
+    assert len({m.name for m in cat}) == len(cat) and len({m.cls for m in cat}) == len(cat)
+    assert {m.base for m in cat} == {"numpy", "torch", "jax", "generic"}
+    for m in cat:
+        assert m.select and m.defect, m
+        assert (m.gpus > 0) == bool(m.why_gpu), f"{m.name}: a GPU-only mutant says why and where it is caught"
+        assert mutants.control_of(m.cls) in mutants.CONTROLS
+        own = {k for k, v in vars(m.cls).items() if callable(v) or isinstance(v, property)} - {"name"}
+        assert len(own) == 1, f"{m.name} overrides {sorted(own)}: a mutant changes exactly one method"
+
+
+def test_an_aborting_framework_fails_its_checks_and_leaves_the_matrix(tmp_path: Path) -> None:
+    """A framework that aborts the interpreter when given a buffer (as TensorFlow does on an
+    unaligned one) fails the checks that gave it one; the others run, the matrix and JSON are
+    written."""
+    out = tmp_path / "m.json"
+    p = _conformance(["mutants:NumpyImportAborts"], out, "-k", "convert_shares_memory or transposed_view or "
+                     "import_dlpack_from_partner or creation_defaults", "--multidev-partner=torch", "-q", timeout=600)
+    assert p.returncode != 0
+    assert "died (signal SIGABRT)" in p.stdout, p.stdout[-3000:]
+    doc = json.loads(out.read_text())
+    cells = doc["matrix"]["numpy_import_aborts"]
+    assert cells["interop"]["failed"] >= 2, cells  # each abort is one check; the next one gets a new child
+    assert cells["interop"]["passed"] >= 1 and cells["creation"]["passed"] >= 1, cells
+    assert doc["exit_status"] != 0
+
+
+def test_multiprocess_workers_load_the_selected_adapter(tmp_path: Path) -> None:
+    """--multiprocess hands its workers the adapter as selected (module:attr), not just its name.
+    (One NumPy device: each worker's tensors live on cpu:0, the transport's CPU device.)"""
+    out = tmp_path / "m.json"
+    p = _conformance(["mutants:NumpyControl"], out, "-k", "collectives_across and 2procs", "-q",
+                     timeout=600, cli=("--multiprocess",), env=_env(MULTIDEV_NUMPY_DEVICES="1"))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    cells = json.loads(out.read_text())["matrix"]["numpy_control"]
+    assert cells["distributed"]["passed"] == 1, cells
+
+
+def test_gpu_script_runs_this_catalogue() -> None:
+    text = (HERE.parent / "scripts" / "gpu_mutants.sh").read_text()
+    assert "MULTIDEV_CATALOGUE_DEVICE" in text and "test_mutation_catalogue.py" in text
+
