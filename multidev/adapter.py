@@ -113,6 +113,7 @@ __all__ = [
     "numpy_dtype",
     "same_device",
     "staged_upload",
+    "start_to_numpy",
 ]
 
 
@@ -153,6 +154,20 @@ def same_device(backend: str, what: str, devices: Sequence[Device], note: str = 
             f"{backend} backend: {what} got operands on {', '.join(map(str, uniq))}{note}. Move them "
             "to one device first with multidev.to(x, device).")
     return uniq[0] if uniq else None
+
+
+def start_to_numpy(b: Any, x: Any) -> Callable[[], np.ndarray]:
+    """The protocol's default ``start_to_numpy`` for any adapter ``b``: ``start_move`` to cpu:0 (none
+    for a host tensor), and a callable that waits and gives ``b.to_numpy`` of the landed tensor."""
+    if b.device_of(x) == _HOST:
+        return lambda: b.to_numpy(x)
+    y, waiter = b.start_move(x, _HOST)
+
+    def land() -> np.ndarray:
+        landed = waiter() if waiter is not None else None
+        out: np.ndarray = b.to_numpy(y if landed is None else landed)
+        return out
+    return land
 
 
 class BaseBackend:
@@ -197,14 +212,7 @@ class BaseBackend:
         return y, lambda: self.wait(y)
 
     def start_to_numpy(self, x: Any) -> Callable[[], np.ndarray]:
-        if self.device_of(x) == _HOST:
-            return lambda: self.to_numpy(x)
-        y, waiter = self.start_move(x, _HOST)
-
-        def land() -> np.ndarray:
-            landed = waiter() if waiter is not None else None
-            return self.to_numpy(y if landed is None else landed)
-        return land
+        return start_to_numpy(self, x)
 
     def wait(self, x: Any) -> None:
         self.synchronize(self.device_of(x))

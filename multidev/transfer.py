@@ -8,6 +8,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 import numpy as np
 
 from ._device import Device, DeviceLike
+from .adapter import start_to_numpy
 from .errors import InvalidArgumentError, UnsupportedTensorError
 from .placement import resolve
 from .registry import backend_of
@@ -59,19 +60,6 @@ class Transfer(Generic[T]):
         return f"<multidev.Transfer {'done' if self._done else 'in flight'}>"
 
 
-def _start_to_numpy_default(b: Any) -> Callable[[Any], Callable[[], np.ndarray]]:
-    def start(x: Any) -> Callable[[], np.ndarray]:
-        if b.device_of(x) == _HOST:
-            return lambda: b.to_numpy(x)
-        y, waiter = b.start_move(x, _HOST)
-
-        def land() -> np.ndarray:
-            landed = waiter() if waiter is not None else None
-            return b.to_numpy(y if landed is None else landed)
-        return land
-    return start
-
-
 def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
     """Start moving ``x`` to ``device`` and return its :class:`Transfer` at once; a done handle of
     ``x`` itself when it is already there."""
@@ -113,9 +101,7 @@ def to_host(xs: Iterable[Any], non_blocking: bool = False) -> list[np.ndarray] |
         except UnsupportedTensorError as e:
             raise UnsupportedTensorError(f"to_host: item {len(started)}: {e}") from None
         start = getattr(b, "start_to_numpy", None)
-        if start is None:  # an adapter without the optional method: move, then read
-            start = _start_to_numpy_default(b)
-        started.append(start(x))
+        started.append(start(x) if start is not None else start_to_numpy(b, x))  # the optional method's default
 
     def finish() -> list[np.ndarray]:
         return [land() for land in started]
