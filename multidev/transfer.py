@@ -7,7 +7,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 import numpy as np
 
-from ._device import Device, DeviceLike
+from ._device import DeviceLike
 from .adapter import start_to_numpy
 from .errors import InvalidArgumentError, UnsupportedTensorError
 from .placement import resolve
@@ -17,7 +17,6 @@ __all__ = ["Transfer", "start_to", "to_host"]
 
 T = TypeVar("T")
 
-_HOST = Device("cpu", 0)
 
 
 class Transfer(Generic[T]):
