@@ -397,7 +397,7 @@ class ArrayApiBackend(BaseBackend):
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
         out, at = [], 0
-        lead = (slice(None),) * axis
+        lead = (slice(None),) * (axis % x.ndim)  # a negative axis counts from the end
         for s in sizes:
             out.append(x[(*lead, slice(at, at + int(s)), ...)])
             at += int(s)

@@ -23,7 +23,8 @@ Mechanism.
   current device. The host side is synchronous.
 - DLPack both ways: GPU arrays export themselves (``__dlpack__`` orders the consumer's stream
   after CuPy's by an event); ``cupy.from_dlpack`` imports GPU buffers under the producer's
-  device; host arrays use NumPy's DLPack.
+  device, passing CuPy's current stream (so ``dlpack_streams``: ``convert`` between GPUs does not
+  wait on the host); host arrays use NumPy's DLPack.
 - The native allreduce is NCCL through ``cupy.cuda.nccl`` (one communicator per device list,
   ``initAll``, grouped ``allReduce`` calls on each device's current stream), advertised when NCCL
   is available and there are at least two GPUs.
@@ -119,6 +120,8 @@ class CupyBackend(BaseBackend):
                 peer = False
         self._caps = Capabilities(
             mutable=True, async_execution=True, pinned_memory=True, dlpack=True,
+            # from_dlpack passes CuPy's current stream; __dlpack__ orders a consumer's stream by an event
+            dlpack_streams=True,
             native_collectives=frozenset({"allreduce"}) if nccl is not None and self._n >= 2 else frozenset(),
             dtypes=frozenset(dtypes),
             # a host array and a GPU array never mix (CuPy refuses NumPy operands); two GPUs with
@@ -392,7 +395,7 @@ class CupyBackend(BaseBackend):
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
         out, at = [], 0
-        lead = (slice(None),) * axis
+        lead = (slice(None),) * (axis % x.ndim)  # a negative axis counts from the end
         for s in sizes:
             out.append(x[(*lead, slice(at, at + int(s)))])
             at += int(s)

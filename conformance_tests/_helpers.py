@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import gc
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -116,8 +117,10 @@ def aligned_copy(a: np.ndarray, alignment: int = 64) -> np.ndarray:
 def buffer_address(b: Any, x: Any) -> int | None:
     """The address of x's first element (None where it cannot be read): from its DLPack export,
     read without consuming it, else from what the tensor itself tells (``__array_interface__``,
-    ``data_ptr()``, ``unsafe_buffer_pointer()``; NumPy before 2.0 cannot export a read-only array).
-    Two tensors with elements share memory exactly when their addresses are equal."""
+    ``data_ptr()``, ``unsafe_buffer_pointer()``), else from NumPy's view of it (``__array__``: NumPy
+    before 2.0 cannot export a read-only array, and its DLPack imports are read-only; a copy there
+    only gives another address). Two tensors with elements share memory exactly when their
+    addresses are equal."""
     from multidev.errors import MultidevError
     from multidev.exchange import exportable, peek
 
@@ -138,6 +141,14 @@ def buffer_address(b: Any, x: Any) -> int | None:
                 return int(fn())
             except Exception:  # noqa: BLE001 - the tensor cannot say (a multi-device array...)
                 return None
+    if callable(getattr(x, "__array__", None)):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                a = np.asarray(x)
+        except Exception:  # noqa: BLE001 - no host view (an accelerator array, a refused device)
+            return None
+        return int(a.ctypes.data)
     return None
 
 

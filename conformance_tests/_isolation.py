@@ -74,6 +74,7 @@ class Child:
         self.fd: int | None = None
         self.err: Any = None
         self.buf = b""
+        self.eof = False
 
     def _start(self) -> None:
         r, w = os.pipe()
@@ -96,14 +97,16 @@ class Child:
         self.proc.stdin.flush()
 
     def _read_line(self, timeout: float) -> bytes | None:
-        """One answer line, or None when the child closed its end (it died) or timed out."""
+        """One answer line; None when the child closed its end (it died: ``self.eof``) or timed out."""
         assert self.fd is not None
+        self.eof = False
         while b"\n" not in self.buf:
             ready, _, _ = select.select([self.fd], [], [], timeout)
             if not ready:
                 return None
             chunk = os.read(self.fd, 1 << 16)
             if not chunk:
+                self.eof = True  # the process may not be reaped yet (a core being written): not a hang
                 return None
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
@@ -126,7 +129,7 @@ class Child:
             return self._died(what)
         line = self._read_line(TIMEOUT_S)
         if line is None:
-            if self.proc is not None and self.proc.poll() is None:
+            if not self.eof and self.proc is not None and self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
                 tail = self._tail()
@@ -142,7 +145,11 @@ class Child:
 
     def _died(self, what: str) -> dict[str, Any]:
         assert self.proc is not None
-        rc = self.proc.wait()
+        try:
+            rc = self.proc.wait(timeout=60)  # it closed its end: exiting (writing a core can take a while)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
         how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
         tail = self._tail()
         self._reset()

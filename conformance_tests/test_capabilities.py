@@ -11,7 +11,7 @@ import pytest
 import multidev as md
 from multidev import Device
 from multidev.adapter import DTYPES, check_adapter
-from multidev.errors import CapabilityError, MultidevError
+from multidev.errors import CapabilityError
 from multidev.exchange import exportable
 
 from ._helpers import as_f64, found, isolated, need_devices, ordered, pending_work, sample
@@ -30,8 +30,8 @@ def test_capability_record_is_well_formed(md_backend: Any) -> None:
 
 def test_dtypes_flag_matches_behaviour(md_backend: Any, md_device: Device) -> None:
     """Each dtype listed for this device is created with that dtype; each one not listed is refused
-    with CapabilityError, by the core and by the adapter itself (an adapter that holds a dtype it
-    does not declare understates its capabilities)."""
+    by the core with CapabilityError, and by the adapter itself with any error (an adapter that
+    holds a dtype it does not declare understates its capabilities)."""
     b = md_backend
     have = b.capabilities.dtypes_on(md_device)
     held = []
@@ -45,8 +45,8 @@ def test_dtypes_flag_matches_behaviour(md_backend: Any, md_device: Device) -> No
             md.zeros((2,), dtype=dtype, device=md_device, backend=b.name)
         try:
             y = b.full((2,), 0, dtype, md_device)
-        except (MultidevError, TypeError, ValueError, RuntimeError):
-            continue  # refused by the adapter too: the flag is right  (checked: the raise above)
+        except Exception:  # noqa: BLE001 - out of the protocol's contract (only listed dtypes reach
+            continue  # an adapter), so any refusal by the adapter too says the flag is right
         got = b.dtype_of(y)
         assert got != dtype, (f"{b.name} holds {dtype} on {md_device} (full() made one) but its "
                               "capabilities do not list it")

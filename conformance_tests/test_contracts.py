@@ -152,17 +152,15 @@ def test_combine_matches_numpy(md_backend: Any, md_devices: list, op: str, dtype
     """``combine(op, a, b)`` is NumPy's elementwise op in the operands' dtype (bool: sum is or,
     prod is and), a new tensor on their device; the operands are unchanged."""
     b = md_backend
+    if dtype in COMPLEX_DTYPES and op in ("max", "min"):
+        pytest.skip(f"{op} is undefined for complex tensors: the core refuses it (validate.check_op), so "
+                    "combine is never asked for it")
     dev = _target(md_devices)
     need_dtype(b, dtype, dev)
     a0, b0 = sample(dtype, (3, 4), seed=6, high=4), sample(dtype, (3, 4), seed=7, high=4)
     x = md.asarray(a0, dtype=dtype, device=dev, backend=b.name)
     y = md.asarray(b0, dtype=dtype, device=dev, backend=b.name)
-    try:
-        z = b.combine(op, x, y)
-    except CapabilityError as e:
-        if dtype in COMPLEX_DTYPES and op in ("max", "min"):
-            pytest.skip(f"{b.name} has no {op} for complex tensors: {str(e).splitlines()[0]}")
-        raise
+    z = b.combine(op, x, y)
     assert z is not x and z is not y
     _same(b, z, dev, dtype, _NP_OPS[op](a0, b0), f"combine({op}) of {dtype}")
     _same(b, x, dev, dtype, a0, f"combine({op}) left its first operand")
@@ -192,7 +190,7 @@ def test_reshape_concat_split(md_backend: Any, md_devices: list, dtype: str) -> 
     x = md.asarray(src, dtype=dtype, device=dev, backend=b.name)
     _same(b, b.reshape(x, (24,)), dev, dtype, src.reshape(24), "reshape")
     _same(b, b.reshape(x, (2, 3, 4)), dev, dtype, src.reshape(2, 3, 4), "reshape")
-    for axis, sizes in ((0, [1, 0, 3]), (1, [2, 4, 0]), (-1, [6])):
+    for axis, sizes in ((0, [1, 0, 3]), (1, [2, 4, 0]), (-1, [5, 1]), (-2, [4])):
         parts = b.split(x, sizes, axis)
         assert isinstance(parts, list) and len(parts) == len(sizes), f"split({sizes}) gave {len(parts)} pieces"
         cuts = np.cumsum(sizes)[:-1]
@@ -318,7 +316,7 @@ def test_native_allreduce_every_op_and_dtype(md_backend: Any, md_devices: list, 
     order, exact for every op and dtype it accepts (it may refuse one with CapabilityError)."""
     b = md_backend
     devs = _native_devices(b, md_devices)
-    need_dtype(b, dtype)
+    need_dtype(b, dtype, *devs)
     low = 1 if op == "prod" else 0
     arrays = [sample(dtype, (3, 4), seed=20 + i, low=low, high=3) for i in range(len(devs))]
     xs = [md.asarray(a, dtype=dtype, device=d, backend=b.name) for a, d in zip(arrays, devs)]

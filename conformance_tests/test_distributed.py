@@ -299,7 +299,9 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float) -> int:
             raise AssertionError("mean of int32 must raise CollectiveInputError")
 
     def dtypes() -> None:
-        for dtype in [d for d in ("float16", "bfloat16", "float64", "int64", "uint8") if d in b.capabilities.dtypes]:
+        every = [devs[(k + 1) % len(devs)] for k in range(w)]  # each rank's device: all ranks agree on the list
+        for dtype in [d for d in ("float16", "bfloat16", "float64", "int64", "uint8")
+                      if all(d in b.capabilities.dtypes_on(v) for v in every)]:
             a = np.abs(mine) if dtype == "uint8" else mine
             a = np.floor(a) if dtype.startswith(("int", "uint")) else a
             y = dist.allreduce(arr(a, dtype))

@@ -171,7 +171,8 @@ class TemplateBackend(BaseBackend):
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
         bounds = np.cumsum([0, *sizes])
-        return [x[(*(slice(None),) * axis, slice(int(a), int(b)), ...)] for a, b in pairwise(bounds)]
+        lead = (slice(None),) * (axis % x.ndim)  # a negative axis counts from the end
+        return [x[(*lead, slice(int(a), int(b)), ...)] for a, b in pairwise(bounds)]
 
     def assign(self, dst: Any, src: Any) -> None:
         self.same_device("assign", (dst, src))

@@ -230,6 +230,15 @@ class NumpySplitReversed(NumpyBackend):
         return super().split(x, sizes, axis)[::-1]
 
 
+@mutant("numpy", "split cuts along axis 0 for a negative axis (an adapter that slices by a prefix of axis slices)",
+        ["test_reshape_concat_split"])
+class NumpySplitNegativeAxis(NumpyBackend):
+    name = "numpy_split_negative_axis"
+
+    def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
+        return super().split(x, sizes, max(axis, 0))
+
+
 @mutant("numpy", "concat does not check that its operands share a device", ["test_device_mismatch_raises"])
 class NumpyConcatNoDeviceCheck(NumpyBackend):
     name = "numpy_concat_any_device"

@@ -100,6 +100,7 @@ import warnings, numpy as np, multidev as md, fake_cupy as cp
 from multidev.adapters.cupy import CupyHostArray
 warnings.simplefilter('error')  # no duplicate-claim warning for np.ndarray
 b = md.backend('cupy')
+assert b.capabilities.dlpack_streams and b.capabilities.pinned_memory, 'the stream handshake and pinned moves'
 h = md.arange(6, dtype='float32', device='cpu:0', backend='cupy')
 assert type(h) is CupyHostArray and h.ctypes.data % 64 == 0, 'host arrays: aligned NumPy subclass'
 assert md.backend_of(h) is b and md.backend_of(np.zeros(3)).name == 'numpy'
@@ -220,3 +221,21 @@ def test_dlpack_shares_gpu_memory_both_ways(cp: Any, partner: str) -> None:
     x[...] = 5  # seen by the partner's view (read after the write: JAX caches host copies once read)
     cp.cuda.Device(x.device.id).synchronize()
     np.testing.assert_array_equal(md.to_numpy(y), np.full(8, 5.0))
+
+
+@gpu
+@pytest.mark.parametrize("partner", ["torch", "jax"])
+def test_convert_orders_queued_work_on_the_gpu(cp: Any, partner: str) -> None:
+    """dlpack_streams: convert does not wait on the host, yet the partner reads the finished values
+    (the consumer's stream waits on CuPy's by an event), both ways."""
+    if partner not in md.backends():
+        pytest.skip(f"{partner} is not installed here")
+    b = md.backend("cupy")
+    assert b.capabilities.dlpack_streams
+    x = cp.full((4096, 4096), 1.0, dtype=cp.float32)
+    for _ in range(30):
+        x = x + 1  # queued work: the result is 31 everywhere once it has run
+    y = md.convert(x, partner, copy=False)
+    np.testing.assert_array_equal(md.to_numpy(y)[::512, ::512], np.full((8, 8), 31.0))
+    z = md.convert(md.full((4096, 4096), 2.0, device=md.device_of(x), backend=partner), "cupy", copy=False)
+    np.testing.assert_array_equal(cp.asnumpy(z[::512, ::512] * 2), np.full((8, 8), 4.0))
