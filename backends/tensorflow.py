@@ -41,6 +41,7 @@ from multidev.adapter import (
     DeviceNotFoundError,
     UnsupportedTensorError,
     canonical_dtype,
+    dlpack_info,
     numpy_dtype,
 )
 
@@ -61,6 +62,8 @@ _MERGE_OP = {"sum": "Add", "mean": "Add", "prod": "Mul", "max": "Max", "min": "M
 # Group keys of multidev's collectives start far from tf.distribute's own (which count from 1).
 _GROUP_KEY_BASE = 0x4D440000
 _SILENT = " (TF itself would copy them silently)"
+# Eigen's alignment (EIGEN_MAX_ALIGN_BYTES): TF checks every buffer it computes on against it.
+_ALIGN = 64
 
 
 class TensorflowBackend(BaseBackend):
@@ -403,6 +406,14 @@ class TensorflowBackend(BaseBackend):
         anything else raises CapabilityError."""
         tf = self._tf
         cap = obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
+        info = dlpack_info(cap)  # reads the header only; the capsule stays unconsumed
+        if not info.aligned(_ALIGN) or not info.row_major:
+            # TF takes any buffer here but aborts the process later (Check failed: IsAligned())
+            # when an op reads one that is not 64-byte aligned: refuse it before TF sees it.
+            raise CapabilityError(
+                f"tensorflow backend cannot share this DLPack buffer: TF needs compact row-major data at a "
+                f"{_ALIGN}-byte aligned address (this one is at {info.address:#x}, strides {info.strides}). "
+                "Copy it instead (multidev.convert does so when copy is not False).")
         try:
             y = tf.experimental.dlpack.from_dlpack(cap)
         except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, TypeError) as e:

@@ -45,6 +45,7 @@ from .errors import (
                   BackendNotAvailableError,
                   CapabilityError,
                   CollectiveInputError,
+                  CollectiveMismatchError,
                   DeviceMismatchError,
                   DeviceNotFoundError,
                   DistributedError,
@@ -53,6 +54,7 @@ from .errors import (
                   InvalidDeviceError,
                   InvalidDtypeError,
                   MultidevError,
+                  OutOfMemoryError,
                   UnsupportedTensorError,
 )
 from .exchange import convert
@@ -64,9 +66,9 @@ __version__ = "0.2.0"
 
 __all__ = [
     "AdapterError", "Backend", "BackendError", "BackendNotAvailableError", "Capabilities", "CapabilityError",
-    "CollectiveInputError", "Device", "DeviceMismatchError", "DeviceNotFoundError", "DistributedError",
-    "DistributedTimeoutError", "InvalidArgumentError", "InvalidDeviceError", "InvalidDtypeError", "MultidevError",
-    "Transfer", "UnsupportedTensorError",
+    "CollectiveInputError", "CollectiveMismatchError", "Device", "DeviceMismatchError", "DeviceNotFoundError",
+    "DistributedError", "DistributedTimeoutError", "InvalidArgumentError", "InvalidDeviceError", "InvalidDtypeError",
+    "MultidevError", "OutOfMemoryError", "Transfer", "UnsupportedTensorError",
     "allgather", "allreduce", "arange", "asarray", "backend", "backend_of", "backends", "broadcast",
     "canonical_dtype", "convert", "copy", "cpu", "default_device", "device", "device_of", "device_scope", "devices",
     "distributed", "dtype_of", "empty", "full", "gather", "get_default_backend", "gpu", "num_gpus", "ones", "rand",

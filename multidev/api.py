@@ -15,7 +15,7 @@ from .placement import default_device as default_device
 from .protocol import Backend
 from .registry import available_backends, backend_of, get_backend, loaded_backends
 from .transfer import start_to
-from .validate import check_fill, check_range, check_seed, check_shape
+from .validate import check_fill, check_range, check_seed, check_shape, framework_error
 
 __all__ = [
     "arange", "asarray", "backend", "backends", "copy", "cpu", "default_device", "device", "device_of",
@@ -149,7 +149,13 @@ def full(shape: int | Sequence[int], value: Any, dtype: Any = None, device: Devi
     else:
         default = "float32"
     name = _dtype(b, dtype, default, dev)
-    return b.full(shp, check_fill(value, name), name, dev)
+    fill = check_fill(value, name)
+    try:
+        return b.full(shp, fill, name, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} full") from e
 
 
 def zeros(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
@@ -159,7 +165,13 @@ def zeros(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | No
     shp = check_shape(shape)
     dev = resolve(b, device)
     name = _dtype(b, dtype, "float32", dev)
-    return b.full(shp, check_fill(0, name), name, dev)
+    fill = check_fill(0, name)
+    try:
+        return b.full(shp, fill, name, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} zeros") from e
 
 
 def ones(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
@@ -169,7 +181,13 @@ def ones(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | Non
     shp = check_shape(shape)
     dev = resolve(b, device)
     name = _dtype(b, dtype, "float32", dev)
-    return b.full(shp, check_fill(1, name), name, dev)
+    fill = check_fill(1, name)
+    try:
+        return b.full(shp, fill, name, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} ones") from e
 
 
 def empty(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
@@ -178,7 +196,13 @@ def empty(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | No
     b = _backend(backend)
     shp = check_shape(shape)
     dev = resolve(b, device)
-    return b.empty(shp, _dtype(b, dtype, "float32", dev), dev)
+    name = _dtype(b, dtype, "float32", dev)
+    try:
+        return b.empty(shp, name, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} empty") from e
 
 
 def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
@@ -194,7 +218,14 @@ def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
     if name == "bool":
         raise InvalidArgumentError("arange cannot make bool tensors; make an int range and compare it")
     start, stop, step = check_range(start, stop, step, name)
-    return b.arange(start, stop, step, name, dev)
+    try:
+        if (stop - start) / step <= 0:  # an empty range, the same on every backend (TF would raise)
+            return b.empty((0,), name, dev)
+        return b.arange(start, stop, step, name, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} arange") from e
 
 
 def _host_value(obj: Any) -> None:
@@ -229,7 +260,12 @@ def asarray(obj: Any, dtype: Any = None, device: DeviceLike | None = None,
     name = _dtype(b, dtype, "float32", dev) if dtype is not None else None
     if name is None and isinstance(obj, np.ndarray):
         name = _dtype(b, obj.dtype, "float32", dev)
-    return b.asarray(obj, name, dev)
+    try:
+        return b.asarray(obj, name, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} asarray") from e
 
 
 def rand(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
@@ -238,7 +274,14 @@ def rand(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | Non
     b = _backend(backend)
     shp = check_shape(shape)
     dev = resolve(b, device)
-    return b.rand(shp, _dtype(b, dtype, "float32", dev), dev, check_seed(seed))
+    name = _dtype(b, dtype, "float32", dev)
+    s = check_seed(seed)
+    try:
+        return b.rand(shp, name, dev, s)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} rand") from e
 
 
 # -- placement -----------------------------------------------------------------------------------
@@ -267,7 +310,13 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     dev = device if device.__class__ is Device else as_device(device)
     if b.device_of(x) == dev:  # the no-op path: no enumeration, no validation
         return x
-    return b.move(x, resolve(b, dev))
+    target = resolve(b, dev)
+    try:
+        return b.move(x, target)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} to({target})") from e
 
 
 def copy(x: Any, device: DeviceLike | None = None) -> Any:
@@ -275,13 +324,24 @@ def copy(x: Any, device: DeviceLike | None = None) -> Any:
     ``copyto``. Always copies, even on the same device."""
     b = backend_of(x)
     dev = b.device_of(x) if device is None else resolve(b, device)
-    return b.copy(x, dev)
+    try:
+        return b.copy(x, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} copy") from e
 
 
 def to_numpy(x: Any) -> np.ndarray:
     """A host NumPy array with x's values, after waiting for x's pending work. It may share memory
     with a CPU-resident ``x``; use ``np.array(md.to_numpy(x))`` for an independent copy."""
-    return backend_of(x).to_numpy(x)
+    b = backend_of(x)
+    try:
+        return b.to_numpy(x)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} to_numpy") from e
 
 
 def synchronize(target: Any = None, *, backend: str | None = None) -> None:
@@ -290,7 +350,18 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
     - ``synchronize()``: every device of every loaded backend (or of ``backend``).
     - ``synchronize(device)``: that device, on ``backend`` or on every loaded backend that has it.
     - ``synchronize(tensor)``: until that tensor is computed.
+
+    A framework error raised by the wait (an asynchronous failure) comes as its MultidevError.
     """
+    try:
+        _synchronize(target, backend)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, "synchronize") from e
+
+
+def _synchronize(target: Any, backend: str | None) -> None:
     if target is None or isinstance(target, (Device, str)):
         dev = None if target is None else (target if target.__class__ is Device else Device.parse(target))
         if backend is not None:
@@ -313,5 +384,5 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
             dev = as_device(target)  # a native device object
         except MultidevError:
             raise e from None  # neither a tensor nor a device: say so as a tensor error
-        return synchronize(dev, backend=backend)
+        return _synchronize(dev, backend)
     b.wait(target)

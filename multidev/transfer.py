@@ -8,9 +8,10 @@ from typing import Any, Generic, Literal, TypeVar, overload
 import numpy as np
 
 from ._device import Device, DeviceLike
-from .errors import InvalidArgumentError, UnsupportedTensorError
+from .errors import InvalidArgumentError, MultidevError, UnsupportedTensorError
 from .placement import resolve
 from .registry import backend_of
+from .validate import framework_error
 
 __all__ = ["Transfer", "start_to", "to_host"]
 
@@ -48,7 +49,12 @@ class Transfer(Generic[T]):
                 if not self._done:
                     waiter = self._waiter
                     if waiter is not None:
-                        waiter()
+                        try:
+                            waiter()
+                        except MultidevError:
+                            raise
+                        except Exception as e:
+                            raise framework_error(e, "Transfer.wait") from e
                     self._waiter = None
                     self._done = True
         return self._value
@@ -64,7 +70,12 @@ def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
     dev = resolve(b, device)
     if b.device_of(x) == dev:
         return Transfer(x, None)
-    y, waiter = b.start_move(x, dev)
+    try:
+        y, waiter = b.start_move(x, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} to({dev}, non_blocking=True)") from e
     return Transfer(y, waiter)
 
 
@@ -100,15 +111,25 @@ def to_host(xs: Iterable[Any], non_blocking: bool = False) -> list[np.ndarray] |
         if b.device_of(x) == _HOST:
             started.append((b, x, None))
         else:
-            y, waiter = b.start_move(x, _HOST)
+            try:
+                y, waiter = b.start_move(x, _HOST)
+            except MultidevError:
+                raise
+            except Exception as e:
+                raise framework_error(e, f"to_host: item {len(started)}") from e
             started.append((b, y, waiter))
 
     def finish() -> list[np.ndarray]:
         out = []
-        for b, y, waiter in started:
-            if waiter is not None:
-                waiter()
-            out.append(b.to_numpy(y))
+        for i, (b, y, waiter) in enumerate(started):
+            try:
+                if waiter is not None:
+                    waiter()
+                out.append(b.to_numpy(y))
+            except MultidevError:
+                raise
+            except Exception as e:
+                raise framework_error(e, f"to_host: item {i}") from e
         return out
 
     if not non_blocking:

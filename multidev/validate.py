@@ -12,10 +12,17 @@ from typing import Any
 import numpy as np
 
 from .dtypes import ITEMSIZE, is_complex, is_floating
-from .errors import CollectiveInputError, InvalidArgumentError
+from .errors import (
+    BackendError,
+    CapabilityError,
+    CollectiveInputError,
+    InvalidArgumentError,
+    MultidevError,
+    OutOfMemoryError,
+)
 
 __all__ = ["MAX_ELEMENTS", "MAX_NDIM", "OPS", "check_axis", "check_fill", "check_op", "check_range",
-           "check_seed", "check_shape", "numel"]
+           "check_seed", "check_shape", "framework_error", "numel"]
 
 #: Reductions accepted by the collectives (``mean`` is a sum and one division).
 OPS = ("sum", "max", "min", "prod", "mean")
@@ -198,3 +205,38 @@ def check_axis(axis: Any, ndim: int, what: str) -> int:
     if not -ndim <= axis < ndim:
         raise CollectiveInputError(f"{what}: axis {axis} is out of range for {ndim}-d tensors")
     return int(axis) % ndim
+
+
+# -- framework errors that escape an adapter -------------------------------------------------------
+_OOM_NAMES = {"ResourceExhaustedError", "OutOfMemoryError"}
+_OOM_TEXT = ("resource_exhausted", "out of memory", "can't allocate memory", "oom when allocating",
+             "failed to allocate", "cannot allocate memory", "std::bad_alloc")
+_ARGUMENT_NAMES = {"InvalidArgumentError", "OutOfRangeError"}  # TF's OpError classes (no ValueError base)
+_UNIMPLEMENTED_NAMES = {"UnimplementedError"}
+
+
+def framework_error(e: BaseException, what: str) -> MultidevError:
+    """The MultidevError for framework exception ``e`` that escaped an adapter during ``what``
+    (``e`` itself when it is one already): running out of memory is OutOfMemoryError, a refused
+    argument (ValueError, TypeError, IndexError, TF's InvalidArgumentError) InvalidArgumentError,
+    a missing kernel (NotImplementedError, TF's UnimplementedError) CapabilityError, anything else
+    BackendError. The message names the framework and keeps the framework's own; raise it ``from e``."""
+    if isinstance(e, MultidevError):
+        return e
+    names = {c.__name__ for c in type(e).__mro__}
+    framework = type(e).__module__.split(".")[0]
+    text = str(e).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    first = lines[0] if lines else ""
+    if len(first) > 400:
+        first = first[:397] + "..."
+    origin = type(e).__name__ if framework == "builtins" else f"{framework} {type(e).__name__}"
+    msg = f"{what}: {origin}: {first}" if first else f"{what}: {origin}"
+    low = text.lower()
+    if isinstance(e, MemoryError) or names & _OOM_NAMES or any(t in low for t in _OOM_TEXT):
+        return OutOfMemoryError(msg)
+    if isinstance(e, NotImplementedError) or names & _UNIMPLEMENTED_NAMES:
+        return CapabilityError(msg)
+    if isinstance(e, (ValueError, TypeError, IndexError, OverflowError)) or names & _ARGUMENT_NAMES:
+        return InvalidArgumentError(msg)
+    return BackendError(msg)
