@@ -373,6 +373,7 @@ class _Origin:
     device: Device
     dtype: str
     is_transport: bool
+    like: Any = None  # the input tensor: results take its array type (mx.np in, mx.np out)
 
 
 def _transport() -> Backend:
@@ -385,14 +386,16 @@ def _to_transport(x: Any, st: _State) -> tuple[Any, _Origin, bool, str]:
     a transport tensor), ``"dlpack"`` (shared through DLPack) or ``"copy"``."""
     b = backend_of(x)
     tb = _transport()
-    o = _Origin(b, b.device_of(x), b.dtype_of(x), b is tb)
+    o = _Origin(b, b.device_of(x), b.dtype_of(x), b is tb, x)
     if o.is_transport:
         t, shared, path = x.detach(), True, "native"  # detach: collectives are not autograd ops
     else:
+        # host memory is one memory: a tensor on any (virtual) CPU device travels as a cpu:0 one
+        on = Device("cpu", 0) if o.device.kind == "cpu" else None
         try:
-            t, shared, path = convert(x, TRANSPORT, copy=False), True, "dlpack"
+            t, shared, path = convert(x, TRANSPORT, copy=False, device=on), True, "dlpack"
         except CapabilityError:
-            t, shared, path = convert(x, TRANSPORT, copy=True), False, "copy"
+            t, shared, path = convert(x, TRANSPORT, copy=True, device=on), False, "copy"
     target = st.device_for(t.device.type)
     if t.device != target or not t.is_contiguous():
         t = t.to(target).contiguous()
@@ -412,7 +415,28 @@ def _from_transport(t: Any, o: _Origin) -> Any:
     else:
         y = convert(t, o.backend.name)
     b = o.backend
-    return y if b.device_of(y) == o.device else b.move(y, o.device)
+    y = y if b.device_of(y) == o.device else b.move(y, o.device)
+    return _as_type_of(b, y, o.like)
+
+
+def _as_type_of(b: Backend, y: Any, like: Any) -> Any:
+    """``y`` as a tensor of ``like``'s array type, for backends with several (MXNet's ``mx.nd`` and
+    ``mx.np``: DLPack imports give the first), through the protocol: adapter operations return
+    their first operand's type, so ``y`` is joined onto an empty piece of ``like`` (one copy, and
+    only when the types differ)."""
+    if like is None or type(y) is type(like):
+        return y
+    shape = b.shape_of(y)
+    n = 1
+    for d in shape:
+        n *= d
+    m = 1
+    for d in b.shape_of(like):
+        m *= d
+    empty = b.split(b.reshape(like, (m,)), [0, m], 0)[0]
+    if b.device_of(empty) != b.device_of(y):
+        empty = b.move(empty, b.device_of(y))
+    return b.reshape(b.concat([empty, b.reshape(y, (n,))], 0), shape)
 
 
 def transport_path(x: Any) -> str:
@@ -436,6 +460,13 @@ class Work:
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
+
+    @classmethod
+    def failed(cls, error: BaseException, what: str, st: _State) -> Work:
+        """A handle whose ``wait()`` raises ``error`` (a collective that could not start)."""
+        w = cls([], lambda: None, what, st)
+        w._error, w._done = error, True
+        return w
 
     def is_completed(self) -> bool:
         """True when the transfer has finished (wait() then returns at once)."""
@@ -602,11 +633,31 @@ def _shape(b: Backend, x: Any, what: str) -> tuple[int, ...]:
     return shape
 
 
-def _agree(st: _State, kind: str, local: Callable[[], _Call]) -> list[_Call] | None:
+def _agree(st: _State, kind: str, local: Callable[[], _Call], async_op: bool = False) -> list[_Call] | Work | None:
     """Run ``local`` (this rank's own argument checks, giving its record of the call), then, when the
-    group checks consistency (always for the gathers), exchange the records and raise on every
+    group checks consistency (always for the gathers), exchange the records and fail on every
     rank alike if any rank refused its input (DistributedError; that rank raises its own error) or
-    the ranks disagree (CollectiveMismatchError). Returns every rank's record (None unchecked)."""
+    the ranks disagree (CollectiveMismatchError). Returns every rank's record (None unchecked).
+
+    This rank's own argument errors raise at once. Errors that come from the other ranks (a
+    mismatch, a refusal, a peer that never arrives) raise here, or with ``async_op`` come back as a
+    failed :class:`Work` whose ``wait()`` raises them, as the collective's own errors would."""
+    try:
+        calls = _exchange_calls(st, kind, local)
+    except _PeerFailure as f:
+        if async_op:
+            return Work.failed(f.error, kind, st)
+        raise f.error from f.error.__cause__
+    return calls
+
+
+class _PeerFailure(Exception):
+    def __init__(self, error: DistributedError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _exchange_calls(st: _State, kind: str, local: Callable[[], _Call]) -> list[_Call] | None:
     what = f"distributed.{kind}"
     err: MultidevError | None = None
     try:
@@ -625,27 +676,36 @@ def _agree(st: _State, kind: str, local: Callable[[], _Call]) -> list[_Call] | N
     st.seq += 1
     try:
         calls = [_Call.decode(row) for row in _gather_ints(st, call.encode())]
-    except Exception as e:
-        raise _fail(st, e, f"{kind} (consistency exchange)") from e
+    except Exception as e:  # noqa: BLE001 - classified by _fail and raised
+        fail = _fail(st, e, f"{kind} (consistency exchange)")
+        fail.__cause__ = e
+        raise _PeerFailure(fail) from None
     if err is not None:
         raise err
+    problem = _disagreement(calls, kind, what, st.rank)
+    if problem is not None:
+        raise _PeerFailure(problem)
+    return calls
+
+
+def _disagreement(calls: list[_Call], kind: str, what: str, rank: int) -> DistributedError | None:
     tail = "Every rank raises this error; the process group stays usable."
     refused = [(r, c) for r, c in enumerate(calls) if c.refused]
     if refused:
         who = ", ".join(f"rank {r} ({c.refused})" for r, c in refused)
-        raise DistributedError(f"{what} on rank {st.rank}: {who} refused its input, so no rank runs this "
-                               f"collective (that rank's own error says why). {tail}")
+        return DistributedError(f"{what} on rank {rank}: {who} refused its input, so no rank runs this "
+                                f"collective (that rank's own error says why). {tail}")
     if len({(c.kind, c.seq) for c in calls}) > 1:
         who = ", ".join(f"rank {r}: {c.kind} (call #{c.seq})" for r, c in enumerate(calls))
-        raise CollectiveMismatchError(f"{what} on rank {st.rank}: the ranks called different collectives ({who}); "
-                                      f"every rank must call the same collectives in the same order. {tail}")
+        return CollectiveMismatchError(f"{what} on rank {rank}: the ranks called different collectives ({who}); "
+                                       f"every rank must call the same collectives in the same order. {tail}")
     for name in _AGREE[kind]:
         values = [c.field(name) for c in calls]
         if len(set(values)) > 1:
             label = "shape (every dimension but axis)" if name == "rest" else name
             who = ", ".join(f"rank {r}: {_describe(name, v)}" for r, v in enumerate(values))
-            raise CollectiveMismatchError(f"{what} on rank {st.rank}: the ranks disagree on {label} ({who}). {tail}")
-    return calls
+            return CollectiveMismatchError(f"{what} on rank {rank}: the ranks disagree on {label} ({who}). {tail}")
+    return None
 
 
 # -- collectives ----------------------------------------------------------------------------------
@@ -692,7 +752,9 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
         _check_inplace(x, inplace, "distributed.allreduce")
         return _Call("allreduce", op=op, dtype=dtype, shape=_shape(b, x, "distributed.allreduce"))
 
-    _agree(st, "allreduce", local)
+    agreed = _agree(st, "allreduce", local, async_op)
+    if isinstance(agreed, Work):
+        return agreed
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch.distributed as tdist
@@ -721,7 +783,9 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
         _check_inplace(x, inplace, "distributed.broadcast")
         return _Call("broadcast", root=src, dtype=b.dtype_of(x), shape=_shape(b, x, "distributed.broadcast"))
 
-    _agree(st, "broadcast", local)
+    agreed = _agree(st, "broadcast", local, async_op)
+    if isinstance(agreed, Work):
+        return agreed
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch.distributed as tdist
@@ -745,7 +809,9 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
         check_op(op, dtype, "distributed.reduce")
         return _Call("reduce", op=op, root=dst, dtype=dtype, shape=_shape(b, x, "distributed.reduce"))
 
-    _agree(st, "reduce", local)
+    agreed = _agree(st, "reduce", local, async_op)
+    if isinstance(agreed, Work):
+        return agreed
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch.distributed as tdist
@@ -784,8 +850,9 @@ def _padded_send(x: Any, st: _State, ax: int, lengths: list[int]) -> tuple[Any, 
     return _pad_to(t, max(lengths), ax).contiguous(), o
 
 
-def _gather_call(st: _State, kind: str, x: Any, axis: Any, root: int | None) -> tuple[int, list[int]]:
-    """The gathers' agreement: ``(axis, every rank's length along it)``."""
+def _gather_call(st: _State, kind: str, x: Any, axis: Any, root: int | None,
+                 async_op: bool) -> tuple[int, list[int]] | Work:
+    """The gathers' agreement: ``(axis, every rank's length along it)``, or a failed Work."""
     what = f"distributed.{kind}"
     ax_box: list[int] = []
 
@@ -797,7 +864,9 @@ def _gather_call(st: _State, kind: str, x: Any, axis: Any, root: int | None) -> 
         ax_box.append(check_axis(axis, len(shape), what))
         return _Call(kind, root=root, axis=ax_box[0], dtype=b.dtype_of(x), shape=shape)
 
-    calls = _agree(st, kind, local)
+    calls = _agree(st, kind, local, async_op)
+    if isinstance(calls, Work):
+        return calls
     assert calls is not None  # the gathers always exchange
     ax = ax_box[0]
     return ax, [c.shape[ax] if c.shape is not None else 0 for c in calls]
@@ -807,7 +876,10 @@ def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
     """The concatenation of every rank's ``x`` along ``axis``, in rank order, on every rank.
     Lengths along ``axis`` may differ between ranks (a first small exchange finds them)."""
     st = _st()
-    ax, lengths = _gather_call(st, "allgather", x, axis, None)
+    agreed = _gather_call(st, "allgather", x, axis, None, async_op)
+    if isinstance(agreed, Work):
+        return agreed
+    ax, lengths = agreed
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch
@@ -830,7 +902,10 @@ def gather(x: Any, dst: int = 0, axis: int = 0, *, async_op: bool = False) -> An
     """The concatenation of every rank's ``x`` along ``axis`` on rank ``dst``; None elsewhere.
     Lengths along ``axis`` may differ between ranks. Uses torch.distributed's gather (NCCL too)."""
     st = _st()
-    ax, lengths = _gather_call(st, "gather", x, axis, dst)
+    agreed = _gather_call(st, "gather", x, axis, dst, async_op)
+    if isinstance(agreed, Work):
+        return agreed
+    ax, lengths = agreed
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch
@@ -865,7 +940,9 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
         box[:] = [shp, check_axis(axis, len(shp), "distributed.reduce_scatter")]
         return _Call("reduce_scatter", op=op, axis=box[1], dtype=dtype, shape=shp)
 
-    _agree(st, "reduce_scatter", local)
+    agreed = _agree(st, "reduce_scatter", local, async_op)
+    if isinstance(agreed, Work):
+        return agreed
     shape, ax = box
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
@@ -917,7 +994,9 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
         check_axis(axis, len(shape), "distributed.scatter")
         return _Call("scatter", root=src, axis=axis, dtype=b.dtype_of(x), shape=shape)
 
-    _agree(st, "scatter", local)
+    agreed = _agree(st, "scatter", local, async_op)
+    if isinstance(agreed, Work):
+        return agreed
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch
