@@ -96,7 +96,7 @@ class TensorflowBackend(BaseBackend):
         self._groups: dict[tuple[Device, ...], int] = {}
         self._fns: dict[tuple[Any, ...], Any] = {}
         self._group_locks: dict[tuple[Device, ...], threading.Lock] = {}
-        self._instance_key: Any = None
+        self._instance_keys: dict[tuple[Any, ...], Any] = {}  # call signature -> instance key tensor
         has_gpu = any(d.is_gpu for d in self._devices)
         self._caps = Capabilities(
             mutable=False,
@@ -480,16 +480,21 @@ class TensorflowBackend(BaseBackend):
                         v = tf.bitwise.bitwise_xor(v, tf.constant(-(2**63), tf.int64))
                 ins.append(v)
         fn = self._collective_fn(devs, merge, final, ins[0].dtype)
+        # One instance key per call signature (group, shape, dtype, op), reused call after call as a
+        # traced tf.distribute step reuses its keys: TF keeps a record for every instance key it
+        # sees, so a fresh key per call grew RSS by ~1.3 KB a call; and one key reused for another
+        # shape or dtype aborts that collective and every later one. Calls of one group are
+        # serialized so that no two share a key concurrently.
+        sig = (devs, tuple(self.shape_of(ins[0])), ins[0].dtype.name, merge, final)
         with self._lock:
             group_lock = self._group_locks.setdefault(devs, threading.Lock())
-            if self._instance_key is None:
+            instance = self._instance_keys.get(sig)
+            if instance is None:
                 with tf.device(self.to_native_device(Device("cpu", 0))):
-                    self._instance_key = tf.constant(1, dtype=tf.int32)
-        # One instance key per group, reused call after call (as a traced tf.distribute step does):
-        # TF keeps state for every instance key it sees, so a fresh key per call grew RSS by ~1.3 KB
-        # a call. Calls of one group are serialized so that no two share the key concurrently.
+                    instance = tf.constant(len(self._instance_keys) % (2**31 - 2) + 1, dtype=tf.int32)
+                self._instance_keys[sig] = instance
         with group_lock:
-            outs = fn(ins, self._instance_key)
+            outs = fn(ins, instance)
         nd = self.to_native_dtype(dtype)
         res = []
         for y, d in zip(outs, devs):
