@@ -2,20 +2,21 @@
 from __future__ import annotations
 
 import contextlib
+import numbers
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ._device import Device, DeviceLike
-from .dtypes import canonical_dtype
+from .dtypes import canonical_dtype, is_floating
 from .errors import CapabilityError, InvalidArgumentError, InvalidDeviceError, MultidevError, UnsupportedTensorError
 from .placement import as_device, resolve, scope_backend, scope_device
 from .placement import default_device as default_device
 from .protocol import Backend
 from .registry import available_backends, backend_of, get_backend, loaded_backends
 from .transfer import start_to
-from .validate import check_fill, check_range, check_seed, check_shape, framework_error
+from .validate import check_fill, check_range, check_seed, check_shape, check_values, framework_error, range_length
 
 __all__ = [
     "arange", "asarray", "backend", "backends", "copy", "cpu", "default_device", "device", "device_of",
@@ -208,7 +209,9 @@ def empty(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | No
 def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
            device: DeviceLike | None = None, backend: str | None = None) -> Any:
     """``start, start+step, ...`` below ``stop`` on ``device`` (int64 for integer bounds, else
-    float32); empty when the range is, on every backend."""
+    float32); empty when the range is, on every backend, and of NumPy's length on every backend.
+    Values beyond the dtype (integers that would wrap, floats that would overflow) raise
+    InvalidArgumentError."""
     if stop is None:
         start, stop = 0, start
     b = _backend(backend)
@@ -218,46 +221,68 @@ def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
     if name == "bool":
         raise InvalidArgumentError("arange cannot make bool tensors; make an int range and compare it")
     start, stop, step = check_range(start, stop, step, name)
+    n = range_length(start, stop, step)
     try:
-        if (stop - start) / step <= 0:  # an empty range, the same on every backend (TF would raise)
+        if n == 0:  # an empty range, the same on every backend (TF would raise)
             return b.empty((0,), name, dev)
-        return b.arange(start, stop, step, name, dev)
+        y = b.arange(start, stop, step, name, dev)
+        if b.shape_of(y) != (n,):
+            # The framework counted the elements in a narrower type (TF in float32): NumPy's count
+            # and values (computed in float64, or exactly for integers), uploaded.
+            exact = all(isinstance(v, numbers.Integral) for v in (start, stop, step))
+            wide = np.uint64 if name == "uint64" else np.int64
+            host = (np.arange(start, stop, step, dtype=wide) if exact
+                    else float(start) + float(step) * np.arange(n, dtype=np.float64))
+            y = b.asarray(host, name, dev)
+        return y
     except MultidevError:
         raise
     except Exception as e:
         raise framework_error(e, f"{b.name} arange") from e
 
 
-def _host_value(obj: Any) -> None:
-    """Refuse what no tensor can hold before a framework guesses (strings, objects, ragged lists)."""
+def _host_value(obj: Any) -> np.ndarray | None:
+    """Refuse what no tensor can hold before a framework guesses (strings, objects, ragged lists,
+    dicts, sets, iterators). Tensors of any backend pass; anything else must read as a NumPy array
+    of numbers."""
     if isinstance(obj, (str, bytes)) or obj is None:
         raise InvalidArgumentError(f"asarray takes numbers, nested sequences of numbers or arrays, got "
                                    f"{obj!r:.60} ({type(obj).__name__})")
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, (np.ndarray, np.generic)):
         canonical_dtype(obj.dtype)  # strings, objects, datetimes: InvalidDtypeError
-        return
-    if isinstance(obj, (list, tuple)):
+        return None
+    if not isinstance(obj, (list, tuple, range, int, float, complex)):
         try:
-            a = np.asarray(obj)
-        except ValueError as e:  # ragged
-            raise InvalidArgumentError(f"asarray: {type(obj).__name__} is ragged or mixed ({e}); every "
-                                       "nested sequence must have the same length") from None
-        if a.dtype.kind in "OUSVMm":
-            raise InvalidArgumentError(f"asarray: this {type(obj).__name__} holds {a.dtype} values "
-                                       "(strings, objects or ragged lists), which no tensor can hold")
+            backend_of(obj)
+            return None  # another backend's tensor: its adapter reads it
+        except UnsupportedTensorError:
+            pass
+    try:
+        a = np.asarray(obj)
+    except (ValueError, TypeError, OverflowError) as e:  # ragged, or numbers beyond every dtype
+        raise InvalidArgumentError(f"asarray: this {type(obj).__name__} is ragged, mixed or out of range ({e}); "
+                                   "every nested sequence must have the same length") from None
+    if a.dtype.kind not in "biufc":
+        raise InvalidArgumentError(f"asarray: this {type(obj).__name__} reads as {a.dtype} values (strings, objects, "
+                                   "ragged lists, dicts, sets or iterators), which no tensor can hold")
+    return a
 
 
 def asarray(obj: Any, dtype: Any = None, device: DeviceLike | None = None,
             backend: str | None = None) -> Any:
     """A new tensor holding ``obj`` (nested lists, scalars, NumPy arrays) on ``device``. Always
-    copies: the result never shares the caller's buffer.
+    copies: the result never shares the caller's buffer. Python numbers must fit an explicit
+    ``dtype`` exactly (``asarray([1.5], dtype="int32")`` raises InvalidArgumentError); NumPy arrays
+    and tensors are cast as ``astype`` casts.
 
     ``dtype=None`` keeps a NumPy array's dtype and otherwise uses the framework's own inference.
     """
     b = _backend(backend)
     dev = resolve(b, device)
-    _host_value(obj)
+    data = _host_value(obj)
     name = _dtype(b, dtype, "float32", dev) if dtype is not None else None
+    if data is not None and name is not None:
+        check_values(data, name)  # Python numbers must fit the dtype asked for (NumPy arrays are cast)
     if name is None and isinstance(obj, np.ndarray):
         name = _dtype(b, obj.dtype, "float32", dev)
     try:
@@ -270,11 +295,15 @@ def asarray(obj: Any, dtype: Any = None, device: DeviceLike | None = None,
 
 def rand(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
          backend: str | None = None, seed: int | None = None) -> Any:
-    """Uniform samples in [0, 1) on ``device`` (float32 by default); a seed makes them repeatable."""
+    """Uniform samples in [0, 1) on ``device`` (float32 by default; floating and complex dtypes
+    only: integers would hold only zeros); a seed makes them repeatable."""
     b = _backend(backend)
     shp = check_shape(shape)
     dev = resolve(b, device)
     name = _dtype(b, dtype, "float32", dev)
+    if not is_floating(name):
+        raise InvalidArgumentError(f"rand draws uniform floats in [0, 1), which a {name} tensor cannot hold "
+                                   "(it would be all zeros or all True); use a floating dtype and cast")
     s = check_seed(seed)
     try:
         return b.rand(shp, name, dev, s)

@@ -22,7 +22,8 @@ from .errors import (
 )
 
 __all__ = ["MAX_ELEMENTS", "MAX_NDIM", "OPS", "check_axis", "check_fill", "check_op", "check_range",
-           "check_seed", "check_shape", "framework_error", "numel"]
+           "check_seed", "check_shape", "check_values", "framework_error", "numel",
+           "range_length"]
 
 #: Reductions accepted by the collectives (``mean`` is a sum and one division).
 OPS = ("sum", "max", "min", "prod", "mean")
@@ -135,6 +136,41 @@ def check_fill(value: Any, dtype: str, what: str = "fill value") -> Any:
     return complex(f) if is_complex(dtype) else f
 
 
+def check_values(a: np.ndarray, dtype: str, what: str = "asarray") -> None:
+    """Python data read as ``a`` (nested lists, scalars) must fit ``dtype`` exactly, by the rules of
+    :func:`check_fill` (no wrapping integers, no fractions or NaN into integers, no imaginary part
+    into a real dtype, no overflow to infinity). InvalidArgumentError names the first offender."""
+    if a.size == 0 or dtype == a.dtype.name:
+        return
+    kind = a.dtype.kind
+    if kind == "c" and not is_complex(dtype):
+        bad = np.flatnonzero(a.imag != 0)
+        if bad.size:
+            raise InvalidArgumentError(f"{what}: value {a.flat[bad[0]]!r} has an imaginary part, which a {dtype} "
+                                       "tensor cannot hold; pass the real parts or a complex dtype")
+        a = a.real
+        kind = a.dtype.kind
+    lim = _limits(dtype)
+    if lim is not None and kind in "fc":
+        bad = np.flatnonzero(~np.isfinite(a) | (a != np.floor(a)))
+        if bad.size:
+            raise InvalidArgumentError(f"{what}: value {a.flat[bad[0]]!r} is not an integer, so a {dtype} tensor "
+                                       "cannot hold it exactly; round it first or use a floating dtype")
+    if lim is not None and kind in "iuf":
+        lo, hi = lim
+        mn, mx = a.min(), a.max()
+        if mn < lo or mx > hi:
+            off = mn if mn < lo else mx
+            raise InvalidArgumentError(f"{what}: value {off!r} does not fit {dtype} (range {lo}..{hi}); it would "
+                                       "wrap silently. Use a wider dtype")
+    if lim is None and kind in "iuf":
+        top = float(np.max(np.abs(a[np.isfinite(a)]))) if kind == "f" else float(max(abs(int(a.min())),
+                                                                                     abs(int(a.max()))))
+        if top > _float_max(dtype):
+            raise InvalidArgumentError(f"{what}: value {top:.4g} overflows {dtype} (max {_float_max(dtype):.4g}); it "
+                                       "would become infinity")
+
+
 def check_range(start: Any, stop: Any, step: Any, dtype: str | None = None) -> tuple[Any, Any, Any]:
     """Real, finite bounds and a non-zero step; the number of elements must fit a device. Bounds of
     an integer dtype must be integers."""
@@ -152,13 +188,35 @@ def check_range(start: Any, stop: Any, step: Any, dtype: str | None = None) -> t
         raise InvalidArgumentError("arange step must not be 0")
     if dtype is not None and not is_floating(dtype) and dtype != "bool":
         for name, v in (("start", start), ("stop", stop), ("step", step)):
-            if isinstance(v, float) and v != int(v):
+            if not isinstance(v, numbers.Integral) and v != math.floor(v):
                 raise InvalidArgumentError(f"arange {name} {v!r} is not an integer, but dtype {dtype} is")
-    n = max(0, math.ceil((stop - start) / step))
+    n = range_length(start, stop, step)
     if n > MAX_ELEMENTS:
         raise InvalidArgumentError(f"arange({start}, {stop}, {step}) would have {n:.3g} elements, more than any "
                                    "device holds")
+    lim = _limits(dtype) if dtype is not None else None
+    if lim is not None and n:
+        last = start + (n - 1) * step
+        lo, hi = lim
+        if min(start, last) < lo or max(start, last) > hi:
+            raise InvalidArgumentError(f"arange({start}, {stop}, {step}) runs from {start} to {last}, beyond {dtype} "
+                                       f"(range {lo}..{hi}); the values would wrap. Use a wider dtype")
+    elif dtype is not None and n:
+        top = max(abs(float(start)), abs(float(start + (n - 1) * step)))
+        if top > _float_max(dtype):
+            raise InvalidArgumentError(f"arange({start}, {stop}, {step}) reaches {top:.4g}, beyond {dtype} (max "
+                                       f"{_float_max(dtype):.4g})")
     return start, stop, step
+
+
+def range_length(start: Any, stop: Any, step: Any) -> int:
+    """The number of elements of ``arange(start, stop, step)``: exact for integers and fractions,
+    NumPy's ``ceil((stop - start) / step)`` in float64 otherwise (never negative)."""
+    if all(isinstance(v, numbers.Rational) for v in (start, stop, step)):
+        d = stop - start
+        q = -((-d) // step)  # exact ceil(d / step)
+        return max(0, int(q))
+    return max(0, math.ceil((float(stop) - float(start)) / float(step)))
 
 
 def check_seed(seed: Any) -> int | None:
