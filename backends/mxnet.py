@@ -201,6 +201,8 @@ class MxnetBackend(BaseBackend):
         nd = self.to_native_dtype(dtype)
         if isinstance(value, np.generic):
             value = value.item()
+        if isinstance(value, bool):
+            value = int(value)  # mx.nd.full parses its value from text: "False" is no number to it
         if nd.kind in "iu" and isinstance(value, int) and abs(value) > 2 ** 53:
             # mx.nd.full passes the value as a double: build huge integers on the host instead.
             return self.asarray(np.full(shape, value, dtype=nd), dtype, device)

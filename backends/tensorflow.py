@@ -411,7 +411,7 @@ class TensorflowBackend(BaseBackend):
             # TF takes any buffer here but aborts the process later (Check failed: IsAligned())
             # when an op reads one that is not 64-byte aligned: refuse it before TF sees it.
             raise CapabilityError(
-                f"tensorflow backend cannot share this DLPack buffer: TF needs compact row-major data at a "
+                f"tensorflow backend cannot share this DLPack buffer: TF needs contiguous (row-major) data at a "
                 f"{_ALIGN}-byte aligned address (this one is at {info.address:#x}, strides {info.strides}). "
                 "Copy it instead (multidev.convert does so when copy is not False).")
         try:

@@ -16,7 +16,16 @@ from .placement import default_device as default_device
 from .protocol import Backend
 from .registry import available_backends, backend_of, get_backend, loaded_backends
 from .transfer import start_to
-from .validate import check_fill, check_range, check_seed, check_shape, check_values, framework_error, range_length
+from .validate import (
+    check_fill,
+    check_memory,
+    check_range,
+    check_seed,
+    check_shape,
+    check_values,
+    framework_error,
+    range_length,
+)
 
 __all__ = [
     "arange", "asarray", "backend", "backends", "copy", "cpu", "default_device", "device", "device_of",
@@ -151,6 +160,7 @@ def full(shape: int | Sequence[int], value: Any, dtype: Any = None, device: Devi
         default = "float32"
     name = _dtype(b, dtype, default, dev)
     fill = check_fill(value, name)
+    check_memory(shp, name, dev.kind == "cpu", f"{b.name} full")
     try:
         return b.full(shp, fill, name, dev)
     except MultidevError:
@@ -167,6 +177,7 @@ def zeros(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | No
     dev = resolve(b, device)
     name = _dtype(b, dtype, "float32", dev)
     fill = check_fill(0, name)
+    check_memory(shp, name, dev.kind == "cpu", f"{b.name} zeros")
     try:
         return b.full(shp, fill, name, dev)
     except MultidevError:
@@ -183,6 +194,7 @@ def ones(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | Non
     dev = resolve(b, device)
     name = _dtype(b, dtype, "float32", dev)
     fill = check_fill(1, name)
+    check_memory(shp, name, dev.kind == "cpu", f"{b.name} ones")
     try:
         return b.full(shp, fill, name, dev)
     except MultidevError:
@@ -198,6 +210,7 @@ def empty(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | No
     shp = check_shape(shape)
     dev = resolve(b, device)
     name = _dtype(b, dtype, "float32", dev)
+    check_memory(shp, name, dev.kind == "cpu", f"{b.name} empty")
     try:
         return b.empty(shp, name, dev)
     except MultidevError:
@@ -222,9 +235,13 @@ def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
         raise InvalidArgumentError("arange cannot make bool tensors; make an int range and compare it")
     start, stop, step = check_range(start, stop, step, name)
     n = range_length(start, stop, step)
+    if not is_floating(name):
+        start, stop, step = int(start), int(stop), int(step)  # integral (checked): exact Python ints
     try:
         if n == 0:  # an empty range, the same on every backend (TF would raise)
             return b.empty((0,), name, dev)
+        if n == 1:  # [start]: no framework sees a step it may not hold (2**63 into int64)
+            return b.full((1,), start, name, dev)
         y = b.arange(start, stop, step, name, dev)
         if b.shape_of(y) != (n,):
             # The framework counted the elements in a narrower type (TF in float32): NumPy's count
@@ -305,6 +322,7 @@ def rand(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | Non
         raise InvalidArgumentError(f"rand draws uniform floats in [0, 1), which a {name} tensor cannot hold "
                                    "(it would be all zeros or all True); use a floating dtype and cast")
     s = check_seed(seed)
+    check_memory(shp, "float64", dev.kind == "cpu", f"{b.name} rand")  # some draw in float64, then cast
     try:
         return b.rand(shp, name, dev, s)
     except MultidevError:

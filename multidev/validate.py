@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ from .errors import (
     OutOfMemoryError,
 )
 
-__all__ = ["MAX_ELEMENTS", "MAX_NDIM", "OPS", "check_axis", "check_fill", "check_op", "check_range",
+__all__ = ["MAX_ELEMENTS", "MAX_NDIM", "OPS", "check_axis", "check_fill", "check_memory", "check_op", "check_range",
            "check_seed", "check_shape", "check_values", "framework_error", "numel",
            "range_length"]
 
@@ -70,6 +71,49 @@ def check_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
         raise InvalidArgumentError(f"{what} {tuple(out)!r:.80} has {n:.3g} elements, more than any device "
                                    f"holds (limit {MAX_ELEMENTS:.3g})")
     return tuple(out)
+
+
+_host_bytes: list[int | None] = []
+
+
+def host_memory() -> int | None:
+    """Bytes of memory this process may have: RAM plus swap (/proc/meminfo, else sysconf), or the
+    container's cgroup limit when lower; read once. None where it cannot be told."""
+    if not _host_bytes:
+        total: int | None = None
+        try:
+            with open("/proc/meminfo") as f:
+                kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in f if ln.split()[1:2] and ln.split()[1].isdigit()}
+            total = (kb.get("MemTotal", 0) + kb.get("SwapTotal", 0)) * 1024 or None
+        except (OSError, ValueError, IndexError):
+            try:
+                total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            except (ValueError, OSError, AttributeError):
+                total = None
+        for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+            try:  # a container's limit: beyond it the kernel kills the process instead of failing malloc
+                with open(path) as f:
+                    raw = f.read().strip()
+            except OSError:
+                continue
+            if raw.isdigit() and (total is None or int(raw) < total):
+                total = int(raw)
+            break
+        _host_bytes.append(total)
+    return _host_bytes[0]
+
+
+def check_memory(shape: Sequence[int], dtype: str, on_host: bool, what: str) -> None:
+    """OutOfMemoryError before a framework tries to allocate more host memory than the machine has
+    (RAM plus swap): frameworks may abort or be killed by the kernel instead of raising. Device
+    memory is left to the framework, which raises its own out-of-memory error."""
+    if not on_host:
+        return
+    need = numel(shape) * ITEMSIZE.get(dtype, 8)
+    have = host_memory()
+    if have is not None and need > have:
+        raise OutOfMemoryError(f"{what}: a {dtype} tensor of shape {tuple(shape)!r:.80} needs {need / 2**30:.4g} GiB, "
+                               f"more than this machine's {have / 2**30:.4g} GiB of memory (RAM and swap)")
 
 
 def _limits(dtype: str) -> tuple[int, int] | None:
