@@ -330,6 +330,8 @@ def framework_error(e: BaseException, what: str) -> MultidevError:
     text = str(e).strip()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     first = lines[0] if lines else ""
+    if first.startswith("Traceback") and len(lines) > 1:
+        first = lines[-1]  # MXNet's messages carry a C++ stack first; the reason is its last line
     if len(first) > 400:
         first = first[:397] + "..."
     origin = type(e).__name__ if framework == "builtins" else f"{framework} {type(e).__name__}"
