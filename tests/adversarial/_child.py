@@ -939,6 +939,17 @@ def group_leaks(name: str) -> None:
     }
     if "allreduce" in b.capabilities.native_collectives and len(xs) > 1:
         loops["allreduce (native)"] = lambda: md.allreduce(xs, algorithm="native")
+        # Large buffers, no waiting: MXNet's per-call KVStore was freed with its reduction still
+        # queued (SIGFPE/SIGSEGV within a few thousand calls). Must end, and give the right sum.
+        big = [md.ones((300_000,), device=d, backend=name) for d in devs[:2]]
+        log(f"{name} native allreduce loop, 300k floats")
+        ys: Any = None
+        for _ in range(int(os.environ.get("MULTIDEV_ADVERSARIAL_CRASH_LOOP", "3000"))):
+            ys = md.allreduce(big, algorithm="native")
+        md.synchronize()
+        if not np.all(host(ys[-1]) == 2.0):
+            finding(f"{name} native allreduce loop: wrong sum {host(ys[-1])[:4]}")
+        COUNTS["cases"] += 1
     for label, fn in loops.items():
         log(f"{name} leak loop {label}")
         try:

@@ -1,5 +1,7 @@
 """Worker of the mismatched-rank scenarios (tests/adversarial/test_ranks.py): one process per rank,
 started with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set. ``python _ranks.py BACKEND SCENARIO TIMEOUT``.
+``MD_ADV_DEVICE=gpu`` puts the tensors on ``gpu:LOCAL_RANK``; ``MD_ADV_PG`` names the process-group
+backend (default: init's own choice).
 
 Each scenario makes the ranks disagree in one way and records what every call did, as one JSON
 line ``MDREPORT {...}``: for each step the outcome (``ok`` or the error's class name) and, for
@@ -26,9 +28,10 @@ def main(backend: str, scenario: str, timeout: float) -> int:
 
     r, w = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     steps: list[dict[str, Any]] = []
+    on = md.gpu(int(os.environ.get("LOCAL_RANK", r))) if os.environ.get("MD_ADV_DEVICE") == "gpu" else md.cpu(0)
 
     def arr(a: Any, dtype: str = "float32") -> Any:
-        return md.asarray(np.asarray(a), dtype=dtype, backend=backend)
+        return md.asarray(np.asarray(a), dtype=dtype, device=on, backend=backend)
 
     def step(name: str, fn: Any, expect: Any = None, of: str = backend) -> None:
         """Run one call; record its outcome (the error class, or ok and whether it was right)."""
@@ -46,13 +49,14 @@ def main(backend: str, scenario: str, timeout: float) -> int:
             if expect is not None:
                 got = np.asarray(md.to_numpy(y), dtype=np.float64)
                 rec["right"] = bool(got.shape == np.shape(expect) and np.allclose(got, expect))
-                rec["device_ok"] = md.device_of(y) == md.device("cpu:0")
+                rec["device_ok"] = md.device_of(y) == (on if of == backend else md.cpu(0))
                 rec["type_ok"] = isinstance(y, md.backend(of).tensor_types())
         rec["elapsed"] = time.monotonic() - t0
         steps.append(rec)
 
     check = scenario != "unchecked"
-    dist.init(timeout=timeout, rendezvous_timeout=max(timeout, 60.0), check=check)
+    dist.init(os.environ.get("MD_ADV_PG") or None, timeout=timeout, rendezvous_timeout=max(timeout, 60.0),
+              check=check)
     ones = np.ones((2, 3), np.float32)
     total = np.full((2, 3), float(w))
 

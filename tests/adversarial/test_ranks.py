@@ -39,12 +39,13 @@ def _need_gloo() -> None:
         pytest.skip("this torch build has no torch.distributed with gloo")
 
 
-def _launch(backend: str, scenario: str, world: int) -> list[dict[str, Any]]:
+def _launch(backend: str, scenario: str, world: int, **extra: str) -> list[dict[str, Any]]:
     port = _port()
     procs = []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
+                   MASTER_PORT=str(port), PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1",
+                   **extra)
         env.pop("MULTIDEV_DISTRIBUTED_CHECK", None)
         procs.append(subprocess.Popen([sys.executable, str(HERE / "_ranks.py"), backend, scenario, str(TIMEOUT)],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -74,14 +75,30 @@ _GOOD = ("after shape", "after op", "after kinds", "after refusal", "reversed vi
 @pytest.mark.parametrize(("backend", "world"), [("numpy", 3), ("torch", 2)], ids=["numpy-3ranks", "torch-2ranks"])
 def test_mismatches_raise_typed_errors_on_every_rank(backend: str, world: int) -> None:
     _need_gloo()
-    reports = _launch(backend, "mismatch", world)
+    _check_mismatch_reports(_launch(backend, "mismatch", world))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pg", ["nccl", "cpu:gloo,cuda:nccl"])
+def test_mismatches_over_nccl(pg: str) -> None:
+    """The same scenario with CUDA tensors, one GPU per rank, the exchange over NCCL (or gloo)."""
+    _need_gloo()
+    import torch
+    import torch.distributed as tdist
+
+    if torch.cuda.device_count() < 2 or not tdist.is_nccl_available():
+        pytest.skip("needs 2 CUDA GPUs and NCCL")
+    _check_mismatch_reports(_launch("torch", "mismatch", 2, MD_ADV_DEVICE="gpu", MD_ADV_PG=pg))
+
+
+def _check_mismatch_reports(reports: list[dict[str, Any]]) -> None:
     steps = [s["step"] for s in reports[0]["steps"]]
     assert len(steps) >= 20, steps
     for r, rep in enumerate(reports):
         assert [s["step"] for s in rep["steps"]] == steps, f"rank {r} ran other steps"
         for s in rep["steps"]:
             if s["step"] in _GOOD:
-                assert s["outcome"] == "ok" and s.get("right") and s.get("type_ok"), (r, s)
+                assert s["outcome"] == "ok" and s.get("right") and s.get("type_ok") and s.get("device_ok"), (r, s)
             else:
                 assert s["outcome"] != "ok", f"rank {r}: {s['step']} succeeded on mismatched ranks"
                 assert s["typed"], f"rank {r}: {s['step']} raised an untyped {s['outcome']}: {s['message']}"
