@@ -106,6 +106,9 @@ def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None)
         raise DeviceMismatchError(f"convert keeps the device: the {src.name} tensor is on {here}, not {dev}; "
                                   "move it first with multidev.to(x, device)")
     if dst.name == src.name:
+        if dev != here and dev not in src.devices():
+            raise DeviceNotFoundError(f"convert: {src.name} has no device {dev}; available: "
+                                      f"{', '.join(map(str, src.devices()))}")
         if copy:
             return src.copy(x, dev)
         if dev == here:

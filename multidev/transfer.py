@@ -8,7 +8,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 import numpy as np
 
 from ._device import Device, DeviceLike
-from .errors import InvalidArgumentError, MultidevError, UnsupportedTensorError
+from .errors import InvalidArgumentError, InvalidDeviceError, MultidevError, UnsupportedTensorError
 from .placement import resolve
 from .registry import backend_of
 from .validate import framework_error
@@ -67,6 +67,8 @@ def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
     """Start moving ``x`` to ``device`` and return its :class:`Transfer` at once; a done handle of
     ``x`` itself when it is already there."""
     b = backend_of(x)
+    if device is None:
+        raise InvalidDeviceError("to(x, device, non_blocking=True) needs a device, got None (as to(x, device) does)")
     dev = resolve(b, device)
     if b.device_of(x) == dev:
         return Transfer(x, None)

@@ -162,6 +162,14 @@ def expected_dtype(spec: Any) -> str | None:
     return None
 
 
+def md_parse_fails(spec: Any) -> bool:
+    try:
+        md.device(spec)
+    except md.MultidevError:
+        return True
+    return False
+
+
 def st_devices(b: Any) -> Any:
     from hypothesis import strategies as st
 
@@ -503,6 +511,56 @@ def group_inputs(name: str) -> None:
             return
         outcome(desc, calls[call], must_fail=True)
 
+    @settings(60)
+    @seeded
+    @given(call=st.sampled_from(["to", "to_nb", "copy", "convert", "synchronize", "device_scope", "try_gpu",
+                                 "devices"]),
+           device=st_devices(b), index=st.one_of(st.integers(-2, 3), st.sampled_from(["a", None, 1.5, True, 10 ** 40])))
+    def placement(call: str, device: Any, index: Any) -> None:
+        x = md.ones((2,), device=devices[-1], backend=name)
+        dev = resolve(device) if device is not None else None
+        desc = f"{name} {call}(tensor on {devices[-1]}, device={device!r:.40}, index={index!r:.30})"
+
+        def on(d: md.Device) -> Callable[[Any], None]:
+            def check(y: Any) -> None:
+                if md.device_of(y) != d:
+                    raise AssertionError(f"on {md.device_of(y)}, asked for {d}")
+                same_values(host(y), np.ones(2, np.float32), "float32")
+            return check
+
+        if call == "try_gpu":
+            ok = isinstance(index, int) and not isinstance(index, bool)
+            outcome(desc, lambda: md.try_gpu(index, backend=name), must_fail=not ok)
+        elif call == "devices":
+            outcome(desc, lambda: md.devices(backend=name, kind=device),
+                    must_fail=(device is not None and not isinstance(device, str)) or device in BAD_DEVICES[:1])
+        elif dev is None or device is None:
+            fns = {"to": lambda: md.to(x, device), "to_nb": lambda: md.to(x, device, non_blocking=True).wait(),
+                   "copy": lambda: md.copy(x, device), "convert": lambda: md.convert(x, name, device=device),
+                   "synchronize": lambda: md.synchronize(device, backend=name),
+                   "device_scope": lambda: md.device_scope(device, backend=name).__enter__()}
+            if device is None and call in ("copy", "convert", "synchronize"):
+                outcome(desc, fns[call])  # None: x's own device / every device
+            elif device is None:
+                outcome(desc, fns[call], must_fail=call in ("to", "to_nb", "device_scope"))
+            else:
+                outcome(desc, fns[call], must_fail=call != "device_scope" or md_parse_fails(device))
+        else:
+            fns = {"to": lambda: md.to(x, device), "to_nb": lambda: md.to(x, device, non_blocking=True).wait(),
+                   "copy": lambda: md.copy(x, device), "convert": lambda: md.convert(x, name, device=device)}
+            if call in fns:
+                if call == "convert" and dev != devices[-1] and not (dev.kind == devices[-1].kind == "cpu"):
+                    outcome(desc, fns[call], must_fail=True)
+                else:
+                    outcome(desc, fns[call], on(dev), allowed=(md.CapabilityError,) if call == "convert"
+                            else (md.MultidevError,))
+            elif call == "synchronize":
+                outcome(desc, lambda: md.synchronize(device, backend=name))
+            else:
+                with md.device_scope(device, backend=name):
+                    outcome(desc, lambda: md.ones(2), on(dev))
+
+    run_given("placement", placement)
     run_given("creation", creation)
     run_given("arange", ranges)
     run_given("asarray", asarrays)
