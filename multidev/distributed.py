@@ -264,16 +264,23 @@ def _check_setting(check: bool | None) -> bool:
 
 
 def _store(tdist: Any, addr: str, port: int, rank: int, world: int, timeout: float) -> Any:
-    """The rendezvous store. Under torchrun its agent already serves one on MASTER_PORT: join it as
-    a client (under the worker prefix torch's own ``env://`` uses), so no rank tries to bind the
-    port (c10d would print that the server socket failed to bind). Elsewhere rank 0 hosts it and
-    waits up to ``timeout`` for every rank."""
+    """The rendezvous store. Under torchrun its agent already serves one on $MASTER_ADDR:$MASTER_PORT:
+    at that address every rank joins it as a client (under the worker prefix torch's own ``env://``
+    uses, plus one per init), so no rank tries to bind the port (c10d would print that the server
+    socket failed to bind). Elsewhere rank 0 hosts it and waits up to ``timeout`` for every rank."""
+    global _generation
     td = timedelta(seconds=timeout)
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+    agent = (os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+             and addr == os.environ.get("MASTER_ADDR") and str(port) == os.environ.get("MASTER_PORT"))
+    if agent:
         client = tdist.TCPStore(addr, port, world, is_master=False, timeout=td)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        return tdist.PrefixStore(f"/worker/attempt_{attempt}", client)
+        _generation += 1  # a later init (after shutdown) in the same job must not meet this one's keys
+        return tdist.PrefixStore(f"/worker/attempt_{attempt}/multidev_{_generation}", client)
     return tdist.TCPStore(addr, port, world, is_master=(rank == 0), timeout=td, wait_for_workers=True)
+
+
+_generation = 0
 
 
 _exit_hook = False
