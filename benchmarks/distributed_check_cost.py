@@ -1,5 +1,6 @@
 """The cost of multidev.distributed's cross-rank consistency checks: microseconds per allreduce with
-the checks on and off, against torch.distributed's own all_reduce, on 2+ gloo ranks.
+the checks on and off, against torch.distributed's own all_reduce, on 2+ ranks (gloo; CUDA tensors
+through NCCL where there are GPUs, the check's exchange then going over gloo).
 
     torchrun --nproc_per_node=2 -m multidev.benchmarks.distributed_check_cost
 
@@ -39,8 +40,13 @@ def main() -> None:
     for i, check in enumerate((True, False)):
         dist.init(master_port=port + 1 + i, timeout=60, check=check)
         label = "checks on" if check else "checks off"
-        for name, x, n in (("torch, 4 floats", torch.ones(4), 1000), ("numpy, 4 floats", np.ones(4, np.float32), 1000),
-                           ("torch, 1M floats", torch.ones(1 << 20), 50)):
+        cases = [("torch, 4 floats", torch.ones(4), 1000), ("numpy, 4 floats", np.ones(4, np.float32), 1000),
+                 ("torch, 1M floats", torch.ones(1 << 20), 50)]
+        if torch.cuda.is_available():  # NCCL for CUDA tensors; the check's exchange goes over gloo
+            gpu = torch.device("cuda", dist.local_rank() % torch.cuda.device_count())
+            cases += [("torch cuda, 4 floats", torch.ones(4, device=gpu), 1000),
+                      ("torch cuda, 1M floats", torch.ones(1 << 20, device=gpu), 200)]
+        for name, x, n in cases:
             rows.setdefault(name, {})[label] = _per_call(lambda x=x: dist.allreduce(x), n)
         raw, t4 = "torch.distributed.all_reduce, 4 floats", torch.ones(4)
         rows.setdefault(raw, {})[label] = _per_call(lambda t=t4: tdist.all_reduce(t), 1000)

@@ -18,4 +18,10 @@ run() {  # run NAME ARGS...: one pytest selection, its log and its exit status i
 : > "$OUT/summary.txt"
 run ranks tests/adversarial/test_ranks.py -k "nccl or torch-2ranks or torchrun"
 run adversarial tests/adversarial/test_adversarial.py -k "torch or jax or numpy"
+# the cost of the cross-rank consistency checks on 2 GPUs (NCCL for CUDA tensors, gloo for the check)
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+  timeout 300 python3 -m torch.distributed.run --nproc_per_node=2 --master_port=29533 \
+    -m multidev.benchmarks.distributed_check_cost > "$OUT/check_cost.txt" 2>&1
+  echo "check_cost rc=$?" >> "$OUT/summary.txt"
+fi
 cat "$OUT/summary.txt"
