@@ -22,7 +22,6 @@ and then ``async_wait``, which raises pending asynchronous errors.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import threading
@@ -41,6 +40,7 @@ from multidev.adapter import (
     DeviceNotFoundError,
     UnsupportedTensorError,
     canonical_dtype,
+    dlpack_info,
     numpy_dtype,
 )
 
@@ -61,6 +61,8 @@ _MERGE_OP = {"sum": "Add", "mean": "Add", "prod": "Mul", "max": "Max", "min": "M
 # Group keys of multidev's collectives start far from tf.distribute's own (which count from 1).
 _GROUP_KEY_BASE = 0x4D440000
 _SILENT = " (TF itself would copy them silently)"
+# Eigen's alignment (EIGEN_MAX_ALIGN_BYTES): TF checks every buffer it computes on against it.
+_ALIGN = 64
 
 
 class TensorflowBackend(BaseBackend):
@@ -94,7 +96,8 @@ class TensorflowBackend(BaseBackend):
         self._tokens: dict[Device, Any] = {}  # per-device ordering tokens of native_allreduce
         self._groups: dict[tuple[Device, ...], int] = {}
         self._fns: dict[tuple[Any, ...], Any] = {}
-        self._instance = itertools.count(1)
+        self._group_locks: dict[tuple[Device, ...], threading.Lock] = {}
+        self._instance_keys: dict[tuple[Any, ...], Any] = {}  # call signature -> instance key tensor
         has_gpu = any(d.is_gpu for d in self._devices)
         self._caps = Capabilities(
             mutable=False,
@@ -406,6 +409,14 @@ class TensorflowBackend(BaseBackend):
         anything else raises CapabilityError."""
         tf = self._tf
         cap = obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
+        info = dlpack_info(cap)  # reads the header only; the capsule stays unconsumed
+        if not info.aligned(_ALIGN) or not info.row_major:
+            # TF takes any buffer here but aborts the process later (Check failed: IsAligned())
+            # when an op reads one that is not 64-byte aligned: refuse it before TF sees it.
+            raise CapabilityError(
+                f"tensorflow backend cannot share this DLPack buffer: TF needs contiguous (row-major) data at a "
+                f"{_ALIGN}-byte aligned address (this one is at {info.address:#x}, strides {info.strides}). "
+                "Copy it instead (multidev.convert does so when copy is not False).")
         try:
             y = tf.experimental.dlpack.from_dlpack(cap)
         except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, TypeError) as e:
@@ -472,11 +483,21 @@ class TensorflowBackend(BaseBackend):
                         v = tf.bitwise.bitwise_xor(v, tf.constant(-(2**63), tf.int64))
                 ins.append(v)
         fn = self._collective_fn(devs, merge, final, ins[0].dtype)
+        # One instance key per call signature (group, shape, dtype, op), reused call after call as a
+        # traced tf.distribute step reuses its keys: TF keeps a record for every instance key it
+        # sees, so a fresh key per call grew RSS by ~1.3 KB a call; and one key reused for another
+        # shape or dtype aborts that collective and every later one. Calls of one group are
+        # serialized so that no two share a key concurrently.
+        sig = (devs, tuple(self.shape_of(ins[0])), ins[0].dtype.name, merge, final)
         with self._lock:
-            key = next(self._instance) % (2**31 - 1) + 1
-        with tf.device(self.to_native_device(Device("cpu", 0))):
-            instance = tf.constant(key, dtype=tf.int32)
-        outs = fn(ins, instance)
+            group_lock = self._group_locks.setdefault(devs, threading.Lock())
+            instance = self._instance_keys.get(sig)
+            if instance is None:
+                with tf.device(self.to_native_device(Device("cpu", 0))):
+                    instance = tf.constant(len(self._instance_keys) % (2**31 - 2) + 1, dtype=tf.int32)
+                self._instance_keys[sig] = instance
+        with group_lock:
+            outs = fn(ins, instance)
         nd = self.to_native_dtype(dtype)
         res = []
         for y, d in zip(outs, devs):

@@ -377,12 +377,12 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
         raise UsageError(f"unknown suite(s) {', '.join(unknown)}; known: "
                          f"{', '.join(sorted({bm.suite for bm in benches}))}")
     benches = [bm for bm in benches if bm.suite in suites]
-    names = _split(args.backend) or md.backends()
     modes = ["fp32", "tf32"] if args.precision == "both" else [args.precision]
     try:
-        wanted = [md.device(x) for x in _split(args.device)]
+        wanted = [md.device(x) for x in _split(args.device)]  # before any framework starts
     except MultidevError as e:
         raise UsageError(f"--device: {str(e).splitlines()[0]}") from None
+    names = _split(args.backend) or md.backends()
 
     backends_info: dict[str, Any] = {}
     saved_precision: dict[str, Any] = {}

@@ -47,6 +47,7 @@ from .errors import (
                   BackendNotAvailableError,
                   CapabilityError,
                   CollectiveInputError,
+                  CollectiveMismatchError,
                   DeviceMismatchError,
                   DeviceNotFoundError,
                   DistributedError,
@@ -55,6 +56,7 @@ from .errors import (
                   InvalidDeviceError,
                   InvalidDtypeError,
                   MultidevError,
+                  OutOfMemoryError,
                   UnsupportedTensorError,
 )
 from .exchange import convert
@@ -67,9 +69,10 @@ __version__ = "0.2.0"
 
 __all__ = [
     "AdapterError", "Backend", "BackendError", "BackendNotAvailableError", "Capabilities", "CapabilityError",
-    "CollectiveInputError", "Compiled", "Device", "DeviceMismatchError", "DeviceNotFoundError", "DistributedError",
-    "DistributedTimeoutError", "InvalidArgumentError", "InvalidDeviceError", "InvalidDtypeError", "MultidevError",
-    "Transfer", "UnsupportedTensorError", "allgather", "allreduce", "arange", "asarray", "backend", "backend_of",
+    "CollectiveInputError", "CollectiveMismatchError", "Compiled", "Device", "DeviceMismatchError",
+    "DeviceNotFoundError", "DistributedError", "DistributedTimeoutError", "InvalidArgumentError", "InvalidDeviceError",
+    "InvalidDtypeError", "MultidevError", "OutOfMemoryError", "Transfer", "UnsupportedTensorError",
+    "allgather", "allreduce", "arange", "asarray", "backend", "backend_of",
     "backends", "broadcast", "canonical_dtype", "compile", "convert", "copy", "cpu", "default_device", "device",
     "device_of", "device_scope", "devices", "distributed", "dtype_of", "empty", "full", "gather",
     "get_default_backend", "gpu", "num_gpus", "ones", "rand", "reduce", "reduce_scatter", "register_backend",

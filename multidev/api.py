@@ -2,20 +2,30 @@
 from __future__ import annotations
 
 import contextlib
+import numbers
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ._device import Device, DeviceLike
-from .dtypes import canonical_dtype
+from .dtypes import canonical_dtype, is_floating
 from .errors import CapabilityError, InvalidArgumentError, InvalidDeviceError, MultidevError, UnsupportedTensorError
 from .placement import as_device, resolve, scope_backend, scope_device
 from .placement import default_device as default_device
 from .protocol import Backend
 from .registry import available_backends, backend_of, get_backend, loaded_backends, wait_cache, waiter_of
 from .transfer import start_to
-from .validate import check_fill, check_range, check_seed, check_shape
+from .validate import (
+    check_fill,
+    check_memory,
+    check_range,
+    check_seed,
+    check_shape,
+    check_values,
+    framework_error,
+    range_length,
+)
 
 __all__ = [
     "arange", "asarray", "backend", "backends", "copy", "cpu", "default_device", "device", "device_of",
@@ -149,7 +159,14 @@ def full(shape: int | Sequence[int], value: Any, dtype: Any = None, device: Devi
     else:
         default = "float32"
     name = _dtype(b, dtype, default, dev)
-    return b.full(shp, check_fill(value, name), name, dev)
+    fill = check_fill(value, name)
+    check_memory(shp, name, dev.kind == "cpu", f"{b.name} full")
+    try:
+        return b.full(shp, fill, name, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} full") from e
 
 
 def zeros(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
@@ -159,7 +176,14 @@ def zeros(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | No
     shp = check_shape(shape)
     dev = resolve(b, device)
     name = _dtype(b, dtype, "float32", dev)
-    return b.full(shp, check_fill(0, name), name, dev)
+    fill = check_fill(0, name)
+    check_memory(shp, name, dev.kind == "cpu", f"{b.name} zeros")
+    try:
+        return b.full(shp, fill, name, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} zeros") from e
 
 
 def ones(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
@@ -169,7 +193,14 @@ def ones(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | Non
     shp = check_shape(shape)
     dev = resolve(b, device)
     name = _dtype(b, dtype, "float32", dev)
-    return b.full(shp, check_fill(1, name), name, dev)
+    fill = check_fill(1, name)
+    check_memory(shp, name, dev.kind == "cpu", f"{b.name} ones")
+    try:
+        return b.full(shp, fill, name, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} ones") from e
 
 
 def empty(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
@@ -178,13 +209,22 @@ def empty(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | No
     b = _backend(backend)
     shp = check_shape(shape)
     dev = resolve(b, device)
-    return b.empty(shp, _dtype(b, dtype, "float32", dev), dev)
+    name = _dtype(b, dtype, "float32", dev)
+    check_memory(shp, name, dev.kind == "cpu", f"{b.name} empty")
+    try:
+        return b.empty(shp, name, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} empty") from e
 
 
 def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
            device: DeviceLike | None = None, backend: str | None = None) -> Any:
     """``start, start+step, ...`` below ``stop`` on ``device`` (int64 for integer bounds, else
-    float32); empty when the range is, on every backend."""
+    float32); empty when the range is, on every backend, and of NumPy's length on every backend.
+    Values beyond the dtype (integers that would wrap, floats that would overflow) raise
+    InvalidArgumentError."""
     if stop is None:
         start, stop = 0, start
     b = _backend(backend)
@@ -194,51 +234,101 @@ def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
     if name == "bool":
         raise InvalidArgumentError("arange cannot make bool tensors; make an int range and compare it")
     start, stop, step = check_range(start, stop, step, name)
-    return b.arange(start, stop, step, name, dev)
+    n = range_length(start, stop, step)
+    if not is_floating(name):
+        start, stop, step = int(start), int(stop), int(step)  # integral (checked): exact Python ints
+    try:
+        if n == 0:  # an empty range, the same on every backend (TF would raise)
+            return b.empty((0,), name, dev)
+        if n == 1:  # [start]: no framework sees a step it may not hold (2**63 into int64)
+            return b.full((1,), start, name, dev)
+        y = b.arange(start, stop, step, name, dev)
+        if b.shape_of(y) != (n,):
+            # The framework counted the elements in a narrower type (TF in float32): NumPy's count
+            # and values (computed in float64, or exactly for integers), uploaded.
+            exact = all(isinstance(v, numbers.Integral) for v in (start, stop, step))
+            wide = np.uint64 if name == "uint64" else np.int64
+            host = (np.arange(start, stop, step, dtype=wide) if exact
+                    else float(start) + float(step) * np.arange(n, dtype=np.float64))
+            y = b.asarray(host, name, dev)
+        return y
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} arange") from e
 
 
-def _host_value(obj: Any) -> None:
-    """Refuse what no tensor can hold before a framework guesses (strings, objects, ragged lists)."""
+def _host_value(obj: Any) -> np.ndarray | None:
+    """Refuse what no tensor can hold before a framework guesses (strings, objects, ragged lists,
+    dicts, sets, iterators). Tensors of any backend pass; anything else must read as a NumPy array
+    of numbers."""
     if isinstance(obj, (str, bytes)) or obj is None:
         raise InvalidArgumentError(f"asarray takes numbers, nested sequences of numbers or arrays, got "
                                    f"{obj!r:.60} ({type(obj).__name__})")
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, (np.ndarray, np.generic)):
         canonical_dtype(obj.dtype)  # strings, objects, datetimes: InvalidDtypeError
-        return
-    if isinstance(obj, (list, tuple)):
+        return None
+    if not isinstance(obj, (list, tuple, range, int, float, complex)):
         try:
-            a = np.asarray(obj)
-        except ValueError as e:  # ragged
-            raise InvalidArgumentError(f"asarray: {type(obj).__name__} is ragged or mixed ({e}); every "
-                                       "nested sequence must have the same length") from None
-        if a.dtype.kind in "OUSVMm":
-            raise InvalidArgumentError(f"asarray: this {type(obj).__name__} holds {a.dtype} values "
-                                       "(strings, objects or ragged lists), which no tensor can hold")
+            backend_of(obj)
+            return None  # another backend's tensor: its adapter reads it
+        except UnsupportedTensorError:
+            pass
+    try:
+        a = np.asarray(obj)
+    except (ValueError, TypeError, OverflowError) as e:  # ragged, or numbers beyond every dtype
+        raise InvalidArgumentError(f"asarray: this {type(obj).__name__} is ragged, mixed or out of range ({e}); "
+                                   "every nested sequence must have the same length") from None
+    if a.dtype.kind not in "biufc":
+        raise InvalidArgumentError(f"asarray: this {type(obj).__name__} reads as {a.dtype} values (strings, objects, "
+                                   "ragged lists, dicts, sets or iterators), which no tensor can hold")
+    return a
 
 
 def asarray(obj: Any, dtype: Any = None, device: DeviceLike | None = None,
             backend: str | None = None) -> Any:
     """A new tensor holding ``obj`` (nested lists, scalars, NumPy arrays) on ``device``. Always
-    copies: the result never shares the caller's buffer.
+    copies: the result never shares the caller's buffer. Python numbers must fit an explicit
+    ``dtype`` exactly (``asarray([1.5], dtype="int32")`` raises InvalidArgumentError); NumPy arrays
+    and tensors are cast as ``astype`` casts.
 
     ``dtype=None`` keeps a NumPy array's dtype and otherwise uses the framework's own inference.
     """
     b = _backend(backend)
     dev = resolve(b, device)
-    _host_value(obj)
+    data = _host_value(obj)
     name = _dtype(b, dtype, "float32", dev) if dtype is not None else None
+    if data is not None and name is not None:
+        check_values(data, name)  # Python numbers must fit the dtype asked for (NumPy arrays are cast)
     if name is None and isinstance(obj, np.ndarray):
         name = _dtype(b, obj.dtype, "float32", dev)
-    return b.asarray(obj, name, dev)
+    try:
+        return b.asarray(obj, name, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} asarray") from e
 
 
 def rand(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
          backend: str | None = None, seed: int | None = None) -> Any:
-    """Uniform samples in [0, 1) on ``device`` (float32 by default); a seed makes them repeatable."""
+    """Uniform samples in [0, 1) on ``device`` (float32 by default; floating and complex dtypes
+    only: integers would hold only zeros); a seed makes them repeatable."""
     b = _backend(backend)
     shp = check_shape(shape)
     dev = resolve(b, device)
-    return b.rand(shp, _dtype(b, dtype, "float32", dev), dev, check_seed(seed))
+    name = _dtype(b, dtype, "float32", dev)
+    if not is_floating(name):
+        raise InvalidArgumentError(f"rand draws uniform floats in [0, 1), which a {name} tensor cannot hold "
+                                   "(it would be all zeros or all True); use a floating dtype and cast")
+    s = check_seed(seed)
+    check_memory(shp, "float64", dev.kind == "cpu", f"{b.name} rand")  # some draw in float64, then cast
+    try:
+        return b.rand(shp, name, dev, s)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} rand") from e
 
 
 # -- placement -----------------------------------------------------------------------------------
@@ -280,7 +370,13 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
         dev = (_STR_DEVICES.get(device) if device.__class__ is str else None) or _as_device_cached(device)
     if b.device_of(x) == dev:  # the no-op path: no enumeration, no validation
         return x
-    return b.move(x, resolve(b, dev))
+    target = resolve(b, dev)
+    try:
+        return b.move(x, target)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} to({target})") from e
 
 
 def copy(x: Any, device: DeviceLike | None = None) -> Any:
@@ -288,13 +384,24 @@ def copy(x: Any, device: DeviceLike | None = None) -> Any:
     ``copyto``. Always copies, even on the same device."""
     b = backend_of(x)
     dev = b.device_of(x) if device is None else resolve(b, device)
-    return b.copy(x, dev)
+    try:
+        return b.copy(x, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} copy") from e
 
 
 def to_numpy(x: Any) -> np.ndarray:
     """A host NumPy array with x's values, after waiting for x's pending work. It may share memory
     with a CPU-resident ``x``; use ``np.array(md.to_numpy(x))`` for an independent copy."""
-    return backend_of(x).to_numpy(x)
+    b = backend_of(x)
+    try:
+        return b.to_numpy(x)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} to_numpy") from e
 
 
 def synchronize(target: Any = None, *, backend: str | None = None) -> None:
@@ -303,12 +410,28 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
     - ``synchronize()``: every device of every loaded backend (or of ``backend``).
     - ``synchronize(device)``: that device, on ``backend`` or on every loaded backend that has it.
     - ``synchronize(tensor)``: until that tensor is computed.
+
+    A framework error raised by the wait (an asynchronous failure) comes as its MultidevError.
     """
     if backend is None and target is not None:
         w = wait_cache.get(target.__class__)
         if w is not None:  # the hot path: a tensor whose class was seen before
-            w(target)
+            try:
+                w(target)
+            except MultidevError:
+                raise
+            except Exception as e:
+                raise framework_error(e, "synchronize") from e
             return
+    try:
+        _synchronize(target, backend)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, "synchronize") from e
+
+
+def _synchronize(target: Any, backend: str | None) -> None:
     if target is None or target.__class__ is Device or isinstance(target, str):
         dev = None if target is None else (target if target.__class__ is Device else Device.parse(target))
         if backend is not None:
@@ -333,5 +456,5 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
             dev = as_device(target)  # a native device object
         except MultidevError:
             raise e from None  # neither a tensor nor a device: say so as a tensor error
-        return synchronize(dev, backend=backend)
+        return _synchronize(dev, backend)
     wait(target)

@@ -33,14 +33,15 @@ def _split(s: str | None) -> list[str]:
     return [v.strip() for v in (s or "").split(",") if v.strip()]
 
 
-def _backends(spec: str | None, default: list[str]) -> list[Any]:
-    """The adapters named in ``spec`` (default: ``default``), or a usage error: one line, or for an
-    adapter that breaks the protocol its list of problems, one line each."""
+def _backends(spec: str | None, default: Any = list) -> list[Any]:
+    """The adapters named in ``spec`` (else the names ``default`` gives: a list, or a callable called
+    only then, so a bad ``spec`` loads no framework), or a usage error: one line, or for an adapter
+    that breaks the protocol its list of problems, one line each."""
     from . import registry
     from .errors import AdapterError
 
     out = []
-    for n in _split(spec) or default:
+    for n in _split(spec) or (default() if callable(default) else list(default)):
         try:
             out.append(registry.get_backend(n))
         except AdapterError as e:
@@ -96,9 +97,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import multidev as md
     from multidev.registry import configure_virtual_devices
 
+    if args.devices < 1:
+        raise _UsageError(f"--devices must be at least 1, got {args.devices}")
+    backs = _backends(args.backend, md.backends)  # names checked before any framework starts
     configure_virtual_devices(args.devices)
     con = _console()
-    backs = _backends(args.backend, md.backends())
     for b in backs:
         n = b.name
         dev = md.try_gpu(backend=n)
@@ -156,22 +159,28 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             __import__(mod)
         except ImportError as e:
             raise _UsageError(f"--import {mod}: {e}") from None
-    if args.backend and args.backend != "all":
+    wanted = []
+    for spec in _split(args.device):
+        try:
+            wanted.append(md.device(spec))
+        except MultidevError as e:
+            raise _UsageError(f"--device {spec}: {str(e).splitlines()[0]}") from None
+    backend_arg = args.backend
+    explicit = bool(args.backend) and args.backend != "all"
+    if explicit or wanted:
         from multidev.conformance.plugin import VIRTUAL_DEVICES
         from multidev.registry import configure_virtual_devices, registered_backends
 
         # before any framework starts, as the suite would (module:attr adapters' hooks included)
         dotted = [n for n in _split(args.backend) if ":" in n]
         configure_virtual_devices(VIRTUAL_DEVICES, registered_backends() + dotted)
-        _backends(args.backend, [])  # load now: an unknown backend is a one-line error
-    for spec in _split(args.device):
-        try:
-            md.device(spec)
-        except MultidevError as e:
-            raise _UsageError(f"--device {spec}: {str(e).splitlines()[0]}") from None
+        # load now: an unknown backend is a one-line error
+        backs = _backends(args.backend, []) if explicit else [md.backend(n) for n in md.backends()]
+        if wanted:
+            backend_arg = ",".join(_with_devices(backs, wanted, explicit))
     suite = str(Path(conformance.__file__).parent)
     argv = [suite, "-p", "no:cacheprovider", f"--rootdir={suite}", "-o", "addopts="]
-    argv.append(f"--multidev-backend={args.backend}")
+    argv.append(f"--multidev-backend={backend_arg}")
     if args.device:
         argv.append(f"--multidev-device={args.device}")
     if args.json:
@@ -184,6 +193,28 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if "multidev.conformance.plugin" not in _loaded_plugins():
         argv = ["-p", "multidev.conformance.plugin", *argv]
     return int(pytest.main(argv))
+
+
+def _with_devices(backs: list[Any], wanted: list[Any], explicit: bool) -> list[str]:
+    """The names of ``backs`` that have at least one of the ``wanted`` devices. A backend named on the
+    command line without any is a usage error (its device tests would have nothing to run on); of
+    all installed backends, those without any are left out, said in one line on stderr."""
+    keep, left = [], []
+    for b in backs:
+        devs = b.devices()
+        if any(d in devs for d in wanted):
+            keep.append(b.name)
+        elif explicit:
+            raise _UsageError(f"--device {','.join(map(str, wanted))}: {b.name} has none of these devices (it has "
+                              f"{', '.join(map(str, devs))})")
+        else:
+            left.append(b.name)
+    if not keep:
+        raise _UsageError(f"--device {','.join(map(str, wanted))}: no installed backend has any of these devices")
+    if left:
+        print(f"multidev conformance: --device {','.join(map(str, wanted))}: leaving out {', '.join(left)} "
+              "(none of these devices)", file=sys.stderr)
+    return keep
 
 
 def _loaded_plugins() -> set[str]:

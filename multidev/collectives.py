@@ -42,16 +42,17 @@ algorithms, by a rule that depends on shape, dtype and device count alone.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from ._device import Device, DeviceLike
 from .dtypes import ITEMSIZE
-from .errors import CapabilityError, CollectiveInputError, UnsupportedTensorError
+from .errors import CapabilityError, CollectiveInputError, MultidevError, UnsupportedTensorError
 from .placement import device_list, resolve
 from .protocol import Backend
 from .registry import backend_of
-from .validate import OPS, check_axis, check_op
+from .validate import OPS, check_axis, check_op, framework_error
 
 __all__ = ["ALGORITHMS", "AUTO_TREE_MAX_BYTES", "OPS", "allgather", "allreduce", "broadcast", "choose_algorithm",
            "gather", "reduce", "reduce_scatter", "scatter", "split_batch", "split_sizes"]
@@ -60,6 +61,38 @@ __all__ = ["ALGORITHMS", "AUTO_TREE_MAX_BYTES", "OPS", "allgather", "allreduce",
 ALGORITHMS = ("auto", "naive", "ring", "tree", "native")
 #: ``auto`` uses ``tree`` up to this many bytes per device and ``ring`` above.
 AUTO_TREE_MAX_BYTES = 64 * 1024
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _typed(fn: F) -> F:
+    """Framework errors escaping the adapters during the collective come as their MultidevError
+    (:func:`multidev.validate.framework_error`), the framework's message kept."""
+    what = fn.__name__
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except MultidevError:
+            raise
+        except Exception as e:
+            raise framework_error(e, what) from e
+    return wrapper  # type: ignore[return-value]
+
+
+def _writable(b: Backend, x: Any, i: int, what: str, src: Any = None) -> None:
+    """``b.assign(x, src)`` (default: a copy of x itself, bitwise a no-op: the writability probe),
+    with the framework's refusal (read-only arrays, inference or expanded tensors) as CapabilityError."""
+    try:
+        b.assign(x, b.copy(x, b.device_of(x)) if src is None else src)
+    except MultidevError:
+        raise
+    except Exception as e:
+        why = (str(e).strip().splitlines() or [""])[0][:200]
+        raise CapabilityError(f"{what}(inplace=True): input {i}, a {b.name} tensor, cannot be written in place "
+                              f"({type(e).__name__}: {why}); pass writable tensors or use inplace=False") from e
 
 
 # -- validation ----------------------------------------------------------------------------------
@@ -247,6 +280,7 @@ def choose_algorithm(b: Backend, shape: tuple[int, ...], dtype: str, devices: Se
 
 
 # -- public operations ---------------------------------------------------------------------------
+@_typed
 def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
               algorithm: str = "auto", deterministic: bool = False) -> list[Any]:
     """Reduce ``tensors`` (one per device) elementwise and give every device the result.
@@ -280,8 +314,8 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
         # Probe writability (read-only arrays, inference tensors) by rewriting each input with a copy
         # of itself: bitwise a no-op. The first input needs none: nothing is written before it.
         # (A self-assign is no probe: NumPy skips copyto(a, a) even for a read-only a.)
-        for x, d in zip(xs[1:], devs[1:]):
-            b.assign(x, b.copy(x, d))
+        for i, x in enumerate(xs[1:], 1):
+            _writable(b, x, i, "allreduce")
     n = len(xs)
     alg = algorithm
     if alg == "auto":
@@ -308,12 +342,13 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
     else:
         out = _naive_allreduce(b, xs, devs, op)
     if inplace:
-        for dst, src in zip(xs, out):
-            b.assign(dst, src)
+        for i, (dst, src) in enumerate(zip(xs, out)):
+            _writable(b, dst, i, "allreduce", src)
         return xs
     return out
 
 
+@_typed
 def broadcast(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
     """A new copy of ``x`` on each of ``devices`` (distinct; x's own device may be among them). A
     training parameter gives parameters: leaves that require grad where ``x`` requires grad, with a
@@ -326,6 +361,7 @@ def broadcast(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
     return out if like is None else [like(x, y) for y in out]
 
 
+@_typed
 def reduce(tensors: Sequence[Any], device: DeviceLike, op: str = "sum") -> Any:
     """The elementwise reduction of ``tensors`` (one per device) as one new tensor on ``device``
     (any device of the backend). Reduced in list order, so deterministic."""
@@ -335,6 +371,7 @@ def reduce(tensors: Sequence[Any], device: DeviceLike, op: str = "sum") -> Any:
     return _fold(b, xs, dev, op)
 
 
+@_typed
 def allgather(tensors: Sequence[Any], axis: int = 0) -> list[Any]:
     """Every device gets the concatenation of all tensors along ``axis``, in list order.
 
@@ -346,6 +383,7 @@ def allgather(tensors: Sequence[Any], axis: int = 0) -> list[Any]:
     return [_fresh(b, b.concat([_on(b, x, d) for x in xs], axis), xs, d) for d in devs]
 
 
+@_typed
 def gather(tensors: Sequence[Any], device: DeviceLike, axis: int = 0) -> Any:
     """The concatenation of ``tensors`` (one per device) along ``axis`` as one new tensor on ``device``."""
     b, xs = _tensor_list(tensors, "gather")
@@ -368,6 +406,7 @@ def _joinable(b: Backend, xs: list[Any], axis: int, what: str) -> int:
     return ax
 
 
+@_typed
 def reduce_scatter(tensors: Sequence[Any], op: str = "sum", axis: int = 0) -> list[Any]:
     """Reduce ``tensors`` elementwise and give device ``i`` piece ``i`` of the result, cut along
     ``axis`` as ``numpy.array_split`` cuts (the first pieces one larger). A ring reduce-scatter:
@@ -385,6 +424,7 @@ def reduce_scatter(tensors: Sequence[Any], op: str = "sum", axis: int = 0) -> li
     return _ring_reduce_scatter(b, chunks, devs, op)
 
 
+@_typed
 def scatter(x: Any, devices: Sequence[DeviceLike], axis: int = 0) -> list[Any]:
     """``x`` cut along ``axis`` into ``len(devices)`` pieces (``numpy.array_split``'s sizes: the first
     pieces one larger; pieces may be empty), piece ``i`` copied to ``devices[i]``."""
@@ -397,6 +437,7 @@ def scatter(x: Any, devices: Sequence[DeviceLike], axis: int = 0) -> list[Any]:
     return [b.copy(p, d) if d == src else b.move(p, d) for p, d in zip(pieces, devs)]
 
 
+@_typed
 def split_batch(X: Any, y: Any, devices: Sequence[DeviceLike]) -> tuple[list[Any], list[Any]]:
     """D2L's ``split_batch``: scatter a minibatch ``X`` and its labels ``y`` along their first axis
     over ``devices`` (``numpy.array_split`` sizes). Needs at least one example per device."""

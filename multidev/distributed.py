@@ -25,6 +25,18 @@ size and is refused for integers; ``bool`` takes max/min only), uneven pieces fo
 that differ along ``axis``). Every rank must call every collective in the same order with tensors of
 one dtype and (except along ``axis`` for the gathers) one shape.
 
+Consistency checks (on by default): before each collective the ranks exchange a small record of
+the call (which collective, its op, root and axis, the tensor's dtype and shape, a call counter),
+so a rank that calls another collective, another op, or passes another shape or dtype makes every
+rank raise :class:`CollectiveMismatchError` naming what differs, rank by rank, instead of an abort
+in gloo or silently wrong values; a rank that refuses its own input (``mean`` of integers, say)
+makes the others raise :class:`DistributedError` too. The group stays usable after either. The
+cost is one extra small all-gather per call (tens of microseconds on a local gloo group; see
+``docs/collectives.md``); ``init(check=False)`` or ``MULTIDEV_DISTRIBUTED_CHECK=0`` turns it off
+(every rank must choose the same, which init verifies), after which mismatched calls are
+undefined behaviour of torch.distributed. The gathers always exchange lengths, so they are always
+checked.
+
 Failure: a rank that dies, hangs or never arrives makes the others raise
 :class:`DistributedTimeoutError` within the ``timeout`` given to :func:`init` (immediately, when
 the peer's connection closes), never hang. Errors are classified by type: what the transport
@@ -33,10 +45,14 @@ for a lost peer) is a lost or hung peer, since the inputs were checked before it
 argument errors are :class:`DistributedError`. The process group is then unusable: call
 :func:`shutdown` and start again.
 
+Exit: a process group that :func:`init` created is destroyed at interpreter exit when the script
+did not call :func:`shutdown` (torch.distributed may otherwise abort a rank at exit).
+
 ``torch`` is imported by these functions only, so ``import multidev`` stays light.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import threading
@@ -48,23 +64,54 @@ from typing import Any
 
 from ._device import Device, DeviceLike
 from .collectives import split_sizes
-from .errors import CapabilityError, CollectiveInputError, DistributedError, DistributedTimeoutError, MultidevError
+from .errors import (
+    CapabilityError,
+    CollectiveInputError,
+    CollectiveMismatchError,
+    DistributedError,
+    DistributedTimeoutError,
+    MultidevError,
+)
 from .exchange import convert
 from .placement import resolve
 from .protocol import Backend
 from .registry import backend_of, get_backend
-from .validate import check_axis, check_op
+from .validate import check_axis, check_op, framework_error
 
 __all__ = [
-    "DEFAULT_TIMEOUT", "TRANSPORT", "DistributedError", "DistributedTimeoutError", "Work", "allgather", "allreduce",
-    "backend_name", "barrier", "broadcast", "gather", "init", "is_initialized", "local_rank", "rank", "reduce",
-    "reduce_scatter", "scatter", "shutdown", "transport_path", "world_size",
+    "CHECK_ENV",
+    "DEFAULT_TIMEOUT",
+    "TRANSPORT",
+    "CollectiveMismatchError",
+    "DistributedError",
+    "DistributedTimeoutError",
+    "Work",
+    "allgather",
+    "allreduce",
+    "backend_name",
+    "barrier",
+    "broadcast",
+    "checks_enabled",
+    "gather",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "rank",
+    "reduce",
+    "reduce_scatter",
+    "scatter",
+    "shutdown",
+    "transport_path",
+    "world_size",
 ]
 
 #: Seconds a collective (and init's rendezvous) waits for the other ranks before raising.
 DEFAULT_TIMEOUT = 300.0
 #: The backend whose tensors torch.distributed moves: every other backend's tensor is converted to it.
 TRANSPORT = "torch"
+#: The environment variable that turns the cross-rank consistency checks off ("0", "false", "off",
+#: "no") when init is not given ``check=``.
+CHECK_ENV = "MULTIDEV_DISTRIBUTED_CHECK"
 
 
 # -- process group state --------------------------------------------------------------------------
@@ -76,6 +123,9 @@ class _State:
     pg_backend: str
     timeout: float
     cuda_device: Any  # torch.device of this rank's GPU, or None
+    check: bool = True
+    store: Any = None  # the TCPStore (kept alive with the group, dropped at shutdown)
+    seq: int = 0  # collectives called so far (the consistency records carry it)
     broken: str | None = None
 
     @property
@@ -127,7 +177,8 @@ def _env_int(name: str, given: int | None, default: int | None) -> int:
 
 def init(backend: str | None = None, *, rank: int | None = None, world_size: int | None = None,
          master_addr: str | None = None, master_port: int | None = None, local_rank: int | None = None,
-         timeout: float = DEFAULT_TIMEOUT, rendezvous_timeout: float | None = None) -> None:
+         timeout: float = DEFAULT_TIMEOUT, rendezvous_timeout: float | None = None,
+         check: bool | None = None) -> None:
     """Join the process group.
 
     Every argument left as None is read from torchrun's environment: ``RANK``, ``WORLD_SIZE``,
@@ -137,7 +188,11 @@ def init(backend: str | None = None, *, rank: int | None = None, world_size: int
     elsewhere. ``timeout`` (seconds) bounds every collective: a dead or hung rank raises
     :class:`DistributedTimeoutError` in the others instead of hanging. ``rendezvous_timeout`` (default:
     ``timeout``) bounds the wait for every rank to arrive; a rank that never does makes init raise
-    :class:`DistributedTimeoutError`.
+    :class:`DistributedTimeoutError`. ``check``: the cross-rank consistency checks (see the module
+    doc; default on, or ``$MULTIDEV_DISTRIBUTED_CHECK``); every rank must pass the same.
+
+    Under torchrun (``TORCHELASTIC_USE_AGENT_STORE``) the ranks join the agent's store rather than
+    host their own. The group is destroyed at interpreter exit if :func:`shutdown` was not called.
     """
     global _state
     import torch
@@ -159,6 +214,7 @@ def init(backend: str | None = None, *, rank: int | None = None, world_size: int
         for name, v in (("timeout", timeout), ("rendezvous_timeout", rdv)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise DistributedError(f"{name} must be a positive number of seconds, got {v!r:.40}")
+        checked = _check_setting(check)
         cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
         if backend is None:
             backend = "cpu:gloo,cuda:nccl" if cuda and tdist.is_nccl_available() else "gloo"
@@ -176,19 +232,80 @@ def init(backend: str | None = None, *, rank: int | None = None, world_size: int
         if cuda_device is not None:
             kwargs["device_id"] = cuda_device
         try:
-            # rank 0 hosts the store and waits up to the rendezvous timeout for every rank
-            store = tdist.TCPStore(addr, port, ws, is_master=(r == 0),
-                                   timeout=timedelta(seconds=float(rdv)), wait_for_workers=True)
+            store = _store(tdist, addr, port, r, ws, float(rdv))
             tdist.init_process_group(backend, store=store, rank=r, world_size=ws,
                                      timeout=timedelta(seconds=float(timeout)), **kwargs)
         except Exception as e:
             raise _translate(e, f"init (rank {r} of {ws}, {addr}:{port})", float(rdv)) from e
-        _state = _State(r, ws, lr, backend, float(timeout), cuda_device)
+        st = _State(r, ws, lr, backend, float(timeout), cuda_device, checked, store)
+        try:
+            settings = _gather_ints(st, [int(checked)])
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                tdist.destroy_process_group()
+            raise _translate(e, f"init (rank {r} of {ws}, {addr}:{port})", float(rdv)) from e
+        if len({row[0] for row in settings}) > 1:
+            with contextlib.suppress(Exception):
+                tdist.destroy_process_group()
+            on = [i for i, row in enumerate(settings) if row[0]]
+            raise DistributedError(
+                f"init: the ranks disagree on the consistency checks (on for ranks {on}, off for the others); "
+                f"pass the same check= (or ${CHECK_ENV}) to every rank")
+        _state = st
+        _register_exit_hook()
+
+
+def _check_setting(check: bool | None) -> bool:
+    if check is None:
+        return os.environ.get(CHECK_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+    if not isinstance(check, bool):
+        raise DistributedError(f"check must be True, False or None, got {check!r:.40}")
+    return check
+
+
+def _store(tdist: Any, addr: str, port: int, rank: int, world: int, timeout: float) -> Any:
+    """The rendezvous store. Under torchrun its agent already serves one on $MASTER_ADDR:$MASTER_PORT:
+    at that address every rank joins it as a client (under the worker prefix torch's own ``env://``
+    uses, plus one per init), so no rank tries to bind the port (c10d would print that the server
+    socket failed to bind). Elsewhere rank 0 hosts it and waits up to ``timeout`` for every rank."""
+    global _generation
+    td = timedelta(seconds=timeout)
+    agent = (os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+             and addr == os.environ.get("MASTER_ADDR") and str(port) == os.environ.get("MASTER_PORT"))
+    if agent:
+        client = tdist.TCPStore(addr, port, world, is_master=False, timeout=td)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        _generation += 1  # a later init (after shutdown) in the same job must not meet this one's keys
+        return tdist.PrefixStore(f"/worker/attempt_{attempt}/multidev_{_generation}", client)
+    return tdist.TCPStore(addr, port, world, is_master=(rank == 0), timeout=td, wait_for_workers=True)
+
+
+_generation = 0
+
+
+_exit_hook = False
+
+
+def _register_exit_hook() -> None:
+    global _exit_hook
+    if not _exit_hook:
+        atexit.register(_shutdown_at_exit)  # runs before torch's own exit handlers (registered earlier)
+        _exit_hook = True
+
+
+def _shutdown_at_exit() -> None:
+    with contextlib.suppress(Exception):
+        shutdown()
 
 
 def is_initialized() -> bool:
     """True between :func:`init` and :func:`shutdown`."""
     return _state is not None
+
+
+def checks_enabled() -> bool:
+    """Whether this group checks every collective's consistency across ranks (see the module doc)."""
+    return _st().check
 
 
 def _st() -> _State:
@@ -233,6 +350,7 @@ def shutdown() -> None:
         with contextlib.suppress(Exception):  # a broken group may fail to tear down; it is gone either way
             if tdist.is_initialized():
                 tdist.destroy_process_group()
+        _state.store = None
         _state = None
 
 
@@ -262,6 +380,7 @@ class _Origin:
     device: Device
     dtype: str
     is_transport: bool
+    like: Any = None  # the input tensor: results take its array type (mx.np in, mx.np out)
 
 
 def _transport() -> Backend:
@@ -274,7 +393,7 @@ def _to_transport(x: Any, st: _State) -> tuple[Any, _Origin, bool, str]:
     a transport tensor), ``"dlpack"`` (shared through DLPack) or ``"copy"``."""
     b = backend_of(x)
     tb = _transport()
-    o = _Origin(b, b.device_of(x), b.dtype_of(x), b is tb)
+    o = _Origin(b, b.device_of(x), b.dtype_of(x), b is tb, x)
     if o.is_transport:
         t, shared, path = x.detach(), True, "native"  # detach: collectives are not autograd ops
     else:
@@ -303,7 +422,28 @@ def _from_transport(t: Any, o: _Origin) -> Any:
     else:
         y = convert(t, o.backend.name)
     b = o.backend
-    return y if b.device_of(y) == o.device else b.move(y, o.device)
+    y = y if b.device_of(y) == o.device else b.move(y, o.device)
+    return _as_type_of(b, y, o.like)
+
+
+def _as_type_of(b: Backend, y: Any, like: Any) -> Any:
+    """``y`` as a tensor of ``like``'s array type, for backends with several (MXNet's ``mx.nd`` and
+    ``mx.np``: DLPack imports give the first), through the protocol: adapter operations return
+    their first operand's type, so ``y`` is joined onto an empty piece of ``like`` (one copy, and
+    only when the types differ)."""
+    if like is None or type(y) is type(like):
+        return y
+    shape = b.shape_of(y)
+    n = 1
+    for d in shape:
+        n *= d
+    m = 1
+    for d in b.shape_of(like):
+        m *= d
+    empty = b.split(b.reshape(like, (m,)), [0, m], 0)[0]
+    if b.device_of(empty) != b.device_of(y):
+        empty = b.move(empty, b.device_of(y))
+    return b.reshape(b.concat([empty, b.reshape(y, (n,))], 0), shape)
 
 
 def transport_path(x: Any) -> str:
@@ -327,6 +467,13 @@ class Work:
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
+
+    @classmethod
+    def failed(cls, error: BaseException, what: str, st: _State) -> Work:
+        """A handle whose ``wait()`` raises ``error`` (a collective that could not start)."""
+        w = cls([], lambda: None, what, st)
+        w._error, w._done = error, True
+        return w
 
     def is_completed(self) -> bool:
         """True when the transfer has finished (wait() then returns at once)."""
@@ -406,6 +553,168 @@ def _check_inplace(x: Any, inplace: bool, what: str) -> None:
                               "pass a writable tensor or use inplace=False") from e
 
 
+# -- cross-rank consistency -------------------------------------------------------------------------
+_KINDS = ("allreduce", "broadcast", "reduce", "allgather", "gather", "reduce_scatter", "scatter", "barrier")
+_GATHERS = ("allgather", "gather")  # they exchange lengths anyway: always checked
+_OP_CODES = ("sum", "max", "min", "prod", "mean")
+_DTYPE_NAMES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
+                "complex64", "complex128", "uint16", "uint32", "uint64")
+_REFUSALS = ("MultidevError", "CollectiveInputError", "CapabilityError", "UnsupportedTensorError",
+             "InvalidDtypeError", "InvalidArgumentError", "DeviceMismatchError", "DeviceNotFoundError",
+             "DistributedError", "BackendError")
+#: Dimensions a consistency record holds (a tensor with more is refused on every rank).
+MAX_DIMS = 32
+_NONE = -(1 << 62)  # an absent root or axis in a record (a given axis may be negative)
+#: What each collective's ranks must agree on (besides the collective itself and the call count).
+_AGREE = {"allreduce": ("op", "dtype", "shape"), "broadcast": ("root", "dtype", "shape"),
+          "reduce": ("root", "op", "dtype", "shape"), "allgather": ("axis", "dtype", "rest"),
+          "gather": ("root", "axis", "dtype", "rest"), "reduce_scatter": ("op", "axis", "dtype", "shape"),
+          "scatter": ("root", "axis"), "barrier": ()}
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One rank's record of a collective call, as the consistency exchange carries it."""
+
+    kind: str
+    op: str | None = None
+    root: int | None = None
+    axis: int | None = None
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+    seq: int = 0
+    refused: str | None = None  # the error class name of a rank that refused its own input
+
+    def encode(self) -> list[int]:
+        shape = self.shape or ()
+        row = [self.seq, _KINDS.index(self.kind), _OP_CODES.index(self.op) if self.op else -1,
+               _NONE if self.root is None else self.root, _NONE if self.axis is None else self.axis,
+               _DTYPE_NAMES.index(self.dtype) if self.dtype in _DTYPE_NAMES else -1,
+               -1 if self.shape is None else len(shape),
+               -1 if self.refused is None else _REFUSALS.index(self.refused)]
+        return row + list(shape) + [-1] * (MAX_DIMS - len(shape))
+
+    @staticmethod
+    def decode(row: Sequence[int]) -> _Call:
+        def pick(names: Sequence[str], i: int) -> str | None:
+            return names[i] if 0 <= i < len(names) else None
+        ndim = row[6]
+        return _Call(kind=pick(_KINDS, row[1]) or "?", op=pick(_OP_CODES, row[2]),
+                     root=None if row[3] == _NONE else row[3], axis=None if row[4] == _NONE else row[4],
+                     dtype=pick(_DTYPE_NAMES, row[5]), shape=None if ndim < 0 else tuple(row[8:8 + ndim]),
+                     seq=row[0], refused=pick(_REFUSALS, row[7]))
+
+    def field(self, name: str) -> Any:
+        if name == "rest":
+            if self.shape is None or self.axis is None or not 0 <= self.axis < len(self.shape):
+                return self.shape
+            return (len(self.shape), self.shape[:self.axis] + self.shape[self.axis + 1:])
+        return getattr(self, name)
+
+
+def _describe(name: str, value: Any) -> str:
+    if name == "rest" and isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], tuple):
+        return f"{value[0]}-d, other dims {value[1]}"
+    return str(value)
+
+
+def _gather_ints(st: _State, row: list[int]) -> list[list[int]]:
+    """Every rank's ``row`` (the same length on every rank), in rank order: one small all-gather."""
+    import torch
+    import torch.distributed as tdist
+
+    dev = st.device_for("cpu")
+    mine = torch.tensor(row, dtype=torch.int64, device=dev)
+    out = torch.empty(st.world_size * len(row), dtype=torch.int64, device=dev)
+    with _quiet():
+        tdist.all_gather_into_tensor(out, mine)
+    vals = out.tolist()
+    n = len(row)
+    return [vals[i * n:(i + 1) * n] for i in range(st.world_size)]
+
+
+def _shape(b: Backend, x: Any, what: str) -> tuple[int, ...]:
+    shape = b.shape_of(x)
+    if len(shape) > MAX_DIMS:
+        raise CollectiveInputError(f"{what}: at most {MAX_DIMS} dimensions, got a {len(shape)}-d tensor")
+    return shape
+
+
+def _agree(st: _State, kind: str, local: Callable[[], _Call], async_op: bool = False) -> list[_Call] | Work | None:
+    """Run ``local`` (this rank's own argument checks, giving its record of the call), then, when the
+    group checks consistency (always for the gathers), exchange the records and fail on every
+    rank alike if any rank refused its input (DistributedError; that rank raises its own error) or
+    the ranks disagree (CollectiveMismatchError). Returns every rank's record (None unchecked).
+
+    This rank's own argument errors raise at once. Errors that come from the other ranks (a
+    mismatch, a refusal, a peer that never arrives) raise here, or with ``async_op`` come back as a
+    failed :class:`Work` whose ``wait()`` raises them, as the collective's own errors would."""
+    try:
+        calls = _exchange_calls(st, kind, local)
+    except _PeerFailure as f:
+        if async_op:
+            return Work.failed(f.error, kind, st)
+        raise f.error from f.error.__cause__
+    return calls
+
+
+class _PeerFailure(Exception):
+    def __init__(self, error: DistributedError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _exchange_calls(st: _State, kind: str, local: Callable[[], _Call]) -> list[_Call] | None:
+    what = f"distributed.{kind}"
+    err: MultidevError | None = None
+    try:
+        call = local()
+    except Exception as e:  # noqa: BLE001 - reported to the other ranks, then raised here
+        err = framework_error(e, what)
+        name = type(err).__name__
+        call = _Call(kind, refused=name if name in _REFUSALS else "MultidevError")
+    if not st.check and kind not in _GATHERS:
+        if err is not None:
+            raise err
+        return None
+    if err is not None and not st.check:
+        raise err
+    call = _Call(**{**call.__dict__, "seq": st.seq})
+    st.seq += 1
+    try:
+        calls = [_Call.decode(row) for row in _gather_ints(st, call.encode())]
+    except Exception as e:  # noqa: BLE001 - classified by _fail and raised
+        fail = _fail(st, e, f"{kind} (consistency exchange)")
+        fail.__cause__ = e
+        raise _PeerFailure(fail) from None
+    if err is not None:
+        raise err
+    problem = _disagreement(calls, kind, what, st.rank)
+    if problem is not None:
+        raise _PeerFailure(problem)
+    return calls
+
+
+def _disagreement(calls: list[_Call], kind: str, what: str, rank: int) -> DistributedError | None:
+    tail = "Every rank raises this error; the process group stays usable."
+    refused = [(r, c) for r, c in enumerate(calls) if c.refused]
+    if refused:
+        who = ", ".join(f"rank {r} ({c.refused})" for r, c in refused)
+        return DistributedError(f"{what} on rank {rank}: {who} refused its input, so no rank runs this "
+                                f"collective (that rank's own error says why). {tail}")
+    if len({(c.kind, c.seq) for c in calls}) > 1:
+        who = ", ".join(f"rank {r}: {c.kind} (call #{c.seq})" for r, c in enumerate(calls))
+        return CollectiveMismatchError(f"{what} on rank {rank}: the ranks called different collectives ({who}); "
+                                       f"every rank must call the same collectives in the same order. {tail}")
+    for name in _AGREE[kind]:
+        values = [c.field(name) for c in calls]
+        if len(set(values)) > 1:
+            label = "shape (every dimension but axis)" if name == "rest" else name
+            who = ", ".join(f"rank {r}: {_describe(name, v)}" for r, v in enumerate(values))
+            return CollectiveMismatchError(f"{what} on rank {rank}: the ranks disagree on {label} ({who}). {tail}")
+    return None
+
+
 # -- collectives ----------------------------------------------------------------------------------
 def _result(t: Any, o: _Origin, x: Any, inplace: bool, shared: bool, writes_through: bool) -> Any:
     if not inplace:
@@ -442,9 +751,17 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     :class:`Work` whose ``wait()`` gives the result.
     """
     st = _st()
-    b = backend_of(x)
-    check_op(op, b.dtype_of(x), "distributed.allreduce")
-    _check_inplace(x, inplace, "distributed.allreduce")
+
+    def local() -> _Call:
+        b = backend_of(x)
+        dtype = b.dtype_of(x)
+        check_op(op, dtype, "distributed.allreduce")
+        _check_inplace(x, inplace, "distributed.allreduce")
+        return _Call("allreduce", op=op, dtype=dtype, shape=_shape(b, x, "distributed.allreduce"))
+
+    agreed = _agree(st, "allreduce", local, async_op)
+    if isinstance(agreed, Work):
+        return agreed
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch.distributed as tdist
@@ -466,9 +783,16 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
     """Rank ``src``'s ``x`` on every rank (each rank passes a tensor of the same shape and dtype;
     only ``src``'s values matter). ``inplace=True`` writes into ``x`` (mutable backends)."""
     st = _st()
-    _check_rank(src, st, "distributed.broadcast", "src")
-    backend_of(x)
-    _check_inplace(x, inplace, "distributed.broadcast")
+
+    def local() -> _Call:
+        _check_rank(src, st, "distributed.broadcast", "src")
+        b = backend_of(x)
+        _check_inplace(x, inplace, "distributed.broadcast")
+        return _Call("broadcast", root=src, dtype=b.dtype_of(x), shape=_shape(b, x, "distributed.broadcast"))
+
+    agreed = _agree(st, "broadcast", local, async_op)
+    if isinstance(agreed, Work):
+        return agreed
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch.distributed as tdist
@@ -484,9 +808,17 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
 def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> Any:
     """The reduction of every rank's ``x`` on rank ``dst`` (a new tensor); None on the other ranks."""
     st = _st()
-    b = backend_of(x)
-    _check_rank(dst, st, "distributed.reduce", "dst")
-    check_op(op, b.dtype_of(x), "distributed.reduce")
+
+    def local() -> _Call:
+        b = backend_of(x)
+        _check_rank(dst, st, "distributed.reduce", "dst")
+        dtype = b.dtype_of(x)
+        check_op(op, dtype, "distributed.reduce")
+        return _Call("reduce", op=op, root=dst, dtype=dtype, shape=_shape(b, x, "distributed.reduce"))
+
+    agreed = _agree(st, "reduce", local, async_op)
+    if isinstance(agreed, Work):
+        return agreed
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch.distributed as tdist
@@ -508,40 +840,6 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
     return _run(st, "reduce", start, async_op)
 
 
-_DTYPE_NAMES = dict(enumerate(["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16",
-                               "float32", "float64", "complex64", "complex128", "uint16", "uint32",
-                               "uint64"]))
-_DTYPE_CODES = {v: k for k, v in _DTYPE_NAMES.items()}
-
-
-def _exchange_shapes(t: Any, dtype: str, st: _State, axis: int, what: str) -> list[int]:
-    """Every rank's length along ``axis`` (synchronously); checks rank count, other dims and dtype."""
-    import torch
-    import torch.distributed as tdist
-
-    if t.dim() > 16:
-        raise CollectiveInputError(f"{what}: at most 16 dimensions")
-    code = _DTYPE_CODES.get(dtype, -1)
-    meta = [t.dim(), code, *list(t.shape)]
-    meta += [-1] * (2 + 16 - len(meta))
-    mine = torch.tensor(meta, dtype=torch.int64, device=t.device)
-    allm = [torch.empty_like(mine) for _ in range(st.world_size)]
-    with _quiet():
-        tdist.all_gather(allm, mine)
-    rows = [m.tolist() for m in allm]
-    rest = list(t.shape[:axis]) + list(t.shape[axis + 1:])
-    for r, row in enumerate(rows):
-        shape_r = row[2:2 + row[0]] if row[0] >= 0 else []
-        rest_r = shape_r[:axis] + shape_r[axis + 1:]
-        if row[0] != t.dim() or row[1] != code or rest_r != rest:
-            raise CollectiveInputError(
-                f"{what}: rank {r} passed shape {tuple(shape_r)} ({_DTYPE_NAMES.get(row[1], '?')}) but rank "
-                f"{st.rank} passed {tuple(t.shape)} ({dtype}); tensors must agree in dtype "
-                f"and in every dimension but axis {axis}"
-            )
-    return [row[2 + axis] for row in rows]
-
-
 def _pad_to(t: Any, length: int, axis: int) -> Any:
     import torch
 
@@ -552,26 +850,49 @@ def _pad_to(t: Any, length: int, axis: int) -> Any:
     return torch.cat([t, torch.zeros(shape, dtype=t.dtype, device=t.device)], dim=axis)
 
 
-def _padded_send(x: Any, st: _State, ax: int, what: str) -> tuple[Any, _Origin, list[int]]:
-    """For the gathers: x as a transport tensor, padded along ``ax`` to the longest rank's length,
-    with its origin and every rank's length (pieces may differ along ``ax``)."""
+def _padded_send(x: Any, st: _State, ax: int, lengths: list[int]) -> tuple[Any, _Origin]:
+    """For the gathers: x as a transport tensor, padded along ``ax`` to the longest rank's length
+    (``lengths``: every rank's, from the consistency exchange), with its origin."""
     t, o, _, _ = _to_transport(x, st)
-    lengths = _exchange_shapes(t, o.dtype, st, ax, what)
-    return _pad_to(t, max(lengths), ax).contiguous(), o, lengths
+    return _pad_to(t, max(lengths), ax).contiguous(), o
+
+
+def _gather_call(st: _State, kind: str, x: Any, axis: Any, root: int | None,
+                 async_op: bool) -> tuple[int, list[int]] | Work:
+    """The gathers' agreement: ``(axis, every rank's length along it)``, or a failed Work."""
+    what = f"distributed.{kind}"
+    ax_box: list[int] = []
+
+    def local() -> _Call:
+        if root is not None:
+            _check_rank(root, st, what, "dst")
+        b = backend_of(x)
+        shape = _shape(b, x, what)
+        ax_box.append(check_axis(axis, len(shape), what))
+        return _Call(kind, root=root, axis=ax_box[0], dtype=b.dtype_of(x), shape=shape)
+
+    calls = _agree(st, kind, local, async_op)
+    if isinstance(calls, Work):
+        return calls
+    assert calls is not None  # the gathers always exchange
+    ax = ax_box[0]
+    return ax, [c.shape[ax] if c.shape is not None else 0 for c in calls]
 
 
 def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
     """The concatenation of every rank's ``x`` along ``axis``, in rank order, on every rank.
     Lengths along ``axis`` may differ between ranks (a first small exchange finds them)."""
     st = _st()
-    b = backend_of(x)
-    ax = check_axis(axis, len(b.shape_of(x)), "distributed.allgather")
+    agreed = _gather_call(st, "allgather", x, axis, None, async_op)
+    if isinstance(agreed, Work):
+        return agreed
+    ax, lengths = agreed
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch
         import torch.distributed as tdist
 
-        send, o, lengths = _padded_send(x, st, ax, "distributed.allgather")
+        send, o = _padded_send(x, st, ax, lengths)
         bufs = [torch.empty_like(send) for _ in range(st.world_size)]
         with _quiet():
             w = tdist.all_gather(bufs, send, async_op=True)
@@ -588,15 +909,16 @@ def gather(x: Any, dst: int = 0, axis: int = 0, *, async_op: bool = False) -> An
     """The concatenation of every rank's ``x`` along ``axis`` on rank ``dst``; None elsewhere.
     Lengths along ``axis`` may differ between ranks. Uses torch.distributed's gather (NCCL too)."""
     st = _st()
-    b = backend_of(x)
-    _check_rank(dst, st, "distributed.gather", "dst")
-    ax = check_axis(axis, len(b.shape_of(x)), "distributed.gather")
+    agreed = _gather_call(st, "gather", x, axis, dst, async_op)
+    if isinstance(agreed, Work):
+        return agreed
+    ax, lengths = agreed
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch
         import torch.distributed as tdist
 
-        send, o, lengths = _padded_send(x, st, ax, "distributed.gather")
+        send, o = _padded_send(x, st, ax, lengths)
         bufs = [torch.empty_like(send) for _ in range(st.world_size)] if st.rank == dst else None
         with _quiet():
             w = tdist.gather(send, gather_list=bufs, dst=dst, async_op=True)
@@ -615,10 +937,20 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
     """Reduce every rank's ``x`` elementwise and give rank ``r`` piece ``r`` of the result, cut along
     ``axis`` as ``numpy.array_split`` cuts (the first pieces one larger)."""
     st = _st()
-    b = backend_of(x)
-    check_op(op, b.dtype_of(x), "distributed.reduce_scatter")
-    shape = b.shape_of(x)
-    ax = check_axis(axis, len(shape), "distributed.reduce_scatter")
+    box: list[Any] = []
+
+    def local() -> _Call:
+        b = backend_of(x)
+        dtype = b.dtype_of(x)
+        check_op(op, dtype, "distributed.reduce_scatter")
+        shp = _shape(b, x, "distributed.reduce_scatter")
+        box[:] = [shp, check_axis(axis, len(shp), "distributed.reduce_scatter")]
+        return _Call("reduce_scatter", op=op, axis=box[1], dtype=dtype, shape=shp)
+
+    agreed = _agree(st, "reduce_scatter", local, async_op)
+    if isinstance(agreed, Work):
+        return agreed
+    shape, ax = box
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch
@@ -654,11 +986,24 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
     else cpu:0). Shape and dtype travel from ``src`` in a first small exchange.
     """
     st = _st()
-    _check_rank(src, st, "distributed.scatter", "src")
-    if st.rank == src:
+
+    def local() -> _Call:
+        _check_rank(src, st, "distributed.scatter", "src")
+        if isinstance(axis, bool) or not isinstance(axis, int) or not -MAX_DIMS <= axis < MAX_DIMS:
+            raise CollectiveInputError(f"distributed.scatter: axis must be an int in -{MAX_DIMS}..{MAX_DIMS - 1}, "
+                                       f"got {axis!r:.40}")
+        if st.rank != src:
+            return _Call("scatter", root=src, axis=axis)  # the axis as given: only src knows the rank
         if x is None:
             raise CollectiveInputError("distributed.scatter: the src rank must pass the tensor to scatter")
-        check_axis(axis, len(backend_of(x).shape_of(x)), "distributed.scatter")
+        b = backend_of(x)
+        shape = _shape(b, x, "distributed.scatter")
+        check_axis(axis, len(shape), "distributed.scatter")
+        return _Call("scatter", root=src, axis=axis, dtype=b.dtype_of(x), shape=shape)
+
+    agreed = _agree(st, "scatter", local, async_op)
+    if isinstance(agreed, Work):
+        return agreed
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch
@@ -706,6 +1051,7 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
 def barrier() -> None:
     """Wait until every rank gets here (raises DistributedTimeoutError when one never does)."""
     st = _st()
+    _agree(st, "barrier", lambda: _Call("barrier"))
 
     def start() -> tuple[list[Any], Callable[[], Any]]:
         import torch.distributed as tdist

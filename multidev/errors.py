@@ -12,6 +12,7 @@ __all__ = [
     "BackendNotAvailableError",
     "CapabilityError",
     "CollectiveInputError",
+    "CollectiveMismatchError",
     "DeviceMismatchError",
     "DeviceNotFoundError",
     "DistributedError",
@@ -20,6 +21,7 @@ __all__ = [
     "InvalidDeviceError",
     "InvalidDtypeError",
     "MultidevError",
+    "OutOfMemoryError",
     "UnsupportedTensorError",
 ]
 
@@ -76,8 +78,18 @@ class BackendError(MultidevError, RuntimeError):
     original exception is the ``__cause__``."""
 
 
+class OutOfMemoryError(BackendError, MemoryError):
+    """The framework could not allocate the memory a call needs (host or device); its message, with
+    the size it tried, is kept and the original exception is the ``__cause__``."""
+
+
 class DistributedError(MultidevError, RuntimeError):
     """A multi-process collective failed, or was called before ``distributed.init`` / after a failure."""
+
+
+class CollectiveMismatchError(DistributedError, CollectiveInputError):
+    """The ranks of a multi-process collective disagree: another collective, op, root, axis, dtype or
+    shape on some rank. Raised on every rank, naming what each passed; the group stays usable."""
 
 
 class DistributedTimeoutError(DistributedError, TimeoutError):

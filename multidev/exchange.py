@@ -21,6 +21,7 @@ from .errors import CapabilityError, DeviceMismatchError, DeviceNotFoundError, M
 from .placement import as_device
 from .protocol import Backend
 from .registry import backend_of, get_backend
+from .validate import framework_error
 
 __all__ = ["DLPackCapsule", "DLPackInfo", "convert", "dlpack_info", "exportable", "peek"]
 
@@ -83,9 +84,19 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
 
     Asynchronous producers are waited for first (a bare capsule carries no stream), except on
     accelerators where both sides order the exchange on the device (``capabilities.dlpack_streams``:
-    no host wait), so the result is safe to use at once. Converting to x's own backend returns ``x`` itself (a copy with
-    ``copy=True``) when it is on ``device``.
+    no host wait), so the result is safe to use at once. Converting to x's own backend returns ``x``
+    itself (a copy with ``copy=True``) when it is on ``device``. A framework error on the way comes
+    as its MultidevError, the framework's message kept.
     """
+    try:
+        return _convert(x, backend, copy, device)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"convert to {backend}") from e
+
+
+def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None) -> Any:
     if copy is not None and not isinstance(copy, bool):
         raise CapabilityError(f"convert: copy must be None, True or False, got {copy!r:.40}")
     src = backend_of(x)
@@ -96,6 +107,9 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
         raise DeviceMismatchError(f"convert keeps the device: the {src.name} tensor is on {here}, not {dev}; "
                                   "move it first with multidev.to(x, device)")
     if dst.name == src.name:
+        if dev != here and dev not in src.devices():
+            raise DeviceNotFoundError(f"convert: {src.name} has no device {dev}; available: "
+                                      f"{', '.join(map(str, src.devices()))}")
         if copy:
             return src.copy(x, dev)
         if dev == here:

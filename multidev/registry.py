@@ -450,9 +450,14 @@ def backend_of(x: Any) -> Backend:
     with _lock:
         names = list(_factories)
     roots = _roots(t)
+    # Python's own objects (numbers, lists, None, strings) belong to no framework: only adapters
+    # already loaded are asked about them, so a stray non-tensor never starts a framework's adapter.
+    plain = roots <= {"builtins"}
     related: list[str] = []
     others: list[str] = []
     for n in names:
+        if plain and n not in _instances:
+            continue
         fw = _frameworks.get(n) or _framework_of(n)
         if n not in _instances and (fw is None or fw not in sys.modules):
             continue

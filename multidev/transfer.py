@@ -9,9 +9,10 @@ import numpy as np
 
 from ._device import DeviceLike
 from .adapter import start_to_numpy
-from .errors import InvalidArgumentError, UnsupportedTensorError
+from .errors import InvalidArgumentError, InvalidDeviceError, MultidevError, UnsupportedTensorError
 from .placement import resolve
 from .registry import backend_of
+from .validate import framework_error
 
 __all__ = ["Transfer", "start_to", "to_host"]
 
@@ -48,7 +49,12 @@ class Transfer(Generic[T]):
                 if not self._done:
                     waiter = self._waiter
                     if waiter is not None:
-                        landed = waiter()
+                        try:
+                            landed = waiter()
+                        except MultidevError:
+                            raise
+                        except Exception as e:
+                            raise framework_error(e, "Transfer.wait") from e
                         if landed is not None:  # the adapter's target exists once the copy lands
                             self._value = landed
                     self._waiter = None
@@ -63,10 +69,17 @@ def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
     """Start moving ``x`` to ``device`` and return its :class:`Transfer` at once; a done handle of
     ``x`` itself when it is already there."""
     b = backend_of(x)
+    if device is None:
+        raise InvalidDeviceError("to(x, device, non_blocking=True) needs a device, got None (as to(x, device) does)")
     dev = resolve(b, device)
     if b.device_of(x) == dev:
         return Transfer(x, None)
-    y, waiter = b.start_move(x, dev)
+    try:
+        y, waiter = b.start_move(x, dev)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} to({dev}, non_blocking=True)") from e
     return Transfer(y, waiter)
 
 
@@ -100,10 +113,23 @@ def to_host(xs: Iterable[Any], non_blocking: bool = False) -> list[np.ndarray] |
         except UnsupportedTensorError as e:
             raise UnsupportedTensorError(f"to_host: item {len(started)}: {e}") from None
         start = getattr(b, "start_to_numpy", None)
-        started.append(start(x) if start is not None else start_to_numpy(b, x))  # the optional method's default
+        try:
+            started.append(start(x) if start is not None else start_to_numpy(b, x))  # the optional method's default
+        except MultidevError:
+            raise
+        except Exception as e:
+            raise framework_error(e, f"to_host: item {len(started)}") from e
 
     def finish() -> list[np.ndarray]:
-        return [land() for land in started]
+        out = []
+        for i, land in enumerate(started):
+            try:
+                out.append(land())
+            except MultidevError:
+                raise
+            except Exception as e:
+                raise framework_error(e, f"to_host: item {i}") from e
+        return out
 
     if not non_blocking:
         return finish()

@@ -6,16 +6,25 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .dtypes import ITEMSIZE, is_complex, is_floating
-from .errors import CollectiveInputError, InvalidArgumentError
+from .errors import (
+    BackendError,
+    CapabilityError,
+    CollectiveInputError,
+    InvalidArgumentError,
+    MultidevError,
+    OutOfMemoryError,
+)
 
-__all__ = ["MAX_ELEMENTS", "MAX_NDIM", "OPS", "check_axis", "check_fill", "check_op", "check_range",
-           "check_seed", "check_shape", "numel"]
+__all__ = ["MAX_ELEMENTS", "MAX_NDIM", "OPS", "check_axis", "check_fill", "check_memory", "check_op", "check_range",
+           "check_seed", "check_shape", "check_values", "framework_error", "numel",
+           "range_length"]
 
 #: Reductions accepted by the collectives (``mean`` is a sum and one division).
 OPS = ("sum", "max", "min", "prod", "mean")
@@ -62,6 +71,49 @@ def check_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
         raise InvalidArgumentError(f"{what} {tuple(out)!r:.80} has {n:.3g} elements, more than any device "
                                    f"holds (limit {MAX_ELEMENTS:.3g})")
     return tuple(out)
+
+
+_host_bytes: list[int | None] = []
+
+
+def host_memory() -> int | None:
+    """Bytes of memory this process may have: RAM plus swap (/proc/meminfo, else sysconf), or the
+    container's cgroup limit when lower; read once. None where it cannot be told."""
+    if not _host_bytes:
+        total: int | None = None
+        try:
+            with open("/proc/meminfo") as f:
+                kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in f if ln.split()[1:2] and ln.split()[1].isdigit()}
+            total = (kb.get("MemTotal", 0) + kb.get("SwapTotal", 0)) * 1024 or None
+        except (OSError, ValueError, IndexError):
+            try:
+                total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            except (ValueError, OSError, AttributeError):
+                total = None
+        for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+            try:  # a container's limit: beyond it the kernel kills the process instead of failing malloc
+                with open(path) as f:
+                    raw = f.read().strip()
+            except OSError:
+                continue
+            if raw.isdigit() and (total is None or int(raw) < total):
+                total = int(raw)
+            break
+        _host_bytes.append(total)
+    return _host_bytes[0]
+
+
+def check_memory(shape: Sequence[int], dtype: str, on_host: bool, what: str) -> None:
+    """OutOfMemoryError before a framework tries to allocate more host memory than the machine has
+    (RAM plus swap): frameworks may abort or be killed by the kernel instead of raising. Device
+    memory is left to the framework, which raises its own out-of-memory error."""
+    if not on_host:
+        return
+    need = numel(shape) * ITEMSIZE.get(dtype, 8)
+    have = host_memory()
+    if have is not None and need > have:
+        raise OutOfMemoryError(f"{what}: a {dtype} tensor of shape {tuple(shape)!r:.80} needs {need / 2**30:.4g} GiB, "
+                               f"more than this machine's {have / 2**30:.4g} GiB of memory (RAM and swap)")
 
 
 def _limits(dtype: str) -> tuple[int, int] | None:
@@ -128,6 +180,41 @@ def check_fill(value: Any, dtype: str, what: str = "fill value") -> Any:
     return complex(f) if is_complex(dtype) else f
 
 
+def check_values(a: np.ndarray, dtype: str, what: str = "asarray") -> None:
+    """Python data read as ``a`` (nested lists, scalars) must fit ``dtype`` exactly, by the rules of
+    :func:`check_fill` (no wrapping integers, no fractions or NaN into integers, no imaginary part
+    into a real dtype, no overflow to infinity). InvalidArgumentError names the first offender."""
+    if a.size == 0 or dtype == a.dtype.name:
+        return
+    kind = a.dtype.kind
+    if kind == "c" and not is_complex(dtype):
+        bad = np.flatnonzero(a.imag != 0)
+        if bad.size:
+            raise InvalidArgumentError(f"{what}: value {a.flat[bad[0]]!r} has an imaginary part, which a {dtype} "
+                                       "tensor cannot hold; pass the real parts or a complex dtype")
+        a = a.real
+        kind = a.dtype.kind
+    lim = _limits(dtype)
+    if lim is not None and kind in "fc":
+        bad = np.flatnonzero(~np.isfinite(a) | (a != np.floor(a)))
+        if bad.size:
+            raise InvalidArgumentError(f"{what}: value {a.flat[bad[0]]!r} is not an integer, so a {dtype} tensor "
+                                       "cannot hold it exactly; round it first or use a floating dtype")
+    if lim is not None and kind in "iuf":
+        lo, hi = lim
+        mn, mx = a.min(), a.max()
+        if mn < lo or mx > hi:
+            off = mn if mn < lo else mx
+            raise InvalidArgumentError(f"{what}: value {off!r} does not fit {dtype} (range {lo}..{hi}); it would "
+                                       "wrap silently. Use a wider dtype")
+    if lim is None and kind in "iuf":
+        top = float(np.max(np.abs(a[np.isfinite(a)]))) if kind == "f" else float(max(abs(int(a.min())),
+                                                                                     abs(int(a.max()))))
+        if top > _float_max(dtype):
+            raise InvalidArgumentError(f"{what}: value {top:.4g} overflows {dtype} (max {_float_max(dtype):.4g}); it "
+                                       "would become infinity")
+
+
 def check_range(start: Any, stop: Any, step: Any, dtype: str | None = None) -> tuple[Any, Any, Any]:
     """Real, finite bounds and a non-zero step; the number of elements must fit a device. Bounds of
     an integer dtype must be integers."""
@@ -145,13 +232,35 @@ def check_range(start: Any, stop: Any, step: Any, dtype: str | None = None) -> t
         raise InvalidArgumentError("arange step must not be 0")
     if dtype is not None and not is_floating(dtype) and dtype != "bool":
         for name, v in (("start", start), ("stop", stop), ("step", step)):
-            if isinstance(v, float) and v != int(v):
+            if not isinstance(v, numbers.Integral) and v != math.floor(v):
                 raise InvalidArgumentError(f"arange {name} {v!r} is not an integer, but dtype {dtype} is")
-    n = max(0, math.ceil((stop - start) / step))
+    n = range_length(start, stop, step)
     if n > MAX_ELEMENTS:
         raise InvalidArgumentError(f"arange({start}, {stop}, {step}) would have {n:.3g} elements, more than any "
                                    "device holds")
+    lim = _limits(dtype) if dtype is not None else None
+    if lim is not None and n:
+        last = start + (n - 1) * step
+        lo, hi = lim
+        if min(start, last) < lo or max(start, last) > hi:
+            raise InvalidArgumentError(f"arange({start}, {stop}, {step}) runs from {start} to {last}, beyond {dtype} "
+                                       f"(range {lo}..{hi}); the values would wrap. Use a wider dtype")
+    elif dtype is not None and n:
+        top = max(abs(float(start)), abs(float(start + (n - 1) * step)))
+        if top > _float_max(dtype):
+            raise InvalidArgumentError(f"arange({start}, {stop}, {step}) reaches {top:.4g}, beyond {dtype} (max "
+                                       f"{_float_max(dtype):.4g})")
     return start, stop, step
+
+
+def range_length(start: Any, stop: Any, step: Any) -> int:
+    """The number of elements of ``arange(start, stop, step)``: exact for integers and fractions,
+    NumPy's ``ceil((stop - start) / step)`` in float64 otherwise (never negative)."""
+    if all(isinstance(v, numbers.Rational) for v in (start, stop, step)):
+        d = stop - start
+        q = -((-d) // step)  # exact ceil(d / step)
+        return max(0, int(q))
+    return max(0, math.ceil((float(stop) - float(start)) / float(step)))
 
 
 def check_seed(seed: Any) -> int | None:
@@ -198,3 +307,40 @@ def check_axis(axis: Any, ndim: int, what: str) -> int:
     if not -ndim <= axis < ndim:
         raise CollectiveInputError(f"{what}: axis {axis} is out of range for {ndim}-d tensors")
     return int(axis) % ndim
+
+
+# -- framework errors that escape an adapter -------------------------------------------------------
+_OOM_NAMES = {"ResourceExhaustedError", "OutOfMemoryError"}
+_OOM_TEXT = ("resource_exhausted", "out of memory", "can't allocate memory", "oom when allocating",
+             "failed to allocate", "cannot allocate memory", "std::bad_alloc")
+_ARGUMENT_NAMES = {"InvalidArgumentError", "OutOfRangeError"}  # TF's OpError classes (no ValueError base)
+_UNIMPLEMENTED_NAMES = {"UnimplementedError"}
+
+
+def framework_error(e: BaseException, what: str) -> MultidevError:
+    """The MultidevError for framework exception ``e`` that escaped an adapter during ``what``
+    (``e`` itself when it is one already): running out of memory is OutOfMemoryError, a refused
+    argument (ValueError, TypeError, IndexError, TF's InvalidArgumentError) InvalidArgumentError,
+    a missing kernel (NotImplementedError, TF's UnimplementedError) CapabilityError, anything else
+    BackendError. The message names the framework and keeps the framework's own; raise it ``from e``."""
+    if isinstance(e, MultidevError):
+        return e
+    names = {c.__name__ for c in type(e).__mro__}
+    framework = type(e).__module__.split(".")[0]
+    text = str(e).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    first = lines[0] if lines else ""
+    if first.startswith("Traceback") and len(lines) > 1:
+        first = lines[-1]  # MXNet's messages carry a C++ stack first; the reason is its last line
+    if len(first) > 400:
+        first = first[:397] + "..."
+    origin = type(e).__name__ if framework == "builtins" else f"{framework} {type(e).__name__}"
+    msg = f"{what}: {origin}: {first}" if first else f"{what}: {origin}"
+    low = text.lower()
+    if isinstance(e, MemoryError) or names & _OOM_NAMES or any(t in low for t in _OOM_TEXT):
+        return OutOfMemoryError(msg)
+    if isinstance(e, NotImplementedError) or names & _UNIMPLEMENTED_NAMES:
+        return CapabilityError(msg)
+    if isinstance(e, (ValueError, TypeError, IndexError, OverflowError)) or names & _ARGUMENT_NAMES:
+        return InvalidArgumentError(msg)
+    return BackendError(msg)
