@@ -29,7 +29,7 @@ nvidia-smi -L || true
 "$PY" -m multidev.cli devices --backend numpy,torch,jax,cupy || true
 NG=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 DEVS=cpu:0; for ((i = 0; i < NG; i++)); do DEVS="$DEVS,gpu:$i"; done
-CAP=${CAP_CONFORMANCE:-160}
+CAP=${CAP_CONFORMANCE:-150}
 
 stamp "A. correctness, in parallel (cap $CAP s each)"
 timeout -s INT -k 15 "$CAP" "$PY" -m multidev.cli conformance --backend torch,jax --device "$DEVS" \
@@ -58,11 +58,11 @@ bench() {  # bench NAME CAP ARGS...
   echo "bench $name exit code: $?"; grep -E "^(met|MISSED)|correctness" "$OUT/bench-$name.txt" | head -40
 }
 SUITES=overhead,bandwidth,autoparallel
-bench torch 110 --backend torch --device "$DEVS" --suite $SUITES --reps 6 --budget 0.2
-bench jax 95 --backend jax --device "$DEVS" --suite $SUITES --reps 6 --budget 0.2
-bench cupy 50 --backend cupy --device gpu:0 --suite overhead,bandwidth --reps 6 --budget 0.2
-bench compile-torch 55 --backend torch --device gpu:0 --suite compile --reps 5 --budget 0.3
-bench compile-jax 35 --backend jax --device gpu:0 --suite compile --reps 5 --budget 0.3
+bench torch 100 --backend torch --device "$DEVS" --suite $SUITES --reps 6 --budget 0.2
+bench jax 85 --backend jax --device "$DEVS" --suite $SUITES --reps 6 --budget 0.2
+bench cupy 45 --backend cupy --device gpu:0 --suite overhead,bandwidth --reps 6 --budget 0.2
+bench compile-torch 50 --backend torch --device gpu:0 --suite compile --reps 5 --budget 0.3
+bench compile-jax 30 --backend jax --device gpu:0 --suite compile --reps 5 --budget 0.3
 
 stamp "C. report"
 parts=(); for f in "$OUT"/bench-*.json; do [ -s "$f" ] && parts+=("$f"); done
