@@ -334,10 +334,9 @@ class JaxBackend(BaseBackend):
         if device.kind == "cpu":
             z = self._pinned(x)
             if z is not None:
-                try:
-                    return self._jax.device_put(z, native)
-                except (ValueError, TypeError, RuntimeError):  # a plugin without cross-client host copies
-                    pass
+                return self._land(z, x, native)
+            if getattr(x.sharding, "memory_kind", None) not in (None, "device"):  # a host-memory array
+                return self._land(x, x, native)
         return self._jax.device_put(x, native)
 
     def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], Any] | None]:
@@ -349,14 +348,14 @@ class JaxBackend(BaseBackend):
         z = self._pinned(x) if device.kind == "cpu" else None
         if z is not None:
             def land() -> Any:
-                try:
-                    y = self._jax.device_put(z, native)
-                except (ValueError, TypeError, RuntimeError):  # no cross-client host copy here
-                    y = self._jax.device_put(x, native)
+                y = self._land(z, x, native)
                 y.block_until_ready()
                 return y
             return z, land
-        y = self._jax.device_put(x, native)
+        if device.kind == "cpu" and getattr(x.sharding, "memory_kind", None) not in (None, "device"):
+            y = self._land(x, x, native)
+        else:
+            y = self._jax.device_put(x, native)
 
         def waiter() -> None:
             y.block_until_ready()
@@ -370,6 +369,21 @@ class JaxBackend(BaseBackend):
         if z is None:
             return lambda: self.to_numpy(x)
         return lambda: np.asarray(z)
+
+    def _land(self, z: Any, x: Any, native: Any) -> Any:
+        """The pinned copy ``z`` of ``x`` as an ordinary array of the CPU device ``native``: put to
+        that device's *default* memory kind, named explicitly (a bare device would keep the buffer's
+        host memory space, and XLA refuses to combine it with other CPU arrays); ``x`` is put
+        directly where a plugin has no cross-client host copy."""
+        jax = self._jax
+        try:
+            kind = native.default_memory().kind
+            y = jax.device_put(z, jax.sharding.SingleDeviceSharding(native, memory_kind=kind))
+        except (ValueError, TypeError, RuntimeError, AttributeError):  # no cross-client host copy
+            return jax.device_put(x, native)
+        if getattr(y.sharding, "memory_kind", kind) != kind:  # the plugin ignored the memory kind
+            return jax.device_put(x, native)
+        return y
 
     def _pinned(self, x: Any) -> Any:
         """``x``'s copy in pinned host memory (``device_put`` to the ``pinned_host`` memory kind of its

@@ -72,6 +72,13 @@ if [ ${#parts[@]} -gt 0 ]; then
   grep -E "^(met|MISSED)" "$OUT/report.txt"
 fi
 stamp "done: everything but the report and the matrices goes into one archive (8 files come back)"
-cd "$OUT" && tar czf details.tar.gz --exclude=details.tar.gz --exclude="$TAG.*" --exclude="conformance-*.json" \
-  --exclude=log.txt . && find . -maxdepth 2 -type f ! -name details.tar.gz ! -name "$TAG.*" \
-  ! -name "conformance-*.json" ! -name log.txt -delete; find . -mindepth 1 -type d -empty -delete; ls -la "$OUT"
+# The archive is written outside $OUT (tar reading the folder it writes into, or a log still being
+# written, exits non-zero); the loose files go whatever tar's status, so the files that come back
+# stay within the limit; a failed archive says so in the log.
+cd "$OUT"
+tar czf /tmp/details.tar.gz --exclude="$TAG.*" --exclude="conformance-*.json" --exclude=log.txt . \
+  || echo "tar exited $? (the archive may be partial)"
+find . -maxdepth 4 -type f ! -name "$TAG.*" ! -name "conformance-*.json" ! -name log.txt -delete
+find . -mindepth 1 -type d -empty -delete
+mv /tmp/details.tar.gz "$OUT/details.tar.gz"
+ls -la "$OUT"

@@ -38,7 +38,7 @@ if [[ $LANES == *,fast,* ]]; then
   .venv-fast/bin/ruff check .
   .venv-fast/bin/mypy
   .venv-fast/bin/pytest -q
-  conformance .venv-fast numpy --multiprocess
+  conformance .venv-fast numpy,array_api:array_api_strict --multiprocess
   stamp "fast lane done"
 fi
 
@@ -46,7 +46,7 @@ if [[ $LANES == *,modern,* ]]; then
   stamp "modern environment: numpy 2, torch, jax, tensorflow"
   setup .venv jax tensorflow-cpu -e ".[all,test]"
   .venv/bin/pytest -q
-  conformance .venv numpy,torch,jax,tensorflow --multiprocess
+  conformance .venv numpy,torch,jax,tensorflow,array_api:array_api_strict --multiprocess
   stamp "modern environment done"
 fi
 

@@ -372,3 +372,18 @@ def test_native_allreduce_single_device_does_not_alias(jb):
     (y,) = jb.native_allreduce([x], "sum")
     assert y.unsafe_buffer_pointer() != x.unsafe_buffer_pointer()
     np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+
+
+def test_a_host_memory_array_lands_as_an_ordinary_cpu_array(jb):
+    # A pinned_host buffer handed to a CPU device without naming the memory kind keeps its host
+    # memory space, and XLA then refuses to add it to an ordinary CPU array (what broke the
+    # collectives on an H200, whose host route goes through pinned memory).
+    x = jb.arange(0, 8, 1, "float32", CPU0)
+    z = jax.device_put(x, x.sharding.with_memory_kind("pinned_host"))
+    y = jb.move(z, CPU0)  # the adapter's host landing (md.to would keep z: it is on cpu:0 already)
+    assert y.sharding.memory_kind == jax.devices("cpu")[0].default_memory().kind
+    np.testing.assert_array_equal(np.asarray(y + x), 2 * np.arange(8, dtype=np.float32))
+    assert md.device_of(y) == CPU0
+    landed, wait = jb.start_move(z, CPU0)
+    landed = (wait() if wait is not None else None) or landed
+    np.testing.assert_array_equal(np.asarray(landed + x), 2 * np.arange(8, dtype=np.float32))
