@@ -14,7 +14,7 @@ import pytest
 import multidev as md
 from multidev import Device
 from multidev.adapter import COMPLEX_DTYPES, FLOAT_DTYPES, numpy_dtype
-from multidev.errors import CapabilityError
+from multidev.errors import CapabilityError, InvalidDtypeError
 
 from ._helpers import (
     ALL_DTYPES,
@@ -103,10 +103,13 @@ def test_to_numpy_gives_an_exact_ndarray(md_backend: Any, md_devices: list, dtyp
     x's shape, dtype and values, 0-d and empty tensors included (on cpu:0 and on the device the
     single-device contracts use)."""
     b = md_backend
-    want = numpy_dtype(dtype)
     devs = [d for d in dict.fromkeys([md_devices[0], _target(md_devices)]) if dtype in b.capabilities.dtypes_on(d)]
     if not devs:
         need_dtype(b, dtype, md_devices[0])
+    try:
+        want = numpy_dtype(dtype)
+    except InvalidDtypeError as e:  # bfloat16 without ml_dtypes: NumPy has no such dtype here
+        pytest.skip(f"to_numpy cannot give a {dtype} ndarray here: {e}")
     for dev in devs:
         for shape in _SHAPES:
             src = sample(dtype, shape, seed=3, high=5)

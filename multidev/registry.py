@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import re
 import sys
 import threading
 import warnings
@@ -170,11 +171,14 @@ def _adapter_class(name: str) -> Any:
 
 
 def _install_hint(name: str) -> str:
+    def norm(extra: str) -> str:  # Provides-Extra is normalized (PEP 685): array_api is array-api there
+        return re.sub(r"[-_.]+", "-", extra).lower()
+
     try:
-        extras = set(metadata.metadata("multidev").get_all("Provides-Extra") or [])
+        extras = {norm(e) for e in metadata.metadata("multidev").get_all("Provides-Extra") or []}
     except metadata.PackageNotFoundError:
         extras = set()
-    if name in extras:
+    if norm(name) in extras:
         return f'Install it with `pip install "multidev[{name}]"`.'
     return f"Install the package that provides the {name!r} adapter and its framework."
 

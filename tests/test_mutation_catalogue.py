@@ -12,6 +12,7 @@ comma-separated).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -30,6 +31,15 @@ import mutants  # noqa: E402
 PARTNERS = {"numpy": "torch", "torch": "numpy", "jax": "numpy"}
 FRAMEWORKS = [f for f in ("numpy", "torch", "jax")
               if f in (os.environ.get("MULTIDEV_CATALOGUE_ONLY") or "numpy,torch,jax").split(",")]
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+#: multidev.distributed runs on torch.distributed, and these checks' partner is torch.
+needs_torch = pytest.mark.skipif(not _installed("torch"), reason="needs torch (the interop partner of these "
+                                 "checks; multidev.distributed runs on torch.distributed)")
 
 
 def _gpus() -> int:
@@ -62,6 +72,10 @@ def _conformance(specs: list[str], json_path: Path, *pytest_args: str, timeout: 
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One conformance run over every runnable mutant and control of a framework."""
     fw = request.param
+    for module in (fw, PARTNERS[fw]):
+        if not _installed(module):
+            pytest.skip(f"the {fw} catalogue needs {module} installed (the framework, or the partner of "
+                        "its interop checks); the modern CI lane runs it")
     gpus = _gpus()
     entries = [m for m in mutants.CATALOGUE if m.cls.framework == fw]
     runnable = [m for m in entries if m.gpus <= gpus]
@@ -134,6 +148,7 @@ def test_catalogue_is_complete_and_documented() -> None:
         assert len(own) == 1, f"{m.name} overrides {sorted(own)}: a mutant changes exactly one method"
 
 
+@needs_torch
 def test_an_aborting_framework_fails_its_checks_and_leaves_the_matrix(tmp_path: Path) -> None:
     """A framework that aborts the interpreter when given a buffer (as TensorFlow does on an
     unaligned one) fails the checks that gave it one; the others run, the matrix and JSON are
@@ -150,6 +165,7 @@ def test_an_aborting_framework_fails_its_checks_and_leaves_the_matrix(tmp_path: 
     assert doc["exit_status"] != 0
 
 
+@needs_torch
 def test_multiprocess_workers_load_the_selected_adapter(tmp_path: Path) -> None:
     """--multiprocess hands its workers the adapter as selected (module:attr), not just its name.
     (One NumPy device: each worker's tensors live on cpu:0, the transport's CPU device.)"""
