@@ -169,38 +169,32 @@ def full(shape: int | Sequence[int], value: Any, dtype: Any = None, device: Devi
         raise framework_error(e, f"{b.name} full") from e
 
 
-def zeros(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
-          backend: str | None = None) -> Any:
-    """A new tensor of zeros (float32 by default) on ``device``."""
+def _filled(what: str, value: int, shape: int | Sequence[int], dtype: Any, device: DeviceLike | None,
+            backend: str | None) -> Any:
     b = _backend(backend)
     shp = check_shape(shape)
     dev = resolve(b, device)
     name = _dtype(b, dtype, "float32", dev)
-    fill = check_fill(0, name)
-    check_memory(shp, name, dev.kind == "cpu", f"{b.name} zeros")
+    fill = check_fill(value, name)
+    check_memory(shp, name, dev.kind == "cpu", f"{b.name} {what}")
     try:
         return b.full(shp, fill, name, dev)
     except MultidevError:
         raise
     except Exception as e:
-        raise framework_error(e, f"{b.name} zeros") from e
+        raise framework_error(e, f"{b.name} {what}") from e
+
+
+def zeros(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
+          backend: str | None = None) -> Any:
+    """A new tensor of zeros (float32 by default) on ``device``."""
+    return _filled("zeros", 0, shape, dtype, device, backend)
 
 
 def ones(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
          backend: str | None = None) -> Any:
     """A new tensor of ones (float32 by default) on ``device``."""
-    b = _backend(backend)
-    shp = check_shape(shape)
-    dev = resolve(b, device)
-    name = _dtype(b, dtype, "float32", dev)
-    fill = check_fill(1, name)
-    check_memory(shp, name, dev.kind == "cpu", f"{b.name} ones")
-    try:
-        return b.full(shp, fill, name, dev)
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, f"{b.name} ones") from e
+    return _filled("ones", 1, shape, dtype, device, backend)
 
 
 def empty(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,

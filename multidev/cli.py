@@ -99,8 +99,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if args.devices < 1:
         raise _UsageError(f"--devices must be at least 1, got {args.devices}")
+    configure_virtual_devices(args.devices)  # before an adapter starts its framework (counts are fixed then)
     backs = _backends(args.backend, md.backends)  # names checked before any framework starts
-    configure_virtual_devices(args.devices)
     con = _console()
     for b in backs:
         n = b.name
