@@ -97,6 +97,15 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     return result
 
 
+def _failure_texts(stdout: str, name: str) -> list[str]:
+    """The FAILURES sections of pytest's output for the checks of backend ``name`` (whole
+    tracebacks: what a GPU run must bring back for a control that fails there)."""
+    parts = re.split(r"^_{3,} (.+?) _{3,}$", stdout, flags=re.M)
+    bodies = [re.split(r"^={3,}", b, maxsplit=1, flags=re.M)[0].strip()[-3000:] for b in parts[2::2]]
+    return [f"{head}\n{body}" for head, body in zip(parts[1::2], bodies)
+            if f"[{name}-" in head or f"[{name}]" in head]
+
+
 def _failed(doc: dict[str, Any], name: str) -> int:
     return sum(c["failed"] for c in doc["matrix"].get(name, {}).values())
 
@@ -115,7 +124,8 @@ def _write_results(r: dict[str, Any]) -> None:
                      "caught_by": r["first"].get(m.name, "")})
     for c in r["controls"]:
         rows.append({"control": c.name, "failed": _failed(r["doc"], c.name),
-                     "passed": sum(x["passed"] for x in r["doc"]["matrix"].get(c.name, {}).values())})
+                     "passed": sum(x["passed"] for x in r["doc"]["matrix"].get(c.name, {}).values()),
+                     "failures": _failure_texts(r["stdout"], c.name)})
     Path(folder).mkdir(parents=True, exist_ok=True)
     (Path(folder) / f"mutants-{r['framework']}.json").write_text(json.dumps(
         {"device": os.environ.get("MULTIDEV_CATALOGUE_DEVICE", "cpu"), "gpus": r["gpus"], "rows": rows}, indent=2))
@@ -132,7 +142,8 @@ def test_controls_pass_the_same_checks(run: dict[str, Any]) -> None:
     for c in run["controls"]:
         cells = run["doc"]["matrix"].get(c.name, {})
         assert sum(x["passed"] for x in cells.values()) > 0, f"control {c.name} ran no check"
-        assert _failed(run["doc"], c.name) == 0, f"control {c.name} failed:\n{run['stdout'][-4000:]}"
+        assert _failed(run["doc"], c.name) == 0, f"control {c.name} failed:\n" + "\n\n".join(
+            _failure_texts(run["stdout"], c.name) or [run["stdout"][-4000:]])
 
 
 def test_catalogue_is_complete_and_documented() -> None:
