@@ -145,36 +145,28 @@ def full(shape: int | Sequence[int], value: Any, dtype: Any = None, device: Devi
     """A new tensor of ``value`` on ``device`` (default float32, or bool/int64 for such a value,
     complex64 for a complex one). A value the dtype cannot hold exactly (1000 into int8, NaN into
     int32, 1+2j into float32) raises InvalidArgumentError."""
+    return _filled("full", value, shape, dtype, device, backend)
+
+
+def _filled(what: str, value: Any, shape: int | Sequence[int], dtype: Any, device: DeviceLike | None,
+            backend: str | None, default: str | None = None) -> Any:
+    """``full``'s one path (zeros and ones too): validated in the core, then ``b.full``. Without a
+    ``default``, the dtype follows the value's Python type."""
     b = _backend(backend)
     shp = check_shape(shape)
     dev = resolve(b, device)
     if isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, bool):
-        default = "bool"
-    elif isinstance(value, int):
-        default = _int_default(b, dev)
-    elif isinstance(value, complex):
-        default = "complex64"
-    else:
-        default = "float32"
+    if default is None:
+        if isinstance(value, bool):
+            default = "bool"
+        elif isinstance(value, int):
+            default = _int_default(b, dev)
+        elif isinstance(value, complex):
+            default = "complex64"
+        else:
+            default = "float32"
     name = _dtype(b, dtype, default, dev)
-    fill = check_fill(value, name)
-    check_memory(shp, name, dev.kind == "cpu", f"{b.name} full")
-    try:
-        return b.full(shp, fill, name, dev)
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, f"{b.name} full") from e
-
-
-def _filled(what: str, value: int, shape: int | Sequence[int], dtype: Any, device: DeviceLike | None,
-            backend: str | None) -> Any:
-    b = _backend(backend)
-    shp = check_shape(shape)
-    dev = resolve(b, device)
-    name = _dtype(b, dtype, "float32", dev)
     fill = check_fill(value, name)
     check_memory(shp, name, dev.kind == "cpu", f"{b.name} {what}")
     try:
@@ -188,13 +180,13 @@ def _filled(what: str, value: int, shape: int | Sequence[int], dtype: Any, devic
 def zeros(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
           backend: str | None = None) -> Any:
     """A new tensor of zeros (float32 by default) on ``device``."""
-    return _filled("zeros", 0, shape, dtype, device, backend)
+    return _filled("zeros", 0, shape, dtype, device, backend, "float32")
 
 
 def ones(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
          backend: str | None = None) -> Any:
     """A new tensor of ones (float32 by default) on ``device``."""
-    return _filled("ones", 1, shape, dtype, device, backend)
+    return _filled("ones", 1, shape, dtype, device, backend, "float32")
 
 
 def empty(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
