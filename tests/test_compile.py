@@ -5,8 +5,6 @@ source, so the worker is a file)."""
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -20,16 +18,8 @@ import multidev as md
 from multidev import compilation as mc
 from multidev.errors import CapabilityError, InvalidArgumentError
 
-
-def installed() -> list[str]:
-    """numpy plus every framework installed here (MXNet only beside numpy<2)."""
-    out = ["numpy"]
-    for name in ("torch", "jax", "tensorflow", "mxnet"):
-        if importlib.util.find_spec(name) is not None and not (
-                name == "mxnet" and int(np.__version__.split(".")[0]) >= 2):
-            out.append(name)
-    return out
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _workers import installed, run_worker
 
 # Per framework: make_net(device) -> (net, x) with x on `device`; kw_fn(x, scale=...) a function with
 # a keyword; bad: a function no compiler route takes (None where every function compiles).
@@ -90,26 +80,9 @@ FRAMEWORK = {
 }
 
 WORKER = """
-import json, sys, traceback
-import numpy as np
-import multidev as md
 from multidev.errors import CapabilityError, InvalidArgumentError
-NAME = sys.argv[1]
-md.backend(NAME)
 DEV = md.devices(backend=NAME)[-1]  # the last device: results must stay off the default one
 FRAMEWORK
-results = {}
-
-def check(fn):
-    try:
-        fn()
-        results[fn.__name__] = "OK"
-    except Exception:
-        results[fn.__name__] = traceback.format_exc(limit=6)
-    return fn
-
-def host(x):
-    return np.asarray(md.to_numpy(x))
 
 @check
 def auto_matches_eager_on_the_inputs_device():
@@ -194,8 +167,6 @@ def the_functions_own_error_propagates():
         assert "boom" in str(e)
     else:
         raise AssertionError("no error")
-
-print("MDRESULT " + json.dumps(results))
 """
 
 CHECKS = ["auto_matches_eager_on_the_inputs_device", "backend_inferred_from_the_first_call",
@@ -207,14 +178,8 @@ _CACHE: dict[str, dict[str, str]] = {}
 
 def _results(name: str, tmp: Path) -> dict[str, str]:
     if name not in _CACHE:
-        path = tmp / f"compile_worker_{name}.py"
-        path.write_text(WORKER.replace("FRAMEWORK", textwrap.dedent(FRAMEWORK[name])))
-        env = dict(os.environ, MULTIDEV_JAX_CPU_DEVICES="2", MULTIDEV_TF_CPU_DEVICES="2", MULTIDEV_NUMPY_DEVICES="2",
-                   MULTIDEV_MXNET_CPU_DEVICES="2", TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
-        p = subprocess.run([sys.executable, str(path), name], capture_output=True, text=True, timeout=300, env=env)
-        line = [x for x in p.stdout.splitlines() if x.startswith("MDRESULT ")]
-        assert p.returncode == 0 and line, p.stdout[-2000:] + p.stderr[-4000:]
-        _CACHE[name] = json.loads(line[0][len("MDRESULT "):])
+        code = WORKER.replace("FRAMEWORK", textwrap.dedent(FRAMEWORK[name]))
+        _CACHE[name] = run_worker(code, name, tmp / f"compile_worker_{name}.py")
     return _CACHE[name]
 
 

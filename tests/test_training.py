@@ -3,12 +3,9 @@ every installed backend. Each backend's checks run in one subprocess with 2 virt
 counts are fixed when a framework starts); each check is reported and asserted separately."""
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,15 +14,8 @@ import pytest
 import multidev as md
 from multidev.errors import CapabilityError, CollectiveInputError, InvalidArgumentError
 
-
-def installed() -> list[str]:
-    """numpy plus every framework installed here (MXNet only beside numpy<2)."""
-    out = ["numpy"]
-    for name in ("torch", "jax", "tensorflow", "mxnet"):
-        if importlib.util.find_spec(name) is not None and not (
-                name == "mxnet" and int(np.__version__.split(".")[0]) >= 2):
-            out.append(name)
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _workers import installed, run_worker
 
 # Per framework: make(host array, device) -> a parameter in the framework's idiom; is_param(x) ->
 # whether x is one; loss(params, X, y) summed squared error; plain(x) a tensor that is no parameter.
@@ -83,29 +73,12 @@ FRAMEWORK = {
 }
 
 WORKER = """
-import json, os, sys, traceback
-import numpy as np
-import multidev as md
-NAME = sys.argv[1]
-md.backend(NAME)  # the adapter first: it prepares the framework's import (MXNet on NumPy 1.26)
 FRAMEWORK
 devs = md.devices(backend=NAME)[:2]
 rng = np.random.default_rng(0)
 W = rng.normal(size=(4, 1)).astype(np.float32)
 Xh = rng.normal(size=(48, 4)).astype(np.float32)
 yh = (Xh @ W + 0.5).astype(np.float32)
-results = {}
-
-def check(fn):
-    try:
-        fn()
-        results[fn.__name__] = "OK"
-    except Exception:
-        results[fn.__name__] = traceback.format_exc(limit=6)
-    return fn
-
-def host(x):
-    return np.asarray(md.to_numpy(x))
 
 @check
 def replicate_gives_parameters():
@@ -202,8 +175,6 @@ def value_and_grad_zeros_for_unused_parameters():
     r = Xh @ W - yh
     np.testing.assert_allclose(host(gs[0]), Xh.T @ r, rtol=1e-4, atol=1e-4)
     assert np.isclose(float(np.sum(host(value))), float((r * r).sum() / 2), rtol=1e-4)
-
-print("MDRESULT " + json.dumps(results))
 """
 
 _CACHE: dict[str, dict[str, str]] = {}
@@ -211,13 +182,7 @@ _CACHE: dict[str, dict[str, str]] = {}
 
 def _results(name: str) -> dict[str, str]:
     if name not in _CACHE:
-        code = WORKER.replace("FRAMEWORK", textwrap.dedent(FRAMEWORK[name]))
-        env = dict(os.environ, MULTIDEV_JAX_CPU_DEVICES="2", MULTIDEV_TF_CPU_DEVICES="2", MULTIDEV_NUMPY_DEVICES="2",
-                   MULTIDEV_MXNET_CPU_DEVICES="2", TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
-        p = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True, timeout=300, env=env)
-        line = [x for x in p.stdout.splitlines() if x.startswith("MDRESULT ")]
-        assert p.returncode == 0 and line, p.stdout[-2000:] + p.stderr[-4000:]
-        _CACHE[name] = json.loads(line[0][len("MDRESULT "):])
+        _CACHE[name] = run_worker(WORKER.replace("FRAMEWORK", textwrap.dedent(FRAMEWORK[name])), name)
     return _CACHE[name]
 
 
