@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -136,6 +136,17 @@ def _dtype(b: Backend, dtype: Any, default: str, device: Device) -> str:
     return name
 
 
+
+def _native(b: Backend, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` (a method of adapter ``b``); a framework error comes as its MultidevError
+    naming ``b`` and ``what``, the framework's message kept."""
+    try:
+        return fn(*args)
+    except MultidevError:
+        raise
+    except Exception as e:
+        raise framework_error(e, f"{b.name} {what}") from e
+
 def _int_default(b: Backend, device: Device) -> str:
     return "int64" if "int64" in b.capabilities.dtypes_on(device) else "int32"
 
@@ -169,12 +180,7 @@ def _filled(what: str, value: Any, shape: int | Sequence[int], dtype: Any, devic
     name = _dtype(b, dtype, default, dev)
     fill = check_fill(value, name)
     check_memory(shp, name, dev.kind == "cpu", f"{b.name} {what}")
-    try:
-        return b.full(shp, fill, name, dev)
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, f"{b.name} {what}") from e
+    return _native(b, what, b.full, shp, fill, name, dev)
 
 
 def zeros(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
@@ -197,12 +203,7 @@ def empty(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | No
     dev = resolve(b, device)
     name = _dtype(b, dtype, "float32", dev)
     check_memory(shp, name, dev.kind == "cpu", f"{b.name} empty")
-    try:
-        return b.empty(shp, name, dev)
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, f"{b.name} empty") from e
+    return _native(b, "empty", b.empty, shp, name, dev)
 
 
 def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
@@ -288,12 +289,7 @@ def asarray(obj: Any, dtype: Any = None, device: DeviceLike | None = None,
         check_values(data, name)  # Python numbers must fit the dtype asked for (NumPy arrays are cast)
     if name is None and isinstance(obj, np.ndarray):
         name = _dtype(b, obj.dtype, "float32", dev)
-    try:
-        return b.asarray(obj, name, dev)
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, f"{b.name} asarray") from e
+    return _native(b, "asarray", b.asarray, obj, name, dev)
 
 
 def rand(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
@@ -309,12 +305,7 @@ def rand(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | Non
                                    "(it would be all zeros or all True); use a floating dtype and cast")
     s = check_seed(seed)
     check_memory(shp, "float64", dev.kind == "cpu", f"{b.name} rand")  # some draw in float64, then cast
-    try:
-        return b.rand(shp, name, dev, s)
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, f"{b.name} rand") from e
+    return _native(b, "rand", b.rand, shp, name, dev, s)
 
 
 # -- placement -----------------------------------------------------------------------------------
@@ -370,24 +361,14 @@ def copy(x: Any, device: DeviceLike | None = None) -> Any:
     ``copyto``. Always copies, even on the same device."""
     b = backend_of(x)
     dev = b.device_of(x) if device is None else resolve(b, device)
-    try:
-        return b.copy(x, dev)
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, f"{b.name} copy") from e
+    return _native(b, "copy", b.copy, x, dev)
 
 
 def to_numpy(x: Any) -> np.ndarray:
     """A host NumPy array with x's values, after waiting for x's pending work. It may share memory
     with a CPU-resident ``x``; use ``np.array(md.to_numpy(x))`` for an independent copy."""
     b = backend_of(x)
-    try:
-        return b.to_numpy(x)
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, f"{b.name} to_numpy") from e
+    return _native(b, "to_numpy", b.to_numpy, x)
 
 
 def synchronize(target: Any = None, *, backend: str | None = None) -> None:
