@@ -49,11 +49,13 @@ from multidev.adapter import (
     CapabilityError,
     Device,
     InvalidDeviceError,
+    StagingPlan,
     aligned_empty,
     canonical_dtype,
     host_aligned,
     is_floating,
     numpy_dtype,
+    staged_upload,
 )
 
 _HOST = Device("cpu", 0)
@@ -104,6 +106,8 @@ class CupyBackend(BaseBackend):
         self._lock = threading.Lock()
         self._comms: dict[tuple[int, ...], list[Any]] = {}
         self._ndarray = cupy.ndarray
+        #: How large pageable uploads are staged (multidev.adapter.StagingPlan, as for torch).
+        self.staging = StagingPlan()
         dtypes = set(DTYPES) - {"bfloat16"}
         self._bf16: Any = None
         if self._bfloat16_usable():
@@ -196,10 +200,34 @@ class CupyBackend(BaseBackend):
 
     # -- creation ---------------------------------------------------------------------------
     def _upload(self, a: np.ndarray, device: Device) -> Any:
-        """A new GPU array on ``device`` holding host array ``a`` (synchronous)."""
+        """A new GPU array on ``device`` holding host array ``a`` (synchronous). From
+        ``staging.threshold`` bytes up, a C-contiguous pageable array goes through the staging
+        pipeline (multidev.adapter.staged_upload: pinned chunks filled by several threads while
+        the copy engine drains the previous one, on the device's current stream); smaller and
+        strided ones CuPy's own way."""
+        cp = self._cp
         with self._gpu(device):
-            # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
-            return self._cp.array(a if a.flags.c_contiguous else a.copy(order="C"), copy=True)
+            if (a.nbytes < self.staging.threshold or not a.flags.c_contiguous or a.ndim == 0
+                    or a.dtype.kind not in "biufc"):  # (ml_dtypes' bfloat16 is kind V)
+                # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
+                return cp.array(a if a.flags.c_contiguous else a.copy(order="C"), copy=True)
+            out = cp.empty(a.shape, dtype=a.dtype)
+            dst = out.reshape(-1).view(np.uint8)
+            stream = cp.cuda.get_current_stream()
+
+            def alloc(n: int) -> tuple[Any, np.ndarray]:
+                buf = self._cpx.empty_pinned((n,), dtype=np.uint8)
+                return buf, buf
+
+            def submit(buf: Any, n: int, off: int) -> Any:
+                dst[off:off + n].set(buf[:n], stream=stream)  # from pinned memory: asynchronous
+                ev = cp.cuda.Event(disable_timing=True)
+                ev.record(stream)
+                return ev
+
+            staged_upload(a, alloc, submit, lambda ev: ev.synchronize(), self.staging)
+            stream.synchronize()  # CuPy's pinned pool reuses the buffers once dropped: every copy has landed
+        return out
 
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
         dt = self.to_native_dtype(dtype)

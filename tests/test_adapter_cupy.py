@@ -144,6 +144,36 @@ print('OK')
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
 
 
+@fake
+def test_large_uploads_are_staged_and_exact() -> None:
+    """From staging.threshold bytes up, asarray of a pageable array runs the staging pipeline
+    (several chunks, fewer buffers than chunks) and lands every byte on the asked-for GPU; smaller,
+    strided and bfloat16 arrays go CuPy's own way. A 1 KiB plan makes the pipeline run on small data."""
+    r = _child("""
+import numpy as np, multidev as md, fake_cupy as cp
+from multidev.adapter import StagingPlan
+import multidev.adapters.cupy as mc
+b = md.backend('cupy')
+b.staging = StagingPlan(chunk=1024, depth=2, threads=2, threshold=4096)
+calls = []
+real = mc.staged_upload
+mc.staged_upload = lambda src, *a: (calls.append(src.nbytes), real(src, *a))[1]
+a = np.random.default_rng(0).integers(0, 2**31, size=(33, 77), dtype=np.int64)  # 20 KiB: 20 chunks
+g = md.asarray(a, device='gpu:1', backend='cupy')
+assert calls == [a.nbytes], calls
+assert md.device_of(g) == md.gpu(1) and g.dtype == a.dtype and g.shape == a.shape
+assert np.array_equal(g.get(), a), 'every byte lands'
+a[0, 0] = -1
+assert g.get()[0, 0] != -1, 'the upload is a copy'
+for small in (np.arange(10.0), np.arange(4000, dtype=np.float64)[::2], np.float32(3)):
+    calls.clear()
+    y = md.asarray(small, device='gpu:0', backend='cupy')
+    assert calls == [] and np.array_equal(y.get(), small)
+print('OK')
+""")
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+
+
 # == the real GPU ====================================================================================
 @pytest.fixture(scope="module")
 def cp() -> Any:
@@ -175,6 +205,17 @@ def test_downloads_land_in_pinned_memory(cp: Any) -> None:
     u, up_wait = b.start_move(np.arange(8, dtype=np.float32), md.gpu(0))
     up_wait()
     np.testing.assert_array_equal(u.get(), np.arange(8))
+
+
+@gpu
+def test_a_large_pageable_upload_is_exact(cp: Any) -> None:
+    """The staging pipeline on a real GPU: 3 chunks of the default plan plus a ragged tail, exact."""
+    b = md.backend("cupy")
+    n = (3 * b.staging.chunk + 12345) // 4
+    a = np.random.default_rng(1).random(n, dtype=np.float32)
+    g = md.asarray(a, device="gpu:0", backend="cupy")
+    assert a.nbytes >= b.staging.threshold and g.dtype == a.dtype
+    assert np.array_equal(cp.asnumpy(g), a)
 
 
 @gpu
