@@ -31,11 +31,11 @@ so a rank that calls another collective, another op, or passes another shape or 
 rank raise :class:`CollectiveMismatchError` naming what differs, rank by rank, instead of an abort
 in gloo or silently wrong values; a rank that refuses its own input (``mean`` of integers, say)
 makes the others raise :class:`DistributedError` too. The group stays usable after either. The
-cost is one extra small all-gather per call (tens of microseconds on a local gloo group; see
-``docs/collectives.md``); ``init(check=False)`` or ``MULTIDEV_DISTRIBUTED_CHECK=0`` turns it off
-(every rank must choose the same, which init verifies), after which mismatched calls are
-undefined behaviour of torch.distributed. The gathers always exchange lengths, so they are always
-checked.
+cost is one extra small all-gather per call, the latency of one tiny collective (0.5 to 1.3 ms
+on 2 gloo ranks of a loaded 2-core VM; see ``docs/collectives.md``); ``init(check=False)`` or
+``MULTIDEV_DISTRIBUTED_CHECK=0`` turns it off (every rank must choose the same, which init
+verifies), after which mismatched calls are undefined behaviour of torch.distributed. The gathers
+always exchange lengths, so they are always checked.
 
 Failure: a rank that dies, hangs or never arrives makes the others raise
 :class:`DistributedTimeoutError` within the ``timeout`` given to :func:`init` (immediately, when
