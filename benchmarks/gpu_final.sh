@@ -5,7 +5,8 @@
 #      GPU tests, and the mutation catalogue's torch mutants on cpu:0 + every GPU;
 #   B. one after another (timing): the bench suites overhead, bandwidth and autoparallel for torch and
 #      JAX, overhead and bandwidth for CuPy, and D2L 12.1's compile suite for torch and JAX;
-#   C. one merged report: $TAG.json/.md/.png with every goal row.
+#   C. one merged report: $TAG.json/.md/.png with every goal row (and $TAG.h2d-breakdown.json: where a
+#      small torch upload's time goes, benchmarks/h2d_breakdown.py).
 # Writes into $OUT: conformance-*.json, $TAG.json/.md/.png, log.txt, and details.tar.gz (the mutants'
 # JSON, every step's output).
 #   MULTIDEV_SOURCE_COMMIT=$(git rev-parse HEAD) bash benchmarks/gpu_final.sh
@@ -63,6 +64,9 @@ bench jax 85 --backend jax --device "$DEVS" --suite $SUITES --reps 6 --budget 0.
 bench cupy 45 --backend cupy --device gpu:0 --suite overhead,bandwidth --reps 6 --budget 0.2
 bench compile-torch 50 --backend torch --device gpu:0 --suite compile --reps 5 --budget 0.3
 bench compile-jax 30 --backend jax --device gpu:0 --suite compile --reps 5 --budget 0.3
+echo "-- the small-upload breakdown (torch, 1/4/16 MiB)"
+timeout -k 10 40 "$PY" -m multidev.benchmarks.h2d_breakdown --backend torch --rounds 200 --out "$OUT/$TAG.h2d-breakdown.json" \
+  || echo "h2d_breakdown exit code: $?"
 
 stamp "C. report"
 parts=(); for f in "$OUT"/bench-*.json; do [ -s "$f" ] && parts+=("$f"); done
@@ -71,7 +75,7 @@ if [ ${#parts[@]} -gt 0 ]; then
     --markdown "$OUT/$TAG.md" > "$OUT/report.txt" 2>&1 && rm -f "${parts[@]}"
   grep -E "^(met|MISSED)" "$OUT/report.txt"
 fi
-stamp "done: everything but the report and the matrices goes into one archive (8 files come back)"
+stamp "done: everything but the report and the matrices goes into one archive (9 files come back)"
 # The archive is written outside $OUT (tar reading the folder it writes into, or a log still being
 # written, exits non-zero); the loose files go whatever tar's status, so the files that come back
 # stay within the limit; a failed archive says so in the log.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -212,3 +213,22 @@ def test_bad_flags_give_one_line_and_a_nonzero_exit(argv: list[str], needle: str
     assert p.returncode == 2, (p.returncode, p.stdout[-1000:], p.stderr[-1000:])
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+def test_h2d_breakdown_times_every_layer_against_the_native_upload(tmp_path: Path) -> None:
+    """The small-upload breakdown (benchmarks/h2d_breakdown.py, run on a GPU by gpu_final.sh) on
+    NumPy's cpu:1: md, the adapter alone, md.to and the baseline's upload, each a row."""
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, "-m", "multidev.benchmarks.h2d_breakdown", "--backend", "numpy",
+                        "--device", "cpu:1", "--sizes", "1", "--rounds", "4", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "MULTIDEV_NUMPY_DEVICES": "2"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = json.loads(out.read_text())["rows"]
+    names = [r["variant"] for r in rows]
+    assert names[:3] == ["md.asarray(a, device=d)", "adapter asarray(a, 'float32', d)", "md.to(x_cpu, d)"]
+    assert any(n.startswith("native ") for n in names), names
+    assert all(r["median_us"] > 0 and r["rounds"] == 4 for r in rows)
+    no_gpu = subprocess.run([sys.executable, "-m", "multidev.benchmarks.h2d_breakdown", "--backend", "numpy"],
+                            capture_output=True, text=True, timeout=120)
+    assert no_gpu.returncode == 2 and "has no GPU here" in no_gpu.stdout
