@@ -11,6 +11,7 @@ first), every call followed by a synchronize of the GPU. Prints a table; ``--out
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -36,8 +37,7 @@ def _variants(name: str, a: np.ndarray, dev: md.Device) -> dict[str, Callable[[]
     for op, args in (("h2d", (a, dev)), ("to", (host, dev))):
         c = nat.call(op, *args) if nat is not None else None
         if c is not None:
-            fn, fargs, label = c
-            out[f"native {label}"] = (lambda fn=fn, fargs=fargs: fn(*fargs))
+            out[f"native {c[2]}"] = functools.partial(c[0], *c[1])
     return out
 
 
