@@ -162,7 +162,14 @@ def convert(ctx: Context) -> Iterator[Case]:
             nat = None
             if consumer is not None and ctx.native is not None:
                 spec = consumer.call("from_dlpack", x)
-                if spec is not None:
+                export = ctx.native.call("export_dlpack", x)  # for tensors without __dlpack__
+                if spec is not None and export is not None:
+                    imp, (exp, exp_args, exp_label) = spec[0], export
+
+                    def native(imp: Any = imp, exp: Any = exp, exp_args: tuple = exp_args) -> Any:
+                        return imp(exp(*exp_args))
+                    nat = Variant(native, (), label=spec[2].replace("(x)", f"({exp_label})"))
+                elif spec is not None:
                     nat = Variant(spec[0], spec[1], label=spec[2])
             yield Case(f"convert {ctx.backend}->{other} {d} {fmt_bytes(nbytes)}",
                        {"md": Variant(partial(md.convert, x, other), (), label=f"md.convert(x, '{other}')"),

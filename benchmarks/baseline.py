@@ -16,7 +16,10 @@ comparison fair. Ops:
 - ``move_async(x, dev)``: the same with the framework's non-blocking flag where it has one;
 - ``copy(x, dev)``: always a new buffer on ``dev``;
 - ``device_of(x)``, ``sync(dev, x)`` (idle device), ``wait(x)`` (one tensor), ``zeros(shape, dev)``,
-  ``h2d(ndarray, dev)``, ``d2h(x)``.
+  ``h2d(ndarray, dev)``, ``d2h(x)``;
+- ``from_dlpack(x)``: the framework as a DLPack consumer of another framework's tensor;
+  ``export_dlpack(x)``: the producer's own export, for a framework whose tensors do not speak the
+  ``__dlpack__`` protocol (a fresh capsule per call).
 """
 from __future__ import annotations
 

@@ -34,6 +34,11 @@ class MxnetNative(Native):
 
     op_move_async = op_to
 
+    def op_export_dlpack(self, x: Any) -> Call:
+        """MXNet's own DLPack export (NDArray has no ``__dlpack__``): a fresh capsule per call,
+        which the consumer's from_dlpack takes (the native side of convert(x, other))."""
+        return self.mx.nd.to_dlpack_for_read, (x,), "mx.nd.to_dlpack_for_read(x)"
+
     def mover(self, dev: Device, non_blocking: bool = False) -> Callable[[Any], Any]:
         c = self.dev(dev)
         return lambda x: x.as_in_context(c)
