@@ -661,6 +661,13 @@ class JaxBackend(BaseBackend):
         block = (1,) if scalar else shape
         pieces = [x.reshape(1) for x in xs] if scalar else xs
         compiled, sharding = self._allreduce_fn(natives, block, dtype, op)
+        if natives[0].platform == "cpu":
+            # XLA:CPU starts each device's part of a collective as soon as that device's input is
+            # ready, and aborts the process when the others have not joined within its rendezvous
+            # timeout (15 s on jaxlib 0.7, 60 s on 0.10): an input still being computed (uneven
+            # work before the allreduce) must be waited for here, on the host.
+            for x in pieces:
+                x.block_until_ready()
         gshape = (block[0] * len(xs),) + tuple(block[1:])
         glob = self._jax.make_array_from_single_device_arrays(gshape, sharding, pieces)
         out = compiled(glob)

@@ -367,6 +367,30 @@ def test_native_allreduce_over_virtual_devices():
     assert out == "ok"
 
 
+@pytest.mark.slow
+def test_native_allreduce_waits_for_an_input_still_being_computed():
+    """XLA:CPU starts each device's part of a collective once that device's input is ready and
+    aborts the process (SIGABRT) when the others do not join within its rendezvous timeout. An
+    allreduce right after seconds of work on one device (uneven work, as in data-parallel
+    training) must end with the sum, not an abort. jaxlib 0.10 can shorten the timeout (to 3 s
+    here, the work taking about 6); older ones wait 15 s, so the work takes 20."""
+    short = tuple(jax.__version_info__[:2]) >= (0, 10)
+    flags = ("--xla_cpu_collective_call_warn_stuck_timeout_seconds=1 "
+             "--xla_cpu_collective_call_terminate_timeout_seconds=2") if short else ""
+    out = _py(f"""
+        import time, jax, jax.numpy as jnp, multidev as md
+        d0, d1 = md.devices(backend="jax")[:2]
+        a = md.rand((1024, 1024), device=d1, backend="jax", seed=0)
+        heavy = jax.jit(lambda a, n: jax.lax.fori_loop(0, n, lambda i, a: jnp.tanh(a @ a), a))
+        heavy(a, 2).block_until_ready()
+        t = time.perf_counter(); heavy(a, 20).block_until_ready(); per = (time.perf_counter() - t) / 20
+        y1 = heavy(a, int({6.0 if short else 20.0} / per))[0, :8] * 0 + 1  # queued, not done
+        out = md.allreduce([md.ones((8,), device=d0, backend="jax"), y1], algorithm="native")
+        print([float(v) for v in md.to_numpy(out[0])] == [2.0] * 8, [md.device_of(o) for o in out] == [d0, d1])
+    """, devices=2, XLA_FLAGS=flags)
+    assert out.splitlines()[-1] == "True True"
+
+
 def test_native_allreduce_single_device_does_not_alias(jb):
     x = jb.arange(0, 32, 1, "float32", CPU0)
     (y,) = jb.native_allreduce([x], "sum")
