@@ -40,6 +40,16 @@ def other_device(devices: list[Device], device: Device) -> Device:
     return others[0]
 
 
+def need_gloo() -> None:
+    """Skip unless torch.distributed with gloo is there (multidev.distributed's transport)."""
+    try:
+        import torch.distributed as tdist
+    except ImportError:
+        pytest.skip("multidev.distributed needs torch (torch.distributed) installed")
+    if not tdist.is_available() or not tdist.is_gloo_available():
+        pytest.skip("this torch build lacks torch.distributed with gloo")
+
+
 def need_devices(devices: list[Device], n: int) -> list[Device]:
     if len(devices) < n:
         pytest.skip(f"needs {n} devices; this backend has {len(devices)} here")

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ._helpers import need_gloo
+
 pytestmark = [pytest.mark.md_feature("distributed"), pytest.mark.multiprocess]
 
 #: Seconds a group of workers may take (startup of the heaviest framework included).
@@ -32,15 +34,6 @@ SHORT_TIMEOUT = 3.0
 
 
 # == parent side ===================================================================================
-def _need_torch_distributed() -> None:
-    try:
-        import torch.distributed as tdist
-    except ImportError:
-        pytest.skip("multidev.distributed needs torch (torch.distributed) installed")
-    if not tdist.is_available() or not tdist.is_gloo_available():
-        pytest.skip("this torch build lacks torch.distributed with gloo")
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -111,7 +104,7 @@ def _worlds(name: str) -> list[int]:
 @pytest.mark.parametrize("world", [2, 3, 4], ids=lambda w: f"{w}procs")
 def test_collectives_across_processes(md_backend: Any, world: int) -> None:
     """Every collective, op and the async variants, on the backend's tensors, over 2-4 processes."""
-    _need_torch_distributed()
+    need_gloo()
     if world not in _worlds(md_backend.name):
         pytest.skip(f"{world} processes run with the first selected backend only (keeps the suite fast)")
     reports = _launch(md_backend.name, world, "collectives", WORKER_TIMEOUT)
@@ -127,7 +120,7 @@ def test_killed_rank_gives_the_others_a_timeout_error(md_backend: Any) -> None:
     from their next allreduce instead of hanging. 3 processes with the first selected backend (a
     survivor that waits on the other survivor, not on the dead rank, needs the timeout), 2 with the
     others."""
-    _need_torch_distributed()
+    need_gloo()
     world = 3 if _first_selected(md_backend.name) else 2
     reports = _launch(md_backend.name, world, "kill", KILL_TIMEOUT)
     _assert_ok(reports, {world - 1: 17})
@@ -137,7 +130,7 @@ def test_killed_rank_gives_the_others_a_timeout_error(md_backend: Any) -> None:
 
 def test_hung_rank_gives_the_others_a_timeout_error(md_backend: Any) -> None:
     """Rank 1 of 2 stays alive but never calls the collective: rank 0 times out after the timeout."""
-    _need_torch_distributed()
+    need_gloo()
     if not _first_selected(md_backend.name):
         pytest.skip("transport-level (the tensor's backend plays no part): runs once, with the first selected backend")
     reports = _launch(md_backend.name, 2, "hang", SHORT_TIMEOUT)
@@ -147,7 +140,7 @@ def test_hung_rank_gives_the_others_a_timeout_error(md_backend: Any) -> None:
 
 def test_rank_that_never_arrives_fails_init_with_a_timeout(md_backend: Any) -> None:
     """Only rank 0 of 2 starts: init raises DistributedTimeoutError after the timeout."""
-    _need_torch_distributed()
+    need_gloo()
     if not _first_selected(md_backend.name):
         pytest.skip("transport-level (the tensor's backend plays no part): runs once, with the first selected backend")
     reports = _launch(md_backend.name, 2, "noshow", SHORT_TIMEOUT, ranks=[0])
@@ -156,7 +149,7 @@ def test_rank_that_never_arrives_fails_init_with_a_timeout(md_backend: Any) -> N
 
 
 def test_calls_before_init_raise(md_backend: Any) -> None:
-    _need_torch_distributed()
+    need_gloo()
     import multidev as md
     from multidev import distributed as dist
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from multidev.conformance._helpers import need_gloo
+
 pytestmark = pytest.mark.multiprocess
 
 HERE = Path(__file__).resolve().parent
@@ -28,15 +30,6 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _need_gloo() -> None:
-    try:
-        import torch.distributed as tdist
-    except ImportError:
-        pytest.skip("multidev.distributed needs torch")
-    if not tdist.is_available() or not tdist.is_gloo_available():
-        pytest.skip("this torch build has no torch.distributed with gloo")
 
 
 def _launch(backend: str, scenario: str, world: int, **extra: str) -> list[dict[str, Any]]:
@@ -74,7 +67,7 @@ _GOOD = ("after shape", "after op", "after kinds", "after refusal", "reversed vi
 
 @pytest.mark.parametrize(("backend", "world"), [("numpy", 3), ("torch", 2)], ids=["numpy-3ranks", "torch-2ranks"])
 def test_mismatches_raise_typed_errors_on_every_rank(backend: str, world: int) -> None:
-    _need_gloo()
+    need_gloo()
     _check_mismatch_reports(_launch(backend, "mismatch", world))
 
 
@@ -82,7 +75,7 @@ def test_mismatches_raise_typed_errors_on_every_rank(backend: str, world: int) -
 @pytest.mark.parametrize("pg", ["nccl", "cpu:gloo,cuda:nccl"])
 def test_mismatches_over_nccl(pg: str) -> None:
     """The same scenario with CUDA tensors, one GPU per rank, the exchange over NCCL (or gloo)."""
-    _need_gloo()
+    need_gloo()
     import torch
     import torch.distributed as tdist
 
@@ -114,7 +107,7 @@ def _check_mismatch_reports(reports: list[dict[str, Any]]) -> None:
 def test_checks_can_be_turned_off() -> None:
     """With check=False no exchange runs: gloo itself lets (2, 3) vs (3, 2) through (same byte count),
     which is what the checks exist to catch; the group keeps working."""
-    _need_gloo()
+    need_gloo()
     reports = _launch("numpy", "unchecked", 2)
     for rep in reports:
         first, after = rep["steps"][0], rep["steps"][1]
@@ -126,7 +119,7 @@ def test_job_without_shutdown_exits_cleanly_under_torchrun(tmp_path: Path) -> No
     """A torchrun job whose script ends without shutdown(): every rank exits 0 (torch.distributed
     alone aborted a rank at exit in about a third of such runs), and no rank tries to bind torchrun's
     store port (the "[c10d] server socket ... has failed to bind" message)."""
-    _need_gloo()
+    need_gloo()
     for attempt in range(3):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3", f"--master_port={_port()}",
                str(HERE / "_ranks.py"), "numpy", "no_shutdown", str(TIMEOUT)]
