@@ -380,6 +380,21 @@ class CupyBackend(BaseBackend):
             self._cdev[device.index].synchronize()
         # cpu: host arrays are NumPy's, computed when the call returns
 
+    def device_wait_fn(self, device: Device) -> Callable[[], Any] | None:
+        """synchronize(device) with no adapter frame: the CuPy Device's own barrier (None on the CPU)."""
+        return self._cdev[device.index].synchronize if device.kind == "gpu" else None
+
+    @property
+    def wait_fn(self) -> Callable[[Any], Any]:
+        """wait(x) in one frame: the array's device barrier, as ``x.device.synchronize()`` (CuPy has
+        no per-array wait); host arrays (NumPy's) are computed already."""
+        host = np.ndarray
+
+        def wait(x: Any) -> None:
+            if not isinstance(x, host):
+                x.device.synchronize()
+        return wait
+
     # -- arithmetic for collectives ---------------------------------------------------------
     def _ctx(self, x: Any) -> Any:
         """A context making x's GPU current (a no-op context for host arrays)."""

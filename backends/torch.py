@@ -13,6 +13,7 @@ has no NCCL) over one CUDA tensor per GPU.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -325,9 +326,10 @@ class TorchBackend(BaseBackend):
         return host, waiter
 
     def _stageable(self, x: Any) -> bool:
-        return (self._n_cuda > 0 and not x.requires_grad and x.is_contiguous() and not x.is_pinned()
-                and not x.is_conj() and not x.is_neg()
-                and x.numel() * x.element_size() >= self.staging.threshold and x.dtype in self._plain_dtypes)
+        # The size first: is_pinned() asks the CUDA driver about the pointer.
+        return (self._n_cuda > 0 and x.numel() * x.element_size() >= self.staging.threshold
+                and not x.requires_grad and x.is_contiguous() and x.dtype in self._plain_dtypes
+                and not x.is_conj() and not x.is_neg() and not x.is_pinned())
 
     def _upload(self, arr: np.ndarray, dt: Any, device: Device) -> Any:
         """A new tensor on ``device`` holding pageable ``arr`` (C-contiguous), uploaded through the
@@ -398,6 +400,14 @@ class TorchBackend(BaseBackend):
         elif device.kind == "mps":
             torch.mps.synchronize()
         # cpu: torch runs CPU operations to completion before returning.
+
+    def device_wait_fn(self, device: Device) -> Callable[[], Any] | None:
+        """synchronize(device) with no adapter frame: torch's own barrier bound to the device (None
+        on the CPU, where torch's operations finish before they return)."""
+        torch = self._torch
+        if device.kind == "gpu":
+            return functools.partial(torch.cuda.synchronize, device.index)
+        return torch.mps.synchronize if device.kind == "mps" else None
 
     # -- arithmetic for collectives ---------------------------------------------------------
     def combine(self, op: str, a: Any, b: Any) -> Any:

@@ -2,19 +2,30 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import numbers
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from . import registry
 from ._device import Device, DeviceLike
 from .dtypes import canonical_dtype, is_floating
 from .errors import CapabilityError, InvalidArgumentError, InvalidDeviceError, MultidevError, UnsupportedTensorError
 from .placement import as_device, resolve, scope_backend, scope_device
 from .placement import default_device as default_device
 from .protocol import Backend
-from .registry import available_backends, backend_of, get_backend, loaded_backends, wait_cache, waiter_of
+from .registry import (
+    adapter_hook,
+    available_backends,
+    backend_of,
+    device_wait_cache,
+    get_backend,
+    loaded_backends,
+    wait_cache,
+    waiter_of,
+)
 from .transfer import start_to
 from .validate import (
     check_fill,
@@ -380,11 +391,25 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
 
     A framework error raised by the wait (an asynchronous failure) comes as its MultidevError.
     """
-    if backend is None and target is not None:
-        w = wait_cache.get(target.__class__)
-        if w is not None:  # the hot path: a tensor whose class was seen before
+    # The hot paths first, with as few frames as the framework's own call: a tensor whose class
+    # was seen before, and a device spelling (str or Device) seen before.
+    w = _wait_get(target.__class__)
+    if w is not None and backend is None:
+        try:
+            w(target)
+        except MultidevError:
+            raise
+        except Exception as e:
+            raise framework_error(e, "synchronize") from e
+        return
+    cls = target.__class__
+    if cls is str or cls is Device:
+        per = _device_wait_get(backend)
+        hit = None if per is None else per.get(target if cls is str else id(target))
+        if hit is not None and (cls is str or hit[0] is target):
             try:
-                w(target)
+                for fn in hit[1]:
+                    fn()
             except MultidevError:
                 raise
             except Exception as e:
@@ -398,23 +423,49 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
         raise framework_error(e, "synchronize") from e
 
 
+_wait_get = wait_cache.get
+_device_wait_get = device_wait_cache.get
+#: at most this many spellings per backend key in ``device_wait_cache`` (a bound on its size)
+_DEVICE_WAIT_SPELLINGS = 64
+
+
+def _device_waits(dev: Device, backend: str | None) -> tuple[Callable[[], Any], ...]:
+    """The zero-argument waits ``synchronize(dev)`` makes: ``backend``'s (it must have ``dev``), or
+    every loaded asynchronous backend's that has it; each adapter's ``device_wait_fn(dev)`` where
+    it offers one, else its ``synchronize`` bound to ``dev``."""
+    if backend is not None:
+        b = get_backend(backend)
+        owners = [(b, resolve(b, dev))]
+    else:
+        owners = [(b, dev) for b in loaded_backends() if b.capabilities.async_execution and dev in b.devices()]
+    waits: list[Callable[[], Any]] = []
+    for b, d in owners:
+        hook = adapter_hook(b, "device_wait_fn", "synchronize")
+        fn = hook(d) if hook is not None else functools.partial(b.synchronize, d)
+        if fn is not None:  # None: nothing can be queued on d
+            waits.append(fn)
+    return tuple(waits)
+
+
 def _synchronize(target: Any, backend: str | None) -> None:
     if target is None or target.__class__ is Device or isinstance(target, str):
         dev = None if target is None else (target if target.__class__ is Device else Device.parse(target))
-        if backend is not None:
-            b = get_backend(backend)
-            if dev is None:
-                b.synchronize(None)
-            else:
-                b.synchronize(resolve(b, dev))
+        if dev is None:
+            if backend is not None:
+                get_backend(backend).synchronize(None)
+                return
+            for b in loaded_backends():
+                if b.capabilities.async_execution:  # a synchronous backend's calls have finished
+                    b.synchronize(None)
             return
-        for b in loaded_backends():
-            if not b.capabilities.async_execution:
-                continue  # every call of a synchronous backend has finished when it returns
-            if dev is None:
-                b.synchronize(None)
-            elif dev in b.devices():
-                b.synchronize(dev)
+        generation = registry.wait_generation
+        waits = _device_waits(dev, backend)
+        with registry.lock:  # kept only if no backend loaded meanwhile (it would be missing)
+            per = device_wait_cache.setdefault(backend, {})
+            if registry.wait_generation == generation and len(per) < _DEVICE_WAIT_SPELLINGS:
+                per[target if target.__class__ is str else id(target)] = (target, waits)
+        for fn in waits:
+            fn()
         return
     try:
         wait = waiter_of(target)

@@ -175,9 +175,10 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         dotted = [n for n in _split(args.backend) if ":" in n]
         configure_virtual_devices(VIRTUAL_DEVICES, registered_backends() + dotted)
         # load now: an unknown backend is a one-line error
-        backs = _backends(args.backend, []) if explicit else [md.backend(n) for n in md.backends()]
-        if wanted:
-            backend_arg = ",".join(_with_devices(backs, wanted, explicit))
+        specs = _split(args.backend) if explicit else md.backends()
+        backs = _backends(args.backend, []) if explicit else [md.backend(n) for n in specs]
+        if wanted:  # the specs as given: a module:attr adapter must load under that spec again
+            backend_arg = ",".join(_with_devices(list(zip(specs, backs)), wanted, explicit))
     suite = str(Path(conformance.__file__).parent)
     argv = [suite, "-p", "no:cacheprovider", f"--rootdir={suite}", "-o", "addopts="]
     argv.append(f"--multidev-backend={backend_arg}")
@@ -195,15 +196,16 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     return int(pytest.main(argv))
 
 
-def _with_devices(backs: list[Any], wanted: list[Any], explicit: bool) -> list[str]:
-    """The names of ``backs`` that have at least one of the ``wanted`` devices. A backend named on the
-    command line without any is a usage error (its device tests would have nothing to run on); of
-    all installed backends, those without any are left out, said in one line on stderr."""
+def _with_devices(backs: list[tuple[str, Any]], wanted: list[Any], explicit: bool) -> list[str]:
+    """The specs of the (spec, backend) pairs ``backs`` whose backend has at least one of the
+    ``wanted`` devices. A backend named on the command line without any is a usage error (its device
+    tests would have nothing to run on); of all installed backends, those without any are left out,
+    said in one line on stderr."""
     keep, left = [], []
-    for b in backs:
+    for spec, b in backs:
         devs = b.devices()
         if any(d in devs for d in wanted):
-            keep.append(b.name)
+            keep.append(spec)
         elif explicit:
             raise _UsageError(f"--device {','.join(map(str, wanted))}: {b.name} has none of these devices (it has "
                               f"{', '.join(map(str, devs))})")

@@ -186,7 +186,9 @@ class Backend(Protocol):
 
     def synchronize(self, device: Device | None) -> None:
         """Block until queued work on ``device`` (every device when ``None``) has finished, and raise
-        any asynchronous error it produced."""
+        any asynchronous error it produced. (An adapter may also offer ``device_wait_fn(device)``:
+        a zero-argument function doing the same for one device with no adapter frame, or None when
+        nothing can be queued there; ``multidev.synchronize(device)`` caches it.)"""
         ...
 
     def wait(self, x: Any) -> None:

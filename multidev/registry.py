@@ -69,10 +69,24 @@ _type_cache: dict[type, str] = {}
 #: tensor class -> the owner's wait, bound with no adapter frame where the adapter offers one
 #: (``Backend.wait_fn``): the hot path of ``synchronize(tensor)``. Cleared with the type cache.
 wait_cache: dict[type, Callable[[Any], Any]] = {}
+#: backend name (or None: every loaded backend) -> {a device spelling: a str, or an interned
+#: Device's id -> (that spelling, the zero-argument waits of ``synchronize(device)``)}: its hot
+#: path. Cleared with ``wait_cache``, so a backend loaded later joins ``synchronize(device)``.
+device_wait_cache: dict[str | None, dict[Any, tuple[Any, tuple[Callable[[], Any], ...]]]] = {}
+wait_generation = 0  # counts the clearings, so a cache entry built across one is not kept
+lock = _lock  # the registry's lock, for the caches above
 _claims: dict[type, list[str]] = {}  # tensor class -> adapters claiming it, in creation order
 _preferred: list[str] = []  # a stack: the adapter that wins a shared tensor class (conformance runs)
 _entry_points_read = False
 _default_backend: str | None = None
+
+
+def _clear_wait_caches() -> None:
+    global wait_generation
+    with _lock:
+        wait_generation += 1
+        wait_cache.clear()
+        device_wait_cache.clear()
 
 
 def _read_entry_points() -> None:
@@ -129,7 +143,7 @@ def _forget(name: str) -> None:
     _frameworks.pop(name, None)
     for t in [t for t, n in _type_cache.items() if n == name]:
         del _type_cache[t]
-    wait_cache.clear()
+    _clear_wait_caches()
     if old is not None:
         for owners in _claims.values():
             if name in owners:
@@ -259,7 +273,7 @@ def _record_claims(inst: Backend) -> None:
             owners.append(inst.name)
     for t in [t for t, n in _type_cache.items() if t in inst.tensor_types()]:
         del _type_cache[t]
-    wait_cache.clear()
+    _clear_wait_caches()
 
 
 def _family(name: str) -> Any:
@@ -405,14 +419,14 @@ def prefer(name: str) -> Iterator[None]:
     with _lock:
         _preferred.append(name)
         _type_cache.clear()
-        wait_cache.clear()
+        _clear_wait_caches()
     try:
         yield
     finally:
         with _lock:
             _preferred.remove(name)
             _type_cache.clear()
-            wait_cache.clear()
+            _clear_wait_caches()
 
 
 def _related(root: str, fw: str) -> bool:
@@ -512,6 +526,20 @@ def backend_of(x: Any) -> Backend:
     )
 
 
+def adapter_hook(b: Backend, hook: str, method: str) -> Any:
+    """``b``'s optional fast path ``hook`` (``wait_fn`` for ``wait``, ``device_wait_fn`` for
+    ``synchronize``), or None: also when a subclass overrides ``method`` below the class that
+    defines ``hook`` (its own ``method`` must then run, not the parent's shortcut)."""
+    mro = type(b).__mro__
+    owner = next((c for c in mro if hook in c.__dict__), None)
+    if owner is None:  # set on the instance, or absent
+        return getattr(b, "__dict__", {}).get(hook)
+    meth = next((c for c in mro if method in c.__dict__), None)
+    if meth is not None and meth is not owner and issubclass(meth, owner):
+        return None
+    return getattr(b, hook, None)
+
+
 def waiter_of(x: Any) -> Callable[[Any], Any]:
     """The function that waits for tensors of x's class (``backend_of(x).wait``, or the adapter's
     ``wait_fn`` where it has one), cached by class."""
@@ -519,7 +547,7 @@ def waiter_of(x: Any) -> Callable[[Any], Any]:
     w = wait_cache.get(t)
     if w is None:
         b = backend_of(x)
-        w = getattr(b, "wait_fn", None) or b.wait
+        w = adapter_hook(b, "wait_fn", "wait") or b.wait
         with _lock:
             if _type_cache.get(t) == b.name:
                 wait_cache[t] = w

@@ -188,6 +188,20 @@ def test_multiprocess_workers_load_the_selected_adapter(tmp_path: Path) -> None:
     assert cells["distributed"]["passed"] == 1, cells
 
 
+def test_a_module_attr_adapter_keeps_its_spec_with_device(tmp_path: Path) -> None:
+    """``--device`` (as the GPU run of this catalogue passes) hands the suite the adapter as
+    selected (module:attr), so the checks run in the child interpreter load it too (they failed
+    with "no backend named 'numpy_control'" when only its name was passed on)."""
+    out = tmp_path / "m.json"
+    env = {k: v for k, v in _env().items() if k != "MULTIDEV_CATALOGUE_DEVICE"}
+    p = subprocess.run([sys.executable, "-m", "multidev.cli", "conformance", "--backend", "mutants:NumpyControl",
+                        "--device", "cpu:0,cpu:1", "--json", str(out), "--", "-p", "mutants", "-q",
+                        "-k", "dlpack_flag_matches_behaviour"], capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    cells = json.loads(out.read_text())["matrix"]["numpy_control"]
+    assert cells["capabilities"]["passed"] == 1 and cells["capabilities"]["failed"] == 0, cells
+
+
 def test_gpu_script_runs_this_catalogue() -> None:
     text = (HERE.parent / "scripts" / "gpu_mutants.sh").read_text()
     assert "MULTIDEV_CATALOGUE_DEVICE" in text and "test_mutation_catalogue.py" in text

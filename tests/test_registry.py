@@ -1,6 +1,7 @@
 """The lazy, thread-safe registry: no framework on import, entry points, run-time registration."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -104,6 +105,47 @@ def test_register_backend_is_lazy_and_found_by_type() -> None:
         md.register_backend("fake", FakeBackend)
 
 
+def test_synchronize_device_waits_on_backends_loaded_after_its_first_call() -> None:
+    """synchronize(device) caches its waits per spelling; a backend loaded later joins them, each
+    spelling (str, Device) reaches the same waits, and backend= keeps to that backend."""
+    calls: list[tuple[str, Any]] = []
+
+    class Waiting(FakeBackend):
+        name: ClassVar[str] = "waitfake"
+
+        @property
+        def capabilities(self) -> md.Capabilities:
+            return dataclasses.replace(super().capabilities, async_execution=True)
+
+        def synchronize(self, device: Any) -> None:
+            calls.append((self.name, device))
+
+        def tensor_types(self) -> tuple[type, ...]:
+            return (type(f"{self.name}Array", (), {}),)  # its own class: no shared claim
+
+    class Later(Waiting):
+        name: ClassVar[str] = "waitfake2"
+
+    md.register_backend("waitfake", Waiting, replace=True)
+    md.register_backend("waitfake2", Later, replace=True)
+    md.backend("waitfake")
+    cpu0 = md.Device("cpu", 0)
+    for spelling in ("cpu:0", cpu0, "cpu:0"):
+        md.synchronize(spelling)
+    assert calls.count(("waitfake", cpu0)) == 3 and not [c for c in calls if c[0] == "waitfake2"]
+    calls.clear()
+    md.backend("waitfake2")  # loaded now: the cached waits of "cpu:0" must include it
+    md.synchronize("cpu:0")
+    md.synchronize(cpu0)
+    assert calls.count(("waitfake2", cpu0)) == 2 and calls.count(("waitfake", cpu0)) == 2, calls
+    calls.clear()
+    md.synchronize("cpu:0", backend="waitfake2")
+    md.synchronize("cpu:0", backend="waitfake2")
+    assert calls == [("waitfake2", cpu0)] * 2
+    with pytest.raises(md.DeviceNotFoundError):
+        md.synchronize("cpu:7", backend="waitfake2")
+
+
 def test_unknown_tensor_type() -> None:
     with pytest.raises(UnsupportedTensorError, match="FakeUnknown"):
         md.device_of(type("FakeUnknown", (), {})())
@@ -136,3 +178,37 @@ def test_dotted_backend_name() -> None:
     assert b.name == "numpy"
     with pytest.raises(BackendNotAvailableError, match="cannot import"):
         registry.get_backend("no_such_module_xyz:Thing")
+
+
+def test_a_subclass_overriding_wait_or_synchronize_is_not_bypassed_by_the_parents_fast_path() -> None:
+    """wait_fn / device_wait_fn are shortcuts of wait / synchronize: a subclass that overrides the
+    method (a third-party adapter, a mutant) gets its own method called, not the parent's shortcut."""
+    class Hooked(FakeBackend):
+        name: ClassVar[str] = "hooked"
+
+        def wait(self, x: Any) -> None: ...
+
+        @property
+        def wait_fn(self) -> Any:
+            return lambda x: "hook"
+
+        def synchronize(self, device: Any) -> None: ...
+
+        def device_wait_fn(self, device: Any) -> Any:
+            return lambda: "hook"
+
+    class Overrides(Hooked):
+        name: ClassVar[str] = "overrides"
+
+        def wait(self, x: Any) -> None: ...
+
+        def synchronize(self, device: Any) -> None: ...
+
+    assert registry.adapter_hook(Hooked(), "wait_fn", "wait")(None) == "hook"
+    assert registry.adapter_hook(Hooked(), "device_wait_fn", "synchronize")(None)() == "hook"
+    assert registry.adapter_hook(Overrides(), "wait_fn", "wait") is None
+    assert registry.adapter_hook(Overrides(), "device_wait_fn", "synchronize") is None
+    plain = FakeBackend()
+    assert registry.adapter_hook(plain, "wait_fn", "wait") is None
+    plain.wait_fn = print  # type: ignore[attr-defined]  # set on an instance: taken as it is
+    assert registry.adapter_hook(plain, "wait_fn", "wait") is print
