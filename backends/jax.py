@@ -43,9 +43,11 @@ from multidev.adapter import (
     DeviceMismatchError,
     DeviceNotFoundError,
     InvalidDeviceError,
+    StagingPlan,
     canonical_dtype,
     dlpack_info,
     numpy_dtype,
+    parallel_put,
 )
 
 _ENV_CPU = "MULTIDEV_JAX_CPU_DEVICES"
@@ -161,6 +163,10 @@ class JaxBackend(BaseBackend):
         self._pinned_kinds: dict[Any, bool] = {}  # native device -> has a pinned_host memory kind
         self._dlpack_dtypes: set[Any] = set()  # dtypes DLPack was seen to carry
         self._grad_fns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loss fn -> jitted grad
+        #: Pageable uploads to an accelerator from this size up go in pieces from several threads
+        #: (multidev.adapter.parallel_put): 16 MiB pieces measured fastest on an H200 (28.7 GB/s at 1
+        #: GiB against device_put's 7.4; 13.9 against 4.9 at 64 MiB).
+        self.staging = StagingPlan(chunk=16 << 20, threshold=32 << 20)
 
     def _enumerate(self) -> None:
         """Read JAX's devices once (this initializes JAX's backends)."""
@@ -272,7 +278,10 @@ class JaxBackend(BaseBackend):
             # device_put is JAX's fast upload (3x jnp.array's at 1 MiB on an H200). Not to a CPU
             # device: there it may share the caller's aligned buffer (may_alias=False or not), and
             # asarray always copies.
-            x = self._jax.device_put(obj, native)
+            if obj.nbytes >= self.staging.threshold and obj.ndim and obj.flags.c_contiguous:
+                x = self._staged_put(obj, native)
+            else:
+                x = self._jax.device_put(obj, native)
             return self._finish(x, native, x.dtype if nd is None else nd)
         x = self._jnp.array(obj, dtype=nd, copy=True, device=native)
         if nd is None:
@@ -280,6 +289,19 @@ class JaxBackend(BaseBackend):
             if x.weak_type:  # jnp.array(3.0) is weakly typed; give it a definite dtype
                 x = self._jnp.array(x, dtype=nd, copy=False, device=native)
         return self._finish(x, native, nd)
+
+    def _staged_put(self, arr: np.ndarray, native: Any) -> Any:
+        """A large pageable upload: ``device_put`` of ``staging.chunk``-byte pieces from several
+        threads (JAX reads pageable memory 4x faster so), joined on the device. Synchronous for the
+        source; the join compiles once per shape and dtype."""
+        jax = self._jax
+        parts = parallel_put(arr, lambda p: jax.device_put(p, native), self.staging)
+        return self._join(tuple(parts), arr.shape)
+
+    @functools.cached_property
+    def _join(self) -> Callable[[tuple, tuple[int, ...]], Any]:
+        jnp = self._jnp
+        return self._jax.jit(lambda parts, shape: jnp.concatenate(parts).reshape(shape), static_argnums=1)
 
     def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
         jax = self._jax
@@ -559,17 +581,24 @@ class JaxBackend(BaseBackend):
         """The accelerator path of import_dlpack: JAX passes its stream to the producer (ordered on
         the device, no host wait) and places the view on the producer's device; no header reads."""
         torch = sys.modules.get("torch")
-        dev = getattr(obj, "device", None)
         ctx: Any = contextlib.nullcontext()
-        if torch is not None and isinstance(obj, torch.Tensor) and getattr(dev, "index", None) != \
-                torch.cuda.current_device():
-            ctx = torch.cuda.device(dev)  # torch exports a CUDA tensor only from its current device
+        if torch is not None and isinstance(obj, torch.Tensor) and self._torch_gpus(torch) > 1:
+            dev = obj.device  # torch exports a CUDA tensor only from its current device
+            if dev.index != torch.cuda.current_device():
+                ctx = torch.cuda.device(dev)
         try:
             with ctx:
                 y = self._jax.dlpack.from_dlpack(obj)
         except (TypeError, ValueError, BufferError, RuntimeError) as e:
             raise CapabilityError(f"jax backend cannot import this DLPack tensor ({type(obj).__name__}): {e}") from e
         return y
+
+    def _torch_gpus(self, torch: Any) -> int:
+        """How many CUDA devices torch has (read once; with one, it is always torch's current)."""
+        n = self.__dict__.get("_n_torch_gpus")
+        if n is None:
+            n = self.__dict__["_n_torch_gpus"] = int(torch.cuda.device_count())
+        return n
 
     @functools.cached_property
     def _strides_read_as_row_major(self) -> bool:

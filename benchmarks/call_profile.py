@@ -2,7 +2,7 @@
 median per call), then a cProfile of the md call (its functions by own time). For the rows of
 the GPU table that miss their ratio: ``convert`` torch->JAX, small uploads, ``synchronize``.
 
-    python3 -m multidev.benchmarks.call_profile [--rows convert,asarray,sync] [--rounds N] [--out F]
+    python3 -m multidev.benchmarks.call_profile [--rows convert,asarray,sync] [--rounds N] [--cpu] [--out F]
 
 Rows whose framework or GPU is missing are left out (and said so).
 """
@@ -26,10 +26,10 @@ import multidev as md
 Row = tuple[str, Callable[[], Any], Callable[[], Any], Callable[[], Any]]  # name, md, native, settle
 
 
-def _torch_gpu() -> Any:
+def _torch(kind: str) -> Any:
     import torch
 
-    if not torch.cuda.is_available():
+    if kind == "gpu" and not torch.cuda.is_available():
         raise RuntimeError("torch sees no GPU")
     return torch
 
@@ -38,62 +38,111 @@ def _upload(torch: Any, a: np.ndarray, d: Any) -> Any:
     return torch.from_numpy(a).to(d)
 
 
-def _rows(which: set[str]) -> Iterator[Row | str]:
+def _rows(which: set[str], kind: str) -> Iterator[Row | str]:
+    """The rows on ``kind`` ("gpu", or "cpu" to try the script where there is none). Every md call
+    is a C-level partial, as the native one is a bound method: no extra Python frame on either side.
+    synchronize(device) is timed with ``backend=``: without it md waits on every loaded backend."""
+    dev = md.Device(kind, 0)
     if "convert" in which:
         try:
-            torch = _torch_gpu()
+            torch = _torch(kind)
             import jax.dlpack
 
+            settle = torch.cuda.synchronize if kind == "gpu" else (lambda: None)
             for mib in (1, 64):
-                t = torch.ones(mib << 18, device="cuda:0")
+                t = torch.ones(mib << 18, device="cuda:0" if kind == "gpu" else "cpu")
                 md.convert(t, "jax").block_until_ready()
-                yield (f"convert torch->jax {mib} MiB", functools.partial(md.convert, t, "jax"),
-                       functools.partial(jax.dlpack.from_dlpack, t), torch.cuda.synchronize)
+                yield (f"convert torch->jax {mib} MiB [{dev}]", functools.partial(md.convert, t, "jax"),
+                       functools.partial(jax.dlpack.from_dlpack, t), settle)
         except Exception as e:  # noqa: BLE001 - the row is left out, and said so
             yield f"convert: {type(e).__name__}: {e}"
-    if "asarray" in which:
+    if "asarray" in which and kind == "gpu":
         try:
-            torch = _torch_gpu()
+            torch = _torch(kind)
             d = torch.device("cuda:0")
             for mib in (1, 4):
                 a = np.ones(mib << 18, np.float32)
-                yield (f"asarray numpy->torch gpu {mib} MiB",
-                       functools.partial(md.asarray, a, device="gpu:0", backend="torch"),
+                yield (f"asarray numpy->torch {mib} MiB [{dev}]",
+                       functools.partial(md.asarray, a, device=dev, backend="torch"),
                        functools.partial(_upload, torch, a, d), torch.cuda.synchronize)
         except Exception as e:  # noqa: BLE001
             yield f"asarray: {type(e).__name__}: {e}"
     if "sync" in which:
-        try:
-            torch = _torch_gpu()
-            dev = md.Device("gpu", 0)
-            yield ("torch synchronize(device)", lambda: md.synchronize(dev), lambda: torch.cuda.synchronize(0),
-                   lambda: None)
-        except Exception as e:  # noqa: BLE001
-            yield f"torch sync: {type(e).__name__}: {e}"
+        if kind == "gpu":
+            try:
+                torch = _torch(kind)
+                yield ("torch synchronize(device, backend=)", functools.partial(md.synchronize, dev, backend="torch"),
+                       functools.partial(torch.cuda.synchronize, 0), lambda: None)
+            except Exception as e:  # noqa: BLE001
+                yield f"torch sync: {type(e).__name__}: {e}"
         try:
             import jax
 
-            g = [d for d in jax.devices() if d.platform == "gpu"]
+            g = [d for d in jax.devices() if d.platform == kind]
             if not g:
-                raise RuntimeError("JAX sees no GPU")
+                raise RuntimeError(f"JAX sees no {kind}")
             x = jax.device_put(np.ones(4, np.float32), g[0])
             md.synchronize(x)
-            yield ("jax synchronize(x)", lambda: md.synchronize(x), x.block_until_ready, lambda: None)
+            yield (f"jax synchronize(x) [{dev}]", functools.partial(md.synchronize, x), x.block_until_ready,
+                   lambda: None)
         except Exception as e:  # noqa: BLE001
             yield f"jax sync: {type(e).__name__}: {e}"
-        try:
-            import cupy
+        if kind == "gpu":
+            try:
+                import cupy
 
-            y = cupy.ones(4)
-            cd = cupy.cuda.Device(0)
-            dev = md.Device("gpu", 0)
-            md.synchronize(y)
-            yield ("cupy synchronize(x)", lambda: md.synchronize(y), y.device.synchronize, lambda: None)
-            yield ("cupy synchronize(device)", lambda: md.synchronize(dev), cd.synchronize, lambda: None)
-            yield ("cupy synchronize(device, backend=)", lambda: md.synchronize(dev, backend="cupy"),
-                   cd.synchronize, lambda: None)
-        except Exception as e:  # noqa: BLE001
-            yield f"cupy sync: {type(e).__name__}: {e}"
+                y = cupy.ones(4)
+                cd = cupy.cuda.Device(0)
+                md.synchronize(y)
+                yield ("cupy synchronize(x)", functools.partial(md.synchronize, y), y.device.synchronize,
+                       lambda: None)
+                yield ("cupy synchronize(device, backend=)", functools.partial(md.synchronize, dev, backend="cupy"),
+                       cd.synchronize, lambda: None)
+            except Exception as e:  # noqa: BLE001
+                yield f"cupy sync: {type(e).__name__}: {e}"
+
+
+def _convert_steps(n: int = 2000) -> list[dict[str, Any]]:
+    """Each step of md.convert(torch CUDA tensor, "jax") timed alone (median of 7 batches of ``n``)."""
+    import jax
+    import torch
+
+    from multidev.exchange import exportable
+    from multidev.registry import backend_of, get_backend
+
+    t = torch.ones(1 << 18, device="cuda:0")
+    src, dst = backend_of(t), get_backend("jax")
+    here = src.device_of(t)
+    obj = exportable(src, t)
+    steps: dict[str, Callable[[], Any]] = {
+        "md.convert(t, 'jax')": lambda: md.convert(t, "jax"),
+        "jax.dlpack.from_dlpack(t)": lambda: jax.dlpack.from_dlpack(t),
+        "jax.dlpack.from_dlpack(t.detach())": lambda: jax.dlpack.from_dlpack(t.detach()),
+        "dst.import_dlpack(obj, dev)": lambda: dst.import_dlpack(obj, here),
+        "dst._import_accelerator(obj, dev)": lambda: getattr(dst, "_import_accelerator")(obj, here),  # noqa: B009
+        "backend_of(t)": lambda: backend_of(t),
+        "src.device_of(t)": lambda: src.device_of(t),
+        "exportable(src, t)": lambda: exportable(src, t),
+        "dst.capabilities.dtypes_on(dev)": lambda: dst.capabilities.dtypes_on(here),
+        "here in dst.devices()": lambda: here in dst.devices(),
+        "torch.cuda.current_device()": torch.cuda.current_device,
+        "t.__dlpack__(stream=None)": lambda: t.__dlpack__(),
+    }
+    out = []
+    for name, fn in steps.items():
+        fn()
+        times = []
+        for _ in range(7):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) / n)
+        med = statistics.median(times)
+        print(f"  {name:40s} {med * 1e6:8.2f} us")
+        out.append({"step": name, "median_s": med, "samples": times})
+    return out
 
 
 def _per_call(fn: Callable[[], Any], settle: Callable[[], Any], n: int) -> float:
@@ -120,10 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--rows", default="convert,asarray,sync")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--cpu", action="store_true", help="the rows on cpu:0 (a dry run without a GPU)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     results = []
-    for row in _rows(set(args.rows.split(","))):
+    for row in _rows(set(args.rows.split(",")), "cpu" if args.cpu else "gpu"):
         if isinstance(row, str):
             print("left out:", row)
             continue
@@ -143,10 +193,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n== {name}: md {m * 1e6:.2f} us, native {v * 1e6:.2f} us, ratio {m / v:.2f} (x{n} per sample)")
         print("\n".join(prof.splitlines()[:40]))
         results.append({"row": name, "md_s": m, "native_s": v, "ratio": m / v, "inner": n,
-                         "samples": samples, "profile": prof})
+                         "samples": samples, "profile": prof,
+                        "native_profile": _profile(nat, max(200, n * 4))})
+    steps: list[dict[str, Any]] = []
+    if "convert" in args.rows.split(",") and not args.cpu:
+        try:
+            print("\n== md.convert(torch CUDA tensor, 'jax'), 1 MiB, step by step")
+            steps = _convert_steps()
+        except Exception as e:  # noqa: BLE001 - left out, and said so
+            print(f"left out: convert steps: {type(e).__name__}: {e}")
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"rows": results, "versions": {"multidev": md.__version__}}, fh, indent=1)
+            json.dump({"rows": results, "convert_steps": steps, "versions": {"multidev": md.__version__}}, fh, indent=1)
     return 0
 
 

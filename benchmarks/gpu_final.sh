@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU check of this round in one call on a lent H200 (no internet), about 8 minutes:
+# Every GPU check of this round in one call on a lent H200 (no internet), about 7 minutes:
 #   A. at once, in parallel (correctness; the GPU is shared): the conformance suite for torch and JAX
 #      on cpu:0 + every GPU, for CuPy on gpu:0 (torch and JAX as interop partners), the CuPy adapter's
 #      GPU tests, and the mutation catalogue's torch mutants on cpu:0 + every GPU;
 #   B. one after another (timing): the bench suites overhead, bandwidth and autoparallel for torch and
-#      JAX, overhead and bandwidth for CuPy, and D2L 12.1's compile suite for torch and JAX;
-#   C. one merged report: $TAG.json/.md/.png with every goal row (and $TAG.h2d-breakdown.json: where a
-#      small torch upload's time goes, benchmarks/h2d_breakdown.py).
+#      JAX, overhead and bandwidth for CuPy, the thin calls step by step (call_profile.py); with
+#      COMPILE=1 D2L 12.1's compile suite for torch and JAX, with BREAKDOWN=1 h2d_breakdown.py;
+#   C. one merged report: $TAG.json/.md/.png with every goal row.
 # Writes into $OUT: conformance-*.json, $TAG.json/.md/.png, log.txt, and details.tar.gz (the mutants'
 # JSON, every step's output).
 #   MULTIDEV_SOURCE_COMMIT=$(git rev-parse HEAD) bash benchmarks/gpu_final.sh
@@ -39,8 +39,8 @@ p1=$!
 timeout -s INT -k 15 "$CAP" "$PY" -m multidev.cli conformance --backend cupy --device gpu:0 \
   --json "$OUT/conformance-$TAG-cupy.json" -- -q -p no:cacheprovider > "$OUT/conformance-cupy.txt" 2>&1 &
 p2=$!
-(timeout -k 10 "$CAP" "$PY" -m pytest tests/test_adapter_cupy.py -m gpu -q -p no:cacheprovider -o addopts= \
-  --import-mode=importlib -rs > "$OUT/pytest-cupy.txt" 2>&1) &
+(timeout -k 10 "$CAP" "$PY" -m pytest tests/test_adapter_cupy.py tests/test_adapter_jax.py -m gpu -q \
+  -p no:cacheprovider -o addopts= --import-mode=importlib -rs > "$OUT/pytest-cupy.txt" 2>&1) &
 p3=$!
 (OUT="$OUT" ONLY=torch timeout -k 10 "$CAP" bash scripts/gpu_mutants.sh > "$OUT/mutants.txt" 2>&1) &
 p4=$!
@@ -48,7 +48,7 @@ for p in $p1 $p2 $p3 $p4; do wait $p; echo "pid $p exit $?"; done
 for f in conformance-torch-jax conformance-cupy; do
   echo "-- $f"; grep -E "^(feature|[a-z_]+ +[0-9]+/)|WARNING|passed|failed" "$OUT/$f.txt" | tail -14
 done
-echo "-- cupy GPU tests"; tail -n 4 "$OUT/pytest-cupy.txt"
+echo "-- CuPy and JAX GPU tests"; tail -n 4 "$OUT/pytest-cupy.txt"
 echo "-- mutants"; tail -n 30 "$OUT/mutants.txt"
 
 stamp "B. timing, one at a time"
@@ -62,11 +62,17 @@ SUITES=overhead,bandwidth,autoparallel
 bench torch 100 --backend torch --device "$DEVS" --suite $SUITES --reps 6 --budget 0.2
 bench jax 85 --backend jax --device "$DEVS" --suite $SUITES --reps 6 --budget 0.2
 bench cupy 45 --backend cupy --device gpu:0 --suite overhead,bandwidth --reps 6 --budget 0.2
-bench compile-torch 50 --backend torch --device gpu:0 --suite compile --reps 5 --budget 0.3
-bench compile-jax 30 --backend jax --device gpu:0 --suite compile --reps 5 --budget 0.3
-echo "-- the small-upload breakdown (torch, 1/4/16 MiB)"
-timeout -k 10 40 "$PY" -m multidev.benchmarks.h2d_breakdown --backend torch --rounds 200 --out "$OUT/$TAG.h2d-breakdown.json" \
-  || echo "h2d_breakdown exit code: $?"
+if [ "${COMPILE:-0}" = 1 ]; then  # D2L 12.1's suite (committed from an earlier run; COMPILE=1 re-runs it)
+  bench compile-torch 50 --backend torch --device gpu:0 --suite compile --reps 5 --budget 0.3
+  bench compile-jax 30 --backend jax --device gpu:0 --suite compile --reps 5 --budget 0.3
+fi
+if [ "${BREAKDOWN:-0}" = 1 ]; then  # where a small torch upload's time goes (1/4/16 MiB)
+  timeout -k 10 40 "$PY" -m multidev.benchmarks.h2d_breakdown --backend torch --rounds 200 \
+    --out "$OUT/$TAG.h2d-breakdown.json" || echo "h2d_breakdown exit code: $?"
+fi
+echo "-- thin calls: md against native, step by step (benchmarks/call_profile.py)"
+timeout -k 10 70 "$PY" -m multidev.benchmarks.call_profile --out "$OUT/call-profile.json" > "$OUT/call-profile.txt" 2>&1
+echo "call_profile exit code: $?"; grep -E "^== |^  [a-z.]|left out" "$OUT/call-profile.txt"
 
 stamp "C. report"
 parts=(); for f in "$OUT"/bench-*.json; do [ -s "$f" ] && parts+=("$f"); done

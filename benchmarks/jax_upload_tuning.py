@@ -7,7 +7,7 @@ threads, joined on the device; ``pinned_host``: through JAX's pinned host memory
 per chunk from ``T`` threads); ``torch staged + dlpack`` (where torch has CUDA): multidev's torch
 staging pipeline, then a DLPack view in JAX (a bound, not a JAX path).
 
-    python3 -m multidev.benchmarks.jax_upload_tuning [--mib 64,1024] [--reps 3] [--out F]
+    python3 -m multidev.benchmarks.jax_upload_tuning [--mib 64,1024] [--reps 3] [--platform gpu] [--out F]
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _variants(jax: Any, a: np.ndarray, dev: Any, pool: ThreadPoolExecutor) -> di
 
         import multidev as md
 
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and dev.platform == "gpu":
             out["torch staged + dlpack (bound)"] = lambda: jax.dlpack.from_dlpack(
                 md.asarray(a, device="gpu:0", backend="torch"))
     except ImportError:
@@ -69,15 +69,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mib", default="64,1024")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", default="4,8")
+    ap.add_argument("--platform", default="gpu", help="gpu (default), or cpu for a dry run")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     import jax
 
-    gpus = [d for d in jax.devices() if d.platform == "gpu"]
-    if not gpus:
-        print("JAX sees no GPU: nothing to tune")
+    try:
+        devs = jax.devices(args.platform)
+    except RuntimeError:
+        devs = []
+    if not devs:
+        print(f"JAX sees no {args.platform}: nothing to tune")
         return 0
-    dev = gpus[0]
+    dev = devs[0]
     rows = []
     for mib in (int(s) for s in args.mib.split(",")):
         a = np.random.default_rng(0).random(mib << 18, dtype=np.float32)

@@ -22,9 +22,26 @@ N = 1000  # elements of the small tensor every row uses
 TO_GOALS = (Goal("P1 no-op to", "to no-op", 1.5), Goal("P1 no-op to (str spec)", "to no-op (str)", 1.5))
 #: P2: waiting on an idle device or tensor costs at most 1.2x (1.3x for a tensor) the native wait,
 #: on accelerators (on CPUs the native waits are no-ops of tens of nanoseconds).
+#: Each row also times the floor of any Python layer: the native call inside one Python function
+#: ("floor"); md / floor shows what md adds beyond that frame.
 SYNC_GOALS = (Goal("P2 synchronize(device)", "synchronize(device)", 1.2, gpu_only=True),
               Goal("P2 synchronize(device, backend=)", "synchronize(device, backend)", 1.2, gpu_only=True),
-              Goal("P2 synchronize(x)", "synchronize(x)", 1.3, gpu_only=True))
+              Goal("P2 synchronize(x)", "synchronize(x)", 1.3, gpu_only=True),
+              Goal("P2 synchronize(x) vs one Python frame", "synchronize(x)", 1.3, gpu_only=True,
+                   den=("floor",), note="md / (the native call inside one Python function)"),
+              Goal("P2 synchronize(device) vs one Python frame", "synchronize(device)", 1.3, gpu_only=True,
+                   den=("floor",), note="md / (the native call inside one Python function)"))
+
+
+def _framed(v: Variant | None) -> dict[str, Variant]:
+    """The floor variant of a row: native ``v`` called from one Python function."""
+    if v is None:
+        return {}
+    fn = v.fn
+
+    def one_frame(*args: Any) -> Any:
+        return fn(*args)
+    return {"floor": Variant(one_frame, v.args, label=f"def f(*a): return ({v.label})(*a)")}
 
 
 def _devices(ctx: Context) -> list[md.Device]:
@@ -93,15 +110,17 @@ def synchronize(ctx: Context) -> Iterator[Case]:
 
         nat = ctx.native_call("sync", d, x)
         yield Case(f"synchronize(device) idle [{d}]",
-                   {"md": Variant(md.synchronize, (d,), label="md.synchronize(device)"), "native": nat},
+                   {"md": Variant(md.synchronize, (d,), label="md.synchronize(device)"), "native": nat,
+                    **_framed(nat)},
                    devices=[d], check=check, params={"device": str(d)}, group="synchronize(device)")
         yield Case(f"synchronize(device, backend=) idle [{d}]",
                    {"md": Variant(partial(md.synchronize, d, backend=ctx.backend), (),
                                   label="md.synchronize(device, backend=name)"), "native": nat},
                    devices=[d], check=check, params={"device": str(d)}, group="synchronize(device, backend)")
+        wait = ctx.native_call("wait", x)
         yield Case(f"synchronize(x) idle tensor [{d}]",
-                   {"md": Variant(md.synchronize, (x,), label="md.synchronize(x)"),
-                    "native": ctx.native_call("wait", x)},
+                   {"md": Variant(md.synchronize, (x,), label="md.synchronize(x)"), "native": wait,
+                    **_framed(wait)},
                    devices=[d], check=check, params={"device": str(d)}, group="synchronize(x)")
 
 

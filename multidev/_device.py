@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -32,44 +33,53 @@ _TF_PREFIX = re.compile(r"^(?:/job:[^/]+)?(?:/replica:\d+)?(?:/task:\d+)?(?:/dev
 
 
 _INTERN: dict[tuple[str, int], Device] = {}
+_INTERN_LOCK = threading.Lock()
 #: The largest device index multidev accepts (more than any machine has; refuses 5000-digit indices).
 MAX_INDEX = 1 << 16
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, init=False)
 class Device:
     """A backend-neutral device: a kind (``"cpu"``, ``"gpu"``, ``"mps"``) and an index.
 
     Frozen, hashable and normalized: ``Device.parse("cuda:1") == Device.parse("/GPU:1")``. The index
     is the framework's ordinal for that kind, so ``gpu:0`` is the same GPU to every framework, as a
-    DLPack ``(device_type, device_id)`` pair is.
+    DLPack ``(device_type, device_id)`` pair is. Interned: equal devices are one object (so
+    comparing and hashing one is as cheap as for any object: the hot paths key caches by them).
     """
 
     kind: str
-    index: int = 0
+    index: int
 
     def __new__(cls, kind: str, index: int = 0) -> Device:
-        # Interned: Device("cpu", 0) is one object, so comparisons short-cut on identity.
-        inst = _INTERN.get((kind, index)) if type(index) is int else None
-        return inst if inst is not None else object.__new__(cls)
+        inst = _INTERN.get((kind, index)) if type(kind) is str and type(index) is int else None
+        if inst is not None:
+            return inst
+        if kind not in KINDS:
+            raise InvalidDeviceError(f"unknown device kind {kind!r}; expected one of {KINDS}")
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= MAX_INDEX:
+            raise InvalidDeviceError(f"device index must be an int in 0..{MAX_INDEX}, got {index!r:.40}")
+        index = int(index)  # an int subclass becomes a plain int
+        with _INTERN_LOCK:  # one object per device, also when threads create it at once
+            inst = _INTERN.get((kind, index))
+            if inst is None:
+                inst = object.__new__(cls)
+                object.__setattr__(inst, "kind", kind)
+                object.__setattr__(inst, "index", index)
+                _INTERN[(kind, index)] = inst
+        return inst
 
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise InvalidDeviceError(f"unknown device kind {self.kind!r}; expected one of {KINDS}")
-        if not isinstance(self.index, int) or isinstance(self.index, bool) or not 0 <= self.index <= MAX_INDEX:
-            raise InvalidDeviceError(f"device index must be an int in 0..{MAX_INDEX}, got {self.index!r:.40}")
-        if self.index < 256:
-            _INTERN.setdefault((self.kind, self.index), self)
+    def __init__(self, kind: str, index: int = 0) -> None:
+        """Set up by ``__new__`` (interned)."""
 
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
         if other.__class__ is not Device:
             return NotImplemented
-        return self.kind == other.kind and self.index == other.index
+        return False  # interned: an equal device is this object
 
-    def __hash__(self) -> int:
-        return hash((self.kind, self.index))
+    __hash__ = object.__hash__
 
     def __reduce__(self) -> tuple:
         return (Device, (self.kind, self.index))

@@ -70,7 +70,7 @@ from .errors import (
     UnsupportedTensorError,
 )
 from .protocol import OPTIONAL_METHODS, PROTOCOL_METHODS, REDUCE_OPS, Backend, Capabilities
-from .staging import StagingPlan, staged_upload
+from .staging import StagingPlan, parallel_put, staged_upload
 
 __all__ = [
     "COMPLEX_DTYPES",
@@ -111,6 +111,7 @@ __all__ = [
     "is_floating",
     "is_integer",
     "numpy_dtype",
+    "parallel_put",
     "same_device",
     "staged_upload",
     "start_to_numpy",

@@ -391,8 +391,8 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
 
     A framework error raised by the wait (an asynchronous failure) comes as its MultidevError.
     """
-    # The hot paths first, with as few frames as the framework's own call: a tensor whose class
-    # was seen before, and a device spelling (str or Device) seen before.
+    # The hot paths first, in as few steps as can be: a tensor whose class was seen before, and a
+    # device spelling (str or Device: interned, hashed as cheaply as any object) seen before.
     w = _wait_get(target.__class__)
     if w is not None and backend is None:
         try:
@@ -403,13 +403,12 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
             raise framework_error(e, "synchronize") from e
         return
     cls = target.__class__
-    if cls is str or cls is Device:
+    if cls is Device or cls is str:
         per = _device_wait_get(backend)
-        hit = None if per is None else per.get(target if cls is str else id(target))
-        if hit is not None and (cls is str or hit[0] is target):
+        fn = None if per is None else per.get(target)
+        if fn is not None:
             try:
-                for fn in hit[1]:
-                    fn()
+                fn()
             except MultidevError:
                 raise
             except Exception as e:
@@ -429,8 +428,8 @@ _device_wait_get = device_wait_cache.get
 _DEVICE_WAIT_SPELLINGS = 64
 
 
-def _device_waits(dev: Device, backend: str | None) -> tuple[Callable[[], Any], ...]:
-    """The zero-argument waits ``synchronize(dev)`` makes: ``backend``'s (it must have ``dev``), or
+def _device_wait(dev: Device, backend: str | None) -> Callable[[], Any]:
+    """The zero-argument wait ``synchronize(dev)`` makes: ``backend``'s (it must have ``dev``), or
     every loaded asynchronous backend's that has it; each adapter's ``device_wait_fn(dev)`` where
     it offers one, else its ``synchronize`` bound to ``dev``."""
     if backend is not None:
@@ -444,7 +443,13 @@ def _device_waits(dev: Device, backend: str | None) -> tuple[Callable[[], Any], 
         fn = hook(d) if hook is not None else functools.partial(b.synchronize, d)
         if fn is not None:  # None: nothing can be queued on d
             waits.append(fn)
-    return tuple(waits)
+    if len(waits) == 1:
+        return waits[0]
+
+    def wait_all() -> None:
+        for w in waits:
+            w()
+    return wait_all
 
 
 def _synchronize(target: Any, backend: str | None) -> None:
@@ -459,13 +464,12 @@ def _synchronize(target: Any, backend: str | None) -> None:
                     b.synchronize(None)
             return
         generation = registry.wait_generation
-        waits = _device_waits(dev, backend)
+        device_wait = _device_wait(dev, backend)
         with registry.lock:  # kept only if no backend loaded meanwhile (it would be missing)
             per = device_wait_cache.setdefault(backend, {})
             if registry.wait_generation == generation and len(per) < _DEVICE_WAIT_SPELLINGS:
-                per[target if target.__class__ is str else id(target)] = (target, waits)
-        for fn in waits:
-            fn()
+                per[target] = device_wait
+        device_wait()
         return
     try:
         wait = waiter_of(target)

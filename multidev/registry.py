@@ -69,10 +69,10 @@ _type_cache: dict[type, str] = {}
 #: tensor class -> the owner's wait, bound with no adapter frame where the adapter offers one
 #: (``Backend.wait_fn``): the hot path of ``synchronize(tensor)``. Cleared with the type cache.
 wait_cache: dict[type, Callable[[Any], Any]] = {}
-#: backend name (or None: every loaded backend) -> {a device spelling: a str, or an interned
-#: Device's id -> (that spelling, the zero-argument waits of ``synchronize(device)``)}: its hot
-#: path. Cleared with ``wait_cache``, so a backend loaded later joins ``synchronize(device)``.
-device_wait_cache: dict[str | None, dict[Any, tuple[Any, tuple[Callable[[], Any], ...]]]] = {}
+#: backend name (or None: every loaded backend) -> {a device spelling (a str or a Device) -> the
+#: zero-argument wait of ``synchronize(device)``}: its hot path. Cleared with ``wait_cache``, so a
+#: backend loaded later joins ``synchronize(device)``.
+device_wait_cache: dict[str | None, dict[Any, Callable[[], Any]]] = {}
 wait_generation = 0  # counts the clearings, so a cache entry built across one is not kept
 lock = _lock  # the registry's lock, for the caches above
 _claims: dict[type, list[str]] = {}  # tensor class -> adapters claiming it, in creation order

@@ -411,3 +411,63 @@ def test_a_host_memory_array_lands_as_an_ordinary_cpu_array(jb):
     landed, wait = jb.start_move(z, CPU0)
     landed = (wait() if wait is not None else None) or landed
     np.testing.assert_array_equal(np.asarray(landed + x), 2 * np.arange(8, dtype=np.float32))
+
+
+@pytest.mark.parametrize("shape", [(1000,), (37, 101), (3, 5, 7, 11)])
+def test_staged_put_is_exact_in_pieces(jb, shape):
+    """The large-upload path (device_put of pieces from the worker pool, joined on the device)
+    gives the array itself: shape, dtype and every value, pieces not dividing the size included;
+    the result is independent of the source."""
+    from multidev.adapter import StagingPlan
+
+    old = jb.staging
+    jb.staging = StagingPlan(chunk=1000, threshold=1)  # 250 float32 per piece
+    try:
+        a = np.random.default_rng(1).random(shape).astype(np.float32)
+        native = jb.to_native_device(CPU0)
+        y = jb._staged_put(a, native)
+        keep = a.copy()
+        a[...] = -1  # written after the call: the upload has its own copy
+        assert y.shape == shape and y.dtype == np.float32
+        np.testing.assert_array_equal(np.asarray(y), keep)
+        assert jb.device_of(y) == CPU0
+    finally:
+        jb.staging = old
+
+
+def test_parallel_put_keeps_order_and_raises_the_first_error():
+    from multidev.adapter import StagingPlan, parallel_put
+
+    a = np.arange(10_000, dtype=np.int32)
+    got = parallel_put(a, lambda p: (int(p[0]), p.size), StagingPlan(chunk=4 * 999, threshold=1, threads=4))
+    assert [g[0] for g in got] == list(range(0, 10_000, 999)) and sum(g[1] for g in got) == 10_000
+
+    def boom(p):
+        if p[0] >= 5000:
+            raise ValueError(f"piece at {p[0]}")
+        return p
+
+    with pytest.raises(ValueError, match="piece at"):
+        parallel_put(a, boom, StagingPlan(chunk=4 * 1000, threshold=1, threads=4))
+
+
+def _jax_gpus():
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _jax_gpus(), reason="needs a GPU JAX can use (the lent H200 runs it: gpu_final.sh)")
+def test_a_large_pageable_upload_to_the_gpu_is_exact():
+    """md.asarray of a 48 MiB NumPy array onto the GPU takes the staged path and lands every
+    value on the GPU; writing the source afterwards changes nothing."""
+    jb = md.backend("jax")
+    a = np.random.default_rng(2).random((3, 4 << 20), dtype=np.float32)
+    assert a.nbytes >= jb.staging.threshold
+    y = md.asarray(a, device="gpu:0", backend="jax")
+    keep = a.copy()
+    a[...] = 0
+    assert md.device_of(y) == Device("gpu", 0) and y.shape == a.shape
+    np.testing.assert_array_equal(md.to_numpy(y), keep)

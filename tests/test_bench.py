@@ -232,3 +232,25 @@ def test_h2d_breakdown_times_every_layer_against_the_native_upload(tmp_path: Pat
     no_gpu = subprocess.run([sys.executable, "-m", "multidev.benchmarks.h2d_breakdown", "--backend", "numpy"],
                             capture_output=True, text=True, timeout=120)
     assert no_gpu.returncode == 2 and "has no GPU here" in no_gpu.stdout
+
+
+def test_the_gpu_probes_run_as_dry_runs_on_a_cpu(tmp_path: Path) -> None:
+    """call_profile.py and jax_upload_tuning.py (run on the H200 by gpu_final.sh / gpu_probe.sh)
+    work where there is no GPU: on cpu:0, each row md against native, every variant exact."""
+    pytest.importorskip("jax")
+    pytest.importorskip("torch")
+    out = tmp_path / "p.json"
+    p = subprocess.run([sys.executable, "-m", "multidev.benchmarks.call_profile", "--cpu", "--rounds", "2",
+                        "--rows", "convert,sync", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["row"] for r in rows} == {"convert torch->jax 1 MiB [cpu:0]", "convert torch->jax 64 MiB [cpu:0]",
+                                        "jax synchronize(x) [cpu:0]"}, rows
+    assert all(r["md_s"] > 0 and r["native_s"] > 0 and "function calls" in r["profile"] for r in rows)
+    out = tmp_path / "u.json"
+    p = subprocess.run([sys.executable, "-m", "multidev.benchmarks.jax_upload_tuning", "--platform", "cpu",
+                        "--mib", "1", "--reps", "1", "--threads", "2", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and all(r.get("exact") for r in rows), rows

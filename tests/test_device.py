@@ -63,3 +63,24 @@ def test_constructor_validates() -> None:
         Device("cpu", -1)
     with pytest.raises(InvalidDeviceError):
         Device("cpu", True)  # type: ignore[arg-type]
+
+
+def test_devices_are_interned_also_when_threads_make_them_at_once() -> None:
+    """Equal devices are one object (caches key by them at identity-hash cost), whatever the index
+    and however many threads create the same device first."""
+    import threading
+
+    got: list[Device] = []
+    barrier = threading.Barrier(8)
+
+    def make() -> None:
+        barrier.wait()
+        got.append(Device("gpu", 4321))
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(d) for d in got}) == 1 and got[0] == Device.parse("cuda:4321")
+    assert {Device("cpu", 0): 1}[Device.parse("/CPU:0")] == 1
