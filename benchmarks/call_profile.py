@@ -145,6 +145,42 @@ def _convert_steps(n: int = 2000) -> list[dict[str, Any]]:
     return out
 
 
+def _asarray_steps(n: int = 300) -> list[dict[str, Any]]:
+    """Each layer of md.asarray(1 MiB NumPy array, "gpu:0", backend="torch") timed alone, every call
+    followed by a synchronize (median of 7 batches of ``n``)."""
+    import torch
+
+    b = md.backend("torch")
+    a = np.ones(1 << 18, np.float32)
+    d = torch.device("cuda:0")
+    nd = b.to_native_device(md.Device("gpu", 0))
+    host = torch.from_numpy(a)
+    steps: dict[str, Callable[[], Any]] = {
+        "md.asarray(a, device, backend)": lambda: md.asarray(a, device="gpu:0", backend="torch"),
+        "adapter asarray(a, 'float32', gpu:0)": lambda: b.asarray(a, "float32", md.Device("gpu", 0)),
+        "torch.from_numpy(a).to(cuda:0)": lambda: torch.from_numpy(a).to(d),
+        "torch.from_numpy(a).to(adapter's device)": lambda: torch.from_numpy(a).to(nd),
+        "host.to(cuda:0) (tensor made once)": lambda: host.to(d),
+        "torch.as_tensor(a, device=cuda:0)": lambda: torch.as_tensor(a, device=d),
+        "torch.from_numpy(a)": lambda: torch.from_numpy(a),
+    }
+    out = []
+    for name, fn in steps.items():
+        fn()
+        times = []
+        for _ in range(7):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) / n)
+        med = statistics.median(times)
+        print(f"  {name:44s} {med * 1e6:8.2f} us")
+        out.append({"step": name, "median_s": med, "samples": times})
+    return out
+
+
 def _per_call(fn: Callable[[], Any], settle: Callable[[], Any], n: int) -> float:
     settle()
     t0 = time.perf_counter()
@@ -202,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
             steps = _convert_steps()
         except Exception as e:  # noqa: BLE001 - left out, and said so
             print(f"left out: convert steps: {type(e).__name__}: {e}")
+    if "asarray" in args.rows.split(",") and not args.cpu:
+        try:
+            print("\n== md.asarray(NumPy 1 MiB, 'gpu:0', backend='torch'), layer by layer")
+            steps += _asarray_steps()
+        except Exception as e:  # noqa: BLE001 - left out, and said so
+            print(f"left out: asarray steps: {type(e).__name__}: {e}")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump({"rows": results, "convert_steps": steps, "versions": {"multidev": md.__version__}}, fh, indent=1)
