@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check of this round in one call on a lent H200 (no internet), about 7 minutes:
+# Every GPU check of this round in one call on a lent H200 (no internet), about 9 minutes:
 #   A. at once, in parallel (correctness; the GPU is shared): the conformance suite for torch and JAX
 #      on cpu:0 + every GPU, for CuPy on gpu:0 (torch and JAX as interop partners), the CuPy adapter's
 #      GPU tests, and the mutation catalogue's torch mutants on cpu:0 + every GPU;
@@ -59,9 +59,9 @@ bench() {  # bench NAME CAP ARGS...
   echo "bench $name exit code: $?"; grep -E "^(met|MISSED)|correctness" "$OUT/bench-$name.txt" | head -40
 }
 SUITES=overhead,bandwidth,autoparallel
-bench torch 100 --backend torch --device "$DEVS" --suite $SUITES --reps 6 --budget 0.2
-bench jax 85 --backend jax --device "$DEVS" --suite $SUITES --reps 6 --budget 0.2
-bench cupy 45 --backend cupy --device gpu:0 --suite overhead,bandwidth --reps 6 --budget 0.2
+bench torch 120 --backend torch --device "$DEVS" --suite $SUITES --reps 6 --budget 0.2
+bench jax 175 --backend jax --device "$DEVS" --suite $SUITES --reps 6 --budget 0.2
+bench cupy 55 --backend cupy --device gpu:0 --suite overhead,bandwidth --reps 6 --budget 0.2
 if [ "${COMPILE:-0}" = 1 ]; then  # D2L 12.1's suite (committed from an earlier run; COMPILE=1 re-runs it)
   bench compile-torch 50 --backend torch --device gpu:0 --suite compile --reps 5 --budget 0.3
   bench compile-jax 30 --backend jax --device gpu:0 --suite compile --reps 5 --budget 0.3
@@ -71,7 +71,7 @@ if [ "${BREAKDOWN:-0}" = 1 ]; then  # where a small torch upload's time goes (1/
     --out "$OUT/$TAG.h2d-breakdown.json" || echo "h2d_breakdown exit code: $?"
 fi
 echo "-- thin calls: md against native, step by step (benchmarks/call_profile.py)"
-timeout -k 10 70 "$PY" -m multidev.benchmarks.call_profile --out "$OUT/call-profile.json" > "$OUT/call-profile.txt" 2>&1
+timeout -k 10 60 "$PY" -m multidev.benchmarks.call_profile --rows "${PROFILE_ROWS:-convert,sync}" --out "$OUT/call-profile.json" > "$OUT/call-profile.txt" 2>&1
 echo "call_profile exit code: $?"; grep -E "^== |^  [a-z.]|left out" "$OUT/call-profile.txt"
 
 stamp "C. report"

@@ -72,13 +72,8 @@ class Device:
     def __init__(self, kind: str, index: int = 0) -> None:
         """Set up by ``__new__`` (interned)."""
 
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if other.__class__ is not Device:
-            return NotImplemented
-        return False  # interned: an equal device is this object
-
+    # Interned: an equal device is this very object, so identity is equality (and C-level fast).
+    __eq__ = object.__eq__
     __hash__ = object.__hash__
 
     def __reduce__(self) -> tuple:

@@ -126,14 +126,15 @@ def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None)
             f"{', '.join(map(str, dst.devices()))}. Move it first with multidev.to(x, 'cpu')."
         )
     dtype = src.dtype_of(x)
-    if dtype not in dst.capabilities.dtypes_on(dev):
+    sc, dc = src.capabilities, dst.capabilities
+    if dtype not in dc.dtypes_on(dev):
         raise CapabilityError(f"convert: {dst.name} cannot hold {dtype} on {dev}; cast the {src.name} tensor "
                               "first")
     why = ""
-    if src.capabilities.dlpack and dst.capabilities.dlpack:
+    if sc.dlpack and dc.dlpack:
         try:
-            handshake = here.is_gpu and src.capabilities.dlpack_streams and dst.capabilities.dlpack_streams
-            if src.capabilities.async_execution and not handshake:
+            handshake = here.kind != "cpu" and sc.dlpack_streams and dc.dlpack_streams
+            if sc.async_execution and not handshake:
                 src.wait(x)  # a bare capsule carries no stream: the producer's work must be done
             obj = exportable(src, x)
             if not here.is_gpu:  # host buffers: layouts that abort or alias unsafely stay unshared
@@ -153,7 +154,7 @@ def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None)
         except (MultidevError, BufferError, RuntimeError, TypeError, ValueError) as e:
             why = f"{type(e).__name__}: {e}"
     else:
-        why = f"{src.name if not src.capabilities.dlpack else dst.name} has no DLPack support"
+        why = f"{src.name if not sc.dlpack else dst.name} has no DLPack support"
     if copy is False:
         raise CapabilityError(f"convert {src.name} -> {dst.name} on {dev} cannot share memory ({why}); "
                               "pass copy=None to allow a copy")

@@ -471,3 +471,36 @@ def test_a_large_pageable_upload_to_the_gpu_is_exact():
     a[...] = 0
     assert md.device_of(y) == Device("gpu", 0) and y.shape == a.shape
     np.testing.assert_array_equal(md.to_numpy(y), keep)
+
+
+def test_land_makes_an_ordinary_cpu_array_of_the_host_copy(jb):
+    """_land (the end of every accelerator-to-host move) gives an array of the CPU device in its
+    default memory kind with the copy's values, which combines with other CPU arrays."""
+    native = jb.to_native_device(CPU0)
+    z = jax.device_put(np.arange(12, dtype=np.float32).reshape(3, 4), native)
+    y = jb._land(z, z, native)
+    assert jb.device_of(y) == CPU0 and y.sharding.memory_kind == native.default_memory().kind
+    np.testing.assert_array_equal(np.asarray(y + jnp.ones((3, 4))), np.arange(12).reshape(3, 4) + 1)
+
+
+def test_host_to_accelerator_moves_stage_only_large_host_arrays(jb):
+    native = jb.to_native_device(CPU0)
+    big = jax.device_put(np.ones(jb.staging.threshold // 4, np.float32), native)
+    assert jb._staged_from_host(big, CPU0, native) is None  # to a CPU device: device_put
+    small = jax.device_put(np.ones(16, np.float32), native)
+    assert jb._staged_from_host(small, Device("gpu", 0), native) is None  # below the threshold
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _jax_gpus(), reason="needs a GPU JAX can use (the lent H200 runs it: gpu_final.sh)")
+def test_a_large_cpu_array_moved_to_the_gpu_is_exact_both_ways():
+    """md.to of a 48 MiB JAX CPU array to the GPU (staged), blocking and not, lands every value;
+    and back to the host through pinned memory, as an ordinary CPU array."""
+    a = np.random.default_rng(3).random((3, 4 << 20), dtype=np.float32)
+    x = md.asarray(a, device="cpu:0", backend="jax")
+    for y in (md.to(x, "gpu:0"), md.to(x, "gpu:0", non_blocking=True).wait()):
+        assert md.device_of(y) == Device("gpu", 0)
+        np.testing.assert_array_equal(md.to_numpy(y), a)
+        back = md.to(y, "cpu:0")
+        assert md.device_of(back) == CPU0
+        np.testing.assert_array_equal(np.asarray(back + x), 2 * a)

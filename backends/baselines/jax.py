@@ -21,7 +21,8 @@ class JaxNative(Native):
     # JAX has no device barrier: its native "synchronize(device)" is one tensor's block_until_ready, so
     # multidev's (every live array on the device) has no native equal; synchronize(x) is judged instead.
     goal_targets = {"P1 no-op to": 0.05, "P1 no-op to (str spec)": 0.05,  # noqa: RUF012
-                    "P2 synchronize(device)": None, "P2 synchronize(device, backend=)": None}
+                    "P2 synchronize(device)": None, "P2 synchronize(device, backend=)": None,
+                    "P2 synchronize(device) vs one Python frame": None}
 
     def __init__(self, b: Any) -> None:
         super().__init__(b)
