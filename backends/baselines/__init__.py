@@ -1,4 +1,6 @@
 """Native baselines for ``multidev bench``, one file per framework (``multidev.baselines`` entry points).
 
 Each class is written directly against its framework: the figures multidev is measured against.
+Beside them, two framework-specific probes for GPU runs: ``call_profile`` (thin calls, md against
+native, step by step) and ``jax_upload_tuning`` (ways to upload pageable memory with JAX).
 """

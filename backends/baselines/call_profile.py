@@ -2,7 +2,8 @@
 median per call), then a cProfile of the md call (its functions by own time). For the rows of
 the GPU table that miss their ratio: ``convert`` torch->JAX, small uploads, ``synchronize``.
 
-    python3 -m multidev.benchmarks.call_profile [--rows convert,asarray,sync] [--rounds N] [--cpu] [--out F]
+    python3 -m multidev.adapters.baselines.call_profile [--rows convert,asarray,sync] [--rounds N] [--cpu]
+        [--out F]
 
 Rows whose framework or GPU is missing are left out (and said so).
 """
@@ -107,22 +108,19 @@ def _convert_steps(n: int = 2000) -> list[dict[str, Any]]:
     import jax
     import torch
 
-    from multidev.exchange import exportable
-    from multidev.registry import backend_of, get_backend
-
     t = torch.ones(1 << 18, device="cuda:0")
-    src, dst = backend_of(t), get_backend("jax")
+    src, dst = md.backend_of(t), md.backend("jax")
     here = src.device_of(t)
-    obj = exportable(src, t)
+    obj = src.export_dlpack(t)
     steps: dict[str, Callable[[], Any]] = {
         "md.convert(t, 'jax')": lambda: md.convert(t, "jax"),
         "jax.dlpack.from_dlpack(t)": lambda: jax.dlpack.from_dlpack(t),
         "jax.dlpack.from_dlpack(t.detach())": lambda: jax.dlpack.from_dlpack(t.detach()),
         "dst.import_dlpack(obj, dev)": lambda: dst.import_dlpack(obj, here),
         "dst._import_accelerator(obj, dev)": lambda: getattr(dst, "_import_accelerator")(obj, here),  # noqa: B009
-        "backend_of(t)": lambda: backend_of(t),
+        "backend_of(t)": lambda: md.backend_of(t),
         "src.device_of(t)": lambda: src.device_of(t),
-        "exportable(src, t)": lambda: exportable(src, t),
+        "src.export_dlpack(t)": lambda: src.export_dlpack(t),
         "dst.capabilities.dtypes_on(dev)": lambda: dst.capabilities.dtypes_on(here),
         "here in dst.devices()": lambda: here in dst.devices(),
         "torch.cuda.current_device()": torch.cuda.current_device,
