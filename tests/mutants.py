@@ -563,6 +563,18 @@ class TorchSynchronizeNoop(TorchBackend):
         return None
 
 
+@mutant("torch", "device_wait_fn (md.synchronize(device)'s shortcut) gives a function that does nothing",
+        ["test_synchronize_waits_for_queued_work"], gpus=1,
+        why_gpu=_ONE_CPU + "torch's device_wait_fn is None on a CPU (nothing to wait for); on a GPU "
+        "md.synchronize(device, backend=) returns with the CUDA stream still busy "
+        "(test_synchronize_waits_for_queued_work[md.synchronize(device)])")
+class TorchDeviceWaitNoop(TorchBackend):
+    name = "torch_device_wait_noop"
+
+    def device_wait_fn(self, device: Device) -> Callable[[], Any] | None:
+        return lambda: None
+
+
 @mutant("torch", "start_move gives no waiter for CUDA copies", ["test_reads_and_transfers_wait_for_queued_work"],
         gpus=1, why_gpu="no CUDA copy exists on a CPU; on a GPU the pinned host buffer is read before the "
         "device-to-host copy lands (test_reads_and_transfers_wait_for_queued_work)")
