@@ -126,21 +126,7 @@ def _convert_steps(n: int = 2000) -> list[dict[str, Any]]:
         "torch.cuda.current_device()": torch.cuda.current_device,
         "t.__dlpack__(stream=None)": lambda: t.__dlpack__(),
     }
-    out = []
-    for name, fn in steps.items():
-        fn()
-        times = []
-        for _ in range(7):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) / n)
-        med = statistics.median(times)
-        print(f"  {name:40s} {med * 1e6:8.2f} us")
-        out.append({"step": name, "median_s": med, "samples": times})
-    return out
+    return _time_steps(steps, n, torch.cuda.synchronize, each=False)
 
 
 def _asarray_steps(n: int = 300) -> list[dict[str, Any]]:
@@ -162,16 +148,25 @@ def _asarray_steps(n: int = 300) -> list[dict[str, Any]]:
         "torch.as_tensor(a, device=cuda:0)": lambda: torch.as_tensor(a, device=d),
         "torch.from_numpy(a)": lambda: torch.from_numpy(a),
     }
+    return _time_steps(steps, n, torch.cuda.synchronize, each=True)
+
+
+def _time_steps(steps: dict[str, Callable[[], Any]], n: int, sync: Callable[[], Any],
+                each: bool) -> list[dict[str, Any]]:
+    """Each step's median time per call over 7 batches of ``n`` (``sync`` after the batch, or after
+    every call with ``each``), printed and returned."""
     out = []
     for name, fn in steps.items():
         fn()
         times = []
         for _ in range(7):
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             for _ in range(n):
                 fn()
-                torch.cuda.synchronize()
+                if each:
+                    sync()
+            sync()
             times.append((time.perf_counter() - t0) / n)
         med = statistics.median(times)
         print(f"  {name:44s} {med * 1e6:8.2f} us")
