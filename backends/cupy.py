@@ -384,6 +384,10 @@ class CupyBackend(BaseBackend):
         """synchronize(device) with no adapter frame: the CuPy Device's own barrier (None on the CPU)."""
         return self._cdev[device.index].synchronize if device.kind == "gpu" else None
 
+    def wait(self, x: Any) -> None:
+        if not isinstance(x, np.ndarray):  # host arrays (NumPy's) are computed already
+            x.device.synchronize()
+
     @property
     def wait_fn(self) -> Callable[[Any], Any]:
         """wait(x) in one frame: the array's device barrier, as ``x.device.synchronize()`` (CuPy has

@@ -293,10 +293,14 @@ class JaxBackend(BaseBackend):
     def _staged_put(self, arr: np.ndarray, native: Any) -> Any:
         """A large pageable upload: ``device_put`` of ``staging.chunk``-byte pieces from several
         threads (JAX reads pageable memory 4x faster so), joined on the device. Synchronous for the
-        source; the join compiles once per shape and dtype."""
+        source; the join compiles once per shape and dtype and holds the array twice for a moment
+        (where the device has no room for that, one ``device_put`` instead)."""
         jax = self._jax
-        parts = parallel_put(arr, lambda p: jax.device_put(p, native), self.staging)
-        return self._join(tuple(parts), arr.shape)
+        try:
+            parts = parallel_put(arr, lambda p: jax.device_put(p, native), self.staging)
+            return self._join(tuple(parts), arr.shape)
+        except (RuntimeError, MemoryError):  # the join needs the array twice: no room, so one put
+            return jax.device_put(arr, native)
 
     @functools.cached_property
     def _join(self) -> Callable[[tuple, tuple[int, ...]], Any]:
@@ -350,8 +354,10 @@ class JaxBackend(BaseBackend):
         return dev
 
     def move(self, x: Any, device: Device) -> Any:
-        """Asynchronous ``device_put``; accelerator to host through pinned host memory (54 GB/s
-        against 0.7 GB/s for a direct ``device_put`` to the CPU on an H200)."""
+        """Accelerator to host through pinned host memory (54 GB/s against 0.7 GB/s for a direct
+        ``device_put`` to the CPU on an H200), waiting for the copy; a large CPU array to an
+        accelerator staged (waits for ``x``, reads it before returning); else an asynchronous
+        ``device_put``."""
         native = self.to_native_device(device)
         if device.kind == "cpu":
             z = self._pinned(x)
@@ -368,7 +374,8 @@ class JaxBackend(BaseBackend):
         the waiter runs, which returns it (handing the pinned buffer to the CPU device would wait for
         the copy, stalling the caller's dispatch)."""
         native = self.to_native_device(device)
-        staged = self._staged_from_host(x, device, native)
+        # Staged only when x is computed already: staging reads x now, which would wait for it.
+        staged = self._staged_from_host(x, device, native) if x.is_ready() else None
         if staged is not None:
             return staged, staged.block_until_ready
         z = self._pinned(x) if device.kind == "cpu" else None
@@ -412,7 +419,8 @@ class JaxBackend(BaseBackend):
     def _staged_from_host(self, x: Any, device: Device, native: Any) -> Any:
         """A large host array ``x`` (on a CPU device) put on accelerator ``device`` through the staged
         upload (read before this returns), or None where the plain ``device_put`` applies."""
-        if device.kind == "cpu" or x.nbytes < self.staging.threshold or x.ndim == 0:
+        if device.kind == "cpu" or x.nbytes < self.staging.threshold or x.ndim == 0 \
+                or self._jax.dtypes.issubdtype(x.dtype, self._jax.dtypes.extended):  # PRNG keys: no NumPy view
             return None
         ds = x.sharding.device_set
         if len(ds) != 1 or next(iter(ds)).platform != "cpu":

@@ -72,6 +72,10 @@ class Device:
     def __init__(self, kind: str, index: int = 0) -> None:
         """Set up by ``__new__`` (interned)."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        raise TypeError("multidev.Device cannot be subclassed: devices are interned by kind and index "
+                        "(an equal device is the same object)")
+
     # Interned: an equal device is this very object, so identity is equality (and C-level fast).
     __eq__ = object.__eq__
     __hash__ = object.__hash__

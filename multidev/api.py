@@ -403,7 +403,7 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
             raise framework_error(e, "synchronize") from e
         return
     cls = target.__class__
-    if cls is Device or cls is str:
+    if (cls is Device or cls is str) and (backend is None or backend.__class__ is str):
         per = _device_wait_get(backend)
         fn = None if per is None else per.get(target)
         if fn is not None:

@@ -489,6 +489,16 @@ def test_host_to_accelerator_moves_stage_only_large_host_arrays(jb):
     assert jb._staged_from_host(big, CPU0, native) is None  # to a CPU device: device_put
     small = jax.device_put(np.ones(16, np.float32), native)
     assert jb._staged_from_host(small, Device("gpu", 0), native) is None  # below the threshold
+    from multidev.adapter import StagingPlan
+
+    old = jb.staging
+    jb.staging = StagingPlan(chunk=64, threshold=1)
+    try:  # typed PRNG keys have no NumPy view: never staged, whatever their size
+        keys = jax.random.split(jax.random.key(0), 64)
+        assert jb._staged_from_host(keys, Device("gpu", 0), native) is None
+        assert jb._staged_from_host(small, Device("gpu", 0), native) is not None  # the control
+    finally:
+        jb.staging = old
 
 
 @pytest.mark.gpu

@@ -84,3 +84,9 @@ def test_devices_are_interned_also_when_threads_make_them_at_once() -> None:
         t.join()
     assert len({id(d) for d in got}) == 1 and got[0] == Device.parse("cuda:4321")
     assert {Device("cpu", 0): 1}[Device.parse("/CPU:0")] == 1
+
+
+def test_device_cannot_be_subclassed() -> None:
+    """Devices are interned by kind and index: a subclass would take an equal device's place."""
+    with pytest.raises(TypeError, match="cannot be subclassed"):
+        type("MyDevice", (Device,), {})

@@ -204,11 +204,35 @@ def test_a_subclass_overriding_wait_or_synchronize_is_not_bypassed_by_the_parent
 
         def synchronize(self, device: Any) -> None: ...
 
+    class Mixin:
+        def synchronize(self, device: Any) -> None: ...
+
+    class Mixed(Mixin, Hooked):  # the override comes from a mixin ahead of the hook's class
+        name: ClassVar[str] = "mixed"
+
+    class Inherits(FakeBackend):  # a hook whose class does not define the method it shortcuts
+        name: ClassVar[str] = "inherits"
+
+        def device_wait_fn(self, device: Any) -> Any:
+            return lambda: "hook"
+
     assert registry.adapter_hook(Hooked(), "wait_fn", "wait")(None) == "hook"
     assert registry.adapter_hook(Hooked(), "device_wait_fn", "synchronize")(None)() == "hook"
     assert registry.adapter_hook(Overrides(), "wait_fn", "wait") is None
     assert registry.adapter_hook(Overrides(), "device_wait_fn", "synchronize") is None
+    assert registry.adapter_hook(Mixed(), "device_wait_fn", "synchronize") is None
+    assert registry.adapter_hook(Mixed(), "wait_fn", "wait") is not None  # wait is not overridden
+    assert registry.adapter_hook(Inherits(), "device_wait_fn", "synchronize") is None
+    patched = Hooked()
+    patched.synchronize = lambda device: None  # type: ignore[method-assign]  # on the instance
+    assert registry.adapter_hook(patched, "device_wait_fn", "synchronize") is None
     plain = FakeBackend()
     assert registry.adapter_hook(plain, "wait_fn", "wait") is None
     plain.wait_fn = print  # type: ignore[attr-defined]  # set on an instance: taken as it is
     assert registry.adapter_hook(plain, "wait_fn", "wait") is print
+
+
+def test_synchronize_with_a_bad_backend_argument_gets_a_typed_error() -> None:
+    md.synchronize("cpu:0", backend="numpy")  # cached now
+    with pytest.raises(md.MultidevError):
+        md.synchronize("cpu:0", backend=["numpy"])  # type: ignore[arg-type]
