@@ -528,10 +528,10 @@ def backend_of(x: Any) -> Backend:
 
 def adapter_hook(b: Backend, hook: str, method: str) -> Any:
     """``b``'s optional fast path ``hook`` (``wait_fn`` for ``wait``, ``device_wait_fn`` for
-    ``synchronize``), or None. A hook is a shortcut of ``method`` as the class defining it defines
-    it: it is used only where that same class defines ``method`` too and nothing overrides
-    ``method`` ahead of it (a subclass, a mixin, a method set on the instance), so an override
-    always runs. A hook set on the instance is used as it is."""
+    ``synchronize``), or None. A hook is a shortcut of ``method`` as seen from the class defining
+    it: it is not used where ``method`` is overridden ahead of that class (a subclass, a mixin
+    earlier in the MRO, a method set on the instance), so an override always runs. A hook set on
+    the instance is used as it is."""
     inst = getattr(b, "__dict__", {})
     mro = type(b).__mro__
     owner = next((c for c in mro if hook in c.__dict__), None)
@@ -540,7 +540,7 @@ def adapter_hook(b: Backend, hook: str, method: str) -> Any:
     if method in inst:
         return None
     meth = next((c for c in mro if method in c.__dict__), None)
-    if meth is not owner:
+    if meth is not None and mro.index(meth) < mro.index(owner):
         return None
     return getattr(b, hook, None)
 

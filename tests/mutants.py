@@ -570,9 +570,6 @@ class TorchSynchronizeNoop(TorchBackend):
         "(test_synchronize_waits_for_queued_work[md.synchronize(device)])")
 class TorchDeviceWaitNoop(TorchBackend):
     name = "torch_device_wait_noop"
-    # A hook counts only beside the method it shortcuts (multidev.registry.adapter_hook): the author
-    # wrote both in one class, synchronize right and its shortcut wrong.
-    synchronize = TorchBackend.synchronize
 
     def device_wait_fn(self, device: Device) -> Callable[[], Any] | None:
         return lambda: None
