@@ -1,8 +1,8 @@
 """The base of native baselines: each framework's own calls, written directly against the framework.
 
 ``multidev bench`` times every row through multidev and through a baseline, in the same process.
-Baselines live beside the adapters (``backends/baselines/``, installed as
-``multidev.adapters.baselines``), one class per framework, registered under the framework's module
+Baselines live beside the adapters (``benchmarks/baselines/``, installed as
+``multidev.benchmarks.baselines``), one class per framework, registered under the framework's module
 name in the ``multidev.baselines`` entry-point group; a third-party package may add its own. Each
 class imports its framework in ``__init__``; :func:`native_for` returns ``None`` for a backend whose
 framework has no baseline (multidev-only rows) or fails to import.

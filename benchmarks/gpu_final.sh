@@ -4,7 +4,7 @@
 #      on cpu:0 + every GPU, for CuPy on gpu:0 (torch and JAX as interop partners), the CuPy adapter's
 #      GPU tests, and the mutation catalogue's torch mutants on cpu:0 + every GPU;
 #   B. one after another (timing): the bench suites overhead, bandwidth and autoparallel for torch and
-#      JAX, overhead and bandwidth for CuPy, the thin calls step by step (backends/baselines/call_profile.py); with
+#      JAX, overhead and bandwidth for CuPy, the thin calls step by step (benchmarks/baselines/call_profile.py); with
 #      COMPILE=1 D2L 12.1's compile suite for torch and JAX, with BREAKDOWN=1 h2d_breakdown.py;
 #   C. one merged report: $TAG.json/.md/.png with every goal row.
 # Writes into $OUT: conformance-*.json, $TAG.json/.md/.png, log.txt, and details.tar.gz (the mutants'
@@ -70,8 +70,8 @@ if [ "${BREAKDOWN:-0}" = 1 ]; then  # where a small torch upload's time goes (1/
   timeout -k 10 40 "$PY" -m multidev.benchmarks.h2d_breakdown --backend torch --rounds 200 \
     --out "$OUT/$TAG.h2d-breakdown.json" || echo "h2d_breakdown exit code: $?"
 fi
-echo "-- thin calls: md against native, step by step (backends/baselines/call_profile.py)"
-timeout -k 10 60 "$PY" -m multidev.adapters.baselines.call_profile --rows "${PROFILE_ROWS:-convert,sync}" --out "$OUT/call-profile.json" > "$OUT/call-profile.txt" 2>&1
+echo "-- thin calls: md against native, step by step (benchmarks/baselines/call_profile.py)"
+timeout -k 10 60 "$PY" -m multidev.benchmarks.baselines.call_profile --rows "${PROFILE_ROWS:-convert,sync}" --out "$OUT/call-profile.json" > "$OUT/call-profile.txt" 2>&1
 echo "call_profile exit code: $?"; grep -E "^== |^  [a-z.]|left out" "$OUT/call-profile.txt"
 
 stamp "C. report"

@@ -4,8 +4,8 @@
 #      controls' failure tracebacks in mutants-torch.json), the three checks the torch control
 #      failed there re-run for the control alone and for the real torch adapter (numpy partner,
 #      -rfE), and the CuPy adapter's GPU tests;
-#   B. one after another: backends/baselines/call_profile.py (thin calls: md against native, cProfile),
-#      benchmarks/h2d_breakdown.py (torch small uploads), backends/baselines/jax_upload_tuning.py (ways to
+#   B. one after another: benchmarks/baselines/call_profile.py (thin calls: md against native, cProfile),
+#      benchmarks/h2d_breakdown.py (torch small uploads), benchmarks/baselines/jax_upload_tuning.py (ways to
 #      upload pageable memory with JAX), and the CuPy overhead and bandwidth suites.
 #   MULTIDEV_SOURCE_COMMIT=$(git rev-parse HEAD) TAG=... bash benchmarks/gpu_probe.sh
 set -uo pipefail
@@ -40,12 +40,12 @@ for p in $p1 $p2 $p3; do wait $p; echo "pid $p exit $?"; done
 tail -n 30 "$OUT/mutants.txt"; grep -E "passed|failed" "$OUT/control-checks.txt"; tail -n 3 "$OUT/pytest-cupy.txt"
 
 stamp "B. timing, one at a time"
-timeout -k 10 100 "$PY" -m multidev.adapters.baselines.call_profile --out "$OUT/$TAG.call-profile.json" > "$OUT/call-profile.txt" 2>&1
+timeout -k 10 100 "$PY" -m multidev.benchmarks.baselines.call_profile --out "$OUT/$TAG.call-profile.json" > "$OUT/call-profile.txt" 2>&1
 echo "call_profile exit $?"; grep -E "^== |left out" "$OUT/call-profile.txt"
 timeout -k 10 40 "$PY" -m multidev.benchmarks.h2d_breakdown --backend torch --rounds 200 \
   --out "$OUT/$TAG.h2d-breakdown.json" > "$OUT/h2d-breakdown.txt" 2>&1
 echo "h2d_breakdown exit $?"; cat "$OUT/h2d-breakdown.txt"
-timeout -k 10 110 "$PY" -m multidev.adapters.baselines.jax_upload_tuning --out "$OUT/$TAG.jax-upload.json" \
+timeout -k 10 110 "$PY" -m multidev.benchmarks.baselines.jax_upload_tuning --out "$OUT/$TAG.jax-upload.json" \
   > "$OUT/jax-upload.txt" 2>&1
 echo "jax_upload_tuning exit $?"; cat "$OUT/jax-upload.txt"
 timeout -k 10 60 "$PY" -m multidev.cli bench --no-progress --max-time 45 --backend cupy --device gpu:0 \

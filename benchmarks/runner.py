@@ -348,9 +348,9 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
     """Run the selected suites on the selected backends; return the report (the JSON document)."""
     env_set = _setup_env(args.cpu_devices)
     import multidev as md
-    from multidev import benchmarks as mb
     from multidev.errors import BackendNotAvailableError, MultidevError
 
+    from . import suite as mb
     from .baseline import native_for
 
     s = Settings(args)
@@ -571,7 +571,7 @@ def _main(args: argparse.Namespace) -> int:
 
     console = Console()
     if getattr(args, "list", False):
-        from multidev import benchmarks as mb
+        from . import suite as mb
 
         for bm in mb.load_all(args.bench_file):
             console.print(f"{bm.suite:13s} {bm.name:20s} {'(per precision) ' if bm.precision else ''}{bm.doc}",
@@ -589,7 +589,7 @@ def _main(args: argparse.Namespace) -> int:
             except (OSError, ValueError) as e:
                 raise UsageError(f"--report {path}: {e}") from None
         doc = merge(docs)
-        from multidev import benchmarks as mb
+        from . import suite as mb
 
         mb.load_all(args.bench_file)
         doc["goals"] = report.evaluate_goals(doc)

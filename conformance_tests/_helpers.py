@@ -16,6 +16,8 @@ import pytest
 
 from multidev.adapter import DTYPES, Device, numpy_dtype
 
+from ._state import record_found, request_child_restart
+
 #: dtypes the creation and placement tests run over (each skipped where the backend lacks it).
 CREATION_DTYPES = ("bool", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 #: Every canonical dtype: the dtype-preservation checks run over each one the backend declares.
@@ -265,16 +267,12 @@ def collect() -> None:
 # -- findings and isolation ------------------------------------------------------------------------
 def found(backend: Any, key: str, value: Any) -> None:
     """Record a capability the checks observed (shown under the matrix and in the JSON)."""
-    from multidev.conformance import plugin
-
-    plugin.record_found(backend.name, key, value)
+    record_found(backend.name, key, value)
 
 
 def restart_child() -> None:
     """Inside an isolated check: the framework is unusable now; end this child after the answer."""
-    from multidev.conformance import plugin
-
-    plugin.request_child_restart()
+    request_child_restart()
 
 
 def isolated(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -284,7 +282,7 @@ def isolated(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(**kwargs: Any) -> None:
-        from multidev.conformance import plugin
+        from . import plugin
 
         plugin.run_isolated(fn, kwargs)
 

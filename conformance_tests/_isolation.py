@@ -26,6 +26,8 @@ import tempfile
 import traceback
 from typing import Any
 
+from ._state import STATE
+
 #: Seconds one check may take in the child (the first one includes the frameworks' imports).
 TIMEOUT_S = 300.0
 
@@ -183,10 +185,8 @@ def _run(req: dict[str, Any], specs: dict[str, str]) -> dict[str, Any]:
 
     from multidev.registry import prefer
 
-    from . import plugin
-
-    plugin._state["found"] = {}
-    plugin._state["restart"] = False
+    STATE["found"] = {}
+    STATE["restart"] = False
     try:
         kwargs = _decode(req["kwargs"], specs)
         fn: Any = importlib.import_module(req["module"])
@@ -201,8 +201,8 @@ def _run(req: dict[str, Any], specs: dict[str, str]) -> dict[str, Any]:
         res = {"outcome": "skipped", "reason": str(e.msg)}
     except (Exception, pytest.fail.Exception):  # noqa: BLE001 - every failure is reported to the parent
         res = {"outcome": "failed", "longrepr": traceback.format_exc()[-8000:]}
-    res["found"] = plugin._state.get("found", {})
-    res["restart"] = bool(plugin._state.get("restart"))
+    res["found"] = STATE.get("found", {})
+    res["restart"] = bool(STATE.get("restart"))
     return res
 
 

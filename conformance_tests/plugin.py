@@ -22,6 +22,7 @@ checks instead of ending the run.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -33,6 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from ._isolation import Child, encode
+from ._state import STATE as _state
+from ._state import record_found, request_child_restart
 
 SUITE_DIR = Path(__file__).resolve().parent
 
@@ -46,7 +51,31 @@ PORTABLE_ALGORITHMS = ("naive", "ring", "tree", "auto")
 #: Phrases in the skip reasons of cases that need more devices than the backend has here.
 DEVICE_COUNT_PHRASES = ("needs a second device", "needs 2 devices", "needs 3 devices", "runs on 4 or more devices")
 
-_state: dict[str, Any] = {}
+
+__all__ = ["PORTABLE_ALGORITHMS", "VIRTUAL_DEVICES", "algorithms_of", "imports_of", "partners_of", "record_found",
+           "request_child_restart", "run_isolated", "selected_backends", "spec_of"]
+
+
+class _SuiteModule(pytest.Module):
+    """A file of the suite, imported under its one name (``multidev.conformance.test_x``): pytest's
+    own import modes would load it a second time as ``conformance_tests.test_x``."""
+
+    def _getobj(self) -> Any:
+        return importlib.import_module(f"{__package__}.{self.path.stem}")
+
+
+def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """The suite's folder as a plain directory: a pytest Package would import its ``__init__``
+    under the folder's name (a second copy of the package)."""
+    if path == SUITE_DIR:
+        return pytest.Dir.from_parent(parent, path=path)
+    return None
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    if module_path.parent == SUITE_DIR:
+        return _SuiteModule.from_parent(parent, path=module_path)
+    return None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -230,8 +259,6 @@ def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
     """Run test function ``fn`` (its undecorated body) with ``kwargs`` in the suite's child
     interpreter and report its outcome here: pass, fail with the child's traceback, skip with its
     reason; a child that dies (a framework aborted it) or hangs fails the check."""
-    from ._isolation import Child, encode
-
     child = _state.get("child")
     if child is None:
         child = Child({"imports": _state.get("imports", []), "specs": _state.get("specs", {}),
@@ -245,12 +272,6 @@ def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
         pytest.skip(res["reason"])
     if res["outcome"] == "failed":
         pytest.fail(res["longrepr"], pytrace=False)
-
-
-def request_child_restart() -> None:
-    """Called by a check running in the child interpreter that left its framework unusable (a
-    sticky device error): the child ends after answering, and the next check gets a fresh one."""
-    _state["restart"] = True
 
 
 def _cpu_counts() -> dict[str, int]:
@@ -267,11 +288,6 @@ def _cpu_counts() -> dict[str, int]:
 
 
 # -- the matrix ----------------------------------------------------------------------------------
-def record_found(backend: str, key: str, value: Any) -> None:
-    """Note what a check found out about a backend (shown under the matrix and in the JSON)."""
-    _state.setdefault("found", {}).setdefault(backend, {})[key] = value
-
-
 def _feature(item: pytest.Item) -> str:
     m = item.get_closest_marker("md_feature")
     if m is not None:

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 import multidev as md
 from multidev.collectives import AUTO_TREE_MAX_BYTES, choose_algorithm
-from multidev.conformance.plugin import algorithms_of, partners_of
 from multidev.errors import CapabilityError, CollectiveInputError, DeviceNotFoundError
 
 from ._helpers import ALL_DTYPES, as_f64, assert_close, need_devices, need_dtype, np_dtype, ordered, sample
+from .plugin import algorithms_of, partners_of
 
 pytestmark = pytest.mark.md_feature("collectives")
 

@@ -44,7 +44,7 @@ def _launch(backend: str, world: int, scenario: str, timeout: float, ranks: list
     """Run ``scenario`` on ``world`` ranks (only ``ranks`` are started when given); return each
     started rank's report (``rc``, ``out``, ``err``, and the JSON it printed). The workers load the
     backend as this run selected it (``module:attr`` included, with this process's ``sys.path``)."""
-    from multidev.conformance.plugin import imports_of, spec_of
+    from .plugin import imports_of, spec_of
 
     spec = spec_of(backend)
     port = _free_port()
@@ -92,7 +92,7 @@ def _first_selected(name: str) -> bool:
     """Whether ``name`` is the first backend of this suite run. Tests of the transport alone, and
     the larger worlds, run once per suite run rather than once per backend (a process pool of
     framework imports is slow); which backend carries them does not matter."""
-    from multidev.conformance.plugin import selected_backends
+    from .plugin import selected_backends
 
     return (selected_backends() or [name])[0] == name
 

@@ -148,11 +148,14 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     except ImportError:
         raise _UsageError('multidev conformance needs pytest and hypothesis: '
                           'pip install "multidev[conformance]"') from None
+    import importlib
     from pathlib import Path
 
     import multidev as md
 
-    from . import conformance
+    # The suite is a subpackage mapped from conformance_tests/ (pyproject), loaded by name here.
+    conformance = importlib.import_module("multidev.conformance")
+    plugin = importlib.import_module("multidev.conformance.plugin")
 
     for mod in args.import_:
         try:
@@ -168,18 +171,17 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     backend_arg = args.backend
     explicit = bool(args.backend) and args.backend != "all"
     if explicit or wanted:
-        from multidev.conformance.plugin import VIRTUAL_DEVICES
         from multidev.registry import configure_virtual_devices, registered_backends
 
         # before any framework starts, as the suite would (module:attr adapters' hooks included)
         dotted = [n for n in _split(args.backend) if ":" in n]
-        configure_virtual_devices(VIRTUAL_DEVICES, registered_backends() + dotted)
+        configure_virtual_devices(plugin.VIRTUAL_DEVICES, registered_backends() + dotted)
         # load now: an unknown backend is a one-line error
         specs = _split(args.backend) if explicit else md.backends()
         backs = _backends(args.backend, []) if explicit else [md.backend(n) for n in specs]
         if wanted:  # the specs as given: a module:attr adapter must load under that spec again
             backend_arg = ",".join(_with_devices(list(zip(specs, backs)), wanted, explicit))
-    suite = str(Path(conformance.__file__).parent)
+    suite = str(Path(str(conformance.__file__)).parent)
     argv = [suite, "-p", "no:cacheprovider", f"--rootdir={suite}", "-o", "addopts="]
     argv.append(f"--multidev-backend={backend_arg}")
     if args.device:

@@ -1,31 +1,54 @@
-"""The house rules, checked on the source: the core is layered (no import circle), holds no benchmark
-code, no module imports another's private name, adapters use only the public adapter API, and no
-backend is named outside its adapter (docs and tests aside)."""
+"""The house rules, checked on the source.
+
+- One path per module: no committed symbolic link; the top-level folders are mapped into the package
+  by pyproject (every folder with an ``__init__.py`` is listed there, and nothing else is); a folder
+  imported under its own name refuses; a whole import loads each file once; the wheel holds the
+  package alone (no benchmark results, no shell scripts).
+- Layers: no import circle anywhere in the package (core, adapters, suite, benchmarks, examples); the
+  core holds no benchmark code; no module imports another's private name; adapters use only the
+  public adapter API; no backend is named outside its adapter or baseline (docs and tests aside).
+"""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
+import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = sorted(p for p in (ROOT / "multidev").glob("*.py"))  # the symbolic links are subpackages, not core
-OUTSIDE = {"adapters": ROOT / "backends", "conformance": ROOT / "conformance_tests",
-           "benchmarks": ROOT / "benchmarks", "examples": ROOT / "examples"}
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+#: package name -> its folder, as pyproject maps them (``multidev.adapters`` -> ``backends/``).
+PACKAGE_DIRS = {name: ROOT / folder for name, folder in PYPROJECT["tool"]["setuptools"]["package-dir"].items()}
+LISTED = set(PYPROJECT["tool"]["setuptools"]["packages"])
+CORE = sorted((ROOT / "multidev").rglob("*.py"))
 BACKEND_NAMES = {"torch", "jax", "tensorflow", "mxnet", "cupy", "array_api"}
-#: The only places in the core that name a backend, each for a stated reason.
-ALLOWED_NAMES = {("distributed.py", "torch"): "TRANSPORT: multidev.distributed is built on torch.distributed"}
+#: Where framework code lives: the adapters, and each framework's own calls for the bench.
+FRAMEWORK_CODE = (ROOT / "backends", ROOT / "benchmarks" / "baselines")
+#: The only places outside them that name a backend, each for a stated reason.
+ALLOWED_NAMES: dict[tuple[str, str], str] = {
+    ("distributed.py", "torch"): "TRANSPORT: multidev.distributed is built on torch.distributed"}
 
 
 def _module(path: Path) -> str:
-    if path.parent == ROOT / "multidev":
-        return "multidev" if path.stem == "__init__" else f"multidev.{path.stem}"
-    for sub, folder in OUTSIDE.items():
-        if folder in path.parents or path.parent == folder:
-            rel = path.relative_to(folder).with_suffix("")
-            parts = [p for p in rel.parts if p != "__init__"]
-            return ".".join(["multidev", sub, *parts])
-    raise AssertionError(path)
+    """The one importable name of a source file, from pyproject's mapping (the deepest folder wins)."""
+    best = max((folder for folder in PACKAGE_DIRS.values() if folder == path.parent or folder in path.parents),
+               key=lambda f: len(f.parts))
+    name = next(n for n, f in PACKAGE_DIRS.items() if f == best)
+    rel = path.relative_to(best).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join([name, *parts])
+
+
+def _package_sources() -> list[Path]:
+    files: list[Path] = []
+    for folder in dict.fromkeys(PACKAGE_DIRS.values()):
+        files += sorted(p for p in folder.rglob("*.py") if "results" not in p.relative_to(folder).parts)
+    return sorted(set(files))
 
 
 def _imports(path: Path) -> list[tuple[str, list[str], int]]:
@@ -45,60 +68,144 @@ def _imports(path: Path) -> list[tuple[str, list[str], int]]:
                 base = ".".join(up + ([node.module] if node.module else []))
             names = [a.name for a in node.names]
             out.append((base, names, node.lineno))
-            # "from . import x" imports the submodule x
-            if node.level and not node.module:
-                out.extend((f"{base}.{n}", [], node.lineno) for n in names)
     return out
 
 
+# -- one path per module ------------------------------------------------------------------------
+def test_no_committed_file_is_a_symbolic_link() -> None:
+    try:
+        listing = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the committed modes cannot be read")
+    links = [ln.split("\t")[-1] for ln in listing.stdout.splitlines() if ln.startswith("120000")]
+    assert not links, f"committed symbolic links (one path per file): {links}"
+
+
+def test_every_package_folder_is_listed_in_pyproject_and_nothing_else() -> None:
+    found = set()
+    for folder in dict.fromkeys(PACKAGE_DIRS.values()):
+        for init in folder.rglob("__init__.py"):
+            found.add(_module(init))
+    assert found == LISTED, (f"folders with an __init__.py but not listed in pyproject: {sorted(found - LISTED)}; "
+                             f"listed but missing: {sorted(LISTED - found)}")
+    for name in PACKAGE_DIRS:
+        assert name == "multidev" or name.startswith("multidev."), name
+
+
+@pytest.mark.parametrize("folder", sorted({f.name for n, f in PACKAGE_DIRS.items() if n != "multidev"}))
+def test_a_mapped_folder_refuses_its_own_name(folder: str) -> None:
+    """From the repository root, ``import backends`` would load every adapter a second time beside
+    ``multidev.adapters``: the folder refuses, naming the one import."""
+    p = subprocess.run([sys.executable, "-c", f"import {folder}"], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode != 0
+    assert "ImportError" in p.stderr and "import it under that name" in p.stderr, p.stderr[-600:]
+
+
+def test_importing_everything_loads_each_file_once() -> None:
+    """Every module of the package imported (the suite and every benchmark too): no file appears
+    under two module names."""
+    code = (
+        "import importlib, json, sys, pkgutil\n"
+        "import multidev\n"
+        f"names = {sorted(LISTED)!r}\n"
+        "for pkg in names:\n"
+        "    m = importlib.import_module(pkg)\n"
+        "    for info in pkgutil.iter_modules(m.__path__, pkg + '.'):\n"
+        "        if info.name.endswith(('__main__',)): continue\n"
+        "        try: importlib.import_module(info.name)\n"
+        "        except ImportError: pass  # a framework that is not installed here\n"
+        "files = {}\n"
+        "for n, m in list(sys.modules.items()):\n"
+        "    f = getattr(m, '__file__', None)\n"
+        f"    if f and f.startswith({str(ROOT)!r}) and '/site-packages/' not in f: files.setdefault(f, []).append(n)\n"
+        "print(json.dumps({f: ns for f, ns in files.items() if len(ns) > 1}))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    twice = json.loads(p.stdout.strip().splitlines()[-1])
+    assert not twice, f"files loaded under two names: {twice}"
+
+
+def test_the_wheel_holds_the_package_alone(tmp_path: Path) -> None:
+    """``pip wheel .``: the package's modules and py.typed, no benchmark results, no shell scripts."""
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    if p.returncode != 0 and "No module named" in p.stderr and "setuptools" in p.stderr:
+        pytest.skip("setuptools is not installed in this environment (the wheel cannot be built offline)")
+    assert p.returncode == 0, p.stderr[-2000:]
+    (wheel,) = tmp_path.glob("multidev-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    package = [n for n in names if not n.split("/")[0].endswith(".dist-info")]
+    odd = [n for n in package if not (n.endswith(".py") or n == "multidev/py.typed")]
+    assert not odd, f"the wheel ships files that are not the package's modules: {odd[:20]}"
+    assert not [n for n in package if "/results/" in n], "benchmark results in the wheel"
+    expected = {f"{_module(p).replace('.', '/')}{'/__init__' if p.stem == '__init__' else ''}.py"
+                for p in _package_sources()}
+    assert set(package) - {"multidev/py.typed"} == expected
+
+
+# -- layers -------------------------------------------------------------------------------------
 def test_no_core_module_imports_benchmarks() -> None:
     for p in CORE:
         for target, _, line in _imports(p):
             assert not target.startswith("multidev.benchmarks"), f"{p.name}:{line} imports {target}"
 
 
-def test_core_has_no_import_circle() -> None:
-    core = {_module(p) for p in CORE}
-    graph = {m: set() for m in core}
-    for p in CORE:
+def _graph(paths: list[Path]) -> dict[str, set[str]]:
+    mods = {_module(p) for p in paths}
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for p in paths:
         m = _module(p)
         for target, names, _ in _imports(p):
-            if target in core and target != m:
+            if target in mods and target != m:
                 graph[m].add(target)
             for n in names:  # from . import api
-                if f"{target}.{n}" in core and f"{target}.{n}" != m:
+                if f"{target}.{n}" in mods and f"{target}.{n}" != m:
                     graph[m].add(f"{target}.{n}")
-    # the package __init__ is the public face: it imports everything and nothing imports it back
-    # except through "import multidev" in functions of modules above it (the CLI)
-    graph.pop("multidev")
+    # the package __init__ is the public face: it imports the core and nothing imports it back
+    # except as ``import multidev`` (the public API) from modules above the core
+    graph.pop("multidev", None)
     for deps in graph.values():
         deps.discard("multidev")
+    return graph
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}
 
-    def visit(m: str, stack: list[str]) -> None:
+    def visit(m: str, stack: list[str]) -> list[str] | None:
         state[m] = 1
-        for d in sorted(graph[m]):
+        for d in sorted(graph.get(m, ())):
             if state.get(d) == 1:
-                raise AssertionError("import circle: " + " -> ".join([*stack, m, d]))
+                return [*stack, m, d]
             if d not in state:
-                visit(d, [*stack, m])
+                found = visit(d, [*stack, m])
+                if found:
+                    return found
         state[m] = 2
+        return None
 
     for m in sorted(graph):
         if m not in state:
-            visit(m, [])
+            found = visit(m, [])
+            if found:
+                return found
+    return None
 
 
-def _all_sources() -> list[Path]:
-    files = list(CORE)
-    for folder in OUTSIDE.values():
-        files += sorted(folder.rglob("*.py"))
-    return files
+def test_no_import_circle_anywhere_in_the_package() -> None:
+    circle = _circle(_graph(_package_sources()))
+    assert circle is None, "import circle: " + " -> ".join(circle or [])
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _circle({"a": {"b"}, "b": set()}) is None
 
 
 def test_no_module_imports_another_modules_private_name() -> None:
     bad = []
-    for p in _all_sources():
+    for p in _package_sources():
         for target, names, line in _imports(p):
             if not target.startswith("multidev"):
                 continue
@@ -108,9 +215,9 @@ def test_no_module_imports_another_modules_private_name() -> None:
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "backends").rglob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "backends").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_adapters_import_only_public_api(path: Path) -> None:
-    public = {"multidev", "multidev.adapter", "multidev.errors", "multidev.benchmarks.baseline"}
+    public = {"multidev", "multidev.adapter", "multidev.errors"}
     for target, _, line in _imports(path):
         if target.startswith("multidev") and not target.startswith("multidev.adapters"):
             assert target in public, f"{path.name}:{line} imports {target}; adapters import multidev.adapter"
@@ -125,11 +232,13 @@ def _names_in(path: Path) -> list[tuple[str, int]]:
     return found
 
 
-@pytest.mark.parametrize("path", [p for p in _all_sources() if ROOT / "backends" not in p.parents
-                                  and ROOT / "examples" not in p.parents], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", [p for p in _package_sources()
+                                  if not any(f == p.parent or f in p.parents for f in FRAMEWORK_CODE)
+                                  and ROOT / "examples" not in p.parents],
+                         ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_backend_name_outside_adapters(path: Path) -> None:
-    """String literals naming a backend outside backends/ (docstrings and comments are prose, and
-    examples are documentation)."""
+    """String literals naming a backend outside backends/ and the baselines (docstrings and comments
+    are prose, and examples are documentation)."""
     docs = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):

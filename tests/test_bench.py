@@ -240,7 +240,7 @@ def test_the_gpu_probes_run_as_dry_runs_on_a_cpu(tmp_path: Path) -> None:
     pytest.importorskip("jax")
     pytest.importorskip("torch")
     out = tmp_path / "p.json"
-    p = subprocess.run([sys.executable, "-m", "multidev.adapters.baselines.call_profile", "--cpu", "--rounds", "2",
+    p = subprocess.run([sys.executable, "-m", "multidev.benchmarks.baselines.call_profile", "--cpu", "--rounds", "2",
                         "--rows", "convert,sync", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
@@ -248,7 +248,7 @@ def test_the_gpu_probes_run_as_dry_runs_on_a_cpu(tmp_path: Path) -> None:
                                         "jax synchronize(x) [cpu:0]"}, rows
     assert all(r["md_s"] > 0 and r["native_s"] > 0 and "function calls" in r["profile"] for r in rows)
     out = tmp_path / "u.json"
-    p = subprocess.run([sys.executable, "-m", "multidev.adapters.baselines.jax_upload_tuning", "--platform", "cpu",
+    p = subprocess.run([sys.executable, "-m", "multidev.benchmarks.baselines.jax_upload_tuning", "--platform", "cpu",
                         "--mib", "1", "--reps", "1", "--threads", "2", "--out", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from multidev import Device
-from multidev.benchmarks.baseline import Call, Native
+
+from ..baseline import Call, Native
 
 
 class JaxNative(Native):

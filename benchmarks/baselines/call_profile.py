@@ -2,7 +2,7 @@
 median per call), then a cProfile of the md call (its functions by own time). For the rows of
 the GPU table that miss their ratio: ``convert`` torch->JAX, small uploads, ``synchronize``.
 
-    python3 -m multidev.adapters.baselines.call_profile [--rows convert,asarray,sync] [--rounds N] [--cpu]
+    python3 -m multidev.benchmarks.baselines.call_profile [--rows convert,asarray,sync] [--rounds N] [--cpu]
         [--out F]
 
 Rows whose framework or GPU is missing are left out (and said so).

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from multidev import Device
-from multidev.benchmarks.baseline import Call, Native, nothing
+
+from ..baseline import Call, Native, nothing
 
 
 class CupyNative(Native):

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from multidev import Device
-from multidev.benchmarks.baseline import Call, Native, nothing
+
+from ..baseline import Call, Native, nothing
 
 
 class NumpyNative(Native):

@@ -7,7 +7,7 @@ threads, joined on the device; ``pinned_host``: through JAX's pinned host memory
 per chunk from ``T`` threads); ``torch staged + dlpack`` (where torch has CUDA): multidev's torch
 staging pipeline, then a DLPack view in JAX (a bound, not a JAX path).
 
-    python3 -m multidev.adapters.baselines.jax_upload_tuning [--mib 64,1024] [--reps 3] [--platform gpu] [--out F]
+    python3 -m multidev.benchmarks.baselines.jax_upload_tuning [--mib 64,1024] [--reps 3] [--platform gpu] [--out F]
 """
 from __future__ import annotations
 
