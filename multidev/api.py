@@ -34,8 +34,8 @@ from .validate import (
     check_seed,
     check_shape,
     check_values,
-    framework_error,
     range_length,
+    translate_errors,
 )
 
 __all__ = [
@@ -151,12 +151,8 @@ def _dtype(b: Backend, dtype: Any, default: str, device: Device) -> str:
 def _native(b: Backend, what: str, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` (a method of adapter ``b``); a framework error comes as its MultidevError
     naming ``b`` and ``what``, the framework's message kept."""
-    try:
+    with translate_errors(lambda: f"{b.name} {what}"):
         return fn(*args)
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, f"{b.name} {what}") from e
 
 def _int_default(b: Backend, device: Device) -> str:
     return "int64" if "int64" in b.capabilities.dtypes_on(device) else "int32"
@@ -235,7 +231,7 @@ def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
     n = range_length(start, stop, step)
     if not is_floating(name):
         start, stop, step = int(start), int(stop), int(step)  # integral (checked): exact Python ints
-    try:
+    with translate_errors(lambda: f"{b.name} arange"):
         if n == 0:  # an empty range, the same on every backend (TF would raise)
             return b.empty((0,), name, dev)
         if n == 1:  # [start]: no framework sees a step it may not hold (2**63 into int64)
@@ -250,10 +246,6 @@ def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
                     else float(start) + float(step) * np.arange(n, dtype=np.float64))
             y = b.asarray(host, name, dev)
         return y
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, f"{b.name} arange") from e
 
 
 def _host_value(obj: Any) -> np.ndarray | None:
@@ -359,12 +351,8 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     if b.device_of(x) == dev:  # the no-op path: no enumeration, no validation
         return x
     target = resolve(b, dev)
-    try:
+    with translate_errors(lambda: f"{b.name} to({target})"):
         return b.move(x, target)
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, f"{b.name} to({target})") from e
 
 
 def copy(x: Any, device: DeviceLike | None = None) -> Any:
@@ -395,31 +383,22 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
     # device spelling (str or Device: interned, hashed as cheaply as any object) seen before.
     w = _wait_get(target.__class__)
     if w is not None and backend is None:
-        try:
+        with _SYNC_ERRORS:
             w(target)
-        except MultidevError:
-            raise
-        except Exception as e:
-            raise framework_error(e, "synchronize") from e
         return
     cls = target.__class__
     if (cls is Device or cls is str) and (backend is None or backend.__class__ is str):
         per = _device_wait_get(backend)
         fn = None if per is None else per.get(target)
         if fn is not None:
-            try:
+            with _SYNC_ERRORS:
                 fn()
-            except MultidevError:
-                raise
-            except Exception as e:
-                raise framework_error(e, "synchronize") from e
             return
-    try:
+    with _SYNC_ERRORS:
         _synchronize(target, backend)
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, "synchronize") from e
+
+
+_SYNC_ERRORS = translate_errors("synchronize")
 
 
 _wait_get = wait_cache.get

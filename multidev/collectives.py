@@ -42,17 +42,16 @@ algorithms, by a rule that depends on shape, dtype and device count alone.
 """
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from ._device import Device, DeviceLike
 from .dtypes import ITEMSIZE
-from .errors import CapabilityError, CollectiveInputError, MultidevError, UnsupportedTensorError
-from .placement import device_list, resolve
+from .errors import CapabilityError, CollectiveInputError, UnsupportedTensorError
+from .placement import check_distinct, device_list, resolve
 from .protocol import Backend
 from .registry import backend_of
-from .validate import OPS, check_axis, check_op, framework_error
+from .validate import OPS, check_axis, check_op, check_writable, translate_errors
 
 __all__ = ["ALGORITHMS", "AUTO_TREE_MAX_BYTES", "OPS", "allgather", "allreduce", "broadcast", "choose_algorithm",
            "gather", "reduce", "reduce_scatter", "scatter", "split_batch", "split_sizes"]
@@ -63,36 +62,6 @@ ALGORITHMS = ("auto", "naive", "ring", "tree", "native")
 AUTO_TREE_MAX_BYTES = 64 * 1024
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _typed(fn: F) -> F:
-    """Framework errors escaping the adapters during the collective come as their MultidevError
-    (:func:`multidev.validate.framework_error`), the framework's message kept."""
-    what = fn.__name__
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except MultidevError:
-            raise
-        except Exception as e:
-            raise framework_error(e, what) from e
-    return wrapper  # type: ignore[return-value]
-
-
-def _writable(b: Backend, x: Any, i: int, what: str, src: Any = None) -> None:
-    """``b.assign(x, src)`` (default: a copy of x itself, bitwise a no-op: the writability probe),
-    with the framework's refusal (read-only arrays, inference or expanded tensors) as CapabilityError."""
-    try:
-        b.assign(x, b.copy(x, b.device_of(x)) if src is None else src)
-    except MultidevError:
-        raise
-    except Exception as e:
-        why = (str(e).strip().splitlines() or [""])[0][:200]
-        raise CapabilityError(f"{what}(inplace=True): input {i}, a {b.name} tensor, cannot be written in place "
-                              f"({type(e).__name__}: {why}); pass writable tensors or use inplace=False") from e
 
 
 # -- validation ----------------------------------------------------------------------------------
@@ -120,7 +89,7 @@ def _tensor_list(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any]]
     dtypes = [b.dtype_of(x) for x in xs]
     if len(set(dtypes)) > 1:
         raise CollectiveInputError(f"{what} needs one dtype; got {dtypes} on {b.name}")
-    _distinct([b.device_of(x) for x in xs], b, what)
+    check_distinct([b.device_of(x) for x in xs], b.name, what, tensors=True)
     return b, xs
 
 
@@ -130,15 +99,6 @@ NONE_GRADIENT_HINT = (
     "a gradient buffer (multidev.replicate and multidev.broadcast give such replicas; a plain copy or "
     "x.to(device) of a parameter does not), that backward() ran on every device's loss before the "
     "allreduce, and that the loss uses every parameter.")
-
-
-def _distinct(devs: list[Device], b: Backend, what: str) -> None:
-    if len(set(devs)) != len(devs):
-        dup = sorted({str(d) for d in devs if devs.count(d) > 1})
-        raise CollectiveInputError(
-            f"{what} needs one tensor per device; {', '.join(dup)} appear more than once on {b.name}. "
-            "Sum same-device tensors first, or place each on its own device."
-        )
 
 
 def _validate(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any]]:
@@ -280,7 +240,7 @@ def choose_algorithm(b: Backend, shape: tuple[int, ...], dtype: str, devices: Se
 
 
 # -- public operations ---------------------------------------------------------------------------
-@_typed
+@translate_errors()
 def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
               algorithm: str = "auto", deterministic: bool = False) -> list[Any]:
     """Reduce ``tensors`` (one per device) elementwise and give every device the result.
@@ -315,7 +275,7 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
         # of itself: bitwise a no-op. The first input needs none: nothing is written before it.
         # (A self-assign is no probe: NumPy skips copyto(a, a) even for a read-only a.)
         for i, x in enumerate(xs[1:], 1):
-            _writable(b, x, i, "allreduce")
+            check_writable(b, x, f"allreduce(inplace=True): input {i}")
     n = len(xs)
     alg = algorithm
     if alg == "auto":
@@ -343,12 +303,12 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
         out = _naive_allreduce(b, xs, devs, op)
     if inplace:
         for i, (dst, src) in enumerate(zip(xs, out)):
-            _writable(b, dst, i, "allreduce", src)
+            check_writable(b, dst, f"allreduce(inplace=True): input {i}", src)
         return xs
     return out
 
 
-@_typed
+@translate_errors()
 def broadcast(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
     """A new copy of ``x`` on each of ``devices`` (distinct; x's own device may be among them). A
     training parameter gives parameters: leaves that require grad where ``x`` requires grad, with a
@@ -361,7 +321,7 @@ def broadcast(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
     return out if like is None else [like(x, y) for y in out]
 
 
-@_typed
+@translate_errors()
 def reduce(tensors: Sequence[Any], device: DeviceLike, op: str = "sum") -> Any:
     """The elementwise reduction of ``tensors`` (one per device) as one new tensor on ``device``
     (any device of the backend). Reduced in list order, so deterministic."""
@@ -371,7 +331,7 @@ def reduce(tensors: Sequence[Any], device: DeviceLike, op: str = "sum") -> Any:
     return _fold(b, xs, dev, op)
 
 
-@_typed
+@translate_errors()
 def allgather(tensors: Sequence[Any], axis: int = 0) -> list[Any]:
     """Every device gets the concatenation of all tensors along ``axis``, in list order.
 
@@ -383,7 +343,7 @@ def allgather(tensors: Sequence[Any], axis: int = 0) -> list[Any]:
     return [_fresh(b, b.concat([_on(b, x, d) for x in xs], axis), xs, d) for d in devs]
 
 
-@_typed
+@translate_errors()
 def gather(tensors: Sequence[Any], device: DeviceLike, axis: int = 0) -> Any:
     """The concatenation of ``tensors`` (one per device) along ``axis`` as one new tensor on ``device``."""
     b, xs = _tensor_list(tensors, "gather")
@@ -406,7 +366,7 @@ def _joinable(b: Backend, xs: list[Any], axis: int, what: str) -> int:
     return ax
 
 
-@_typed
+@translate_errors()
 def reduce_scatter(tensors: Sequence[Any], op: str = "sum", axis: int = 0) -> list[Any]:
     """Reduce ``tensors`` elementwise and give device ``i`` piece ``i`` of the result, cut along
     ``axis`` as ``numpy.array_split`` cuts (the first pieces one larger). A ring reduce-scatter:
@@ -424,7 +384,7 @@ def reduce_scatter(tensors: Sequence[Any], op: str = "sum", axis: int = 0) -> li
     return _ring_reduce_scatter(b, chunks, devs, op)
 
 
-@_typed
+@translate_errors()
 def scatter(x: Any, devices: Sequence[DeviceLike], axis: int = 0) -> list[Any]:
     """``x`` cut along ``axis`` into ``len(devices)`` pieces (``numpy.array_split``'s sizes: the first
     pieces one larger; pieces may be empty), piece ``i`` copied to ``devices[i]``."""
@@ -437,7 +397,7 @@ def scatter(x: Any, devices: Sequence[DeviceLike], axis: int = 0) -> list[Any]:
     return [b.copy(p, d) if d == src else b.move(p, d) for p, d in zip(pieces, devs)]
 
 
-@_typed
+@translate_errors()
 def split_batch(X: Any, y: Any, devices: Sequence[DeviceLike]) -> tuple[list[Any], list[Any]]:
     """D2L's ``split_batch``: scatter a minibatch ``X`` and its labels ``y`` along their first axis
     over ``devices`` (``numpy.array_split`` sizes). Needs at least one example per device."""

@@ -21,7 +21,7 @@ from .errors import CapabilityError, DeviceMismatchError, DeviceNotFoundError, M
 from .placement import as_device
 from .protocol import Backend
 from .registry import backend_of, get_backend
-from .validate import framework_error
+from .validate import translate_errors
 
 __all__ = ["DLPackCapsule", "DLPackInfo", "convert", "dlpack_info", "exportable", "peek"]
 
@@ -88,12 +88,8 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
     itself (a copy with ``copy=True``) when it is on ``device``. A framework error on the way comes
     as its MultidevError, the framework's message kept.
     """
-    try:
+    with translate_errors(lambda: f"convert to {backend}"):
         return _convert(x, backend, copy, device)
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, f"convert to {backend}") from e
 
 
 def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None) -> Any:

@@ -11,7 +11,7 @@ from .errors import CollectiveInputError, DeviceNotFoundError
 from .protocol import Backend
 from .registry import native_device
 
-__all__ = ["as_device", "default_device", "device_list", "resolve", "scope_backend", "scope_device"]
+__all__ = ["as_device", "check_distinct", "default_device", "device_list", "resolve", "scope_backend", "scope_device"]
 
 #: The innermost ``device_scope``'s device and backend (context-local: threads and tasks each see theirs).
 scope_device: contextvars.ContextVar[Device | None] = contextvars.ContextVar("md_device", default=None)
@@ -62,9 +62,26 @@ def device_list(b: Backend, devices: Any, what: str) -> list[Device]:
     if not devs_in:
         raise CollectiveInputError(f"{what} needs at least one device; got an empty list")
     devs = [resolve(b, d) for d in devs_in]
-    if len(set(devs)) != len(devs):
-        dup = sorted({str(d) for d in devs if devs.count(d) > 1})
-        raise CollectiveInputError(
-            f"{what} needs one tensor per device; {', '.join(dup)} appear more than once on {b.name}. "
-            "Sum same-device tensors first, or place each on its own device.")
+    check_distinct(devs, b.name, what, tensors=False)
     return devs
+
+
+def check_distinct(devs: list[Device], backend: str, what: str, *, tensors: bool) -> None:
+    """The one distinct-devices check: CollectiveInputError naming the call, each repeated device
+    and how often, and the fix (for a device list: ``multidev.try_all_gpus()``, as a list of
+    ``try_gpu(i)`` repeats ``cpu:0`` on a machine with fewer GPUs; for tensors: one per device)."""
+    if len(set(devs)) == len(devs):
+        return
+    counts = {d: devs.count(d) for d in devs}
+    repeated = [f"{d} ({n} times)" for d, n in sorted(counts.items()) if n > 1]
+    dup = ", ".join(repeated) + (" appears" if len(repeated) == 1 else " appear") + " more than once"
+    listed = ", ".join(map(str, devs))
+    if tensors:
+        raise CollectiveInputError(
+            f"{what} takes one tensor per device, but {dup} among the {backend} tensors' devices [{listed}]. "
+            "Place each tensor on its own device (multidev.to(x, device)), or combine "
+            "the tensors of one device first.")
+    hint = (" A list such as [md.try_gpu(i) for i in range(n)] repeats cpu:0 where the machine has fewer than n "
+            "GPUs: use md.try_all_gpus() (every GPU, or [cpu:0]) instead.") if Device("cpu", 0) in counts else ""
+    raise CollectiveInputError(
+        f"{what} needs distinct devices, but {dup} in devices=[{listed}] on {backend}.{hint}")

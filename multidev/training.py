@@ -39,7 +39,12 @@ def replicate(params: Sequence[Any], devices: Sequence[DeviceLike]) -> list[list
     params = list(params)
     if not params:
         raise InvalidArgumentError("replicate needs at least one parameter")
-    per_param = [broadcast(p, devices) for p in params]
+    try:
+        owner = backend_of(params[0])
+    except UnsupportedTensorError as e:
+        raise InvalidArgumentError(f"replicate: parameter 0 is not a tensor ({e})") from None
+    devs = device_list(owner, devices, "replicate")  # checked here, so errors name this call
+    per_param = [broadcast(p, devs) for p in params]
     return [list(r) for r in zip(*per_param)]
 
 

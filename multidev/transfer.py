@@ -9,10 +9,10 @@ import numpy as np
 
 from ._device import DeviceLike
 from .adapter import start_to_numpy
-from .errors import InvalidArgumentError, InvalidDeviceError, MultidevError, UnsupportedTensorError
+from .errors import InvalidArgumentError, InvalidDeviceError, UnsupportedTensorError
 from .placement import resolve
 from .registry import backend_of
-from .validate import framework_error
+from .validate import translate_errors
 
 __all__ = ["Transfer", "start_to", "to_host"]
 
@@ -49,12 +49,8 @@ class Transfer(Generic[T]):
                 if not self._done:
                     waiter = self._waiter
                     if waiter is not None:
-                        try:
+                        with translate_errors("Transfer.wait"):
                             landed = waiter()
-                        except MultidevError:
-                            raise
-                        except Exception as e:
-                            raise framework_error(e, "Transfer.wait") from e
                         if landed is not None:  # the adapter's target exists once the copy lands
                             self._value = landed
                     self._waiter = None
@@ -74,12 +70,8 @@ def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
     dev = resolve(b, device)
     if b.device_of(x) == dev:
         return Transfer(x, None)
-    try:
+    with translate_errors(lambda: f"{b.name} to({dev}, non_blocking=True)"):
         y, waiter = b.start_move(x, dev)
-    except MultidevError:
-        raise
-    except Exception as e:
-        raise framework_error(e, f"{b.name} to({dev}, non_blocking=True)") from e
     return Transfer(y, waiter)
 
 
@@ -113,22 +105,14 @@ def to_host(xs: Iterable[Any], non_blocking: bool = False) -> list[np.ndarray] |
         except UnsupportedTensorError as e:
             raise UnsupportedTensorError(f"to_host: item {len(started)}: {e}") from None
         start = getattr(b, "start_to_numpy", None)
-        try:
+        with translate_errors(lambda: f"to_host: item {len(started)}"):
             started.append(start(x) if start is not None else start_to_numpy(b, x))  # the optional method's default
-        except MultidevError:
-            raise
-        except Exception as e:
-            raise framework_error(e, f"to_host: item {len(started)}") from e
 
     def finish() -> list[np.ndarray]:
         out = []
         for i, land in enumerate(started):
-            try:
+            with translate_errors(lambda: f"to_host: item {i}"):  # noqa: B023 - built at once when raised
                 out.append(land())
-            except MultidevError:
-                raise
-            except Exception as e:
-                raise framework_error(e, f"to_host: item {i}") from e
         return out
 
     if not non_blocking:

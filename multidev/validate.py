@@ -4,11 +4,12 @@ is accepted, so every backend refuses the same inputs the same way.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -23,8 +24,8 @@ from .errors import (
 )
 
 __all__ = ["MAX_ELEMENTS", "MAX_NDIM", "OPS", "check_axis", "check_fill", "check_memory", "check_op", "check_range",
-           "check_seed", "check_shape", "check_values", "framework_error", "numel",
-           "range_length"]
+           "check_seed", "check_shape", "check_values", "check_writable", "framework_error", "numel",
+           "range_length", "translate_errors"]
 
 #: Reductions accepted by the collectives (``mean`` is a sum and one division).
 OPS = ("sum", "max", "min", "prod", "mean")
@@ -344,3 +345,62 @@ def framework_error(e: BaseException, what: str) -> MultidevError:
     if isinstance(e, (ValueError, TypeError, IndexError, OverflowError)) or names & _ARGUMENT_NAMES:
         return InvalidArgumentError(msg)
     return BackendError(msg)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class translate_errors:
+    """The one place where a framework exception escaping an adapter call becomes its
+    MultidevError (:func:`framework_error`, raised ``from`` the original): a MultidevError passes
+    as it is, and so do BaseExceptions that are not Exceptions (KeyboardInterrupt, SystemExit).
+
+    As a context manager, ``with translate_errors("torch move"):``; as a decorator,
+    ``@translate_errors("allreduce")`` (the function's name when ``what`` is omitted) or
+    ``translate_errors(what)(fn)`` for a function made at run time. ``what`` names the call in the
+    message; pass a zero-argument callable to build the name only when an error happens."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str | Callable[[], str] | None = None) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, tp: Any, e: BaseException | None, tb: Any) -> Literal[False]:
+        if e is None or isinstance(e, MultidevError) or not isinstance(e, Exception):
+            return False
+        what = self.what
+        raise framework_error(e, what() if callable(what) else str(what)) from e
+
+    def __call__(self, fn: F) -> F:
+        what = self.what if self.what is not None else getattr(fn, "__name__", "call")
+
+        @functools.wraps(fn)
+        def translated(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except MultidevError:
+                raise
+            except Exception as e:
+                raise framework_error(e, what() if callable(what) else str(what)) from e
+        return translated  # type: ignore[return-value]
+
+
+def check_writable(b: Any, x: Any, what: str, src: Any = None) -> None:
+    """The one writability probe: ``b.assign(x, src)`` (default: a copy of ``x`` itself, bitwise a
+    no-op), before anything else is written or any rank communicates. The framework's refusal
+    (read-only arrays, inference or expanded tensors) comes as CapabilityError naming ``what``; an
+    immutable backend (``capabilities.mutable`` False) is refused without trying."""
+    if not b.capabilities.mutable:
+        raise CapabilityError(f"{what}: {b.name} tensors are immutable, so they cannot be written in place; "
+                              "use inplace=False and rebind the result")
+    try:
+        b.assign(x, b.copy(x, b.device_of(x)) if src is None else src)
+    except MultidevError:
+        raise
+    except Exception as e:
+        why = (str(e).strip().splitlines() or [""])[0][:200]
+        raise CapabilityError(f"{what}: this {b.name} tensor cannot be written in place ({type(e).__name__}: "
+                              f"{why}); pass writable tensors or use inplace=False") from e
