@@ -52,6 +52,7 @@ from multidev.adapter import (
     CapabilityError,
     Device,
     InvalidDeviceError,
+    SupportsDLPack,
     canonical_dtype,
     dlpack_info,
     host_aligned,
@@ -116,7 +117,7 @@ class ArrayApiFamily:
         return name
 
 
-class ArrayApiBackend(BaseBackend):
+class ArrayApiBackend(BaseBackend, SupportsDLPack):
     """The array-API adapter for one library; made per library by :func:`adapter_for`."""
 
     name: ClassVar[str] = "array_api:" + DEFAULT_LIBRARY

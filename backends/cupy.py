@@ -49,7 +49,10 @@ from multidev.adapter import (
     CapabilityError,
     Device,
     InvalidDeviceError,
+    NonBlockingMoves,
     StagingPlan,
+    SupportsDLPack,
+    SupportsNativeCollectives,
     aligned_empty,
     canonical_dtype,
     host_aligned,
@@ -77,7 +80,7 @@ def _host(a: np.ndarray) -> CupyHostArray:
     return host_aligned(a).view(CupyHostArray)
 
 
-class CupyBackend(BaseBackend):
+class CupyBackend(BaseBackend, NonBlockingMoves, SupportsDLPack, SupportsNativeCollectives):
     """The CuPy backend (see module docstring)."""
 
     name: ClassVar[str] = "cupy"
@@ -388,8 +391,7 @@ class CupyBackend(BaseBackend):
         if not isinstance(x, np.ndarray):  # host arrays (NumPy's) are computed already
             x.device.synchronize()
 
-    @property
-    def wait_fn(self) -> Callable[[Any], Any]:
+    def tensor_wait_fn(self) -> Callable[[Any], Any]:
         """wait(x) in one frame: the array's device barrier, as ``x.device.synchronize()`` (CuPy has
         no per-array wait); host arrays (NumPy's) are computed already."""
         host = np.ndarray

@@ -44,6 +44,11 @@ from multidev.adapter import (
     DeviceNotFoundError,
     InvalidDeviceError,
     StagingPlan,
+    SupportsCompile,
+    SupportsDLPack,
+    SupportsNativeCollectives,
+    SupportsNonBlocking,
+    TrainingDefaults,
     canonical_dtype,
     dlpack_info,
     numpy_dtype,
@@ -128,7 +133,8 @@ class _Producer:
         return (kind, idx)
 
 
-class JaxBackend(BaseBackend):
+class JaxBackend(BaseBackend, SupportsNonBlocking, SupportsDLPack, SupportsNativeCollectives, TrainingDefaults,
+                 SupportsCompile):
     """The JAX backend (see module docstring)."""
 
     name: ClassVar[str] = "jax"
@@ -506,8 +512,7 @@ class JaxBackend(BaseBackend):
     def wait(self, x: Any) -> None:
         x.block_until_ready()  # raises the asynchronous error behind x, if any
 
-    @functools.cached_property
-    def wait_fn(self) -> Callable[[Any], Any]:
+    def tensor_wait_fn(self) -> Callable[[Any], Any]:
         """wait(x) with no adapter frame: the array class's own method (read once a tensor exists,
         so JAX's backends are not started early)."""
         fn: Callable[[Any], Any] = type(self._jnp.zeros(())).block_until_ready

@@ -50,6 +50,11 @@ from multidev.adapter import (
     Device,
     DeviceNotFoundError,
     InvalidDeviceError,
+    NonBlockingMoves,
+    SupportsCompile,
+    SupportsDLPack,
+    SupportsNativeCollectives,
+    SupportsTraining,
     canonical_dtype,
 )
 
@@ -95,7 +100,8 @@ def _numpy_major() -> int:
         return 0
 
 
-class MxnetBackend(BaseBackend):
+class MxnetBackend(BaseBackend, NonBlockingMoves, SupportsDLPack, SupportsNativeCollectives, SupportsTraining,
+                   SupportsCompile):
     """The MXNet backend (see module docstring)."""
 
     name: ClassVar[str] = "mxnet"

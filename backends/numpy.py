@@ -28,6 +28,8 @@ from multidev.adapter import (
     CapabilityError,
     Device,
     InvalidDeviceError,
+    SupportsCompile,
+    SupportsDLPack,
     canonical_dtype,
     numpy_dtype,
     same_device,
@@ -170,7 +172,7 @@ class VirtualDeviceArray(np.ndarray):
         return f"{np.array_repr(self.view(np.ndarray))[:-1]}, device='{self._md_device}')"
 
 
-class NumpyBackend(BaseBackend):
+class NumpyBackend(BaseBackend, SupportsDLPack, SupportsCompile):
     """The NumPy reference backend (see module docstring)."""
 
     name: ClassVar[str] = "numpy"

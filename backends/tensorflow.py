@@ -38,6 +38,11 @@ from multidev.adapter import (
     CapabilityError,
     Device,
     DeviceNotFoundError,
+    NonBlockingMoves,
+    SupportsCompile,
+    SupportsDLPack,
+    SupportsNativeCollectives,
+    SupportsTraining,
     UnsupportedTensorError,
     canonical_dtype,
     dlpack_info,
@@ -65,7 +70,8 @@ _SILENT = " (TF itself would copy them silently)"
 _ALIGN = 64
 
 
-class TensorflowBackend(BaseBackend):
+class TensorflowBackend(BaseBackend, NonBlockingMoves, SupportsDLPack, SupportsNativeCollectives, SupportsTraining,
+                        SupportsCompile):
     """The TensorFlow adapter (see module docstring)."""
 
     name: ClassVar[str] = "tensorflow"

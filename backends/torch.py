@@ -26,7 +26,12 @@ from multidev.adapter import (
     CapabilityError,
     Device,
     InvalidDeviceError,
+    NonBlockingMoves,
     StagingPlan,
+    SupportsCompile,
+    SupportsDLPack,
+    SupportsNativeCollectives,
+    SupportsTraining,
     is_floating,
     numpy_dtype,
     staged_upload,
@@ -45,7 +50,8 @@ _NCCL_DTYPES = ("bool", "int8", "uint8", "int32", "int64", "float16", "bfloat16"
                 "float64")
 
 
-class TorchBackend(BaseBackend):
+class TorchBackend(BaseBackend, NonBlockingMoves, SupportsDLPack, SupportsNativeCollectives, SupportsTraining,
+                   SupportsCompile):
     """The PyTorch backend (see module docstring)."""
 
     name: ClassVar[str] = "torch"

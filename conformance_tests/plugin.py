@@ -10,7 +10,8 @@ Fixtures for suite authors:
   ``native`` where ``capabilities.native_collectives`` lists ``allreduce``).
 
 Markers: ``md_feature(name)`` (the matrix row), ``md_requires(capability)`` (parametrize only the
-backends that declare it: a boolean field of Capabilities, or ``"native_allreduce"``).
+backends that have it: a capability protocol's name such as ``"SupportsTraining"``, a boolean field
+of Capabilities, or ``"native_allreduce"``).
 
 Options: ``--multidev-backend NAME[,NAME]`` (registered names or ``module:attr``; default: every
 installed backend), ``--multidev-device SPEC[,SPEC]`` (keep only these devices),
@@ -195,6 +196,14 @@ def algorithms_of(b: Any) -> list[str]:
 
 
 def _requires(b: Any, what: str) -> bool:
+    """Whether backend ``b`` has ``what``: a capability protocol's name (``"SupportsTraining"``), a
+    boolean field of its Capabilities, or ``"native_allreduce"``."""
+    from multidev.adapter import CAPABILITY_PROTOCOLS
+    from multidev.registry import supports
+
+    protocols = {p.__name__: p for p in CAPABILITY_PROTOCOLS}
+    if what in protocols:
+        return supports(b, protocols[what])
     if what == "native_allreduce":
         return "allreduce" in b.capabilities.native_collectives
     return bool(getattr(b.capabilities, what))

@@ -10,9 +10,10 @@ import pytest
 
 import multidev as md
 from multidev import Device
-from multidev.adapter import DTYPES, check_adapter
+from multidev.adapter import DTYPES, SupportsNativeCollectives, check_adapter
 from multidev.errors import CapabilityError
 from multidev.exchange import exportable
+from multidev.registry import supports
 
 from ._helpers import as_f64, found, isolated, need_devices, ordered, pending_work, sample
 
@@ -116,7 +117,7 @@ def test_dlpack_flag_matches_behaviour(md_backend: Any, md_devices: list) -> Non
     dev = md_devices[0]
     x = md.asarray(src, device=dev, backend=b.name)
     with pytest.raises(CapabilityError):
-        b.export_dlpack(x)
+        exportable(b, x)  # the adapter refuses, or declares no SupportsDLPack
     exports = False
     if dev.kind == "cpu" and hasattr(x, "__dlpack__"):
         try:
@@ -141,6 +142,10 @@ def test_native_allreduce_flag_matches_behaviour(md_backend: Any, md_devices: li
     arrays = [np.full((2, 2), float(i + 1), dtype=np.float32) for i in range(len(devs))]
     xs = [md.asarray(a, device=d, backend=b.name) for a, d in zip(arrays, devs)]
     declared = "allreduce" in b.capabilities.native_collectives
+    if not supports(b, SupportsNativeCollectives):
+        found(b, "native_allreduce", False)
+        assert not declared, f"{b.name} declares a native allreduce without implementing SupportsNativeCollectives"
+        return  # no native path at all, as declared
     try:
         out = b.native_allreduce(xs, "sum")
     except CapabilityError as e:

@@ -1,4 +1,4 @@
-"""A template adapter: every protocol method, in the protocol's order, for one real library.
+"""A template adapter: every core protocol method, in the protocol's order, for one real library.
 
 Copy this file to write an adapter for your framework; ``docs/writing-an-adapter.md`` walks
 through it. It adapts array-api-strict (``pip install array-api-strict``), whose devices
@@ -26,6 +26,7 @@ import numpy as np
 
 from multidev.adapter import (
     HOST_ALIGNMENT,
+    ArrayApiDLPack,
     BaseBackend,
     Capabilities,
     CapabilityError,
@@ -36,7 +37,7 @@ from multidev.adapter import (
 )
 
 
-class TemplateBackend(BaseBackend):
+class TemplateBackend(BaseBackend, ArrayApiDLPack):
     """array-api-strict through every protocol method (see the module docstring)."""
 
     #: The name ``backend=`` arguments and ``--backend`` take.
@@ -135,8 +136,7 @@ class TemplateBackend(BaseBackend):
     def move(self, x: Any, device: Device) -> Any:
         return self._aligned(self._xp.asarray(x, device=self._native[device], copy=True))
 
-    # start_move(): BaseBackend's (move, then no waiter: the backend is synchronous).
-    # start_to_numpy(): optional; BaseBackend's (start_move to cpu:0, then to_numpy).
+    # start_move(), start_to_numpy(): not declared (SupportsNonBlocking); the core moves, then waits.
 
     def copy(self, x: Any, device: Device) -> Any:
         return self.move(x, device)
@@ -148,6 +148,8 @@ class TemplateBackend(BaseBackend):
         return None  # nothing is ever queued
 
     # wait(): BaseBackend's (synchronize the tensor's device).
+    # device_wait_fn(): BaseBackend's (synchronize, bound to the device).
+    # tensor_wait_fn(): BaseBackend's (wait, bound).
 
     # -- arithmetic for collectives ---------------------------------------------------------
     # shape_of(): BaseBackend's (tuple of x.shape).
@@ -179,7 +181,7 @@ class TemplateBackend(BaseBackend):
         dst[...] = src
 
     # -- interchange ------------------------------------------------------------------------
-    # export_dlpack(): BaseBackend's (the array itself: it has __dlpack__).
+    # export_dlpack(): ArrayApiDLPack's (the array itself: it has __dlpack__).
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:
         # DLPack calls every host buffer cpu:0: the view is labelled with the device asked for.
@@ -188,11 +190,8 @@ class TemplateBackend(BaseBackend):
         except (TypeError, ValueError, BufferError, RuntimeError) as e:
             raise CapabilityError(f"template backend cannot import this DLPack tensor: {e}") from e
 
-    # native_allreduce(): BaseBackend's (CapabilityError: no framework allreduce).
+    # native_allreduce(): not declared (SupportsNativeCollectives): the portable algorithms serve it.
 
-    # The optional training and compilation extensions (multidev.replicate, train_batch, compile):
-    # parameter_like(): BaseBackend's (the copy as it is: arrays are parameters already).
-    # value_and_grad(): BaseBackend's (CapabilityError: pass train_batch a hand-written grad=).
-    # sgd_update(): BaseBackend's (p - lr * g, out of place).
-    # compile_routes(): BaseBackend's (none: md.compile runs the function as it is, or refuses).
-    # compile(): BaseBackend's (CapabilityError naming the routes the adapter has).
+    # Training and compilation (SupportsTraining, SupportsCompile) are not declared: replicas are
+    # plain copies, train_batch takes a hand-written grad= and updates with p - lr * g, and
+    # md.compile refuses with CapabilityError. Inherit them (and implement every method) to add them.

@@ -4,12 +4,13 @@ from __future__ import annotations
 import functools
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
-from .errors import InvalidDeviceError
+from .errors import DeviceMismatchError, InvalidDeviceError
 
-__all__ = ["ACCEPTED_FORMS", "KINDS", "MAX_INDEX", "Device", "DeviceLike"]
+__all__ = ["ACCEPTED_FORMS", "KINDS", "MAX_INDEX", "Device", "DeviceLike", "same_device"]
 
 #: Device kinds multidev knows. ``gpu`` covers CUDA and ROCm; ``mps`` is Apple's Metal GPU.
 KINDS = ("cpu", "gpu", "mps")
@@ -149,3 +150,16 @@ def _parse_str(text: str) -> Device:
 
 
 DeviceLike = Union[Device, str, tuple, Any]  # noqa: UP007 - a runtime alias, valid on Python 3.10
+
+
+def same_device(backend: str, what: str, devices: Sequence[Device], note: str = "") -> Device | None:
+    """The one device of ``devices`` (None when empty), or DeviceMismatchError naming them all.
+
+    ``backend`` names the adapter in the message, ``what`` the operation (``"concat"``), ``note``
+    is appended to the message (e.g. what the framework itself would have done)."""
+    uniq = sorted(set(devices))
+    if len(uniq) > 1:
+        raise DeviceMismatchError(
+            f"{backend} backend: {what} got operands on {', '.join(map(str, uniq))}{note}. Move them "
+            "to one device first with multidev.to(x, device).")
+    return uniq[0] if uniq else None

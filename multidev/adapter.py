@@ -7,24 +7,27 @@ entry-point group (or :func:`multidev.register_backend`) and test it with
 ``multidev conformance --backend mypkg.module:MyBackend``. ``docs/writing-an-adapter.md`` walks
 through a complete adapter.
 
-What :class:`BaseBackend` supplies (override any of them):
+What :class:`BaseBackend` supplies for the core protocol (override any of them):
 
 - ``version()``: the framework module's ``__version__``;
-- ``start_move``: :meth:`move`, then a waiter that waits for the target (or none on synchronous
-  backends);
 - ``wait(x)``: ``synchronize(device_of(x))``;
+- ``device_wait_fn(device)`` and ``tensor_wait_fn()``: ``synchronize`` and ``wait`` bound (the hooks
+  ``multidev.synchronize`` caches; override them together with ``synchronize`` and ``wait``);
 - ``shape_of(x)``: ``tuple(int(s) for s in x.shape)``;
-- ``export_dlpack`` / ``import_dlpack``: the array-API ``__dlpack__`` route (``x`` itself out;
-  ``framework_module.from_dlpack`` in), refused with CapabilityError where
-  ``capabilities.dlpack`` is False;
-- ``native_allreduce``: CapabilityError (no fast path);
-- the optional extensions for training and compilation (in :data:`OPTIONAL_METHODS`):
-  ``parameter_like`` returns the copy unchanged (tensors without autograd state), ``sgd_update``
-  computes ``p - lr * g`` out of place with the tensors' own operators, and ``value_and_grad``,
-  ``compile_routes`` and ``compile`` raise CapabilityError (no autodiff, no compiler);
 - ``same_device(what, xs)``: the one device of ``xs``, or DeviceMismatchError naming them all;
 - ``configure_devices(n)`` (class method): ask for ``n`` virtual CPU devices before the framework
   starts, through the environment variable named by ``virtual_devices_env``.
+
+The optional capabilities are protocols an adapter declares by inheriting them
+(:data:`CAPABILITY_PROTOCOLS`: :class:`SupportsNonBlocking`, :class:`SupportsDLPack`,
+:class:`SupportsNativeCollectives`, :class:`SupportsTraining`, :class:`SupportsCompile`), with
+shared implementations to inherit where they fit: :class:`ArrayApiDLPack` (the array-API
+``__dlpack__`` route) and :class:`TrainingDefaults` (parameters without autograd state, SGD with the
+tensors' own operators). :func:`check_adapter` checks what is declared when the adapter loads.
+
+Stability: this module's ``__all__`` is the adapter API (:data:`API_VERSION`). A name removed or
+renamed keeps working for one minor release with a DeprecationWarning naming its replacement
+(``docs/writing-an-adapter.md`` states the policy; ``tests/test_adapter_api.py`` holds the list).
 
 Host memory: XLA (JAX, TensorFlow) shares a host buffer through DLPack only when its address is a
 multiple of :data:`HOST_ALIGNMENT` (64 bytes), and the exchange layer refuses to hand such a
@@ -34,14 +37,17 @@ An adapter whose host tensors should reach them zero-copy allocates aligned buff
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import types
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ._device import KINDS, Device
+from ._device import KINDS, Device, same_device
 from .dlpack import DLPackCapsule, DLPackInfo, dlpack_info
 from .dtypes import (
     COMPLEX_DTYPES,
@@ -69,10 +75,25 @@ from .errors import (
     MultidevError,
     UnsupportedTensorError,
 )
-from .protocol import OPTIONAL_METHODS, PROTOCOL_METHODS, REDUCE_OPS, Backend, Capabilities
+from .protocol import (
+    CAPABILITY_PROTOCOLS,
+    OPTIONAL_METHODS,
+    PROTOCOL_METHODS,
+    REDUCE_OPS,
+    Backend,
+    Capabilities,
+    SupportsCompile,
+    SupportsDLPack,
+    SupportsNativeCollectives,
+    SupportsNonBlocking,
+    SupportsTraining,
+    protocol_methods,
+)
 from .staging import StagingPlan, parallel_put, staged_upload
 
 __all__ = [
+    "API_VERSION",
+    "CAPABILITY_PROTOCOLS",
     "COMPLEX_DTYPES",
     "DTYPES",
     "FLOAT_DTYPES",
@@ -84,6 +105,7 @@ __all__ = [
     "PROTOCOL_METHODS",
     "REDUCE_OPS",
     "AdapterError",
+    "ArrayApiDLPack",
     "Backend",
     "BackendError",
     "BackendNotAvailableError",
@@ -100,7 +122,14 @@ __all__ = [
     "InvalidDeviceError",
     "InvalidDtypeError",
     "MultidevError",
+    "NonBlockingMoves",
     "StagingPlan",
+    "SupportsCompile",
+    "SupportsDLPack",
+    "SupportsNativeCollectives",
+    "SupportsNonBlocking",
+    "SupportsTraining",
+    "TrainingDefaults",
     "UnsupportedTensorError",
     "aligned_empty",
     "canonical_dtype",
@@ -112,10 +141,16 @@ __all__ = [
     "is_integer",
     "numpy_dtype",
     "parallel_put",
+    "protocol_methods",
     "same_device",
     "staged_upload",
+    "start_move",
     "start_to_numpy",
 ]
+
+#: The adapter API's version (major, minor): what ``__all__`` exports, with the contracts of the
+#: protocols, is stable within a minor release and deprecated one minor release before removal.
+API_VERSION = (0, 3)
 
 
 _HOST = Device("cpu", 0)
@@ -144,31 +179,27 @@ def host_aligned(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def same_device(backend: str, what: str, devices: Sequence[Device], note: str = "") -> Device | None:
-    """The one device of ``devices`` (None when empty), or DeviceMismatchError naming them all.
-
-    ``backend`` names the adapter in the message, ``what`` the operation (``"concat"``), ``note``
-    is appended to the message (e.g. what the framework itself would have done)."""
-    uniq = sorted(set(devices))
-    if len(uniq) > 1:
-        raise DeviceMismatchError(
-            f"{backend} backend: {what} got operands on {', '.join(map(str, uniq))}{note}. Move them "
-            "to one device first with multidev.to(x, device).")
-    return uniq[0] if uniq else None
-
-
 def start_to_numpy(b: Any, x: Any) -> Callable[[], np.ndarray]:
     """The protocol's default ``start_to_numpy`` for any adapter ``b``: ``start_move`` to cpu:0 (none
     for a host tensor), and a callable that waits and gives ``b.to_numpy`` of the landed tensor."""
     if b.device_of(x) == _HOST:
         return lambda: b.to_numpy(x)
-    y, waiter = b.start_move(x, _HOST)
+    y, waiter = b.start_move(x, _HOST) if isinstance(b, SupportsNonBlocking) else start_move(b, x, _HOST)
 
     def land() -> np.ndarray:
         landed = waiter() if waiter is not None else None
         out: np.ndarray = b.to_numpy(y if landed is None else landed)
         return out
     return land
+
+
+def start_move(b: Any, x: Any, device: Device) -> tuple[Any, Callable[[], Any] | None]:
+    """The core's way to start a move for an adapter without :class:`SupportsNonBlocking`: ``b.move``,
+    then a waiter that waits for the target on an asynchronous backend (None on a synchronous one)."""
+    y = b.move(x, device)
+    if not b.capabilities.async_execution:
+        return y, None
+    return y, lambda: b.wait(y)
 
 
 class BaseBackend:
@@ -206,23 +237,50 @@ class BaseBackend:
         return str(getattr(mod, "__version__", "unknown"))
 
     # -- placement --------------------------------------------------------------------------
-    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
-        y = self.move(x, device)
-        if not self.capabilities.async_execution:
-            return y, None
-        return y, lambda: self.wait(y)
-
-    def start_to_numpy(self, x: Any) -> Callable[[], np.ndarray]:
-        return start_to_numpy(self, x)
-
     def wait(self, x: Any) -> None:
         self.synchronize(self.device_of(x))
+
+    def device_wait_fn(self, device: Device) -> Callable[[], Any] | None:
+        return functools.partial(self.synchronize, device)
+
+    def tensor_wait_fn(self) -> Callable[[Any], Any]:
+        legacy = self.__dict__.get("wait_fn") or getattr(type(self), "wait_fn", None)
+        if legacy is not None:  # the 0.2 spelling: an attribute (or property) named wait_fn
+            warnings.warn(f"adapter {self.name!r}: the wait_fn attribute is deprecated since 0.3 and will be "
+                          "ignored in 0.4; define tensor_wait_fn() instead", DeprecationWarning, stacklevel=2)
+            fn = getattr(self, "wait_fn", None)
+            if callable(fn):
+                return fn
+        return self.wait
 
     # -- arithmetic for collectives ---------------------------------------------------------
     def shape_of(self, x: Any) -> tuple[int, ...]:
         return tuple(int(s) for s in x.shape)
 
-    # -- interchange ------------------------------------------------------------------------
+    # -- helpers ----------------------------------------------------------------------------
+    def same_device(self, what: str, xs: Sequence[Any], note: str = "") -> Device:
+        """The one device of tensors ``xs``, for operation ``what`` (named in the error); otherwise
+        DeviceMismatchError naming every device, with ``note`` appended to its message (what the
+        framework itself would have done), or CollectiveInputError when ``xs`` is empty."""
+        dev = same_device(self.name, what, [self.device_of(x) for x in xs], note)
+        if dev is None:
+            raise CollectiveInputError(f"{self.name} backend: {what} needs at least one tensor")
+        return dev
+
+
+class ArrayApiDLPack(SupportsDLPack):
+    """:class:`SupportsDLPack` through the array API: ``x`` itself out (it has ``__dlpack__``),
+    ``framework_module.from_dlpack`` in, the result checked to land on the producer's device. Refused
+    with CapabilityError where ``capabilities.dlpack`` is False."""
+
+    name: ClassVar[str]
+    framework: ClassVar[str]
+
+    if TYPE_CHECKING:
+        @property
+        def capabilities(self) -> Capabilities: ...
+        def device_of(self, x: Any) -> Device: ...
+
     def export_dlpack(self, x: Any) -> Any:
         if not self.capabilities.dlpack:
             raise CapabilityError(f"{self.name} backend has no DLPack support (capabilities.dlpack)")
@@ -246,37 +304,99 @@ class BaseBackend:
             raise CapabilityError(f"{self.name} backend: a DLPack buffer of {device} arrived on {got}")
         return y
 
-    # -- native fast paths ------------------------------------------------------------------
-    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
-        raise CapabilityError(f"{self.name} backend has no native allreduce; use algorithm='naive', "
-                              "'ring', 'tree' or 'auto'")
 
-    # -- optional extensions: training and compilation ------------------------------------
+class NonBlockingMoves(SupportsNonBlocking):
+    """The part of :class:`SupportsNonBlocking` written over ``start_move``: ``start_to_numpy`` starts
+    a move to ``cpu:0`` and gives a callable that waits and returns ``to_numpy`` of the landed tensor
+    (:func:`start_to_numpy`). The adapter supplies ``start_move``."""
+
+    def start_to_numpy(self, x: Any) -> Callable[[], np.ndarray]:
+        return start_to_numpy(self, x)
+
+
+def default_parameter_like(src: Any, y: Any) -> Any:
+    """``parameter_like`` for tensors without autograd state: ``y`` itself."""
+    return y
+
+
+def default_sgd_update(params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
+    """``sgd_update`` out of place with the tensors' own ``-`` and ``*``: ``p - lr * g``, in p's dtype
+    (``lr`` is a Python float, which no framework promotes a floating tensor with)."""
+    return [p - float(lr) * g for p, g in zip(params, grads)]
+
+
+class TrainingDefaults(SupportsTraining):
+    """The parts of :class:`SupportsTraining` that frameworks whose tensors carry no autograd state
+    share: ``parameter_like`` returns the copy unchanged, ``sgd_update`` computes ``p - lr * g`` out
+    of place. The adapter supplies ``value_and_grad``."""
+
     def parameter_like(self, src: Any, y: Any) -> Any:
-        return y
-
-    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
-        raise CapabilityError(f"{self.name} backend has no automatic differentiation: pass a hand-written "
-                              "gradient (multidev.train_batch(..., grad=fn))")
+        return default_parameter_like(src, y)
 
     def sgd_update(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
-        return [p - lr * g for p, g in zip(params, grads)]
+        return default_sgd_update(params, grads, lr)
 
-    def compile_routes(self, fn: Any) -> dict[str, bool]:
-        raise CapabilityError(f"{self.name} backend has no compiler; call the function as it is")
 
-    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
-        raise CapabilityError(f"{self.name} backend has no compiler; call the function as it is")
+#: The shared implementations an adapter written against 0.2 got from BaseBackend without declaring a
+#: protocol: filled in at load, with a DeprecationWarning, for one minor release.
+_LEGACY_DEFAULTS: dict[type, dict[str, Any]] = {
+    SupportsDLPack: {"export_dlpack": ArrayApiDLPack.export_dlpack, "import_dlpack": ArrayApiDLPack.import_dlpack},
+    SupportsNonBlocking: {"start_move": lambda self, x, device: start_move(self, x, device),
+                          "start_to_numpy": lambda self, x: start_to_numpy(self, x)},
+    SupportsTraining: {"parameter_like": TrainingDefaults.parameter_like, "sgd_update": TrainingDefaults.sgd_update},
+}
 
-    # -- helpers ----------------------------------------------------------------------------
-    def same_device(self, what: str, xs: Sequence[Any], note: str = "") -> Device:
-        """The one device of tensors ``xs``, for operation ``what`` (named in the error); otherwise
-        DeviceMismatchError naming every device, with ``note`` appended to its message (what the
-        framework itself would have done), or CollectiveInputError when ``xs`` is empty."""
-        dev = same_device(self.name, what, [self.device_of(x) for x in xs], note)
-        if dev is None:
-            raise CollectiveInputError(f"{self.name} backend: {what} needs at least one tensor")
-        return dev
+
+def declares(obj: Any, protocol: type) -> bool:
+    """Whether adapter ``obj`` declares ``protocol`` (inherits it)."""
+    return protocol in type(obj).__mro__
+
+
+def _stubbed(obj: Any, protocol: type) -> list[str]:
+    """The methods of ``protocol`` that ``obj`` leaves at the protocol's own stub, or lacks."""
+    out = []
+    for m in protocol_methods(protocol):
+        fn = getattr(type(obj), m, None)
+        if m in getattr(obj, "__dict__", {}):
+            continue
+        if fn is None or fn is protocol.__dict__[m]:
+            out.append(m)
+    return out
+
+
+def complete_legacy(obj: Any, spec: str) -> list[str]:
+    """For an adapter written against 0.2 (capability methods without a declared protocol, relying on
+    BaseBackend's defaults for the rest): bind the shared defaults it relied on to the instance,
+    with one DeprecationWarning naming what to declare. Returns the protocols filled in."""
+    filled = []
+    caps = getattr(obj, "capabilities", None)
+    for protocol in CAPABILITY_PROTOCOLS:
+        if declares(obj, protocol):
+            continue
+        names = protocol_methods(protocol)
+        have = [m for m in names if callable(getattr(obj, m, None))]
+        defaults = _LEGACY_DEFAULTS.get(protocol, {})
+        wanted = bool(have) or (protocol is SupportsDLPack and isinstance(caps, Capabilities) and caps.dlpack)
+        missing = [m for m in names if m not in have]
+        if not wanted or not missing or not set(missing) <= set(defaults):
+            continue
+        for m in missing:
+            setattr(obj, m, types.MethodType(defaults[m], obj))
+        filled.append(protocol.__name__)
+    undeclared = [p for p in CAPABILITY_PROTOCOLS if not declares(obj, p) and isinstance(obj, p)]
+    if undeclared:
+        inherit = [_SHARED.get(p.__name__, p.__name__) if p.__name__ in filled else p.__name__ for p in undeclared]
+        warnings.warn(f"adapter {spec!r} implements {', '.join(p.__name__ for p in undeclared)} without declaring "
+                      f"it: inherit {' and '.join(f'multidev.adapter.{n}' for n in inherit)} (undeclared capability "
+                      "methods and BaseBackend's 0.2 defaults are deprecated since 0.3 and will be ignored in 0.4)"
+                      + (f"; filled in from the shared defaults for now: {', '.join(filled)}" if filled else ""),
+                      DeprecationWarning, stacklevel=4)
+    return filled
+
+
+#: The shared implementation to inherit in place of the 0.2 defaults, per protocol.
+_SHARED = {"SupportsDLPack": "ArrayApiDLPack", "SupportsNonBlocking": "NonBlockingMoves",
+           "SupportsTraining": "TrainingDefaults"}
 
 
 def check_adapter(obj: Any) -> list[str]:
@@ -292,12 +412,16 @@ def check_adapter(obj: Any) -> list[str]:
         if m == "capabilities":
             continue
         fn = getattr(obj, m, None)
-        if fn is None and m in OPTIONAL_METHODS:
-            continue
         if fn is None:
             problems.append(f"method {m}() is missing")
         elif not callable(fn):
             problems.append(f"{m} must be a method, got {type(fn).__name__}")
+    for protocol in CAPABILITY_PROTOCOLS:
+        if declares(obj, protocol):
+            left = _stubbed(obj, protocol)
+            if left:
+                problems.append(f"it declares {protocol.__name__} but leaves {', '.join(m + '()' for m in left)} "
+                                "unimplemented")
     try:
         caps = obj.capabilities
     except Exception as e:  # noqa: BLE001 - reported, not raised
@@ -322,6 +446,13 @@ def check_adapter(obj: Any) -> list[str]:
         extra = sorted(set(caps.native_collectives) - {"allreduce"})
         if extra:
             problems.append(f"capabilities.native_collectives names unknown collectives {extra}")
+        if caps.dlpack and not isinstance(obj, SupportsDLPack):
+            problems.append("capabilities.dlpack is True but it does not implement SupportsDLPack (inherit "
+                            "multidev.adapter.ArrayApiDLPack for the array-API route, or implement export_dlpack "
+                            "and import_dlpack)")
+        if caps.native_collectives and not isinstance(obj, SupportsNativeCollectives):
+            problems.append("capabilities.native_collectives is not empty but it does not implement "
+                            "SupportsNativeCollectives (native_allreduce)")
     tt = getattr(obj, "tensor_types", None)
     if callable(tt):
         try:
@@ -334,7 +465,9 @@ def check_adapter(obj: Any) -> list[str]:
 
 
 def validate_adapter(obj: Any, spec: str) -> None:
-    """Raise AdapterError listing every protocol problem of ``obj`` (registered as ``spec``)."""
+    """Raise AdapterError listing every protocol problem of ``obj`` (registered as ``spec``), after
+    filling in what an adapter written against 0.2 relied on (:func:`complete_legacy`)."""
+    complete_legacy(obj, spec)
     problems = check_adapter(obj)
     if problems:
         raise AdapterError(f"adapter {spec!r} does not follow the multidev protocol:\n  - "

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import numbers
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -17,7 +16,6 @@ from .placement import as_device, resolve, scope_backend, scope_device
 from .placement import default_device as default_device
 from .protocol import Backend
 from .registry import (
-    adapter_hook,
     available_backends,
     backend_of,
     device_wait_cache,
@@ -409,8 +407,7 @@ _DEVICE_WAIT_SPELLINGS = 64
 
 def _device_wait(dev: Device, backend: str | None) -> Callable[[], Any]:
     """The zero-argument wait ``synchronize(dev)`` makes: ``backend``'s (it must have ``dev``), or
-    every loaded asynchronous backend's that has it; each adapter's ``device_wait_fn(dev)`` where
-    it offers one, else its ``synchronize`` bound to ``dev``."""
+    every loaded asynchronous backend's that has it: each adapter's ``device_wait_fn(dev)``."""
     if backend is not None:
         b = get_backend(backend)
         owners = [(b, resolve(b, dev))]
@@ -418,8 +415,7 @@ def _device_wait(dev: Device, backend: str | None) -> Callable[[], Any]:
         owners = [(b, dev) for b in loaded_backends() if b.capabilities.async_execution and dev in b.devices()]
     waits: list[Callable[[], Any]] = []
     for b, d in owners:
-        hook = adapter_hook(b, "device_wait_fn", "synchronize")
-        fn = hook(d) if hook is not None else functools.partial(b.synchronize, d)
+        fn = b.device_wait_fn(d)
         if fn is not None:  # None: nothing can be queued on d
             waits.append(fn)
     if len(waits) == 1:

@@ -49,8 +49,8 @@ from ._device import Device, DeviceLike
 from .dtypes import ITEMSIZE
 from .errors import CapabilityError, CollectiveInputError, UnsupportedTensorError
 from .placement import check_distinct, device_list, resolve
-from .protocol import Backend
-from .registry import backend_of
+from .protocol import Backend, SupportsNativeCollectives, SupportsTraining
+from .registry import backend_of, require, supports
 from .validate import OPS, check_axis, check_op, check_writable, translate_errors
 
 __all__ = ["ALGORITHMS", "AUTO_TREE_MAX_BYTES", "OPS", "allgather", "allreduce", "broadcast", "choose_algorithm",
@@ -284,7 +284,7 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
         out = [_fold(b, xs, devs[0], op)]
     elif alg == "native":
         try:
-            out = list(b.native_allreduce(xs, _base(op)))
+            out = list(require(b, SupportsNativeCollectives, "allreduce").native_allreduce(xs, _base(op)))
         except CapabilityError:
             if algorithm != "auto":
                 raise
@@ -317,8 +317,9 @@ def broadcast(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
     devs = device_list(b, devices, "broadcast")
     src = b.device_of(x)
     out = [b.copy(x, d) if d == src else b.move(x, d) for d in devs]
-    like = getattr(b, "parameter_like", None)  # an optional extension of the protocol
-    return out if like is None else [like(x, y) for y in out]
+    if not supports(b, SupportsTraining):  # tensors without autograd state: the copies as they are
+        return out
+    return [b.parameter_like(x, y) for y in out]  # type: ignore[attr-defined]
 
 
 @translate_errors()

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import CapabilityError, InvalidArgumentError, UnsupportedTensorError
-from .protocol import Backend
-from .registry import backend_of, get_backend
+from .protocol import Backend, SupportsCompile
+from .registry import backend_of, get_backend, supports
 
 __all__ = ["MEASURE_BUDGET_S", "Compiled", "compile"]
 
@@ -75,7 +75,7 @@ class Compiled:
         self.errors: dict[str, str] = {}
         self.routes: dict[str, bool] = {}
         self._wanted = route
-        self._b: Backend | None = None
+        self._b: Any = None  # the adapter, a SupportsCompile
         self._call: Callable[..., Any] | None = None
         self._lock = threading.Lock()
 
@@ -84,11 +84,10 @@ class Compiled:
         return f"<multidev.Compiled {name} backend={self.backend} route={self.route or self._wanted}>"
 
     def _bind(self, b: Backend) -> None:
-        routes = getattr(b, "compile_routes", None)
-        if routes is None:
-            raise CapabilityError(f"{b.name} backend has no compile extension (compile_routes); call "
-                                  "the function as it is")
-        self.routes = dict(routes(self.fn))
+        if not supports(b, SupportsCompile):
+            raise CapabilityError(f"{b.name} backend has no compiler (it does not implement SupportsCompile); "
+                                  "call the function as it is")
+        self.routes = dict(b.compile_routes(self.fn))  # type: ignore[attr-defined]
         if self._wanted != "auto" and self._wanted not in self.routes:
             raise InvalidArgumentError(f"compile: {b.name} has no route {self._wanted!r} for this function; "
                                        f"its routes: {', '.join(self.routes)} (or 'auto')")

@@ -19,16 +19,17 @@ from ._device import DeviceLike
 from .dlpack import DLPackCapsule, DLPackInfo, dlpack_info
 from .errors import CapabilityError, DeviceMismatchError, DeviceNotFoundError, MultidevError
 from .placement import as_device
-from .protocol import Backend
-from .registry import backend_of, get_backend
+from .protocol import Backend, SupportsDLPack
+from .registry import backend_of, get_backend, require
 from .validate import translate_errors
 
 __all__ = ["DLPackCapsule", "DLPackInfo", "convert", "dlpack_info", "exportable", "peek"]
 
 
 def exportable(src: Backend, x: Any) -> Any:
-    """What ``src.export_dlpack(x)`` gives, as an object with ``__dlpack__``/``__dlpack_device__``."""
-    obj = src.export_dlpack(x)
+    """What ``src.export_dlpack(x)`` gives, as an object with ``__dlpack__``/``__dlpack_device__``
+    (CapabilityError where ``src`` has no :class:`~multidev.protocol.SupportsDLPack`)."""
+    obj = require(src, SupportsDLPack, "DLPack export").export_dlpack(x)
     if hasattr(obj, "__dlpack__"):
         return obj
     return DLPackCapsule(obj, src.device_of(x))
@@ -112,7 +113,7 @@ def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None)
             return x
         if src.capabilities.dlpack:  # relabel host memory with another virtual CPU device
             with contextlib.suppress(MultidevError, BufferError, RuntimeError, TypeError, ValueError):
-                return src.import_dlpack(exportable(src, x), dev)
+                return require(src, SupportsDLPack, "convert").import_dlpack(exportable(src, x), dev)
         if copy is False:
             raise CapabilityError(f"convert: {src.name} cannot label this buffer with {dev} without a copy")
         return src.move(x, dev)
@@ -137,7 +138,7 @@ def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None)
                 refusal = _share_refusal(peek(obj), dst)
                 if refusal is not None:
                     raise CapabilityError(f"{src.name} buffer not shared: {refusal}")
-            y = dst.import_dlpack(obj, dev)
+            y = require(dst, SupportsDLPack, "convert").import_dlpack(obj, dev)
             if (handshake or dst.device_of(y) == dev) and dst.dtype_of(y) == dtype:
                 if not copy:
                     return y

@@ -1,8 +1,28 @@
-"""What an adapter provides: the :class:`Backend` protocol and its :class:`Capabilities` record.
+"""What an adapter provides: the core :class:`Backend` protocol, the optional capability protocols,
+and the :class:`Capabilities` record.
 
-An adapter is one file that implements the methods below, in this order, for one framework, usually
-as a subclass of :class:`multidev.adapter.BaseBackend` (which supplies the shared defaults). The
-core (placement, collectives, conformance suite, benchmarks) is written once over this protocol.
+An adapter implements :class:`Backend`, the core every backend has (identity, devices, dtypes,
+creation, placement, synchronize, host copies and the arithmetic the portable collectives are built
+from), usually as a subclass of :class:`multidev.adapter.BaseBackend` (which supplies the shared
+defaults). Each optional capability is a small protocol of its own, which an adapter **declares by
+inheriting it** and implements whole:
+
+- :class:`SupportsNonBlocking`: non-blocking moves and host copies on streams (``start_move``,
+  ``start_to_numpy``); without it the core moves, then waits;
+- :class:`SupportsDLPack`: zero-copy interchange (``export_dlpack``, ``import_dlpack``); required
+  where ``capabilities.dlpack`` is True (:class:`multidev.adapter.ArrayApiDLPack` is the array-API
+  route);
+- :class:`SupportsNativeCollectives`: the framework's own allreduce (``native_allreduce``);
+  required where ``capabilities.native_collectives`` names it;
+- :class:`SupportsTraining`: autodiff and parameters (``parameter_like``, ``value_and_grad``,
+  ``sgd_update``); without it ``train_batch`` takes a hand-written ``grad=``;
+- :class:`SupportsCompile`: the framework's compilers (``compile_routes``, ``compile``).
+
+The registry checks every adapter when it loads (:func:`multidev.adapter.check_adapter`): each core
+method present, each declared protocol implemented whole (no method left at the protocol's stub),
+and the capability flags consistent with the protocols. The conformance suite has a section per
+protocol. The core (placement, collectives, conformance suite, benchmarks) is written once over
+these protocols.
 
 Contract shared by every method:
 
@@ -26,7 +46,9 @@ import numpy as np
 
 from ._device import Device
 
-__all__ = ["OPTIONAL_METHODS", "PROTOCOL_METHODS", "REDUCE_OPS", "Backend", "Capabilities"]
+__all__ = ["CAPABILITY_PROTOCOLS", "OPTIONAL_METHODS", "PROTOCOL_METHODS", "REDUCE_OPS", "Backend", "Capabilities",
+           "SupportsCompile", "SupportsDLPack", "SupportsNativeCollectives", "SupportsNonBlocking", "SupportsTraining",
+           "protocol_methods"]
 
 #: Elementwise reductions every adapter's :meth:`Backend.combine` supports.
 REDUCE_OPS = ("sum", "max", "min", "prod")
@@ -77,8 +99,9 @@ class Capabilities:
 
 @runtime_checkable
 class Backend(Protocol):
-    """The adapter protocol, in the order every adapter file follows (see :data:`PROTOCOL_METHODS`
-    for the list as ``help()`` cannot show it: pydoc sorts methods by name)."""
+    """The core adapter protocol, in the order every adapter file follows (see :data:`PROTOCOL_METHODS`
+    for the list as ``help()`` cannot show it: pydoc sorts methods by name). The optional
+    capabilities are protocols of their own (:data:`CAPABILITY_PROTOCOLS`)."""
 
     #: The backend's registry name, e.g. ``"torch"`` (what ``backend=`` arguments take).
     name: ClassVar[str]
@@ -158,23 +181,6 @@ class Backend(Protocol):
         framework operations and to read through :meth:`to_numpy`."""
         ...
 
-    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], Any] | None]:
-        """Start moving ``x`` (not on ``device``) and return at once with the target tensor and a
-        callable that blocks until it is safe to read (None when it already is). Where the target
-        can only be made once the copy has landed, the callable returns it (the first element is then
-        a placeholder the caller must not use). Host targets use
-        pinned buffers where the backend has them; the copy starts once the work producing ``x``
-        (queued before this call) is done, not after later work. The adapter keeps ``x`` alive
-        until the copy has landed. The caller must not read the target, nor write ``x``, before
-        calling the waiter."""
-        ...
-
-    def start_to_numpy(self, x: Any) -> Callable[[], np.ndarray]:
-        """Optional (BaseBackend: :meth:`start_move` to ``cpu:0``, then :meth:`to_numpy`). Start copying
-        ``x`` into host memory (pinned where the backend has it) as soon as its producer is done, and
-        return at once a callable that waits and gives the ``numpy.ndarray``. For ``to_host``."""
-        ...
-
     def copy(self, x: Any, device: Device) -> Any:
         """A new, independent buffer on ``device`` (which may be x's own), equal in value and dtype."""
         ...
@@ -185,16 +191,26 @@ class Backend(Protocol):
         ...
 
     def synchronize(self, device: Device | None) -> None:
-        """Block until queued work on ``device`` (every device when ``None``) has finished, and raise
-        any asynchronous error it produced. (An adapter may also offer ``device_wait_fn(device)``:
-        a zero-argument function doing the same for one device with no adapter frame, or None when
-        nothing can be queued there; ``multidev.synchronize(device)`` caches it.)"""
+        """Block until all work queued on ``device`` (every device when ``None``) has finished,
+        including work whose results were dropped, and raise any asynchronous error it produced."""
         ...
 
     def wait(self, x: Any) -> None:
-        """Block until ``x`` itself is computed, and raise any asynchronous error behind it.
-        (An adapter may also set an attribute ``wait_fn``: a function doing the same for its
-        tensors with no adapter frame, such as the tensor class's own method.)"""
+        """Block until ``x`` itself is computed, and raise any asynchronous error behind it."""
+        ...
+
+    def device_wait_fn(self, device: Device) -> Callable[[], Any] | None:
+        """A zero-argument function doing ``synchronize(device)`` with no adapter frame (the
+        framework's own barrier bound to the device), or None where nothing can be queued on
+        ``device``. ``multidev.synchronize(device)`` caches and calls it. It must wait exactly as
+        :meth:`synchronize` does: an adapter (or subclass) that changes one changes both
+        (BaseBackend: ``synchronize`` bound to ``device``)."""
+        ...
+
+    def tensor_wait_fn(self) -> Callable[[Any], Any]:
+        """A function doing ``wait(x)`` for this adapter's tensors with no adapter frame (JAX's is the
+        array class's own ``block_until_ready``); ``multidev.synchronize(x)`` caches and calls it. It
+        must wait exactly as :meth:`wait` does (BaseBackend: the bound ``wait``)."""
         ...
 
     # -- arithmetic the collectives need (operands always share a device) ---------------------
@@ -228,7 +244,38 @@ class Backend(Protocol):
         on immutable backends and for read-only tensors; DeviceMismatchError across devices."""
         ...
 
-    # -- interchange -------------------------------------------------------------------------
+
+@runtime_checkable
+class SupportsNonBlocking(Protocol):
+    """Non-blocking moves on the framework's streams (CUDA copy streams, JAX's dispatch): the copy
+    starts at once and overlaps later work. Without it, ``to(x, d, non_blocking=True)`` moves and
+    waits when ``wait()`` is called (:func:`multidev.adapter.start_to_numpy` is the shared default
+    of ``start_to_numpy``)."""
+
+    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], Any] | None]:
+        """Start moving ``x`` (not on ``device``) and return at once with the target tensor and a
+        callable that blocks until it is safe to read (None when it already is). Where the target
+        can only be made once the copy has landed, the callable returns it (the first element is then
+        a placeholder the caller must not use). Host targets use
+        pinned buffers where the backend has them; the copy starts once the work producing ``x``
+        (queued before this call) is done, not after later work. The adapter keeps ``x`` alive
+        until the copy has landed. The caller must not read the target, nor write ``x``, before
+        calling the waiter."""
+        ...
+
+    def start_to_numpy(self, x: Any) -> Callable[[], np.ndarray]:
+        """Start copying
+        ``x`` into host memory (pinned where the backend has it) as soon as its producer is done, and
+        return at once a callable that waits and gives the ``numpy.ndarray``. For ``to_host``."""
+        ...
+
+
+@runtime_checkable
+class SupportsDLPack(Protocol):
+    """Zero-copy interchange through DLPack, for :func:`multidev.convert`. Required where
+    ``capabilities.dlpack`` is True; :class:`multidev.adapter.ArrayApiDLPack` implements it for
+    frameworks with the array-API ``__dlpack__`` and ``from_dlpack``."""
+
     def export_dlpack(self, x: Any) -> Any:
         """Something a DLPack consumer takes for ``x`` without copying: an object with
         ``__dlpack__``/``__dlpack_device__`` where the framework has one, else a legacy capsule.
@@ -242,7 +289,13 @@ class Backend(Protocol):
         take it without a copy (the core then copies, unless the caller forbade it)."""
         ...
 
-    # -- native fast paths (optional: advertised in capabilities.native_collectives) ------------
+
+@runtime_checkable
+class SupportsNativeCollectives(Protocol):
+    """The framework's own collective path (NCCL, ``psum``, kvstore), for ``algorithm="native"``.
+    Required where ``capabilities.native_collectives`` names ``allreduce`` (the flag may be empty
+    on a machine where the path does not exist, e.g. fewer than two GPUs)."""
+
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         """The framework's own allreduce over tensors on distinct devices (NCCL, psum, kvstore),
         out of place, result ``i`` on input ``i``'s device, in input order, with ``op`` one of
@@ -250,9 +303,14 @@ class Backend(Protocol):
         CapabilityError where the backend has none, or none for this dtype/op/device set."""
         ...
 
-    # -- optional extensions: training and compilation (BaseBackend supplies defaults) ----------
-    # An adapter that has no such feature leaves them out (BaseBackend's defaults: see
-    # multidev.adapter); check_adapter does not require them (OPTIONAL_METHODS).
+
+@runtime_checkable
+class SupportsTraining(Protocol):
+    """Training parameters and the framework's autodiff, for :func:`multidev.replicate` and
+    :func:`multidev.train_batch`. Without it, replicas are plain copies and ``train_batch`` takes a
+    hand-written ``grad=`` (:class:`multidev.adapter.TrainingDefaults` supplies ``parameter_like``
+    and ``sgd_update`` for frameworks whose tensors carry no autograd state)."""
+
     def parameter_like(self, src: Any, y: Any) -> Any:
         """``y`` (a new copy of ``src``, made by :meth:`copy` or :meth:`move`) made a training
         parameter the way ``src`` is: a leaf that requires grad where ``src`` requires grad (torch),
@@ -276,6 +334,11 @@ class Backend(Protocol):
         with the tensors' own ``-`` and ``*``."""
         ...
 
+
+@runtime_checkable
+class SupportsCompile(Protocol):
+    """The framework's compilers, for :func:`multidev.compile`."""
+
     def compile_routes(self, fn: Any) -> dict[str, bool]:
         """The ways this framework can compile ``fn`` (a function or the framework's own module
         object), in order of preference: route name -> whether ``route="auto"`` measures it. Names
@@ -291,9 +354,15 @@ class Backend(Protocol):
         ...
 
 
-def _protocol_methods() -> tuple[str, ...]:
+#: The optional capability protocols, in the order the adapter files and docs follow.
+CAPABILITY_PROTOCOLS: tuple[type, ...] = (SupportsNonBlocking, SupportsDLPack, SupportsNativeCollectives,
+                                          SupportsTraining, SupportsCompile)
+
+
+def protocol_methods(protocol: type) -> tuple[str, ...]:
+    """The methods (and properties) a protocol declares, in order."""
     names = []
-    for n, v in Backend.__dict__.items():
+    for n, v in protocol.__dict__.items():
         if n.startswith("_"):
             continue
         if callable(v) or isinstance(v, property):
@@ -301,19 +370,16 @@ def _protocol_methods() -> tuple[str, ...]:
     return tuple(names)
 
 
-#: The protocol's methods in order (``capabilities`` is a property).
-PROTOCOL_METHODS: tuple[str, ...] = _protocol_methods()
-#: Methods an adapter may leave out: the core then uses the default :class:`multidev.adapter.BaseBackend`
-#: documents (``native_allreduce`` is only called where ``capabilities.native_collectives`` lists it;
-#: the training and compilation extensions raise CapabilityError where missing).
-OPTIONAL_METHODS = frozenset({"start_to_numpy", "native_allreduce", "parameter_like", "value_and_grad", "sgd_update",
-                              "compile_routes", "compile"})
+#: The core protocol's methods in order (``capabilities`` is a property): every adapter has them.
+PROTOCOL_METHODS: tuple[str, ...] = protocol_methods(Backend)
+#: Every method of the capability protocols (an adapter implements those of the protocols it declares).
+OPTIONAL_METHODS = frozenset(m for p in CAPABILITY_PROTOCOLS for m in protocol_methods(p))
 
 
-def _ordered_doc() -> str:
-    lines = ["", "The protocol, in order:", ""]
-    for i, n in enumerate(PROTOCOL_METHODS, 1):
-        v = Backend.__dict__[n]
+def _ordered_doc(protocol: type, title: str) -> str:
+    lines = ["", title, ""]
+    for i, n in enumerate(protocol_methods(protocol), 1):
+        v = protocol.__dict__[n]
         fn: Any = v.fget if isinstance(v, property) else v
         sig = "" if isinstance(v, property) else str(inspect.signature(fn)).replace("'", "")
         first = (fn.__doc__ or "").strip().splitlines()[0]
@@ -321,5 +387,20 @@ def _ordered_doc() -> str:
     return "\n".join(lines)
 
 
-Backend.__doc__ = (Backend.__doc__ or "") + "\n" + _ordered_doc()
+Backend.__doc__ = (Backend.__doc__ or "") + "\n" + _ordered_doc(Backend, "The core protocol, in order:")
+for _p in CAPABILITY_PROTOCOLS:
+    _p.__doc__ = (_p.__doc__ or "") + "\n" + _ordered_doc(_p, "Its methods:")
 
+
+def __getattr__(name: str) -> Any:
+    """Names this module no longer defines, kept for one minor release (see the adapter API policy)."""
+    if name == "same_device":
+        import warnings
+
+        from ._device import same_device
+
+        warnings.warn("multidev.protocol.same_device is deprecated since 0.2 and will be removed in 0.4; "
+                      "use multidev.adapter.same_device (or BaseBackend.same_device)", DeprecationWarning,
+                      stacklevel=2)
+        return same_device
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

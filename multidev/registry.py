@@ -35,7 +35,7 @@ from typing import Any
 
 from ._device import Device
 from .adapter import validate_adapter
-from .errors import AdapterError, BackendNotAvailableError, UnsupportedTensorError
+from .errors import AdapterError, BackendNotAvailableError, CapabilityError, UnsupportedTensorError
 from .protocol import Backend
 
 __all__ = [
@@ -51,7 +51,9 @@ __all__ = [
     "prefer",
     "register_backend",
     "registered_backends",
+    "require",
     "set_default_backend",
+    "supports",
     "waiter_of",
 ]
 
@@ -66,8 +68,8 @@ _instances: dict[str, Backend] = {}
 _name_locks: dict[str, threading.Lock] = {}  # per-backend creation locks
 _failures: dict[str, str] = {}  # name -> why it could not load
 _type_cache: dict[type, str] = {}
-#: tensor class -> the owner's wait, bound with no adapter frame where the adapter offers one
-#: (``Backend.wait_fn``): the hot path of ``synchronize(tensor)``. Cleared with the type cache.
+#: tensor class -> the owner's ``tensor_wait_fn()``: the hot path of ``synchronize(tensor)``.
+#: Cleared with the type cache.
 wait_cache: dict[type, Callable[[Any], Any]] = {}
 #: backend name (or None: every loaded backend) -> {a device spelling (a str or a Device) -> the
 #: zero-argument wait of ``synchronize(device)``}: its hot path. Cleared with ``wait_cache``, so a
@@ -75,6 +77,7 @@ wait_cache: dict[type, Callable[[Any], Any]] = {}
 device_wait_cache: dict[str | None, dict[Any, Callable[[], Any]]] = {}
 wait_generation = 0  # counts the clearings, so a cache entry built across one is not kept
 lock = _lock  # the registry's lock, for the caches above
+_supports: dict[tuple[int, type], bool] = {}  # (id(adapter), capability protocol) -> implements it
 _claims: dict[type, list[str]] = {}  # tensor class -> adapters claiming it, in creation order
 _preferred: list[str] = []  # a stack: the adapter that wins a shared tensor class (conformance runs)
 _entry_points_read = False
@@ -139,6 +142,9 @@ def register_backend(name: str, factory: Callable[[], Backend], *, replace: bool
 
 def _forget(name: str) -> None:
     old = _instances.pop(name, None)
+    if old is not None:
+        for key in [k for k in _supports if k[0] == id(old)]:
+            del _supports[key]
     _failures.pop(name, None)
     _frameworks.pop(name, None)
     for t in [t for t, n in _type_cache.items() if n == name]:
@@ -526,37 +532,41 @@ def backend_of(x: Any) -> Backend:
     )
 
 
-def adapter_hook(b: Backend, hook: str, method: str) -> Any:
-    """``b``'s optional fast path ``hook`` (``wait_fn`` for ``wait``, ``device_wait_fn`` for
-    ``synchronize``), or None. A hook is a shortcut of ``method`` as seen from the class defining
-    it: it is not used where ``method`` is overridden ahead of that class (a subclass, a mixin
-    earlier in the MRO, a method set on the instance), so an override always runs. A hook set on
-    the instance is used as it is."""
-    inst = getattr(b, "__dict__", {})
-    mro = type(b).__mro__
-    owner = next((c for c in mro if hook in c.__dict__), None)
-    if owner is None:  # set on the instance, or absent
-        return inst.get(hook)
-    if method in inst:
-        return None
-    meth = next((c for c in mro if method in c.__dict__), None)
-    if meth is not None and mro.index(meth) < mro.index(owner):
-        return None
-    return getattr(b, hook, None)
-
-
 def waiter_of(x: Any) -> Callable[[Any], Any]:
-    """The function that waits for tensors of x's class (``backend_of(x).wait``, or the adapter's
-    ``wait_fn`` where it has one), cached by class."""
+    """The function that waits for tensors of x's class (the owner's ``tensor_wait_fn()``), cached
+    by class."""
     t = type(x)
     w = wait_cache.get(t)
     if w is None:
         b = backend_of(x)
-        w = adapter_hook(b, "wait_fn", "wait") or b.wait
+        w = b.tensor_wait_fn()
         with _lock:
             if _type_cache.get(t) == b.name:
                 wait_cache[t] = w
     return w
+
+
+def require(b: Backend, protocol: type, what: str, hint: str = "") -> Any:
+    """``b`` itself where it implements capability protocol ``protocol`` (see :func:`supports`), for
+    calling that protocol's methods; else CapabilityError naming the backend, ``what`` needed it and
+    the protocol it lacks."""
+    if supports(b, protocol):
+        return b
+    raise CapabilityError(f"{what}: the {b.name} backend does not implement {protocol.__name__} "
+                          f"(multidev.adapter.{protocol.__name__}){'; ' + hint if hint else ''}")
+
+
+def supports(b: Backend, protocol: type) -> bool:
+    """Whether adapter ``b`` implements capability protocol ``protocol`` (declared, or for an adapter
+    written against 0.2, every method present), cached per adapter."""
+    key = (id(b), protocol)
+    hit = _supports.get(key)
+    if hit is None:
+        hit = isinstance(b, protocol)
+        with _lock:
+            if len(_supports) < 4096:
+                _supports[key] = hit
+    return hit
 
 
 def _family_member_for(x: Any, names: list[str], broken: list[str]) -> Backend | None:

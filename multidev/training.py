@@ -18,11 +18,12 @@ import numpy as np
 
 from . import distributed as dist
 from ._device import DeviceLike
+from .adapter import default_sgd_update
 from .collectives import NONE_GRADIENT_HINT, allreduce, broadcast, reduce, split_batch
-from .errors import CapabilityError, InvalidArgumentError, UnsupportedTensorError
+from .errors import InvalidArgumentError, UnsupportedTensorError
 from .placement import device_list
-from .protocol import Backend
-from .registry import backend_of
+from .protocol import SupportsTraining
+from .registry import backend_of, require, supports
 
 __all__ = ["replicate", "train_batch"]
 
@@ -48,11 +49,6 @@ def replicate(params: Sequence[Any], devices: Sequence[DeviceLike]) -> list[list
     return [list(r) for r in zip(*per_param)]
 
 
-def _extension(b: Backend, name: str) -> Callable[..., Any]:
-    fn = getattr(b, name, None)
-    if fn is None:
-        raise CapabilityError(f"{b.name} backend has no {name} extension (multidev.protocol.OPTIONAL_METHODS)")
-    return fn
 
 
 def train_batch(X: Any, y: Any, replicas: list[list[Any]], devices: Sequence[DeviceLike], lr: float, *,
@@ -94,7 +90,9 @@ def train_batch(X: Any, y: Any, replicas: list[list[Any]], devices: Sequence[Dev
         raise InvalidArgumentError(f"train_batch: batch_size must be a positive int, got {batch_size!r:.40}")
     X_shards, y_shards = split_batch(X, y, devs)
     losses, grads = [], []
-    vg = None if grad is not None else _extension(b, "value_and_grad")
+    vg = None if grad is not None else require(
+        b, SupportsTraining, "train_batch(loss=...)",
+        "it has no automatic differentiation: pass a hand-written gradient, train_batch(..., grad=fn)").value_and_grad
     for d, (ps, Xs, ys) in enumerate(zip(replicas, X_shards, y_shards)):
         if grad is not None:
             value, gs = grad(list(ps), Xs, ys)
@@ -116,7 +114,7 @@ def train_batch(X: Any, y: Any, replicas: list[list[Any]], devices: Sequence[Dev
             total = dist.allreduce(summed[i][0], "sum")  # the local sum, on the first device
             summed[i] = broadcast(total, devs) if len(devs) > 1 else [total]
     step = float(lr) / int(batch_size)
-    sgd = _extension(b, "sgd_update")
+    sgd = b.sgd_update if supports(b, SupportsTraining) else default_sgd_update  # type: ignore[attr-defined]
     for d, ps in enumerate(replicas):
         ps[:] = sgd(ps, [s[d] for s in summed], step)
     value = _loss_sum(losses, devs)

@@ -8,10 +8,11 @@ from typing import Any, Generic, Literal, TypeVar, overload
 import numpy as np
 
 from ._device import DeviceLike
-from .adapter import start_to_numpy
+from .adapter import start_move, start_to_numpy
 from .errors import InvalidArgumentError, InvalidDeviceError, UnsupportedTensorError
 from .placement import resolve
-from .registry import backend_of
+from .protocol import SupportsNonBlocking
+from .registry import backend_of, supports
 from .validate import translate_errors
 
 __all__ = ["Transfer", "start_to", "to_host"]
@@ -71,7 +72,7 @@ def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
     if b.device_of(x) == dev:
         return Transfer(x, None)
     with translate_errors(lambda: f"{b.name} to({dev}, non_blocking=True)"):
-        y, waiter = b.start_move(x, dev)
+        y, waiter = b.start_move(x, dev) if supports(b, SupportsNonBlocking) else start_move(b, x, dev)  # type: ignore[attr-defined]
     return Transfer(y, waiter)
 
 
@@ -104,9 +105,9 @@ def to_host(xs: Iterable[Any], non_blocking: bool = False) -> list[np.ndarray] |
             b = backend_of(x)
         except UnsupportedTensorError as e:
             raise UnsupportedTensorError(f"to_host: item {len(started)}: {e}") from None
-        start = getattr(b, "start_to_numpy", None)
         with translate_errors(lambda: f"to_host: item {len(started)}"):
-            started.append(start(x) if start is not None else start_to_numpy(b, x))  # the optional method's default
+            started.append(b.start_to_numpy(x) if supports(b, SupportsNonBlocking)  # type: ignore[attr-defined]
+                           else start_to_numpy(b, x))
 
     def finish() -> list[np.ndarray]:
         out = []

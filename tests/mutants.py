@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from multidev.adapter import DTYPES, BaseBackend, CapabilityError, Device
+from multidev.adapter import DTYPES, ArrayApiDLPack, BaseBackend, CapabilityError, Device, SupportsNativeCollectives
 from multidev.adapters.jax import JaxBackend
 from multidev.adapters.numpy import NumpyBackend, VirtualDeviceArray
 from multidev.adapters.torch import TorchBackend
@@ -85,16 +85,15 @@ class NumpyControl(NumpyBackend):
 
 
 class GenericControl(NumpyBackend):
-    """The NumPy adapter on BaseBackend's generic defaults (start_move, wait, shape_of, DLPack
-    export/import through ``numpy.from_dlpack``, no native allreduce): the base of the generic mutants."""
+    """The NumPy adapter on the shared defaults (BaseBackend's wait and shape_of, ArrayApiDLPack's
+    export/import through ``numpy.from_dlpack``, the core's start_move, no native allreduce): the
+    base of the generic mutants."""
 
     name = "generic_control"
-    start_move = BaseBackend.start_move
     wait = BaseBackend.wait
     shape_of = BaseBackend.shape_of
-    export_dlpack = BaseBackend.export_dlpack
-    import_dlpack = BaseBackend.import_dlpack
-    native_allreduce = BaseBackend.native_allreduce
+    export_dlpack = ArrayApiDLPack.export_dlpack
+    import_dlpack = ArrayApiDLPack.import_dlpack
 
 
 class TorchControl(TorchBackend):
@@ -389,7 +388,7 @@ class GenericShapeOfList(GenericControl):
         return list(x.shape)  # type: ignore[return-value]
 
 
-@mutant("generic", "BaseBackend.import_dlpack without its placement check (a view of cpu:0 for any device)",
+@mutant("generic", "ArrayApiDLPack.import_dlpack without its placement check (a view of cpu:0 for any device)",
         ["test_import_dlpack_lands_on_the_requested_device"])
 class GenericImportNoPlacementCheck(GenericControl):
     name = "generic_import_unchecked"
@@ -398,16 +397,16 @@ class GenericImportNoPlacementCheck(GenericControl):
         return np.from_dlpack(obj)
 
 
-@mutant("generic", "BaseBackend.native_allreduce hands back its inputs instead of refusing",
+@mutant("generic", "a native_allreduce declared beside an empty native_collectives flag hands back its inputs",
         ["test_native_allreduce_flag_matches_behaviour"])
-class GenericNativeReturnsInputs(GenericControl):
+class GenericNativeReturnsInputs(GenericControl, SupportsNativeCollectives):
     name = "generic_native_inputs"
 
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         return list(xs)
 
 
-@mutant("generic", "BaseBackend.start_move gives no waiter, even on an asynchronous backend (JAX)",
+@mutant("generic", "start_move gives no waiter, even on an asynchronous backend (JAX)",
         ["test_reads_and_transfers_wait_for_queued_work"])
 class GenericStartMoveNoWaiter(JaxBackend):
     name = "generic_start_move_no_wait"

@@ -248,3 +248,82 @@ def test_no_backend_name_outside_adapters(path: Path) -> None:
     bad = [(n, line) for n, line in _names_in(path) if line not in docs
            and (path.name, n) not in ALLOWED_NAMES]
     assert not bad, f"{path.relative_to(ROOT)} names backends {bad}"
+
+
+# -- one place per rule -----------------------------------------------------------------------------
+def _is_name(node: ast.AST | None, name: str) -> bool:
+    return (isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Attribute) and node.attr == name)
+
+
+def _translate_patterns(tree: ast.AST) -> list[int]:
+    """Lines of hand-written error translation: ``raise framework_error(...)``, or a try whose handlers
+    re-raise MultidevError and then catch Exception."""
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and _is_name(node.exc.func, "framework_error"):
+            bad.append(node.lineno)
+        if isinstance(node, ast.Try):
+            names = [h.type for h in node.handlers]
+            reraise = [i for i, h in enumerate(node.handlers) if _is_name(h.type, "MultidevError")
+                       and len(h.body) == 1 and isinstance(h.body[0], ast.Raise) and h.body[0].exc is None]
+            if reraise and any(_is_name(t, "Exception") for t in names[reraise[0] + 1:]):
+                bad.append(node.lineno)
+    return bad
+
+
+def test_errors_are_translated_in_one_place() -> None:
+    """``multidev.validate.translate_errors`` is the one error-translation helper: nowhere else does
+    the package raise ``framework_error(...)`` or hand-write ``except MultidevError: raise`` followed
+    by ``except Exception``."""
+    bad = []
+    for p in _package_sources():
+        if p == ROOT / "multidev" / "validate.py":
+            continue
+        bad += [f"{p.relative_to(ROOT)}:{line}" for line in _translate_patterns(ast.parse(p.read_text()))]
+    assert not bad, "hand-written error translation (use multidev.validate.translate_errors): " + ", ".join(bad)
+
+
+def test_the_translation_check_finds_the_pattern() -> None:
+    src = ("try:\n    f()\nexcept MultidevError:\n    raise\nexcept Exception as e:\n    raise X(e) from e\n"
+           "def g():\n    raise framework_error(e, 'g') from e\n")
+    assert _translate_patterns(ast.parse(src)) == [1, 8]
+
+
+#: The capability protocols and the shared implementations that declare them.
+_PROVIDERS = {"SupportsNonBlocking": {"SupportsNonBlocking", "NonBlockingMoves"},
+              "SupportsDLPack": {"SupportsDLPack", "ArrayApiDLPack"},
+              "SupportsNativeCollectives": {"SupportsNativeCollectives"},
+              "SupportsTraining": {"SupportsTraining", "TrainingDefaults"},
+              "SupportsCompile": {"SupportsCompile"}}
+
+
+def test_the_protocol_is_split_and_every_adapter_declares_what_it_implements() -> None:
+    """A core protocol plus capability protocols, disjoint, each declared; every adapter class that
+    defines a capability method declares its protocol (no undeclared methods, no MRO inspection for
+    hooks: the hooks are core protocol methods)."""
+    from multidev import protocol
+
+    core = set(protocol.PROTOCOL_METHODS)
+    assert {"device_wait_fn", "tensor_wait_fn"} <= core
+    seen: set[str] = set()
+    for p in protocol.CAPABILITY_PROTOCOLS:
+        methods = set(protocol.protocol_methods(p))
+        assert methods and not methods & core and not methods & seen, p.__name__
+        seen |= methods
+    assert {p.__name__ for p in protocol.CAPABILITY_PROTOCOLS} == set(_PROVIDERS)
+    owner = {m: p.__name__ for p in protocol.CAPABILITY_PROTOCOLS for m in protocol.protocol_methods(p)}
+    bad = []
+    for path in sorted((ROOT / "backends").rglob("*.py")) + [ROOT / "examples" / "template_adapter.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef) or not node.name.endswith("Backend"):
+                continue
+            bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name in owner:
+                    need = owner[item.name]
+                    if not bases & _PROVIDERS[need] and not bases - {"BaseBackend", "object"} - set().union(
+                            *_PROVIDERS.values()):
+                        bad.append(f"{path.relative_to(ROOT)}:{item.lineno}: {node.name}.{item.name} without {need}")
+    assert not bad, "\n".join(bad)
+    core_src = "".join(p.read_text() for p in CORE)
+    assert "adapter_hook" not in core_src and "type(b).__mro__" not in core_src  # hooks are found by name

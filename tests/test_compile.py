@@ -337,5 +337,5 @@ def test_an_adapter_without_the_extensions_is_valid_and_says_what_it_lacks() -> 
     bare = type("Bare", (), attrs)()
     assert check_adapter(bare) == []
     c = mc.Compiled(len, "auto")
-    with pytest.raises(CapabilityError, match="bare backend has no compile extension"):
+    with pytest.raises(CapabilityError, match="bare backend has no compiler .it does not implement SupportsCompile"):
         c._bind(bare)  # type: ignore[arg-type]

@@ -180,56 +180,56 @@ def test_dotted_backend_name() -> None:
         registry.get_backend("no_such_module_xyz:Thing")
 
 
-def test_a_subclass_overriding_wait_or_synchronize_is_not_bypassed_by_the_parents_fast_path() -> None:
-    """wait_fn / device_wait_fn are shortcuts of wait / synchronize: a subclass that overrides the
-    method (a third-party adapter, a mutant) gets its own method called, not the parent's shortcut."""
-    class Hooked(FakeBackend):
+def test_the_wait_hooks_are_protocol_methods_and_default_to_wait_and_synchronize() -> None:
+    """``tensor_wait_fn()`` and ``device_wait_fn(device)`` are declared in the core protocol (no MRO
+    inspection): BaseBackend's defaults are the adapter's own ``wait`` and ``synchronize`` bound, so a
+    subclass that overrides those is called by ``md.synchronize``; an adapter's own hooks are used as
+    they are; the 0.2 spelling (a ``wait_fn`` attribute) still works, with a DeprecationWarning."""
+    calls: list[str] = []
+
+    class Waits(FakeBackend):
+        name: ClassVar[str] = "waits"
+
+        def wait(self, x: Any) -> None:
+            calls.append("wait")
+
+        def synchronize(self, device: Any) -> None:
+            calls.append(f"synchronize {device}")
+
+    class Hooked(Waits):
         name: ClassVar[str] = "hooked"
 
-        def wait(self, x: Any) -> None: ...
+        def tensor_wait_fn(self) -> Any:
+            return lambda x: calls.append("hook")
+
+        def device_wait_fn(self, device: Any) -> Any:
+            return lambda: calls.append("device hook")
+
+    class Legacy(Waits):
+        name: ClassVar[str] = "legacy"
 
         @property
         def wait_fn(self) -> Any:
-            return lambda x: "hook"
+            return lambda x: calls.append("legacy hook")
 
-        def synchronize(self, device: Any) -> None: ...
+    w = Waits()
+    w.tensor_wait_fn()(None)
+    w.device_wait_fn(md.Device("cpu", 0))()
+    assert calls == ["wait", "synchronize cpu:0"]
+    calls.clear()
+    h = Hooked()
+    h.tensor_wait_fn()(None)
+    h.device_wait_fn(md.Device("cpu", 0))()
+    assert calls == ["hook", "device hook"]
+    calls.clear()
+    with pytest.warns(DeprecationWarning, match="wait_fn attribute is deprecated.*tensor_wait_fn"):
+        fn = Legacy().tensor_wait_fn()
+    fn(None)
+    assert calls == ["legacy hook"]
+    import multidev.adapter
 
-        def device_wait_fn(self, device: Any) -> Any:
-            return lambda: "hook"
-
-    class Overrides(Hooked):
-        name: ClassVar[str] = "overrides"
-
-        def wait(self, x: Any) -> None: ...
-
-        def synchronize(self, device: Any) -> None: ...
-
-    class Mixin:
-        def synchronize(self, device: Any) -> None: ...
-
-    class Mixed(Mixin, Hooked):  # the override comes from a mixin ahead of the hook's class
-        name: ClassVar[str] = "mixed"
-
-    class Inherits(FakeBackend):  # a hook shortcutting an inherited method: used
-        name: ClassVar[str] = "inherits"
-
-        def device_wait_fn(self, device: Any) -> Any:
-            return lambda: "hook"
-
-    assert registry.adapter_hook(Hooked(), "wait_fn", "wait")(None) == "hook"
-    assert registry.adapter_hook(Hooked(), "device_wait_fn", "synchronize")(None)() == "hook"
-    assert registry.adapter_hook(Overrides(), "wait_fn", "wait") is None
-    assert registry.adapter_hook(Overrides(), "device_wait_fn", "synchronize") is None
-    assert registry.adapter_hook(Mixed(), "device_wait_fn", "synchronize") is None
-    assert registry.adapter_hook(Mixed(), "wait_fn", "wait") is not None  # wait is not overridden
-    assert registry.adapter_hook(Inherits(), "device_wait_fn", "synchronize")(None)() == "hook"
-    patched = Hooked()
-    patched.synchronize = lambda device: None  # type: ignore[method-assign]  # on the instance
-    assert registry.adapter_hook(patched, "device_wait_fn", "synchronize") is None
-    plain = FakeBackend()
-    assert registry.adapter_hook(plain, "wait_fn", "wait") is None
-    plain.wait_fn = print  # type: ignore[attr-defined]  # set on an instance: taken as it is
-    assert registry.adapter_hook(plain, "wait_fn", "wait") is print
+    assert "device_wait_fn" in multidev.adapter.PROTOCOL_METHODS and "tensor_wait_fn" in multidev.adapter.PROTOCOL_METHODS
+    assert not hasattr(registry, "adapter_hook")
 
 
 def test_synchronize_with_a_bad_backend_argument_gets_a_typed_error() -> None:

@@ -109,7 +109,8 @@ def _convert_steps(n: int = 2000) -> list[dict[str, Any]]:
     import torch
 
     t = torch.ones(1 << 18, device="cuda:0")
-    src, dst = md.backend_of(t), md.backend("jax")
+    src: Any = md.backend_of(t)
+    dst: Any = md.backend("jax")
     here = src.device_of(t)
     obj = src.export_dlpack(t)
     steps: dict[str, Callable[[], Any]] = {
