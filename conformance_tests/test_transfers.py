@@ -11,6 +11,8 @@ import pytest
 
 import multidev as md
 from multidev import Device
+from multidev.adapter import SupportsNonBlocking, start_to_numpy
+from multidev.registry import supports
 
 from ._helpers import as_f64
 
@@ -98,12 +100,11 @@ def test_handle_keeps_its_source_alive(md_backend: Any, md_device: Device) -> No
 
 
 @pytest.mark.parametrize("dtype", ["bool", "int32", "float16", "bfloat16", "float32", "float64"])
-def test_start_to_numpy_where_the_adapter_has_it(md_backend: Any, md_device: Device, dtype: str) -> None:
-    """The optional fast path to host arrays gives exactly what to_numpy gives."""
+def test_start_to_numpy_gives_what_to_numpy_gives(md_backend: Any, md_device: Device, dtype: str) -> None:
+    """The adapter's fast path to host arrays (SupportsNonBlocking), or the core's way without it
+    (start_move, then to_numpy), gives exactly what to_numpy gives: the path to_host takes."""
     b = md_backend
-    start = getattr(b, "start_to_numpy", None)
-    if start is None:
-        pytest.skip(f"{b.name} has no start_to_numpy (optional; to_host moves, then reads)")
+    start = b.start_to_numpy if supports(b, SupportsNonBlocking) else (lambda x: start_to_numpy(b, x))
     if dtype not in b.capabilities.dtypes_on(md_device):
         pytest.skip(f"{b.name} cannot hold {dtype} on {md_device} (capabilities)")
     src = (np.arange(12).reshape(3, 4) % 3).astype(np.float32)

@@ -28,6 +28,7 @@ from .api import (
                   empty,
                   full,
                   gpu,
+                  native_device,
                   num_gpus,
                   ones,
                   rand,
@@ -75,7 +76,8 @@ __all__ = [
     "allgather", "allreduce", "arange", "asarray", "backend", "backend_of",
     "backends", "broadcast", "canonical_dtype", "compile", "convert", "copy", "cpu", "default_device", "device",
     "device_of", "device_scope", "devices", "distributed", "dtype_of", "empty", "full", "gather",
-    "get_default_backend", "gpu", "num_gpus", "ones", "rand", "reduce", "reduce_scatter", "register_backend",
+    "get_default_backend", "gpu", "native_device", "num_gpus", "ones", "rand", "reduce", "reduce_scatter",
+    "register_backend",
     "registered_backends", "replicate", "scatter", "set_default_backend", "split_batch", "synchronize", "to",
     "to_host", "to_numpy", "train_batch", "try_all_gpus", "try_gpu", "zeros",
 ]

@@ -11,20 +11,29 @@ import numpy as np
 from . import registry
 from ._device import Device, DeviceLike
 from .dtypes import canonical_dtype, is_floating
-from .errors import CapabilityError, InvalidArgumentError, InvalidDeviceError, MultidevError, UnsupportedTensorError
+from .errors import (
+    CapabilityError,
+    DeviceMismatchError,
+    InvalidArgumentError,
+    InvalidDeviceError,
+    MultidevError,
+    UnsupportedTensorError,
+)
 from .placement import as_device, resolve, scope_backend, scope_device
 from .placement import default_device as default_device
-from .protocol import Backend
+from .protocol import Backend, SupportsDeviceScope
 from .registry import (
     available_backends,
     backend_of,
     device_wait_cache,
     get_backend,
     loaded_backends,
+    supports,
     wait_cache,
     waiter_of,
 )
 from .transfer import start_to
+from .trees import is_structure, leaves, tree_map
 from .validate import (
     check_fill,
     check_memory,
@@ -38,7 +47,8 @@ from .validate import (
 
 __all__ = [
     "arange", "asarray", "backend", "backends", "copy", "cpu", "default_device", "device", "device_of",
-    "device_scope", "devices", "dtype_of", "empty", "full", "gpu", "num_gpus", "ones", "rand", "synchronize",
+    "device_scope", "devices", "dtype_of", "empty", "full", "gpu", "native_device", "num_gpus", "ones", "rand",
+    "synchronize",
     "to", "to_numpy", "try_all_gpus", "try_gpu", "zeros",
 ]
 
@@ -116,21 +126,41 @@ def try_all_gpus(backend: str | None = None) -> list[Device]:
 
 @contextlib.contextmanager
 def device_scope(device: DeviceLike, backend: str | None = None) -> Iterator[Device]:
-    """Within the block, creation calls default to ``device`` (and to ``backend`` when given).
+    """Within the block, multidev's creation calls default to ``device`` (and to ``backend`` when
+    given). With ``backend``, the framework's own default device is set too where the framework has
+    one (torch's device context, ``jax.default_device``, ``tf.device``, MXNet's context: the
+    adapter's :class:`~multidev.protocol.SupportsDeviceScope`), so framework code in the block
+    (``torch.ones(2)``, ``jnp.ones(2)``) lands on ``device``; the device must then be one the
+    backend has (DeviceNotFoundError otherwise).
 
-    Context-local: threads and asyncio tasks each see their own scope.
+    multidev's part is context-local (threads and asyncio tasks each see their own scope); the
+    framework's part nests and crosses threads as the framework's own scope does.
     """
-    if backend is not None:
-        get_backend(backend)
     dev = as_device(device)
-    t1 = scope_device.set(dev)
-    t2 = scope_backend.set(backend) if backend is not None else None
-    try:
-        yield dev
-    finally:
-        scope_device.reset(t1)
-        if t2 is not None:
-            scope_backend.reset(t2)
+    with contextlib.ExitStack() as stack:
+        if backend is not None:
+            b = get_backend(backend)
+            target = resolve(b, dev)  # a device the backend has: DeviceNotFoundError at once otherwise
+            if supports(b, SupportsDeviceScope):
+                with translate_errors(lambda: f"{b.name} device_scope({target})"):
+                    stack.enter_context(b.device_scope(target))  # type: ignore[attr-defined]
+        t1 = scope_device.set(dev)
+        t2 = scope_backend.set(backend) if backend is not None else None
+        try:
+            yield dev
+        finally:
+            scope_device.reset(t1)
+            if t2 is not None:
+                scope_backend.reset(t2)
+
+
+def native_device(device: DeviceLike, backend: str | None = None) -> Any:
+    """The framework's own device object for ``device``, for native calls: ``torch.device("cuda",
+    1)`` for torch, a ``jax.Device`` for JAX, a device name ``tf.device`` takes for TensorFlow, an
+    ``mx.Context`` for MXNet, a ``cupy.cuda.Device`` for CuPy (the default backend when None).
+    DeviceNotFoundError where the backend has no such device."""
+    b = _backend(backend)
+    return b.to_native_device(resolve(b, device))
 
 
 # -- creation ------------------------------------------------------------------------------------
@@ -311,8 +341,30 @@ def rand(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | Non
 
 # -- placement -----------------------------------------------------------------------------------
 def device_of(x: Any) -> Device:
-    """The device tensor ``x`` lives on. Never copies or waits."""
-    return backend_of(x).device_of(x)
+    """The device tensor ``x`` lives on; for a structure (lists, tuples, named tuples, dicts, a
+    framework's trees and models), the one device of all its tensors, else DeviceMismatchError
+    saying where they are. Never copies or waits."""
+    try:
+        b = backend_of(x)
+    except UnsupportedTensorError:
+        if not is_structure(x):
+            raise
+        return _structure_device(x)
+    return b.device_of(x)
+
+
+def _structure_device(x: Any) -> Device:
+    """device_of for a structure: its tensors' one device."""
+    where: dict[Device, list[str]] = {}
+    for path, t in leaves(x, "device_of"):
+        where.setdefault(backend_of(t).device_of(t), []).append("".join(f"[{p!r}]" for p in path) or "(itself)")
+    if not where:
+        raise InvalidArgumentError(f"device_of: this {type(x).__name__} holds no tensor, so it has no device")
+    if len(where) > 1:
+        parts = "; ".join(f"{d}: {', '.join(ps[:4])}{' ...' if len(ps) > 4 else ''}" for d, ps in sorted(where.items()))
+        raise DeviceMismatchError(f"device_of: the tensors of this {type(x).__name__} live on {len(where)} devices "
+                                  f"({parts}); move them with multidev.to(x, device) first")
+    return next(iter(where))
 
 
 def dtype_of(x: Any) -> str:
@@ -341,7 +393,12 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     """
     if non_blocking:
         return start_to(x, device)
-    b = backend_of(x)
+    try:
+        b = backend_of(x)
+    except UnsupportedTensorError:
+        if not is_structure(x):
+            raise
+        return _structure_to(x, device)
     if device.__class__ is Device:
         dev = device
     else:
@@ -353,12 +410,37 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
         return b.move(x, target)
 
 
+def _structure_to(x: Any, device: DeviceLike) -> Any:
+    """to() of a structure: every tensor moved (a resident one kept as the same object), models
+    moved in place by their framework (the same model returned)."""
+    dev = as_device(device)
+
+    def move_module(b: Backend, m: Any) -> Any:
+        with translate_errors(lambda: f"{b.name} to({dev}) of a model"):
+            return b.move_module(m, resolve(b, dev))  # type: ignore[attr-defined]
+    return tree_map(lambda t: to(t, dev), x, "to", module=move_module)
+
+
 def copy(x: Any, device: DeviceLike | None = None) -> Any:
     """A new, independent buffer holding ``x`` on ``device`` (x's own device when None): D2L's
-    ``copyto``. Always copies, even on the same device."""
-    b = backend_of(x)
+    ``copyto``. Always copies, even on the same device. A structure is copied tensor by tensor
+    (a model into a new, independent model)."""
+    try:
+        b = backend_of(x)
+    except UnsupportedTensorError:
+        if not is_structure(x):
+            raise
+        return _structure_copy(x, device)
     dev = b.device_of(x) if device is None else resolve(b, device)
     return _native(b, "copy", b.copy, x, dev)
+
+
+def _structure_copy(x: Any, device: DeviceLike | None) -> Any:
+    def copy_module(b: Backend, m: Any) -> Any:
+        dev = device_of(m) if device is None else resolve(b, device)
+        with translate_errors(lambda: f"{b.name} copy of a model"):
+            return b.copy_module(m, dev)  # type: ignore[attr-defined]
+    return tree_map(lambda t: copy(t, device), x, "copy", module=copy_module)
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -452,6 +534,10 @@ def _synchronize(target: Any, backend: str | None) -> None:
         try:
             dev = as_device(target)  # a native device object
         except MultidevError:
+            if is_structure(target):  # every tensor of a structure (a model's parameters too)
+                for _, t in leaves(target, "synchronize"):
+                    waiter_of(t)(t)
+                return
             raise e from None  # neither a tensor nor a device: say so as a tensor error
         return _synchronize(dev, backend)
     wait(target)

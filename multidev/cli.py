@@ -83,9 +83,16 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def _short(name: str, e: BaseException) -> str:
-    s = str(e)
-    if "not available" in s and "Install" in s:
-        return "not installed: " + s.split("Install", 1)[1].strip().rstrip(".")
+    """One clean line for a backend that cannot load: ``not installed: pip install "multidev[torch]"``
+    where the registry's message carries an install command, else the reason, shortened."""
+    import re
+
+    s = " ".join(str(e).split())
+    cmd = re.search(r"`(pip install [^`]+)`", s)
+    if cmd is not None:
+        return f"not installed: {cmd.group(1)}"
+    if "Install the package that provides" in s:
+        return "not installed: install the package that provides this adapter and its framework"
     s = "not available: " + s.split(". Install")[0]
     return s if len(s) < 120 else s[:117] + "..."
 

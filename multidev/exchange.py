@@ -17,10 +17,11 @@ from typing import Any
 
 from ._device import DeviceLike
 from .dlpack import DLPackCapsule, DLPackInfo, dlpack_info
-from .errors import CapabilityError, DeviceMismatchError, DeviceNotFoundError, MultidevError
+from .errors import CapabilityError, DeviceMismatchError, DeviceNotFoundError, MultidevError, UnsupportedTensorError
 from .placement import as_device
 from .protocol import Backend, SupportsDLPack
 from .registry import backend_of, get_backend, require
+from .trees import is_structure, tree_map
 from .validate import translate_errors
 
 __all__ = ["DLPackCapsule", "DLPackInfo", "convert", "dlpack_info", "exportable", "peek"]
@@ -79,6 +80,9 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
     - ``copy=False``: zero-copy or CapabilityError, never a copy.
     - ``copy=True``: always a new buffer, landed before it is returned.
 
+    A structure (lists, tuples, named tuples, dicts, a framework's trees) is converted tensor by
+    tensor, its structure kept; a model is refused (a model belongs to its framework).
+
     ``device``: where the result lives, x's own device by default. A host tensor may be labelled
     with any CPU device of the consumer (virtual CPU devices share host memory, so this copies
     nothing); other devices raise DeviceMismatchError (use :func:`multidev.to` to move).
@@ -90,6 +94,12 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
     as its MultidevError, the framework's message kept.
     """
     with translate_errors(lambda: f"convert to {backend}"):
+        try:
+            backend_of(x)
+        except UnsupportedTensorError:  # a structure: every tensor converted, the structure kept
+            if not is_structure(x):
+                raise
+            return tree_map(lambda t: _convert(t, backend, copy, device), x, f"convert to {backend}")
         return _convert(x, backend, copy, device)
 
 

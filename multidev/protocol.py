@@ -16,7 +16,11 @@ inheriting it** and implements whole:
   required where ``capabilities.native_collectives`` names it;
 - :class:`SupportsTraining`: autodiff and parameters (``parameter_like``, ``value_and_grad``,
   ``sgd_update``); without it ``train_batch`` takes a hand-written ``grad=``;
-- :class:`SupportsCompile`: the framework's compilers (``compile_routes``, ``compile``).
+- :class:`SupportsCompile`: the framework's compilers (``compile_routes``, ``compile``);
+- :class:`SupportsModels`: the framework's containers and models (JAX pytrees, torch modules,
+  Gluon blocks, Keras models) for ``to``, ``copy``, ``device_of`` and the rest;
+- :class:`SupportsDeviceScope`: the framework's own default-device scope, for
+  ``multidev.device_scope``.
 
 The registry checks every adapter when it loads (:func:`multidev.adapter.check_adapter`): each core
 method present, each declared protocol implemented whole (no method left at the protocol's stub),
@@ -47,7 +51,8 @@ import numpy as np
 from ._device import Device
 
 __all__ = ["CAPABILITY_PROTOCOLS", "OPTIONAL_METHODS", "PROTOCOL_METHODS", "REDUCE_OPS", "Backend", "Capabilities",
-           "SupportsCompile", "SupportsDLPack", "SupportsNativeCollectives", "SupportsNonBlocking", "SupportsTraining",
+           "SupportsCompile", "SupportsDLPack", "SupportsDeviceScope", "SupportsModels", "SupportsNativeCollectives",
+           "SupportsNonBlocking", "SupportsTraining",
            "protocol_methods"]
 
 #: Elementwise reductions every adapter's :meth:`Backend.combine` supports.
@@ -354,9 +359,59 @@ class SupportsCompile(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsModels(Protocol):
+    """The framework's own containers and models, for ``to``, ``copy``, ``device_of``,
+    ``synchronize``, ``to_host`` and ``convert`` of whole structures (the core handles lists,
+    tuples, named tuples and dicts itself). Two kinds:
+
+    - ``"tree"``: a structure rebuilt from new leaves (JAX pytree nodes: flax structs, equinox
+      modules, registered classes); the core maps the call over its children;
+    - ``"module"``: a model whose tensors move in place (a torch ``nn.Module``, a Gluon ``Block``),
+      or cannot move (a Keras model, a ``tf.Module``: then the adapter refuses, saying why)."""
+
+    def model_kind(self, obj: Any) -> str | None:
+        """``"tree"`` or ``"module"`` where ``obj`` is one of this framework's structures, else None.
+        Never imports a framework, never copies."""
+        ...
+
+    def flatten_tree(self, obj: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+        """A ``"tree"``'s children, in order, and a function building the same structure from new
+        children (as many, in the same order)."""
+        ...
+
+    def module_tensors(self, obj: Any) -> list[Any]:
+        """Every tensor a ``"module"`` holds (parameters and buffers, each once), for ``device_of``,
+        ``synchronize`` and ``to_host``."""
+        ...
+
+    def move_module(self, obj: Any, device: Device) -> Any:
+        """The ``"module"`` on ``device``: moved in place as the framework's own ``to`` does (the
+        same object returned; nothing copied where every tensor is there already), or
+        CapabilityError where the framework cannot move it, saying what to do instead."""
+        ...
+
+    def copy_module(self, obj: Any, device: Device) -> Any:
+        """A new, independent ``"module"`` equal to ``obj`` on ``device`` (``obj`` unchanged), or
+        CapabilityError where the framework cannot make one."""
+        ...
+
+
+@runtime_checkable
+class SupportsDeviceScope(Protocol):
+    """The framework's own default-device scope, entered by ``multidev.device_scope(dev,
+    backend=...)`` so framework code inside the block lands on ``dev`` (torch's device context,
+    ``jax.default_device``, ``tf.device``, MXNet's context). Nesting and threads behave as the
+    framework's own scope does."""
+
+    def device_scope(self, device: Device) -> Any:
+        """A context manager making ``device`` the framework's default device inside its block."""
+        ...
+
+
 #: The optional capability protocols, in the order the adapter files and docs follow.
 CAPABILITY_PROTOCOLS: tuple[type, ...] = (SupportsNonBlocking, SupportsDLPack, SupportsNativeCollectives,
-                                          SupportsTraining, SupportsCompile)
+                                          SupportsTraining, SupportsCompile, SupportsModels, SupportsDeviceScope)
 
 
 def protocol_methods(protocol: type) -> tuple[str, ...]:

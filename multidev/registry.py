@@ -255,6 +255,8 @@ def get_backend(name: str | None = None) -> Backend:
             with _lock:
                 _failures[name] = msg
             raise BackendNotAvailableError(msg) from e
+        except Exception as e:
+            raise _factory_error(name, e) from e
         validate_adapter(inst, name)
         if inst.name != name:
             raise AdapterError(f"the adapter registered as {name!r} names itself {inst.name!r}; register it "
@@ -299,6 +301,8 @@ def _load_member(head: str, arg: str | None) -> Backend:
         raise
     except ImportError as e:
         raise BackendNotAvailableError(f"backend {spec!r} is not available: {e}. {_install_hint(head)}") from e
+    except Exception as e:
+        raise _factory_error(spec, e) from e
     full = getattr(factory, "name", None)
     if not isinstance(full, str) or not full.startswith(head + ":") or len(full) <= len(head) + 1:
         raise AdapterError(f"adapter family {head!r} selected {factory!r} for {spec!r}, whose class attribute "
@@ -344,6 +348,8 @@ def _load_dotted(spec: str) -> Backend:
             made = obj()
         except ImportError as e:
             raise BackendNotAvailableError(f"adapter {spec!r} is not available: {e}") from e
+        except Exception as e:
+            raise _factory_error(spec, e) from e
         name = getattr(made, "name", None)
         if not isinstance(name, str) or not name:
             raise AdapterError(f"adapter {spec!r} makes an object without a string 'name' attribute "
@@ -364,6 +370,17 @@ def _load_dotted(spec: str) -> Backend:
     with _lock:
         _instances[spec] = inst
     return inst
+
+
+def _factory_error(name: str, e: Exception) -> AdapterError:
+    """The AdapterError for an adapter factory (or class, or family) that raised while creating the
+    adapter; the original exception is its ``__cause__`` (an AdapterError is kept as it is)."""
+    if isinstance(e, AdapterError):
+        return e
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    return AdapterError(f"the adapter registered as {name!r} could not be created: its factory raised "
+                        f"{type(e).__name__}{': ' + first if first else ''}. Fix the adapter (or its framework's "
+                        "installation); the original error is chained below")
 
 
 def available_backends() -> list[str]:

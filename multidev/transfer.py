@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Generic, Literal, TypeVar, overload
 
 import numpy as np
@@ -10,9 +10,10 @@ import numpy as np
 from ._device import DeviceLike
 from .adapter import start_move, start_to_numpy
 from .errors import InvalidArgumentError, InvalidDeviceError, UnsupportedTensorError
-from .placement import resolve
+from .placement import as_device, resolve
 from .protocol import SupportsNonBlocking
 from .registry import backend_of, supports
+from .trees import is_structure, tree_map
 from .validate import translate_errors
 
 __all__ = ["Transfer", "start_to", "to_host"]
@@ -64,10 +65,16 @@ class Transfer(Generic[T]):
 
 def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
     """Start moving ``x`` to ``device`` and return its :class:`Transfer` at once; a done handle of
-    ``x`` itself when it is already there."""
-    b = backend_of(x)
+    ``x`` itself when it is already there. A structure starts every tensor's move (models move in
+    place, blocking, as their framework's ``to`` does) and its ``wait()`` gives the structure."""
     if device is None:
         raise InvalidDeviceError("to(x, device, non_blocking=True) needs a device, got None (as to(x, device) does)")
+    try:
+        b = backend_of(x)
+    except UnsupportedTensorError:
+        if not is_structure(x):
+            raise
+        return _start_structure(x, device)
     dev = resolve(b, device)
     if b.device_of(x) == dev:
         return Transfer(x, None)
@@ -76,51 +83,94 @@ def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
     return Transfer(y, waiter)
 
 
-@overload
-def to_host(xs: Iterable[Any], non_blocking: Literal[False] = False) -> list[np.ndarray]: ...
+def _start_structure(x: Any, device: DeviceLike) -> Transfer[Any]:
+    dev = as_device(device)
+
+    def move_module(b: Any, m: Any) -> Any:
+        with translate_errors(lambda: f"{b.name} to({dev}) of a model"):
+            return _Done(b.move_module(m, resolve(b, dev)))
+    pending = tree_map(lambda t: start_to(t, dev), x, "to", module=move_module)
+    handles = _is_handle
+
+    def land() -> Any:
+        return tree_map(lambda h: h.wait(), pending, "to", is_leaf=handles)
+    return Transfer(x, land)
+
+
+class _Done:
+    """A model already moved (in place): its handle is done."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def wait(self) -> Any:
+        return self.value
+
+
+def _is_handle(v: Any) -> bool:
+    return isinstance(v, (Transfer, _Done, _Landing))
+
+
+class _Landing:
+    """A host copy in flight: ``wait()`` gives its NumPy array."""
+
+    __slots__ = ("land",)
+
+    def __init__(self, land: Callable[[], np.ndarray]) -> None:
+        self.land = land
+
+    def wait(self) -> np.ndarray:
+        return self.land()
+
+
+def _start_host_copy(x: Any, where: str) -> _Landing:
+    b = backend_of(x)
+    with translate_errors(lambda: f"to_host: {where}"):
+        return _Landing(b.start_to_numpy(x) if supports(b, SupportsNonBlocking)  # type: ignore[attr-defined]
+                        else start_to_numpy(b, x))
 
 
 @overload
-def to_host(xs: Iterable[Any], non_blocking: Literal[True]) -> Transfer[list[np.ndarray]]: ...
+def to_host(xs: Any, non_blocking: Literal[False] = False) -> Any: ...
 
 
 @overload
-def to_host(xs: Iterable[Any], non_blocking: bool) -> list[np.ndarray] | Transfer[list[np.ndarray]]: ...
+def to_host(xs: Any, non_blocking: Literal[True]) -> Transfer[Any]: ...
 
 
-def to_host(xs: Iterable[Any], non_blocking: bool = False) -> list[np.ndarray] | Transfer[list[np.ndarray]]:
+@overload
+def to_host(xs: Any, non_blocking: bool) -> Any: ...
+
+
+def to_host(xs: Any, non_blocking: bool = False) -> Any:
     """Copy many tensors to host NumPy arrays (D2L: run on the GPU and copy results to the CPU).
 
-    ``xs`` is a list, or any iterable such as a generator of results: each copy is started as soon
-    as the iterable yields its tensor (into pinned host buffers where the backend has them), so the
+    ``xs`` is a structure of tensors (a list, tuple, named tuple or dict, nested as deep as you
+    like, or a framework's tree), given back with NumPy arrays in place of its tensors; or any other
+    iterable, such as a generator of results, given back as a list: each copy is started as soon as
+    the iterable yields its tensor (into pinned host buffers where the backend has them), so the
     copies of early results run while later ones are computed. Blocking: returns the arrays.
-    ``non_blocking=True``: returns a :class:`Transfer` whose ``wait()`` gives the arrays. Arrays of
-    CPU tensors may share their memory.
+    ``non_blocking=True``: returns a :class:`Transfer` whose ``wait()`` gives them. Arrays of CPU
+    tensors may share their memory. A model is refused: pass its tensors (its state as a dict).
     """
-    if isinstance(xs, (str, bytes)) or not hasattr(xs, "__iter__"):
-        raise InvalidArgumentError(f"to_host takes a list or an iterable of tensors, got {type(xs).__name__}")
-    started: list[Callable[[], np.ndarray]] = []
-    for x in xs:
-        try:
-            b = backend_of(x)
-        except UnsupportedTensorError as e:
-            raise UnsupportedTensorError(f"to_host: item {len(started)}: {e}") from None
-        with translate_errors(lambda: f"to_host: item {len(started)}"):
-            started.append(b.start_to_numpy(x) if supports(b, SupportsNonBlocking)  # type: ignore[attr-defined]
-                           else start_to_numpy(b, x))
+    if isinstance(xs, (str, bytes)) or not (hasattr(xs, "__iter__") or is_structure(xs)):
+        raise InvalidArgumentError(f"to_host takes a structure or an iterable of tensors, got {type(xs).__name__}")
+    if isinstance(xs, (list, tuple, dict)) or is_structure(xs):
+        pending: Any = tree_map(lambda t: _start_host_copy(t, "a tensor"), xs, "to_host")
+    else:
+        pending = []
+        for i, x in enumerate(xs):  # started as the iterable yields
+            try:
+                pending.append(tree_map(lambda t: _start_host_copy(t, f"item {i}"), x,  # noqa: B023 - used at once
+                                        f"to_host: item {i}"))
+            except UnsupportedTensorError as e:
+                raise UnsupportedTensorError(f"to_host: item {i}: {e}") from None
 
-    def finish() -> list[np.ndarray]:
-        out = []
-        for i, land in enumerate(started):
-            with translate_errors(lambda: f"to_host: item {i}"):  # noqa: B023 - built at once when raised
-                out.append(land())
-        return out
+    def finish() -> Any:
+        return tree_map(lambda h: h.wait(), pending, "to_host", is_leaf=_is_handle)
 
     if not non_blocking:
         return finish()
-    result: list[np.ndarray] = []
-
-    def land() -> None:
-        result.extend(finish())
-
-    return Transfer(result, land)
+    return Transfer(None, finish)

@@ -294,7 +294,9 @@ _PROVIDERS = {"SupportsNonBlocking": {"SupportsNonBlocking", "NonBlockingMoves"}
               "SupportsDLPack": {"SupportsDLPack", "ArrayApiDLPack"},
               "SupportsNativeCollectives": {"SupportsNativeCollectives"},
               "SupportsTraining": {"SupportsTraining", "TrainingDefaults"},
-              "SupportsCompile": {"SupportsCompile"}}
+              "SupportsCompile": {"SupportsCompile"},
+              "SupportsModels": {"SupportsModels"},
+              "SupportsDeviceScope": {"SupportsDeviceScope"}}
 
 
 def test_the_protocol_is_split_and_every_adapter_declares_what_it_implements() -> None:

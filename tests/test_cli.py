@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from multidev import cli
 
 
@@ -28,6 +30,22 @@ def test_devices_lists_every_registered_backend() -> None:
     assert p.returncode == 0, p.stderr
     for name in ("numpy", "torch", "jax", "tensorflow", "mxnet"):
         assert name in p.stdout
+
+
+def test_devices_says_in_one_clean_line_how_to_install_a_missing_framework() -> None:
+    """Each backend whose framework is missing gets one line: the exact install command, nothing
+    garbled ("not installed: it with `pip install ...`" was the old text)."""
+    import importlib.util
+
+    missing = [n for n in ("torch", "jax", "tensorflow") if importlib.util.find_spec(n) is None]
+    if not missing:
+        pytest.skip("torch, JAX and TensorFlow are all installed here: no backend is missing")
+    p = _run(["devices"], env={"COLUMNS": "200"})
+    assert p.returncode == 0, p.stderr
+    for n in missing:
+        line = next(ln for ln in p.stdout.splitlines() if ln.strip("│┃ ").startswith(n))
+        assert f'not installed: pip install "multidev[{n}]"' in line, line
+        assert "it with" not in line and "`" not in line, line
 
 
 def test_unknown_backend_fails_devices() -> None:

@@ -236,3 +236,26 @@ def test_synchronize_with_a_bad_backend_argument_gets_a_typed_error() -> None:
     md.synchronize("cpu:0", backend="numpy")  # cached now
     with pytest.raises(md.MultidevError):
         md.synchronize("cpu:0", backend=["numpy"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("how", ["name", "module:attr"])
+def test_a_factory_that_raises_gives_a_typed_adapter_error_with_the_cause(how: str) -> None:
+    """``register_backend(name, factory)`` with a factory that raises (ZeroDivisionError): the caller
+    gets AdapterError naming the adapter and the exception, the original chained as its cause."""
+    def broken() -> Any:
+        return 1 / 0
+
+    if how == "name":
+        md.register_backend("broken_factory", broken, replace=True)
+        spec = "broken_factory"
+    else:
+        import types
+        mod = types.ModuleType("md_broken_factory_mod")
+        mod.make = broken  # type: ignore[attr-defined]
+        sys.modules["md_broken_factory_mod"] = mod
+        spec = "md_broken_factory_mod:make"
+    with pytest.raises(md.AdapterError, match="could not be created: its factory raised ZeroDivisionError") as ei:
+        md.backend(spec)
+    assert isinstance(ei.value.__cause__, ZeroDivisionError)
+    with pytest.raises(md.AdapterError):  # the same again: nothing half-registered
+        md.backend(spec)

@@ -506,8 +506,9 @@ def group_inputs(name: str) -> None:
         if call == "synchronize" and (obj is None or isinstance(obj, md.Device)):
             outcome(desc, calls[call])  # a device is a fine target
             return
-        if call in ("to_host", "allreduce") and isinstance(obj, tuple):
-            outcome(desc, calls[call])  # a tuple of one tensor is a fine list
+        if isinstance(obj, tuple) and call in ("to_host", "allreduce", "device_of", "to", "to_nb", "copy", "convert",
+                                                "synchronize"):
+            outcome(desc, calls[call])  # a tuple of one tensor is a fine list, and a structure of tensors
             return
         outcome(desc, calls[call], must_fail=True)
 
@@ -543,8 +544,8 @@ def group_inputs(name: str) -> None:
                 outcome(desc, fns[call])  # None: x's own device / every device
             elif device is None:
                 outcome(desc, fns[call], must_fail=call in ("to", "to_nb", "device_scope"))
-            else:
-                outcome(desc, fns[call], must_fail=call != "device_scope" or md_parse_fails(device))
+            else:  # a device the backend does not have (or cannot parse): refused, device_scope too
+                outcome(desc, fns[call], must_fail=True)
         else:
             fns = {"to": lambda: md.to(x, device), "to_nb": lambda: md.to(x, device, non_blocking=True).wait(),
                    "copy": lambda: md.copy(x, device), "convert": lambda: md.convert(x, name, device=device)}

@@ -1,0 +1,117 @@
+"""Whole structures through the tensor calls (issue: real programs move containers and models):
+``to``, ``copy``, ``device_of``, ``synchronize``, ``to_host`` and ``convert`` take nested lists,
+tuples, named tuples and dicts, keep the structure, treat every leaf as the tensor call would, and
+refuse what is no tensor with a typed error naming where it is. On NumPy's virtual devices here;
+the frameworks' own trees and models are checked in their adapters' tests and the suite."""
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+import pytest
+
+import multidev as md
+
+P = collections.namedtuple("P", "w b")
+
+
+def _tree(dev: str = "cpu:0") -> dict[str, Any]:
+    w = md.ones((2, 3), device=dev)
+    return {"layers": [P(w, md.zeros(3, device=dev)), P(md.full(3, 2.0, device=dev), None)],
+            "tied": w, "step": (md.arange(3, device=dev),)}
+
+
+def test_to_keeps_the_structure_and_resident_leaves_are_the_same_objects() -> None:
+    t = _tree()
+    same = md.to(t, "cpu:0")
+    assert same["tied"] is t["tied"] and same["layers"][0].w is t["layers"][0].w
+    assert type(same["layers"][0]) is P and same["layers"][1].b is None and isinstance(same["step"], tuple)
+    moved = md.to(t, "cpu:1")
+    assert md.device_of(moved) == md.Device("cpu", 1)
+    assert moved["tied"] is moved["layers"][0].w, "a tensor reached twice (tied) stays one object"
+    assert moved["tied"] is not t["tied"] and md.device_of(t) == md.Device("cpu", 0)  # the source is untouched
+    np.testing.assert_array_equal(md.to_numpy(moved["layers"][1].w), np.full(3, 2.0, np.float32))
+
+
+def test_dict_subclasses_and_named_tuples_come_back_as_themselves() -> None:
+    x = md.ones(2)
+    od = collections.OrderedDict([("b", x), ("a", x)])
+    dd: collections.defaultdict[str, Any] = collections.defaultdict(list, {"k": x})
+    out = md.to([od, dd], "cpu:1")
+    assert type(out[0]) is collections.OrderedDict and list(out[0]) == ["b", "a"]
+    assert type(out[1]) is collections.defaultdict and out[1].default_factory is list
+    assert md.device_of(out) == md.Device("cpu", 1)
+
+
+def test_copy_of_a_structure_copies_every_tensor() -> None:
+    t = _tree()
+    c = md.copy(t)
+    assert c["tied"] is not t["tied"] and c["tied"] is c["layers"][0].w
+    c["tied"][0, 0] = 7
+    assert md.to_numpy(t["tied"])[0, 0] == 1
+    assert md.device_of(md.copy(t, "cpu:1")) == md.Device("cpu", 1)
+
+
+def test_device_of_a_structure_is_its_one_device_or_a_mismatch_naming_where() -> None:
+    assert md.device_of(_tree("cpu:1")) == md.Device("cpu", 1)
+    mixed = {"a": md.ones(1), "b": [md.ones(1, device="cpu:1")]}
+    with pytest.raises(md.DeviceMismatchError, match=r"2 devices \(cpu:0: \['a'\]; cpu:1: \['b'\]\[0\]\)"):
+        md.device_of(mixed)
+    with pytest.raises(md.InvalidArgumentError, match="holds no tensor"):
+        md.device_of([None, ()])
+
+
+def test_non_blocking_to_and_to_host_of_structures() -> None:
+    t = _tree()
+    h = md.to(t, "cpu:1", non_blocking=True)
+    got = h.wait()
+    assert md.device_of(got) == md.Device("cpu", 1) and type(got["layers"][0]) is P
+    host = md.to_host(t)
+    assert type(host["layers"][0]) is P and type(host["layers"][0].w) is np.ndarray
+    np.testing.assert_array_equal(host["step"][0], np.arange(3))
+    assert md.to_host(t, non_blocking=True).wait()["tied"].shape == (2, 3)
+    gen = md.to_host(x for x in [md.ones(1), [md.zeros(1)]])  # an iterable: a list, items as given
+    assert isinstance(gen, list) and type(gen[1]) is list and gen[1][0][0] == 0
+
+
+def test_synchronize_and_convert_take_structures() -> None:
+    t = _tree()
+    md.synchronize(t)
+    c = md.convert(t, "numpy")
+    assert c["tied"] is t["tied"], "converting to the tensor's own backend on its device is a no-op"
+
+
+@pytest.mark.parametrize("call", ["to", "copy", "device_of", "convert", "to_host", "synchronize", "to_nb"])
+def test_a_leaf_that_is_no_tensor_is_refused_with_its_path(call: str) -> None:
+    bad = {"ok": md.ones(1), "bad": [md.ones(1), "not a tensor"]}
+    calls = {"to": lambda: md.to(bad, "cpu:1"), "copy": lambda: md.copy(bad), "device_of": lambda: md.device_of(bad),
+             "convert": lambda: md.convert(bad, "numpy"), "to_host": lambda: md.to_host(bad),
+             "synchronize": lambda: md.synchronize(bad), "to_nb": lambda: md.to(bad, "cpu:1", non_blocking=True)}
+    with pytest.raises(md.UnsupportedTensorError, match=r"\['bad'\]\[1\] is a builtins.str"):
+        calls[call]()
+
+
+@pytest.mark.parametrize("obj", [None, 3, object(), "x"])
+def test_what_is_no_structure_keeps_the_tensor_error(obj: Any) -> None:
+    for call in (lambda: md.to(obj, "cpu:0"), lambda: md.copy(obj), lambda: md.device_of(obj),
+                 lambda: md.convert(obj, "numpy")):
+        with pytest.raises(md.UnsupportedTensorError):
+            call()
+
+
+def test_a_circular_structure_is_refused_not_a_recursion_error() -> None:
+    loop: list[Any] = [md.ones(1)]
+    loop.append(loop)
+    with pytest.raises(md.InvalidArgumentError, match="nested deeper"):
+        md.to(loop, "cpu:1")
+
+
+def test_native_device_and_device_scope_on_numpy() -> None:
+    assert md.native_device("cpu:1") == md.Device("cpu", 1)  # NumPy's own devices are multidev's
+    with pytest.raises(md.DeviceNotFoundError):
+        md.native_device("gpu:0")
+    with md.device_scope("cpu:1", backend="numpy") as d:
+        assert d == md.Device("cpu", 1) and md.device_of(md.ones(2)) == d
+    with pytest.raises(md.DeviceNotFoundError), md.device_scope("gpu:3", backend="numpy"):
+        pass  # pragma: no cover
