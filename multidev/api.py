@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from . import registry
 from ._device import Device, DeviceLike
 from .dtypes import canonical_dtype, is_floating
 from .errors import (
@@ -25,11 +24,12 @@ from .protocol import Backend, SupportsDeviceScope
 from .registry import (
     available_backends,
     backend_of,
-    device_wait_cache,
+    cached_device_waits,
+    cached_tensor_wait,
+    device_wait,
     get_backend,
     loaded_backends,
     supports,
-    wait_cache,
     waiter_of,
 )
 from .transfer import start_to
@@ -372,16 +372,6 @@ def dtype_of(x: Any) -> str:
     return backend_of(x).dtype_of(x)
 
 
-_STR_DEVICES: dict[Any, Device] = {}
-
-
-def _as_device_cached(spec: Any) -> Device:
-    dev = as_device(spec)
-    if isinstance(spec, str) and len(_STR_DEVICES) < 1024:
-        _STR_DEVICES[spec] = dev
-    return dev
-
-
 def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     """``x`` on ``device``: ``x`` itself when it is already there (no-op, D2L's ``as_in_ctx``),
     else a copy on the target device. Asynchronous where the framework is, but always safe to read.
@@ -399,10 +389,7 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
         if not is_structure(x):
             raise
         return _structure_to(x, device)
-    if device.__class__ is Device:
-        dev = device
-    else:
-        dev = (_STR_DEVICES.get(device) if device.__class__ is str else None) or _as_device_cached(device)
+    dev = device if device.__class__ is Device else as_device(device)
     if b.device_of(x) == dev:  # the no-op path: no enumeration, no validation
         return x
     target = resolve(b, dev)
@@ -461,14 +448,14 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
     """
     # The hot paths first, in as few steps as can be: a tensor whose class was seen before, and a
     # device spelling (str or Device: interned, hashed as cheaply as any object) seen before.
-    w = _wait_get(target.__class__)
+    w = cached_tensor_wait(target.__class__)
     if w is not None and backend is None:
         with _SYNC_ERRORS:
             w(target)
         return
     cls = target.__class__
     if (cls is Device or cls is str) and (backend is None or backend.__class__ is str):
-        per = _device_wait_get(backend)
+        per = cached_device_waits(backend)
         fn = None if per is None else per.get(target)
         if fn is not None:
             with _SYNC_ERRORS:
@@ -479,12 +466,6 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
 
 
 _SYNC_ERRORS = translate_errors("synchronize")
-
-
-_wait_get = wait_cache.get
-_device_wait_get = device_wait_cache.get
-#: at most this many spellings per backend key in ``device_wait_cache`` (a bound on its size)
-_DEVICE_WAIT_SPELLINGS = 64
 
 
 def _device_wait(dev: Device, backend: str | None) -> Callable[[], Any]:
@@ -520,13 +501,8 @@ def _synchronize(target: Any, backend: str | None) -> None:
                 if b.capabilities.async_execution:  # a synchronous backend's calls have finished
                     b.synchronize(None)
             return
-        generation = registry.wait_generation
-        device_wait = _device_wait(dev, backend)
-        with registry.lock:  # kept only if no backend loaded meanwhile (it would be missing)
-            per = device_wait_cache.setdefault(backend, {})
-            if registry.wait_generation == generation and len(per) < _DEVICE_WAIT_SPELLINGS:
-                per[target] = device_wait
-        device_wait()
+        here = dev
+        device_wait(backend, target, lambda: _device_wait(here, backend))()
         return
     try:
         wait = waiter_of(target)

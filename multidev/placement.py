@@ -20,12 +20,25 @@ scope_backend: contextvars.ContextVar[str | None] = contextvars.ContextVar("md_b
 _HOST = Device("cpu", 0)
 
 
+#: Device spellings seen before -> their Device: every route that takes a spelling (``to``, its
+#: non-blocking form, creation, ``synchronize``) reads this one cache, bounded in size.
+_SPELLINGS: dict[str, Device] = {}
+_SPELLINGS_MAX = 1024
+
+
 def as_device(spec: DeviceLike) -> Device:
     """Any accepted spelling, DLPack pair, Device, or a native device object of a loaded framework
     (``torch.device``, a jax ``Device``, ``mx.Context``) as a :class:`Device`. Does not check that
     the device exists."""
     if spec.__class__ is Device:
         return spec
+    if spec.__class__ is str:
+        dev = _SPELLINGS.get(spec)
+        if dev is None:
+            dev = Device.parse(spec)
+            if len(_SPELLINGS) < _SPELLINGS_MAX:
+                _SPELLINGS[spec] = dev
+        return dev
     if isinstance(spec, (str, Device)) or type(spec) is tuple:  # (a namedtuple may be a native device)
         return Device.parse(spec)
     found = native_device(spec)

@@ -40,10 +40,14 @@ from .protocol import Backend
 
 __all__ = [
     "DEFAULT_BACKEND",
+    "DEVICE_WAIT_SPELLINGS",
     "ENTRY_POINT_GROUP",
     "available_backends",
     "backend_of",
+    "cached_device_waits",
+    "cached_tensor_wait",
     "configure_virtual_devices",
+    "device_wait",
     "get_backend",
     "get_default_backend",
     "loaded_backends",
@@ -54,6 +58,7 @@ __all__ = [
     "require",
     "set_default_backend",
     "supports",
+    "unregister_backend",
     "waiter_of",
 ]
 
@@ -61,48 +66,55 @@ ENTRY_POINT_GROUP = "multidev.backends"
 #: The backend calls use when none is named: the embedded NumPy reference.
 DEFAULT_BACKEND = "numpy"
 
-_lock = threading.RLock()
-_factories: dict[str, Callable[[], Backend]] = {}  # name -> factory (class or callable)
-_frameworks: dict[str, str] = {}  # name -> framework module name, once known
-_instances: dict[str, Backend] = {}
-_name_locks: dict[str, threading.Lock] = {}  # per-backend creation locks
-_failures: dict[str, str] = {}  # name -> why it could not load
-_type_cache: dict[type, str] = {}
-#: tensor class -> the owner's ``tensor_wait_fn()``: the hot path of ``synchronize(tensor)``.
-#: Cleared with the type cache.
-wait_cache: dict[type, Callable[[Any], Any]] = {}
-#: backend name (or None: every loaded backend) -> {a device spelling (a str or a Device) -> the
-#: zero-argument wait of ``synchronize(device)``}: its hot path. Cleared with ``wait_cache``, so a
-#: backend loaded later joins ``synchronize(device)``.
-device_wait_cache: dict[str | None, dict[Any, Callable[[], Any]]] = {}
-wait_generation = 0  # counts the clearings, so a cache entry built across one is not kept
-lock = _lock  # the registry's lock, for the caches above
-_supports: dict[tuple[int, type], bool] = {}  # (id(adapter), capability protocol) -> implements it
-_claims: dict[type, list[str]] = {}  # tensor class -> adapters claiming it, in creation order
-_preferred: list[str] = []  # a stack: the adapter that wins a shared tensor class (conformance runs)
-_entry_points_read = False
-_default_backend: str | None = None
+class _State:
+    """Everything the registry knows, in one object behind one lock; the functions of this module
+    are its only readers and writers (the hot paths read the two wait caches through
+    :func:`cached_tensor_wait` and :func:`cached_device_wait`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.factories: dict[str, Callable[[], Backend]] = {}  # name -> factory (class or callable)
+        self.frameworks: dict[str, str] = {}  # name -> framework module name, once known
+        self.instances: dict[str, Backend] = {}
+        self.name_locks: dict[str, threading.Lock] = {}  # per-backend creation locks
+        self.failures: dict[str, str] = {}  # name -> why it could not load
+        self.type_cache: dict[type, str] = {}  # tensor class -> its adapter's name
+        #: tensor class -> the owner's ``tensor_wait_fn()``: the hot path of ``synchronize(tensor)``.
+        self.wait_cache: dict[type, Callable[[Any], Any]] = {}
+        #: backend name (or None: every loaded backend) -> {a device spelling (a str or a Device) ->
+        #: the zero-argument wait of ``synchronize(device)``}: its hot path.
+        self.device_wait_cache: dict[str | None, dict[Any, Callable[[], Any]]] = {}
+        self.wait_generation = 0  # counts the clearings, so an entry built across one is not kept
+        self.supports: dict[tuple[int, type], bool] = {}  # (id(adapter), protocol) -> implements it
+        self.claims: dict[type, list[str]] = {}  # tensor class -> adapters claiming it, in creation order
+        self.preferred: list[str] = []  # a stack: the adapter that wins a shared tensor class
+        self.entry_points_read = False
+        self.default_backend: str | None = None
+        self.loaded: tuple[tuple[int, ...], tuple[Backend, ...]] = ((), ())
+
+
+_s = _State()
+#: At most this many device spellings per backend key in the device-wait cache (a bound on its size).
+DEVICE_WAIT_SPELLINGS = 64
 
 
 def _clear_wait_caches() -> None:
-    global wait_generation
-    with _lock:
-        wait_generation += 1
-        wait_cache.clear()
-        device_wait_cache.clear()
+    with _s.lock:
+        _s.wait_generation += 1
+        _s.wait_cache.clear()
+        _s.device_wait_cache.clear()
 
 
 def _read_entry_points() -> None:
-    global _entry_points_read
-    if _entry_points_read:
+    if _s.entry_points_read:
         return
-    with _lock:
-        if _entry_points_read:
+    with _s.lock:
+        if _s.entry_points_read:
             return
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             # Explicit register_backend calls win over entry points of the same name.
-            _factories.setdefault(ep.name, _EntryPointFactory(ep))
-        _entry_points_read = True
+            _s.factories.setdefault(ep.name, _EntryPointFactory(ep))
+        _s.entry_points_read = True
 
 
 class _EntryPointFactory:
@@ -127,31 +139,45 @@ def register_backend(name: str, factory: Callable[[], Backend], *, replace: bool
     The factory is called lazily, on first use, and its product checked against the protocol.
     ``replace=True`` overrides an existing registration (loaded or not).
     """
-    if not isinstance(name, str) or not name or ":" in name:
-        raise AdapterError(f"a backend name must be a non-empty string without ':', got {name!r}")
+    if not isinstance(name, str) or not name:
+        raise AdapterError(f"a backend name must be a non-empty string, got {name!r}")
+    if ":" in name:
+        head, _, arg = name.partition(":")
+        _read_entry_points()
+        if not arg or ":" in arg or _family(head) is None:
+            raise AdapterError(f"backend name {name!r}: a name with ':' is FAMILY:ARG, a member of a registered "
+                               "adapter family (such as array_api:LIB); plain names have no ':'")
     if not callable(factory):
         raise AdapterError(f"register_backend({name!r}, ...) needs a class or a callable returning an "
                            f"adapter, got {type(factory).__name__}")
     _read_entry_points()
-    with _lock:
-        if name in _instances and not replace:
+    with _s.lock:
+        if name in _s.instances and not replace:
             raise AdapterError(f"backend {name!r} is already registered and loaded; pass replace=True")
-        _factories[name] = factory
+        _s.factories[name] = factory
         _forget(name)
 
 
+def unregister_backend(name: str) -> None:
+    """Remove a registration (made by :func:`register_backend`, or an entry point's) and its loaded
+    adapter; unknown names are ignored. Tensors of the adapter's classes go to their other claimant."""
+    with _s.lock:
+        _forget(name)
+        _s.factories.pop(name, None)
+
+
 def _forget(name: str) -> None:
-    old = _instances.pop(name, None)
+    old = _s.instances.pop(name, None)
     if old is not None:
-        for key in [k for k in _supports if k[0] == id(old)]:
-            del _supports[key]
-    _failures.pop(name, None)
-    _frameworks.pop(name, None)
-    for t in [t for t, n in _type_cache.items() if n == name]:
-        del _type_cache[t]
+        for key in [k for k in _s.supports if k[0] == id(old)]:
+            del _s.supports[key]
+    _s.failures.pop(name, None)
+    _s.frameworks.pop(name, None)
+    for t in [t for t, n in _s.type_cache.items() if n == name]:
+        del _s.type_cache[t]
     _clear_wait_caches()
     if old is not None:
-        for owners in _claims.values():
+        for owners in _s.claims.values():
             if name in owners:
                 owners.remove(name)
 
@@ -159,14 +185,14 @@ def _forget(name: str) -> None:
 def registered_backends() -> list[str]:
     """Names of every registered adapter, installed framework or not."""
     _read_entry_points()
-    return sorted(_factories)
+    return sorted(_s.factories)
 
 
 def _framework_of(name: str) -> str | None:
     """The framework module name of an adapter, loading its (light) module but not its framework."""
-    if name in _frameworks:
-        return _frameworks[name]
-    fac = _factories.get(name)
+    if name in _s.frameworks:
+        return _s.frameworks[name]
+    fac = _s.factories.get(name)
     if fac is None:
         return None
     try:
@@ -175,13 +201,13 @@ def _framework_of(name: str) -> str | None:
         return None
     fw = getattr(obj, "framework", None)
     if isinstance(fw, str):
-        _frameworks[name] = fw
+        _s.frameworks[name] = fw
     return fw if isinstance(fw, str) else None
 
 
 def _adapter_class(name: str) -> Any:
     """The adapter class (or factory) registered under ``name``, loading only its module."""
-    fac = _factories.get(name)
+    fac = _s.factories.get(name)
     if isinstance(fac, _EntryPointFactory):
         try:
             return fac.load()
@@ -214,26 +240,26 @@ def get_backend(name: str | None = None) -> Backend:
         name = get_default_backend()
     if not isinstance(name, str):
         raise BackendNotAvailableError(f"backend must be a name string, got {name!r:.60}")
-    inst = _instances.get(name)
+    inst = _s.instances.get(name)
     if inst is not None:
         return inst
     _read_entry_points()
-    if ":" in name and name not in _factories:
+    if ":" in name and name not in _s.factories:
         head = name.partition(":")[0]
-        if head in _factories and _family(head) is not None:
+        if head in _s.factories and _family(head) is not None:
             return _load_member(head, name.partition(":")[2])
         return _load_dotted(name)
-    with _lock:
-        name_lock = _name_locks.setdefault(name, threading.Lock())
+    with _s.lock:
+        name_lock = _s.name_locks.setdefault(name, threading.Lock())
     # One lock per name: a slow framework import (seconds for TF) blocks only callers of that
     # backend, never every other registry lookup.
     with name_lock:
-        inst = _instances.get(name)
+        inst = _s.instances.get(name)
         if inst is not None:
             return inst
-        with _lock:
-            fac = _factories.get(name)
-            failure = _failures.get(name)
+        with _s.lock:
+            fac = _s.factories.get(name)
+            failure = _s.failures.get(name)
         if fac is None:
             raise BackendNotAvailableError(
                 f"no backend named {name!r:.60}. Registered: {', '.join(registered_backends()) or 'none'}. "
@@ -247,13 +273,13 @@ def get_backend(name: str | None = None) -> Backend:
         try:
             inst = fac()
         except BackendNotAvailableError as e:
-            with _lock:
-                _failures[name] = str(e)
+            with _s.lock:
+                _s.failures[name] = str(e)
             raise
         except ImportError as e:
             msg = f"backend {name!r} is not available: {e}. {_install_hint(name)}"
-            with _lock:
-                _failures[name] = msg
+            with _s.lock:
+                _s.failures[name] = msg
             raise BackendNotAvailableError(msg) from e
         except Exception as e:
             raise _factory_error(name, e) from e
@@ -261,16 +287,16 @@ def get_backend(name: str | None = None) -> Backend:
         if inst.name != name:
             raise AdapterError(f"the adapter registered as {name!r} names itself {inst.name!r}; register it "
                                "under its own name")
-        with _lock:
-            _instances[name] = inst
-            _frameworks[name] = inst.framework
+        with _s.lock:
+            _s.instances[name] = inst
+            _s.frameworks[name] = inst.framework
             _record_claims(inst)
         return inst
 
 
 def _record_claims(inst: Backend) -> None:
     for t in inst.tensor_types():
-        owners = _claims.setdefault(t, [])
+        owners = _s.claims.setdefault(t, [])
         others = [o for o in owners if o != inst.name]
         if others:
             warnings.warn(f"multidev: adapter {inst.name!r} claims {t.__module__}.{t.__qualname__}, which "
@@ -279,8 +305,8 @@ def _record_claims(inst: Backend) -> None:
                           RuntimeWarning, stacklevel=4)
         if inst.name not in owners:
             owners.append(inst.name)
-    for t in [t for t, n in _type_cache.items() if t in inst.tensor_types()]:
-        del _type_cache[t]
+    for t in [t for t, n in _s.type_cache.items() if t in inst.tensor_types()]:
+        del _s.type_cache[t]
     _clear_wait_caches()
 
 
@@ -307,14 +333,14 @@ def _load_member(head: str, arg: str | None) -> Backend:
     if not isinstance(full, str) or not full.startswith(head + ":") or len(full) <= len(head) + 1:
         raise AdapterError(f"adapter family {head!r} selected {factory!r} for {spec!r}, whose class attribute "
                            f"'name' is {full!r}; a member's name must be '{head}:ARG'")
-    with _lock:
-        if full not in _instances and _factories.get(full) is not factory:
-            _factories[full] = factory
-            _failures.pop(full, None)
+    with _s.lock:
+        if full not in _s.instances and _s.factories.get(full) is not factory:
+            _s.factories[full] = factory
+            _s.failures.pop(full, None)
     inst = get_backend(full)
     if spec != full:
-        with _lock:
-            _instances[spec] = inst
+        with _s.lock:
+            _s.instances[spec] = inst
     return inst
 
 
@@ -355,20 +381,20 @@ def _load_dotted(spec: str) -> Backend:
             raise AdapterError(f"adapter {spec!r} makes an object without a string 'name' attribute "
                                f"({type(made).__name__}); see multidev.protocol.Backend")
         validate_adapter(made, spec)
-        with _lock:
-            _factories[name] = obj
+        with _s.lock:
+            _s.factories[name] = obj
             _forget(name)
-            _instances[name] = made
-            _frameworks[name] = made.framework
+            _s.instances[name] = made
+            _s.frameworks[name] = made.framework
             _record_claims(made)
-            _instances[spec] = made
+            _s.instances[spec] = made
         return made
-    with _lock:
-        if _factories.get(name) is not obj:
+    with _s.lock:
+        if _s.factories.get(name) is not obj:
             register_backend(name, obj, replace=True)
     inst = get_backend(name)
-    with _lock:
-        _instances[spec] = inst
+    with _s.lock:
+        _s.instances[spec] = inst
     return inst
 
 
@@ -397,22 +423,18 @@ def available_backends() -> list[str]:
     return sorted(out)
 
 
-_loaded: tuple[tuple[int, ...], tuple[Backend, ...]] = ((), ())
-
-
 def loaded_backends() -> tuple[Backend, ...]:
     """Adapters already instantiated in this process (each once), in load order."""
-    global _loaded
-    key = tuple(map(id, _instances.values()))
-    if _loaded[0] == key:
-        return _loaded[1]
-    with _lock:
+    key = tuple(map(id, _s.instances.values()))
+    if _s.loaded[0] == key:
+        return _s.loaded[1]
+    with _s.lock:
         seen: dict[int, Backend] = {}
-        for n, b in _instances.items():
+        for n, b in _s.instances.items():
             if n == b.name:  # not the aliases ("module:attr" specs, a family's bare name)
                 seen.setdefault(id(b), b)
-        _loaded = (key, tuple(seen.values()))
-        return _loaded[1]
+        _s.loaded = (key, tuple(seen.values()))
+        return _s.loaded[1]
 
 
 def configure_virtual_devices(count: int, names: list[str] | None = None) -> dict[str, bool]:
@@ -422,7 +444,7 @@ def configure_virtual_devices(count: int, names: list[str] | None = None) -> dic
     _read_entry_points()
     out = {}
     for n in names or registered_backends():
-        if ":" in n and n not in _factories:
+        if ":" in n and n not in _s.factories:
             cls = None if _family(n.partition(":")[0]) is not None else _dotted_object(n)
         else:
             cls = _adapter_class(n)
@@ -439,16 +461,16 @@ def configure_virtual_devices(count: int, names: list[str] | None = None) -> dic
 def prefer(name: str) -> Iterator[None]:
     """Within the block, tensors of a class that several loaded adapters claim go to ``name``
     (the conformance suite tests a renamed or mutated copy of an adapter this way)."""
-    with _lock:
-        _preferred.append(name)
-        _type_cache.clear()
+    with _s.lock:
+        _s.preferred.append(name)
+        _s.type_cache.clear()
         _clear_wait_caches()
     try:
         yield
     finally:
-        with _lock:
-            _preferred.remove(name)
-            _type_cache.clear()
+        with _s.lock:
+            _s.preferred.remove(name)
+            _s.type_cache.clear()
             _clear_wait_caches()
 
 
@@ -461,11 +483,21 @@ def _roots(t: type) -> set[str]:
     return {c.__module__.split(".")[0] for c in t.__mro__ if c is not object}
 
 
-def _defines(name: str, t: type) -> bool:
-    """Whether ``t`` (or a base) is defined in the module of adapter ``name`` (a host-array class an
-    adapter makes, such as CuPy's NumPy subclass, belongs to that adapter's framework)."""
-    mod = getattr(_adapter_class(name), "__module__", None)
-    return isinstance(mod, str) and any(c.__module__ == mod for c in t.__mro__)
+def _claims_class(name: str, t: type) -> bool:
+    """Whether the loaded adapter ``name`` claims ``t`` or one of its bases by class (``tensor_types``):
+    ownership by class, wherever the adapter (or a subclass of it) is defined. A host-array class an
+    adapter makes (CuPy's NumPy subclass) belongs to it this way, not to the NumPy reference."""
+    inst = _s.instances.get(name)
+    if inst is None:
+        return False
+    mine = set(inst.tensor_types())
+    return any(c in mine for c in t.__mro__ if c.__module__.split(".")[0] not in _roots_of_frameworks(inst))
+
+
+def _roots_of_frameworks(inst: Backend) -> set[str]:
+    """The top-level modules whose own classes do not make a claim by class (the adapter's framework's
+    classes go by the framework rule; NumPy's ndarray is everyone's base)."""
+    return {"numpy", "builtins", inst.framework.split(".")[0]}
 
 
 def _specificity(x: Any, types: tuple[type, ...]) -> int:
@@ -482,14 +514,14 @@ def backend_of(x: Any) -> Backend:
     specific class wins (a framework's ndarray subclass is not claimed by the NumPy reference), then
     the preferred adapter (:func:`prefer`), then the one loaded first."""
     t = type(x)
-    name = _type_cache.get(t)
+    name = _s.type_cache.get(t)
     if name is not None:
-        inst = _instances.get(name)
+        inst = _s.instances.get(name)
         if inst is not None:
             return inst
     _read_entry_points()
-    with _lock:
-        names = list(_factories)
+    with _s.lock:
+        names = list(_s.factories)
     roots = _roots(t)
     # Python's own objects (numbers, lists, None, strings) belong to no framework: only adapters
     # already loaded are asked about them, so a stray non-tensor never starts a framework's adapter.
@@ -497,12 +529,12 @@ def backend_of(x: Any) -> Backend:
     related: list[str] = []
     others: list[str] = []
     for n in names:
-        if plain and n not in _instances:
+        if plain and n not in _s.instances:
             continue
-        fw = _frameworks.get(n) or _framework_of(n)
-        if n not in _instances and (fw is None or fw not in sys.modules):
+        fw = _s.frameworks.get(n) or _framework_of(n)
+        if n not in _s.instances and (fw is None or fw not in sys.modules):
             continue
-        is_related = (fw is not None and any(_related(r, fw) for r in roots)) or _defines(n, t)
+        is_related = (fw is not None and any(_related(r, fw) for r in roots)) or _claims_class(n, t)
         (related if is_related else others).append(n)
     broken: list[str] = []
     for group in (related, others):
@@ -520,26 +552,26 @@ def backend_of(x: Any) -> Backend:
             best = min(m[0] for m in matches)
             tied = [m[1] for m in matches if m[0] == best]
             inst = tied[0]
-            for p in reversed(_preferred):
+            for p in reversed(_s.preferred):
                 hit = [b for b in tied if b.name == p]
                 if hit:
                     inst = hit[0]
                     break
             else:
-                owners = _claims.get(t) or []
+                owners = _s.claims.get(t) or []
                 for o in owners:
                     hit = [b for b in tied if b.name == o]
                     if hit:
                         inst = hit[0]
                         break
-            with _lock:
-                _type_cache[t] = inst.name
+            with _s.lock:
+                _s.type_cache[t] = inst.name
             return inst
     if not related:  # no adapter of this tensor's framework: ask the families (array API, ...)
         found = _family_member_for(x, names, broken)
         if found is not None:
-            with _lock:
-                _type_cache[t] = found.name
+            with _s.lock:
+                _s.type_cache[t] = found.name
             return found
     raise UnsupportedTensorError(
         f"no backend recognises an object of type {t.__module__}.{t.__qualname__}. "
@@ -549,17 +581,41 @@ def backend_of(x: Any) -> Backend:
     )
 
 
+#: The hot path of ``synchronize(tensor)``: the cached wait of a tensor class, or None (a bound
+#: ``dict.get`` of the registry's one cache, which is only ever cleared, never replaced).
+cached_tensor_wait: Callable[[type], Callable[[Any], Any] | None] = _s.wait_cache.get
+#: The hot path of ``synchronize(device)``: ``{device spelling: wait}`` cached for a backend key, or None.
+cached_device_waits: Callable[[str | None], dict[Any, Callable[[], Any]] | None] = _s.device_wait_cache.get
+
+
+def device_wait(backend: str | None, spec: Any, build: Callable[[], Callable[[], Any]]) -> Callable[[], Any]:
+    """The zero-argument wait of ``synchronize(spec, backend=backend)``: cached, else ``build()``
+    and kept (unless an adapter loaded meanwhile, which must then join it, or the key already holds
+    :data:`DEVICE_WAIT_SPELLINGS` spellings)."""
+    per = _s.device_wait_cache.get(backend)
+    fn = None if per is None else per.get(spec)
+    if fn is not None:
+        return fn
+    generation = _s.wait_generation
+    fn = build()
+    with _s.lock:
+        per = _s.device_wait_cache.setdefault(backend, {})
+        if _s.wait_generation == generation and len(per) < DEVICE_WAIT_SPELLINGS:
+            per[spec] = fn
+    return fn
+
+
 def waiter_of(x: Any) -> Callable[[Any], Any]:
     """The function that waits for tensors of x's class (the owner's ``tensor_wait_fn()``), cached
     by class."""
     t = type(x)
-    w = wait_cache.get(t)
+    w = _s.wait_cache.get(t)
     if w is None:
         b = backend_of(x)
         w = b.tensor_wait_fn()
-        with _lock:
-            if _type_cache.get(t) == b.name:
-                wait_cache[t] = w
+        with _s.lock:
+            if _s.type_cache.get(t) == b.name:
+                _s.wait_cache[t] = w
     return w
 
 
@@ -577,12 +633,12 @@ def supports(b: Backend, protocol: type) -> bool:
     """Whether adapter ``b`` implements capability protocol ``protocol`` (declared, or for an adapter
     written against 0.2, every method present), cached per adapter."""
     key = (id(b), protocol)
-    hit = _supports.get(key)
+    hit = _s.supports.get(key)
     if hit is None:
         hit = isinstance(b, protocol)
-        with _lock:
-            if len(_supports) < 4096:
-                _supports[key] = hit
+        with _s.lock:
+            if len(_s.supports) < 4096:
+                _s.supports[key] = hit
     return hit
 
 
@@ -613,7 +669,7 @@ def native_device(obj: Any) -> Device | None:
     (adapters cache their own lookups)."""
     root = type(obj).__module__.split(".")[0]
     _read_entry_points()
-    for n in list(_factories):
+    for n in list(_s.factories):
         fw = _framework_of(n)
         if fw is None or fw not in sys.modules or not _related(root, fw):
             continue
@@ -628,14 +684,13 @@ def native_device(obj: Any) -> Device | None:
 
 def set_default_backend(name: str | None) -> None:
     """Set the backend used when a call names none. ``None`` restores ``$MULTIDEV_BACKEND`` or numpy."""
-    global _default_backend
     if name is not None:
         get_backend(name)  # fail now, with the helpful message, not at first use
-    _default_backend = name
+    _s.default_backend = name
 
 
 def get_default_backend() -> str:
     """The default backend's name: set_default_backend, else ``$MULTIDEV_BACKEND``, else ``numpy``."""
-    if _default_backend is not None:
-        return _default_backend
+    if _s.default_backend is not None:
+        return _s.default_backend
     return os.environ.get("MULTIDEV_BACKEND") or DEFAULT_BACKEND

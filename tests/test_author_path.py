@@ -231,9 +231,7 @@ class _Copy(NumpyBackend):
 def _copy_registered() -> Any:
     md.register_backend("numpy_copy_for_test", _Copy, replace=True)
     yield
-    with registry._lock:  # unregister: later tests see the registry as it was
-        registry._forget("numpy_copy_for_test")
-        registry._factories.pop("numpy_copy_for_test", None)
+    registry.unregister_backend("numpy_copy_for_test")  # later tests see the registry as it was
 
 
 def test_a_second_claim_warns_and_prefer_routes(_copy_registered: Any) -> None:

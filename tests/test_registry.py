@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import textwrap
 import threading
 from typing import Any, ClassVar
 
@@ -259,3 +260,64 @@ def test_a_factory_that_raises_gives_a_typed_adapter_error_with_the_cause(how: s
     assert isinstance(ei.value.__cause__, ZeroDivisionError)
     with pytest.raises(md.AdapterError):  # the same again: nothing half-registered
         md.backend(spec)
+
+
+def test_an_adapter_subclass_defined_elsewhere_keeps_its_host_array_class(tmp_path: Any) -> None:
+    """Ownership by class, not by module: an adapter whose host arrays are its own ndarray subclass
+    (as CuPy's cpu:0 arrays are) keeps them when a subclass of the adapter is defined in another
+    module; the NumPy reference, which claims every ndarray, does not take them."""
+    import types
+
+    lib = types.ModuleType("md_hostlib")
+    exec(textwrap.dedent('''
+        import numpy as np
+        from multidev.adapters.numpy import NumpyBackend
+
+        class HostArray(np.ndarray):
+            """The adapter's own host-array class."""
+
+        class HostBackend(NumpyBackend):
+            name = "hostlib"
+            def tensor_types(self):
+                return (HostArray,)
+            def full(self, shape, value, dtype, device):
+                return super().full(shape, value, dtype, device).view(np.ndarray).view(HostArray)
+    '''), lib.__dict__)
+    sys.modules["md_hostlib"] = lib
+    user = types.ModuleType("md_hostlib_user")
+    exec("from md_hostlib import HostBackend\nclass MyHost(HostBackend):\n    name = 'myhost'\n", user.__dict__)
+    sys.modules["md_hostlib_user"] = user
+    md.backend("numpy")
+    md.register_backend("myhost", user.MyHost, replace=True)
+    try:
+        b = md.backend("myhost")
+        x = b.full((2,), 1.0, "float32", md.Device("cpu", 0))
+        assert type(x).__name__ == "HostArray"
+        assert md.backend_of(x) is b, f"{md.backend_of(x).name} took the adapter's own host array"
+        assert md.backend_of(np.ones(2)).name == "numpy"  # plain arrays stay NumPy's
+    finally:
+        registry.unregister_backend("myhost")
+
+
+def test_a_family_member_can_be_wrapped_under_its_family_name() -> None:
+    """``register_backend("array_api:LIB", Subclass)`` replaces that member (a subclass of the
+    generic array-API adapter, a mutated copy in a catalogue); names with ':' that are no member of
+    a registered family are still refused."""
+    pytest.importorskip("array_api_strict")
+    member = type(md.backend("array_api:array_api_strict"))
+
+    class Wrapped(member):  # type: ignore[misc, valid-type]
+        pass
+
+    md.register_backend("array_api:array_api_strict", Wrapped, replace=True)
+    try:
+        b = md.backend("array_api:array_api_strict")
+        assert type(b) is Wrapped and b.name == "array_api:array_api_strict"
+        import array_api_strict as xp
+
+        assert md.backend_of(xp.ones(2)) is b
+    finally:
+        md.register_backend("array_api:array_api_strict", member, replace=True)
+    for bad in ("nofamily:x", "array_api:", "array_api:a:b"):
+        with pytest.raises(md.AdapterError, match="FAMILY:ARG"):
+            md.register_backend(bad, member)

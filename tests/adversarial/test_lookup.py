@@ -43,7 +43,7 @@ _CODE = textwrap.dedent("""
         t.start()
     for t in threads:
         t.join()
-    print(json.dumps({"frameworks": frameworks, "loaded": sorted(registry._instances), "errors": errors,
+    print(json.dumps({"frameworks": frameworks, "loaded": sorted(b.name for b in registry.loaded_backends()), "errors": errors,
                       "devices": sorted(set(devices))}))
 """)
 
