@@ -31,6 +31,7 @@ from multidev.adapter import (
     SupportsCompile,
     SupportsDLPack,
     canonical_dtype,
+    host_aligned,
     numpy_dtype,
     same_device,
 )
@@ -102,20 +103,6 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _plain(v) for k, v in obj.items()}
     return obj
-
-
-_ALIGN = 64  # XLA (JAX, TF) shares a DLPack buffer only when it is 64-byte aligned; else it copies
-
-
-def _aligned(a: np.ndarray) -> np.ndarray:
-    """``a`` itself when its buffer is 64-byte aligned and C-contiguous, else an aligned copy."""
-    if a.ctypes.data % _ALIGN == 0 and a.flags.c_contiguous:
-        return a
-    raw = np.empty(a.nbytes + _ALIGN, dtype=np.uint8)
-    off = (-raw.ctypes.data) % _ALIGN
-    out = raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
-    out[...] = a
-    return out
 
 
 def _tag(obj: Any, device: Device) -> Any:
@@ -235,32 +222,32 @@ class NumpyBackend(BaseBackend, SupportsDLPack, SupportsCompile):
 
     # -- creation ---------------------------------------------------------------------------
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
-        return _tag(_aligned(np.full(shape, value, dtype=self.to_native_dtype(dtype))), device)
+        return _tag(host_aligned(np.full(shape, value, dtype=self.to_native_dtype(dtype))), device)
 
     def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
-        return _tag(_aligned(np.empty(shape, dtype=self.to_native_dtype(dtype))), device)
+        return _tag(host_aligned(np.empty(shape, dtype=self.to_native_dtype(dtype))), device)
 
     def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
-        return _tag(_aligned(np.arange(start, stop, step, dtype=self.to_native_dtype(dtype))), device)
+        return _tag(host_aligned(np.arange(start, stop, step, dtype=self.to_native_dtype(dtype))), device)
 
     def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
         _common_device("asarray", obj)  # reading another backend's memory is fine; tagging is ours
         nd = None if dtype is None else self.to_native_dtype(dtype)
-        return _tag(_aligned(np.array(_plain(obj), dtype=nd, copy=True)), device)
+        return _tag(host_aligned(np.array(_plain(obj), dtype=nd, copy=True)), device)
 
     def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
         vals = np.random.default_rng(seed).random(shape)
-        return _tag(_aligned(vals.astype(self.to_native_dtype(dtype))), device)
+        return _tag(host_aligned(vals.astype(self.to_native_dtype(dtype))), device)
 
     # -- placement --------------------------------------------------------------------------
     def device_of(self, x: Any) -> Device:
         return x._md_device if isinstance(x, VirtualDeviceArray) else _HOST
 
     def move(self, x: Any, device: Device) -> Any:
-        return _tag(_aligned(np.array(_plain(x), copy=True)), device)
+        return _tag(host_aligned(np.array(_plain(x), copy=True)), device)
 
     def copy(self, x: Any, device: Device) -> Any:
-        return _tag(_aligned(np.array(_plain(x), copy=True)), device)
+        return _tag(host_aligned(np.array(_plain(x), copy=True)), device)
 
     def to_numpy(self, x: Any) -> np.ndarray:
         return np.asarray(_plain(x))

@@ -152,7 +152,7 @@ def test_large_uploads_are_staged_and_exact() -> None:
     r = _child("""
 import numpy as np, multidev as md, fake_cupy as cp
 from multidev.adapter import StagingPlan
-import multidev.adapters.cupy as mc
+import multidev.adapters.cupy.transfers as mc  # the staged upload lives with the transfers
 b = md.backend('cupy')
 b.staging = StagingPlan(chunk=1024, depth=2, threads=2, threshold=4096)
 calls = []

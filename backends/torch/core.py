@@ -1,22 +1,15 @@
-"""PyTorch backend: native ``torch.Tensor`` objects on ``cpu:0``, ``gpu:i`` (CUDA/ROCm) and ``mps:0``.
+"""The core protocol for PyTorch: identity, devices, dtypes, creation, placement, synchronize and its
+hooks, host copies, and the arithmetic the portable collectives are built from.
 
-Mechanism. Devices map one to one: ``cpu:0`` is ``torch.device("cpu")``, ``gpu:i`` is
-``torch.device("cuda", i)`` for every visible CUDA device, ``mps:0`` is Apple's Metal device where
-torch has it. Creation passes ``device=``/``dtype=`` straight to torch, which places exactly.
-CUDA work is queued on each device's current stream; ``start_move`` hands back a CUDA event to wait
-on (pinned host buffers both ways). ``synchronize`` waits with
-``torch.cuda.synchronize`` device by device (it only waits for one device per call), which also
-raises any sticky asynchronous CUDA error. Torch refuses mixed-device arithmetic natively; this
-adapter's own ops check devices first and raise :class:`~multidev.DeviceMismatchError` instead.
-The native allreduce is ``torch.cuda.nccl.all_reduce`` (``torch.cuda.comm`` for sums where torch
-has no NCCL) over one CUDA tensor per GPU.
+Blocking moves and host copies of CUDA tensors go through the transfer machinery (pinned buffers,
+copy streams, staged uploads) of :mod:`.transfers`.
 """
 from __future__ import annotations
 
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -26,15 +19,9 @@ from multidev.adapter import (
     CapabilityError,
     Device,
     InvalidDeviceError,
-    NonBlockingMoves,
     StagingPlan,
-    SupportsCompile,
-    SupportsDLPack,
-    SupportsNativeCollectives,
-    SupportsTraining,
     is_floating,
     numpy_dtype,
-    staged_upload,
 )
 
 _HOST = Device("cpu", 0)
@@ -42,20 +29,19 @@ _UNSIGNED_WIDE = ("uint16", "uint32", "uint64")
 _TORCH_DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                       "uint64", "float16", "bfloat16", "float32", "float64", "complex64",
                       "complex128")
-# ncclRedOp_t values (nccl.h: ncclSum=0, ncclProd=1, ncclMax=2, ncclMin=3); torch.cuda.nccl only
-# exports SUM and passes the int straight through to NCCL.
-_NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3}
-# Element types torch.cuda.nccl converts (torch/csrc/cuda/nccl.cpp: to_nccl_data_type).
-_NCCL_DTYPES = ("bool", "int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32",
-                "float64")
 
 
-class TorchBackend(BaseBackend, NonBlockingMoves, SupportsDLPack, SupportsNativeCollectives, SupportsTraining,
-                   SupportsCompile):
-    """The PyTorch backend (see module docstring)."""
+class TorchCore(BaseBackend):
+    """The core protocol of the PyTorch backend; the state every concern uses is made here."""
 
     name: ClassVar[str] = "torch"
     framework: ClassVar[str] = "torch"
+
+    if TYPE_CHECKING:  # the transfer machinery (transfers.TorchTransfers) the blocking moves use
+        def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]: ...
+        def _start_download(self, x: Any) -> tuple[Any, Callable[[], None]]: ...
+        def _stageable(self, x: Any) -> bool: ...
+        def _upload(self, arr: np.ndarray, dt: Any, device: Device) -> Any: ...
 
     def __init__(self) -> None:
         import torch
@@ -74,7 +60,7 @@ class TorchBackend(BaseBackend, NonBlockingMoves, SupportsDLPack, SupportsNative
         self._native_devs = {d: self._make_native_device(d) for d in self._devices}
         self._copy_streams: dict[int, Any] = {}
         self._stream_lock = threading.Lock()
-        #: How large pageable uploads are staged (multidev.adapter.StagingPlan; measured on an H200).
+        #: How large pageable uploads are staged (multidev.adapter.StagingPlan; see docs/transfers.md).
         self.staging = StagingPlan()
         self._plain_dtypes = {getattr(torch, n) for n in ("bool", "int8", "uint8", "int16", "int32", "int64",
                                                            "float16", "float32", "float64", "complex64",
@@ -259,8 +245,8 @@ class TorchBackend(BaseBackend, NonBlockingMoves, SupportsDLPack, SupportsNative
 
     def move(self, x: Any, device: Device) -> Any:
         if x.device.type == "cuda" and device.kind == "cpu":
-            # Pageable device-to-host copies crawl (1.6 GB/s against 54 GB/s pinned at 64 MiB on an
-            # H200): go through a pinned buffer and wait for it, never reading it early (pytorch#86264).
+            # Pageable device-to-host copies are many times slower than pinned ones (docs/transfers.md):
+            # go through a pinned buffer and wait for it, never reading it early (pytorch#86264).
             y, waiter = self.start_move(x, device)
             if waiter is not None:
                 waiter()
@@ -270,101 +256,6 @@ class TorchBackend(BaseBackend, NonBlockingMoves, SupportsDLPack, SupportsNative
             return self._upload(x.detach().numpy(), x.dtype, device)
         return x.to(self.to_native_device(device))
 
-    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
-        """Device to host: on a copy stream of the source GPU, into a pinned buffer (torch's caching
-        host allocator), starting once the work queued so far on x's stream is done, so later work
-        overlaps with the copy. Host to device: pinned (large pageable sources through the staging
-        pipeline), then an asynchronous copy ordered before later work on the target's stream."""
-        torch = self._torch
-        src = x.device
-        if src.type != "cuda" and device.kind != "gpu":
-            # No CUDA involved: the copy is synchronous (MPS work is drained by the waiter).
-            y = self.move(x, device)
-            return y, (torch.mps.synchronize if "mps" in (src.type, device.kind) else None)
-        self._target(self.dtype_of(x), device)
-        dev = self.to_native_device(device)
-        if device.kind == "cpu":
-            return self._start_download(x)
-        if src.type == "cpu":
-            if self._stageable(x):
-                y = self._upload(x.detach().numpy(), x.dtype, device)
-            else:
-                if not x.requires_grad and not x.is_pinned():
-                    x = x.pin_memory()  # a pinned snapshot makes the host-to-device copy asynchronous
-                y = x.to(dev, non_blocking=True)
-        else:
-            y = x.to(dev, non_blocking=True)  # GPU to GPU joins the target's current stream
-        done = torch.cuda.Event()
-        done.record(torch.cuda.current_stream(dev))
-        return y, done.synchronize
-
-    def _copy_stream(self, dev: Any) -> Any:
-        """The dedicated copy stream of a GPU (made once)."""
-        s = self._copy_streams.get(dev.index)
-        if s is None:
-            with self._stream_lock:
-                s = self._copy_streams.get(dev.index)
-                if s is None:
-                    s = self._copy_streams[dev.index] = self._torch.cuda.Stream(dev)
-        return s
-
-    def _start_download(self, x: Any) -> tuple[Any, Callable[[], None]]:
-        torch = self._torch
-        dev = x.device
-        producer = torch.cuda.current_stream(dev)
-        cs = self._copy_stream(dev)
-        ready = torch.cuda.Event()
-        ready.record(producer)  # x is complete once the work queued on its stream so far is
-        t = x.detach()
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        cs.wait_event(ready)
-        with torch.cuda.stream(cs):
-            host.copy_(t, non_blocking=True)
-        t.record_stream(cs)  # the allocator keeps x's memory until the copy has read it
-        done = torch.cuda.Event()
-        done.record(cs)
-
-        def waiter() -> None:
-            done.synchronize()
-            keep.clear()  # x may go now
-
-        keep = [t]  # the handle holds the source until the copy has landed
-        return host, waiter
-
-    def _stageable(self, x: Any) -> bool:
-        # The size first: is_pinned() asks the CUDA driver about the pointer.
-        return (self._n_cuda > 0 and x.numel() * x.element_size() >= self.staging.threshold
-                and not x.requires_grad and x.is_contiguous() and x.dtype in self._plain_dtypes
-                and not x.is_conj() and not x.is_neg() and not x.is_pinned())
-
-    def _upload(self, arr: np.ndarray, dt: Any, device: Device) -> Any:
-        """A new tensor on ``device`` holding pageable ``arr`` (C-contiguous), uploaded through the
-        staging pipeline (multidev.adapter.staged_upload) on the GPU's copy stream; ordered before
-        later work on the device's current stream."""
-        torch = self._torch
-        dev = self.to_native_device(device)
-        out = torch.empty(arr.shape, dtype=dt, device=dev)
-        cs = self._copy_stream(dev)
-        cur = torch.cuda.current_stream(dev)
-        cs.wait_stream(cur)  # out's memory is free for writing once the device's queued work allows
-        dst = out.view(-1).view(torch.uint8) if out.numel() else out
-
-        def alloc(n: int) -> tuple[Any, np.ndarray]:
-            buf = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-            return buf, buf.numpy()
-
-        def submit(buf: Any, n: int, off: int) -> Any:
-            with torch.cuda.stream(cs):
-                dst[off:off + n].copy_(buf[:n], non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(cs)
-            return ev
-
-        staged_upload(np.ascontiguousarray(arr), alloc, submit, lambda ev: ev.synchronize(), self.staging)
-        cur.wait_stream(cs)  # later work on the device sees the whole upload
-        out.record_stream(cs)  # and out's memory outlives the copies into it
-        return out
-
     def copy(self, x: Any, device: Device) -> Any:
         self._target(self.dtype_of(x), device)
         return x.to(self.to_native_device(device), copy=True)
@@ -373,7 +264,7 @@ class TorchBackend(BaseBackend, NonBlockingMoves, SupportsDLPack, SupportsNative
         torch = self._torch
         t = x.detach()
         if t.device.type == "cuda":
-            host, waiter = self._start_download(t)  # pinned memory: 54 vs 1.6 GB/s pageable (H200)
+            host, waiter = self._start_download(t)  # through pinned memory, far faster than pageable
             waiter()
             t = host
         elif t.device.type != "cpu":
@@ -448,136 +339,3 @@ class TorchBackend(BaseBackend, NonBlockingMoves, SupportsDLPack, SupportsNative
         self.same_device("assign", (dst, src))
         with self._torch.no_grad():  # autograd refuses in-place writes into leaves (parameters)
             dst.copy_(src)
-
-    # -- interchange ------------------------------------------------------------------------
-    def export_dlpack(self, x: Any) -> Any:
-        t = x.detach()  # __dlpack__ refuses tensors that require grad
-        if t.layout != self._torch.strided:
-            raise CapabilityError(f"torch backend: DLPack takes dense tensors only, not {t.layout}; "
-                                  "convert with x.to_dense()")
-        if t.is_conj() or t.is_neg():
-            raise CapabilityError("torch backend: a lazily conjugated/negated view cannot be exported "
-                                  "without a copy; call x.resolve_conj().resolve_neg() first")
-        return t  # torch.Tensor has __dlpack__/__dlpack_device__, strided layouts included
-
-    def import_dlpack(self, obj: Any, device: Device) -> Any:
-        try:
-            y = self._torch.from_dlpack(obj)
-        except (RuntimeError, TypeError, BufferError, ValueError, AttributeError) as e:
-            raise CapabilityError(
-                f"torch backend cannot import {type(obj).__name__} through DLPack: {e}") from e
-        if self.device_of(y) != device:
-            raise CapabilityError(f"torch backend: a DLPack buffer of {device} arrived on "
-                                  f"{self.device_of(y)}; torch has no {device} to share it on")
-        return y
-
-    # -- native fast paths ------------------------------------------------------------------
-    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
-        """NCCL allreduce over one CUDA tensor per GPU (``torch.cuda.comm`` for sums without NCCL).
-
-        Out of place, on each device's current stream (asynchronous): contiguous inputs are reduced
-        by NCCL straight into new outputs; other layouts (strided, conj/neg views, int16, complex)
-        are first copied into private buffers that NCCL reduces in place. bool reduces as or/and (sum/prod),
-        int16 through int32 (exact modulo 2**16), complex sums as pairs of reals.
-        """
-        torch = self._torch
-        xs = list(xs)
-        if any(x.device.type != "cuda" for x in xs):
-            where = ", ".join(str(x.device) for x in xs)
-            raise CapabilityError(
-                f"torch backend: the native allreduce (NCCL) takes CUDA tensors on distinct GPUs; "
-                f"got tensors on {where}. Use algorithm='naive' or 'auto'.")
-        idx = [x.device.index for x in xs]
-        if op not in _NCCL_OPS:
-            raise CapabilityError(f"torch backend: native allreduce has no op {op!r}; use sum, max, min or prod")
-        dtype = self.dtype_of(xs[0])
-        base = op
-        complex_ = dtype.startswith("complex")
-        if complex_ and base != "sum":
-            raise CapabilityError(f"torch backend: {base} is not defined for complex tensors")
-        if not complex_ and dtype not in _NCCL_DTYPES and dtype != "int16":
-            raise CapabilityError(f"torch backend: NCCL cannot reduce {dtype}; use algorithm='naive'")
-        work_dt = torch.int32 if dtype == "int16" else xs[0].dtype  # NCCL has no int16
-        code = _NCCL_OPS[base]
-        if dtype == "bool":
-            # NCCL reduces bool as uint8: a sum could store 2 in a bool; or/and are max/min.
-            code = _NCCL_OPS["max"] if base in ("sum", "max") else _NCCL_OPS["min"]
-        # Plain contiguous inputs go to NCCL out of place (no staging copy: as fast as in place).
-        direct = (not complex_ and dtype != "int16" and len(xs) > 1
-                  and all(x.is_contiguous() and not x.is_conj() and not x.is_neg() for x in xs))
-        with torch.no_grad():
-            bufs = []
-            for x in xs:
-                b = torch.empty(tuple(x.shape), dtype=work_dt, device=x.device)
-                if not direct:
-                    b.copy_(x.detach())  # materializes conj/neg views and strides; inputs never written
-                bufs.append(b)
-            if len(bufs) > 1 and bufs[0].numel() > 0:
-                views = [torch.view_as_real(b) for b in bufs] if complex_ else bufs
-                srcs = [x.detach() for x in xs] if direct else views
-                if hasattr(torch._C, "_nccl_all_reduce") and torch.cuda.nccl.is_available(srcs):
-                    try:
-                        torch.cuda.nccl.all_reduce(srcs, views, op=code)
-                    except RuntimeError as e:
-                        if "Unconvertible NCCL type" in str(e):  # e.g. bfloat16 with an old NCCL
-                            raise CapabilityError(f"torch backend: this NCCL cannot reduce {dtype}; "
-                                                  "use algorithm='naive'") from e
-                        raise
-                elif base == "sum":
-                    # No NCCL in this build: torch.cuda.comm sums onto one GPU and broadcasts back.
-                    total = torch.cuda.comm.reduce_add([x.detach() for x in xs] if direct else bufs,
-                                                       destination=idx[0])
-                    bufs = list(torch.cuda.comm.broadcast(total, idx))
-                else:
-                    raise CapabilityError(f"torch backend: {base} allreduce needs NCCL, which this "
-                                          "torch build lacks; use algorithm='naive'")
-            if dtype == "int16":
-                bufs = [b.to(torch.int16) for b in bufs]
-        return bufs
-
-    # -- optional extensions: training and compilation --------------------------------------
-    def parameter_like(self, src: Any, y: Any) -> Any:
-        # A copy of a tensor that requires grad is a non-leaf whose .grad stays None: cut it loose.
-        return y.detach().requires_grad_(True) if src.requires_grad else y
-
-    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
-        torch = self._torch
-        ps = [p.detach().requires_grad_(True) for p in params]  # private leaves: params' .grad untouched
-        with torch.enable_grad():
-            out = fn(ps, *args)
-            total = out if out.ndim == 0 else out.sum()
-            gs = torch.autograd.grad(total, ps, allow_unused=True)
-        return total.detach(), [torch.zeros_like(p) if g is None else g for p, g in zip(ps, gs)]
-
-    def sgd_update(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
-        with self._torch.no_grad():  # in place: leaves stay leaves
-            for p, g in zip(params, grads):
-                p.sub_(g, alpha=lr)
-        return list(params)
-
-    def compile_routes(self, fn: Any) -> dict[str, bool]:
-        # Measured for D2L 12.1 (batch 1; H200 and 2-core CPU): script < trace < eager < torch.compile,
-        # whose compilation also takes seconds (20 s on the CPU): auto measures the first three.
-        return {"torch.jit.script": True, "torch.jit.trace": True, "eager": True, "torch.compile": False,
-                "torch.compile:reduce-overhead": False, "torch.compile:max-autotune": False}
-
-    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
-        import warnings
-
-        torch = self._torch
-        if route == "eager":
-            return fn
-        if route.startswith("torch.compile"):
-            mode = route.partition(":")[2] or None
-            return torch.compile(fn, mode=mode)
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")  # torch >= 2.10 deprecates torch.jit: our choice, not the user's
-            try:
-                out = torch.jit.script(fn) if route == "torch.jit.script" else torch.jit.trace(fn, args)
-            except Exception as e:  # any compiler error means "cannot compile this way"
-                raise CapabilityError(f"torch backend: {route} cannot compile this function: "
-                                      f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}") from e
-        if any(issubclass(w.category, torch.jit.TracerWarning) for w in seen):
-            raise CapabilityError("torch backend: torch.jit.trace would freeze data-dependent Python control "
-                                  "flow of this function (TracerWarning); use torch.jit.script or eager")
-        return out

@@ -1,43 +1,10 @@
-"""The generic array-API adapter: any library that follows the Python array API standard.
-
-One adapter class per library, made on demand: ``array_api:LIB`` is the library importable as
-``LIB`` (``array_api:array_api_strict``, ``array_api:numpy``, ``array_api:jax.numpy``); plain
-``array_api`` is ``array_api:array_api_strict``, the standard's reference library. The entry point
-``array_api`` is the family :class:`ArrayApiFamily`: the registry calls its ``select(LIB)`` for the
-name ``array_api:LIB`` and its ``select_for(x)`` for a tensor no other adapter of its framework
-claims, so ``md.device_of(x)`` works on such tensors without naming a backend.
-
-What the library must offer: ``__array_namespace_info__()`` (``devices()``, ``default_device()``,
-``dtypes(device=)``), the namespace functions ``full``, ``empty``, ``arange``, ``asarray``,
-``reshape``, ``concat``, ``add``/``maximum``/``minimum``/``multiply``, ``logical_or``/``logical_and``,
-``from_dlpack``, and arrays with ``device``, ``to_device``, ``__dlpack__`` and ``__dlpack_device__``.
-
-Mechanism:
-
-- Devices come from ``info.devices()`` (``None`` entries dropped, as JAX lists one). Each device's
-  kind is what a probe array's ``__dlpack_device__()`` says: host devices become ``cpu:0``,
-  ``cpu:1``, ... (the library's default device first), CUDA devices ``gpu:ID`` with the DLPack id.
-  A library without a host device is refused (``cpu:0`` is every backend's first device).
-- dtypes: ``info.dtypes(device=d)`` per device; ``Capabilities.device_dtypes`` lists the devices
-  that hold fewer (array-api-strict's ``no_float64`` and ``no_x64`` devices).
-- Mutability, DLPack and whether mixing devices raises are probed once, on the library itself.
-- Creation uses the namespace (``full``, ``empty``, ``arange``, ``asarray`` with ``device=``);
-  ``rand`` samples with NumPy's generator and places the samples with ``asarray`` (the standard
-  has no random numbers). Host buffers are made 64-byte aligned (XLA's rule for sharing a host
-  buffer, so JAX and TensorFlow take them without a copy): an unaligned result is copied once
-  into an aligned NumPy buffer and re-imported with ``from_dlpack``.
-- ``move``/``copy`` are ``asarray(x, device=, copy=True)``; ``to_numpy`` is ``numpy.from_dlpack``
-  (a view of host memory; a host copy for other devices).
-- Execution is taken as synchronous unless arrays have ``block_until_ready`` (JAX), which
-  ``wait`` then calls; the standard has no synchronization call.
-- No native collectives; ``split`` is slicing (views).
-"""
+"""The core protocol over an array-API namespace: identity, devices, dtypes, creation, placement,
+synchronize, host copies, and the arithmetic the portable collectives are built from, all probed
+or called through the library's namespace (``__array_namespace_info__`` and the standard's
+functions)."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import re
-import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -52,7 +19,6 @@ from multidev.adapter import (
     CapabilityError,
     Device,
     InvalidDeviceError,
-    SupportsDLPack,
     canonical_dtype,
     dlpack_info,
     host_aligned,
@@ -62,63 +28,10 @@ from multidev.adapter import (
 
 #: The library plain ``array_api`` selects: the standard's reference implementation.
 DEFAULT_LIBRARY = "array_api_strict"
-_LIB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_classes: dict[str, type[ArrayApiBackend]] = {}
-_classes_lock = threading.Lock()
 
 
-def adapter_for(library: str) -> type[ArrayApiBackend]:
-    """The adapter class for ``library`` (made once, named ``array_api:LIBRARY``). Imports nothing."""
-    with _classes_lock:
-        cls = _classes.get(library)
-        if cls is None:
-            cls = type(f"ArrayApiBackend[{library}]", (ArrayApiBackend,),
-                       {"name": f"array_api:{library}", "framework": library.split(".")[0], "library": library,
-                        "__doc__": f"The array-API adapter for {library} (see the module docstring)."})
-            _classes[library] = cls
-        return cls
-
-
-class ArrayApiFamily:
-    """The ``array_api`` entry point: a family of adapters, one per library (see the module doc)."""
-
-    @staticmethod
-    def select(library: str | None) -> type[ArrayApiBackend]:
-        """The adapter class for ``array_api:LIBRARY`` (``None``: the default library)."""
-        lib = DEFAULT_LIBRARY if library is None else library.strip()
-        if not _LIB_NAME.match(lib):
-            raise BackendNotAvailableError(f"array_api:{library}: {library!r} is not a module name; use "
-                                           "array_api:LIB with LIB an importable array-API namespace, e.g. "
-                                           f"array_api:{DEFAULT_LIBRARY}")
-        try:
-            found = importlib.util.find_spec(lib.split(".")[0]) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            hint = ('pip install "multidev[array_api]"' if lib == DEFAULT_LIBRARY
-                    else f"install the package that provides the module {lib!r}")
-            raise BackendNotAvailableError(f"backend 'array_api:{lib}' is not available: {lib} is not installed. "
-                                           f"Install it: {hint}.")
-        return adapter_for(lib)
-
-    @staticmethod
-    def select_for(x: Any) -> str | None:
-        """The library of ``x`` when it is an array-API array (its namespace module), else None."""
-        get = getattr(x, "__array_namespace__", None)
-        if not callable(get) or isinstance(x, type):
-            return None
-        try:
-            ns = get()
-        except Exception:  # noqa: BLE001 - not an array of a usable namespace
-            return None
-        name = getattr(ns, "__name__", None)
-        if not isinstance(name, str) or not hasattr(ns, "__array_namespace_info__"):
-            return None
-        return name
-
-
-class ArrayApiBackend(BaseBackend, SupportsDLPack):
-    """The array-API adapter for one library; made per library by :func:`adapter_for`."""
+class ArrayApiCore(BaseBackend):
+    """The core protocol of the array-API adapter; the state every concern uses is made here."""
 
     name: ClassVar[str] = "array_api:" + DEFAULT_LIBRARY
     framework: ClassVar[str] = DEFAULT_LIBRARY
@@ -412,54 +325,3 @@ class ArrayApiBackend(BaseBackend, SupportsDLPack):
             dst[...] = src
         except (ValueError, TypeError) as e:
             raise CapabilityError(f"{self.name}: cannot write into this array: {e}") from e
-
-    # -- interchange ------------------------------------------------------------------------
-    def export_dlpack(self, x: Any) -> Any:
-        """``x`` behind a thin producer that answers ``max_version`` with an unversioned capsule
-        where the library cannot make a versioned one (array-api-strict on NumPy 1.x raises),
-        as the DLPack standard allows; no copy either way."""
-        if not self._caps.dlpack:
-            raise CapabilityError(f"{self.name}: {self.library} has no DLPack support")
-        return _Producer(x)
-
-    def import_dlpack(self, obj: Any, device: Device) -> Any:
-        """A view of a DLPack producer on ``device`` (``from_dlpack(obj, device=, copy=False)``):
-        host buffers are labelled with the virtual CPU device asked for."""
-        if not self._caps.dlpack:
-            raise CapabilityError(f"{self.name}: {self.library} has no DLPack support")
-        nd = self.to_native_device(device)
-        errors = (TypeError, ValueError, BufferError, RuntimeError, NotImplementedError)
-        try:
-            try:
-                y = self._xp.from_dlpack(obj, device=nd, copy=False)
-            except errors:
-                # a namespace older than the 2023.12 keywords, or a producer refusing dl_device
-                # (TensorFlow): the library's own placement, checked below
-                y = self._xp.from_dlpack(obj)
-        except errors as e:
-            raise CapabilityError(f"{self.name} cannot import {type(obj).__name__} through DLPack: {e}") from e
-        if self.device_of(y) != device:
-            raise CapabilityError(f"{self.name}: a DLPack buffer of {device} arrived on {self.device_of(y)}")
-        return y
-
-
-class _Producer:
-    """A DLPack producer for an array whose ``__dlpack__`` may not take ``max_version``."""
-
-    __slots__ = ("_x",)
-
-    def __init__(self, x: Any) -> None:
-        self._x = x
-
-    def __dlpack_device__(self) -> Any:
-        return self._x.__dlpack_device__()
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        try:
-            return self._x.__dlpack__(**kwargs)
-        except (TypeError, NotImplementedError, ValueError, BufferError):
-            if kwargs.get("max_version") is None or kwargs.get("copy") is not None \
-                    or kwargs.get("dl_device") is not None:
-                raise  # a copy or another device was asked for: never silently dropped
-            legacy = {k: v for k, v in kwargs.items() if k == "stream" and v is not None}
-            return self._x.__dlpack__(**legacy)

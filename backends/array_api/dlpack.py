@@ -1,0 +1,72 @@
+"""DLPack interchange over an array-API namespace (:class:`~multidev.adapter.SupportsDLPack`): the
+standard's ``__dlpack__`` out (behind a producer that falls back to an unversioned capsule), its
+``from_dlpack(obj, device=, copy=False)`` in."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from multidev.adapter import Capabilities, CapabilityError, Device, SupportsDLPack
+
+
+class ArrayApiStandardDLPack(SupportsDLPack):
+    """The standard's DLPack, with the 2023.12 keywords where the library has them (named apart
+    from :class:`multidev.adapter.ArrayApiDLPack`, the shared route without them)."""
+
+    name: ClassVar[str]
+    library: ClassVar[str]
+    _xp: Any
+    _caps: Capabilities
+
+    if TYPE_CHECKING:  # the core protocol (core.ArrayApiCore)
+        def to_native_device(self, device: Device) -> Any: ...
+        def device_of(self, x: Any) -> Device: ...
+
+    def export_dlpack(self, x: Any) -> Any:
+        """``x`` behind a thin producer that answers ``max_version`` with an unversioned capsule
+        where the library cannot make a versioned one (array-api-strict on NumPy 1.x raises),
+        as the DLPack standard allows; no copy either way."""
+        if not self._caps.dlpack:
+            raise CapabilityError(f"{self.name}: {self.library} has no DLPack support")
+        return _Producer(x)
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        """A view of a DLPack producer on ``device`` (``from_dlpack(obj, device=, copy=False)``):
+        host buffers are labelled with the virtual CPU device asked for."""
+        if not self._caps.dlpack:
+            raise CapabilityError(f"{self.name}: {self.library} has no DLPack support")
+        nd = self.to_native_device(device)
+        errors = (TypeError, ValueError, BufferError, RuntimeError, NotImplementedError)
+        try:
+            try:
+                y = self._xp.from_dlpack(obj, device=nd, copy=False)
+            except errors:
+                # a namespace older than the 2023.12 keywords, or a producer refusing dl_device
+                # (TensorFlow): the library's own placement, checked below
+                y = self._xp.from_dlpack(obj)
+        except errors as e:
+            raise CapabilityError(f"{self.name} cannot import {type(obj).__name__} through DLPack: {e}") from e
+        if self.device_of(y) != device:
+            raise CapabilityError(f"{self.name}: a DLPack buffer of {device} arrived on {self.device_of(y)}")
+        return y
+
+
+class _Producer:
+    """A DLPack producer for an array whose ``__dlpack__`` may not take ``max_version``."""
+
+    __slots__ = ("_x",)
+
+    def __init__(self, x: Any) -> None:
+        self._x = x
+
+    def __dlpack_device__(self) -> Any:
+        return self._x.__dlpack_device__()
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        try:
+            return self._x.__dlpack__(**kwargs)
+        except (TypeError, NotImplementedError, ValueError, BufferError):
+            if kwargs.get("max_version") is None or kwargs.get("copy") is not None \
+                    or kwargs.get("dl_device") is not None:
+                raise  # a copy or another device was asked for: never silently dropped
+            legacy = {k: v for k, v in kwargs.items() if k == "stream" and v is not None}
+            return self._x.__dlpack__(**legacy)

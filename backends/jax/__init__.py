@@ -1,0 +1,40 @@
+"""JAX backend: ``jax.Array`` values committed to single JAX devices.
+
+Mechanism. Devices are JAX's addressable devices of the ``cpu`` platform (``cpu:i``) and, where
+present, of the ``gpu`` platform (CUDA or ROCm, ``gpu:i``), each numbered by its order (device id)
+within its platform. Every tensor this adapter creates is *committed* to its device (JAX then refuses
+arithmetic between committed arrays of two devices, as a GPU framework would). An array sharded or
+replicated over several devices has no single device: ``device_of`` raises DeviceMismatchError.
+
+Environment. ``$MULTIDEV_JAX_CPU_DEVICES=N`` gives JAX ``N`` virtual CPU devices: when the adapter is
+created before ``import jax`` it appends ``--xla_force_host_platform_device_count=N`` to
+``$XLA_FLAGS``; when jax is imported but its backends are not yet initialized it sets the config
+option ``jax_num_cpu_devices`` (both work on jax 0.7 and 0.10); afterwards it cannot be changed.
+
+JAX specifics. Arrays are immutable (``assign`` raises CapabilityError: rebind results instead).
+64-bit dtypes exist only under ``jax_enable_x64``, so ``capabilities.dtypes`` is recomputed from the
+flag. Execution is asynchronous; ``synchronize`` blocks on every live array (JAX has no per-device
+barrier). ``native_allreduce`` is ``psum``/``pmax``/``pmin`` under ``jax.shard_map`` over exactly the
+inputs' devices (``prod`` and complex max/min as an ordered fold over ``all_gather``; CPUs and GPUs
+mixed: per platform, then combined). DLPack imports are zero-copy or CapabilityError; a host buffer
+becomes a view on the requested virtual CPU device.
+
+The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
+protocol), ``transfers.py`` (non-blocking moves, pinned host copies, staged uploads), ``dlpack.py``,
+``collectives.py`` (``shard_map``), ``training.py`` (``jax.value_and_grad``), ``compile.py``
+(``jax.jit``); ``_common.py`` holds what several of them share.
+"""
+from __future__ import annotations
+
+from .collectives import JaxCollectives
+from .compile import JaxCompile
+from .core import JaxCore
+from .dlpack import JaxDLPack
+from .training import JaxTraining
+from .transfers import JaxTransfers
+
+__all__ = ["JaxBackend"]
+
+
+class JaxBackend(JaxCore, JaxTransfers, JaxDLPack, JaxCollectives, JaxTraining, JaxCompile):
+    """The JAX backend (see the package docstring)."""

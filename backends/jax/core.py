@@ -1,0 +1,368 @@
+"""The core protocol for JAX: identity, devices, dtypes, creation, placement, synchronize and its
+hooks, host copies, and the arithmetic the portable collectives are built from.
+
+Blocking moves and host copies of accelerator arrays go through the transfer machinery (pinned
+host copies, staged uploads) of :mod:`.transfers`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from multidev.adapter import (
+    DTYPES,
+    BaseBackend,
+    Capabilities,
+    CapabilityError,
+    Device,
+    DeviceMismatchError,
+    DeviceNotFoundError,
+    InvalidDeviceError,
+    StagingPlan,
+    canonical_dtype,
+    numpy_dtype,
+)
+
+from ._common import X64_DTYPES, x64_hint
+
+_ENV_CPU = "MULTIDEV_JAX_CPU_DEVICES"
+_XLA_FLAG = "--xla_force_host_platform_device_count"
+_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+_COMPLEX_PART = {"complex64": "float32", "complex128": "float64"}
+
+
+def _cpu_count_from_env() -> int | None:
+    raw = os.environ.get(_ENV_CPU)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise InvalidDeviceError(f"${_ENV_CPU} must be a positive integer, got {raw!r}")
+    return n
+
+
+class JaxCore(BaseBackend):
+    """The core protocol of the JAX backend; the state every concern uses is made here."""
+
+    name: ClassVar[str] = "jax"
+    framework: ClassVar[str] = "jax"
+    virtual_devices_env: ClassVar[str | None] = _ENV_CPU
+
+    if TYPE_CHECKING:  # the transfer machinery (transfers.JaxTransfers) the blocking moves use
+        def _staged_put(self, arr: np.ndarray, native: Any) -> Any: ...
+        def _staged_from_host(self, x: Any, device: Device, native: Any) -> Any: ...
+        def _pinned(self, x: Any) -> Any: ...
+        def _land(self, z: Any, x: Any, native: Any) -> Any: ...
+
+    def __init__(self) -> None:
+        n = _cpu_count_from_env()
+        imported = "jax" in sys.modules
+        if n is not None and not imported:
+            flags = os.environ.get("XLA_FLAGS", "")
+            if _XLA_FLAG not in flags:
+                os.environ["XLA_FLAGS"] = f"{flags} {_XLA_FLAG}={n}".strip()
+        import jax
+        import jax.numpy as jnp
+
+        self._jax = jax
+        self._jnp = jnp
+        if n is not None and imported and _XLA_FLAG not in os.environ.get("XLA_FLAGS", ""):
+            try:
+                if jax.config.jax_num_cpu_devices in (-1, None):  # never override the user's choice
+                    jax.config.update("jax_num_cpu_devices", n)
+            except (RuntimeError, AttributeError):
+                pass  # backends already initialized (or an old jax): the CPU count is fixed now
+        self._lock = threading.RLock()
+        self._devs: list[Device] | None = None
+        self._to_native: dict[Device, Any] = {}
+        self._from_native: dict[Any, Device] = {}
+        self._caps: dict[bool, Capabilities] = {}
+        self._allreduce_cache: dict[tuple, tuple[Callable[[Any], Any], Any]] = {}
+        self._reported: list[weakref.ref] = []  # failed arrays whose error synchronize already raised
+        self._pinned_kinds: dict[Any, bool] = {}  # native device -> has a pinned_host memory kind
+        self._dlpack_dtypes: set[Any] = set()  # dtypes DLPack was seen to carry
+        self._grad_fns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loss fn -> jitted grad
+        #: Pageable uploads to an accelerator from this size up go in pieces from several threads
+        #: (multidev.adapter.parallel_put), of the size measured fastest (docs/transfers.md).
+        self.staging = StagingPlan(chunk=16 << 20, threshold=32 << 20)
+
+    def _enumerate(self) -> None:
+        """Read JAX's devices once (this initializes JAX's backends)."""
+        with self._lock:
+            if self._devs is not None:
+                return
+            jax = self._jax
+            devs: list[Device] = []
+            for platform, kind in (("cpu", "cpu"), ("gpu", "gpu")):
+                try:
+                    natives = jax.local_devices(backend=platform)
+                except RuntimeError:  # jax.devices("gpu") raises when no GPU platform is present
+                    continue
+                for i, nd in enumerate(sorted(natives, key=lambda d: d.id)):
+                    dev = Device(kind, i)
+                    devs.append(dev)
+                    self._to_native[dev] = nd
+                    self._from_native[nd] = dev
+            self._devs = devs
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> Capabilities:
+        """Recomputed when ``jax_enable_x64`` changes: without it 64-bit dtypes are not listed."""
+        x64 = bool(self._jax.config.jax_enable_x64)
+        caps = self._caps.get(x64)
+        if caps is None:
+            self._enumerate()
+            dtypes = frozenset(DTYPES) if x64 else frozenset(DTYPES) - X64_DTYPES
+            gpus = [nd for d, nd in self._to_native.items() if d.kind == "gpu"]
+            pinned = False
+            for nd in gpus:
+                try:
+                    pinned = pinned or any(m.kind == "pinned_host" for m in nd.addressable_memories())
+                except Exception:  # noqa: BLE001 - memory kinds are not implemented on every plugin
+                    pass
+            caps = Capabilities(mutable=False, async_execution=True, pinned_memory=pinned,
+                                dlpack=True, dlpack_streams=bool(gpus), native_collectives=frozenset({"allreduce"}),
+                                dtypes=dtypes, raises_on_mixed_devices=True)
+            self._caps[x64] = caps
+        return caps
+
+    def tensor_types(self) -> tuple[type, ...]:
+        return (self._jax.Array,)
+
+    # -- devices ----------------------------------------------------------------------------
+    def devices(self) -> list[Device]:
+        if self._devs is None:
+            self._enumerate()
+        return list(self._devs or ())
+
+    def to_native_device(self, device: Device) -> Any:
+        if self._devs is None:
+            self._enumerate()
+        nd = self._to_native.get(device)
+        if nd is None:
+            raise DeviceNotFoundError(
+                f"jax backend has no device {device}; available: {', '.join(map(str, self.devices()))}. "
+                f"More virtual CPUs: set ${_ENV_CPU}=N before JAX initializes.")
+        return nd
+
+    def from_native_device(self, obj: Any) -> Device | None:
+        if not isinstance(obj, self._jax.Device):
+            return None
+        if self._devs is None:
+            self._enumerate()
+        return self._from_native.get(obj)  # by platform and order within it, not global id
+
+    # -- dtypes -----------------------------------------------------------------------------
+    def to_native_dtype(self, dtype: str) -> Any:
+        if dtype not in self.capabilities.dtypes:
+            if dtype in X64_DTYPES:
+                raise CapabilityError(f"jax backend: dtype {dtype!r} needs 64-bit mode; {x64_hint()}")
+            raise CapabilityError(f"jax backend: unsupported dtype {dtype!r}")
+        return self._jnp.dtype(numpy_dtype(dtype))
+
+    def dtype_of(self, x: Any) -> str:
+        return canonical_dtype(x.dtype)
+
+    # -- creation ---------------------------------------------------------------------------
+    def _finish(self, x: Any, native: Any, nd: Any) -> Any:
+        """``x`` committed to ``native`` with dtype ``nd``, or a CapabilityError."""
+        sh = x.sharding
+        if not (x.committed and len(sh.device_set) == 1 and native in sh.device_set):
+            x = self._jax.device_put(x, native)  # an uncommitted or misplaced result: commit it
+        if x.dtype != nd:  # JAX canonicalizes 64-bit types away when x64 is off
+            raise CapabilityError(f"jax backend produced {x.dtype}, not {nd}; {x64_hint()}")
+        return x
+
+    def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
+        nd, native = self.to_native_dtype(dtype), self.to_native_device(device)
+        return self._finish(self._jnp.full(shape, value, dtype=nd, device=native), native, nd)
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
+        nd, native = self.to_native_dtype(dtype), self.to_native_device(device)
+        return self._finish(self._jnp.empty(shape, dtype=nd, device=native), native, nd)
+
+    def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
+        nd, native = self.to_native_dtype(dtype), self.to_native_device(device)
+        # jnp.arange's values differ from NumPy's (jax 0.10: int dtype with float bounds gives
+        # zeros; low-precision floats round differently): compute on the host with NumPy.
+        host = np.arange(start, stop, step, dtype=numpy_dtype(dtype))
+        return self._finish(self._jax.device_put(host, native), native, nd)
+
+    def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
+        native = self.to_native_device(device)
+        nd = None if dtype is None else self.to_native_dtype(dtype)
+        if device.kind != "cpu" and isinstance(obj, np.ndarray) and (nd is None or obj.dtype == nd):
+            # device_put is JAX's fast upload (several times jnp.array's; docs/transfers.md). Not to a
+            # CPU device: there it may share the caller's aligned buffer (may_alias=False or not), and
+            # asarray always copies.
+            if obj.nbytes >= self.staging.threshold and obj.ndim and obj.flags.c_contiguous:
+                x = self._staged_put(obj, native)
+            else:
+                x = self._jax.device_put(obj, native)
+            return self._finish(x, native, x.dtype if nd is None else nd)
+        x = self._jnp.array(obj, dtype=nd, copy=True, device=native)
+        if nd is None:
+            nd = x.dtype
+            if x.weak_type:  # jnp.array(3.0) is weakly typed; give it a definite dtype
+                x = self._jnp.array(x, dtype=nd, copy=False, device=native)
+        return self._finish(x, native, nd)
+
+    def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
+        jax = self._jax
+        nd, native = self.to_native_dtype(dtype), self.to_native_device(device)
+        if seed is None:
+            seed = secrets.randbits(31)
+        elif not 0 <= seed < 2**31:
+            # PRNGKey truncates wide seeds silently (2**40 gives the key of 0 without x64): hash them.
+            seed = int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=4).digest(), "little")
+            seed &= 0x7FFFFFFF
+        key = jax.device_put(jax.random.PRNGKey(seed), native)  # committed key: sampling runs there
+        if dtype in _FLOATS:
+            x = jax.random.uniform(key, shape, dtype=nd)  # in the target precision: stays below 1
+        else:
+            real = _COMPLEX_PART.get(dtype, "float32")
+            x = jax.random.uniform(key, shape, dtype=self.to_native_dtype(real)).astype(nd)
+        return self._finish(x, native, nd)
+
+    # -- placement --------------------------------------------------------------------------
+    def _native_of(self, x: Any) -> Any:
+        """The one JAX device holding ``x``; DeviceMismatchError for multi-device arrays."""
+        try:
+            ds = x.sharding.device_set
+        except AttributeError:
+            raise CapabilityError(
+                f"jax backend: {type(x).__name__} has no concrete device (a tracer inside jax.jit/"
+                "vmap/grad?); call multidev outside traced functions") from None
+        if len(ds) != 1:
+            if self._devs is None:
+                self._enumerate()
+            names = ", ".join(sorted(str(self._from_native.get(d, d)) for d in ds))
+            raise DeviceMismatchError(
+                f"jax backend: this array is sharded or replicated over {len(ds)} devices ({names}) "
+                "and so has no single device. Take one piece with x.addressable_shards[i].data, or "
+                "gather it onto one device with multidev.copy(x, device) / jax.device_put(x, device).")
+        return next(iter(ds))
+
+    def device_of(self, x: Any) -> Device:
+        nd = self._native_of(x)
+        if self._devs is None:
+            self._enumerate()
+        dev = self._from_native.get(nd)
+        if dev is None:
+            raise DeviceNotFoundError(f"jax backend: array lives on {nd}, which is not one of this "
+                                      f"process's devices ({', '.join(map(str, self.devices()))})")
+        return dev
+
+    def move(self, x: Any, device: Device) -> Any:
+        """Accelerator to host through pinned host memory (many times faster than a direct
+        ``device_put`` to the CPU; docs/transfers.md), waiting for the copy; a large CPU array to an
+        accelerator staged (waits for ``x``, reads it before returning); else an asynchronous
+        ``device_put``."""
+        native = self.to_native_device(device)
+        if device.kind == "cpu":
+            z = self._pinned(x)
+            if z is not None:
+                return self._land(z, x, native)
+            if getattr(x.sharding, "memory_kind", None) not in (None, "device"):  # a host-memory array
+                return self._land(x, x, native)
+        staged = self._staged_from_host(x, device, native)
+        return staged if staged is not None else self._jax.device_put(x, native)
+
+    def copy(self, x: Any, device: Device) -> Any:
+        # device_put to x's own device may return an alias of x's buffer; may_alias=False forces a copy.
+        return self._jax.device_put(x, self.to_native_device(device), may_alias=False)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """Waits. Zero-copy and read-only for CPU arrays; for accelerator arrays a read-only view of a
+        fresh copy in pinned host memory (PCIe speed), never np.asarray's cached host copy (which goes
+        stale when the buffer is shared through DLPack and written by its producer)."""
+        z = self._pinned(x)
+        if z is not None:
+            return np.asarray(z)
+        ds = x.sharding.device_set
+        if len(ds) == 1:
+            nd = next(iter(ds))
+            if nd.platform != "cpu":  # an accelerator without a pinned memory kind: a fresh device copy
+                return np.asarray(self._jax.device_put(x, nd, may_alias=False))
+        return np.asarray(x)
+
+    def synchronize(self, device: Device | None) -> None:
+        """JAX has no per-device barrier: wait for every live array (on ``device`` when given), plus
+        ordered effects (``jax.effects_barrier``) when ``device`` is None."""
+        jax = self._jax
+        if self._devs is None:
+            self._enumerate()
+        platforms = sorted({nd.platform for nd in self._to_native.values()})
+        target = None if device is None else self.to_native_device(device)
+        if device is None:
+            jax.effects_barrier()
+        arrays: list[Any] = []
+        for p in platforms:
+            for a in jax.live_arrays(p):
+                if target is None or target in a.sharding.device_set:
+                    arrays.append(a)
+        if not arrays:
+            return
+        try:
+            jax.block_until_ready(arrays)
+            return
+        except Exception:  # noqa: BLE001 - any failure: find the failing array below
+            pass
+        # Some array failed: find it, and raise each asynchronous error once (not on every later call).
+        self._reported = [r for r in self._reported if r() is not None]
+        for a in arrays:
+            try:
+                a.block_until_ready()
+            except Exception:
+                if any(r() is a for r in self._reported):
+                    continue
+                self._reported.append(weakref.ref(a))
+                raise
+
+    def wait(self, x: Any) -> None:
+        x.block_until_ready()  # raises the asynchronous error behind x, if any
+
+    def tensor_wait_fn(self) -> Callable[[Any], Any]:
+        """wait(x) with no adapter frame: the array class's own method (read once a tensor exists,
+        so JAX's backends are not started early)."""
+        fn: Callable[[Any], Any] = type(self._jnp.zeros(())).block_until_ready
+        return fn
+
+    # -- arithmetic for collectives ---------------------------------------------------------
+    def combine(self, op: str, a: Any, b: Any) -> Any:
+        jnp = self._jnp
+        fn = {"sum": jnp.add, "max": jnp.maximum, "min": jnp.minimum, "prod": jnp.multiply}[op]
+        self.same_device(op, (a, b))
+        return fn(a, b)
+
+    def divide(self, x: Any, n: int) -> Any:
+        return (x / n).astype(x.dtype)
+
+    def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
+        return self._jnp.reshape(x, shape)  # JAX has no views: a new (immutable) array
+
+    def concat(self, xs: Sequence[Any], axis: int) -> Any:
+        xs = list(xs)
+        self.same_device("concat", xs)
+        return self._jnp.concatenate(xs, axis=axis)
+
+    def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
+        cuts = np.cumsum([int(s) for s in sizes])[:-1].tolist()
+        return list(self._jnp.split(x, cuts, axis=axis))
+
+    def assign(self, dst: Any, src: Any) -> None:
+        raise CapabilityError(
+            "jax backend: JAX arrays are immutable and cannot be written in place. Rebind the result "
+            "instead, e.g. xs = multidev.allreduce(xs) (inplace=False) and x = xs[i], or use x.at[...].set(...)")

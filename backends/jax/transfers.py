@@ -1,0 +1,128 @@
+"""Non-blocking moves for JAX (:class:`~multidev.adapter.SupportsNonBlocking`) and the machinery the
+blocking moves share: copies into the ``pinned_host`` memory kind, and large pageable uploads as
+``device_put`` pieces from several threads joined on the device (:func:`multidev.adapter.parallel_put`).
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from multidev.adapter import Device, StagingPlan, SupportsNonBlocking, parallel_put
+
+
+class JaxTransfers(SupportsNonBlocking):
+    """``start_move`` and ``start_to_numpy`` dispatched, not awaited; the pinned copies and staged
+    uploads that the core's ``move``, ``asarray`` and ``to_numpy`` use too."""
+
+    _jax: Any
+    _jnp: Any
+    _pinned_kinds: dict[Any, bool]
+    staging: StagingPlan
+
+    if TYPE_CHECKING:  # the core protocol (core.JaxCore)
+        def to_native_device(self, device: Device) -> Any: ...
+        def to_numpy(self, x: Any) -> np.ndarray: ...
+
+    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], Any] | None]:
+        """Dispatched, not awaited. To the host: the copy into pinned host memory is dispatched now
+        (it runs once x is computed, overlapping with later work); the CPU array is made from it when
+        the waiter runs, which returns it (handing the pinned buffer to the CPU device would wait for
+        the copy, stalling the caller's dispatch)."""
+        native = self.to_native_device(device)
+        # Staged only when x is computed already: staging reads x now, which would wait for it.
+        staged = self._staged_from_host(x, device, native) if x.is_ready() else None
+        if staged is not None:
+            return staged, staged.block_until_ready
+        z = self._pinned(x) if device.kind == "cpu" else None
+        if z is not None:
+            def land() -> Any:
+                y = self._land(z, x, native)
+                y.block_until_ready()
+                return y
+            return z, land
+        if device.kind == "cpu" and getattr(x.sharding, "memory_kind", None) not in (None, "device"):
+            y = self._land(x, x, native)
+        else:
+            y = self._jax.device_put(x, native)
+
+        def waiter() -> None:
+            y.block_until_ready()
+
+        return y, waiter
+
+    def start_to_numpy(self, x: Any) -> Callable[[], np.ndarray]:
+        """An accelerator array's copy into pinned host memory, dispatched now (it runs once x is
+        computed); the callable waits and gives a read-only NumPy view of that fresh copy."""
+        z = self._pinned(x)
+        if z is None:
+            return lambda: self.to_numpy(x)
+        return lambda: np.asarray(z)
+
+    def _land(self, z: Any, x: Any, native: Any) -> Any:
+        """The pinned copy ``z`` of ``x`` as an ordinary array of the CPU device ``native`` (in its
+        default memory kind: XLA refuses to combine a host-memory-space array with CPU arrays):
+        NumPy's view of ``z`` (waits for the copy into it) put to that device, which takes an
+        aligned buffer without copying. A device-to-device put of ``z`` with the default memory
+        kind named is a slow cross-client copy (docs/transfers.md); ``x`` is put directly where
+        NumPy cannot read ``z``."""
+        try:
+            host = np.asarray(z)
+        except (ValueError, TypeError, RuntimeError):
+            return self._jax.device_put(x, native)
+        return self._jax.device_put(host, native)
+
+    def _staged_from_host(self, x: Any, device: Device, native: Any) -> Any:
+        """A large host array ``x`` (on a CPU device) put on accelerator ``device`` through the staged
+        upload (read before this returns), or None where the plain ``device_put`` applies."""
+        if device.kind == "cpu" or x.nbytes < self.staging.threshold or x.ndim == 0 \
+                or self._jax.dtypes.issubdtype(x.dtype, self._jax.dtypes.extended):  # PRNG keys: no NumPy view
+            return None
+        ds = x.sharding.device_set
+        if len(ds) != 1 or next(iter(ds)).platform != "cpu":
+            return None
+        return self._staged_put(np.asarray(x), native)  # a view of the CPU buffer (after x is computed)
+
+    def _pinned(self, x: Any) -> Any:
+        """``x``'s copy in pinned host memory (``device_put`` to the ``pinned_host`` memory kind of its
+        own device, asynchronous), or None where x is a host array or the platform has no pinned
+        memory kind. Always a fresh copy: a buffer shared through DLPack never reads stale."""
+        sh = x.sharding
+        ds = sh.device_set
+        if len(ds) != 1:
+            return None
+        nd = next(iter(ds))
+        if nd.platform == "cpu" or not self._has_pinned(nd):
+            return None
+        if getattr(sh, "memory_kind", None) == "pinned_host":
+            return x
+        return self._jax.device_put(x, sh.with_memory_kind("pinned_host"))
+
+    def _has_pinned(self, nd: Any) -> bool:
+        hit = self._pinned_kinds.get(nd)
+        if hit is None:
+            try:
+                hit = any(m.kind == "pinned_host" for m in nd.addressable_memories())
+            except Exception:  # noqa: BLE001 - memory kinds are not implemented on every plugin
+                hit = False
+            self._pinned_kinds[nd] = hit
+        return hit
+
+    def _staged_put(self, arr: np.ndarray, native: Any) -> Any:
+        """A large pageable upload: ``device_put`` of ``staging.chunk``-byte pieces from several
+        threads (JAX reads pageable memory faster so), joined on the device. Synchronous for the
+        source; the join compiles once per shape and dtype and holds the array twice for a moment
+        (where the device has no room for that, one ``device_put`` instead)."""
+        jax = self._jax
+        try:
+            parts = parallel_put(arr, lambda p: jax.device_put(p, native), self.staging)
+            return self._join(tuple(parts), arr.shape)
+        except (RuntimeError, MemoryError):  # the join needs the array twice: no room, so one put
+            return jax.device_put(arr, native)
+
+    @functools.cached_property
+    def _join(self) -> Callable[[tuple, tuple[int, ...]], Any]:
+        jnp = self._jnp
+        return self._jax.jit(lambda parts, shape: jnp.concatenate(parts).reshape(shape), static_argnums=1)

@@ -1,0 +1,81 @@
+"""DLPack interchange for PyTorch (:class:`~multidev.adapter.SupportsDLPack`).
+
+torch exports a CUDA tensor only while its device is torch's current device (its ``__dlpack__``
+records the consumer's stream handshake on the current device's stream). On a machine with several
+CUDA devices a CUDA tensor therefore goes out behind :class:`OwnDeviceProducer`, which exports it
+under ``torch.cuda.device(t.device)``: this rule lives here, for every consumer. With one CUDA
+device (or none) the tensor itself goes out.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from multidev.adapter import CapabilityError, Device, SupportsDLPack
+
+
+class OwnDeviceProducer:
+    """A DLPack producer for a CUDA tensor ``t`` that exports it with ``t``'s device as torch's
+    current device; ``dtype``, ``shape`` and ``device`` read as ``t``'s. No copy."""
+
+    __slots__ = ("_cuda", "_t")
+
+    def __init__(self, t: Any, cuda: Any) -> None:
+        self._t = t
+        self._cuda = cuda  # the torch.cuda module
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        t = self._t
+        if t.device.index == self._cuda.current_device():
+            return t.__dlpack__(*args, **kwargs)
+        with self._cuda.device(t.device):
+            return t.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._t.__dlpack_device__()
+
+    @property
+    def dtype(self) -> Any:
+        return self._t.dtype
+
+    @property
+    def shape(self) -> Any:
+        return self._t.shape
+
+    @property
+    def device(self) -> Any:
+        return self._t.device
+
+
+class TorchDLPack(SupportsDLPack):
+    """Exports dense tensors without copying (see the module docstring for CUDA tensors on a
+    machine with several GPUs); imports through ``torch.from_dlpack``, checked to land on the
+    producer's device."""
+
+    _torch: Any
+    _n_cuda: int
+
+    if TYPE_CHECKING:  # the core protocol (core.TorchCore)
+        def device_of(self, x: Any) -> Device: ...
+
+    def export_dlpack(self, x: Any) -> Any:
+        t = x.detach()  # __dlpack__ refuses tensors that require grad
+        if t.layout != self._torch.strided:
+            raise CapabilityError(f"torch backend: DLPack takes dense tensors only, not {t.layout}; "
+                                  "convert with x.to_dense()")
+        if t.is_conj() or t.is_neg():
+            raise CapabilityError("torch backend: a lazily conjugated/negated view cannot be exported "
+                                  "without a copy; call x.resolve_conj().resolve_neg() first")
+        if self._n_cuda > 1 and t.device.type == "cuda":
+            return OwnDeviceProducer(t, self._torch.cuda)
+        return t  # torch.Tensor has __dlpack__/__dlpack_device__, strided layouts included
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        try:
+            y = self._torch.from_dlpack(obj)
+        except (RuntimeError, TypeError, BufferError, ValueError, AttributeError) as e:
+            raise CapabilityError(
+                f"torch backend cannot import {type(obj).__name__} through DLPack: {e}") from e
+        if self.device_of(y) != device:
+            raise CapabilityError(f"torch backend: a DLPack buffer of {device} arrived on "
+                                  f"{self.device_of(y)}; torch has no {device} to share it on")
+        return y
