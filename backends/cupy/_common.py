@@ -13,8 +13,8 @@ class CupyHostArray(np.ndarray):
     package docstring); ``np.asarray(x)`` or ``x.view(np.ndarray)`` gives the plain array."""
 
 
-# Named by its public module: the registry ties a host array class to the adapter defined in the same
-# module (a NumPy subclass is CuPy's because CupyBackend lives there), and pickles find it there.
+# Named by its public module (multidev.adapters.cupy.CupyHostArray, as before the adapter became a
+# folder), where reprs and pickles find it.
 CupyHostArray.__module__ = "multidev.adapters.cupy"
 
 

@@ -1,0 +1,108 @@
+"""torch's current-device rule for DLPack lives in torch's adapter alone (backends/torch/dlpack.py).
+
+torch exports a CUDA tensor only while its device is torch's current device. On a machine with
+several CUDA devices the adapter's ``export_dlpack`` therefore hands out a thin producer that
+exports under the tensor's own device, for every consumer (JAX, CuPy, TensorFlow, ...); with one
+CUDA device, or none, the tensor itself. Checked with stand-ins for torch: no torch, no GPU needed.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from multidev.adapters.torch.dlpack import OwnDeviceProducer, TorchDLPack
+
+
+class _Device:
+    def __init__(self, type_: str, index: int | None) -> None:
+        self.type, self.index = type_, index
+
+
+class _Cuda:
+    """torch.cuda's current device, and a log of what was current when a tensor was exported."""
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.switches = 0
+
+    def current_device(self) -> int:
+        return self.current
+
+    @contextlib.contextmanager
+    def device(self, dev: Any) -> Iterator[None]:
+        self.switches += 1
+        prev, self.current = self.current, dev.index
+        try:
+            yield
+        finally:
+            self.current = prev
+
+
+class _Tensor:
+    layout = "strided"
+    dtype = "torch.float32"
+    shape = (2, 3)
+
+    def __init__(self, cuda: _Cuda, device: _Device) -> None:
+        self._cuda, self.device = cuda, device
+        self.exported: list[tuple[int, dict]] = []
+
+    def detach(self) -> _Tensor:
+        return self
+
+    def is_conj(self) -> bool:
+        return False
+
+    def is_neg(self) -> bool:
+        return False
+
+    def __dlpack__(self, **kwargs: Any) -> str:
+        self.exported.append((self._cuda.current, kwargs))
+        return "capsule"
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, self.device.index or 0) if self.device.type == "cuda" else (1, 0)
+
+
+def _adapter(n_cuda: int) -> tuple[Any, _Cuda]:
+    cuda = _Cuda()
+
+    class Torch:  # the parts of the torch module export_dlpack reads
+        strided = "strided"
+
+    Torch.cuda = cuda  # type: ignore[attr-defined]
+
+    class Adapter(TorchDLPack):
+        pass
+
+    b = Adapter()
+    b._torch, b._n_cuda = Torch, n_cuda
+    return b, cuda
+
+
+def test_one_gpu_exports_the_tensor_itself() -> None:
+    b, cuda = _adapter(1)
+    t = _Tensor(cuda, _Device("cuda", 0))
+    assert b.export_dlpack(t) is t  # zero cost: with one device it is always torch's current one
+
+
+def test_host_tensors_go_out_as_they_are() -> None:
+    b, cuda = _adapter(2)
+    t = _Tensor(cuda, _Device("cpu", None))
+    assert b.export_dlpack(t) is t
+
+
+def test_several_gpus_export_under_the_tensors_own_device() -> None:
+    b, cuda = _adapter(2)
+    t = _Tensor(cuda, _Device("cuda", 1))
+    out = b.export_dlpack(t)
+    assert isinstance(out, OwnDeviceProducer)
+    assert out.dtype == t.dtype and out.shape == t.shape and out.device is t.device  # read as the tensor's
+    assert out.__dlpack_device__() == (2, 1)
+    assert out.__dlpack__(stream=7, max_version=(1, 0)) == "capsule"
+    assert t.exported == [(1, {"stream": 7, "max_version": (1, 0)})], "exported while cuda:1 was current"
+    assert cuda.current == 0, "the consumer's current device is restored"
+    t0 = _Tensor(cuda, _Device("cuda", 0))
+    b.export_dlpack(t0).__dlpack__(stream=3)
+    assert t0.exported == [(0, {"stream": 3})] and cuda.switches == 1, "no switch where it is current already"
