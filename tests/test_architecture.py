@@ -329,3 +329,196 @@ def test_the_protocol_is_split_and_every_adapter_declares_what_it_implements() -
     assert not bad, "\n".join(bad)
     core_src = "".join(p.read_text() for p in CORE)
     assert "adapter_hook" not in core_src and "type(b).__mro__" not in core_src  # hooks are found by name
+
+
+# -- the adapters' rooms ------------------------------------------------------------------------------
+#: An adapter file of more lines than this is a folder per framework (backends/NAME/).
+ADAPTER_FILE_LINES = 420
+#: The files of an adapter folder, each one concern, the same name in every framework: the protocol
+#: its class declares (a provider of it, see _PROVIDERS). A new capability protocol gets its file here.
+CONCERN_FILES = {"core.py": None, "transfers.py": "SupportsNonBlocking", "dlpack.py": "SupportsDLPack",
+                 "collectives.py": "SupportsNativeCollectives", "training.py": "SupportsTraining",
+                 "compile.py": "SupportsCompile", "models.py": "SupportsModels", "scope.py": "SupportsDeviceScope"}
+#: Beside the concern files: the composed adapter (__init__.py) and what several files share.
+ADAPTER_FOLDER_FILES = {"__init__.py", "_common.py", *CONCERN_FILES}
+#: Folders of backends/ that are not adapters.
+NOT_ADAPTERS = {"engines": "the engines of multidev.distributed, built on torch.distributed by design",
+                "__pycache__": "bytecode"}
+#: The top-level modules of each framework an adapter serves (NumPy is every adapter's host array
+#: library, and the array-API adapter serves whichever library it is given: they own no names).
+FRAMEWORK_MODULES = {"torch": {"torch"}, "jax": {"jax", "jaxlib"}, "tensorflow": {"tensorflow"},
+                     "mxnet": {"mxnet"}, "cupy": {"cupy", "cupyx"}, "numpy": set(), "array_api": set()}
+#: Strings in one adapter that name another framework, each for a stated reason: (adapter, text) -> why.
+CROSS_FRAMEWORK_NAMES = {
+    ("mxnet", "pip install torch=="): "the install hint for the tested MXNet environment, where torch's CPU "
+                                      "wheel is pinned first; an install command, not a code path",
+}
+
+
+def _adapter_folders() -> list[Path]:
+    return sorted(p for p in (ROOT / "backends").iterdir() if p.is_dir() and p.name not in NOT_ADAPTERS)
+
+
+def _adapter_files() -> list[tuple[str, Path]]:
+    """(adapter name, file) for every adapter source: the single files and every file of the folders."""
+    out = [(p.stem, p) for p in sorted((ROOT / "backends").glob("*.py")) if p.name != "__init__.py"]
+    for folder in _adapter_folders():
+        out += [(folder.name, p) for p in sorted(folder.rglob("*.py"))]
+    return out
+
+
+def _bases(node: ast.ClassDef) -> set[str]:
+    return {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+
+
+def _methods(node: ast.ClassDef) -> list[ast.FunctionDef]:
+    """The methods a class defines at run time (not those under ``if TYPE_CHECKING:``)."""
+    return [item for item in node.body if isinstance(item, ast.FunctionDef)]
+
+
+def test_every_large_adapter_is_a_folder() -> None:
+    """No adapter is a single file of more than ADAPTER_FILE_LINES lines: a larger one is split into
+    backends/NAME/ with one file per concern."""
+    big = {p.name: n for p in (ROOT / "backends").glob("*.py")
+           if (n := len(p.read_text().splitlines())) > ADAPTER_FILE_LINES}
+    assert not big, f"adapter files over {ADAPTER_FILE_LINES} lines (make each a folder per framework): {big}"
+
+
+@pytest.mark.parametrize("folder", _adapter_folders(), ids=lambda p: p.name)
+def test_adapter_folders_use_the_shared_file_names(folder: Path) -> None:
+    """Each adapter folder has __init__.py (the composed adapter) and core.py, and otherwise only the
+    shared concern files: the same name for the same concern in every framework, no subfolders."""
+    names = {p.name for p in folder.iterdir() if p.name != "__pycache__"}
+    assert {"__init__.py", "core.py"} <= names, f"{folder.name}/ lacks __init__.py or core.py"
+    odd = sorted(names - ADAPTER_FOLDER_FILES)
+    assert not odd, f"{folder.name}/ has files outside the shared names {sorted(ADAPTER_FOLDER_FILES)}: {odd}"
+
+
+@pytest.mark.parametrize("folder", _adapter_folders(), ids=lambda p: p.name)
+def test_each_concern_file_declares_its_protocol(folder: Path) -> None:
+    """core.py's class is a BaseBackend declaring no capability; the class of every other concern file
+    declares that file's protocol (or its shared implementation) and no other, and no file defines a
+    method of another file's protocol. __init__.py's adapter class is composed of the folder's concern
+    classes alone and declares exactly what they declare."""
+    from multidev import protocol
+
+    owner = {m: p.__name__ for p in protocol.CAPABILITY_PROTOCOLS for m in protocol.protocol_methods(p)}
+    providers = set().union(*_PROVIDERS.values())
+    concern_classes: dict[str, str] = {}  # class name -> the protocol it declares (None: core)
+    bad = []
+    for path in sorted(folder.glob("*.py")):
+        if path.name not in CONCERN_FILES:
+            continue
+        want = CONCERN_FILES[path.name]
+        classes = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)]
+        for node in classes:
+            declared = {p for p, names in _PROVIDERS.items() if _bases(node) & names}
+            defined = {owner[f.name] for f in _methods(node) if f.name in owner}
+            if not declared and not defined and "BaseBackend" not in _bases(node):
+                continue  # a helper class (a DLPack producer, a context manager)
+            where = f"{folder.name}/{path.name}:{node.lineno}: {node.name}"
+            if path.name == "core.py":
+                if "BaseBackend" not in _bases(node) or declared or defined:
+                    bad.append(f"{where} must be a BaseBackend declaring no capability ({sorted(declared | defined)})")
+            elif declared != {want} or not defined <= {want}:
+                bad.append(f"{where} declares {sorted(declared)} and defines methods of {sorted(defined)}; "
+                           f"{path.name} holds {want} alone")
+            concern_classes[node.name] = want or ""
+    if not any(v == "" for v in concern_classes.values()):
+        bad.append(f"{folder.name}/core.py has no BaseBackend class")
+    init = ast.parse((folder / "__init__.py").read_text())
+    composed = [n for n in init.body if isinstance(n, ast.ClassDef) and n.name.endswith("Backend")]
+    assert composed, f"{folder.name}/__init__.py defines no adapter class"
+    for node in composed:
+        foreign = _bases(node) - set(concern_classes)
+        if foreign or _methods(node):
+            bad.append(f"{folder.name}/__init__.py: {node.name} must be composed of the concern classes alone "
+                       f"(other bases: {sorted(foreign)}, methods: {[f.name for f in _methods(node)]})")
+        if providers & _bases(node):
+            bad.append(f"{folder.name}/__init__.py: {node.name} declares a protocol itself; its concern classes do")
+    assert not bad, "\n".join(bad)
+
+
+def test_composed_adapters_declare_what_their_concerns_declare() -> None:
+    """Imported (no framework starts): each folder's adapter class declares the union of its concern
+    classes' protocols, and its core class comes first in the MRO, before BaseBackend's defaults and
+    every protocol's stubs."""
+    import importlib
+
+    from multidev import protocol
+    from multidev.adapter import BaseBackend
+
+    for folder in _adapter_folders():
+        mod = importlib.import_module(f"multidev.adapters.{folder.name}")
+        for cls in [v for v in vars(mod).values() if isinstance(v, type) and v.__module__ == mod.__name__
+                    and issubclass(v, BaseBackend)]:
+            parts = [b for b in cls.__bases__ if b.__module__.startswith(mod.__name__ + ".")]
+            assert parts == list(cls.__bases__), f"{cls.__name__}: bases from outside {folder.name}/"
+            assert cls.__bases__[0].__module__ == f"{mod.__name__}.core", f"{cls.__name__}: core first"
+            mro = cls.__mro__
+            assert mro.index(cls.__bases__[0]) < mro.index(BaseBackend), cls.__name__
+            for p in protocol.CAPABILITY_PROTOCOLS:
+                declared_by = [b for b in parts if issubclass(b, p)]
+                assert issubclass(cls, p) == bool(declared_by), (cls.__name__, p.__name__)
+                for m in protocol.protocol_methods(p) if declared_by else ():
+                    impl = next(k for k in mro if m in vars(k))
+                    assert impl is not p, f"{cls.__name__}.{m} resolves to the protocol's stub"
+
+
+def _prose(tree: ast.AST) -> set[int]:
+    """The ids of docstring nodes (prose: they may name other frameworks, as examples)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            body = getattr(node, "body", [])
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def _foreign_names(adapter: str, src: str, where: str) -> list[str]:
+    """Where adapter ``adapter``'s source ``src`` names another framework's module: an import, or a
+    string (docstrings aside) in which the module's name stands as a word (``"torch"``,
+    ``"torch.cuda"``, ``sys.modules["torch"]``, ``__module__.startswith("torch")``), less the stated
+    exceptions."""
+    import re
+
+    own = FRAMEWORK_MODULES.get(adapter, {adapter})
+    others = set().union(*FRAMEWORK_MODULES.values()) - own
+    word = re.compile(r"(?<![\w.])(" + "|".join(sorted(others)) + r")(?!\w)")
+    tree = ast.parse(src)
+    docs = _prose(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"{where}:{node.lineno}: import {a.name}" for a in node.names if a.name.split(".")[0] in others]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in others:
+            found.append(f"{where}:{node.lineno}: from {node.module} import")
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+              and word.search(node.value)
+              and not any(a == adapter and text in node.value for a, text in CROSS_FRAMEWORK_NAMES)):
+            found.append(f"{where}:{node.lineno}: {node.value[:80]!r}")
+    return sorted(found, key=lambda f: int(f.split(":")[1]))
+
+
+@pytest.mark.parametrize("adapter,path", [pytest.param(a, p, id=str(p.relative_to(ROOT))) for a, p in _adapter_files()])
+def test_no_adapter_names_another_framework(adapter: str, path: Path) -> None:
+    """A rule that concerns two frameworks lives in one place, with the framework it is about (torch's
+    current-device rule for CUDA exports is torch's export_dlpack, not every consumer's import): no
+    adapter imports another framework or names its module in a string. Docstrings are prose and may
+    name other frameworks as examples; duck-typed probes by attribute (the array-API adapter's
+    ``block_until_ready``) name no module; CROSS_FRAMEWORK_NAMES lists the exceptions with reasons."""
+    found = _foreign_names(adapter, path.read_text(), str(path.relative_to(ROOT)))
+    assert not found, "adapter code naming another framework (move the rule to that framework's adapter):\n" \
+        + "\n".join(found)
+
+
+def test_the_foreign_name_check_finds_them() -> None:
+    src = ('"""jax mentions torch in prose."""\nimport sys\nfrom cupy import cuda\n'
+           't = sys.modules["torch"]\nok = "torch backend"\nmsg = "pip install torch==2.13.0"\n'
+           's = type(o).__module__.startswith("tensorflow")\nlocal = "jax.numpy"\nf"{t} on tensorflow.experimental"\n'
+           'mine = "pytorch-free", "mxnet_pip install torch=="\n')
+    found = [f.split(": ", 1)[1] for f in _foreign_names("jax", src, "x.py")]
+    assert found == ["from cupy import", "'torch'", "'torch backend'", "'pip install torch==2.13.0'", "'tensorflow'",
+                     "' on tensorflow.experimental'", "'mxnet_pip install torch=='"], found
+    assert _foreign_names("mxnet", 'm = "pip install torch==2.13.0"', "y.py") == []  # a stated exception
