@@ -203,6 +203,7 @@ def load_all(extra_files: Sequence[str] = ()) -> list[Benchmark]:
 
 
 def registry() -> list[Benchmark]:
+    """Every registered benchmark, in report order of its suite (:data:`SUITES`)."""
     order = list(SUITES.values())
     return sorted(_REGISTRY, key=lambda b: (order.index(b.suite) if b.suite in order else len(order)))
 
@@ -294,6 +295,7 @@ def all_ok(*checks: tuple[bool, str]) -> tuple[bool, str]:
 
 
 def fmt_bytes(n: int) -> str:
+    """``n`` bytes as a short label (``"16 MiB"`` where it is a whole number of them, else bytes)."""
     for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if n >= size and n % size == 0:
             return f"{n // size} {unit}"
@@ -301,4 +303,5 @@ def fmt_bytes(n: int) -> str:
 
 
 def iter_cases(bm: Benchmark, ctx: Context) -> Iterator[Case]:
+    """The cases benchmark ``bm`` yields on context ``ctx``."""
     yield from bm.fn(ctx)

@@ -119,6 +119,7 @@ def is_floating(dtype: str) -> bool:
 
 
 def is_complex(dtype: str) -> bool:
+    """Whether the canonical dtype name is a complex one (``complex64``, ``complex128``)."""
     return dtype in COMPLEX_DTYPES
 
 

@@ -2,8 +2,9 @@
 # The test command (README, second command; .ci/run runs exactly this on a fresh clone).
 # Three lanes, each a fresh venv inside the clone with an editable install (`pip install -e .`), the
 # tests run from the repository root:
-#   1. fast       .venv-fast  numpy + rich + test/lint tools: ruff, mypy, the tests (framework tests
-#                             skip), the conformance suite on NumPy and array-api-strict. A few minutes.
+#   1. fast       .venv-fast  numpy + rich + test/lint/docs tools: ruff, mypy, the docs site (mkdocs
+#                             --strict), the tests (framework tests skip), the conformance suite on NumPy
+#                             and array-api-strict. A few minutes.
 #   2. modern     .venv       numpy 2, torch 2.13.0 (CPU wheel), JAX, TensorFlow, array-api-strict
 #   3. with MXNet .venv-mx    numpy 1.26.4, JAX 0.7.1, TF 2.21, MXNet 1.9.1 (all five backends)
 # MULTIDEV_LANES=fast,modern,mx picks lanes (default: all three, in that order).
@@ -34,9 +35,10 @@ mkdir -p build
 
 if [[ $LANES == *,fast,* ]]; then
   stamp "fast lane: lint, types, NumPy-only tests and conformance"
-  TORCH=0 setup .venv-fast -e ".[test,lint]"
+  TORCH=0 setup .venv-fast -e ".[test,lint,docs]"
   .venv-fast/bin/ruff check .
   .venv-fast/bin/mypy
+  .venv-fast/bin/mkdocs build --strict -q   # the API reference: a renamed or undocumented public name fails
   .venv-fast/bin/pytest -q
   conformance .venv-fast numpy,array_api:array_api_strict --multiprocess
   stamp "fast lane done"

@@ -137,3 +137,39 @@ def test_snippet_runs_as_written(snip: Snippet, tmp_path: Path) -> None:
                f"--master_port={_free_port()}", str(script)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
     assert p.returncode == 0, f"{snip.id} failed ({' '.join(cmd[1:3])}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+
+
+def _docs_hooks():  # the mkdocs hook module, loaded by path (scripts/ is no package)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("md_docs_hooks", ROOT / "scripts" / "docs_hooks.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_reference_covers_the_public_api() -> None:
+    """What `mkdocs build --strict` checks first (scripts/docs_hooks.py): every public name is on a
+    page of docs/reference/ with a docstring, every name a page shows exists."""
+    assert _docs_hooks().problems() == []
+
+
+def test_the_reference_check_catches_a_renamed_or_undocumented_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multidev as md
+
+    hooks = _docs_hooks()
+
+    def undocumented() -> None:
+        pass
+
+    monkeypatch.setattr(md, "brand_new", undocumented, raising=False)
+    monkeypatch.setattr(md, "__all__", [*md.__all__, "brand_new"])
+    found = hooks.problems()
+    assert "multidev.brand_new is public but on no page of docs/reference/" in found
+    assert "multidev.brand_new has no docstring of its own" in found
+    monkeypatch.setattr(hooks, "REFERENCE", ROOT / "build" / "tmp-reference")
+    page = hooks.REFERENCE / "x.md"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text("::: multidev.renamed_away\n")
+    assert "build/tmp-reference/x.md: `::: multidev.renamed_away` names nothing that exists" in hooks.problems()
