@@ -1,5 +1,5 @@
-"""Where the time of a small pageable upload goes (the torch 1 MiB row that missed on the H200:
-md.asarray 176 µs against the native upload's 123). Each layer of md's path is timed on its own,
+"""Where the time of a small pageable upload goes (the torch 1 MiB row that missed its goal on the
+H200; the figures are in benchmarks/results/). Each layer of md's path is timed on its own,
 against the backend's native baseline: ``md.asarray`` (validation + adapter), the adapter's
 ``asarray`` alone, ``md.to`` of a CPU tensor made beforehand, and the baseline's ``h2d``. The
 variants are interleaved round by round (each round reverses the order, so none always runs

@@ -1,8 +1,8 @@
 """Pipelined uploads of pageable host memory through pinned staging buffers, written once for every
 adapter with a copy engine (CUDA, ROCm).
 
-A copy from pageable memory to a GPU runs at a fraction of the bus (7 GB/s against 55 GB/s pinned
-on an H200): the driver stages it through a small pinned buffer, one piece at a time, on one
+A copy from pageable memory to a GPU runs at a fraction of the bus (docs/transfers.md has the
+measured figures and the commands that made them): the driver stages it through a small pinned buffer, one piece at a time, on one
 thread. :func:`staged_upload` does the staging itself, overlapped: several threads copy the next
 chunk into one pinned buffer (``np.copyto`` releases the GIL) while the copy engine drains the
 previous one, ``depth`` buffers deep. The adapter supplies three primitives:
@@ -51,8 +51,8 @@ def _executor() -> ThreadPoolExecutor:
 
 class StagingPlan:
     """How an upload is cut: ``chunk`` bytes per pinned buffer, ``depth`` buffers in flight,
-    ``threads`` host copies per chunk. Defaults measured on an H200 host (see the bandwidth suite's
-    results); ``threshold``: uploads smaller than this go the framework's own way."""
+    ``threads`` host copies per chunk. The defaults were chosen by measurement (the bandwidth suite's
+    committed results, docs/transfers.md); ``threshold``: uploads smaller than this go the framework's own way."""
 
     def __init__(self, chunk: int = 32 << 20, depth: int = 3, threads: int | None = None,
                  threshold: int = 32 << 20) -> None:
@@ -107,8 +107,7 @@ def parallel_put(src: np.ndarray, put: Callable[[np.ndarray], Any], plan: Stagin
     """``put`` of each ``plan.chunk``-byte piece of C-contiguous ``src`` (flattened, in order; the
     last piece shorter), from the shared worker pool; the results in order. For frameworks whose
     own upload releases the GIL and reads pageable memory faster in pieces from several threads
-    than whole (JAX's ``device_put``: 7.4 GB/s whole, 28.7 GB/s in 16 MiB pieces from 8 threads at
-    1 GiB on an H200). Synchronous: the source may be written again once it returns, unless
+    than whole (JAX's ``device_put``, docs/transfers.md has the figures). Synchronous: the source may be written again once it returns, unless
     ``put`` itself keeps reading it. Raises the first error ``put`` raised (after every piece is
     done)."""
     plan = plan or StagingPlan()
