@@ -31,6 +31,45 @@ def _check(b: Any, x: Any, device: Device, dtype: str, expected: np.ndarray) -> 
     np.testing.assert_array_equal(as_f64(b, x), expected.astype(as_f64(b, x).dtype))
 
 
+_INT = object()  # int64, or int32 on a device that holds no int64
+#: What each creation call gives without a dtype: the README's rule, on every backend.
+_DEFAULTS: dict[str, tuple[Any, Any]] = {
+    "zeros(2)": (lambda n, d: md.zeros(2, device=d, backend=n), "float32"),
+    "ones(2)": (lambda n, d: md.ones(2, device=d, backend=n), "float32"),
+    "empty(2)": (lambda n, d: md.empty(2, device=d, backend=n), "float32"),
+    "rand(2)": (lambda n, d: md.rand(2, device=d, backend=n), "float32"),
+    "full(2, True)": (lambda n, d: md.full(2, True, device=d, backend=n), "bool"),
+    "full(2, 3)": (lambda n, d: md.full(2, 3, device=d, backend=n), _INT),
+    "full(2, 1.5)": (lambda n, d: md.full(2, 1.5, device=d, backend=n), "float32"),
+    "full(2, 1j)": (lambda n, d: md.full(2, 1j, device=d, backend=n), "complex64"),
+    "arange(3)": (lambda n, d: md.arange(3, device=d, backend=n), _INT),
+    "arange(0.5)": (lambda n, d: md.arange(0.5, device=d, backend=n), "float32"),
+    "asarray([1, 2])": (lambda n, d: md.asarray([1, 2], device=d, backend=n), _INT),
+    "asarray([1.0])": (lambda n, d: md.asarray([1.0], device=d, backend=n), "float32"),
+    "asarray(2.5)": (lambda n, d: md.asarray(2.5, device=d, backend=n), "float32"),
+    "asarray([True])": (lambda n, d: md.asarray([True], device=d, backend=n), "bool"),
+    "asarray([1j])": (lambda n, d: md.asarray([1j], device=d, backend=n), "complex64"),
+    "asarray(int8 array)": (lambda n, d: md.asarray(np.ones(2, np.int8), device=d, backend=n), "int8"),
+    "asarray(float64 array)": (lambda n, d: md.asarray(np.ones(2), device=d, backend=n), "float64"),
+}
+
+
+@pytest.mark.md_feature("creation")
+@pytest.mark.parametrize("call", list(_DEFAULTS))
+def test_default_dtypes_are_the_documented_ones(md_backend: Any, md_device: Device, call: str) -> None:
+    """Without a dtype, creation gives the README's defaults on every backend (not each framework's
+    own inference: a list of ints is int64 on torch, JAX and TF alike)."""
+    b, n = md_backend, md_backend.name
+    make, want = _DEFAULTS[call]
+    held = b.capabilities.dtypes_on(md_device)
+    if want is _INT:
+        want = "int64" if "int64" in held else "int32"
+    if want not in held:
+        pytest.skip(f"{n} cannot hold {want} on {md_device} (capabilities.dtypes): the call refuses it")
+    got = md.dtype_of(make(n, md_device))
+    assert got == want, f"{n} {call} on {md_device} gave {got}, the documented default is {want}"
+
+
 @pytest.mark.md_feature("creation")
 @pytest.mark.parametrize("dtype", CREATION_DTYPES)
 def test_creation_honours_device_and_dtype(md_backend: Any, md_device: Device, dtype: str) -> None:

@@ -310,17 +310,31 @@ def asarray(obj: Any, dtype: Any = None, device: DeviceLike | None = None,
     ``dtype`` exactly (``asarray([1.5], dtype="int32")`` raises InvalidArgumentError); NumPy arrays
     and tensors are cast as ``astype`` casts.
 
-    ``dtype=None`` keeps a NumPy array's dtype and otherwise uses the framework's own inference.
+    ``dtype=None``: a NumPy array or another framework's tensor keeps its dtype; Python data takes
+    :data:`DEFAULT_DTYPES`, the same on every backend (bools bool, ints int64, floats float32,
+    complex numbers complex64; int64 is int32 on a device that holds no int64, JAX without x64).
     """
     b = _backend(backend)
     dev = resolve(b, device)
     data = _host_value(obj)
     name = _dtype(b, dtype, "float32", dev) if dtype is not None else None
-    if data is not None and name is not None:
-        check_values(data, name)  # Python numbers must fit the dtype asked for (NumPy arrays are cast)
-    if name is None and isinstance(obj, np.ndarray):
-        name = _dtype(b, obj.dtype, "float32", dev)
+    if name is None:
+        if isinstance(obj, np.ndarray):
+            name = _dtype(b, obj.dtype, "float32", dev)
+        elif data is not None:  # Python data: the documented defaults, not each framework's inference
+            kind = _DEFAULT_KINDS[data.dtype.kind]
+            name = _int_default(b, dev) if kind == "int" else _dtype(b, DEFAULT_DTYPES[kind], "float32", dev)
+        else:  # another framework's tensor (or a NumPy scalar): its own dtype
+            name = _dtype(b, backend_of(obj).dtype_of(obj), "float32", dev)
+    if data is not None:
+        check_values(data, name)  # Python numbers must fit the dtype (NumPy arrays are cast)
     return _native(b, "asarray", b.asarray, obj, name, dev)
+
+
+#: The dtype of a tensor made from Python data without a ``dtype`` (``asarray``, ``full``), the
+#: same on every backend; ``"int"`` becomes int32 on a device that holds no int64 (JAX without x64).
+DEFAULT_DTYPES = {"bool": "bool", "int": "int64", "float": "float32", "complex": "complex64"}
+_DEFAULT_KINDS = {"b": "bool", "i": "int", "u": "int", "f": "float", "c": "complex"}
 
 
 def rand(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,

@@ -143,6 +143,17 @@ class NumpyAsarrayShares(NumpyBackend):
         return _tag(np.asarray(_plain(obj), dtype=nd), device)
 
 
+@mutant("numpy", "asarray of a Python scalar takes NumPy's inference (2.5 becomes float64), not the dtype asked for",
+        ["test_default_dtypes_are_the_documented_ones"])
+class NumpyAsarrayScalarInfers(NumpyBackend):
+    name = "numpy_asarray_scalar_infers"
+
+    def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
+        if isinstance(obj, (int, float, complex)):
+            return _tag(np.array(obj), device)
+        return super().asarray(obj, dtype, device)
+
+
 @mutant("numpy", "move turns float64 into float32", ["test_move_keeps_every_dtype"])
 class NumpyMoveDowncasts(NumpyBackend):
     name = "numpy_move_downcasts"
