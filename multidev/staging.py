@@ -2,9 +2,9 @@
 adapter with a copy engine (CUDA, ROCm).
 
 A copy from pageable memory to a GPU runs at a fraction of the bus (docs/transfers.md has the
-measured figures and the commands that made them): the driver stages it through a small pinned buffer, one piece at a time, on one
-thread. :func:`staged_upload` does the staging itself, overlapped: several threads copy the next
-chunk into one pinned buffer (``np.copyto`` releases the GIL) while the copy engine drains the
+measured figures and the commands that made them): the driver stages it through a small pinned
+buffer, one piece at a time, on one thread. :func:`staged_upload` does the staging itself,
+overlapped: several threads copy the next chunk into one pinned buffer (``np.copyto`` releases the GIL) while the copy engine drains the
 previous one, ``depth`` buffers deep. The adapter supplies three primitives:
 
 - ``alloc(nbytes) -> (buffer, host_view)``: a pinned host buffer and a writable ``uint8`` NumPy view
@@ -107,9 +107,9 @@ def parallel_put(src: np.ndarray, put: Callable[[np.ndarray], Any], plan: Stagin
     """``put`` of each ``plan.chunk``-byte piece of C-contiguous ``src`` (flattened, in order; the
     last piece shorter), from the shared worker pool; the results in order. For frameworks whose
     own upload releases the GIL and reads pageable memory faster in pieces from several threads
-    than whole (JAX's ``device_put``, docs/transfers.md has the figures). Synchronous: the source may be written again once it returns, unless
-    ``put`` itself keeps reading it. Raises the first error ``put`` raised (after every piece is
-    done)."""
+    than whole (JAX's ``device_put``, docs/transfers.md has the figures). Synchronous: the source
+    may be written again once it returns, unless ``put`` itself keeps reading it. Raises the first
+    error ``put`` raised (after every piece is done)."""
     plan = plan or StagingPlan()
     flat = src.reshape(-1)
     step = max(1, plan.chunk // max(1, src.itemsize))
