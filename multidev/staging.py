@@ -4,8 +4,8 @@ adapter with a copy engine (CUDA, ROCm).
 A copy from pageable memory to a GPU runs at a fraction of the bus (docs/transfers.md has the
 measured figures and the commands that made them): the driver stages it through a small pinned
 buffer, one piece at a time, on one thread. :func:`staged_upload` does the staging itself,
-overlapped: several threads copy the next chunk into one pinned buffer (``np.copyto`` releases the GIL) while the copy engine drains the
-previous one, ``depth`` buffers deep. The adapter supplies three primitives:
+overlapped: several threads copy the next chunk into one pinned buffer (``np.copyto`` releases
+the GIL) while the copy engine drains the previous one, ``depth`` buffers deep. The adapter supplies three primitives:
 
 - ``alloc(nbytes) -> (buffer, host_view)``: a pinned host buffer and a writable ``uint8`` NumPy view
   of it (called ``depth`` times per upload; the framework's caching host allocator makes it cheap
