@@ -13,12 +13,13 @@ Mechanism.
   aligned take them without a copy.
 - Moves: host to GPU and GPU to host go through page-locked buffers (``cupyx.empty_pinned``):
   ``x.get(stream, out=pinned, blocking=False)`` downloads at the pinned rate (many times the
-  pageable one; docs/transfers.md), and an upload is staged through a pinned snapshot so ``set`` runs
-  asynchronously. Each copy is queued on the current stream of the GPU involved, after the work
-  that produces ``x``, and a ``cupy.cuda.Event`` recorded behind it is what ``start_move``'s
-  waiter and the blocking moves wait on. GPU to GPU: the target's stream waits on an event of the
-  source's stream, then CuPy's peer copy runs. Buffers an in-flight copy reads or writes are kept
-  alive until its event completes (``_inflight``), whether or not the caller waits.
+  pageable one: benchmarks/results, the H200 CuPy bench), and an upload is staged through a pinned
+  snapshot so ``set`` runs asynchronously. Each copy is queued on the current stream of the GPU
+  involved, after the work that produces ``x``, and a ``cupy.cuda.Event`` recorded behind it is
+  what ``start_move``'s waiter and the blocking moves wait on. GPU to GPU: the target's stream
+  waits on an event of the source's stream, then CuPy's peer copy runs. Buffers an in-flight copy
+  reads or writes are kept alive until its event completes (``_inflight``), whether or not the
+  caller waits.
 - ``synchronize(gpu:i)`` is ``cupy.cuda.Device(i).synchronize()`` (which raises a pending CUDA
   error); ``synchronize(None)`` does so for every GPU this adapter placed work on and CuPy's
   current device. The host side is synchronous.

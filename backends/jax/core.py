@@ -204,9 +204,9 @@ class JaxCore(BaseBackend):
         native = self.to_native_device(device)
         nd = None if dtype is None else self.to_native_dtype(dtype)
         if device.kind != "cpu" and isinstance(obj, np.ndarray) and (nd is None or obj.dtype == nd):
-            # device_put is JAX's fast upload (several times jnp.array's; docs/transfers.md). Not to a
-            # CPU device: there it may share the caller's aligned buffer (may_alias=False or not), and
-            # asarray always copies.
+            # device_put is JAX's fast upload, several times jnp.array's (benchmarks/results/README.md).
+            # Not to a CPU device: there it may share the caller's aligned buffer (may_alias=False or
+            # not), and asarray always copies.
             if obj.nbytes >= self.staging.threshold and obj.ndim and obj.flags.c_contiguous:
                 x = self._staged_put(obj, native)
             else:

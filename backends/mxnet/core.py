@@ -256,7 +256,7 @@ class MxnetCore(BaseBackend):
 
     def synchronize(self, device: Device | None) -> None:
         """``mx.nd.waitall()``: MXNet has no per-context wait, so every device is waited for (also
-        when ``device`` is given). Raises the first pending asynchronous error (see module doc)."""
+        when ``device`` is given). Raises the first pending asynchronous error (see the package docstring)."""
         self._mx.nd.waitall()
 
     def wait(self, x: Any) -> None:
