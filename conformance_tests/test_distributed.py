@@ -1,14 +1,20 @@
-"""Multi-process collectives (multidev.distributed over torch.distributed/gloo) on localhost.
+"""Multi-process collectives (multidev.distributed) on localhost, on every installed engine.
 
-Each test starts 2 to 4 worker processes (this module run as a script) for the backend under test;
-the workers run the scenarios below on that backend's tensors and report through their exit status
-and one JSON line. Marked ``multiprocess``: ``multidev conformance --multiprocess`` runs them.
+Each test starts 2 to 4 worker processes (this module run as a script) for the backend under test,
+through the engine's own launch: torchrun's variables for ``torch``, ``mpiexec`` for ``mpi``, JAX's
+coordinator variables for ``jax`` (2 processes x 2 CPU devices). The workers pick the engine from
+that environment (``dist.init()`` with no engine named), run the scenarios below on the backend's
+tensors and report one JSON line each. Marked ``multiprocess``: ``multidev conformance
+--multiprocess`` runs them.
+
+The fault scenarios (a killed rank, a hung rank, a rank that never arrives, mismatched and refused
+calls) run once per engine, with the first selected backend: they test the engine, not the tensors.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,137 +25,256 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ._helpers import need_gloo
+from multidev.distributed.engine import engine_class
 
 pytestmark = [pytest.mark.md_feature("distributed"), pytest.mark.multiprocess]
 
 #: Seconds a group of workers may take (startup of the heaviest framework included).
-GROUP_DEADLINE = 90.0
-#: torch.distributed timeout the workers use for rendezvous and collectives.
+GROUP_DEADLINE = 120.0
+#: The timeout the workers use for rendezvous and collectives.
 WORKER_TIMEOUT = 20.0
 #: The kill test's timeout: a rank whose neighbour (not the dead rank) waits on it may need all of it.
 KILL_TIMEOUT = 5.0
 #: The short timeout of the hang and no-show tests.
 SHORT_TIMEOUT = 3.0
+#: Seconds past a timeout a waiting rank may take to raise (process start-up, a loaded machine):
+#: this bounds a hang, it is not a performance goal (the bench times time-to-error).
+SLACK = 15.0
+#: Launcher variables of every engine: a worker must see only its own engine's.
+_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
+                "JAX_PROCESS_ID", "MULTIDEV_ENGINE", "MULTIDEV_LOCAL_RANK", "MULTIDEV_LOCAL_WORLD_SIZE",
+                "MULTIDEV_DISTRIBUTED_CHECK")
+_LAUNCH_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "SLURM_", "MV2_", "PRTE_")
 
 
 # == parent side ===================================================================================
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@functools.cache
+def engine_unavailable(engine: str) -> str | None:
+    """Why ``engine`` cannot run here (None: it can), as a skip reason."""
+    cls = engine_class(engine)
+    why = cls.missing()
+    if why:
+        return f"the {engine} engine is not installed here: {why}"
+    try:
+        cls.launch_command(1, ["true"])
+    except Exception as e:  # noqa: BLE001 - no launcher: the reason
+        return f"the {engine} engine has no launcher here: {e}"
+    return None
 
 
-def _launch(backend: str, world: int, scenario: str, timeout: float, ranks: list[int] | None = None) -> list[dict]:
-    """Run ``scenario`` on ``world`` ranks (only ``ranks`` are started when given); return each
-    started rank's report (``rc``, ``out``, ``err``, and the JSON it printed). The workers load the
-    backend as this run selected it (``module:attr`` included, with this process's ``sys.path``)."""
-    from .plugin import imports_of, spec_of
+def need_engine(engine: str) -> None:
+    why = engine_unavailable(engine)
+    if why:
+        pytest.skip(why)
 
-    spec = spec_of(backend)
-    port = _free_port()
-    procs = []
-    for r in (ranks if ranks is not None else range(world)):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore",
-                   TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-                   MULTIDEV_CONFORMANCE_IMPORT=",".join(imports_of()),
-                   # several JAX processes share a GPU: none may take 75% of its memory at start
-                   XLA_PYTHON_CLIENT_PREALLOCATE=os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"))
-        cmd = [sys.executable, "-m", "multidev.conformance.test_distributed", spec, scenario, str(timeout)]
-        procs.append((r, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True)))
-    deadline = time.monotonic() + GROUP_DEADLINE
-    reports = []
+
+def _engines() -> list[str]:
+    from multidev.distributed import engine_names
+
+    return engine_names()
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any launcher's variables, plus the workers' settings."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith(_LAUNCH_PREFIXES)}
+    env.update(PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+               # several JAX processes share a GPU: none may take 75% of its memory at start
+               XLA_PYTHON_CLIENT_PREALLOCATE=os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"))
+    env.update(extra)
+    return env
+
+
+def launch_group(engine: str, world: int, argv: list[str], *, env: dict[str, str], ranks: list[int] | None = None,
+                 deadline: float = GROUP_DEADLINE, recovery: bool = False, what: str = "") -> list[dict[str, Any]]:
+    """Run ``argv`` as ``world`` ranks of ``engine`` (only ``ranks`` where the engine starts ranks one
+    by one); each rank's report: ``rank``, ``rc`` (None for a rank that died without a word), ``err``,
+    and the JSON it printed as ``MDREPORT {...}``. A rank prints ``MDDONE RANK RC`` last (the MPI
+    launcher merges the ranks' output and exit statuses). ``recovery``: the survivors of a killed rank
+    keep running (``mpiexec --enable-recovery``)."""
+    from multidev.distributed.launch import free_port
+
+    cls = engine_class(engine)
+    options = ["--enable-recovery"] if recovery else []
+    cmd = cls.launch_command(world, argv, options)
+    procs: list[tuple[int | None, subprocess.Popen]] = []
+    if cmd is not None:
+        procs.append((None, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    else:
+        address = f"127.0.0.1:{free_port()}"
+        for rk in (ranks if ranks is not None else range(world)):
+            e = dict(env, **cls.launch_env(rk, world, address))
+            procs.append((rk, subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    end = time.monotonic() + deadline
+    outputs = []
     for r, p in procs:
         try:
-            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            out, err = p.communicate(timeout=max(1.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             for _, q in procs:
                 if q.poll() is None:
                     q.kill()
             out, err = p.communicate()
-            pytest.fail(f"rank {r} of {backend}/{scenario} did not finish within {GROUP_DEADLINE:g} s "
-                        f"(a hang):\n{err[-3000:]}")
-        rep: dict[str, Any] = {"rank": r, "rc": p.returncode, "out": out, "err": err}
+            pytest.fail(f"{what or argv[-3:]} on the {engine} engine did not finish within {deadline:g} s (a hang):\n"
+                        f"{out[-2000:]}\n{err[-3000:]}")
+        outputs.append((r, p.returncode, out, err))
+    reports: dict[int, dict[str, Any]] = {}
+    for r, rc, out, err in outputs:
         for line in out.splitlines():
             if line.startswith("MDREPORT "):
-                rep.update(json.loads(line[len("MDREPORT "):]))
-        reports.append(rep)
-    return reports
+                rep = json.loads(line[len("MDREPORT "):])
+                reports.setdefault(int(rep["rank"]), {}).update(rep)
+            elif line.startswith("MDDONE "):
+                _, who, code = line.split()
+                reports.setdefault(int(who), {})["rc"] = int(code)
+        if r is not None:
+            reports.setdefault(r, {})["rc"] = rc
+            reports[r]["err"] = err
+    every = ranks if (ranks is not None and cmd is None) else list(range(world))
+    out_all = "\n".join(o[3] for o in outputs)
+    for r in every:
+        reports.setdefault(r, {}).setdefault("rc", None)
+        reports[r]["rank"] = r
+        reports[r].setdefault("err", out_all)
+    return [reports[r] for r in every]
 
 
-def _assert_ok(reports: list[dict], expect_rc: dict[int, int] | None = None) -> None:
+def _launch(engine: str, backend: str, world: int, scenario: str, timeout: float, ranks: list[int] | None = None,
+            recovery: bool = False) -> list[dict[str, Any]]:
+    """Run ``scenario`` on ``world`` ranks of ``engine`` with ``backend``'s tensors. The workers load
+    the backend as this run selected it (``module:attr`` included, with this process's ``sys.path``)."""
+    from .plugin import imports_of, spec_of
+
+    # JAX's CPU devices: 2 processes x 2 devices (whichever engine carries its arrays)
+    extra = {"MULTIDEV_CONFORMANCE_IMPORT": ",".join(imports_of()), "MULTIDEV_JAX_CPU_DEVICES": "2"}
+    argv = [sys.executable, "-m", "multidev.conformance.test_distributed", spec_of(backend), scenario, str(timeout),
+            engine]
+    return launch_group(engine, world, argv, env=worker_env(**extra), ranks=ranks, recovery=recovery,
+                        what=f"{backend}/{scenario}")
+
+
+def _assert_ok(reports: list[dict], expect_rc: dict[int, int | None] | None = None) -> None:
     for rep in reports:
         want = (expect_rc or {}).get(rep["rank"], 0)
+        if want is None:
+            continue
         if rep["rc"] != want or (want == 0 and not rep.get("ok")):
             pytest.fail(f"rank {rep['rank']} exited with {rep['rc']} (expected {want}):\n"
-                        f"{rep.get('failures') or ''}\n{rep['err'][-4000:]}")
+                        f"{rep.get('failures') or ''}\n{rep.get('err', '')[-4000:]}")
 
 
 def _first_selected(name: str) -> bool:
-    """Whether ``name`` is the first backend of this suite run. Tests of the transport alone, and
-    the larger worlds, run once per suite run rather than once per backend (a process pool of
-    framework imports is slow); which backend carries them does not matter."""
+    """Whether ``name`` is the first backend of this suite run. Tests of the engine alone, and the
+    larger worlds, run once per suite run rather than once per backend (a process pool of framework
+    imports is slow); which backend carries them does not matter."""
     from .plugin import selected_backends
 
     return (selected_backends() or [name])[0] == name
 
 
-def _worlds(name: str) -> list[int]:
-    return [2, 3, 4] if _first_selected(name) else [2, 3]
+def _fault_world(engine: str) -> int:
+    return max([w for w in engine_class(engine).conformance_worlds if w <= 3] or [2])
 
 
+def _engine_param() -> Any:
+    return pytest.mark.parametrize("engine", _engines())
+
+
+@_engine_param()
 @pytest.mark.parametrize("world", [2, 3, 4], ids=lambda w: f"{w}procs")
-def test_collectives_across_processes(md_backend: Any, world: int) -> None:
-    """Every collective, op and the async variants, on the backend's tensors, over 2-4 processes."""
-    need_gloo()
-    if world not in _worlds(md_backend.name):
-        pytest.skip(f"{world} processes run with the first selected backend only (keeps the suite fast)")
-    reports = _launch(md_backend.name, world, "collectives", WORKER_TIMEOUT)
+def test_collectives_across_processes(md_backend: Any, engine: str, world: int) -> None:
+    """Every collective, op and the async variants, on the backend's tensors, over 2-4 processes of
+    every engine: values against NumPy, the input's backend, device and dtype kept."""
+    need_engine(engine)
+    first = list(engine_class(engine).conformance_worlds)
+    others = [w for w in first if w < 4] or first[:1]
+    if world not in (first if _first_selected(md_backend.name) else others):
+        pytest.skip(f"the {engine} engine runs {first} processes with the first selected backend and {others} with "
+                    "the others (Engine.conformance_worlds: keeps the suite fast)")
+    reports = _launch(engine, md_backend.name, world, "collectives", WORKER_TIMEOUT)
     _assert_ok(reports)
+    assert all(rep.get("engine") == engine for rep in reports), [rep.get("engine") for rep in reports]
     paths = {rep["rank"]: rep.get("paths") for rep in reports}
-    if md_backend.capabilities.dlpack:
-        assert all(p and p["to_torch"] in ("dlpack", "native") for p in paths.values()), \
-            f"{md_backend.name} tensors (capabilities.dlpack) must reach torch without a copy: {paths}"
+    # zero-copy where the backend speaks DLPack, but for immutable tensors headed for NumPy (the MPI
+    # engine's transport): NumPy would import their memory as a writable array, so the exchange layer
+    # copies them (the engine writes into a copy anyway)
+    if md_backend.capabilities.dlpack and (md_backend.capabilities.mutable or engine_class(engine).tensors != "numpy"):
+        assert all(p and p["host"] in ("dlpack", "native") for p in paths.values()), \
+            f"{md_backend.name} host tensors (capabilities.dlpack) must reach the {engine} engine uncopied: {paths}"
 
 
-def test_killed_rank_gives_the_others_a_timeout_error(md_backend: Any) -> None:
-    """The last rank dies (os._exit) after a first allreduce; the others get DistributedTimeoutError
-    from their next allreduce instead of hanging. 3 processes with the first selected backend (a
-    survivor that waits on the other survivor, not on the dead rank, needs the timeout), 2 with the
-    others."""
-    need_gloo()
-    world = 3 if _first_selected(md_backend.name) else 2
-    reports = _launch(md_backend.name, world, "kill", KILL_TIMEOUT)
-    _assert_ok(reports, {world - 1: 17})
+@_engine_param()
+def test_killed_rank_gives_the_others_a_timeout_error(md_backend: Any, engine: str) -> None:
+    """The last rank dies (os._exit) after a first allreduce; the others get DistributedTimeoutError,
+    naming it, from their next allreduce instead of hanging, and a clear error after. 3 processes
+    where the engine runs 3 (a survivor that waits on the other survivor, not on the dead rank)."""
+    need_engine(engine)
+    if not _first_selected(md_backend.name):
+        pytest.skip("engine-level (the tensor's backend plays no part): runs once, with the first selected backend")
+    world = _fault_world(engine)
+    reports = _launch(engine, md_backend.name, world, "kill", KILL_TIMEOUT, recovery=True)
+    _assert_ok(reports, {world - 1: None})
     for rep in reports[:-1]:
-        assert rep["elapsed"] < KILL_TIMEOUT + 10, rep
+        assert rep["elapsed"] < KILL_TIMEOUT + SLACK, rep
+        assert f"rank {world - 1}" in rep["message"], rep["message"]
 
 
-def test_hung_rank_gives_the_others_a_timeout_error(md_backend: Any) -> None:
-    """Rank 1 of 2 stays alive but never calls the collective: rank 0 times out after the timeout."""
-    need_gloo()
+@_engine_param()
+def test_hung_rank_gives_the_others_a_timeout_error(md_backend: Any, engine: str) -> None:
+    """Rank 1 of 2 stays alive but never calls the collective: rank 0 raises DistributedTimeoutError
+    after the timeout, naming rank 1 and the call."""
+    need_engine(engine)
     if not _first_selected(md_backend.name):
-        pytest.skip("transport-level (the tensor's backend plays no part): runs once, with the first selected backend")
-    reports = _launch(md_backend.name, 2, "hang", SHORT_TIMEOUT)
+        pytest.skip("engine-level (the tensor's backend plays no part): runs once, with the first selected backend")
+    reports = _launch(engine, md_backend.name, 2, "hang", SHORT_TIMEOUT)
     _assert_ok(reports)
-    assert SHORT_TIMEOUT - 0.5 <= reports[0]["elapsed"] < SHORT_TIMEOUT + 15, reports[0]
+    assert SHORT_TIMEOUT - 0.5 <= reports[0]["elapsed"] < SHORT_TIMEOUT + SLACK, reports[0]
+    assert "rank 1" in reports[0]["message"] and "allreduce" in reports[0]["message"], reports[0]["message"]
 
 
-def test_rank_that_never_arrives_fails_init_with_a_timeout(md_backend: Any) -> None:
-    """Only rank 0 of 2 starts: init raises DistributedTimeoutError after the timeout."""
-    need_gloo()
+@_engine_param()
+def test_rank_that_never_arrives_fails_init_with_a_timeout(md_backend: Any, engine: str) -> None:
+    """Rank 1 of 2 never calls init (it is not started, or under mpiexec it sleeps): rank 0's init
+    raises DistributedTimeoutError after the timeout."""
+    need_engine(engine)
     if not _first_selected(md_backend.name):
-        pytest.skip("transport-level (the tensor's backend plays no part): runs once, with the first selected backend")
-    reports = _launch(md_backend.name, 2, "noshow", SHORT_TIMEOUT, ranks=[0])
+        pytest.skip("engine-level (the tensor's backend plays no part): runs once, with the first selected backend")
+    reports = _launch(engine, md_backend.name, 2, "noshow", SHORT_TIMEOUT, ranks=[0])
+    _assert_ok(reports, {1: None})
+    assert reports[0]["elapsed"] < SHORT_TIMEOUT + SLACK, reports[0]
+
+
+@_engine_param()
+def test_mismatched_and_refused_calls_raise_on_every_rank(md_backend: Any, engine: str) -> None:
+    """Shapes, ops and dtypes that differ between ranks, and a read-only tensor given to an in-place
+    call on one rank: a typed error on every rank, at once (no timeout), the refused tensor unchanged,
+    and the group still right afterwards."""
+    need_engine(engine)
+    if not _first_selected(md_backend.name):
+        pytest.skip("engine-level (the tensor's backend plays no part): runs once, with the first selected backend")
+    reports = _launch(engine, md_backend.name, _fault_world(engine), "faults", WORKER_TIMEOUT)
     _assert_ok(reports)
-    assert reports[0]["elapsed"] < SHORT_TIMEOUT + 15, reports[0]
+    steps = [s["step"] for s in reports[0]["steps"]]
+    assert len(steps) >= 9, steps
+    for rep in reports:
+        for s in rep["steps"]:
+            if s["step"].startswith("after"):
+                assert s["outcome"] == "ok" and s["right"], (rep["rank"], s)
+            else:
+                assert s["outcome"] != "ok", (rep["rank"], s)
+                assert s["typed"], (rep["rank"], s)
+                assert s["elapsed"] < WORKER_TIMEOUT, (rep["rank"], s)
+                assert s.get("unchanged", True), (rep["rank"], s)
+    for step in ("shape (2,3) vs (3,2)", "op sum vs max", "dtype float32 vs int32"):
+        outs = [next(s for s in rep["steps"] if s["step"] == step) for rep in reports]
+        assert all(o["outcome"] == "CollectiveMismatchError" for o in outs), (step, outs)
+    ro = [next(s for s in rep["steps"] if s["step"] == "read-only inplace on rank 0") for rep in reports]
+    assert ro[0]["outcome"] == "CapabilityError", ro
+    assert all(o["outcome"] == "DistributedError" and "rank 0" in o["message"] for o in ro[1:]), ro
 
 
 def test_calls_before_init_raise(md_backend: Any) -> None:
-    need_gloo()
     import multidev as md
     from multidev import distributed as dist
 
@@ -175,42 +300,59 @@ class _Checks:
             self.failures.append(f"[{name}] {traceback.format_exc()}")
 
 
-def _worker(backend: str, scenario: str, timeout: float) -> int:
+def _report(rank: int, **fields: Any) -> None:
+    print("MDREPORT " + json.dumps({"rank": rank, **fields}, default=str), flush=True)
+
+
+def _launcher_rank() -> int:
+    """This worker's rank as its launcher says (before init)."""
+    from multidev import distributed as dist
+
+    found = dist.detect_launch()
+    return int(found[0].rank or 0) if found else 0
+
+
+def _worker(backend: str, scenario: str, timeout: float, engine: str) -> int:
     import importlib
 
-    import torch  # noqa: F401  # import everything before the rendezvous so ranks arrive together
-
     import multidev as md
-    from multidev.registry import prefer
+    from multidev import distributed as dist
 
+    r0 = _launcher_rank()
+    t0 = time.monotonic()
+    if scenario == "noshow":
+        if r0 != 0:
+            time.sleep(timeout + 2)  # under mpiexec every rank starts: this one never calls init
+            return 0
+        try:
+            dist.init(timeout=timeout)  # the rendezvous timeout defaults to the same
+        except dist.DistributedTimeoutError as e:
+            _report(0, ok=True, elapsed=time.monotonic() - t0, message=str(e))
+            return 0
+        print("init did not raise DistributedTimeoutError", file=sys.stderr)
+        return 1
     for mod in filter(None, os.environ.get("MULTIDEV_CONFORMANCE_IMPORT", "").split(",")):
         importlib.import_module(mod)  # adapters registered at run time, as in the parent
+    # init first (JAX's runtime must start before JAX computes anything); a slow framework import
+    # after it is covered by the collectives' timeout
+    info = dist.init(timeout=timeout, rendezvous_timeout=max(timeout, WORKER_TIMEOUT))
     b = md.backend(backend)  # a registered name, module:attr or FAMILY:ARG (the spec the parent selected)
-    backend = b.name
-    with prefer(backend):  # a renamed or mutated copy of an adapter owns its tensors here
-        return _scenario(b, backend, scenario, timeout)
+    from multidev.registry import prefer
+
+    with prefer(b.name):  # a renamed or mutated copy of an adapter owns its tensors here
+        return _scenario(b, b.name, scenario, timeout, info)
 
 
-def _scenario(b: Any, backend: str, scenario: str, timeout: float) -> int:
+def _scenario(b: Any, backend: str, scenario: str, timeout: float, info: Any) -> int:
     import multidev as md
     from multidev import distributed as dist
     from multidev.errors import CapabilityError, CollectiveInputError
 
-    r, w = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    r, w = dist.rank(), dist.world_size()
+    assert info.engine == dist.engine_name()
     devs = b.devices()
     dev = devs[(r + 1) % len(devs)]  # results must come back to a device other than the first
-    report: dict[str, Any] = {}
-    t0 = time.monotonic()
-    if scenario == "noshow":
-        try:
-            dist.init(timeout=timeout)  # the rendezvous timeout defaults to the same
-        except dist.DistributedTimeoutError:
-            report.update(ok=True, elapsed=time.monotonic() - t0)
-            print("MDREPORT " + json.dumps(report), flush=True)
-            return 0
-        print("init did not raise DistributedTimeoutError", file=sys.stderr)
-        return 1
-    dist.init(timeout=timeout, rendezvous_timeout=max(timeout, WORKER_TIMEOUT))  # slow imports arrive
+    report: dict[str, Any] = {"engine": dist.engine_name()}
 
     def arr(a: Any, dtype: str = "float32", device: Any = None) -> Any:
         return md.asarray(a, dtype=dtype, device=dev if device is None else device, backend=backend)
@@ -232,8 +374,8 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float) -> int:
         t0 = time.monotonic()
         try:
             dist.allreduce(x)
-        except dist.DistributedTimeoutError:
-            pass
+        except dist.DistributedTimeoutError as e:
+            report["message"] = str(e)
         else:
             raise AssertionError("allreduce with a dead peer did not raise DistributedTimeoutError")
         report["elapsed"] = time.monotonic() - t0
@@ -244,29 +386,31 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float) -> int:
         else:
             raise AssertionError("a broken group accepted another allreduce")
         dist.shutdown()
-        report["ok"] = True
-        print("MDREPORT " + json.dumps(report), flush=True)
+        _report(r, ok=True, **report)
         return 0
 
     if scenario == "hang":
         if r == 1:
             time.sleep(timeout + 3)  # alive, but never joins the collective
             dist.shutdown()
-            print("MDREPORT " + json.dumps({"ok": True}), flush=True)
+            _report(r, ok=True)
             return 0
         x = arr(np.ones((3,), np.float32))
         t0 = time.monotonic()
         h = dist.allreduce(x, async_op=True)
         try:
             h.wait()
-        except dist.DistributedTimeoutError:
-            pass
+        except dist.DistributedTimeoutError as e:
+            report["message"] = str(e)
         else:
             raise AssertionError("allreduce with a hung peer did not raise DistributedTimeoutError")
         report.update(ok=True, elapsed=time.monotonic() - t0)
         dist.shutdown()
-        print("MDREPORT " + json.dumps(report), flush=True)
+        _report(r, **report)
         return 0
+
+    if scenario == "faults":
+        return _faults(r, w, report)
 
     # scenario == "collectives"
     c = _Checks()
@@ -297,16 +441,25 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float) -> int:
                       if all(d in b.capabilities.dtypes_on(v) for v in every)]:
             a = np.abs(mine) if dtype == "uint8" else mine
             a = np.floor(a) if dtype.startswith(("int", "uint")) else a
+            if not dist.carries(dtype, dev, backend=backend):  # the same answer on every rank
+                try:
+                    dist.allreduce(arr(a, dtype))
+                except CapabilityError as e:
+                    assert dist.engine_name() in str(e), e
+                    continue
+                raise AssertionError(f"the engine does not carry {dtype}, yet the allreduce did not raise")
             y = dist.allreduce(arr(a, dtype))
             expect = np.sum(np.stack([np.floor(np.abs(v)) if dtype == "uint8" else
                                       np.floor(v) if dtype.startswith("int") else v for v in vals]), axis=0)
             same(y, expect, dtype, rtol=1e-2 if dtype in ("float16", "bfloat16") else 1e-6)
         s = dist.allreduce(arr(np.float32(r + 1.0)))  # 0-d
         same(s, np.float64(w * (w + 1) / 2))
-        e = dist.allreduce(arr(np.zeros((0, 3), np.float32)))  # empty
-        same(e, np.zeros((0, 3)))
+        empty = dist.allreduce(arr(np.zeros((0, 3), np.float32)))
+        same(empty, np.zeros((0, 3)))
         bl = dist.allreduce(arr(np.array([r == 0, False, True]), "bool"), op="max")
         same(bl, np.array([1.0, 0.0, 1.0]), "bool")
+        bm = dist.allreduce(arr(np.array([r == 0, False, True]), "bool"), op="min")
+        same(bm, np.array([float(w == 1), 0.0, 1.0]), "bool")
 
     def inplace() -> None:
         x = arr(mine.astype(np.float32))
@@ -323,6 +476,9 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float) -> int:
         z = arr(mine.astype(np.float32))
         assert dist.broadcast(z, src=w - 1, inplace=True) is z
         same(z, vals[w - 1])
+        m = arr(mine.astype(np.float32))
+        assert dist.allreduce(m, op="mean", inplace=True) is m
+        same(m, np.mean(np.stack(vals), axis=0), rtol=1e-5)
 
     def broadcast_reduce() -> None:
         x = arr(mine.astype(np.float32))
@@ -333,6 +489,11 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float) -> int:
             same(y, np.max(np.stack(vals), axis=0))
         else:
             assert y is None
+        ym = dist.reduce(x, dst=w - 1, op="mean")
+        if r == w - 1:
+            same(ym, np.mean(np.stack(vals), axis=0), rtol=1e-5)
+        else:
+            assert ym is None
 
     def gathers() -> None:
         pieces = [np.full((k + 1, 3), k, np.float64) for k in range(w)]  # uneven lengths
@@ -353,6 +514,8 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float) -> int:
         same(y, np.array_split(np.sum(full, axis=0), w, axis=1)[r])
         y0 = dist.reduce_scatter(x, op="max", axis=0)
         same(y0, np.array_split(np.max(full, axis=0), w, axis=0)[r])
+        ym = dist.reduce_scatter(x, op="mean", axis=1)
+        same(ym, np.array_split(np.mean(full, axis=0), w, axis=1)[r], rtol=1e-5)
         src = np.arange(7 * 2, dtype=np.float32).reshape(7, 2)
         if r == 0:
             p = dist.scatter(arr(src), src=0)
@@ -373,7 +536,7 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float) -> int:
         dist.barrier()
 
     def transfer_paths() -> None:
-        c.paths["to_torch"] = dist.transport_path(arr(mine.astype(np.float32)))
+        c.paths["host"] = dist.transport_path(arr(mine.astype(np.float32), device=devs[0]))
         assert dist.rank() == r and dist.world_size() == w
 
     for name, fn in (("ops", ops), ("dtypes", dtypes), ("inplace", inplace),
@@ -381,10 +544,63 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float) -> int:
                      ("async", asynchronous), ("paths", transfer_paths)):
         c.run(name, fn)
     dist.shutdown()
-    report.update(ok=not c.failures, failures="\n".join(c.failures), paths=c.paths)
-    print("MDREPORT " + json.dumps(report), flush=True)
+    _report(r, ok=not c.failures, failures="\n".join(c.failures), paths=c.paths, **report)
     return 0 if not c.failures else 1
 
 
+def _faults(r: int, w: int, report: dict[str, Any]) -> int:
+    """Calls the ranks disagree on, and a refused input: every rank records each step's outcome."""
+    import multidev as md
+    from multidev import distributed as dist
+
+    steps: list[dict[str, Any]] = []
+    ones = np.ones((2, 3), np.float32)
+
+    def step(name: str, fn: Callable[[], Any], expect: Any = None, keep: Any = None) -> None:
+        t0 = time.monotonic()
+        rec: dict[str, Any] = {"step": name}
+        before = None if keep is None else np.array(keep, copy=True)
+        try:
+            y = fn()
+        except md.MultidevError as e:
+            rec.update(outcome=type(e).__name__, typed=True, message=str(e)[:400])
+        except Exception as e:  # noqa: BLE001 - an untyped error is a finding, reported
+            rec.update(outcome=type(e).__name__, typed=False, message=traceback.format_exc()[-1500:])
+        else:
+            rec["outcome"] = "ok"
+            if expect is not None:
+                got = np.asarray(md.to_numpy(y), dtype=np.float64)
+                rec["right"] = bool(got.shape == np.shape(expect) and np.allclose(got, expect))
+        if keep is not None and before is not None:
+            rec["unchanged"] = bool(np.array_equal(np.asarray(keep), before))
+        rec["elapsed"] = time.monotonic() - t0
+        steps.append(rec)
+
+    total = np.full((2, 3), float(w))
+    step("shape (2,3) vs (3,2)", lambda: dist.allreduce(ones if r == 0 else ones.T.copy()))
+    step("after shape", lambda: dist.allreduce(ones), total)
+    step("op sum vs max", lambda: dist.allreduce(ones, op="sum" if r == 0 else "max"))
+    step("after op", lambda: dist.allreduce(ones), total)
+    step("dtype float32 vs int32", lambda: dist.allreduce(ones if r == 0 else ones.astype(np.int32)))
+    step("after dtype", lambda: dist.allreduce(ones), total)
+    frozen = np.full((2, 3), 5.0, np.float32)
+    frozen.flags.writeable = False
+    mine = frozen if r == 0 else np.ones((2, 3), np.float32)
+    step("read-only inplace on rank 0", lambda: dist.allreduce(mine, inplace=True), keep=mine)
+    step("after read-only", lambda: dist.allreduce(ones), total)
+    step("mean of int on one rank", lambda: dist.allreduce(ones.astype(np.int32) if r == w - 1 else ones, op="mean"))
+    step("after refusal", lambda: dist.allreduce(ones), total)
+    step("barrier vs allreduce", lambda: dist.barrier() if r == 0 else dist.allreduce(ones))
+    step("after kinds", lambda: dist.allreduce(ones), total)
+    dist.shutdown()
+    _report(r, ok=True, steps=steps, **report)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(_worker(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+    rc = 1
+    try:
+        rc = _worker(sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4])
+    finally:
+        print(f"MDDONE {_launcher_rank()} {rc}", flush=True)
+    sys.exit(rc)

@@ -183,7 +183,7 @@ def test_multiprocess_workers_load_the_selected_adapter(tmp_path: Path) -> None:
     """--multiprocess hands its workers the adapter as selected (module:attr), not just its name.
     (One NumPy device: each worker's tensors live on cpu:0, the transport's CPU device.)"""
     out = tmp_path / "m.json"
-    p = _conformance(["mutants:NumpyControl"], out, "-k", "collectives_across and 2procs", "-q",
+    p = _conformance(["mutants:NumpyControl"], out, "-k", "collectives_across and 2procs and torch", "-q",
                      timeout=600, cli=("--multiprocess",), env=_env(MULTIDEV_NUMPY_DEVICES="1"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     cells = json.loads(out.read_text())["matrix"]["numpy_control"]

@@ -1,7 +1,8 @@
 """Worker of the mismatched-rank scenarios (tests/adversarial/test_ranks.py): one process per rank,
-started with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set. ``python _ranks.py BACKEND SCENARIO TIMEOUT``.
-``MD_ADV_DEVICE=gpu`` puts the tensors on ``gpu:LOCAL_RANK``; ``MD_ADV_PG`` names the process-group
-backend (default: init's own choice).
+started by an engine's launcher (torchrun's variables, mpiexec, JAX's variables: ``dist.init()``
+picks the engine from them). ``python _ranks.py BACKEND SCENARIO TIMEOUT``.
+``MD_ADV_DEVICE=gpu`` puts the tensors on ``gpu:LOCAL_RANK``; ``MD_ADV_PG`` names the engine's
+transport (torch's process-group backend; default: init's own choice).
 
 Each scenario makes the ranks disagree in one way and records what every call did, as one JSON
 line ``MDREPORT {...}``: for each step the outcome (``ok`` or the error's class name) and, for
@@ -21,14 +22,18 @@ import numpy as np
 
 
 def main(backend: str, scenario: str, timeout: float) -> int:
-    import torch  # noqa: F401  # before the rendezvous, so the ranks arrive together
-
     import multidev as md
     from multidev import distributed as dist
 
-    r, w = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    check = scenario != "unchecked"
+    found = dist.detect_launch()
+    if not found or found[0].engine != "jax":  # the framework before the rendezvous, so the ranks arrive
+        md.backend(backend)  # together; JAX's runtime must start before JAX computes anything
+    dist.init(transport=os.environ.get("MD_ADV_PG") or None, timeout=timeout, rendezvous_timeout=max(timeout, 60.0),
+              check=check)
+    r, w = dist.rank(), dist.world_size()
     steps: list[dict[str, Any]] = []
-    on = md.gpu(int(os.environ.get("LOCAL_RANK", r))) if os.environ.get("MD_ADV_DEVICE") == "gpu" else md.cpu(0)
+    on = md.gpu(dist.local_rank()) if os.environ.get("MD_ADV_DEVICE") == "gpu" else md.cpu(0)
 
     def arr(a: Any, dtype: str = "float32") -> Any:
         return md.asarray(np.asarray(a), dtype=dtype, device=on, backend=backend)
@@ -54,9 +59,6 @@ def main(backend: str, scenario: str, timeout: float) -> int:
         rec["elapsed"] = time.monotonic() - t0
         steps.append(rec)
 
-    check = scenario != "unchecked"
-    dist.init(os.environ.get("MD_ADV_PG") or None, timeout=timeout, rendezvous_timeout=max(timeout, 60.0),
-              check=check)
     ones = np.ones((2, 3), np.float32)
     total = np.full((2, 3), float(w))
 
@@ -66,7 +68,7 @@ def main(backend: str, scenario: str, timeout: float) -> int:
         step("after shape", lambda: dist.allreduce(arr(ones)), total)
         if scenario == "unchecked":
             dist.shutdown()
-            print("MDREPORT " + json.dumps({"steps": steps}), flush=True)
+            print("MDREPORT " + json.dumps({"rank": r, "steps": steps}), flush=True)
             return 0
         step("dtype float32 vs float64", lambda: dist.allreduce(arr(ones, "float32" if r == 0 else "float64")))
         step("numel 6 vs 7", lambda: dist.allreduce(arr(np.ones(6 + (r == w - 1), np.float32))))
@@ -94,10 +96,12 @@ def main(backend: str, scenario: str, timeout: float) -> int:
         step("final", lambda: dist.allreduce(arr(ones)), total)
     elif scenario == "no_shutdown":
         step("allreduce", lambda: dist.allreduce(arr(ones)), total)
-        print("MDREPORT " + json.dumps({"steps": steps}), flush=True)
+        print("MDREPORT " + json.dumps({"rank": r, "steps": steps}), flush=True)
+        print(f"MDDONE {r} 0", flush=True)
         return 0  # the script ends without dist.shutdown(): the exit hook must tear the group down
     dist.shutdown()
-    print("MDREPORT " + json.dumps({"steps": steps}), flush=True)
+    print("MDREPORT " + json.dumps({"rank": r, "steps": steps}), flush=True)
+    print(f"MDDONE {r} 0", flush=True)
     return 0
 
 

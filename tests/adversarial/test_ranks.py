@@ -1,28 +1,27 @@
-"""Mismatched ranks under multidev.distributed (2-3 gloo processes on localhost, each with a
+"""Mismatched ranks under multidev.distributed (2-3 processes on localhost of every engine, each with a
 deadline): every mismatch raises a typed error on every rank, none aborts, the group stays usable;
-the check can be turned off; a job that never calls shutdown() exits 0 on every rank under torchrun.
+the check can be turned off; a job that never calls shutdown() exits 0 on every rank under its
+launcher (torchrun, mpiexec, JAX's variables).
 """
 from __future__ import annotations
 
-import json
-import os
+import importlib.util
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from multidev.conformance._helpers import need_gloo
+from multidev.conformance.test_distributed import engine_unavailable, launch_group, worker_env
 
 pytestmark = pytest.mark.multiprocess
 
 HERE = Path(__file__).resolve().parent
 #: Seconds a group of ranks may take, framework imports included.
 DEADLINE = 240.0
-#: torch.distributed timeout of the workers: a rank left waiting raises within it.
+#: The workers' timeout: a rank left waiting raises within it.
 TIMEOUT = 20.0
 
 
@@ -32,32 +31,23 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _launch(backend: str, scenario: str, world: int, **extra: str) -> list[dict[str, Any]]:
-    port = _port()
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1",
-                   **extra)
-        env.pop("MULTIDEV_DISTRIBUTED_CHECK", None)
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "_ranks.py"), backend, scenario, str(TIMEOUT)],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.monotonic() + DEADLINE
-    reports = []
-    for r, p in enumerate(procs):
-        try:
-            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                if q.poll() is None:
-                    q.kill()
-            pytest.fail(f"rank {r} of {scenario} on {backend} hung past {DEADLINE:g} s")
-        if p.returncode != 0:
-            pytest.fail(f"rank {r} of {scenario} on {backend} exited with {p.returncode} (a crash is negative):\n"
-                        f"{err[-4000:]}")
-        lines = [ln for ln in out.splitlines() if ln.startswith("MDREPORT ")]
-        assert lines, f"rank {r} printed no report:\n{err[-3000:]}"
-        reports.append(json.loads(lines[-1][len("MDREPORT "):]))
+def _need(engine: str) -> None:
+    why = engine_unavailable(engine)
+    if why:
+        pytest.skip(why)
+
+
+def _launch(backend: str, scenario: str, world: int, engine: str = "torch", **extra: str) -> list[dict[str, Any]]:
+    env = worker_env(**extra)
+    if engine == "jax":
+        env["MULTIDEV_JAX_CPU_DEVICES"] = "2"
+    argv = [sys.executable, str(HERE / "_ranks.py"), backend, scenario, str(TIMEOUT)]
+    reports = launch_group(engine, world, argv, env=env, deadline=DEADLINE, what=f"{scenario} on {backend}")
+    for rep in reports:
+        if rep["rc"] != 0:
+            pytest.fail(f"rank {rep['rank']} of {scenario} on {backend} ({engine} engine) exited with {rep['rc']} "
+                        f"(a crash is negative):\n{rep.get('err', '')[-4000:]}")
+        assert "steps" in rep, f"rank {rep['rank']} printed no report:\n{rep.get('err', '')[-3000:]}"
     return reports
 
 
@@ -65,17 +55,23 @@ def _launch(backend: str, scenario: str, world: int, **extra: str) -> list[dict[
 _GOOD = ("after shape", "after op", "after kinds", "after refusal", "reversed view", "final")
 
 
-@pytest.mark.parametrize(("backend", "world"), [("numpy", 3), ("torch", 2)], ids=["numpy-3ranks", "torch-2ranks"])
-def test_mismatches_raise_typed_errors_on_every_rank(backend: str, world: int) -> None:
-    need_gloo()
-    _check_mismatch_reports(_launch(backend, "mismatch", world))
+@pytest.mark.parametrize(("backend", "world", "engine"),
+                         [("numpy", 3, "torch"), ("torch", 2, "torch"), ("numpy", 3, "mpi"), ("numpy", 2, "jax"),
+                          ("jax", 2, "jax")],
+                         ids=["numpy-3ranks-torch", "torch-2ranks-torch", "numpy-3ranks-mpi", "numpy-2ranks-jax",
+                              "jax-2ranks-jax"])
+def test_mismatches_raise_typed_errors_on_every_rank(backend: str, world: int, engine: str) -> None:
+    _need(engine)
+    if backend != "numpy" and importlib.util.find_spec(backend) is None:
+        pytest.skip(f"{backend} is not installed here")
+    _check_mismatch_reports(_launch(backend, "mismatch", world, engine))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pg", ["nccl", "cpu:gloo,cuda:nccl"])
 def test_mismatches_over_nccl(pg: str) -> None:
-    """The same scenario with CUDA tensors, one GPU per rank, the exchange over NCCL (or gloo)."""
-    need_gloo()
+    """The same scenario with CUDA tensors, one GPU per rank, NCCL (or gloo) carrying them."""
+    _need("torch")
     import torch
     import torch.distributed as tdist
 
@@ -100,6 +96,10 @@ def _check_mismatch_reports(reports: list[dict[str, Any]]) -> None:
     for step in ("shape (2,3) vs (3,2)", "dtype float32 vs float64", "op sum vs max", "allreduce vs broadcast",
                  "broadcast length 4 vs 6", "barrier vs allreduce"):
         outs = [next(s for s in rep["steps"] if s["step"] == step) for rep in reports]
+        if step.startswith("dtype") and any(o["outcome"] == "CapabilityError" for o in outs):
+            # an engine that cannot carry float64 (JAX without x64): that rank refuses, the others name it
+            assert all(o["outcome"] in ("CapabilityError", "DistributedError") for o in outs), (step, outs)
+            continue
         assert all(o["mismatch"] for o in outs), (step, outs)
         assert all("rank 0" in o["message"] and "rank 1" in o["message"] for o in outs), (step, outs)
 
@@ -107,7 +107,7 @@ def _check_mismatch_reports(reports: list[dict[str, Any]]) -> None:
 def test_checks_can_be_turned_off() -> None:
     """With check=False no exchange runs: gloo itself lets (2, 3) vs (3, 2) through (same byte count),
     which is what the checks exist to catch; the group keeps working."""
-    need_gloo()
+    _need("torch")
     reports = _launch("numpy", "unchecked", 2)
     for rep in reports:
         first, after = rep["steps"][0], rep["steps"][1]
@@ -119,14 +119,34 @@ def test_job_without_shutdown_exits_cleanly_under_torchrun(tmp_path: Path) -> No
     """A torchrun job whose script ends without shutdown(): every rank exits 0 (torch.distributed
     alone aborted a rank at exit in about a third of such runs), and no rank tries to bind torchrun's
     store port (the "[c10d] server socket ... has failed to bind" message)."""
-    need_gloo()
+    _need("torch")
     for attempt in range(3):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3", f"--master_port={_port()}",
                str(HERE / "_ranks.py"), "numpy", "no_shutdown", str(TIMEOUT)]
-        env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+        env = worker_env()
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, env=env)
         text = p.stdout + p.stderr
         assert p.returncode == 0, f"run {attempt}: torchrun exited {p.returncode}:\n{text[-4000:]}"
         assert "terminate called" not in text and "SIGABRT" not in text, text[-4000:]
         assert "failed to bind" not in text, text[-4000:]
         assert text.count('"outcome": "ok"') == 3, text[-4000:]
+
+
+@pytest.mark.parametrize("engine", ["mpi", "jax"])
+def test_job_without_shutdown_exits_cleanly_under_its_launcher(engine: str) -> None:
+    """The same under mpiexec (the engine finalizes MPI at exit: a rank that exits without
+    MPI_Finalize fails the whole job) and as JAX processes: every rank exits 0, the launcher too."""
+    _need(engine)
+    from multidev.distributed.launch import start
+
+    argv = [sys.executable, str(HERE / "_ranks.py"), "numpy", "no_shutdown", str(TIMEOUT)]
+    env = worker_env(MULTIDEV_JAX_CPU_DEVICES="2")
+    procs = start(engine, 3, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    texts = []
+    for p in procs:
+        out, err = p.communicate(timeout=DEADLINE)
+        texts.append(out + err)
+        assert p.returncode == 0, f"{engine}: exit status {p.returncode}:\n{(out + err)[-4000:]}"
+    text = "\n".join(texts)
+    assert text.count('"outcome": "ok"') == 3, text[-4000:]
+    assert "Aborted" not in text and "terminate called" not in text, text[-4000:]

@@ -1,0 +1,328 @@
+"""The ``jax`` engine: JAX's own multi-controller runtime (``jax.distributed``), no torch needed.
+
+Launched as JAX users launch processes: ``JAX_COORDINATOR_ADDRESS`` (``host:port`` of process 0),
+``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID`` in each process (``python -m multidev.distributed.launch``
+sets them on one machine), or by a scheduler JAX recognises itself (Slurm's ``srun``). CPU
+collectives go over gloo (``transport="mpi"`` picks JAX's MPI collectives), GPU collectives over
+NCCL.
+
+- The transport is JAX arrays on one device per process (the process's first local device of the
+  default platform). A collective is a jitted computation over a *global* array made from each
+  process's local shard (``jax.make_array_from_single_device_arrays`` over a one-axis mesh of those
+  devices): a sum over the process axis with a replicated result is the allreduce, a replicated
+  identity the allgather, an indexed row the broadcast, a sum or a row sharded back over the
+  processes the reduce-scatter and the scatter. Results come back as this process's shard.
+- Hangs: JAX's runtime waits forever for a process that never joins a collective (jax-ml/jax#38503)
+  and aborts every process when one dies. So the consistency exchange goes through the
+  coordination service's key-value store with a deadline (it names the processes whose rows did
+  not arrive), primitives are polled (``Array.is_ready``) against the group's timeout,
+  ``jax_enable_recoverability`` is turned on (a dead peer does not abort the others), and
+  ``jax.distributed.initialize`` runs with a deadline of its own (its own timeout aborts the process).
+- ``init`` must come before JAX computes anything (JAX's rule): DistributedError otherwise.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+import multidev as md
+from multidev import Device
+from multidev.distributed.engine import (
+    Engine,
+    Handle,
+    Launch,
+    Membership,
+    Settings,
+    peer_errors,
+    poll_until,
+    run_with_deadline,
+    translate_errors,
+)
+from multidev.errors import DistributedError
+
+_generation = [0]
+
+
+def _env_int(env: Mapping[str, str], *names: str) -> int | None:
+    for n in names:
+        v = env.get(n)
+        if v not in (None, ""):
+            try:
+                return int(str(v))
+            except ValueError:
+                return None
+    return None
+
+
+class _Ready(Handle):
+    """A JAX array being computed; ``pick`` gives the primitive's result from it."""
+
+    def __init__(self, engine: JaxEngine, out: Any, pick: Callable[[Any], Any], what: str) -> None:
+        self.engine, self.out, self.pick, self.what = engine, out, pick, what
+
+    def test(self) -> bool:
+        with self.engine.lost(self.what):
+            return bool(self.out.is_ready())
+
+    def wait(self, timeout: float) -> bool:
+        return poll_until(self.test, timeout)
+
+    def result(self) -> Any:
+        with self.engine.lost(self.what):
+            self.out.block_until_ready()  # raises the computation's error, if any
+            return self.pick(self.out)
+
+
+class JaxEngine(Engine):
+    name = "jax"
+    conformance_worlds = (2,)
+    tensors = "jax"
+    writes_inputs = False  # JAX arrays are immutable: every primitive makes new ones
+
+    # -- launch ------------------------------------------------------------------------------
+    @classmethod
+    def detect(cls, environ: Mapping[str, str]) -> Launch | None:
+        e = environ
+        if e.get("JAX_COORDINATOR_ADDRESS"):
+            return Launch("jax", "JAX's coordinator variables",
+                          f"JAX_COORDINATOR_ADDRESS={e['JAX_COORDINATOR_ADDRESS']} is set",
+                          _env_int(e, "JAX_PROCESS_ID"), _env_int(e, "JAX_NUM_PROCESSES"),
+                          _env_int(e, "MULTIDEV_LOCAL_RANK", "LOCAL_RANK"),
+                          _env_int(e, "MULTIDEV_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"))
+        if "SLURM_STEP_ID" in e and "SLURM_PROCID" in e:
+            return Launch("jax", "Slurm's srun", f"SLURM_PROCID={e['SLURM_PROCID']} and SLURM_STEP_ID are set",
+                          _env_int(e, "SLURM_PROCID"), _env_int(e, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+                          _env_int(e, "SLURM_LOCALID"), None, weak=True)
+        return None
+
+    @classmethod
+    def missing(cls) -> str | None:
+        if importlib.util.find_spec("jax") is None:
+            return "jax is not installed (pip install jax, or multidev[jax])"
+        return None
+
+    @classmethod
+    def launch_env(cls, rank: int, world_size: int, address: str) -> dict[str, str]:
+        return {"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": str(world_size), "JAX_PROCESS_ID": str(rank),
+                "MULTIDEV_LOCAL_RANK": str(rank), "MULTIDEV_LOCAL_WORLD_SIZE": str(world_size)}
+
+    def start(self, settings: Settings) -> Membership:
+        if "jax" not in sys.modules:  # the adapter's own import of JAX sets the virtual CPU count first
+            # (an instance of the adapter class: the registry's checks of its own would start JAX's backends)
+            importlib.import_module("multidev.adapters.jax").JaxBackend()
+        import jax
+        from jax._src import distributed as jd
+        from jax._src import xla_bridge
+
+        self.jax, self.timeout = jax, settings.timeout
+        if xla_bridge.backends_are_initialized():
+            raise DistributedError("the jax engine must start before JAX computes anything (JAX's rule for "
+                                   "jax.distributed): call multidev.distributed.init() first in the script")
+        env = os.environ
+        launch = settings.launch
+        if settings.transport is not None:
+            jax.config.update("jax_cpu_collectives_implementation", settings.transport)
+        with contextlib.suppress(AttributeError, KeyError):  # older JAX: a dead peer aborts the others
+            jax.config.update("jax_enable_recoverability", True)
+        coordinator = settings.address or env.get("JAX_COORDINATOR_ADDRESS") or None
+        if coordinator is None and env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+            coordinator = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        world = settings.world_size if settings.world_size is not None else (
+            _env_int(env, "JAX_NUM_PROCESSES") or (launch.world_size if launch else None))
+        rank = settings.rank if settings.rank is not None else (
+            _env_int(env, "JAX_PROCESS_ID") if "JAX_PROCESS_ID" in env else (launch.rank if launch else None))
+        local = settings.local_rank if settings.local_rank is not None else (launch.local_rank if launch else None)
+        local_world = launch.local_world_size if launch else None
+        device_ids = None
+        if (local is not None and (local_world or 0) > 1 and not env.get("JAX_LOCAL_DEVICE_IDS")
+                and not env.get("CUDA_VISIBLE_DEVICES")):
+            device_ids = [local]  # several processes on this machine: one GPU each (CPUs ignore it)
+        rdv = settings.rendezvous_timeout
+
+        def initialize() -> None:
+            orig = jd._jax.get_distributed_runtime_client
+
+            def client(*a: Any, **k: Any) -> Any:
+                # JAX's default reaction to a failed connect is to abort the process; any callback
+                # turns it into an exception of initialize (which the deadline below beats anyway)
+                k.setdefault("missed_heartbeat_callback", lambda *args: None)
+                return orig(*a, **k)
+            jd._jax.get_distributed_runtime_client = client
+            try:
+                jax.distributed.initialize(coordinator, world, rank, local_device_ids=device_ids,
+                                           initialization_timeout=math.ceil(rdv) + 5)
+            finally:
+                jd._jax.get_distributed_runtime_client = orig
+        try:
+            with translate_errors("jax.distributed.initialize"):
+                run_with_deadline(initialize, rdv, f"jax.distributed.initialize (coordinator {coordinator})")
+        except md.InvalidArgumentError as e:  # JAX's ValueError: what it could not find
+            raise DistributedError(f"the jax engine: {e}. Set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and "
+                                   "JAX_PROCESS_ID (or pass master_addr=, master_port=, world_size=, rank=)") from e
+        self.client = jd.global_state.client
+        self.rank, self.world = jax.process_index(), jax.process_count()
+        _generation[0] += 1
+        self.prefix = f"multidev/{_generation[0]}"
+        # transport="gloo"/"mpi": CPU collectives even beside GPUs (GPU arrays staged through the host)
+        self.platform = "cpu" if settings.transport is not None else jax.default_backend()
+        devs = []
+        every = jax.devices(self.platform)
+        for p in range(self.world):
+            mine = sorted((d for d in every if d.process_index == p), key=lambda d: d.id)
+            if not mine:
+                raise DistributedError(f"the jax engine: process {p} has no {self.platform} device")
+            devs.append(mine[0])
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        self.mesh = Mesh(np.array(devs, dtype=object), ("p",))
+        self.native = devs[self.rank]
+        self.device = md.backend("jax").from_native_device(self.native) or Device("cpu", 0)
+        self.split = NamedSharding(self.mesh, PartitionSpec("p"))
+        self.whole = NamedSharding(self.mesh, PartitionSpec())
+        self._fns: dict[tuple, Callable[[Any], Any]] = {}
+        self._lock = threading.Lock()
+        impl = jax.config.jax_cpu_collectives_implementation if self.platform == "cpu" else "NCCL"
+        return Membership(self.rank, self.world, local,
+                          f"JAX {jax.__version__} multi-controller, {self.platform} collectives over {impl}")
+
+    def stop(self, healthy: bool) -> None:
+        jax = getattr(self, "jax", None)
+        if jax is None:
+            return
+        if healthy and getattr(self, "client", None) is not None:
+            with contextlib.suppress(Exception):  # every rank leaves together: process 0 serves the others
+                self.exchange(-2, [0], min(self.timeout, 10.0))
+            if self.rank == 0:
+                time.sleep(0.2)  # the others disconnect from process 0's service before it stops
+        with contextlib.suppress(Exception):
+            jax.distributed.shutdown()
+        self.client = None
+
+    def lost(self, what: str, timeout: float | None = None) -> Any:
+        return peer_errors(f"the jax engine: {what}", (RuntimeError, TimeoutError, ConnectionError),
+                           self.timeout if timeout is None else timeout)
+
+    # -- placement -----------------------------------------------------------------------------
+    def transport_for(self, device: Device) -> tuple[str, Device]:
+        return "jax", self.device
+
+    # -- the consistency channel -----------------------------------------------------------------
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        c = self.client
+        if c is None:
+            raise DistributedError("the jax engine's coordination client is gone (the group was stopped)")
+        key = lambda p: f"{self.prefix}/{seq}/{p}"
+        deadline = time.monotonic() + timeout
+        out: list[list[int] | None] = [None] * self.world
+        with self.lost(f"the consistency exchange (call #{seq}) through the coordination service", timeout):
+            c.key_value_set(key(self.rank), ",".join(str(int(v)) for v in row))
+            for p in range(self.world):
+                left = deadline - time.monotonic()
+                raw = None
+                if left > 0:
+                    try:
+                        raw = c.blocking_key_value_get(key(p), max(1, int(left * 1000)))
+                    except RuntimeError as e:  # DEADLINE_EXCEEDED: that rank's row is missing
+                        if "DEADLINE" not in str(e).upper():
+                            raise
+                if raw is None:
+                    try:
+                        raw = c.key_value_try_get(key(p))
+                    except RuntimeError:  # NOT_FOUND
+                        raw = None
+                if raw is not None:
+                    out[p] = [int(v) for v in str(raw).split(",")]
+            if seq >= 2 and all(r is not None for r in out):
+                with contextlib.suppress(RuntimeError):  # every rank has read call seq-2's rows
+                    c.key_value_delete(f"{self.prefix}/{seq - 2}/{self.rank}")
+        return out
+
+    # -- primitives ------------------------------------------------------------------------------
+    def _global(self, t: Any) -> Any:
+        jax = self.jax
+        shard = jax.device_put(t.reshape((1, *t.shape)), self.native)
+        return jax.make_array_from_single_device_arrays((self.world, *t.shape), self.split, [shard])
+
+    def _fn(self, key: tuple, make: Callable[[], Callable[[Any], Any]], out: Any) -> Callable[[Any], Any]:
+        with self._lock:
+            f = self._fns.get(key)
+            if f is None:
+                f = self.jax.jit(make(), out_shardings=out)
+                self._fns[key] = f
+        return f
+
+    def _reduction(self, op: str) -> Callable[[Any], Any]:
+        jnp = self.jax.numpy
+        if op == "sum":
+            return lambda a: jnp.sum(a, axis=0, dtype=a.dtype)
+        if op == "prod":
+            return lambda a: jnp.prod(a, axis=0, dtype=a.dtype)
+        return (lambda a: jnp.max(a, axis=0)) if op == "max" else (lambda a: jnp.min(a, axis=0))
+
+    def _run(self, what: str, key: tuple, make: Callable[[], Callable[[Any], Any]], out: Any, g: Any,
+             pick: Callable[[Any], Any]) -> Handle:
+        with self.lost(what):
+            res = self._fn(key, make, out)(g)
+        return _Ready(self, res, pick, what)
+
+    @staticmethod
+    def _mine(a: Any) -> Any:
+        return a.addressable_data(0)
+
+    def allreduce(self, t: Any, op: str) -> Handle:
+        with self.lost("allreduce"):
+            g = self._global(t)
+        return self._run("allreduce (a jitted reduction over the process axis)", ("allreduce", op),
+                         lambda: self._reduction(op), self.whole, g, self._mine)
+
+    def broadcast(self, t: Any, src: int) -> Handle:
+        with self.lost("broadcast"):
+            g = self._global(t)
+        return self._run("broadcast", ("broadcast", src), lambda: (lambda a: a[src]), self.whole, g, self._mine)
+
+    def reduce(self, t: Any, dst: int, op: str) -> Handle:
+        return self.allreduce(t, op)
+
+    def allgather(self, t: Any) -> Handle:
+        with self.lost("allgather"):
+            g = self._global(t)
+        n = self.world
+        return self._run("allgather", ("allgather",), lambda: (lambda a: a), self.whole, g,
+                         lambda a: [self._mine(a)[i] for i in range(n)])
+
+    def gather(self, t: Any, dst: int) -> Handle:
+        h = self.allgather(t)
+        if self.rank == dst:
+            return h
+        assert isinstance(h, _Ready)
+        return _Ready(self, h.out, lambda a: None, "gather")
+
+    def reduce_scatter(self, blocks: Any, op: str) -> Handle:
+        with self.lost("reduce_scatter"):
+            g = self._global(blocks)
+        piece = tuple(blocks.shape[1:])
+        return self._run("reduce_scatter", ("reduce_scatter", op), lambda: self._reduction(op), self.split, g,
+                         lambda a: self._mine(a).reshape(piece))
+
+    def scatter(self, blocks: Any | None, like: Any, src: int) -> Handle:
+        jnp = self.jax.numpy
+        piece = tuple(like.shape)
+        with self.lost("scatter"):
+            if blocks is None:
+                blocks = self.jax.device_put(jnp.zeros((self.world, *piece), dtype=like.dtype), self.native)
+            g = self._global(blocks)
+        return self._run("scatter", ("scatter", src), lambda: (lambda a: a[src]), self.split, g,
+                         lambda a: self._mine(a).reshape(piece))
+
+
+__all__ = ["JaxEngine"]

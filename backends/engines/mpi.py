@@ -1,0 +1,457 @@
+"""The ``mpi`` engine: MPI through mpi4py, the HPC standard, launched by ``mpiexec``/``mpirun``/``srun``.
+
+- Buffers: NumPy arrays, passed to MPI's buffer API directly (``Iallreduce`` and friends on
+  contiguous host memory, no pickling). GPU tensors (CuPy, torch, JAX) are handed to MPI as device
+  buffers only where the MPI build is CUDA-aware, and staged through host memory otherwise (the
+  tensor's own framework copies it to the host, through pinned memory where it has it): a
+  non-CUDA-aware MPI given a device pointer crashes the process. CUDA-awareness is read from
+  ``$MULTIDEV_MPI_CUDA_AWARE`` (``1``/``0``) when set, else from the library
+  (``MPIX_Query_cuda_support``: Open MPI; ``MPIX_GPU_query_support``: MPICH), else taken as absent.
+- Nothing blocks in a call that cannot time out: ``MPI_Init`` runs in a helper thread waited for
+  with the rendezvous timeout; communicators are duplicated with ``Idup``; every collective is the
+  nonblocking one (``Iallreduce``, ``Ibcast``, ...) polled with the group's deadline; the
+  consistency exchange is point-to-point ``Isend``/``Irecv`` of one small row to every rank, so the
+  ranks whose rows did not arrive are known by name. Errors are returned, not fatal
+  (``MPI.ERRORS_RETURN``).
+- Dtypes MPI lacks: ``bfloat16`` is reduced in float32 and rounded back; ``bool`` reductions are
+  logical or/and on bytes. Moves (broadcast, the gathers, scatter) send raw bytes.
+- Exit: mpi4py's automatic ``MPI_Finalize`` is replaced by this engine's (when mpi4py was not
+  imported before ``init``), run with a deadline: launchers count a process that exits without it
+  as a failed job, but after a lost rank it may wait for that rank forever (ULFM's does).
+- A killed rank: Open MPI's launcher kills the whole job when one process dies unless started
+  with ``mpiexec --enable-recovery`` (or ``--with-ft ulfm``); then the others raise
+  DistributedTimeoutError naming it. MPICH's Hydra: ``mpiexec -disable-auto-cleanup``.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import functools
+import importlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+import multidev as md
+from multidev import Device
+from multidev.distributed.engine import (
+    Engine,
+    Handle,
+    Launch,
+    Membership,
+    Settings,
+    peer_errors,
+    poll_until,
+    run_with_deadline,
+)
+from multidev.errors import CapabilityError, DistributedError
+
+#: Set to 1 or 0 to say whether the MPI build is CUDA-aware (overrides what the library reports).
+CUDA_AWARE_ENV = "MULTIDEV_MPI_CUDA_AWARE"
+_TAGS = 30000  # consistency-exchange tags cycle through 1..30000 (MPI guarantees 32767)
+
+#: The predefined MPI datatype of each dtype (reductions take predefined types only).
+_MPI_TYPES = {"int8": "INT8_T", "int16": "INT16_T", "int32": "INT32_T", "int64": "INT64_T", "uint8": "UINT8_T",
+              "uint16": "UINT16_T", "uint32": "UINT32_T", "uint64": "UINT64_T", "float16": "FLOAT16_T",
+              "bfloat16": None, "float32": "FLOAT", "float64": "DOUBLE", "complex64": "C_FLOAT_COMPLEX",
+              "complex128": "C_DOUBLE_COMPLEX"}
+
+_exit: dict[str, Any] = {"registered": False, "own_finalize": False, "broken": False, "deadline": 30.0}
+
+
+def _env_int(env: Mapping[str, str], *names: str) -> int | None:
+    for n in names:
+        v = env.get(n)
+        if v not in (None, ""):
+            try:
+                return int(str(v))
+            except ValueError:
+                return None
+    return None
+
+
+def mpiexec() -> str:
+    """The ``mpiexec`` beside this Python (a venv with Open MPI from PyPI), else the one on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(here, os.X_OK):
+        return here
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if found is None:
+        raise CapabilityError('the mpi engine: no mpiexec found (pip install "multidev[mpi]" brings Open MPI)')
+    return found
+
+
+@functools.cache
+def open_mpi(exe: str) -> bool:
+    """Whether ``exe`` is Open MPI's launcher (it takes --oversubscribe, --enable-recovery)."""
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "open mpi" in (out.stdout + out.stderr).lower() or "open-mpi" in (out.stdout + out.stderr).lower()
+
+
+def _finalize_at_exit() -> None:
+    """MPI_Finalize at exit (in place of mpi4py's own), with a deadline: launchers treat a process
+    that exits without it as a failed job (and kill the others), but after a lost rank it may wait
+    for that rank forever (Open MPI with ULFM does)."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or not _exit["own_finalize"]:
+        return
+    with contextlib.suppress(Exception):
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            limit = float(_exit["deadline"]) if not _exit["broken"] else min(float(_exit["deadline"]), 10.0)
+            run_with_deadline(MPI.Finalize, limit, "MPI_Finalize")
+
+
+def _init(MPI: Any, timeout: float) -> None:
+    """MPI_Init_thread, bounded by ``timeout``: it waits for every rank of the job, and mpi4py's own
+    call holds the GIL while it waits, so it is called through ctypes (which lets go of it) in a
+    helper thread; DistributedTimeoutError when not every rank arrived in time."""
+    libs = _mpi_libraries(MPI)
+    if not libs:  # no library to call directly: mpi4py's own call, which cannot time out
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        return
+    lib = ctypes.CDLL(libs[0])
+    provided = ctypes.c_int(-1)
+
+    def call() -> int:
+        return int(lib.MPI_Init_thread(None, None, ctypes.c_int(MPI.THREAD_MULTIPLE), ctypes.byref(provided)))
+    rc = run_with_deadline(call, timeout, "MPI_Init (every rank of the job must start it)")
+    if rc != 0:
+        raise DistributedError(f"the mpi engine: MPI_Init_thread failed with error code {rc}")
+
+
+def cuda_aware(MPI: Any) -> tuple[bool, str]:
+    """Whether the MPI library takes device pointers, and how that was found out."""
+    v = os.environ.get(CUDA_AWARE_ENV, "").strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True, f"${CUDA_AWARE_ENV}={v}"
+    if v in ("0", "false", "no", "off"):
+        return False, f"${CUDA_AWARE_ENV}={v}"
+    for lib in _mpi_libraries(MPI):
+        try:
+            dll = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        fn = getattr(dll, "MPIX_Query_cuda_support", None)
+        if fn is not None:
+            fn.restype = ctypes.c_int
+            return bool(fn()), "MPIX_Query_cuda_support()"
+        fn = getattr(dll, "MPIX_GPU_query_support", None)
+        if fn is not None:
+            out = ctypes.c_int(0)
+            if fn(ctypes.c_int(1), ctypes.byref(out)) == 0:  # MPIX_GPU_SUPPORT_CUDA
+                return bool(out.value), "MPIX_GPU_query_support(CUDA)"
+    return False, "the library does not say (taken as not CUDA-aware)"
+
+
+def _mpi_libraries(MPI: Any) -> list[str]:
+    """Paths of the MPI shared libraries this process loaded (from /proc/self/maps)."""
+    found: list[str] = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if line.strip() else ""
+                name = os.path.basename(path)
+                if name.startswith(("libmpi.so", "libmpich.so", "libmpi_")) and path not in found:
+                    found.append(path)
+    except OSError:
+        pass
+    return sorted(found, key=lambda p: not os.path.basename(p).startswith(("libmpi.so", "libmpich.so")))
+
+
+def _finished(req: Any) -> bool:
+    try:
+        return bool(req.Test())
+    except Exception:  # noqa: BLE001 - a send to a lost rank: done with, as far as this rank cares
+        return True
+
+
+class _Request(Handle):
+    """A nonblocking MPI request, polled; ``finish`` gives the result once it completed."""
+
+    def __init__(self, engine: MpiEngine, req: Any, finish: Callable[[], Any], what: str) -> None:
+        self.engine, self.req, self.finish, self.what = engine, req, finish, what
+        self.done = False
+
+    def test(self) -> bool:
+        if not self.done:
+            with self.engine.errors(self.what):
+                self.done = bool(self.req.Test())
+        return self.done
+
+    def wait(self, timeout: float) -> bool:
+        return poll_until(self.test, timeout)
+
+    def result(self) -> Any:
+        return self.finish()
+
+
+class MpiEngine(Engine):
+    name = "mpi"
+    conformance_worlds = (3,)
+    tensors = "numpy"
+    writes_inputs = True
+
+    # -- launch ------------------------------------------------------------------------------
+    @classmethod
+    def detect(cls, environ: Mapping[str, str]) -> Launch | None:
+        e = environ
+        if "OMPI_COMM_WORLD_SIZE" in e:
+            return Launch("mpi", "Open MPI's mpiexec/mpirun",
+                          f"OMPI_COMM_WORLD_SIZE={e['OMPI_COMM_WORLD_SIZE']} is set",
+                          _env_int(e, "OMPI_COMM_WORLD_RANK"), _env_int(e, "OMPI_COMM_WORLD_SIZE"),
+                          _env_int(e, "OMPI_COMM_WORLD_LOCAL_RANK"), _env_int(e, "OMPI_COMM_WORLD_LOCAL_SIZE"))
+        if "PMI_SIZE" in e or "PMI_RANK" in e:
+            return Launch("mpi", "MPICH/Intel MPI's mpiexec (PMI)",
+                          f"PMI_RANK={e.get('PMI_RANK')} and PMI_SIZE={e.get('PMI_SIZE')} are set",
+                          _env_int(e, "PMI_RANK"), _env_int(e, "PMI_SIZE"), _env_int(e, "MPI_LOCALRANKID"),
+                          _env_int(e, "MPI_LOCALNRANKS"))
+        if "MV2_COMM_WORLD_SIZE" in e:
+            return Launch("mpi", "MVAPICH's mpirun", f"MV2_COMM_WORLD_SIZE={e['MV2_COMM_WORLD_SIZE']} is set",
+                          _env_int(e, "MV2_COMM_WORLD_RANK"), _env_int(e, "MV2_COMM_WORLD_SIZE"),
+                          _env_int(e, "MV2_COMM_WORLD_LOCAL_RANK"), _env_int(e, "MV2_COMM_WORLD_LOCAL_SIZE"))
+        if "PMIX_RANK" in e:
+            return Launch("mpi", "a PMIx launcher (prterun, srun --mpi=pmix)", f"PMIX_RANK={e['PMIX_RANK']} is set",
+                          _env_int(e, "PMIX_RANK"), _env_int(e, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+                          _env_int(e, "SLURM_LOCALID"), None)
+        if "SLURM_STEP_ID" in e and "SLURM_PROCID" in e:
+            return Launch("mpi", "Slurm's srun", f"SLURM_PROCID={e['SLURM_PROCID']} and SLURM_STEP_ID are set",
+                          _env_int(e, "SLURM_PROCID"), _env_int(e, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+                          _env_int(e, "SLURM_LOCALID"), _env_int(e, "SLURM_STEP_TASKS_PER_NODE"), weak=True)
+        return None
+
+    @classmethod
+    def missing(cls) -> str | None:
+        if importlib.util.find_spec("mpi4py") is None:
+            return ('mpi4py is not installed: pip install "multidev[mpi]" (mpi4py and Open MPI from PyPI), or '
+                    "mpi4py built against your site's MPI")
+        return None
+
+    @classmethod
+    def launch_command(cls, n: int, argv: Sequence[str], options: Sequence[str] = ()) -> list[str] | None:
+        exe = mpiexec()
+        flags = ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) if open_mpi(exe) else []
+        return [exe, *flags, *options, "-n", str(n), *argv]
+
+    def start(self, settings: Settings) -> Membership:
+        import mpi4py
+
+        self.timeout = settings.timeout
+        rdv = settings.rendezvous_timeout
+        if "mpi4py.MPI" not in sys.modules:
+            mpi4py.rc.initialize = False  # MPI_Init below, with a deadline
+            mpi4py.rc.finalize = False  # finalized at exit by this module
+            _exit["own_finalize"] = True
+        import mpi4py.MPI as MPI
+
+        _exit["deadline"] = min(max(settings.timeout, 5.0), 60.0)
+        if not _exit["registered"]:
+            atexit.register(_finalize_at_exit)
+            _exit["registered"] = True
+        if MPI.Is_finalized():
+            raise DistributedError("the mpi engine: MPI was finalized in this process; MPI cannot start twice")
+        if not MPI.Is_initialized():
+            _init(MPI, rdv)
+        self.MPI = MPI
+        self._arg_classes = {getattr(MPI, n) for n in ("ERR_TYPE", "ERR_OP", "ERR_COUNT", "ERR_BUFFER", "ERR_ARG",
+                                                        "ERR_ROOT", "ERR_TRUNCATE") if hasattr(MPI, n)}
+        world = MPI.COMM_WORLD
+        world.Set_errhandler(MPI.ERRORS_RETURN)
+        self.comm = self._idup(world, rdv)
+        self.xcomm = self._idup(world, rdv)
+        r, ws = self.comm.Get_rank(), self.comm.Get_size()
+        if settings.rank is not None and settings.rank != r:
+            raise DistributedError(f"the mpi engine: rank={settings.rank} was given, but MPI says this is rank {r}")
+        if settings.world_size is not None and settings.world_size != ws:
+            raise DistributedError(f"the mpi engine: world_size={settings.world_size} was given, but MPI's world has "
+                                   f"{ws} processes")
+        if settings.transport is not None:
+            raise DistributedError(f"the mpi engine has no transport choice (got transport={settings.transport!r}); "
+                                   "MPI picks its own")
+        self.rank, self.world = r, ws
+        self.aware, how = cuda_aware(MPI)
+        self.host_tb = md.backend("numpy")
+        self._sends: list[tuple[Any, Any]] = []  # exchange sends in flight, with their buffers
+        lr = settings.local_rank
+        if lr is None:
+            lr = _env_int(os.environ, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK",
+                          "SLURM_LOCALID", "PMI_LOCAL_RANK")
+        lib = MPI.Get_library_version().strip().splitlines()[0].split(",")[0].strip()
+        gpus = "GPU tensors passed to MPI directly" if self.aware else "GPU tensors staged through host memory"
+        return Membership(r, ws, lr, f"{lib}, {'CUDA-aware' if self.aware else 'not CUDA-aware'} ({how}): {gpus}")
+
+    def _idup(self, comm: Any, timeout: float) -> Any:
+        with self.errors("MPI_Comm_idup"):
+            new, req = comm.Idup()
+            if not poll_until(req.Test, timeout):
+                raise DistributedError(f"the mpi engine: MPI_Comm_idup did not complete within {timeout:g} s")
+        new.Set_errhandler(self.MPI.ERRORS_RETURN)
+        return new
+
+    def stop(self, healthy: bool) -> None:
+        if not healthy:
+            _exit["broken"] = True
+        for req, _ in getattr(self, "_sends", []):
+            with contextlib.suppress(Exception):
+                if not req.Test():
+                    req.Cancel()
+        self._sends = []
+        self.comm = self.xcomm = None  # not freed: MPI_Comm_free may wait on a dead rank
+
+    @contextlib.contextmanager
+    def errors(self, what: str) -> Iterator[None]:
+        """MPI's argument errors as CapabilityError naming the engine; every other MPI error during
+        a checked call is a lost peer (DistributedTimeoutError)."""
+        MPI = self.MPI
+        with peer_errors(f"the mpi engine: {what}", (MPI.Exception,), self.timeout):
+            try:
+                yield
+            except MPI.Exception as e:
+                if e.Get_error_class() in self._arg_classes:
+                    raise CapabilityError(f"the mpi engine: {what}: MPI refused it: {e}") from e
+                raise
+
+    # -- placement -----------------------------------------------------------------------------
+    def transport_for(self, device: Device) -> tuple[str, Device]:
+        if device.kind != "cpu" and self.aware and "cupy" in md.backends():
+            return "cupy", device
+        return "numpy", Device("cpu", 0)
+
+    def prepare(self, t: Any) -> tuple[Any, bool]:
+        if isinstance(t, np.ndarray):
+            if t.flags.c_contiguous and t.flags.writeable:
+                return t, True
+            return np.array(t, order="C", copy=True), False
+        md.synchronize(t)  # a device buffer: MPI reads it from the host's side of the stream
+        return t, True
+
+    # -- the consistency channel -----------------------------------------------------------------
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        MPI, comm = self.MPI, self.xcomm
+        if comm is None:
+            raise DistributedError("the mpi engine's communicator is gone (the group was stopped)")
+        tag = 1 + (seq % _TAGS) if seq >= 0 else _TAGS + 1 + min(-seq, 100)
+        mine = np.asarray(row, dtype=np.int64)
+        out: list[list[int] | None] = [None] * self.world
+        out[self.rank] = [int(v) for v in mine]
+        recvs: dict[int, tuple[Any, np.ndarray]] = {}
+        with self.errors(f"the consistency exchange (call #{seq})"):
+            for p in range(self.world):
+                if p != self.rank:
+                    buf = np.empty_like(mine)
+                    recvs[p] = (comm.Irecv([buf, MPI.INT64_T], source=p, tag=tag), buf)
+            self._sends = [(q, b) for q, b in self._sends if not _finished(q)]
+            for p in range(self.world):
+                if p != self.rank:
+                    self._sends.append((comm.Isend([mine, MPI.INT64_T], dest=p, tag=tag), mine))
+        pending = dict(recvs)
+
+        def arrived() -> bool:
+            for p, (req, buf) in list(pending.items()):
+                try:
+                    done = req.Test()
+                except MPI.Exception:  # that rank's connection failed: it stays None
+                    del pending[p]
+                    continue
+                if done:
+                    out[p] = [int(v) for v in buf]
+                    del pending[p]
+            return not pending
+
+        poll_until(arrived, timeout)
+        for req, _ in pending.values():
+            with contextlib.suppress(Exception):
+                req.Cancel()
+        return out
+
+    # -- primitives ------------------------------------------------------------------------------
+    def _op(self, op: str, dtype: str) -> Any:
+        MPI = self.MPI
+        if dtype == "bool":
+            return {"max": MPI.LOR, "min": MPI.LAND}[op]
+        return {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}[op]
+
+    def _bytes(self, a: Any) -> list[Any]:
+        return [a.reshape(-1).view(np.uint8), self.MPI.BYTE]
+
+    def _numeric(self, t: Any) -> tuple[Any, Any, Callable[[Any], Any]]:
+        """A buffer MPI can reduce for ``t``, its predefined MPI datatype, and how to give the result
+        t's dtype: bool as bytes, bfloat16 (and float16 where MPI lacks it) as float32, rounded
+        back; the rest as they are."""
+        MPI = self.MPI
+        dtype = md.dtype_of(t)
+        if dtype == "bool":
+            return t.view(np.uint8), MPI.UINT8_T, lambda r: r.view(np.bool_)
+        name = _MPI_TYPES[dtype]
+        mt = getattr(MPI, name, MPI.DATATYPE_NULL) if name else MPI.DATATYPE_NULL
+        if mt == MPI.DATATYPE_NULL:  # bfloat16; float16 on an MPI without it
+            return t.astype(np.float32), MPI.FLOAT, lambda r: r.astype(t.dtype)
+        return t, mt, lambda r: r
+
+    def _req(self, what: str, start: Callable[[], Any], finish: Callable[[], Any]) -> Handle:
+        with self.errors(what):
+            req = start()
+        return _Request(self, req, finish, what)
+
+    def _alloc(self, like: Any, shape: tuple[int, ...]) -> Any:
+        tb = md.backend_of(like)
+        return tb.empty(shape, md.dtype_of(like), tb.device_of(like))
+
+    def allreduce(self, t: Any, op: str) -> Handle:
+        buf, mt, back = self._numeric(t)
+        dtype = md.dtype_of(t)
+
+        def finish() -> Any:
+            if buf.dtype != t.dtype:
+                t[...] = back(buf)  # reduced in float32, rounded back into t
+            return t
+        return self._req("MPI_Iallreduce", lambda: self.comm.Iallreduce(
+            self.MPI.IN_PLACE, [buf, mt], self._op(op, dtype)), finish)
+
+    def broadcast(self, t: Any, src: int) -> Handle:
+        return self._req("MPI_Ibcast", lambda: self.comm.Ibcast(self._bytes(t), root=src), lambda: t)
+
+    def reduce(self, t: Any, dst: int, op: str) -> Handle:
+        buf, mt, back = self._numeric(t)
+        dtype = md.dtype_of(t)
+        MPI = self.MPI
+        spec = [buf, mt]
+        if self.rank == dst:
+            start = lambda: self.comm.Ireduce(MPI.IN_PLACE, spec, self._op(op, dtype), root=dst)
+        else:
+            start = lambda: self.comm.Ireduce(spec, None, self._op(op, dtype), root=dst)
+        return self._req("MPI_Ireduce", start, lambda: back(buf))
+
+    def allgather(self, t: Any) -> Handle:
+        out = self._alloc(t, (self.world, *t.shape))
+        return self._req("MPI_Iallgather", lambda: self.comm.Iallgather(self._bytes(t), self._bytes(out)),
+                         lambda: [out[i] for i in range(self.world)])
+
+    def gather(self, t: Any, dst: int) -> Handle:
+        out = self._alloc(t, (self.world, *t.shape)) if self.rank == dst else None
+        return self._req("MPI_Igather", lambda: self.comm.Igather(
+            self._bytes(t), self._bytes(out) if out is not None else None, root=dst),
+            lambda: None if out is None else [out[i] for i in range(self.world)])
+
+    def reduce_scatter(self, blocks: Any, op: str) -> Handle:
+        buf, mt, back = self._numeric(blocks)
+        dtype = md.dtype_of(blocks)
+        out = self._alloc(buf, tuple(buf.shape[1:]))
+        return self._req("MPI_Ireduce_scatter_block", lambda: self.comm.Ireduce_scatter_block(
+            [buf, mt], [out, mt], self._op(op, dtype)), lambda: back(out))
+
+    def scatter(self, blocks: Any | None, like: Any, src: int) -> Handle:
+        return self._req("MPI_Iscatter", lambda: self.comm.Iscatter(
+            self._bytes(blocks) if blocks is not None else None, self._bytes(like), root=src), lambda: like)
+
+
+__all__ = ["CUDA_AWARE_ENV", "MpiEngine", "cuda_aware", "mpiexec", "open_mpi"]

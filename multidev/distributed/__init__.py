@@ -1,0 +1,134 @@
+"""Collectives across processes, on the engine the job already runs: torch.distributed (torchrun),
+MPI (mpiexec, mpirun, srun) or JAX's multi-controller runtime, one API over all three.
+
+One process per rank, started by the engine's launcher::
+
+    torchrun --nproc_per_node=4 train.py            # or: mpiexec -n 4 python train.py
+                                                     # or: python -m multidev.distributed.launch -n 4 train.py
+    # train.py
+    import multidev as md
+    from multidev import distributed as dist
+
+    dist.init()                                   # the engine from the launcher's environment, and why
+    g = dist.allreduce(grad, op="mean")           # grad: a tensor of any backend
+    h = dist.allreduce(grad, async_op=True)       # a handle; h.wait() gives the result
+    dist.shutdown()
+
+Any backend's tensor travels as a tensor of the engine's transport (torch tensors for torch, NumPy
+arrays for MPI, or device buffers where the MPI build is CUDA-aware, JAX arrays for JAX) through
+:func:`multidev.convert`: zero-copy through DLPack where possible, else a copy; the result comes
+back as a tensor of the input's backend, on the input's device, with its dtype.
+
+Semantics follow :mod:`multidev.collectives`: the same ops (``mean`` is a sum divided by the world
+size and is refused for integers; ``bool`` takes max/min only), uneven pieces follow
+``numpy.array_split`` (``scatter``, ``reduce_scatter``, and ``allgather``/``gather`` accept pieces
+that differ along ``axis``). Every rank must call every collective in the same order with tensors of
+one dtype and (except along ``axis`` for the gathers) one shape.
+
+Consistency checks (on by default): before each collective the ranks exchange a small record of
+the call (:mod:`.consistency`), so a rank that calls another collective, another op, or passes
+another shape or dtype makes every rank raise :class:`CollectiveMismatchError`; a rank that refuses
+its own input (``mean`` of integers, a read-only tensor with ``inplace=True``) makes the others
+raise :class:`DistributedError` naming it. The group stays usable after either.
+``init(check=False)``, ``set_checks(False)`` or ``MULTIDEV_DISTRIBUTED_CHECK=0`` turns them off.
+
+Failure (:mod:`.hangs`): a rank that dies, hangs or never arrives makes the others raise
+:class:`DistributedTimeoutError` within the ``timeout`` given to :func:`init`, naming the ranks
+that did not arrive and the call, never hang and never abort. The group is then unusable: call
+:func:`shutdown`.
+
+Engines are plug-ins (:mod:`.engine`, the ``multidev.engines`` entry-point group); this package
+imports no framework.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from ..errors import CollectiveMismatchError, DistributedError, DistributedTimeoutError
+from .collectives import (
+    allgather,
+    allreduce,
+    barrier,
+    broadcast,
+    carries,
+    gather,
+    reduce,
+    reduce_scatter,
+    scatter,
+)
+from .consistency import MAX_DIMS, set_checks
+from .engine import Engine, engine_class, engine_names, legacy_engine, register_engine
+from .group import (
+    CHECK_ENV,
+    DEFAULT_TIMEOUT,
+    ENGINE_ENV,
+    GroupInfo,
+    backend_name,
+    checks_enabled,
+    detect_launch,
+    engine_name,
+    group_info,
+    init,
+    is_initialized,
+    launched,
+    local_rank,
+    rank,
+    shutdown,
+    transport_name,
+    world_size,
+)
+from .handles import Work
+from .hangs import classify as _translate  # noqa: F401 - the old name, kept for callers that classified errors
+from .transport import transport_path
+
+__all__ = [
+    "CHECK_ENV",
+    "DEFAULT_TIMEOUT",
+    "ENGINE_ENV",
+    "MAX_DIMS",
+    "CollectiveMismatchError",
+    "DistributedError",
+    "DistributedTimeoutError",
+    "Engine",
+    "GroupInfo",
+    "Work",
+    "allgather",
+    "allreduce",
+    "backend_name",
+    "barrier",
+    "broadcast",
+    "carries",
+    "checks_enabled",
+    "detect_launch",
+    "engine_name",
+    "engine_names",
+    "gather",
+    "group_info",
+    "init",
+    "is_initialized",
+    "launched",
+    "local_rank",
+    "rank",
+    "reduce",
+    "reduce_scatter",
+    "register_engine",
+    "scatter",
+    "set_checks",
+    "shutdown",
+    "transport_name",
+    "transport_path",
+    "world_size",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TRANSPORT":  # deprecated: the one engine's one transport, before there were engines
+        warnings.warn("multidev.distributed.TRANSPORT is deprecated (removed in 0.4): each engine has its own "
+                      "transport; transport_path(x) says how a tensor travels in the current group",
+                      DeprecationWarning, stacklevel=2)
+        if is_initialized():
+            return engine_class(engine_name()).tensors
+        found = detect_launch()
+        return engine_class(found[0].engine if found else legacy_engine()).tensors
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

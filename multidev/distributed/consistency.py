@@ -1,0 +1,211 @@
+"""The consistency protocol: before a collective, every rank's record of the call is exchanged
+(:meth:`Engine.exchange`), so ranks that disagree raise :class:`CollectiveMismatchError` on every
+rank, naming what each passed, instead of an abort or silently wrong values in the engine.
+
+A record holds which collective, its op, root and axis, the tensor's dtype and shape, the kind of
+device it travels on, a call counter, and, for a rank that refused its own input (``mean`` of
+integers, a read-only tensor for ``inplace=True``, a bad ``src``), the class of its error: every
+other rank then raises DistributedError naming it, and nothing is sent, so the group stays usable.
+
+The exchange is one small all-to-all of integer rows per call. Checked calls (the default), every
+gather (they need every rank's length), every scatter (the tensor's shape and dtype travel from
+``src`` in it) and every barrier (the exchange is the barrier) make it; ``init(check=False)``
+skips it for the rest.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .._device import KINDS
+from ..errors import CollectiveMismatchError, DistributedError, MultidevError
+from ..validate import translate_errors
+from .engine import missing_ranks_error
+from .group import Group, current
+from .handles import Work
+from .hangs import classify
+
+__all__ = ["MAX_DIMS", "Call", "agree", "set_checks"]
+
+KINDS_OF_CALL = ("allreduce", "broadcast", "reduce", "allgather", "gather", "reduce_scatter", "scatter", "barrier",
+                 "set_checks")
+#: Calls that exchange whatever the group's check setting: the gathers need every rank's length, a
+#: scatter carries src's shape and dtype, the exchange is the barrier, a setting must agree.
+ALWAYS = ("allgather", "gather", "scatter", "barrier", "set_checks")
+_OP_CODES = ("sum", "max", "min", "prod", "mean")
+_DTYPE_NAMES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
+                "complex64", "complex128", "uint16", "uint32", "uint64")
+_REFUSALS = ("MultidevError", "CollectiveInputError", "CapabilityError", "UnsupportedTensorError",
+             "InvalidDtypeError", "InvalidArgumentError", "DeviceMismatchError", "DeviceNotFoundError",
+             "DistributedError", "BackendError", "OutOfMemoryError", "BackendNotAvailableError")
+#: Dimensions a consistency record holds (a tensor with more is refused on every rank).
+MAX_DIMS = 32
+_NAME_WORDS = 4  # a backend name of up to 32 bytes, for scatter's default backend on the other ranks
+_NONE = -(1 << 62)  # an absent root or axis in a record (a given axis may be negative)
+_HEAD = 9
+#: What each collective's ranks must agree on (besides the collective itself and the call count).
+_AGREE: dict[str, tuple[str, ...]] = {
+    "allreduce": ("op", "dtype", "shape", "tkind"), "broadcast": ("root", "dtype", "shape", "tkind"),
+    "reduce": ("root", "op", "dtype", "shape", "tkind"), "allgather": ("axis", "dtype", "rest", "tkind"),
+    "gather": ("root", "axis", "dtype", "rest", "tkind"), "reduce_scatter": ("op", "axis", "dtype", "shape", "tkind"),
+    "scatter": ("root", "axis"), "barrier": (), "set_checks": ("root",)}
+
+
+def _pick(names: Sequence[str], i: int) -> str | None:
+    return names[i] if 0 <= i < len(names) else None
+
+
+def _encode_name(name: str | None) -> list[int]:
+    raw = (name or "").encode()[: 8 * _NAME_WORDS].ljust(8 * _NAME_WORDS, b"\0")
+    return [int.from_bytes(raw[i:i + 8], "little", signed=True) for i in range(0, len(raw), 8)]
+
+
+def _decode_name(words: Sequence[int]) -> str | None:
+    raw = b"".join(int(w).to_bytes(8, "little", signed=True) for w in words).rstrip(b"\0")
+    return raw.decode(errors="replace") or None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One rank's record of a collective call, as the exchange carries it."""
+
+    kind: str
+    op: str | None = None
+    root: int | None = None
+    axis: int | None = None
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+    tkind: str | None = None  # the kind of device the tensor travels on (engine.transport_for)
+    backend: str | None = None  # the tensor's backend (scatter's src: the other ranks' default)
+    seq: int = 0
+    refused: str | None = None  # the error class name of a rank that refused its own input
+
+    def encode(self) -> list[int]:
+        shape = self.shape or ()
+        row = [self.seq, KINDS_OF_CALL.index(self.kind), _OP_CODES.index(self.op) if self.op else -1,
+               _NONE if self.root is None else self.root, _NONE if self.axis is None else self.axis,
+               _DTYPE_NAMES.index(self.dtype) if self.dtype in _DTYPE_NAMES else -1,
+               -1 if self.shape is None else len(shape),
+               -1 if self.refused is None else _REFUSALS.index(self.refused),
+               KINDS.index(self.tkind) if self.tkind in KINDS else -1]
+        return row + _encode_name(self.backend) + list(shape) + [-1] * (MAX_DIMS - len(shape))
+
+    @staticmethod
+    def decode(row: Sequence[int]) -> Call:
+        ndim = row[6]
+        shape_at = _HEAD + _NAME_WORDS
+        return Call(kind=_pick(KINDS_OF_CALL, row[1]) or "?", op=_pick(_OP_CODES, row[2]),
+                    root=None if row[3] == _NONE else row[3], axis=None if row[4] == _NONE else row[4],
+                    dtype=_pick(_DTYPE_NAMES, row[5]),
+                    shape=None if ndim < 0 else tuple(row[shape_at:shape_at + ndim]),
+                    tkind=_pick(KINDS, row[8]), backend=_decode_name(row[_HEAD:shape_at]), seq=row[0],
+                    refused=_pick(_REFUSALS, row[7]))
+
+    def field(self, name: str) -> Any:
+        if name == "rest":
+            if self.shape is None or self.axis is None or not 0 <= self.axis < len(self.shape):
+                return self.shape
+            return (len(self.shape), self.shape[:self.axis] + self.shape[self.axis + 1:])
+        return getattr(self, name)
+
+
+def _describe(name: str, value: Any) -> str:
+    if name == "rest" and isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], tuple):
+        return f"{value[0]}-d, other dims {value[1]}"
+    return str(value)
+
+
+class PeerFailure(Exception):
+    """An error that comes from the other ranks (a mismatch, a refusal, a missing peer): raised by
+    the collective, or handed to a failed Work when it was called with ``async_op=True``."""
+
+    def __init__(self, error: DistributedError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def agree(g: Group, kind: str, local: Callable[[], Call], async_op: bool = False) -> list[Call] | Work | None:
+    """Run ``local`` (this rank's own argument checks, giving its record of the call), then, when
+    the group checks consistency (always for :data:`ALWAYS`), exchange the records and fail on
+    every rank alike if any rank refused its input (DistributedError; that rank raises its own
+    error) or the ranks disagree (CollectiveMismatchError). Returns every rank's record (None
+    when unchecked).
+
+    This rank's own argument errors raise at once. Errors that come from the other ranks raise
+    here, or with ``async_op`` come back as a failed :class:`Work` whose ``wait()`` raises them, as
+    the collective's own errors would."""
+    try:
+        return _exchange_calls(g, kind, local)
+    except PeerFailure as f:
+        if async_op:
+            return Work.failed(f.error, f"distributed.{kind}", g)
+        raise f.error from f.error.__cause__
+
+
+def _exchange_calls(g: Group, kind: str, local: Callable[[], Call]) -> list[Call] | None:
+    what = f"distributed.{kind}"
+    err: MultidevError | None = None
+    try:
+        with translate_errors(what):
+            call = local()
+    except MultidevError as e:  # reported to the other ranks, then raised here
+        err = e
+        name = type(e).__name__
+        call = Call(kind, refused=name if name in _REFUSALS else "MultidevError")
+    if not g.check and kind not in ALWAYS:
+        if err is not None:
+            raise err
+        return None
+    call = replace(call, seq=g.seq)
+    g.seq += 1
+    try:
+        rows = g.engine.exchange(call.seq, call.encode(), g.timeout)
+    except Exception as e:  # noqa: BLE001 - classified, the group marked unusable, and raised
+        fail = classify(e, f"{what} (call #{call.seq}, consistency exchange) on rank {g.rank}", g.timeout)
+        fail.__cause__ = e
+        g.fail(str(fail))
+        raise PeerFailure(fail) from None
+    if any(row is None for row in rows):
+        fail = missing_ranks_error(f"{what} on rank {g.rank}", rows, g.timeout, f"{what} (call #{call.seq})")
+        g.fail(str(fail))
+        raise PeerFailure(fail)
+    calls = [Call.decode(row) for row in rows if row is not None]
+    if err is not None:
+        raise err
+    problem = _disagreement(calls, kind, what, g.rank)
+    if problem is not None:
+        raise PeerFailure(problem)
+    return calls
+
+
+def set_checks(enabled: bool) -> None:
+    """Turn the consistency checks on or off for the rest of the group's life. A collective: every
+    rank must call it with the same value, which it verifies (DistributedError on every rank
+    otherwise). Off, mismatched calls are the engine's undefined behaviour."""
+    if not isinstance(enabled, bool):
+        raise DistributedError(f"set_checks takes True or False, got {enabled!r:.40}")
+    g = current()
+    agree(g, "set_checks", lambda: Call("set_checks", root=int(enabled)))
+    g.check = enabled
+
+
+def _disagreement(calls: list[Call], kind: str, what: str, rank: int) -> DistributedError | None:
+    tail = "Every rank raises this error; the process group stays usable."
+    refused = [(r, c) for r, c in enumerate(calls) if c.refused]
+    if refused:
+        who = ", ".join(f"rank {r} ({c.refused})" for r, c in refused)
+        return DistributedError(f"{what} on rank {rank}: {who} refused its input, so no rank runs this "
+                                f"collective (that rank's own error says why). {tail}")
+    if len({(c.kind, c.seq) for c in calls}) > 1:
+        who = ", ".join(f"rank {r}: {c.kind} (call #{c.seq})" for r, c in enumerate(calls))
+        return CollectiveMismatchError(f"{what} on rank {rank}: the ranks called different collectives ({who}); "
+                                       f"every rank must call the same collectives in the same order. {tail}")
+    for name in _AGREE[kind]:
+        values = [c.field(name) for c in calls]
+        if len(set(values)) > 1:
+            label = {"rest": "shape (every dimension but axis)", "tkind": "the kind of device the tensors travel on",
+                     "root": "root (src/dst)" if kind != "set_checks" else "the setting"}.get(name, name)
+            who = ", ".join(f"rank {r}: {_describe(name, v)}" for r, v in enumerate(values))
+            return CollectiveMismatchError(f"{what} on rank {rank}: the ranks disagree on {label} ({who}). {tail}")
+    return None

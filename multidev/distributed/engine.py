@@ -1,0 +1,450 @@
+"""The engine interface: what :mod:`multidev.distributed` needs from a multi-process runtime.
+
+This module is the public API for engine authors (with :mod:`multidev`, :mod:`multidev.adapter`
+and :mod:`multidev.errors`). An *engine* is the runtime that moves tensors between processes:
+``torch.distributed``, MPI through mpi4py, JAX's multi-controller runtime. multidev writes every
+collective once over the methods below (argument checks, the consistency protocol, hang detection,
+uneven pieces, ``mean``, in-place results, conversion to and from the engine's tensors); an engine
+only provides
+
+- a launch: :meth:`Engine.detect` (did this engine's launcher start the process?),
+  :meth:`Engine.start` (join the group), :meth:`Engine.stop`;
+- a placement rule: :meth:`Engine.transport_for` (which backend's tensors, on which device, a
+  tensor of a given device travels as);
+- the consistency channel: :meth:`Engine.exchange`, a small all-to-all of integer rows that never
+  blocks past its deadline and tells which ranks did not arrive;
+- eight primitives on transport tensors, each *asynchronous*: it starts the operation and returns a
+  :class:`Handle` at once. The core has already checked that every rank calls the same primitive
+  with tensors of one dtype and shape (the gathers: equal-sized, padded by the core), so engines
+  need no argument checks of their own.
+
+An engine is registered under the ``multidev.engines`` entry-point group (``name = "pkg.mod:Class"``)
+or with :func:`register_engine`; it imports its framework in :meth:`Engine.start`, never at module
+import (``import multidev`` imports no framework). Framework exceptions are turned into multidev's
+typed errors with :func:`translate_errors` (re-exported here); a peer that died or never answered
+is a :class:`~multidev.errors.DistributedTimeoutError` (see :func:`peer_errors`).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import socket
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, ClassVar
+
+from .._device import Device
+from ..errors import (
+    BackendNotAvailableError,
+    DistributedError,
+    DistributedTimeoutError,
+    MultidevError,
+)
+from ..validate import check_writable, translate_errors
+
+__all__ = [
+    "ENGINE_GROUP",
+    "Done",
+    "Engine",
+    "Handle",
+    "Launch",
+    "Membership",
+    "Settings",
+    "check_writable",
+    "engine_class",
+    "engine_names",
+    "host_key",
+    "legacy_engine",
+    "local_rank_from",
+    "missing_ranks_error",
+    "peer_errors",
+    "poll_until",
+    "register_engine",
+    "run_with_deadline",
+    "translate_errors",
+]
+
+#: The entry-point group engines register under (the built-in ones too).
+ENGINE_GROUP = "multidev.engines"
+
+#: The reductions the primitives take (``mean`` is the core's: a ``sum`` and one division).
+OPS = ("sum", "max", "min", "prod")
+
+
+# -- what the core hands an engine ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Launch:
+    """What :meth:`Engine.detect` found in the environment: the launcher that started this process,
+    the rank and world it gave (None where it does not say), and the evidence, as one line for
+    ``init``'s message (``"OMPI_COMM_WORLD_SIZE=3 is set"``)."""
+
+    engine: str
+    launcher: str
+    evidence: str
+    rank: int | None = None
+    world_size: int | None = None
+    local_rank: int | None = None
+    #: Processes of this job on this machine, where the launcher says (None: unknown).
+    local_world_size: int | None = None
+    #: A scheduler's variables rather than a launcher's (Slurm's srun starts MPI programs, JAX
+    #: processes and plain scripts alike): any strong detection wins over it.
+    weak: bool = False
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What :func:`multidev.distributed.init` asks of :meth:`Engine.start`. Values the caller did
+    not give are None (the engine reads its launcher's environment for them)."""
+
+    rank: int | None
+    world_size: int | None
+    local_rank: int | None
+    #: ``host:port`` of the rendezvous (torch's store, JAX's coordinator), where one is needed.
+    address: str | None
+    #: The engine's own wire choice (torch: ``"gloo"``, ``"nccl"``, ``"cpu:gloo,cuda:nccl"``; JAX:
+    #: its CPU collectives, ``"gloo"`` or ``"mpi"``); None: the engine's default.
+    transport: str | None
+    #: Seconds every collective may wait for the other ranks.
+    timeout: float
+    #: Seconds :meth:`Engine.start` may wait for every rank to arrive.
+    rendezvous_timeout: float
+    launch: Launch | None = None
+
+
+@dataclass(frozen=True)
+class Membership:
+    """What :meth:`Engine.start` returns: this process's place in the group. ``local_rank`` may be
+    None when the engine cannot tell; the core then counts the lower ranks on this machine."""
+
+    rank: int
+    world_size: int
+    local_rank: int | None
+    #: The wire, in words (``"gloo"``, ``"Open MPI v5.0.11, not CUDA-aware: GPU tensors staged
+    #: through host memory"``), for ``dist.transport_name()`` and the init message.
+    transport: str
+
+
+# -- handles ---------------------------------------------------------------------------------------
+class Handle(ABC):
+    """A primitive in flight. The core calls :meth:`wait` with the time left of the collective's
+    timeout, then :meth:`result` once; :meth:`test` for ``Work.is_completed()``."""
+
+    @abstractmethod
+    def test(self) -> bool:
+        """Non-blocking: True once the primitive has finished. Raises its error if it failed."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block until the primitive has finished (True) or ``timeout`` seconds have passed
+        (False); never longer. Raises its error if it failed (a lost peer as
+        :class:`~multidev.errors.DistributedTimeoutError`). The default polls :meth:`test`."""
+        return poll_until(self.test, timeout)
+
+    @abstractmethod
+    def result(self) -> Any:
+        """After :meth:`wait` returned True: the primitive's result (see each primitive)."""
+
+
+class Done(Handle):
+    """A handle whose work is already done (``value`` is its result)."""
+
+    def __init__(self, value: Any = None) -> None:
+        self.value = value
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self, timeout: float) -> bool:
+        return True
+
+    def result(self) -> Any:
+        return self.value
+
+
+def poll_until(done: Callable[[], bool], timeout: float, *, spin: float = 5e-5) -> bool:
+    """Call ``done()`` until it returns True (then True) or ``timeout`` seconds pass (then False):
+    back to back for ``spin`` seconds, then yielding the CPU, then sleeping up to 1 ms between
+    calls, so that a long wait neither burns a core nor adds more than a millisecond."""
+    if done():
+        return True
+    start = time.perf_counter()
+    deadline = start + max(0.0, timeout)
+    nap = 0.0
+    while True:
+        if done():
+            return True
+        now = time.perf_counter()
+        if now >= deadline:
+            return False
+        waited = now - start
+        if waited < spin:
+            continue
+        if waited < 2e-3:
+            time.sleep(0)
+        else:
+            nap = min(1e-3, max(5e-5, nap * 1.5))
+            time.sleep(min(nap, max(0.0, deadline - now)))
+
+
+def run_with_deadline(fn: Callable[[], Any], timeout: float, what: str) -> Any:
+    """``fn()`` in a helper thread, waited for at most ``timeout`` seconds: its result, or its
+    exception re-raised here, or :class:`~multidev.errors.DistributedTimeoutError` when it has not
+    returned by then (the thread is left to finish on its own). For runtime calls that cannot time
+    out by themselves (``MPI_Init``; JAX's rendezvous, which aborts the process at its own timeout)."""
+    box: list[Any] = []
+
+    def body() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box.append((False, e))
+
+    th = threading.Thread(target=body, name=f"multidev {what}", daemon=True)
+    th.start()
+    th.join(max(0.0, timeout))
+    if not box:
+        raise DistributedTimeoutError(f"{what} did not complete within {timeout:g} s: a rank never arrived "
+                                      "(or the rendezvous address is wrong)")
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
+
+
+@contextlib.contextmanager
+def peer_errors(what: str | Callable[[], str], lost: tuple[type[BaseException], ...],
+                timeout: float | None = None) -> Iterator[None]:
+    """Inside a primitive: exceptions of the types in ``lost`` (what the runtime raises for a peer
+    that died or stopped answering, given that the core checked every argument before) become
+    :class:`~multidev.errors.DistributedTimeoutError`; every other framework exception goes
+    through :func:`translate_errors`, and multidev's own errors pass as they are."""
+    with translate_errors(what):
+        try:
+            yield
+        except lost as e:
+            if isinstance(e, MultidevError):
+                raise
+            name = what() if callable(what) else what
+            limit = f" (timeout {timeout:g} s)" if timeout is not None else ""
+            msg = (str(e).strip().splitlines() or [""])[0][:400]
+            raise DistributedTimeoutError(f"{name}: another rank died, hung or never arrived{limit}: "
+                                          f"{type(e).__name__}: {msg}") from e
+
+
+def host_key() -> int:
+    """This machine, as a 62-bit integer (the same in every process of one host): put it in an
+    exchanged row to count the processes of a host (local ranks)."""
+    digest = hashlib.sha256(socket.gethostname().encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 2
+
+
+def local_rank_from(rows: Sequence[Sequence[int] | None], rank: int, column: int) -> int:
+    """This rank's local rank: how many lower ranks' rows hold this rank's :func:`host_key` in ``column``."""
+    mine = rows[rank]
+    assert mine is not None
+    return sum(1 for row in rows[:rank] if row is not None and row[column] == mine[column])
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def missing_ranks_error(what: str, rows: Sequence[object | None], timeout: float, call: str) -> DistributedTimeoutError:
+    """The error for an exchange in which the ranks whose rows are None did not arrive: it names
+    them, the ranks that did, and the call they were expected at."""
+    missing = [r for r, row in enumerate(rows) if row is None]
+    arrived = [r for r, row in enumerate(rows) if row is not None]
+    return DistributedTimeoutError(
+        f"{what}: {_ranks(missing)} did not arrive at {call} within {timeout:g} s (dead, hung, or busy "
+        f"elsewhere; {_ranks(arrived) if arrived else 'no rank'} did). The group is unusable now: shutdown(), "
+        "and restart the job")
+
+
+# -- the engine ------------------------------------------------------------------------------------
+class Engine(ABC):
+    """Base class of engines. Subclasses set :attr:`name` and implement the abstract methods; the
+    contract of each is in its docstring. One instance serves one group, from :meth:`start` to
+    :meth:`stop`; the core calls it from one thread at a time."""
+
+    #: The engine's name, as ``init(engine=...)`` takes it.
+    name: ClassVar[str] = ""
+    #: The backend whose tensors carry host data in this engine's groups (``transport_for`` of a CPU
+    #: device names it), for introspection.
+    tensors: ClassVar[str] = ""
+    #: The engine the API before engines meant (``init(backend="gloo")``, ``init("nccl")``: a
+    #: torch.distributed process-group backend): those deprecated spellings start this engine.
+    legacy: ClassVar[bool] = False
+    #: The process counts the conformance suite runs this engine's collectives with (the larger ones
+    #: with the first selected backend only); its fault cases use the largest of them up to 3.
+    conformance_worlds: ClassVar[tuple[int, ...]] = (2,)
+    #: Whether the primitives may write into the tensors they are given. The core then hands them
+    #: a private copy unless the call is in place (False: immutable transports, like JAX arrays).
+    writes_inputs: ClassVar[bool] = True
+
+    # -- launch --------------------------------------------------------------------------------
+    @classmethod
+    def detect(cls, environ: Mapping[str, str]) -> Launch | None:
+        """Whether this engine's launcher started the process, from environment variables only
+        (no import of the framework): a :class:`Launch` naming the evidence, else None."""
+        return None
+
+    @classmethod
+    def missing(cls) -> str | None:
+        """Why this engine cannot run here (its framework is not installed: the install hint), or
+        None. Must not import the framework (``importlib.util.find_spec`` is enough)."""
+        return None
+
+    @classmethod
+    def launch_env(cls, rank: int, world_size: int, address: str) -> dict[str, str]:
+        """The environment that makes a process started by ``python -m multidev.distributed.launch``
+        rank ``rank`` of ``world_size`` with its rendezvous at ``address`` (``host:port``)."""
+        raise NotImplementedError(f"the {cls.name} engine is started by its own launcher")
+
+    @classmethod
+    def launch_command(cls, n: int, argv: Sequence[str], options: Sequence[str] = ()) -> list[str] | None:
+        """For an engine whose processes only its own launcher can start (MPI's ``mpiexec``): the
+        command that starts ``n`` processes of ``argv`` on this machine (``options``: the launcher's
+        own), or None when :meth:`launch_env` is the way."""
+        return None
+
+    @abstractmethod
+    def start(self, settings: Settings) -> Membership:
+        """Join the group (synchronous). Must return or raise within
+        ``settings.rendezvous_timeout``: :class:`~multidev.errors.DistributedTimeoutError` when a
+        rank does not arrive (naming it where the runtime can tell), DistributedError for settings
+        the engine refuses."""
+
+    @abstractmethod
+    def stop(self, healthy: bool) -> None:
+        """Leave the group (synchronous, at most a few seconds; never raises). ``healthy`` is False
+        after a rank was lost or timed out: tear down without waiting for the other ranks."""
+
+    # -- placement -----------------------------------------------------------------------------
+    @abstractmethod
+    def transport_for(self, device: Device) -> tuple[str, Device]:
+        """``(backend name, device)``: how a tensor on ``device`` travels in this group. The core
+        converts it to that backend's tensor on that device (zero-copy where it can) and converts
+        the result back to the input's backend and device. Decide by ``device.kind`` only: every
+        rank of one call must get the same kind."""
+
+    def prepare(self, t: Any) -> tuple[Any, bool]:
+        """``t`` as the primitives can take it (contiguous, detached from autograd, its producer
+        finished), and whether the result still shares ``t``'s memory. Default: ``(t, True)``."""
+        return t, True
+
+    def dtypes(self) -> frozenset[str] | None:
+        """The dtypes this group can carry (the core refuses others on every rank with
+        CapabilityError naming the engine), or None for every dtype the transport holds."""
+        return None
+
+    # -- the consistency channel -----------------------------------------------------------------
+    @abstractmethod
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        """Every rank's ``row`` for call ``seq``, in rank order (this rank's own included); ``None``
+        for each rank whose row did not arrive within ``timeout`` seconds. Synchronous, and it must
+        never block longer than ``timeout`` (a nonblocking send/receive with a deadline, a store
+        with a timed wait). Rows are integers, of the same length on every rank. ``seq`` counts
+        calls from 0; negative values are init's and shutdown's."""
+
+    # -- primitives (asynchronous: each returns a Handle at once) ---------------------------------
+    @abstractmethod
+    def allreduce(self, t: Any, op: str) -> Handle:
+        """Every rank's ``t`` reduced elementwise by ``op`` (:data:`OPS`). Result: the reduction, on
+        ``t``'s device (``t`` itself, written in place, or a new tensor)."""
+
+    @abstractmethod
+    def broadcast(self, t: Any, src: int) -> Handle:
+        """Rank ``src``'s ``t`` on every rank. Result: it (``t`` itself, written, or a new tensor)."""
+
+    @abstractmethod
+    def reduce(self, t: Any, dst: int, op: str) -> Handle:
+        """The reduction on rank ``dst`` (result there, as :meth:`allreduce`); elsewhere the result
+        is ignored."""
+
+    @abstractmethod
+    def allgather(self, t: Any) -> Handle:
+        """Every rank's ``t`` (one shape everywhere). Result: a list of ``world_size`` tensors like
+        ``t``, in rank order."""
+
+    @abstractmethod
+    def gather(self, t: Any, dst: int) -> Handle:
+        """Every rank's ``t`` on rank ``dst``. Result there: the list, as :meth:`allgather`; None
+        elsewhere."""
+
+    @abstractmethod
+    def reduce_scatter(self, blocks: Any, op: str) -> Handle:
+        """``blocks``: a contiguous tensor of shape ``(world_size, *piece)``. Result: block ``rank``
+        reduced over every rank, of shape ``piece``."""
+
+    @abstractmethod
+    def scatter(self, blocks: Any | None, like: Any, src: int) -> Handle:
+        """Rank ``src`` passes ``blocks`` of shape ``(world_size, *piece)``, the others None;
+        ``like`` is a tensor of shape ``piece`` with the dtype and device of the result, which the
+        engine may write into. Result: block ``rank`` of ``src``'s blocks."""
+
+
+# -- the registry ------------------------------------------------------------------------------------
+_lock = threading.Lock()
+_factories: dict[str, Any] = {}
+_read = False
+
+
+def _read_entry_points() -> None:
+    global _read
+    with _lock:
+        if _read:
+            return
+        for ep in metadata.entry_points(group=ENGINE_GROUP):
+            _factories.setdefault(ep.name, ep)
+        _read = True
+
+
+def register_engine(name: str, factory: type[Engine] | Callable[[], Engine], *, replace: bool = False) -> None:
+    """Make ``init(engine=name)`` use ``factory`` (an :class:`Engine` subclass)."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise DistributedError(f"engine names are non-empty strings without ':', got {name!r:.40}")
+    _read_entry_points()
+    with _lock:
+        if name in _factories and not replace:
+            raise DistributedError(f"an engine named {name!r} is registered already (pass replace=True)")
+        _factories[name] = factory
+
+
+def engine_names() -> list[str]:
+    """The registered engines' names (entry points and :func:`register_engine`), sorted."""
+    _read_entry_points()
+    with _lock:
+        return sorted(_factories)
+
+
+def legacy_engine() -> str:
+    """The name of the engine whose class sets :attr:`Engine.legacy` (the one the deprecated
+    spellings of ``init`` start)."""
+    for name in engine_names():
+        with contextlib.suppress(Exception):
+            if engine_class(name).legacy:
+                return name
+    raise BackendNotAvailableError("no registered engine serves the deprecated init(backend=...) spelling")
+
+
+def engine_class(name: str) -> type[Engine]:
+    """The engine class registered as ``name`` (its entry point loaded: this imports its module, not
+    its framework). BackendNotAvailableError for unknown names."""
+    _read_entry_points()
+    with _lock:
+        f = _factories.get(name)
+    if f is None:
+        raise BackendNotAvailableError(f"unknown engine {name!r}; registered: {', '.join(engine_names()) or 'none'}")
+    if isinstance(f, metadata.EntryPoint):
+        with translate_errors(f"loading engine {name!r} ({f.value})"):
+            cls = f.load()
+        with _lock:
+            _factories[name] = cls
+        f = cls
+    if not (isinstance(f, type) and issubclass(f, Engine)):
+        raise BackendNotAvailableError(f"engine {name!r} is {f!r:.60}, not a multidev.distributed.engine.Engine "
+                                       "subclass")
+    return f

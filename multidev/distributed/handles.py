@@ -1,0 +1,98 @@
+"""Handles of collectives in flight (``async_op=True``)."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import DistributedError, MultidevError
+from ..validate import translate_errors
+from .engine import Handle
+from .group import Group
+from .hangs import classify, wait_for
+
+__all__ = ["Work", "run"]
+
+
+class Work:
+    """A collective in flight. :meth:`wait` blocks until it has finished and returns the result (a
+    tensor of the input's backend, or None on ranks that receive nothing); errors, timeouts
+    included, surface there as :class:`DistributedError` / :class:`DistributedTimeoutError`. The
+    timeout counts from the call."""
+
+    def __init__(self, handle: Handle | None, finish: Callable[[Any], Any], what: str, g: Group) -> None:
+        self._handle = handle
+        self._finish = finish
+        self._what = what
+        self._group = g
+        self._deadline = time.monotonic() + g.timeout
+        self._lock = threading.Lock()
+        self._done = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    @classmethod
+    def failed(cls, error: BaseException, what: str, g: Group) -> Work:
+        """A handle whose ``wait()`` raises ``error`` (a collective that could not start)."""
+        w = cls(None, lambda r: None, what, g)
+        w._error, w._done = error, True
+        return w
+
+    def is_completed(self) -> bool:
+        """True when the collective has finished (wait() then returns at once)."""
+        if self._done or self._handle is None:
+            return True
+        try:
+            return bool(self._handle.test())
+        except Exception:  # noqa: BLE001 - the error is wait()'s to raise
+            return True
+
+    def wait(self) -> Any:
+        """Block until done and return the result (raises the collective's error)."""
+        with self._lock:
+            if not self._done:
+                g = self._group
+                try:
+                    if self._handle is not None:
+                        wait_for(self._handle, max(0.0, self._deadline - time.monotonic()),
+                                 f"{self._what} on rank {g.rank}")
+                        with translate_errors(self._what):
+                            raw = self._handle.result()
+                    else:
+                        raw = None
+                    self._result = self._finish(raw)
+                except DistributedError as e:
+                    g.fail(str(e))
+                    self._error = e
+                except MultidevError as e:  # converting the result back failed: this rank's own
+                    self._error = e
+                except Exception as e:  # noqa: BLE001 - the engine's own, classified; the group is unusable
+                    err = classify(e, f"{self._what} on rank {g.rank}", g.timeout)
+                    err.__cause__ = e
+                    g.fail(str(err))
+                    self._error = err
+                self._done = True
+                self._handle = None
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def __repr__(self) -> str:
+        return f"<multidev.distributed.Work {self._what} {'done' if self._done else 'in flight'}>"
+
+
+def run(g: Group, what: str, start: Callable[[], tuple[Handle, Callable[[Any], Any]]], async_op: bool) -> Any:
+    """Start a primitive (``start()`` returns its handle and how to finish the result) and wait for
+    it, or hand back its :class:`Work` with ``async_op``. A failure to start it breaks the group
+    (the ranks had agreed to run it)."""
+    try:
+        h, finish = start()
+    except Exception as e:
+        err = e if isinstance(e, MultidevError) else classify(e, f"{what} on rank {g.rank}", g.timeout)
+        g.fail(f"{what} could not start on rank {g.rank}: {err}")
+        if err is e:
+            raise
+        raise err from e
+    w = Work(h, finish, what, g)
+    return w if async_op else w.wait()

@@ -1,0 +1,90 @@
+"""Start N processes of a script on this machine, as an engine's launcher would::
+
+    python -m multidev.distributed.launch -n 2 --engine jax train.py ARGS    # JAX's variables
+    python -m multidev.distributed.launch -n 4 --engine torch train.py       # torchrun's
+    python -m multidev.distributed.launch -n 3 --engine mpi train.py         # mpiexec -n 3
+
+Each process gets the environment the engine's own launcher gives (:meth:`Engine.launch_env`: for
+``jax``, ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``; for ``torch``,
+torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``), with a free
+port on 127.0.0.1; ``--engine mpi`` runs ``mpiexec -n N`` (:meth:`Engine.launch_command`). The
+launcher waits for every process and exits with the first non-zero status (killing the rest after
+``--grace`` seconds), so a failed rank fails the job. Several machines: set the variables on each,
+or use the engine's own launcher.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from .engine import engine_class, engine_names
+
+__all__ = ["free_port", "main", "start"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(engine: str, n: int, argv: list[str], *, env: dict[str, str] | None = None,
+          options: list[str] | None = None, **popen: object) -> list[subprocess.Popen]:
+    """Start ``n`` processes running ``argv`` with engine ``engine``'s launch environment (on top of
+    ``env``, default this process's); returns them, rank order. An engine with its own launcher
+    (MPI) gets one process: its launcher (``options`` are the launcher's own flags)."""
+    cls = engine_class(engine)
+    base = dict(os.environ if env is None else env)
+    cmd = cls.launch_command(n, argv, options or [])
+    if cmd is not None:
+        return [subprocess.Popen(cmd, env=base, **popen)]  # type: ignore[call-overload]
+    address = f"127.0.0.1:{free_port()}"
+    procs = []
+    for r in range(n):
+        e = dict(base, **cls.launch_env(r, n, address))
+        procs.append(subprocess.Popen(argv, env=e, **popen))  # type: ignore[call-overload]
+    return procs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m multidev.distributed.launch", description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", "--nproc", type=int, required=True, help="number of processes")
+    p.add_argument("--engine", required=True, help=f"whose launch environment ({', '.join(engine_names())})")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds the others get after one fails (default 30)")
+    p.add_argument("--launcher-option", action="append", default=[], dest="options",
+                   help="an option for the engine's own launcher (mpiexec), repeatable")
+    p.add_argument("-m", dest="module", help="run a module (python -m MODULE) instead of a script")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script and its arguments")
+    a = p.parse_args(argv)
+    if a.nproc < 1:
+        p.error("-n must be at least 1")
+    cmd = [sys.executable, "-m", a.module, *a.args] if a.module else [sys.executable, *a.args]
+    if not a.module and not a.args:
+        p.error("name the script to run (or -m MODULE)")
+    procs = start(a.engine, a.nproc, cmd, options=a.options)
+    status = 0
+    failed_at: float | None = None
+    while any(q.poll() is None for q in procs):
+        for q in procs:
+            rc = q.poll()
+            if rc not in (None, 0) and status == 0:
+                status, failed_at = rc, time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > a.grace:
+            for q in procs:
+                if q.poll() is None:
+                    q.send_signal(signal.SIGKILL)
+        time.sleep(0.05)
+    for q in procs:
+        if q.returncode not in (None, 0) and status == 0:
+            status = q.returncode
+    return 0 if status == 0 else (status if status > 0 else 128 - status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

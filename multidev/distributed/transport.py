@@ -1,0 +1,118 @@
+"""Conversion between any backend's tensor and the engine's transport tensor, and back.
+
+The engine says how a tensor of a given device travels (:meth:`Engine.transport_for`: a backend
+and a device). A tensor of that backend on that device is used as it is; a tensor of another
+backend becomes one through :func:`multidev.convert` (zero-copy through DLPack where both sides
+allow it, else a copy); a tensor on another kind of device moves first (a GPU tensor staged
+through host memory, by its own framework's device-to-host path, for an engine that moves host
+buffers only). The result comes back the same way: a tensor of the input's backend, on the
+input's device, of the input's array type, with its dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .._device import Device
+from ..errors import CapabilityError
+from ..exchange import convert
+from ..protocol import Backend
+from ..registry import backend_of, get_backend
+from .group import Group, current
+
+__all__ = ["Origin", "from_transport", "to_transport", "transport_backend", "transport_path"]
+
+_HOST = Device("cpu", 0)
+
+
+@dataclass
+class Origin:
+    backend: Backend
+    device: Device
+    dtype: str
+    is_transport: bool
+    like: Any = None  # the input tensor: results take its array type (mx.np in, mx.np out)
+
+
+def transport_backend(g: Group, device: Device) -> tuple[Backend, Device]:
+    """The transport backend and device a tensor on ``device`` travels as in group ``g``."""
+    name, dev = g.engine.transport_for(device)
+    return get_backend(name), dev
+
+
+def to_transport(x: Any, g: Group) -> tuple[Any, Origin, bool, str]:
+    """``(t, origin, shared, path)``: x's values as a transport tensor the engine's primitives take;
+    ``shared`` when it aliases x's memory; ``path`` is ``"native"`` (x is a transport tensor on
+    the transport's device), ``"dlpack"`` (shared through DLPack), ``"staged"`` (through host
+    memory) or ``"copy"``."""
+    b = backend_of(x)
+    dev = b.device_of(x)
+    tb, tdev = transport_backend(g, dev)
+    o = Origin(b, dev, b.dtype_of(x), b is tb, x)
+    if o.is_transport and dev == tdev:
+        t, shared, path = x, True, "native"
+    elif o.is_transport and dev.kind != "cpu":
+        t, shared, path = tb.move(x, tdev), False, "staged" if tdev.kind != dev.kind else "copy"
+    elif dev.kind == tdev.kind:
+        at = tdev if tdev.kind == "cpu" else None  # host memory of any (virtual) CPU device: relabelled
+        try:
+            t, shared, path = convert(x, tb.name, copy=False, device=at), True, "dlpack"
+        except CapabilityError:
+            t, shared, path = convert(x, tb.name, copy=True, device=at), False, "copy"
+        if tb.device_of(t) != tdev:
+            t, shared, path = tb.move(t, tdev), False, "copy"
+    elif tdev.kind == "cpu":  # an engine that moves host buffers: through the framework's own D2H path
+        t = convert(b.move(x, _HOST), tb.name, device=tdev)
+        shared, path = False, "staged"
+    else:  # a host tensor in a group that moves device buffers only
+        t = tb.move(convert(x, tb.name, device=_HOST), tdev)
+        shared, path = False, "copy"
+    t, still = g.engine.prepare(t)
+    if shared and not still:
+        shared, path = False, "copy"
+    return t, o, shared, path
+
+
+def from_transport(t: Any, o: Origin) -> Any:
+    """``t`` as a tensor of the input's backend, on its device, with its dtype (through convert)."""
+    tb = backend_of(t)
+    here = tb.device_of(t)
+    if o.is_transport:
+        return t if here == o.device else tb.move(t, o.device)
+    if o.device.kind == "cpu":
+        if here.kind != "cpu":
+            t = tb.move(t, _HOST)
+        y = convert(t, o.backend.name, device=o.device)  # a view on the input's (virtual) CPU device
+    elif here.kind == o.device.kind:
+        y = convert(t, o.backend.name)
+    else:  # staged through host memory: back up by the input's own framework
+        y = convert(t, o.backend.name, device=_HOST)
+    b = o.backend
+    y = y if b.device_of(y) == o.device else b.move(y, o.device)
+    return _as_type_of(b, y, o.like)
+
+
+def _as_type_of(b: Backend, y: Any, like: Any) -> Any:
+    """``y`` as a tensor of ``like``'s array type, for backends with several (MXNet's ``mx.nd`` and
+    ``mx.np``: DLPack imports give the first), through the protocol: adapter operations return
+    their first operand's type, so ``y`` is joined onto an empty piece of ``like`` (one copy, and
+    only when the types differ)."""
+    if like is None or type(y) is type(like):
+        return y
+    shape = b.shape_of(y)
+    n = 1
+    for d in shape:
+        n *= d
+    m = 1
+    for d in b.shape_of(like):
+        m *= d
+    empty = b.split(b.reshape(like, (m,)), [0, m], 0)[0]
+    if b.device_of(empty) != b.device_of(y):
+        empty = b.move(empty, b.device_of(y))
+    return b.reshape(b.concat([empty, b.reshape(y, (n,))], 0), shape)
+
+
+def transport_path(x: Any) -> str:
+    """How ``x`` would travel in a collective of the current group: ``"native"`` (a transport
+    tensor), ``"dlpack"`` (shared zero-copy), ``"staged"`` (through host memory) or ``"copy"``."""
+    return to_transport(x, current())[3]

@@ -1,0 +1,322 @@
+"""multidev.distributed's core without a second process: which engine a launcher's environment
+picks (and the refusals when it is missing or ambiguous), the engine registry, the deprecated
+spellings, the consistency records, the deadline helpers, and every collective through a one-rank
+engine registered at run time (what the core does itself: mean, uneven pieces, in place, refusals)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+import multidev as md
+from multidev import distributed as dist
+from multidev.distributed import engine as eng
+from multidev.distributed.consistency import MAX_DIMS, Call
+
+
+# -- which engine -----------------------------------------------------------------------------------
+def _chosen(env: dict[str, str]) -> list[str]:
+    return [x.engine for x in dist.detect_launch(env)]
+
+
+def test_each_launcher_is_recognised_by_its_engine() -> None:
+    assert _chosen({"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}) == ["torch"]
+    assert _chosen({"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "2"}) == ["torch"]
+    assert _chosen({"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2"}) == ["mpi"]
+    assert _chosen({"PMI_SIZE": "3", "PMI_RANK": "1"}) == ["mpi"]
+    assert _chosen({"PMIX_RANK": "1"}) == ["mpi"]
+    assert _chosen({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}) == ["jax"]
+    assert _chosen({}) == []
+    assert _chosen({"RANK": "0"}) == []  # a stray RANK is no launcher
+    # srun: a scheduler, recognised weakly by the engines that can start under it
+    slurm = {"SLURM_PROCID": "1", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}
+    found = dist.detect_launch(slurm)
+    assert sorted(x.engine for x in found) == ["jax", "mpi"] and all(x.weak for x in found)
+    # mpiexec inside a Slurm allocation: the launcher wins over the scheduler
+    strong = dist.detect_launch({**slurm, "OMPI_COMM_WORLD_SIZE": "2"})
+    assert strong[0].engine == "mpi" and not strong[0].weak
+
+
+def test_a_launch_carries_the_rank_world_and_evidence() -> None:
+    (x,) = dist.detect_launch({"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2",
+                               "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"})
+    assert (x.rank, x.world_size, x.local_rank, x.local_world_size) == (2, 3, 0, 1)
+    assert "OMPI_COMM_WORLD_SIZE=3" in x.evidence and "mpiexec" in x.launcher
+    assert dist.launched({"OMPI_COMM_WORLD_SIZE": "3"})
+    assert not dist.launched({"OMPI_COMM_WORLD_SIZE": "1"}) and not dist.launched({})
+
+
+def test_no_launcher_and_two_launchers_are_refused_saying_how_to_choose(monkeypatch: pytest.MonkeyPatch) -> None:
+    from multidev.distributed import group
+
+    with pytest.raises(dist.DistributedError, match=r"no launcher.*torchrun.*OMPI_COMM_WORLD.*JAX_COORDINATOR_ADDRESS.*mpiexec"):
+        group._choose(None, {})
+    both = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "OMPI_COMM_WORLD_SIZE": "2"}
+    with pytest.raises(dist.DistributedError, match=r"several launchers.*engine=") as e:
+        group._choose(None, both)
+    assert "MULTIDEV_ENGINE" in str(e.value) and "the torch engine" in str(e.value) and "the mpi engine" in str(e.value)
+    cls, _, reason = group._choose("mpi", both)  # named: no ambiguity
+    assert cls.name == "mpi" and "init(engine='mpi')" in reason
+    cls, _, reason = group._choose(None, {**both, "MULTIDEV_ENGINE": "torch"})
+    assert cls.name == "torch" and "MULTIDEV_ENGINE=torch" in reason
+    with pytest.raises(dist.DistributedError, match="unknown engine 'nope'"):
+        group._choose("nope", {})
+    cls, launch, reason = group._choose(None, {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"})
+    assert cls.name == "mpi" and launch is not None and "OMPI_COMM_WORLD_SIZE=2" in reason
+
+
+def test_srun_alone_picks_the_one_installed_engine_or_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from multidev.distributed import group
+
+    slurm = {"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}
+    jax_cls, mpi_cls = eng.engine_class("jax"), eng.engine_class("mpi")
+    monkeypatch.setattr(jax_cls, "missing", classmethod(lambda cls: "not here"))
+    monkeypatch.setattr(mpi_cls, "missing", classmethod(lambda cls: None))
+    cls, _, reason = group._choose(None, slurm)
+    assert cls.name == "mpi" and "srun" in reason and "one installed engine" in reason
+    monkeypatch.setattr(jax_cls, "missing", classmethod(lambda cls: None))
+    with pytest.raises(dist.DistributedError, match=r"srun.*several installed engines.*jax, mpi|mpi, jax"):
+        group._choose(None, slurm)
+
+
+def test_init_refuses_bad_settings_before_starting_anything() -> None:
+    for kw, msg in (({"timeout": 0}, "timeout"), ({"timeout": "1"}, "timeout"), ({"check": 1}, "check"),
+                    ({"rank": 1.5}, "rank"), ({"transport": ""}, "transport"), ({"rendezvous_timeout": -1}, "rendezvous")):
+        with pytest.raises(dist.DistributedError, match=msg):
+            dist.init("torch", **kw)
+    assert not dist.is_initialized()
+
+
+def test_the_old_spellings_warn_naming_the_replacement() -> None:
+    with pytest.warns(DeprecationWarning, match=r"init\(transport=...\)"), pytest.raises(dist.DistributedError):
+        dist.init(backend="gloo", timeout=0)
+    with pytest.warns(DeprecationWarning, match=r"init\('torch', transport='gloo'\)"), \
+            pytest.raises(dist.DistributedError):
+        dist.init("gloo", timeout=0)
+    with pytest.warns(DeprecationWarning, match="transport_name"), pytest.raises(dist.DistributedError, match="init"):
+        dist.backend_name()
+
+
+def test_import_multidev_imports_no_framework_and_no_mpi() -> None:
+    code = ("import sys, multidev, multidev.distributed, multidev.distributed.engine, multidev.distributed.launch; "
+            "multidev.distributed.detect_launch({'OMPI_COMM_WORLD_SIZE': '2'}); "
+            "print(sorted(m for m in ('torch', 'jax', 'tensorflow', 'mxnet', 'mpi4py', 'cupy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# -- the registry -----------------------------------------------------------------------------------
+def test_the_built_in_engines_are_registered_by_entry_point() -> None:
+    assert {"torch", "mpi", "jax"} <= set(dist.engine_names())
+    for name in ("torch", "mpi", "jax"):
+        cls = eng.engine_class(name)
+        assert issubclass(cls, eng.Engine) and cls.name == name and cls.tensors
+        assert cls.__module__ == f"multidev.adapters.engines.{name}"
+
+
+def test_register_engine_refuses_bad_names_and_duplicates() -> None:
+    with pytest.raises(dist.DistributedError, match="names"):
+        dist.register_engine("a:b", _OneRank)
+    with pytest.raises(dist.DistributedError, match="registered already"):
+        dist.register_engine("torch", _OneRank)
+    with pytest.raises(md.BackendNotAvailableError, match="unknown engine"):
+        eng.engine_class("no-such-engine")
+
+
+# -- records and deadlines ----------------------------------------------------------------------------
+def test_a_call_record_survives_its_encoding() -> None:
+    c = Call("scatter", op="mean", root=3, axis=-2, dtype="bfloat16", shape=(4, 0, 7), tkind="gpu",
+             backend="array_api:array_api_strict", seq=12, refused="CapabilityError")
+    row = c.encode()
+    assert len(row) == len(Call("barrier").encode()) and all(isinstance(v, int) for v in row)
+    back = Call.decode(row)
+    assert back == Call("scatter", op="mean", root=3, axis=-2, dtype="bfloat16", shape=(4, 0, 7), tkind="gpu",
+                        backend="array_api:array_api_strict"[:32], seq=12, refused="CapabilityError")
+    assert Call.decode(Call("barrier").encode()) == Call("barrier")
+    assert MAX_DIMS == 32
+
+
+def test_poll_until_returns_at_the_deadline_and_when_done() -> None:
+    t0 = time.monotonic()
+    assert eng.poll_until(lambda: False, 0.2) is False
+    assert 0.19 <= time.monotonic() - t0 < 0.5
+    n = [0]
+
+    def third() -> bool:
+        n[0] += 1
+        return n[0] >= 3
+    assert eng.poll_until(third, 5.0) is True and n[0] == 3
+
+
+def test_run_with_deadline_gives_the_result_the_error_or_a_timeout() -> None:
+    assert eng.run_with_deadline(lambda: 7, 1.0, "x") == 7
+    with pytest.raises(ZeroDivisionError):
+        eng.run_with_deadline(lambda: 1 / 0, 1.0, "x")
+    done = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(dist.DistributedTimeoutError, match="slow thing did not complete within 0.2 s"):
+        eng.run_with_deadline(lambda: done.wait(5), 0.2, "slow thing")
+    assert time.monotonic() - t0 < 1.0
+    done.set()
+
+
+def test_peer_errors_turn_lost_peers_into_timeouts_and_pass_the_rest() -> None:
+    with pytest.raises(dist.DistributedTimeoutError, match="another rank died") as e, \
+            eng.peer_errors("all_reduce", (RuntimeError,), 3.0):
+        raise RuntimeError("Connection closed by peer")
+    assert isinstance(e.value.__cause__, RuntimeError)
+    with pytest.raises(md.InvalidArgumentError, match="all_reduce"), eng.peer_errors("all_reduce", (RuntimeError,)):
+        raise ValueError("bad")
+    with pytest.raises(md.CollectiveInputError), eng.peer_errors("all_reduce", (Exception,)):
+        raise md.CollectiveInputError("mine")
+
+
+def test_missing_ranks_are_named_with_the_call() -> None:
+    err = eng.missing_ranks_error("distributed.allreduce on rank 0", [[1], None, [1], None], 3.0,
+                                  "distributed.allreduce (call #4)")
+    assert isinstance(err, dist.DistributedTimeoutError)
+    text = str(err)
+    assert "ranks 1, 3 did not arrive at distributed.allreduce (call #4) within 3 s" in text
+    assert "ranks 0, 2 did" in text
+
+
+# -- every collective through a one-rank engine ----------------------------------------------------------
+class _Done(eng.Handle):
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def test(self) -> bool:
+        return True
+
+    def result(self) -> Any:
+        return self.value
+
+
+class _OneRank(eng.Engine):
+    """A world of one process moving NumPy arrays: the primitives are the identity (what the core
+    does around them is what these tests see)."""
+
+    name = "one-rank"
+    tensors = "numpy"
+    rows: list[list[int]] = []  # noqa: RUF012 - every exchanged row, for the tests
+
+    def start(self, settings: eng.Settings) -> eng.Membership:
+        return eng.Membership(0, 1, None, "in-process")
+
+    def stop(self, healthy: bool) -> None:
+        pass
+
+    def transport_for(self, device: md.Device) -> tuple[str, md.Device]:
+        return "numpy", md.Device("cpu", 0)
+
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        self.rows.append(list(row))
+        return [list(row)]
+
+    def allreduce(self, t: Any, op: str) -> eng.Handle:
+        return _Done(t)
+
+    def broadcast(self, t: Any, src: int) -> eng.Handle:
+        return _Done(t)
+
+    def reduce(self, t: Any, dst: int, op: str) -> eng.Handle:
+        return _Done(t)
+
+    def allgather(self, t: Any) -> eng.Handle:
+        return _Done([t])
+
+    def gather(self, t: Any, dst: int) -> eng.Handle:
+        return _Done([t])
+
+    def reduce_scatter(self, blocks: Any, op: str) -> eng.Handle:
+        return _Done(blocks[0])
+
+    def scatter(self, blocks: Any, like: Any, src: int) -> eng.Handle:
+        return _Done(blocks[0])
+
+
+@pytest.fixture
+def one_rank() -> Any:
+    if "one-rank" not in dist.engine_names():
+        dist.register_engine("one-rank", _OneRank)
+    _OneRank.rows.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        info = dist.init("one-rank", timeout=5)
+    try:
+        yield info
+    finally:
+        dist.shutdown()
+
+
+def test_init_reports_the_engine_and_why(one_rank: Any) -> None:
+    assert (one_rank.engine, one_rank.rank, one_rank.world_size, one_rank.local_rank) == ("one-rank", 0, 1, 0)
+    assert "init(engine='one-rank') names it" in str(one_rank)
+    assert dist.engine_name() == "one-rank" and dist.transport_name() == "in-process"
+    assert dist.group_info() == one_rank and dist.checks_enabled()
+    with pytest.raises(dist.DistributedError, match="already initialised"):
+        dist.init("one-rank")
+
+
+def test_collectives_keep_backend_device_and_dtype(one_rank: Any) -> None:
+    devs = md.devices(backend="numpy")
+    x = md.asarray(np.arange(6, dtype=np.float32).reshape(2, 3), device=devs[-1])
+    for fn in (lambda: dist.allreduce(x), lambda: dist.allreduce(x, op="mean"), lambda: dist.broadcast(x),
+               lambda: dist.reduce(x), lambda: dist.allgather(x), lambda: dist.gather(x),
+               lambda: dist.reduce_scatter(x), lambda: dist.reduce_scatter(x, axis=1), lambda: dist.scatter(x)):
+        y = fn()
+        assert md.device_of(y) == devs[-1] and md.dtype_of(y) == "float32"
+        np.testing.assert_array_equal(md.to_numpy(y), md.to_numpy(x))
+        assert y is not x  # out of place
+    assert dist.allreduce(x, inplace=True) is x
+    h = dist.allreduce(x, async_op=True)
+    assert isinstance(h, dist.Work) and h.is_completed()
+    np.testing.assert_array_equal(md.to_numpy(h.wait()), md.to_numpy(x))
+    dist.barrier()
+
+
+def test_refused_inputs_change_nothing_and_are_typed(one_rank: Any) -> None:
+    ints = np.arange(3, dtype=np.int32)
+    with pytest.raises(md.CollectiveInputError, match="mean"):
+        dist.allreduce(ints, op="mean")
+    frozen = np.ones(3, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(md.CapabilityError, match="inplace"):
+        dist.allreduce(frozen, inplace=True)
+    np.testing.assert_array_equal(frozen, 1)
+    with pytest.raises(md.CollectiveInputError, match="src"):
+        dist.broadcast(np.ones(2), src=3)
+    with pytest.raises(md.CollectiveInputError, match="axis"):
+        dist.allgather(np.float32(1.0))
+    with pytest.raises(md.UnsupportedTensorError):
+        dist.allreduce("not a tensor")
+    assert dist.allreduce(np.ones(2, np.float32))[0] == 1  # the group is fine after refusals
+
+
+def test_the_checks_can_be_turned_off_and_on_collectively(one_rank: Any) -> None:
+    n = len(_OneRank.rows)
+    dist.allreduce(np.ones(2, np.float32))
+    assert len(_OneRank.rows) == n + 1  # one exchange per checked call
+    dist.set_checks(False)
+    assert not dist.checks_enabled()
+    dist.allreduce(np.ones(2, np.float32))
+    assert len(_OneRank.rows) == n + 2  # the setting's exchange, none for the call
+    dist.allgather(np.ones(2, np.float32))
+    assert len(_OneRank.rows) == n + 3  # the gathers exchange their lengths anyway
+    dist.set_checks(True)
+    assert dist.checks_enabled()
+    with pytest.raises(dist.DistributedError, match="True or False"):
+        dist.set_checks(1)  # type: ignore[arg-type]
+
+
+def test_transport_paths_say_how_a_tensor_travels(one_rank: Any) -> None:
+    assert dist.transport_path(md.ones(3, backend="numpy")) == "native"
+    assert dist.transport_path(md.ones(3, backend="numpy", device=md.devices(backend="numpy")[-1])) == "dlpack"
+    assert dist.carries("float64") and dist.carries("bfloat16")
