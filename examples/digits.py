@@ -11,8 +11,10 @@ training step, replication, split and allreduce are multidev's, the same call on
     python -m multidev.examples.digits --backend jax,numpy --devices 4 --plot digits.png
     python -m multidev.examples.digits --backend torch          # every GPU where there are GPUs
     torchrun --nproc_per_node=2 -m multidev.examples.digits --backend jax   # 2 processes (gloo/NCCL)
+    mpiexec -n 2 python -m multidev.examples.digits --backend numpy         # 2 processes (MPI)
+    python -m multidev.distributed.launch -n 2 --engine jax -m multidev.examples.digits --backend jax
 
-Under torchrun every process takes its part of each global minibatch (the rows ``split_batch``
+Under a launcher every process takes its part of each global minibatch (the rows ``split_batch``
 would give it) and ``train_batch`` sums the gradients across processes as well, so the run learns
 what one device learns; rank 0 evaluates and reports.
 
@@ -280,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_virtual_devices(max(2, args.devices))  # before any framework starts
     import multidev as md
 
-    if md.distributed.is_initialized() or int(__import__("os").environ.get("WORLD_SIZE", "1")) > 1:
+    if md.distributed.is_initialized() or md.distributed.launched():  # torchrun, mpiexec, JAX's variables
         return main_distributed(md, args)
     names = [n.strip() for n in (args.backend or "").split(",") if n.strip()] or \
         [n for n in BACKENDS if n in md.backends()]
@@ -335,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def main_distributed(md: Any, args: argparse.Namespace) -> int:
-    """Under torchrun: the N-device run of each backend in every process; rank 0 reports."""
+    """Under a launcher: the N-device run of each backend in every process; rank 0 reports."""
     dist = md.distributed
     if not dist.is_initialized():
         dist.init(timeout=120)

@@ -119,7 +119,8 @@ def train_batch(X: Any, y: Any, replicas: list[list[Any]], devices: Sequence[Dev
         ps[:] = sgd(ps, [s[d] for s in summed], step)
     value = _loss_sum(losses, devs)
     if distributed:
-        value = float(dist.allreduce(np.array([value], dtype=np.float64), "sum")[0])
+        wide = "float64" if dist.carries("float64") else "float32"  # JAX's engine without x64 has no float64
+        value = float(dist.allreduce(np.array([value], dtype=wide), "sum")[0])
     return value
 
 

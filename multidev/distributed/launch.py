@@ -52,21 +52,36 @@ def start(engine: str, n: int, argv: list[str], *, env: dict[str, str] | None = 
     return procs
 
 
+_VALUED = ("-n", "--nproc", "--engine", "--grace", "--launcher-option")
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The launcher's own arguments, and the command: from ``-m MODULE`` or the script on."""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m" or not a.startswith("-"):
+            return argv[:i], argv[i:]
+        i += 2 if a in _VALUED else 1
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m multidev.distributed.launch", description=__doc__.split("\n\n")[0])
+    own, rest = _split(list(sys.argv[1:] if argv is None else argv))
+    p = argparse.ArgumentParser(prog="python -m multidev.distributed.launch",
+                                usage="%(prog)s -n N --engine ENGINE [options] (SCRIPT | -m MODULE) [ARGS...]",
+                                description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("-n", "--nproc", type=int, required=True, help="number of processes")
     p.add_argument("--engine", required=True, help=f"whose launch environment ({', '.join(engine_names())})")
     p.add_argument("--grace", type=float, default=30.0, help="seconds the others get after one fails (default 30)")
     p.add_argument("--launcher-option", action="append", default=[], dest="options",
                    help="an option for the engine's own launcher (mpiexec), repeatable")
-    p.add_argument("-m", dest="module", help="run a module (python -m MODULE) instead of a script")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="the script and its arguments")
-    a = p.parse_args(argv)
+    a = p.parse_args(own)
     if a.nproc < 1:
         p.error("-n must be at least 1")
-    cmd = [sys.executable, "-m", a.module, *a.args] if a.module else [sys.executable, *a.args]
-    if not a.module and not a.args:
+    if not rest or rest == ["-m"]:
         p.error("name the script to run (or -m MODULE)")
+    cmd = [sys.executable, *rest]
     procs = start(a.engine, a.nproc, cmd, options=a.options)
     status = 0
     failed_at: float | None = None
