@@ -167,10 +167,15 @@ class NumpyBackend(BaseBackend, SupportsDLPack, SupportsCompile):
     virtual_devices_env: ClassVar[str | None] = _ENV
 
     @classmethod
-    def configure_devices(cls, count: int) -> bool:
-        """Virtual devices can change at any time: applies at once unless the user set $MULTIDEV_NUMPY_DEVICES."""
+    def configure_devices(cls, count: int, strict: bool = False) -> bool:
+        """Virtual devices can change at any time: applies at once unless the user set
+        $MULTIDEV_NUMPY_DEVICES (then ``strict=True`` raises CapabilityError where it differs)."""
         if _ENV in os.environ:
-            return os.environ[_ENV] == str(count)
+            ok = os.environ[_ENV] == str(count)
+            if not ok and strict:
+                raise CapabilityError(f"numpy backend: ${_ENV}={os.environ[_ENV]!r} is set; unset it for "
+                                      f"{count} devices")
+            return ok
         set_device_count(count)
         return True
 

@@ -158,6 +158,7 @@ API_VERSION = (0, 3)
 
 
 _HOST = Device("cpu", 0)
+_VIRTUAL_WARNED: set[tuple[Any, ...]] = set()  # (backend, variable, asked, got) already warned about
 
 
 #: Bytes a host buffer's address must be a multiple of for XLA (JAX, TensorFlow) to share it.
@@ -225,15 +226,44 @@ class BaseBackend:
         def synchronize(self, device: Device | None) -> None: ...
 
     @classmethod
-    def configure_devices(cls, count: int) -> bool:
+    def configure_devices(cls, count: int, strict: bool = False) -> bool:
         """Ask for ``count`` CPU devices before the framework starts (the conformance suite and the
         benchmarks call this). Keeps a value the user set already. Returns whether the request is
-        in place (False where this backend has no virtual devices or its framework already started)."""
+        in place (False where this backend has no virtual devices or its framework already started);
+        with ``strict=True`` a request that can no longer be honoured raises CapabilityError instead,
+        saying why and what to do."""
         env = cls.virtual_devices_env
         if env is None:
+            if strict:
+                raise CapabilityError(f"{cls.name} backend has no virtual CPU devices")
             return False
         os.environ.setdefault(env, str(int(count)))
-        return cls.framework not in sys.modules or os.environ[env] == str(int(count))
+        ok = cls.framework not in sys.modules or os.environ[env] == str(int(count))
+        if not ok and strict:
+            raise CapabilityError(f"{cls.name} backend: {count} virtual CPU devices cannot be given any more: "
+                                  f"{cls.framework} is imported already and ${env} is {os.environ[env]!r}; set "
+                                  f"{env}={count} before the program's first {cls.framework} import")
+        return ok
+
+    def check_virtual_devices(self, got: int) -> None:
+        """Warn once (RuntimeWarning) where ``virtual_devices_env`` asks for more or fewer CPU devices
+        than the framework has (``got``), because the framework started before it could be configured:
+        the warning names the variable, the count obtained and the fix. Adapters call it once they
+        know their devices."""
+        env = self.virtual_devices_env
+        raw = os.environ.get(env) if env else None
+        try:
+            asked = int(raw) if raw else None
+        except ValueError:
+            return
+        key = (self.name, env, asked, got)
+        if asked is None or asked == got or key in _VIRTUAL_WARNED:
+            return
+        _VIRTUAL_WARNED.add(key)
+        warnings.warn(f"multidev: ${env}={asked} asks the {self.name} backend for {asked} CPU devices, but "
+                      f"{self.framework} has {got}: it started before multidev could configure it. Set the variable "
+                      f"before the program first uses {self.framework} (or call md.devices(backend={self.name!r}) "
+                      f"before any other {self.framework} code)", RuntimeWarning, stacklevel=3)
 
     # -- identity ---------------------------------------------------------------------------
     def version(self) -> str:

@@ -35,7 +35,7 @@ from typing import Any
 
 from ._device import Device
 from .adapter import validate_adapter
-from .errors import AdapterError, BackendNotAvailableError, CapabilityError, UnsupportedTensorError
+from .errors import AdapterError, BackendNotAvailableError, CapabilityError, MultidevError, UnsupportedTensorError
 from .protocol import Backend
 
 __all__ = [
@@ -282,6 +282,8 @@ def get_backend(name: str | None = None) -> Backend:
                 _s.failures[name] = msg
             raise BackendNotAvailableError(msg) from e
         except Exception as e:
+            if isinstance(e, MultidevError):
+                raise  # raised on purpose (a bad device count, say): as it is
             raise _factory_error(name, e) from e
         validate_adapter(inst, name)
         if inst.name != name:
@@ -328,6 +330,8 @@ def _load_member(head: str, arg: str | None) -> Backend:
     except ImportError as e:
         raise BackendNotAvailableError(f"backend {spec!r} is not available: {e}. {_install_hint(head)}") from e
     except Exception as e:
+        if isinstance(e, MultidevError):
+            raise
         raise _factory_error(spec, e) from e
     full = getattr(factory, "name", None)
     if not isinstance(full, str) or not full.startswith(head + ":") or len(full) <= len(head) + 1:
@@ -375,6 +379,8 @@ def _load_dotted(spec: str) -> Backend:
         except ImportError as e:
             raise BackendNotAvailableError(f"adapter {spec!r} is not available: {e}") from e
         except Exception as e:
+            if isinstance(e, MultidevError):
+                raise  # raised on purpose (a bad device count, say): as it is
             raise _factory_error(spec, e) from e
         name = getattr(made, "name", None)
         if not isinstance(name, str) or not name:
@@ -400,9 +406,7 @@ def _load_dotted(spec: str) -> Backend:
 
 def _factory_error(name: str, e: Exception) -> AdapterError:
     """The AdapterError for an adapter factory (or class, or family) that raised while creating the
-    adapter; the original exception is its ``__cause__`` (an AdapterError is kept as it is)."""
-    if isinstance(e, AdapterError):
-        return e
+    adapter; the original exception is its ``__cause__``."""
     first = (str(e).strip().splitlines() or [""])[0][:300]
     return AdapterError(f"the adapter registered as {name!r} could not be created: its factory raised "
                         f"{type(e).__name__}{': ' + first if first else ''}. Fix the adapter (or its framework's "

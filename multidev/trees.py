@@ -5,7 +5,8 @@ models) through their adapters' :class:`~multidev.protocol.SupportsModels`.
 :func:`tree_map` applies a tensor call to every tensor leaf and rebuilds the structure: a list
 stays a list, a named tuple the same named tuple, a dict the same dict type with its keys in order,
 a framework tree the framework's own node. ``None`` is an empty subtree and stays ``None``. A leaf
-that is no tensor raises UnsupportedTensorError naming its path (``[1]['w']``). The same tensor
+that is no tensor raises UnsupportedTensorError naming its path (``[1]['w']``), except in a framework's tree, whose
+other leaves (a model's activation function, a Python number) are kept as they are. The same tensor
 object reached twice (tied weights) gives the same result object twice. A ``"module"`` (moved in
 place) is handed to the caller's ``module`` function as a whole.
 """
@@ -115,7 +116,8 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
             b, kind = owner
             if kind == "tree":
                 children, rebuild = b.flatten_tree(x)  # type: ignore[attr-defined]
-                return rebuild([go(c, (*path, i)) for i, c in enumerate(children)])
+                return rebuild([go(c, (*path, i)) if (is_leaf is not None and is_leaf(c)) or _holds_tensors(c) else c
+                                for i, c in enumerate(children)])
             if module is None:
                 raise UnsupportedTensorError(f"{what}: {_path(path)} is a {b.name} model "
                                              f"({cls.__module__}.{cls.__qualname__}), which {what} does not take; "
@@ -128,6 +130,20 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
     if obj is None:
         raise UnsupportedTensorError(f"{what}: got None, not a tensor or a structure of tensors")
     return go(obj, ())
+
+
+def _holds_tensors(x: Any) -> bool:
+    """Whether a framework tree's child is a tensor or a structure (else it is kept as it is: the
+    static parts of a model, such as an equinox module's activation function or a Python number)."""
+    return x is not None and (isinstance(x, (list, tuple, dict)) or is_structure(x) or _is_tensor(x))
+
+
+def _is_tensor(x: Any) -> bool:
+    try:
+        backend_of(x)
+        return True
+    except UnsupportedTensorError:
+        return False
 
 
 def _framework_node(x: Any) -> bool:
@@ -176,7 +192,8 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
             if kind == "tree":
                 children, _ = b.flatten_tree(x)  # type: ignore[attr-defined]
                 for i, c in enumerate(children):
-                    go(c, (*path, i))
+                    if _holds_tensors(c):
+                        go(c, (*path, i))
             else:
                 for i, t in enumerate(b.module_tensors(x)):  # type: ignore[attr-defined]
                     add((*path, f"<{b.name} tensor {i}>"), t)

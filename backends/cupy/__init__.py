@@ -36,7 +36,8 @@ BackendNotAvailableError saying so, and the registry reports cupy as unavailable
 
 The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
 protocol), ``transfers.py`` (non-blocking moves, pinned buffers, staged uploads), ``dlpack.py``,
-``collectives.py`` (NCCL); ``_common.py`` holds what several of them share (the host array type).
+``collectives.py`` (NCCL), ``scope.py`` (the current CUDA device); ``_common.py`` holds what
+several of them share (the host array type).
 """
 from __future__ import annotations
 
@@ -44,10 +45,11 @@ from ._common import CupyHostArray
 from .collectives import CupyCollectives
 from .core import CupyCore
 from .dlpack import CupyDLPack
+from .scope import CupyScope
 from .transfers import CupyTransfers
 
 __all__ = ["CupyBackend", "CupyHostArray"]
 
 
-class CupyBackend(CupyCore, CupyTransfers, CupyDLPack, CupyCollectives):
+class CupyBackend(CupyCore, CupyTransfers, CupyDLPack, CupyCollectives, CupyScope):
     """The CuPy backend (see the package docstring)."""

@@ -22,7 +22,8 @@ becomes a view on the requested virtual CPU device.
 The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
 protocol), ``transfers.py`` (non-blocking moves, pinned host copies, staged uploads), ``dlpack.py``,
 ``collectives.py`` (``shard_map``), ``training.py`` (``jax.value_and_grad``), ``compile.py``
-(``jax.jit``); ``_common.py`` holds what several of them share.
+(``jax.jit``), ``models.py`` (pytree nodes as trees), ``scope.py`` (``jax.default_device``);
+``_common.py`` holds what several of them share.
 """
 from __future__ import annotations
 
@@ -30,11 +31,13 @@ from .collectives import JaxCollectives
 from .compile import JaxCompile
 from .core import JaxCore
 from .dlpack import JaxDLPack
+from .models import JaxModels
+from .scope import JaxScope
 from .training import JaxTraining
 from .transfers import JaxTransfers
 
 __all__ = ["JaxBackend"]
 
 
-class JaxBackend(JaxCore, JaxTransfers, JaxDLPack, JaxCollectives, JaxTraining, JaxCompile):
+class JaxBackend(JaxCore, JaxTransfers, JaxDLPack, JaxCollectives, JaxTraining, JaxCompile, JaxModels, JaxScope):
     """The JAX backend (see the package docstring)."""

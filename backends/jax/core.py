@@ -115,6 +115,7 @@ class JaxCore(BaseBackend):
                     self._to_native[dev] = nd
                     self._from_native[nd] = dev
             self._devs = devs
+        self.check_virtual_devices(sum(1 for d in devs if d.kind == "cpu"))
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -168,7 +169,7 @@ class JaxCore(BaseBackend):
     def to_native_dtype(self, dtype: str) -> Any:
         if dtype not in self.capabilities.dtypes:
             if dtype in X64_DTYPES:
-                raise CapabilityError(f"jax backend: dtype {dtype!r} needs 64-bit mode; {x64_hint()}")
+                raise CapabilityError(f"jax backend: dtype {dtype!r} needs 64-bit mode; {x64_hint(dtype)}")
             raise CapabilityError(f"jax backend: unsupported dtype {dtype!r}")
         return self._jnp.dtype(numpy_dtype(dtype))
 

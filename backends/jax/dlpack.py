@@ -92,7 +92,7 @@ class JaxDLPack(SupportsDLPack):
                 src = None
             if src in X64_DTYPES:
                 raise CapabilityError(f"jax backend: cannot import a {src} tensor without x64 (it "
-                                      f"would become a 32-bit copy); {x64_hint()}")
+                                      f"would become a 32-bit copy); {x64_hint(src)}")
         native = self.to_native_device(device)
         if device.kind != "cpu" and not self._strides_read_as_row_major and hasattr(obj, "__dlpack__"):
             return self._import_accelerator(obj, device)

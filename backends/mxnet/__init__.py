@@ -31,8 +31,9 @@ module's tests check that ``synchronize()`` raises.
 
 The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
 protocol), ``transfers.py`` (non-blocking moves), ``dlpack.py``, ``collectives.py`` (KVStore),
-``training.py`` (``autograd``, ``attach_grad``), ``compile.py`` (``hybridize``); ``_common.py``
-holds what several of them share.
+``training.py`` (``autograd``, ``attach_grad``), ``compile.py`` (``hybridize``), ``models.py``
+(Gluon blocks moved in place), ``scope.py`` (the default context); ``_common.py`` holds what
+several of them share.
 """
 from __future__ import annotations
 
@@ -40,11 +41,14 @@ from .collectives import MxnetCollectives
 from .compile import MxnetCompile
 from .core import MxnetCore
 from .dlpack import MxnetDLPack
+from .models import MxnetModels
+from .scope import MxnetScope
 from .training import MxnetTraining
 from .transfers import MxnetTransfers
 
 __all__ = ["MxnetBackend"]
 
 
-class MxnetBackend(MxnetCore, MxnetTransfers, MxnetDLPack, MxnetCollectives, MxnetTraining, MxnetCompile):
+class MxnetBackend(MxnetCore, MxnetTransfers, MxnetDLPack, MxnetCollectives, MxnetTraining, MxnetCompile, MxnetModels,
+                   MxnetScope):
     """The MXNet backend (see the package docstring)."""

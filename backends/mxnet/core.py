@@ -167,7 +167,34 @@ class MxnetCore(BaseBackend):
         return canonical_dtype(np.dtype(x.dtype))
 
     # -- creation ---------------------------------------------------------------------------
+    # Under MXNet's numpy mode (``npx.set_np()``, per thread), what multidev makes is an ``mx.np``
+    # array (a view of the NDArray built here, no copy); otherwise a legacy ``mx.nd.NDArray``.
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
+        return self._made(self._full_nd(shape, value, dtype, device))
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
+        return self._made(self._empty_nd(shape, dtype, device))
+
+    def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
+        """A new array on ``device`` (an ``mx.np`` array in numpy mode, else an NDArray). ``dtype=None``
+        keeps a NumPy array's (or an MXNet array's) dtype; nested lists and scalars then get MXNet's
+        own default, float32 (multidev's core passes its documented default instead)."""
+        return self._made(self._asarray_nd(obj, dtype, device))
+
+    def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
+        """Uniform [0, 1) samples from MXNet's generator of ``device``. A seed reseeds that generator
+        (``mx.random.seed(seed, ctx)``), so the stream MXNet draws from afterwards restarts too;
+        CPU contexts share one generator, so a seed gives the same values on every ``cpu:i``."""
+        return self._made(self._rand_nd(shape, dtype, device, seed))
+
+    def _made(self, y: Any) -> Any:
+        """``y`` (an NDArray made here) as the array kind the caller's mode asks for."""
+        return y.as_np_ndarray() if self._np_mode() else y
+
+    def _np_mode(self) -> bool:
+        return bool(self._mx.util.is_np_array())
+
+    def _full_nd(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
         nd = self.to_native_dtype(dtype)
         if isinstance(value, np.generic):
             value = value.item()
@@ -175,22 +202,20 @@ class MxnetCore(BaseBackend):
             value = int(value)  # mx.nd.full parses its value from text: "False" is no number to it
         if nd.kind in "iu" and isinstance(value, int) and abs(value) > 2 ** 53:
             # mx.nd.full passes the value as a double: build huge integers on the host instead.
-            return self.asarray(np.full(shape, value, dtype=nd), dtype, device)
+            return self._asarray_nd(np.full(shape, value, dtype=nd), dtype, device)
         with self._scope():
             return self._mx.nd.full(shape, value, ctx=self._ctx(device), dtype=nd)
 
-    def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
+    def _empty_nd(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
         with self._scope():
             return self._mx.nd.empty(shape, ctx=self._ctx(device), dtype=self.to_native_dtype(dtype))
 
     def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
         # mx.nd.arange refuses empty ranges: NumPy computes the values, then one host copy.
         host = np.arange(start, stop, step, dtype=self.to_native_dtype(dtype))
-        return self.asarray(host, dtype, device)
+        return self._made(self._asarray_nd(host, dtype, device))
 
-    def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
-        """A new NDArray on ``device``. ``dtype=None`` keeps a NumPy array's (or an MXNet array's)
-        dtype; nested lists and scalars then get MXNet's own default, float32."""
+    def _asarray_nd(self, obj: Any, dtype: str | None, device: Device) -> Any:
         mx = self._mx
         ctx = self._ctx(device)
         with self._scope():
@@ -208,10 +233,7 @@ class MxnetCore(BaseBackend):
             # (scipy.sparse.csr DeprecationWarning) on every call: its dense half is used directly.
             return mx.nd.ndarray.array(host, ctx=ctx, dtype=nd)
 
-    def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
-        """Uniform [0, 1) samples from MXNet's generator of ``device``. A seed reseeds that generator
-        (``mx.random.seed(seed, ctx)``), so the stream MXNet draws from afterwards restarts too;
-        CPU contexts share one generator, so a seed gives the same values on every ``cpu:i``."""
+    def _rand_nd(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
         mx = self._mx
         ctx = self._ctx(device)
         nd = self.to_native_dtype(dtype)

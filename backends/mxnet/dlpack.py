@@ -23,6 +23,7 @@ class MxnetDLPack(SupportsDLPack):
         def dtype_of(self, x: Any) -> str: ...
         def _scope(self) -> Any: ...
         def _nd(self, x: Any) -> Any: ...
+        def _made(self, y: Any) -> Any: ...
 
     def export_dlpack(self, x: Any) -> Any:
         """A legacy DLPack capsule (``mx.nd.to_dlpack_for_read``: MXNet arrays have no
@@ -33,10 +34,11 @@ class MxnetDLPack(SupportsDLPack):
         return self._mx.nd.to_dlpack_for_read(self._nd(x))
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:
-        """An NDArray sharing memory with ``obj`` (an object with ``__dlpack__`` or a legacy
-        capsule). MXNet takes only compact (C-contiguous) tensors and not bool, int16 or bfloat16.
-        A CPU tensor always lands on ``cpu:0``: MXNet's FromDLPack ignores the CPU device id, and
-        no MXNet API labels foreign memory with another CPU context (convert then copies)."""
+        """An array sharing memory with ``obj`` (an object with ``__dlpack__`` or a legacy capsule): an
+        ``mx.np`` array in MXNet's numpy mode, else an NDArray. MXNet takes only compact (C-contiguous)
+        tensors and not bool, int16 or bfloat16. A CPU tensor always lands on ``cpu:0``: MXNet's
+        FromDLPack ignores the CPU device id, and no MXNet API labels foreign memory with another CPU
+        context (convert then copies)."""
         capsule = obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
         try:
             with self._scope():
@@ -57,4 +59,4 @@ class MxnetDLPack(SupportsDLPack):
             raise CapabilityError(f"mxnet backend: a DLPack buffer of {device} arrived on "
                                   f"{self.device_of(y)}; MXNet cannot label foreign memory with another "
                                   "CPU context, so sharing works on cpu:0 only")
-        return y
+        return self._made(y)

@@ -23,7 +23,8 @@ and then ``async_wait``, which raises pending asynchronous errors.
 The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
 protocol), ``transfers.py`` (non-blocking moves), ``dlpack.py``, ``collectives.py``
 (``CollectiveReduceV2``), ``training.py`` (``tf.GradientTape``, Variables), ``compile.py``
-(``tf.function``); ``_common.py`` holds what several of them share.
+(``tf.function``), ``models.py`` (Keras models and ``tf.Module``: variables stay where they were
+made), ``scope.py`` (``tf.device``); ``_common.py`` holds what several of them share.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from .collectives import TensorflowCollectives
 from .compile import TensorflowCompile
 from .core import TensorflowCore
 from .dlpack import TensorflowDLPack
+from .models import TensorflowModels
+from .scope import TensorflowScope
 from .training import TensorflowTraining
 from .transfers import TensorflowTransfers
 
@@ -38,5 +41,5 @@ __all__ = ["TensorflowBackend"]
 
 
 class TensorflowBackend(TensorflowCore, TensorflowTransfers, TensorflowDLPack, TensorflowCollectives,
-                        TensorflowTraining, TensorflowCompile):
+                        TensorflowTraining, TensorflowCompile, TensorflowModels, TensorflowScope):
     """The TensorFlow adapter (see the package docstring)."""

@@ -55,6 +55,7 @@ class TensorflowCore(BaseBackend):
                 devs.append(dev)
                 self._names[dev] = f"/device:{tf_kind}:{dev.index}"
         self._devices = sorted(devs)
+        self.check_virtual_devices(sum(1 for d in devs if d.kind == "cpu"))
         self._parsed: dict[str, Device] = {}  # tensor.device string -> Device, cached
         self._lock = threading.Lock()
         self._tokens: dict[Device, Any] = {}  # per-device ordering tokens of native_allreduce

@@ -17,7 +17,8 @@ has no NCCL) over one CUDA tensor per GPU.
 The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
 protocol), ``transfers.py`` (non-blocking moves, copy streams, pinned buffers, staged uploads),
 ``dlpack.py``, ``collectives.py`` (NCCL), ``training.py`` (autograd), ``compile.py``
-(TorchScript, ``torch.compile``).
+(TorchScript, ``torch.compile``), ``models.py`` (``nn.Module`` moved in place), ``scope.py``
+(torch's default-device context).
 """
 from __future__ import annotations
 
@@ -25,11 +26,14 @@ from .collectives import TorchCollectives
 from .compile import TorchCompile
 from .core import TorchCore
 from .dlpack import TorchDLPack
+from .models import TorchModels
+from .scope import TorchScope
 from .training import TorchTraining
 from .transfers import TorchTransfers
 
 __all__ = ["TorchBackend"]
 
 
-class TorchBackend(TorchCore, TorchTransfers, TorchDLPack, TorchCollectives, TorchTraining, TorchCompile):
+class TorchBackend(TorchCore, TorchTransfers, TorchDLPack, TorchCollectives, TorchTraining, TorchCompile,
+                   TorchModels, TorchScope):
     """The PyTorch backend (see the package docstring)."""
