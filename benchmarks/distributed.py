@@ -1,10 +1,20 @@
-"""Suite ``distributed``: ``multidev.distributed.allreduce`` across processes against the transport's
-own ``all_reduce``, as nccl-tests reports it (busbw = algbw x 2(n-1)/n). Runs under ``torchrun``
-(``WORLD_SIZE`` > 1); the runner joins the process group and rank 0 reports::
+"""Suite ``distributed``: ``multidev.distributed.allreduce`` across processes against the engine's own
+call in the same run, as nccl-tests reports it (busbw = algbw x 2(n-1)/n): ``torch.distributed.
+all_reduce`` on the torch engine, mpi4py's ``Allreduce`` on NumPy buffers on the mpi engine, a jitted
+sum over a global JAX array on the jax engine. Runs under any launcher (the runner joins the group;
+rank 0 reports)::
 
     torchrun --nproc_per_node=2 -m multidev.benchmarks.runner --suite distributed --backend torch --json d.json
+    mpiexec -n 2 python -m multidev.benchmarks.runner --suite distributed --backend numpy --json d.json
+    python -m multidev.distributed.launch -n 2 --engine jax -m multidev.benchmarks.runner --suite distributed \\
+        --backend jax --json d.json
 
-Elsewhere every row says it needs several processes.
+Every size runs twice: with the consistency checks off (the engine's path alone, the goal's rows)
+and on (``set_checks(True)``: the same rows in group ``dist allreduce checked``, whose time over the
+unchecked row's is the check's cost per call). ``python -m multidev.benchmarks.distributed_run``
+runs every engine at 2 and 4 processes, with the hang-detection rows of
+:mod:`multidev.benchmarks.distributed_faults`, into one report. Elsewhere every row says it needs
+several processes.
 """
 from __future__ import annotations
 
@@ -16,49 +26,69 @@ import numpy as np
 import multidev as md
 from multidev import distributed as mdist
 
-from . import Case, Context, Goal, MiB, Variant, benchmark, close, fmt_bytes
+from . import Case, Context, Goal, KiB, MiB, Variant, benchmark, close, fmt_bytes
 
 GOALS = (
-    Goal("distributed allreduce busbw vs the transport", "dist allreduce", 0.9, metric="GBps_ratio",
-         den=("native",), gpu_only=True, min_bytes=64 * MiB,
-         note="multidev.distributed >= 0.9x torch.distributed busbw at >= 64 MiB"),
-    Goal("distributed allreduce per-call overhead", "dist allreduce", 2.0, metric="time_ratio",
-         den=("native",), gpu_only=True, max_bytes=1 * MiB, note="<= 2x native at 1 MiB"),
+    Goal("distributed allreduce busbw vs the engine's own call", "dist allreduce", 0.9, metric="GBps_ratio",
+         den=("native",), min_bytes=1 * MiB,
+         note="checks off, from 1 MiB: multidev.distributed >= 0.9x the engine's own allreduce busbw (torch: "
+              "torch.distributed.all_reduce; mpi: mpi4py Allreduce on NumPy buffers; jax: a jitted sum over a "
+              "global array)"),
+    Goal("distributed allreduce with the checks on vs the engine's own call", "dist allreduce checked", 0.8,
+         metric="GBps_ratio", den=("native",), min_bytes=16 * MiB,
+         note="checks on, from 16 MiB: the consistency exchange (one small all-to-all per call) costs <= 20%; its "
+              "cost per call at every size is the checked row's time less the unchecked row's"),
+    Goal("hang detection time-to-error", "dist hang", 1.2, metric="time_ratio", num="time_to_error",
+         den=("timeout",),
+         note="a rank that never joins: the others raise DistributedTimeoutError within 1.2x the timeout "
+              "(rows from multidev.benchmarks.distributed_faults)"),
 )
 
 
 def _sizes(ctx: Context) -> list[int]:
-    return ctx.pick(quick=[64 << 10], cpu=[1 * MiB, 16 * MiB], gpu=[1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB])
+    return ctx.pick(quick=[4 * KiB, 1 * MiB], cpu=[4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB],
+                    gpu=[4 * KiB, 1 * MiB, 16 * MiB, 256 * MiB, 1024 * MiB])
 
 
 @benchmark("distributed", goals=GOALS)
 def dist_allreduce(ctx: Context) -> Iterator[Case]:
-    """multidev.distributed.allreduce (out of place and in place) against the transport's all_reduce."""
+    """multidev.distributed.allreduce (out of place, in place; checks off and on) against the engine's own call."""
     if not mdist.is_initialized():
         yield Case("distributed allreduce: needs several processes", {},
-                   params={"skipped": "run under torchrun --nproc_per_node=N (WORLD_SIZE > 1)"}, ratio=None)
+                   params={"skipped": "run under a launcher (torchrun, mpiexec, JAX's variables) with N > 1"},
+                   ratio=None)
         return
-    r, w = mdist.rank(), mdist.world_size()
+    engine, r, w = mdist.engine_name(), mdist.rank(), mdist.world_size()
     dev = ctx.gpus[mdist.local_rank() % len(ctx.gpus)] if ctx.gpus else ctx.host
-    for size in _sizes(ctx):
-        elems = size // 4
-        x = md.asarray(np.full(elems, r + 1, dtype=np.float32), device=dev, backend=ctx.backend)
-        buf = md.copy(x)
-        expect = np.full(4, w * (w + 1) / 2)
+    was = mdist.checks_enabled()
+    try:
+        for checked in (False, True):
+            mdist.set_checks(checked)  # a collective: every rank, in the same order
+            for size in _sizes(ctx):
+                elems = size // 4
+                x = md.asarray(np.full(elems, r + 1, dtype=np.float32), device=dev, backend=ctx.backend)
+                buf = md.copy(x)
+                expect = np.full(min(4, elems), w * (w + 1) / 2)
 
-        def check(x: object = x, expect: np.ndarray = expect) -> tuple[bool, str]:
-            y = mdist.allreduce(x)
-            return close(md.to_numpy(y)[:4], expect, device=None)
+                def check(x: object = x, expect: np.ndarray = expect) -> tuple[bool, str]:
+                    y = mdist.allreduce(x)
+                    return close(md.to_numpy(y)[:4], expect, device=None)
 
-        native = ctx.native_call("dist_allreduce", md.copy(x))
-        if native is not None:
-            native.inner = 1
-        yield Case(f"dist allreduce {w} processes {fmt_bytes(size)}",
-                   {"md": Variant(mdist.allreduce, (x,), inner=1, label="multidev.distributed.allreduce(x)"),
-                    "md_inplace": (Variant(partial(mdist.allreduce, buf, inplace=True), (), inner=1,
-                                           label="multidev.distributed.allreduce(x, inplace=True)")
-                                   if ctx.b.capabilities.mutable else None),
-                    "native": native},
-                   devices=[dev], check=check, before=mdist.barrier,
-                   params={"processes": w, "size": size, "dtype": "float32", "rank": r},
-                   bytes=size, busbw_factor=2 * (w - 1) / w, group="dist allreduce")
+                native = ctx.native_call(f"dist_allreduce_{engine}", md.copy(x))
+                if native is not None:
+                    native.inner = 1
+                inplace = (Variant(partial(mdist.allreduce, buf, inplace=True), (), inner=1,
+                                   label="multidev.distributed.allreduce(x, inplace=True)")
+                           if ctx.b.capabilities.mutable and not checked else None)
+                label = " checks on" if checked else ""
+                yield Case(f"dist allreduce {engine} {w} processes {fmt_bytes(size)}{label}",
+                           {"md": Variant(mdist.allreduce, (x,), inner=1, label="multidev.distributed.allreduce(x)"),
+                            "md_inplace": inplace, "native": native},
+                           devices=[dev], check=check, before=mdist.barrier,
+                           params={"engine": engine, "transport": mdist.transport_name(), "processes": w,
+                                   "size": size, "dtype": "float32", "rank": r, "checks": checked},
+                           bytes=size, busbw_factor=2 * (w - 1) / w,
+                           group="dist allreduce checked" if checked else "dist allreduce",
+                           key=f"dist allreduce {w} processes {fmt_bytes(size)}{label}")
+    finally:
+        mdist.set_checks(was)

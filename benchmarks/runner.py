@@ -16,9 +16,9 @@ Method (applies to every figure):
 - f32 matmul precision set explicitly and labelled (``--precision fp32|tf32|both|default``).
 
 Benchmark definitions live in :mod:`multidev.benchmarks` (one function each, with its goals); the
-native baselines beside the adapters; tables, plots and goal checks in :mod:`.report`. Under
-``torchrun`` (``WORLD_SIZE`` > 1) the ``distributed`` suite runs across the processes and rank 0
-reports.
+native baselines beside the adapters; tables, plots and goal checks in :mod:`.report`. Under a
+launcher of several processes (torchrun, mpiexec, srun, JAX's variables: ``distributed.launched()``)
+the ``distributed`` suite runs across the processes and rank 0 reports.
 """
 from __future__ import annotations
 
@@ -354,10 +354,9 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
     from .baseline import native_for
 
     s = Settings(args)
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world > 1:
-        from multidev import distributed as mdist
+    from multidev import distributed as mdist
 
+    if mdist.is_initialized() or mdist.launched():  # torchrun, mpiexec, srun, JAX's variables
         if not mdist.is_initialized():
             mdist.init(timeout=300)
         # Every rank must run the same collectives: a fixed number of samples, no time budget.
@@ -598,9 +597,9 @@ def _main(args: argparse.Namespace) -> int:
             args.argv = sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "bench" else []
         doc = run(args, console)
         doc["goals"] = report.evaluate_goals(doc)
-    if int(os.environ.get("RANK", "0") or 0) != 0:
-        from multidev import distributed as mdist
+    from multidev import distributed as mdist
 
+    if mdist.is_initialized() and mdist.rank() != 0:
         mdist.shutdown()
         return 0  # rank 0 reports for every process
     report.render(doc, console)

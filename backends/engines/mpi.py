@@ -184,8 +184,11 @@ class _Request(Handle):
 
     def test(self) -> bool:
         if not self.done:
-            with self.engine.errors(self.what):
+            try:
                 self.done = bool(self.req.Test())
+            except self.engine.MPI.Exception:  # classified (the fast path above is the polling loop's)
+                with self.engine.errors(self.what):
+                    raise
         return self.done
 
     def wait(self, timeout: float) -> bool:

@@ -91,6 +91,20 @@ class JaxNative(Native):
             return str(self.dev(dev).device_kind)
         return super().device_name(dev)
 
+    def op_dist_allreduce_jax(self, x: Any) -> Call:
+        """The jax engine's own call (suite ``distributed``): a jitted sum over a global array made from
+        each process's shard (one device per process, the first local one), the result replicated."""
+        jax = self.jax
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        n, me = jax.process_count(), jax.process_index()
+        devs = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)[0] for p in range(n)]
+        mesh = Mesh(np.array(devs, dtype=object), ("p",))
+        shard = jax.device_put(x.reshape((1, *x.shape)), devs[me])
+        g = jax.make_array_from_single_device_arrays((n, *x.shape), NamedSharding(mesh, PartitionSpec("p")), [shard])
+        f = jax.jit(lambda a: a.sum(0), out_shardings=NamedSharding(mesh, PartitionSpec()))
+        return f, (g,), "jax.jit(lambda a: a.sum(0), out_shardings=replicated)(global array of the processes' shards)"
+
     def op_from_dlpack(self, x: Any) -> Call:
         """JAX as a DLPack consumer (the native side of convert(x, 'jax'))."""
         return self.jax.dlpack.from_dlpack, (x,), "jax.dlpack.from_dlpack(x)"

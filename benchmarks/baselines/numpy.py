@@ -46,6 +46,17 @@ class NumpyNative(Native):
     def op_d2h(self, x: Any) -> Call:
         return np.asarray, (x,), "np.asarray(x)"
 
+    def op_dist_allreduce_mpi(self, x: Any) -> Call:
+        """The mpi engine's own call (suite ``distributed``): mpi4py's buffer-API ``Allreduce`` in place
+        on a contiguous NumPy buffer of the world communicator."""
+        import functools
+
+        from mpi4py import MPI
+
+        buf = np.ascontiguousarray(np.asarray(x))
+        return (functools.partial(MPI.COMM_WORLD.Allreduce, MPI.IN_PLACE, buf), (),
+                "mpi4py: MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, buf) on a NumPy buffer")
+
     def set_precision(self, mode: str) -> dict[str, Any]:
         return {"matmul": "float32 (BLAS)"}
 

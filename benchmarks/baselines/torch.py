@@ -127,6 +127,10 @@ class TorchNative(Native):
 
         return tdist.all_reduce, (t,), "torch.distributed.all_reduce(t) (in place)"
 
+    def op_dist_allreduce_torch(self, t: Any) -> Call:
+        """The torch engine's own call (suite ``distributed``): torch.distributed.all_reduce in place."""
+        return self.op_dist_allreduce(t)
+
     def op_allreduce_framework(self, bufs: list[Any]) -> Call | None:
         """NCCL's allreduce in place on preallocated buffers, one per GPU (the nccl-tests baseline)."""
         t = self.torch
