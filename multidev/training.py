@@ -20,10 +20,11 @@ from . import distributed as dist
 from ._device import DeviceLike
 from .adapter import default_sgd_update
 from .collectives import NONE_GRADIENT_HINT, allreduce, broadcast, reduce, split_batch
-from .errors import InvalidArgumentError, UnsupportedTensorError
+from .errors import CollectiveInputError, InvalidArgumentError, UnsupportedTensorError
 from .placement import device_list
 from .protocol import SupportsTraining
 from .registry import backend_of, require, supports
+from .validate import translate_errors
 
 __all__ = ["replicate", "train_batch"]
 
@@ -68,31 +69,37 @@ def train_batch(X: Any, y: Any, replicas: list[list[Any]], devices: Sequence[Dev
     - ``distributed``: sum across processes too (``multidev.distributed``); default: when a group
       of more than one process is initialized.
 
-    Synchronous: it waits for the step to read the loss back (a Python float).
+    On one device the step is the framework's own: the batch is moved there only where it lives
+    elsewhere (no split, no copy), and the gradients go to the update as autodiff gave them (no
+    allreduce). Synchronous: it waits for the step to read the loss back (a Python float).
     """
     if (loss is None) == (grad is None):
         raise InvalidArgumentError("train_batch takes exactly one of loss= (differentiated by the framework) "
                                    "and grad= (returning (loss, grads))")
     b = backend_of(X)
-    devs = device_list(b, devices, "train_batch")
+    devs = _device_list(b, devices)
     if not isinstance(replicas, list) or len(replicas) != len(devs) or not all(isinstance(r, list) for r in replicas):
         raise InvalidArgumentError(f"train_batch: replicas must be a list of {len(devs)} lists (one per device, "
                                    "as multidev.replicate returns)")
     n_params = len(replicas[0])
-    if any(len(r) != n_params for r in replicas):
+    if len(replicas) > 1 and any(len(r) != n_params for r in replicas):
         raise InvalidArgumentError(f"train_batch: the replicas hold {[len(r) for r in replicas]} parameters")
     if distributed is None:
         distributed = dist.is_initialized() and dist.world_size() > 1
     world = dist.world_size() if distributed else 1
+    sx = b.shape_of(X)
+    if not sx:
+        raise CollectiveInputError("train_batch needs X with a batch axis (got a 0-d tensor)")
     if batch_size is None:
-        batch_size = b.shape_of(X)[0] * world
+        batch_size = sx[0] * world
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise InvalidArgumentError(f"train_batch: batch_size must be a positive int, got {batch_size!r:.40}")
-    X_shards, y_shards = split_batch(X, y, devs)
-    losses, grads = [], []
     vg = None if grad is not None else require(
         b, SupportsTraining, "train_batch(loss=...)",
         "it has no automatic differentiation: pass a hand-written gradient, train_batch(..., grad=fn)").value_and_grad
+    one = len(devs) == 1
+    X_shards, y_shards = _one_shard(b, X, sx, y, devs[0]) if one else split_batch(X, y, devs)
+    losses, grads = [], []
     for d, (ps, Xs, ys) in enumerate(zip(replicas, X_shards, y_shards)):
         if grad is not None:
             value, gs = grad(list(ps), Xs, ys)
@@ -108,7 +115,11 @@ def train_batch(X: Any, y: Any, replicas: list[list[Any]], devices: Sequence[Dev
                                            + NONE_GRADIENT_HINT)
         losses.append(value)
         grads.append(gs)
-    summed = [allreduce([g[i] for g in grads], "sum", algorithm=algorithm) for i in range(n_params)]
+    if one:  # nothing to sum over: each gradient as autodiff gave it (checked to be a tensor, as allreduce does)
+        _check_tensors(grads[0])
+        summed = [[g] for g in grads[0]]
+    else:
+        summed = [allreduce([g[i] for g in grads], "sum", algorithm=algorithm) for i in range(n_params)]
     if distributed:
         for i in range(n_params):
             total = dist.allreduce(summed[i][0], "sum")  # the local sum, on the first device
@@ -124,8 +135,76 @@ def train_batch(X: Any, y: Any, replicas: list[list[Any]], devices: Sequence[Dev
     return value
 
 
+#: (adapter, the caller's devices) -> the resolved, checked device list: train_batch is called with
+#: the same devices every step, and resolving them is the step's own overhead on one device.
+_DEVICE_LISTS: dict[tuple[Any, tuple[Any, ...]], list[Any]] = {}
+
+
+def _device_list(b: Any, devices: Sequence[DeviceLike]) -> list[Any]:
+    """``device_list(b, devices, "train_batch")``, remembered for a list or tuple of hashable devices."""
+    if devices.__class__ is not list and devices.__class__ is not tuple:
+        return device_list(b, devices, "train_batch")
+    try:
+        key = (b, tuple(devices))
+        hit = _DEVICE_LISTS.get(key)
+    except TypeError:  # an unhashable device spelling: resolved every time
+        return device_list(b, devices, "train_batch")
+    if hit is None:
+        hit = device_list(b, devices, "train_batch")  # raises for a bad list: nothing is cached then
+        if len(_DEVICE_LISTS) > 256:
+            _DEVICE_LISTS.clear()
+        _DEVICE_LISTS[key] = hit
+    return hit
+
+
+def _one_shard(b: Any, X: Any, sx: tuple[int, ...], y: Any, dev: Any) -> tuple[list[Any], list[Any]]:
+    """split_batch's checks and result for one device, without its copies: X and y themselves where
+    they live on ``dev`` already, else moved there."""
+    by = backend_of(y)
+    if by is not b and by.name != b.name:
+        raise CollectiveInputError(f"split_batch: X is a {b.name} tensor and y a {by.name} tensor; "
+                                   "use one backend for both")
+    sy = by.shape_of(y)
+    if not sx or not sy:
+        raise CollectiveInputError("split_batch needs X and y with a batch axis (got a 0-d tensor)")
+    if sx[0] != sy[0]:
+        raise CollectiveInputError(f"split_batch: X has {sx[0]} examples but y has {sy[0]}")
+    if sx[0] < 1:
+        raise CollectiveInputError(f"split_batch: a batch of {sx[0]} cannot give each of 1 "
+                                   "devices an example; use a larger batch or fewer devices")
+    with translate_errors(lambda: f"{b.name} train_batch: moving the batch to {dev}"):
+        Xs = X if b.device_of(X) == dev else b.move(X, dev)
+        ys = y if b.device_of(y) == dev else b.move(y, dev)
+    return [Xs], [ys]
+
+
+def _check_tensors(gs: list[Any]) -> None:
+    """Every gradient is a tensor (what allreduce checks on several devices): once per class."""
+    seen: set[type] = set()
+    for i, g in enumerate(gs):
+        cls = g.__class__
+        if cls in seen:
+            continue
+        try:
+            backend_of(g)
+        except UnsupportedTensorError as e:
+            raise CollectiveInputError(f"train_batch: the gradient of parameter {i} is not a tensor ({e})") from None
+        seen.add(cls)
+
+
 def _loss_sum(losses: list[Any], devs: list[Any]) -> float:
     """The sum of the per-device losses as a float (tensors reduced onto the first device first)."""
+    if len(losses) == 1:  # one device: a 0-d loss read as the framework reads a scalar (no host staging)
+        v = losses[0]
+        try:
+            zero_d = backend_of(v).shape_of(v) == ()
+        except UnsupportedTensorError:
+            zero_d = False
+        if zero_d:
+            try:
+                return float(v)
+            except TypeError:  # a framework whose tensors have no __float__
+                pass
     try:
         backs = {backend_of(v).name for v in losses}
     except UnsupportedTensorError:  # hand-written gradients may return host scalars
