@@ -4,6 +4,9 @@ A snippet runs the way the HTML comment right above its fence says:
 
 - ``<!-- run: torchrun --nproc_per_node=2 -->``: under torchrun with those arguments (on
   localhost, a free port); every process must exit 0;
+- ``<!-- run: mpiexec -n 2 -->``: under MPI's launcher (the mpi engine's ``mpiexec``, with the flags
+  this machine needs); ``<!-- run: python -m multidev.distributed.launch -n 2 --engine jax -->``:
+  under multidev's local launcher. Several ``run`` markers above one snippet run it under each;
 - ``<!-- needs: gpu -->`` (or ``gpus=2``): skipped, with that reason, without so many GPUs;
 - no comment: ``python snippet.py``.
 
@@ -38,7 +41,7 @@ class Snippet:
     path: Path
     line: int  # of the opening fence, 1-based
     code: str
-    run: str | None  # e.g. "torchrun --nproc_per_node=2"
+    runs: tuple[str, ...]  # e.g. ("torchrun --nproc_per_node=2", "mpiexec -n 2"); () runs it plainly
     needs: tuple[str, ...]
 
     @property
@@ -56,21 +59,24 @@ def snippets(path: Path) -> list[Snippet]:
             j = i + 1
             while j < len(lines) and lines[j].strip() != "```":
                 j += 1
-            run, needs = None, ()
+            runs: list[str] = []
+            needs: tuple[str, ...] = ()
             k = start - 1
             while k >= 0 and (m := _MARK.match(lines[k].strip())):
                 if m.group(1) == "run":
-                    run = m.group(2)
+                    runs.insert(0, m.group(2))
                 else:
                     needs = tuple(v.strip() for v in m.group(2).split(",") if v.strip())
                 k -= 1
-            out.append(Snippet(path, start + 1, "\n".join(lines[start + 1:j]) + "\n", run, needs))
+            out.append(Snippet(path, start + 1, "\n".join(lines[start + 1:j]) + "\n", tuple(runs), needs))
             i = j
         i += 1
     return out
 
 
 ALL = [s for p in FILES for s in snippets(p)]
+#: Every snippet under each of its launchers.
+RUNS = [(s, run) for s in ALL for run in (s.runs or (None,))]
 
 
 def frameworks_named(code: str) -> set[str]:
@@ -100,6 +106,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _need_engine(snip: Snippet, engine: str) -> None:
+    from multidev.distributed.engine import engine_class
+
+    why = engine_class(engine).missing()
+    if why:
+        pytest.skip(f"{snip.id} runs on the {engine} engine: {why}")
+
+
 def test_every_file_has_its_snippets_found() -> None:
     assert any(s.path.name == "README.md" for s in ALL)
     for p in FILES:
@@ -108,8 +122,8 @@ def test_every_file_has_its_snippets_found() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("snip", ALL, ids=lambda s: s.id)
-def test_snippet_runs_as_written(snip: Snippet, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("snip", "run"), RUNS, ids=[s.id + ("" if r is None else f"[{r}]") for s, r in RUNS])
+def test_snippet_runs_as_written(snip: Snippet, run: str | None, tmp_path: Path) -> None:
     missing = sorted(f for f in frameworks_named(snip.code) if not _installed(f))
     if missing:
         pytest.skip(f"{snip.id} needs {', '.join(missing)}, not installed here")
@@ -125,16 +139,25 @@ def test_snippet_runs_as_written(snip: Snippet, tmp_path: Path) -> None:
     for var in ("MULTIDEV_JAX_CPU_DEVICES", "MULTIDEV_TF_CPU_DEVICES", "MULTIDEV_NUMPY_DEVICES",
                 "MULTIDEV_MXNET_CPU_DEVICES"):
         env.setdefault(var, "2")
-    if snip.run is None:
+    if run is None:
         cmd = [sys.executable, str(script)]
     else:
-        words = snip.run.split()
-        if words[0] != "torchrun":
-            pytest.fail(f"{snip.id}: unknown marker 'run: {snip.run}' (torchrun ARGS)")
-        if not _installed("torch"):
-            pytest.skip(f"{snip.id} runs under torchrun, which needs torch")
-        cmd = [sys.executable, "-m", "torch.distributed.run", *words[1:], "--master_addr=127.0.0.1",
-               f"--master_port={_free_port()}", str(script)]
+        words = run.split()
+        launch = [sys.executable, "-m", "multidev.distributed.launch"]
+        if words[0] == "torchrun":
+            if not _installed("torch"):
+                pytest.skip(f"{snip.id} runs under torchrun, which needs torch")
+            cmd = [sys.executable, "-m", "torch.distributed.run", *words[1:], "--master_addr=127.0.0.1",
+                   f"--master_port={_free_port()}", str(script)]
+        elif words[0] == "mpiexec" and words[1:2] == ["-n"] and len(words) == 3:
+            _need_engine(snip, "mpi")
+            cmd = [*launch, "-n", words[2], "--engine", "mpi", str(script)]
+        elif words[:3] == ["python", "-m", "multidev.distributed.launch"] and "--engine" in words:
+            _need_engine(snip, words[words.index("--engine") + 1])
+            cmd = [*launch, *words[3:], str(script)]
+        else:
+            pytest.fail(f"{snip.id}: unknown marker 'run: {run}' (torchrun ARGS, mpiexec -n N, "
+                        "python -m multidev.distributed.launch ARGS)")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
     assert p.returncode == 0, f"{snip.id} failed ({' '.join(cmd[1:3])}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
 
