@@ -5,8 +5,11 @@
 #   1. fast       .venv-fast  numpy + rich + test/lint/docs tools: ruff, mypy, the docs site (mkdocs
 #                             --strict), the tests (framework tests skip), the conformance suite on NumPy
 #                             and array-api-strict. A few minutes.
-#   2. modern     .venv       numpy 2, torch 2.13.0 (CPU wheel), JAX, TensorFlow, array-api-strict
-#   3. with MXNet .venv-mx    numpy 1.26.4, JAX 0.7.1, TF 2.21, MXNet 1.9.1 (all five backends)
+#   2. modern     .venv       numpy 2, torch 2.13.0 (CPU wheel), JAX, TensorFlow, array-api-strict, mpi4py
+#                             with Open MPI from PyPI: multidev.distributed on its three engines (torch,
+#                             mpiexec -n 3, 2 JAX processes x 2 CPU devices)
+#   3. with MXNet .venv-mx    numpy 1.26.4, JAX 0.7.1, TF 2.21, MXNet 1.9.1 (all five backends; the torch
+#                             and jax engines)
 # MULTIDEV_LANES=fast,modern,mx picks lanes (default: all three, in that order).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,8 +48,8 @@ if [[ $LANES == *,fast,* ]]; then
 fi
 
 if [[ $LANES == *,modern,* ]]; then
-  stamp "modern environment: numpy 2, torch, jax, tensorflow"
-  setup .venv jax tensorflow-cpu -e ".[all,test]"
+  stamp "modern environment: numpy 2, torch, jax, tensorflow, mpi4py + Open MPI (the distributed engines)"
+  setup .venv jax tensorflow-cpu mpi4py openmpi -e ".[all,mpi,test]"
   .venv/bin/pytest -q
   conformance .venv numpy,torch,jax,tensorflow,array_api:array_api_strict --multiprocess
   stamp "modern environment done"
