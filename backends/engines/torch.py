@@ -94,9 +94,8 @@ class TorchEngine(Engine):
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> Launch | None:
         elastic = bool(environ.get("TORCHELASTIC_RUN_ID"))
-        if not elastic and not ("RANK" in environ and "WORLD_SIZE" in environ
-                                and ("MASTER_ADDR" in environ or "MASTER_PORT" in environ)):
-            return None
+        if not elastic and not ("RANK" in environ and "WORLD_SIZE" in environ):
+            return None  # (MASTER_ADDR and MASTER_PORT default to 127.0.0.1:29500)
         try:
             r, w = _env_int(environ, "RANK"), _env_int(environ, "WORLD_SIZE")
             lr, lw = _env_int(environ, "LOCAL_RANK"), _env_int(environ, "LOCAL_WORLD_SIZE")

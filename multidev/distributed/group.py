@@ -18,7 +18,7 @@ import os
 import threading
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CapabilityError, DistributedError
@@ -78,7 +78,6 @@ class Group:
     check: bool
     seq: int = 0  # collectives called so far (the consistency records carry it)
     broken: str | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def rank(self) -> int:
@@ -165,7 +164,7 @@ def _choose(engine: str | None, environ: Mapping[str, str]) -> tuple[type[Engine
             why = engine_class(name).missing()
             hints.append(f"{name}" + (f" (not installed: {why})" if why else ""))
     raise DistributedError(
-        "multidev.distributed.init: no launcher's environment found (torchrun: RANK/WORLD_SIZE/MASTER_ADDR; "
+        "multidev.distributed.init: no launcher's environment found (torchrun: RANK/WORLD_SIZE; "
         "Open MPI: OMPI_COMM_WORLD_*; MPICH/PMI: PMI_RANK/PMI_SIZE; Slurm: SLURM_PROCID/SLURM_NTASKS; JAX: "
         "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID). Start the processes with torchrun, mpiexec, "
         "srun or python -m multidev.distributed.launch, or name the engine and the ranks: init(engine=..., rank=..., "
