@@ -300,8 +300,13 @@ class JaxCore(BaseBackend):
         return np.asarray(x)
 
     def synchronize(self, device: Device | None) -> None:
-        """JAX has no per-device barrier: wait for every live array (on ``device`` when given), plus
-        ordered effects (``jax.effects_barrier``) when ``device`` is None."""
+        """JAX has no per-device barrier. Work whose results were dropped is waited for through
+        markers: a tiny computation queued behind the work on ``device`` (on every device when
+        None), since JAX runs a device's computations in order; on CPUs, programs spanning several
+        devices run in one more queue, and a marker over two CPU devices waits behind it once such
+        a program is loaded. Then every live array (on ``device`` when given), which raises the
+        asynchronous errors they carry; ordered effects (``jax.effects_barrier``) too when
+        ``device`` is None."""
         jax = self._jax
         if self._devs is None:
             self._enumerate()
@@ -309,6 +314,7 @@ class JaxCore(BaseBackend):
         target = None if device is None else self.to_native_device(device)
         if device is None:
             jax.effects_barrier()
+        jax.block_until_ready(self._markers(target))
         arrays: list[Any] = []
         for p in platforms:
             for a in jax.live_arrays(p):
@@ -331,6 +337,61 @@ class JaxCore(BaseBackend):
                     continue
                 self._reported.append(weakref.ref(a))
                 raise
+
+    def _markers(self, target: Any) -> list[Any]:
+        """Marker computations queued now behind the work queued so far on native device ``target``
+        (every device when None), for ``synchronize`` to wait for: a scalar ``a + 1`` on each device,
+        and on CPUs, where programs spanning several devices run in a queue of their own (ordered
+        across device sets), one over two CPU devices once such a program is loaded."""
+        inputs = self.__dict__.get("_marker_inputs")
+        if inputs is None:
+            with self._lock:
+                inputs = self.__dict__.get("_marker_inputs")
+                if inputs is None:
+                    inputs = self.__dict__["_marker_inputs"] = self._make_marker_inputs()
+        fn, per_device, multi = inputs
+        if target is None:
+            out = [fn(a) for a in per_device.values()]
+        else:
+            out = [fn(per_device[target])]
+        if multi is not None and (target is None or target.platform == "cpu") and self._multi_device_programs(multi):
+            out.append(fn(multi))
+        return out
+
+    def _make_marker_inputs(self) -> tuple[Callable[[Any], Any], dict[Any, Any], Any]:
+        """The markers' jitted function, a committed int32 scalar per native device, and an array
+        split over the first two CPU devices (None with one CPU device)."""
+        jax = self._jax
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        per_device = {nd: jax.device_put(np.zeros((), np.int32), nd) for nd in self._to_native.values()}
+        cpus = [nd for d, nd in self._to_native.items() if d.kind == "cpu"][:2]
+        multi = None
+        if len(cpus) == 2:
+            sharding = NamedSharding(Mesh(np.array(cpus), ("d",)), PartitionSpec("d"))
+            multi = jax.make_array_from_single_device_arrays(
+                (2,), sharding, [jax.device_put(np.zeros((1,), np.int32), nd) for nd in cpus])
+        return jax.jit(lambda a: a + 1), per_device, multi
+
+    def _multi_device_programs(self, multi: Any) -> bool:
+        """Whether a program spanning several CPU devices is loaded (work it queued stays loaded
+        until done), so the multi-device marker is needed: once one is seen, always. The CPU
+        client's executables are listed again only when their number changed."""
+        seen = self.__dict__.get("_multi_seen")
+        if seen is True:
+            return True
+        try:
+            live = next(iter(multi.sharding.device_set)).client.live_executables()
+        except Exception:  # noqa: BLE001 - a JAX without the listing: assume such programs exist
+            self.__dict__["_multi_seen"] = True
+            return True
+        if seen == len(live):
+            return False
+        if any(len(e.local_devices()) > 1 for e in live):
+            self.__dict__["_multi_seen"] = True
+            return True
+        self.__dict__["_multi_seen"] = len(live)
+        return False
 
     def wait(self, x: Any) -> None:
         x.block_until_ready()  # raises the asynchronous error behind x, if any
