@@ -355,8 +355,16 @@ def default_parameter_like(src: Any, y: Any) -> Any:
 
 def default_sgd_update(params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
     """``sgd_update`` out of place with the tensors' own ``-`` and ``*``: ``p - lr * g``, in p's dtype
-    (``lr`` is a Python float, which no framework promotes a floating tensor with)."""
-    return [p - float(lr) * g for p, g in zip(params, grads)]
+    (``lr`` is a Python float, which frameworks do not promote a floating tensor with; NumPy 1.x
+    does for ml_dtypes' bfloat16, giving float32: such a result is cast back to p's dtype)."""
+    out = []
+    for p, g in zip(params, grads):
+        y = p - float(lr) * g
+        dt = getattr(p, "dtype", None)
+        if dt is not None and getattr(y, "dtype", dt) != dt and callable(getattr(y, "astype", None)):
+            y = y.astype(dt)
+        out.append(y)
+    return out
 
 
 class TrainingDefaults(SupportsTraining):
