@@ -52,7 +52,8 @@ def _sizes(ctx: Context) -> list[int]:
 
 @benchmark("distributed", goals=GOALS)
 def dist_allreduce(ctx: Context) -> Iterator[Case]:
-    """multidev.distributed.allreduce (out of place, in place; checks off and on) against the engine's own call."""
+    """multidev.distributed.allreduce (in place where the backend allows, as the engine's own call; out of place
+    too; checks off and on) against the engine's own call."""
     if not mdist.is_initialized():
         yield Case("distributed allreduce: needs several processes", {},
                    params={"skipped": "run under a launcher (torchrun, mpiexec, JAX's variables) with N > 1"},
@@ -77,13 +78,18 @@ def dist_allreduce(ctx: Context) -> Iterator[Case]:
                 native = ctx.native_call(f"dist_allreduce_{engine}", md.copy(x))
                 if native is not None:
                     native.inner = 1
-                inplace = (Variant(partial(mdist.allreduce, buf, inplace=True), (), inner=1,
-                                   label="multidev.distributed.allreduce(x, inplace=True)")
-                           if ctx.b.capabilities.mutable and not checked else None)
+                # like with like: in place where the backend is mutable (as the engines' own calls are),
+                # out of place where it is not (JAX: the jitted sum makes a new array too)
+                mutable = ctx.b.capabilities.mutable
+                main = (Variant(partial(mdist.allreduce, buf, inplace=True), (), inner=1,
+                                label="multidev.distributed.allreduce(x, inplace=True)") if mutable else
+                        Variant(mdist.allreduce, (x,), inner=1, label="multidev.distributed.allreduce(x)"))
+                out_of_place = (Variant(mdist.allreduce, (x,), inner=1, label="multidev.distributed.allreduce(x) "
+                                        "(a new tensor: one allocation and copy more)")
+                                if mutable and not checked else None)
                 label = " checks on" if checked else ""
                 yield Case(f"dist allreduce {engine} {w} processes {fmt_bytes(size)}{label}",
-                           {"md": Variant(mdist.allreduce, (x,), inner=1, label="multidev.distributed.allreduce(x)"),
-                            "md_inplace": inplace, "native": native},
+                           {"md": main, "md_out_of_place": out_of_place, "native": native},
                            devices=[dev], check=check, before=mdist.barrier,
                            params={"engine": engine, "transport": mdist.transport_name(), "processes": w,
                                    "size": size, "dtype": "float32", "rank": r, "checks": checked},

@@ -68,8 +68,8 @@ def _fault_rows(engine: str, n: int, runs: int, timeout: float, run_index: int) 
 
 
 def _table(doc: dict[str, Any]) -> str:
-    rows = ["| engine | processes | size | md busbw GB/s (checks off) | engine's own call GB/s | ratio | md busbw, "
-            "checks on | check's cost per call |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| engine | processes | size | md busbw GB/s (checks off) | engine's own call GB/s | ratio | md out of "
+            "place | md, checks on | check's cost per call |", "|" + " --- |" * 9]
     by: dict[tuple, dict[bool, dict[str, Any]]] = {}
     for r in doc["results"]:
         if r.get("group") in ("dist allreduce", "dist allreduce checked") and r.get("variants"):
@@ -84,12 +84,14 @@ def _table(doc: dict[str, Any]) -> str:
             return None if not x else x.get("busbw_GBps")
 
         md_off, nat, md_on = bw(off.get("md")), bw(off.get("native")), bw(on.get("md"))
+        oop = bw(off.get("md_out_of_place"))
         cost = None
         if on.get("md") and off.get("md"):
             cost = (on["md"]["median_s"] - off["md"]["median_s"]) * 1e6
         fmt = lambda x: "-" if x is None else f"{x:.3g}"
         ratio = "-" if md_off is None or not nat else f"{md_off / nat:.2f}x"
-        rows.append(f"| {engine} | {n} | {fmt_bytes(size)} | {fmt(md_off)} | {fmt(nat)} | {ratio} | {fmt(md_on)} | "
+        rows.append(f"| {engine} | {n} | {fmt_bytes(size)} | {fmt(md_off)} | {fmt(nat)} | {ratio} | {fmt(oop)} | "
+                    f"{fmt(md_on)} | "
                     + ("-" if cost is None else f"{cost:+.0f} µs") + " |")
     rows += ["", "| engine | processes | timeout | time-to-error (median, min-max of the waiting ranks) | ratio | "
              "typed, naming the rank |", "| --- | --- | --- | --- | --- | --- |"]

@@ -7,8 +7,9 @@ that environment (``dist.init()`` with no engine named), run the scenarios below
 tensors and report one JSON line each. Marked ``multiprocess``: ``multidev conformance
 --multiprocess`` runs them.
 
-The fault scenarios (a killed rank, a hung rank, a rank that never arrives, mismatched and refused
-calls) run once per engine, with the first selected backend: they test the engine, not the tensors.
+The fault scenarios (a killed rank, a rank that never arrives, mismatched and refused calls followed
+by a hung rank in one launch) run once per engine, with the first selected backend: they test the
+engine, not the tensors.
 """
 from __future__ import annotations
 
@@ -63,16 +64,47 @@ def engine_unavailable(engine: str) -> str | None:
     return None
 
 
-def need_engine(engine: str) -> None:
-    why = engine_unavailable(engine)
+def need_engine(engine: str, backend: str | None = None) -> None:
+    why = engine_unavailable(engine) or _not_selected(engine, backend)
     if why:
         pytest.skip(why)
+
+
+#: Which engines run, and with which backends' tensors their collectives run: ``torch,jax=jax+mxnet``
+#: runs the torch engine with every selected backend and the jax engine with JAX's and MXNet's
+#: tensors only (its fault cases as always); unset: every installed engine with every backend.
+ENGINES_ENV = "MULTIDEV_DISTRIBUTED_ENGINES"
 
 
 def _engines() -> list[str]:
     from multidev.distributed import engine_names
 
     return engine_names()
+
+
+def _selection() -> dict[str, set[str] | None] | None:
+    raw = os.environ.get(ENGINES_ENV, "").strip()
+    if not raw:
+        return None
+    out: dict[str, set[str] | None] = {}
+    for item in filter(None, (v.strip() for v in raw.split(","))):
+        name, _, backends = item.partition("=")
+        out[name.strip()] = {b.strip() for b in backends.split("+") if b.strip()} if backends else None
+    return out
+
+
+def _not_selected(engine: str, backend: str | None = None) -> str | None:
+    """Why ``$MULTIDEV_DISTRIBUTED_ENGINES`` leaves this engine (with this backend's tensors) out."""
+    sel = _selection()
+    if sel is None:
+        return None
+    if engine not in sel:
+        return f"${ENGINES_ENV}={os.environ[ENGINES_ENV]} leaves the {engine} engine out"
+    only = sel[engine]
+    if backend is not None and only is not None and backend not in only:
+        return (f"${ENGINES_ENV}={os.environ[ENGINES_ENV]} runs the {engine} engine's collectives with "
+                f"{', '.join(sorted(only))} only")
+    return None
 
 
 def worker_env(**extra: str) -> dict[str, str]:
@@ -186,7 +218,7 @@ def _engine_param() -> Any:
 def test_collectives_across_processes(md_backend: Any, engine: str, world: int) -> None:
     """Every collective, op and the async variants, on the backend's tensors, over 2-4 processes of
     every engine: values against NumPy, the input's backend, device and dtype kept."""
-    need_engine(engine)
+    need_engine(engine, md_backend.name)
     first = list(engine_class(engine).conformance_worlds)
     others = [w for w in first if w < 4] or first[:1]
     if world not in (first if _first_selected(md_backend.name) else others):
@@ -221,19 +253,6 @@ def test_killed_rank_gives_the_others_a_timeout_error(md_backend: Any, engine: s
 
 
 @_engine_param()
-def test_hung_rank_gives_the_others_a_timeout_error(md_backend: Any, engine: str) -> None:
-    """Rank 1 of 2 stays alive but never calls the collective: rank 0 raises DistributedTimeoutError
-    after the timeout, naming rank 1 and the call."""
-    need_engine(engine)
-    if not _first_selected(md_backend.name):
-        pytest.skip("engine-level (the tensor's backend plays no part): runs once, with the first selected backend")
-    reports = _launch(engine, md_backend.name, 2, "hang", SHORT_TIMEOUT)
-    _assert_ok(reports)
-    assert SHORT_TIMEOUT - 0.5 <= reports[0]["elapsed"] < SHORT_TIMEOUT + SLACK, reports[0]
-    assert "rank 1" in reports[0]["message"] and "allreduce" in reports[0]["message"], reports[0]["message"]
-
-
-@_engine_param()
 def test_rank_that_never_arrives_fails_init_with_a_timeout(md_backend: Any, engine: str) -> None:
     """Rank 1 of 2 never calls init (it is not started, or under mpiexec it sleeps): rank 0's init
     raises DistributedTimeoutError after the timeout."""
@@ -245,6 +264,12 @@ def test_rank_that_never_arrives_fails_init_with_a_timeout(md_backend: Any, engi
     assert reports[0]["elapsed"] < SHORT_TIMEOUT + SLACK, reports[0]
 
 
+@functools.cache
+def _fault_reports(engine: str, backend: str) -> list[dict[str, Any]]:
+    """One launch for the calls the ranks disagree on, then a hung rank (it ends the group)."""
+    return _launch(engine, backend, _fault_world(engine), "faults", WORKER_TIMEOUT)
+
+
 @_engine_param()
 def test_mismatched_and_refused_calls_raise_on_every_rank(md_backend: Any, engine: str) -> None:
     """Shapes, ops and dtypes that differ between ranks, and a read-only tensor given to an in-place
@@ -253,7 +278,7 @@ def test_mismatched_and_refused_calls_raise_on_every_rank(md_backend: Any, engin
     need_engine(engine)
     if not _first_selected(md_backend.name):
         pytest.skip("engine-level (the tensor's backend plays no part): runs once, with the first selected backend")
-    reports = _launch(engine, md_backend.name, _fault_world(engine), "faults", WORKER_TIMEOUT)
+    reports = _fault_reports(engine, md_backend.name)
     _assert_ok(reports)
     steps = [s["step"] for s in reports[0]["steps"]]
     assert len(steps) >= 9, steps
@@ -272,6 +297,22 @@ def test_mismatched_and_refused_calls_raise_on_every_rank(md_backend: Any, engin
     ro = [next(s for s in rep["steps"] if s["step"] == "read-only inplace on rank 0") for rep in reports]
     assert ro[0]["outcome"] == "CapabilityError", ro
     assert all(o["outcome"] == "DistributedError" and "rank 0" in o["message"] for o in ro[1:]), ro
+
+
+@_engine_param()
+def test_hung_rank_gives_the_others_a_timeout_error(md_backend: Any, engine: str) -> None:
+    """After the mismatches (the same launch), the last rank stays alive but never calls the next
+    collective: the others raise DistributedTimeoutError after the timeout (set_timeout, shorter than
+    init's), naming that rank and the call."""
+    need_engine(engine)
+    if not _first_selected(md_backend.name):
+        pytest.skip("engine-level (the tensor's backend plays no part): runs once, with the first selected backend")
+    reports = _fault_reports(engine, md_backend.name)
+    _assert_ok(reports)
+    w = len(reports)
+    for rep in reports[:-1]:
+        assert SHORT_TIMEOUT - 0.5 <= rep["elapsed"] < SHORT_TIMEOUT + SLACK, rep
+        assert f"rank {w - 1}" in rep["message"] and "allreduce" in rep["message"], rep["message"]
 
 
 def test_calls_before_init_raise(md_backend: Any) -> None:
@@ -387,26 +428,6 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float, info: Any) ->
             raise AssertionError("a broken group accepted another allreduce")
         dist.shutdown()
         _report(r, ok=True, **report)
-        return 0
-
-    if scenario == "hang":
-        if r == 1:
-            time.sleep(timeout + 3)  # alive, but never joins the collective
-            dist.shutdown()
-            _report(r, ok=True)
-            return 0
-        x = arr(np.ones((3,), np.float32))
-        t0 = time.monotonic()
-        h = dist.allreduce(x, async_op=True)
-        try:
-            h.wait()
-        except dist.DistributedTimeoutError as e:
-            report["message"] = str(e)
-        else:
-            raise AssertionError("allreduce with a hung peer did not raise DistributedTimeoutError")
-        report.update(ok=True, elapsed=time.monotonic() - t0)
-        dist.shutdown()
-        _report(r, **report)
         return 0
 
     if scenario == "faults":
@@ -592,6 +613,22 @@ def _faults(r: int, w: int, report: dict[str, Any]) -> int:
     step("after refusal", lambda: dist.allreduce(ones), total)
     step("barrier vs allreduce", lambda: dist.barrier() if r == 0 else dist.allreduce(ones))
     step("after kinds", lambda: dist.allreduce(ones), total)
+    # then a rank that never joins: the last one stays alive, busy elsewhere
+    dist.set_timeout(SHORT_TIMEOUT)
+    if r == w - 1:
+        time.sleep(SHORT_TIMEOUT + 3)
+        dist.shutdown()
+        _report(r, ok=True, steps=steps, **report)
+        return 0
+    t0 = time.monotonic()
+    h = dist.allreduce(ones, async_op=True)
+    try:
+        h.wait()
+    except dist.DistributedTimeoutError as e:
+        report["message"] = str(e)
+    else:
+        raise AssertionError("allreduce with a hung peer did not raise DistributedTimeoutError")
+    report["elapsed"] = time.monotonic() - t0
     dist.shutdown()
     _report(r, ok=True, steps=steps, **report)
     return 0

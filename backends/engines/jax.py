@@ -248,10 +248,27 @@ class JaxEngine(Engine):
         return out
 
     # -- primitives ------------------------------------------------------------------------------
-    def _global(self, t: Any) -> Any:
+    def _global(self, t: Any) -> tuple[Any, tuple[int, ...]]:
+        """The global array of every process's ``t`` and the local shape: ``t`` itself is the shard
+        (along its first axis, so nothing is copied; a 0-d or empty ``t`` gets a leading axis of
+        one first), and the jitted functions view the result as ``(world_size, *local)``."""
         jax = self.jax
-        shard = jax.device_put(t.reshape((1, *t.shape)), self.native)
-        return jax.make_array_from_single_device_arrays((self.world, *t.shape), self.split, [shard])
+        shape = tuple(t.shape)
+        if not shape or shape[0] == 0:
+            t = t.reshape((1, *shape))
+        local = tuple(t.shape)
+        g = jax.make_array_from_single_device_arrays((self.world * local[0], *local[1:]), self.split,
+                                                      [jax.device_put(t, self.native)])
+        return g, local
+
+    def _stacked(self, fn: Callable[[Any], Any], local: tuple[int, ...]) -> Callable[[Any], Any]:
+        """``fn`` of the global array viewed as ``(world_size, *local)`` (inside the jitted function:
+        splitting the sharded axis moves no data)."""
+        n = self.world
+
+        def f(a: Any) -> Any:
+            return fn(a.reshape((n, *local)))
+        return f
 
     def _fn(self, key: tuple, make: Callable[[], Callable[[Any], Any]], out: Any) -> Callable[[Any], Any]:
         with self._lock:
@@ -269,36 +286,40 @@ class JaxEngine(Engine):
             return lambda a: jnp.prod(a, axis=0, dtype=a.dtype)
         return (lambda a: jnp.max(a, axis=0)) if op == "max" else (lambda a: jnp.min(a, axis=0))
 
-    def _run(self, what: str, key: tuple, make: Callable[[], Callable[[Any], Any]], out: Any, g: Any,
-             pick: Callable[[Any], Any]) -> Handle:
+    def _run(self, what: str, key: tuple, t: Any, fn: Callable[[Any], Any], out: Any,
+             pick: Callable[[Any, tuple[int, ...]], Any]) -> Handle:
         with self.lost(what):
-            res = self._fn(key, make, out)(g)
-        return _Ready(self, res, pick, what)
+            g, local = self._global(t)
+            f = self._fn((*key, local), lambda: self._stacked(fn, local), out)
+            res = f(g)
+        return _Ready(self, res, lambda a: pick(a, local), what)
 
     @staticmethod
     def _mine(a: Any) -> Any:
         return a.addressable_data(0)
 
+    def _shaped(self, shape: tuple[int, ...]) -> Callable[[Any, tuple[int, ...]], Any]:
+        """This process's shard of a result, reshaped back to ``shape`` (a 0-d or empty input's)."""
+        return lambda a, local: self._mine(a).reshape(shape)
+
     def allreduce(self, t: Any, op: str) -> Handle:
-        with self.lost("allreduce"):
-            g = self._global(t)
-        return self._run("allreduce (a jitted reduction over the process axis)", ("allreduce", op),
-                         lambda: self._reduction(op), self.whole, g, self._mine)
+        return self._run("allreduce (a jitted reduction over the process axis)", ("allreduce", op), t,
+                         self._reduction(op), self.whole, self._shaped(tuple(t.shape)))
 
     def broadcast(self, t: Any, src: int) -> Handle:
-        with self.lost("broadcast"):
-            g = self._global(t)
-        return self._run("broadcast", ("broadcast", src), lambda: (lambda a: a[src]), self.whole, g, self._mine)
+        return self._run("broadcast", ("broadcast", src), t, lambda a: a[src], self.whole,
+                         self._shaped(tuple(t.shape)))
 
     def reduce(self, t: Any, dst: int, op: str) -> Handle:
         return self.allreduce(t, op)
 
     def allgather(self, t: Any) -> Handle:
-        with self.lost("allgather"):
-            g = self._global(t)
-        n = self.world
-        return self._run("allgather", ("allgather",), lambda: (lambda a: a), self.whole, g,
-                         lambda a: [self._mine(a)[i] for i in range(n)])
+        n, shape = self.world, tuple(t.shape)
+
+        def pick(a: Any, local: tuple[int, ...]) -> list[Any]:
+            whole = self._mine(a).reshape((n, *shape))
+            return [whole[i] for i in range(n)]
+        return self._run("allgather", ("allgather",), t, lambda a: a, self.whole, pick)
 
     def gather(self, t: Any, dst: int) -> Handle:
         h = self.allgather(t)
@@ -308,21 +329,18 @@ class JaxEngine(Engine):
         return _Ready(self, h.out, lambda a: None, "gather")
 
     def reduce_scatter(self, blocks: Any, op: str) -> Handle:
-        with self.lost("reduce_scatter"):
-            g = self._global(blocks)
         piece = tuple(blocks.shape[1:])
-        return self._run("reduce_scatter", ("reduce_scatter", op), lambda: self._reduction(op), self.split, g,
-                         lambda a: self._mine(a).reshape(piece))
+        return self._run("reduce_scatter", ("reduce_scatter", op), blocks, self._reduction(op), self.split,
+                         lambda a, local: self._mine(a).reshape(piece))
 
     def scatter(self, blocks: Any | None, like: Any, src: int) -> Handle:
         jnp = self.jax.numpy
         piece = tuple(like.shape)
-        with self.lost("scatter"):
-            if blocks is None:
+        if blocks is None:
+            with self.lost("scatter"):
                 blocks = self.jax.device_put(jnp.zeros((self.world, *piece), dtype=like.dtype), self.native)
-            g = self._global(blocks)
-        return self._run("scatter", ("scatter", src), lambda: (lambda a: a[src]), self.split, g,
-                         lambda a: self._mine(a).reshape(piece))
+        return self._run("scatter", ("scatter", src), blocks, lambda a: a[src], self.split,
+                         lambda a, local: self._mine(a).reshape(piece))
 
 
 __all__ = ["JaxEngine"]

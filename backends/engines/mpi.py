@@ -12,7 +12,9 @@
   nonblocking one (``Iallreduce``, ``Ibcast``, ...) polled with the group's deadline; the
   consistency exchange is point-to-point ``Isend``/``Irecv`` of one small row to every rank, so the
   ranks whose rows did not arrive are known by name. Errors are returned, not fatal
-  (``MPI.ERRORS_RETURN``).
+  (``MPI.ERRORS_RETURN``). Open MPI's nonblocking allreduce runs its ring algorithm
+  (``OMPI_MCA_coll_libnbc_iallreduce_algorithm=ring`` unless set): its default was 1.5x slower than
+  the blocking ``Allreduce`` from 16 MiB on.
 - Dtypes MPI lacks: ``bfloat16`` is reduced in float32 and rounded back; ``bool`` reductions are
   logical or/and on bytes. Moves (broadcast, the gathers, scatter) send raw bytes.
 - Exit: mpi4py's automatic ``MPI_Finalize`` is replaced by this engine's (when mpi4py was not
@@ -263,6 +265,9 @@ class MpiEngine(Engine):
         if MPI.Is_finalized():
             raise DistributedError("the mpi engine: MPI was finalized in this process; MPI cannot start twice")
         if not MPI.Is_initialized():
+            # Open MPI's nonblocking allreduce (libnbc) picks an algorithm 1.5x slower than its blocking
+            # one from 16 MiB on; its ring matches the blocking call (measured on 2 and 4 local ranks)
+            os.environ.setdefault("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "ring")
             _init(MPI, rdv)
         self.MPI = MPI
         self._arg_classes = {getattr(MPI, n) for n in ("ERR_TYPE", "ERR_OP", "ERR_COUNT", "ERR_BUFFER", "ERR_ARG",

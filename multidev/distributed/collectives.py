@@ -71,6 +71,16 @@ def carries(dtype: str, device: DeviceLike | None = None, *, backend: str | None
     return (allowed is None or dtype in allowed) and dtype in tb.capabilities.dtypes_on(tdev)
 
 
+def _probe(b: Backend, x: Any) -> Any:
+    """What the writability probe writes into: x's first row (``split`` gives views, which keep x's
+    read-only or inference status), so that the probe of a large tensor costs one row, not two
+    passes over it; x itself where it has no rows to spare (0-d, one row)."""
+    shape = b.shape_of(x)
+    if len(shape) == 0 or shape[0] <= 1:
+        return x
+    return b.split(x, [1, shape[0] - 1], 0)[0]
+
+
 def _check_rank(r: Any, g: Group, what: str, name: str) -> int:
     if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < g.world_size:
         raise CollectiveInputError(f"{what}: {name}={r!r:.40} is not a rank of this world (0..{g.world_size - 1})")
@@ -153,7 +163,7 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
         dtype = b.dtype_of(x)
         check_op(op, dtype, what)
         if inplace:
-            check_writable(b, x, f"{what}(inplace=True)")
+            check_writable(b, _probe(b, x), f"{what}(inplace=True)")
         return Call("allreduce", op=op, dtype=dtype, shape=_shape(b, x, what), tkind=_carried(g, b, x, dtype, what))
 
     agreed = agree(g, "allreduce", local, async_op)
@@ -179,7 +189,7 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
         b = backend_of(x)
         dtype = b.dtype_of(x)
         if inplace:
-            check_writable(b, x, f"{what}(inplace=True)")
+            check_writable(b, _probe(b, x), f"{what}(inplace=True)")
         return Call("broadcast", root=src, dtype=dtype, shape=_shape(b, x, what), tkind=_carried(g, b, x, dtype, what))
 
     agreed = agree(g, "broadcast", local, async_op)

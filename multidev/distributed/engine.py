@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import socket
 import threading
 import time
@@ -164,15 +165,18 @@ class Done(Handle):
         return self.value
 
 
-def poll_until(done: Callable[[], bool], timeout: float, *, spin: float = 5e-5) -> bool:
+def poll_until(done: Callable[[], bool], timeout: float, *, spin: float = 1e-3, busy: float = 0.05) -> bool:
     """Call ``done()`` until it returns True (then True) or ``timeout`` seconds pass (then False):
-    back to back for ``spin`` seconds, then yielding the CPU, then sleeping up to 1 ms between
-    calls, so that a long wait neither burns a core nor adds more than a millisecond."""
+    back to back for ``spin`` seconds (a runtime without a progress thread, like MPI's, moves data
+    only inside these calls), then yielding the CPU between calls up to ``busy`` seconds (other
+    processes on the same cores progress too), then sleeping up to 1 ms between calls, so that a
+    long wait neither burns a core nor adds more than a millisecond."""
     if done():
         return True
     start = time.perf_counter()
     deadline = start + max(0.0, timeout)
     nap = 0.0
+    yield_cpu = getattr(os, "sched_yield", lambda: time.sleep(0))
     while True:
         if done():
             return True
@@ -182,8 +186,8 @@ def poll_until(done: Callable[[], bool], timeout: float, *, spin: float = 5e-5) 
         waited = now - start
         if waited < spin:
             continue
-        if waited < 2e-3:
-            time.sleep(0)
+        if waited < busy:
+            yield_cpu()
         else:
             nap = min(1e-3, max(5e-5, nap * 1.5))
             time.sleep(min(nap, max(0.0, deadline - now)))

@@ -36,7 +36,7 @@ from .engine import (
 
 __all__ = ["CHECK_ENV", "DEFAULT_TIMEOUT", "ENGINE_ENV", "GroupInfo", "checks_enabled", "current", "detect_launch",
            "engine_name", "group_info", "init", "is_initialized", "launched", "local_rank", "rank",
-           "shutdown", "transport_name", "world_size"]
+           "set_timeout", "shutdown", "transport_name", "world_size"]
 
 #: Seconds a collective (and init's rendezvous) waits for the other ranks before raising.
 DEFAULT_TIMEOUT = 300.0
@@ -332,6 +332,12 @@ def is_initialized() -> bool:
 def checks_enabled() -> bool:
     """Whether this group checks every collective's consistency across ranks."""
     return current().check
+
+
+def set_timeout(seconds: float) -> None:
+    """The seconds this rank's collectives wait for the others from now on (init's ``timeout``
+    otherwise): a short one after a long first step, say. Local: each rank sets its own."""
+    current().timeout = _positive("timeout", seconds)
 
 
 def rank() -> int:
