@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ._device import Device, DeviceLike
-from .dtypes import canonical_dtype, is_floating
+from .dtypes import ITEMSIZE, canonical_dtype, is_floating
 from .errors import (
     CapabilityError,
     DeviceMismatchError,
@@ -25,22 +25,26 @@ from .registry import (
     available_backends,
     backend_of,
     cached_device_waits,
+    cached_owner,
     cached_tensor_wait,
     device_wait,
     get_backend,
     loaded_backends,
     supports,
+    tie_cache,
     waiter_of,
 )
 from .transfer import start_to
 from .trees import is_structure, leaves, tree_map
 from .validate import (
+    MAX_ELEMENTS,
     check_fill,
     check_memory,
     check_range,
     check_seed,
     check_shape,
     check_values,
+    host_memory,
     range_length,
     translate_errors,
 )
@@ -176,11 +180,66 @@ def _dtype(b: Backend, dtype: Any, default: str, device: Device) -> str:
 
 
 
+#: (adapter, id of its capabilities, dtype spelling, default, device) -> (those capabilities, the
+#: canonical dtype name creation checked): the dtype check runs once per spelling, device and
+#: capability set (JAX's change with x64), then costs one lookup. Bounded; spellings that cannot be
+#: hashed are checked every call.
+_DTYPES_CHECKED: dict[tuple[Any, ...], tuple[Any, str]] = {}
+_DTYPES_CHECKED_MAX = 4096
+
+
+def _checked_dtype(b: Backend, dtype: Any, default: str, device: Device) -> str:
+    """:func:`_dtype`, remembered (see :data:`_DTYPES_CHECKED`)."""
+    caps = b.capabilities
+    key = (b, id(caps), dtype, default, device)
+    try:
+        hit = _DTYPES_CHECKED.get(key)
+    except TypeError:  # an unhashable spelling: checked every time
+        return _dtype(b, dtype, default, device)
+    if hit is not None and hit[0] is caps:
+        return hit[1]
+    name = _dtype(b, dtype, default, device)
+    if len(_DTYPES_CHECKED) < _DTYPES_CHECKED_MAX:
+        _DTYPES_CHECKED[key] = (caps, name)
+    return name
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    """:func:`~multidev.validate.check_shape`, with the common cases (an int, a short tuple of plain
+    non-negative ints) checked inline."""
+    if shape.__class__ is int:
+        if shape >= 0:
+            return (shape,)
+    elif shape.__class__ is tuple and len(shape) <= 4:
+        n = 1
+        for s in shape:
+            if s.__class__ is not int or s < 0:
+                break
+            n *= s
+        else:
+            if n <= MAX_ELEMENTS:
+                return shape
+    return check_shape(shape)
+
+
+def _fits_host(shp: tuple[int, ...], dtype: str, b: Backend, what: str) -> None:
+    """:func:`~multidev.validate.check_memory` for a host tensor, asked only when the request could
+    be too large."""
+    n = 1
+    for s in shp:
+        n *= s
+    have = host_memory()
+    if have is not None and n * ITEMSIZE.get(dtype, 8) > have:
+        check_memory(shp, dtype, True, f"{b.name} {what}")
+
+
 def _native(b: Backend, what: str, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` (a method of adapter ``b``); a framework error comes as its MultidevError
     naming ``b`` and ``what``, the framework's message kept."""
-    with translate_errors(lambda: f"{b.name} {what}"):
+    try:
         return fn(*args)
+    except Exception as e:  # noqa: BLE001 - translated by reraise
+        translate_errors(lambda: f"{b.name} {what}").reraise(e)
 
 def _int_default(b: Backend, device: Device) -> str:
     return "int64" if "int64" in b.capabilities.dtypes_on(device) else "int32"
@@ -199,7 +258,7 @@ def _filled(what: str, value: Any, shape: int | Sequence[int], dtype: Any, devic
     """``full``'s one path (zeros and ones too): validated in the core, then ``b.full``. Without a
     ``default``, the dtype follows the value's Python type."""
     b = _backend(backend)
-    shp = check_shape(shape)
+    shp = _shape(shape)
     dev = resolve(b, device)
     if isinstance(value, np.generic):
         value = value.item()
@@ -212,32 +271,88 @@ def _filled(what: str, value: Any, shape: int | Sequence[int], dtype: Any, devic
             default = "complex64"
         else:
             default = "float32"
-    name = _dtype(b, dtype, default, dev)
+    name = _checked_dtype(b, dtype, default, dev)
     fill = check_fill(value, name)
-    check_memory(shp, name, dev.kind == "cpu", f"{b.name} {what}")
+    if dev.kind == "cpu":
+        _fits_host(shp, name, b, what)
     return _native(b, what, b.full, shp, fill, name, dev)
+
+
+def _constant(what: str, value: int, shape: int | Sequence[int], dtype: Any, device: DeviceLike | None,
+              backend: str | None) -> Any:
+    """zeros and ones (``value`` 0 or 1, float32 by default): :func:`_filled`'s checks, made once per
+    (backend, device, dtype) spelling and kept as a plan (:data:`_PLANS`); a call then checks its
+    shape, that the device is still the backend's, that the backend's capabilities are those the
+    plan was made with, and the host memory."""
+    if device is None:
+        device = scope_device.get()
+    if backend is None:
+        backend = scope_backend.get()
+    key: tuple[Any, ...] | None = (what, backend if backend is not None else _backend(None), device, dtype)
+    try:
+        plan = _PLANS.get(key)  # type: ignore[arg-type]
+    except TypeError:  # an unhashable spelling: no plan
+        plan = key = None
+    if plan is None:
+        b = _backend(backend)
+        dev = resolve(b, device)
+        name = _checked_dtype(b, dtype, "float32", dev)
+        have = host_memory() if dev.kind == "cpu" else None  # a host tensor: at most this many elements
+        plan = (b, b.capabilities, dev, name, check_fill(value, name),
+                max(1, have // ITEMSIZE.get(name, 8)) if have is not None else 0)
+        if key is not None and len(_PLANS) < _PLANS_MAX:
+            _PLANS[key] = plan
+    b, caps, dev, name, fill, host_max = plan
+    if b.capabilities is not caps or dev not in b.devices():  # the backend changed: plan again
+        if key is not None:
+            _PLANS.pop(key, None)
+        return _constant(what, value, shape, dtype, device, backend)
+    shp = _shape(shape)
+    if host_max:
+        n = 1
+        for s in shp:
+            n *= s
+        if n > host_max:
+            check_memory(shp, name, True, f"{b.name} {what}")
+    try:
+        return b.full(shp, fill, name, dev)
+    except Exception as e:  # noqa: BLE001 - translated by reraise
+        translate_errors(lambda: f"{b.name} {what}").reraise(e)
+
+
+#: (call, backend name or adapter, device spelling, dtype spelling) -> (adapter, capabilities,
+#: device, dtype name, fill value, most elements of a host tensor the memory holds): what zeros and
+#: ones checked once. Cleared when
+#: the registry changes (tie_cache); bounded.
+_PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = tie_cache({})
+_PLANS_MAX = 1024
+
+
+#: (0 or 1, dtype name) -> the checked fill value of zeros/ones (plain ints only: 0 == 0.0 == False).
+_FILLS: dict[tuple[int, str], Any] = {}
 
 
 def zeros(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
           backend: str | None = None) -> Any:
     """A new tensor of zeros (float32 by default) on ``device``."""
-    return _filled("zeros", 0, shape, dtype, device, backend, "float32")
+    return _constant("zeros", 0, shape, dtype, device, backend)
 
 
 def ones(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
          backend: str | None = None) -> Any:
     """A new tensor of ones (float32 by default) on ``device``."""
-    return _filled("ones", 1, shape, dtype, device, backend, "float32")
+    return _constant("ones", 1, shape, dtype, device, backend)
 
 
 def empty(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
           backend: str | None = None) -> Any:
     """A new uninitialised tensor (float32 by default) on ``device``."""
     b = _backend(backend)
-    shp = check_shape(shape)
+    shp = _shape(shape)
     dev = resolve(b, device)
-    name = _dtype(b, dtype, "float32", dev)
-    check_memory(shp, name, dev.kind == "cpu", f"{b.name} empty")
+    name = _checked_dtype(b, dtype, "float32", dev)
+    if dev.kind == "cpu":
+        _fits_host(shp, name, b, "empty")
     return _native(b, "empty", b.empty, shp, name, dev)
 
 
@@ -358,12 +473,14 @@ def device_of(x: Any) -> Device:
     """The device tensor ``x`` lives on; for a structure (lists, tuples, named tuples, dicts, a
     framework's trees and models), the one device of all its tensors, else DeviceMismatchError
     saying where they are. Never copies or waits."""
-    try:
-        b = backend_of(x)
-    except UnsupportedTensorError:
-        if not is_structure(x):
-            raise
-        return _structure_device(x)
+    b = cached_owner(type(x))  # the hot path: a tensor class seen before, one lookup
+    if b is None:
+        try:
+            b = backend_of(x)
+        except UnsupportedTensorError:
+            if not is_structure(x):
+                raise
+            return _structure_device(x)
     return b.device_of(x)
 
 
@@ -383,7 +500,8 @@ def _structure_device(x: Any) -> Device:
 
 def dtype_of(x: Any) -> str:
     """The canonical dtype name of tensor ``x``."""
-    return backend_of(x).dtype_of(x)
+    b = cached_owner(type(x))
+    return (b if b is not None else backend_of(x)).dtype_of(x)
 
 
 def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
@@ -397,18 +515,22 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     """
     if non_blocking:
         return start_to(x, device)
-    try:
-        b = backend_of(x)
-    except UnsupportedTensorError:
-        if not is_structure(x):
-            raise
-        return _structure_to(x, device)
+    b = cached_owner(type(x))
+    if b is None:
+        try:
+            b = backend_of(x)
+        except UnsupportedTensorError:
+            if not is_structure(x):
+                raise
+            return _structure_to(x, device)
     dev = device if device.__class__ is Device else as_device(device)
-    if b.device_of(x) == dev:  # the no-op path: no enumeration, no validation
+    if b.device_of(x) is dev:  # the no-op path (Devices are interned): no enumeration, no validation
         return x
     target = resolve(b, dev)
-    with translate_errors(lambda: f"{b.name} to({target})"):
+    try:
         return b.move(x, target)
+    except Exception as e:  # noqa: BLE001 - translated by reraise
+        translate_errors(lambda: f"{b.name} to({target})").reraise(e)
 
 
 def _structure_to(x: Any, device: DeviceLike) -> Any:
@@ -462,21 +584,28 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
     """
     # The hot paths first, in as few steps as can be: a tensor whose class was seen before, and a
     # device spelling (str or Device: interned, hashed as cheaply as any object) seen before.
-    w = cached_tensor_wait(target.__class__)
-    if w is not None and backend is None:
-        with _SYNC_ERRORS:
-            w(target)
-        return
+    # (A try costs nothing until something raises; the translation is translate_errors'.)
     cls = target.__class__
+    w = cached_tensor_wait(cls)
+    if w is not None and backend is None:
+        try:
+            w(target)
+        except Exception as e:  # noqa: BLE001 - translated by reraise
+            _SYNC_ERRORS.reraise(e)
+        return
     if (cls is Device or cls is str) and (backend is None or backend.__class__ is str):
         per = cached_device_waits(backend)
         fn = None if per is None else per.get(target)
         if fn is not None:
-            with _SYNC_ERRORS:
+            try:
                 fn()
+            except Exception as e:  # noqa: BLE001 - translated by reraise
+                _SYNC_ERRORS.reraise(e)
             return
-    with _SYNC_ERRORS:
+    try:
         _synchronize(target, backend)
+    except Exception as e:  # noqa: BLE001 - translated by reraise
+        _SYNC_ERRORS.reraise(e)
 
 
 _SYNC_ERRORS = translate_errors("synchronize")
@@ -497,11 +626,18 @@ def _device_wait(dev: Device, backend: str | None) -> Callable[[], Any]:
             waits.append(fn)
     if len(waits) == 1:
         return waits[0]
+    if not waits:
+        return _nothing
 
     def wait_all() -> None:
         for w in waits:
             w()
     return wait_all
+
+
+def _nothing() -> None:
+    """The wait of a device no loaded backend can have queued work on (synchronous backends)."""
+    return None
 
 
 def _synchronize(target: Any, backend: str | None) -> None:

@@ -3,6 +3,7 @@ it, and presenting a bare capsule through the ``__dlpack__`` protocol. No depend
 from __future__ import annotations
 
 import ctypes
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,10 @@ _get_name.restype, _get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
 _get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
 _get_ptr.restype, _get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
 _READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+_string_at = ctypes.string_at
+_new_info = object.__new__
+_FLAGS = struct.Struct("<Q")
+_TENSOR = struct.Struct("<QiiiBBHQQQ")  # DLTensor on a 64-bit machine: 48 bytes, no padding
 
 
 def dlpack_info(capsule: Any) -> DLPackInfo:
@@ -72,21 +77,23 @@ def dlpack_info(capsule: Any) -> DLPackInfo:
     read_only = False
     if name == b"dltensor_versioned":
         # DLManagedTensorVersioned: {u32 major, u32 minor}, void* ctx, void* deleter, u64 flags, DLTensor
-        read_only = bool(ctypes.c_uint64.from_address(addr + 24).value & _READ_ONLY)
-        addr += 32
+        raw = _string_at(addr, 80)  # (one read of the whole header: each ctypes call costs)
+        read_only = bool(_FLAGS.unpack_from(raw, 24)[0] & _READ_ONLY)
+        head = _TENSOR.unpack_from(raw, 32)
+    else:
+        head = _TENSOR.unpack_from(_string_at(addr, _TENSOR.size))
     # DLTensor: void* data; DLDevice{i32 type, i32 id}; i32 ndim; DLDataType{u8 code, u8 bits, u16 lanes};
     # i64* shape; i64* strides; u64 byte_offset
-    data = ctypes.c_void_p.from_address(addr).value or 0
-    dev = (ctypes.c_int32 * 2).from_address(addr + 8)
-    ndim = ctypes.c_int32.from_address(addr + 16).value
-    dt = (ctypes.c_uint8 * 2).from_address(addr + 20)
-    shape_p = ctypes.c_void_p.from_address(addr + 24).value
-    strides_p = ctypes.c_void_p.from_address(addr + 32).value
-    offset = ctypes.c_uint64.from_address(addr + 40).value
-    shape = tuple((ctypes.c_int64 * ndim).from_address(shape_p)) if ndim > 0 and shape_p else ()
-    strides = tuple((ctypes.c_int64 * ndim).from_address(strides_p)) if ndim > 0 and strides_p else None
-    return DLPackInfo((int(dev[0]), int(dev[1])), (int(dt[0]), int(dt[1])), tuple(map(int, shape)),
-                      None if strides is None else tuple(map(int, strides)), data + offset, read_only)
+    data, dev_type, dev_id, ndim, code, bits, _lanes, shape_p, strides_p, offset = head
+    if ndim > 0 and shape_p:
+        shape = struct.unpack(f"<{ndim}q", _string_at(shape_p, 8 * ndim))
+    else:
+        shape = ()
+    strides = struct.unpack(f"<{ndim}q", _string_at(strides_p, 8 * ndim)) if ndim > 0 and strides_p else None
+    info = _new_info(DLPackInfo)  # (the frozen dataclass's __init__ costs more than the reads above)
+    info.__dict__.update(device=(dev_type, dev_id), code_bits=(code, bits), shape=shape, strides=strides,
+                         address=(data or 0) + offset, read_only=read_only)
+    return info
 
 
 class DLPackCapsule:

@@ -13,6 +13,8 @@ under ``copy=False``):
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import struct
 from typing import Any
 
 from ._device import DeviceLike
@@ -20,11 +22,12 @@ from .dlpack import DLPackCapsule, DLPackInfo, dlpack_info
 from .errors import CapabilityError, DeviceMismatchError, DeviceNotFoundError, MultidevError, UnsupportedTensorError
 from .placement import as_device
 from .protocol import Backend, SupportsDLPack
-from .registry import backend_of, get_backend, require
+from .registry import backend_of, cached_owner, get_backend, require, tie_cache
 from .trees import is_structure, tree_map
 from .validate import translate_errors
 
-__all__ = ["DLPackCapsule", "DLPackInfo", "convert", "dlpack_info", "exportable", "peek"]
+__all__ = ["CExchangeAPI", "DLPackCapsule", "DLPackInfo", "c_exchange_api", "convert", "dlpack_info", "exportable",
+           "peek"]
 
 
 def exportable(src: Backend, x: Any) -> Any:
@@ -70,6 +73,202 @@ def _share_refusal(info: DLPackInfo | None, dst: Backend) -> str | None:
     return None
 
 
+class _Exported:
+    """Producer ``obj`` with one capsule it already exported (and the core inspected): handed to the
+    first consumer that asks for that kind of capsule (versioned or legacy, no copy, no other
+    device), so the buffer is exported once per ``convert``; any other request goes to ``obj``."""
+
+    __slots__ = ("_cap", "_obj", "_versioned")
+
+    def __init__(self, obj: Any, cap: Any, versioned: bool) -> None:
+        self._obj, self._cap, self._versioned = obj, cap, versioned
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        cap = self._cap
+        if cap is not None and not args and kwargs.get("copy") is not True and kwargs.get("dl_device") is None:
+            mv = kwargs.get("max_version")
+            if (mv is not None and tuple(mv) >= (1, 0)) == self._versioned:
+                self._cap = None
+                return cap
+        return self._obj.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._obj.__dlpack_device__()
+
+    def __getattr__(self, name: str) -> Any:  # dtype, shape, device: as the producer's
+        return getattr(self._obj, name)
+
+
+# -- DLPack's C exchange API (DLPack 1.3: a type's ``__dlpack_c_exchange_api__``) ---------------
+_API_NAME = b"dlpack_exchange_api"
+_VERSIONED, _USED, _LEGACY = b"dltensor_versioned", b"used_dltensor_versioned", b"dltensor"
+_NOT_HOST = "not a host buffer"
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_capsule_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))
+_capsule_rename = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_SetName", ctypes.pythonapi))
+_decref = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(("Py_DecRef", ctypes.pythonapi))
+# int (*)(void* py_object, DLManagedTensorVersioned** out) and the other entries of the table
+_FROM_PY = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(ctypes.c_void_p))
+_TO_PY = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+_DLTENSOR_FROM_PY = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p)
+_HEAD = struct.Struct("<QQQQQiiiBBHQQQ")  # DLManagedTensorVersioned: version, ctx, deleter, flags, DLTensor
+_TENSOR = struct.Struct("<QiiiBBHQQQ")  # DLTensor alone (64-bit)
+_KDLCPU, _READ_ONLY = 1, 1
+
+
+class CExchangeAPI:
+    """A framework's DLPack C exchange table (``DLPackExchangeAPI``, dlpack.h 1.3), read from the
+    ``__dlpack_c_exchange_api__`` capsule of its tensor type: the calls ``convert`` makes through it
+    instead of ``__dlpack__`` and ``from_dlpack`` in Python (see :func:`c_exchange_api`)."""
+
+    __slots__ = ("dltensor_from_py", "from_py", "to_py", "version")
+
+    def __init__(self, version: tuple[int, int], from_py: int, to_py: int, dltensor_from_py: int) -> None:
+        self.version = version
+        #: ``managed_tensor_from_py_object_no_sync``: a tensor of this type -> an owned DLManagedTensorVersioned*
+        self.from_py = _FROM_PY(from_py) if from_py else None
+        #: ``managed_tensor_to_py_object_no_sync``: an owned DLManagedTensorVersioned* -> a tensor (stolen)
+        self.to_py = _TO_PY(to_py) if to_py else None
+        #: ``dltensor_from_py_object_no_sync``: a tensor -> a borrowed DLTensor (may be absent)
+        self.dltensor_from_py = _DLTENSOR_FROM_PY(dltensor_from_py) if dltensor_from_py else None
+
+
+_C_APIS: dict[type, CExchangeAPI | None] = {}
+
+
+def c_exchange_api(cls: type) -> CExchangeAPI | None:
+    """The DLPack C exchange API of tensor type ``cls`` (its ``__dlpack_c_exchange_api__`` capsule,
+    major version 1), or None where it has none; read once per type."""
+    try:
+        return _C_APIS[cls]
+    except KeyError:
+        pass
+    api = None
+    cap = getattr(cls, "__dlpack_c_exchange_api__", None)
+    if type(cap).__name__ == "PyCapsule":
+        try:
+            p = _capsule_pointer(cap, _API_NAME)
+            major, minor, _prev = struct.unpack("<IIQ", ctypes.string_at(p, 16))
+            if major == 1 and p:
+                _alloc, from_py, to_py, dlt, _stream = struct.unpack("<5Q", ctypes.string_at(p + 16, 40))
+                api = CExchangeAPI((major, minor), from_py, to_py, dlt)
+        except (ValueError, TypeError, OSError):  # a capsule of another name, a NULL table
+            api = None
+    if len(_C_APIS) < 256:
+        _C_APIS[cls] = api
+    return api
+
+
+def _consumer_api(dst: Backend) -> CExchangeAPI | None:
+    """The C exchange API of ``dst``'s tensor type, where its adapter says its ``import_dlpack``
+    is exactly the framework's own ``from_dlpack``, which takes bare capsules too
+    (``dlpack_c_exchange``), so the C call may stand in for it."""
+    if not getattr(dst, "dlpack_c_exchange", False):
+        return None
+    for t in dst.tensor_types():
+        api = c_exchange_api(t)
+        if api is not None and api.to_py is not None:
+            return api
+    return None
+
+
+def _layout_refusal(raw: bytes, off: int, flags: int, dst: Backend) -> str | None:
+    """:func:`_share_refusal` for a DLTensor read at ``raw[off:]`` (one read of the header)."""
+    _data, dev_type, _id, ndim, _c, _b, _l, shape_p, strides_p, _o = _TENSOR.unpack_from(raw, off)
+    if dev_type != _KDLCPU:
+        return _NOT_HOST
+    if flags & _READ_ONLY and dst.capabilities.mutable:
+        return "it is read-only, and a writable alias of it would let writes through"
+    if ndim > 0 and strides_p:
+        fmt = f"<{ndim}q"
+        strides = struct.unpack(fmt, ctypes.string_at(strides_p, 8 * ndim))
+        if any(st <= 0 for st in strides):
+            shape = struct.unpack(fmt, ctypes.string_at(shape_p, 8 * ndim))
+            if any(st <= 0 for n, st in zip(shape, strides) if n > 1):
+                return f"its strides {strides} are negative or zero (a reversed or broadcast view)"
+    return None
+
+
+def _steal(p: int | None) -> Any:
+    """The object behind a new reference ``p`` (PyObject*) a C call handed back; the reference is ours."""
+    if not p:
+        raise BufferError("the consumer's DLPack C import gave no object")
+    obj = ctypes.cast(p, ctypes.py_object).value  # (a second reference)
+    _decref(p)
+    return obj
+
+
+def _host_share(obj: Any, dst: Backend, src: str) -> tuple[Any, Any]:
+    """Host buffer ``obj`` (a producer) checked by the core's rules (:func:`_share_refusal`; else
+    CapabilityError) before consumer ``dst`` sees it, exported once: ``(y, None)`` where DLPack's C
+    exchange API gave ``dst``'s tensor ``y`` already, else ``(None, producer)`` for ``dst``'s
+    ``import_dlpack``, the producer handing out the capsule the core read (:class:`_Exported`).
+
+    Where the consumer's adapter says its import is the framework's own ``from_dlpack``
+    (``dlpack_c_exchange``) and both types have DLPack's C exchange API (DLPack 1.3), the producer's
+    managed tensor goes to the consumer's C import with no capsule and no ``__dlpack__``; with the
+    consumer's adapter saying so alone, the capsule goes to it bare. A mutable consumer's capsule is
+    a versioned one (its read-only flag shows), an immutable consumer's a legacy one (what JAX and
+    TensorFlow ask for)."""
+    to = _consumer_api(dst)
+    if to is not None:
+        src_api = c_exchange_api(type(obj))
+        if src_api is not None and src_api.from_py is not None:
+            out = ctypes.c_void_p()
+            src_api.from_py(obj, ctypes.byref(out))  # a Python error the producer set is raised here
+            if out.value:
+                y = _c_import(to, out.value, None, dst, src)
+                if y is not None:
+                    return y, None
+    versioned = dst.capabilities.mutable or to is not None
+    try:
+        cap = obj.__dlpack__(max_version=(1, 0)) if versioned else obj.__dlpack__()
+        name = _capsule_name(cap)
+    except (TypeError, BufferError, NotImplementedError, AttributeError, ValueError):
+        refusal = _share_refusal(peek(obj), dst)  # a producer without that kind of capsule: the general probe
+        if refusal is not None:
+            raise CapabilityError(f"{src} buffer not shared: {refusal}") from None
+        return None, obj
+    if name == _VERSIONED:
+        raw = ctypes.string_at(_capsule_pointer(cap, name), _HEAD.size)
+        refusal = _layout_refusal(raw, 32, _HEAD.unpack_from(raw)[3], dst)
+    elif name == _LEGACY:
+        refusal = _layout_refusal(ctypes.string_at(_capsule_pointer(cap, name), _TENSOR.size), 0, 0, dst)
+    else:  # not a capsule the core can read: the consumer judges it
+        refusal = None
+    if refusal is not None and refusal != _NOT_HOST:
+        raise CapabilityError(f"{src} buffer not shared: {refusal}")
+    if to is not None and refusal is None:
+        # The consumer's own from_dlpack takes the capsule as it is. (Its C import through ctypes
+        # would cost more than that: each foreign call costs about what torch's whole import does.)
+        return None, cap
+    return None, _Exported(obj, cap, versioned)
+
+
+def _c_import(to: CExchangeAPI, ptr: int, cap: Any, dst: Backend, src: str) -> Any:
+    """The managed tensor at ``ptr`` (the producer's own, or ``cap``'s) as ``dst``'s tensor through
+    its C import, after the core's rules; a managed tensor the rules refuse is freed (its deleter).
+    None for a buffer that is not plain host memory (the ordinary route takes it: stream rules)."""
+    raw = ctypes.string_at(ptr, _HEAD.size)
+    refusal = _layout_refusal(raw, 32, _HEAD.unpack_from(raw)[3], dst)
+    if refusal is not None:
+        if cap is None:  # the producer's managed tensor is ours: free it through its deleter
+            deleter = _HEAD.unpack_from(raw)[2]
+            if deleter:
+                ctypes.CFUNCTYPE(None, ctypes.c_void_p)(deleter)(ptr)
+        if refusal == _NOT_HOST:
+            return None
+        raise CapabilityError(f"{src} buffer not shared: {refusal}")
+    if cap is not None:
+        _capsule_rename(cap, _USED)  # the consumer owns the managed tensor now, not the capsule
+    res = ctypes.c_void_p()
+    assert to.to_py is not None  # (_consumer_api picks only tables with one)
+    to.to_py(ptr, ctypes.byref(res))  # a Python error the consumer set is raised here
+    return _steal(res.value)
+
+
 def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLike | None = None) -> Any:
     """``x`` as a tensor of another framework, on the same device, same shape, dtype and values.
 
@@ -93,20 +292,53 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
     itself (a copy with ``copy=True``) when it is on ``device``. A framework error on the way comes
     as its MultidevError, the framework's message kept.
     """
-    with translate_errors(lambda: f"convert to {backend}"):
-        try:
-            backend_of(x)
-        except UnsupportedTensorError:  # a structure: every tensor converted, the structure kept
-            if not is_structure(x):
-                raise
-            return tree_map(lambda t: _convert(t, backend, copy, device), x, f"convert to {backend}")
+    try:
         return _convert(x, backend, copy, device)
+    except UnsupportedTensorError:  # a structure: every tensor converted, the structure kept
+        if not is_structure(x):
+            raise
+        try:
+            return tree_map(lambda t: _convert(t, backend, copy, device), x, f"convert to {backend}")
+        except Exception as e:  # noqa: BLE001 - translated by reraise
+            translate_errors(lambda: f"convert to {backend}").reraise(e)
+    except Exception as e:  # noqa: BLE001 - translated by reraise (a try costs nothing until something raises)
+        translate_errors(lambda: f"convert to {backend}").reraise(e)
+
+
+#: (source adapter, consumer, device, target device, dtype, ids of both capability sets) -> what
+#: convert checked for them once: (the capability sets, why no DLPack route, handshake, wait first).
+_ROUTES: dict[tuple[Any, ...], tuple[Any, Any, str, bool, bool]] = tie_cache({})
+
+
+def _route(src: Backend, dst: Backend, here: Any, dev: Any, dtype: str, sc: Any, dc: Any
+           ) -> tuple[Any, Any, str, bool, bool]:
+    """The checks of a convert from ``src`` on ``here`` to ``dst`` on ``dev`` that depend on no
+    tensor: the device and dtype exist on the consumer (DeviceNotFoundError, CapabilityError), both
+    sides speak DLPack (else the reason), the stream handshake, and whether to wait first."""
+    if dev not in dst.devices():
+        raise DeviceNotFoundError(
+            f"convert: {dst.name} has no device {dev} (where the {src.name} tensor would live); available: "
+            f"{', '.join(map(str, dst.devices()))}. Move it first with multidev.to(x, 'cpu')."
+        )
+    if dtype not in dc.dtypes_on(dev):
+        raise CapabilityError(f"convert: {dst.name} cannot hold {dtype} on {dev}; cast the {src.name} tensor "
+                              "first")
+    if not (sc.dlpack and dc.dlpack):
+        return sc, dc, f"{src.name if not sc.dlpack else dst.name} has no DLPack support", False, False
+    why = ""
+    try:
+        require(src, SupportsDLPack, "convert")
+        require(dst, SupportsDLPack, "convert")
+    except CapabilityError as e:
+        why = f"CapabilityError: {e}"
+    handshake = here.kind != "cpu" and sc.dlpack_streams and dc.dlpack_streams
+    return sc, dc, why, bool(handshake), bool(sc.async_execution and not handshake)
 
 
 def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None) -> Any:
     if copy is not None and not isinstance(copy, bool):
         raise CapabilityError(f"convert: copy must be None, True or False, got {copy!r:.40}")
-    src = backend_of(x)
+    src = cached_owner(type(x)) or backend_of(x)
     dst = get_backend(backend)
     here = src.device_of(x)
     dev = here if device is None else as_device(device)
@@ -127,29 +359,29 @@ def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None)
         if copy is False:
             raise CapabilityError(f"convert: {src.name} cannot label this buffer with {dev} without a copy")
         return src.move(x, dev)
-    if dev not in dst.devices():
-        raise DeviceNotFoundError(
-            f"convert: {dst.name} has no device {dev} (where the {src.name} tensor would live); available: "
-            f"{', '.join(map(str, dst.devices()))}. Move it first with multidev.to(x, 'cpu')."
-        )
     dtype = src.dtype_of(x)
     sc, dc = src.capabilities, dst.capabilities
-    if dtype not in dc.dtypes_on(dev):
-        raise CapabilityError(f"convert: {dst.name} cannot hold {dtype} on {dev}; cast the {src.name} tensor "
-                              "first")
-    why = ""
-    if sc.dlpack and dc.dlpack:
+    key = (src, dst, here, dev, dtype, id(sc), id(dc))
+    route = _ROUTES.get(key)
+    if route is None or route[0] is not sc or route[1] is not dc:
+        route = _route(src, dst, here, dev, dtype, sc, dc)
+        if len(_ROUTES) < 1024:
+            _ROUTES[key] = route
+    _sc, _dc, why, handshake, wait = route
+    if not why:
         try:
-            handshake = here.kind != "cpu" and sc.dlpack_streams and dc.dlpack_streams
-            if sc.async_execution and not handshake:
+            if wait:
                 src.wait(x)  # a bare capsule carries no stream: the producer's work must be done
             obj = exportable(src, x)
+            y = None
             if not here.is_gpu:  # host buffers: layouts that abort or alias unsafely stay unshared
-                refusal = _share_refusal(peek(obj), dst)
-                if refusal is not None:
-                    raise CapabilityError(f"{src.name} buffer not shared: {refusal}")
-            y = require(dst, SupportsDLPack, "convert").import_dlpack(obj, dev)
-            if (handshake or dst.device_of(y) == dev) and dst.dtype_of(y) == dtype:
+                y, prod = _host_share(obj, dst, src.name)
+                if y is not None and dst.device_of(y) is not dev:  # (the C route lands on cpu:0)
+                    y, prod = None, exportable(src, x)
+                obj = prod
+            if y is None:
+                y = dst.import_dlpack(obj, dev)  # type: ignore[attr-defined]  # (SupportsDLPack: _route)
+            if (handshake or dst.device_of(y) is dev) and dst.dtype_of(y) == dtype:
                 if not copy:
                     return y
                 out = dst.copy(y, dev)
@@ -160,8 +392,6 @@ def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None)
             why = f"DLPack gave {dst.dtype_of(y)} on {dst.device_of(y)}"
         except (MultidevError, BufferError, RuntimeError, TypeError, ValueError) as e:
             why = f"{type(e).__name__}: {e}"
-    else:
-        why = f"{src.name if not sc.dlpack else dst.name} has no DLPack support"
     if copy is False:
         raise CapabilityError(f"convert {src.name} -> {dst.name} on {dev} cannot share memory ({why}); "
                               "pass copy=None to allow a copy")

@@ -45,6 +45,7 @@ __all__ = [
     "available_backends",
     "backend_of",
     "cached_device_waits",
+    "cached_owner",
     "cached_tensor_wait",
     "configure_virtual_devices",
     "device_wait",
@@ -58,6 +59,7 @@ __all__ = [
     "require",
     "set_default_backend",
     "supports",
+    "tie_cache",
     "unregister_backend",
     "waiter_of",
 ]
@@ -79,6 +81,11 @@ class _State:
         self.name_locks: dict[str, threading.Lock] = {}  # per-backend creation locks
         self.failures: dict[str, str] = {}  # name -> why it could not load
         self.type_cache: dict[type, str] = {}  # tensor class -> its adapter's name
+        #: tensor class -> its adapter: the hot path of ``backend_of`` and ``device_of`` (one lookup).
+        self.owner_cache: dict[type, Backend] = {}
+        #: caches of the layers above that hold adapters or what they answered (creation plans):
+        #: cleared with the wait caches, whenever an adapter is loaded, registered or preferred.
+        self.tied: list[dict[Any, Any]] = []
         #: tensor class -> the owner's ``tensor_wait_fn()``: the hot path of ``synchronize(tensor)``.
         self.wait_cache: dict[type, Callable[[Any], Any]] = {}
         #: backend name (or None: every loaded backend) -> {a device spelling (a str or a Device) ->
@@ -103,6 +110,9 @@ def _clear_wait_caches() -> None:
         _s.wait_generation += 1
         _s.wait_cache.clear()
         _s.device_wait_cache.clear()
+        _s.owner_cache.clear()
+        for c in _s.tied:
+            c.clear()
 
 
 def _read_entry_points() -> None:
@@ -518,10 +528,14 @@ def backend_of(x: Any) -> Backend:
     specific class wins (a framework's ndarray subclass is not claimed by the NumPy reference), then
     the preferred adapter (:func:`prefer`), then the one loaded first."""
     t = type(x)
+    inst = _s.owner_cache.get(t)
+    if inst is not None:
+        return inst
     name = _s.type_cache.get(t)
     if name is not None:
         inst = _s.instances.get(name)
         if inst is not None:
+            _s.owner_cache[t] = inst
             return inst
     _read_entry_points()
     with _s.lock:
@@ -585,11 +599,23 @@ def backend_of(x: Any) -> Backend:
     )
 
 
+#: The hot path of ``device_of``/``dtype_of``: the adapter of a tensor class seen before, or None (a
+#: bound ``dict.get`` of the registry's one owner cache, filled by :func:`backend_of`).
+cached_owner: Callable[[type], Backend | None] = _s.owner_cache.get
 #: The hot path of ``synchronize(tensor)``: the cached wait of a tensor class, or None (a bound
 #: ``dict.get`` of the registry's one cache, which is only ever cleared, never replaced).
 cached_tensor_wait: Callable[[type], Callable[[Any], Any] | None] = _s.wait_cache.get
 #: The hot path of ``synchronize(device)``: ``{device spelling: wait}`` cached for a backend key, or None.
 cached_device_waits: Callable[[str | None], dict[Any, Callable[[], Any]] | None] = _s.device_wait_cache.get
+
+
+def tie_cache(cache: dict[Any, Any]) -> dict[Any, Any]:
+    """``cache`` (a dict a layer above keeps of adapters and their answers, keyed by backend names or
+    adapters), cleared whenever the registry changes: an adapter loaded, registered, unregistered or
+    preferred. Returns ``cache``."""
+    with _s.lock:
+        _s.tied.append(cache)
+    return cache
 
 
 def device_wait(backend: str | None, spec: Any, build: Callable[[], Callable[[], Any]]) -> Callable[[], Any]:

@@ -9,7 +9,7 @@ import math
 import numbers
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 import numpy as np
 
@@ -371,6 +371,19 @@ class translate_errors:
     def __exit__(self, tp: Any, e: BaseException | None, tb: Any) -> Literal[False]:
         if e is None or isinstance(e, MultidevError) or not isinstance(e, Exception):
             return False
+        what = self.what
+        raise framework_error(e, what() if callable(what) else str(what)) from e
+
+    def reraise(self, e: BaseException) -> NoReturn:
+        """Raise ``e`` as this context manager would at its exit: a MultidevError (or a BaseException
+        that is no Exception) as it is, anything else as its MultidevError ``from e``.
+
+        For hot paths (a no-op ``to``, ``synchronize`` of an idle tensor): they call the framework
+        inside ``try: ... except Exception as e: T.reraise(e)``, which costs nothing until something
+        raises, where entering and leaving the context manager costs two method calls per call. The
+        translation itself stays here, in one place."""
+        if isinstance(e, MultidevError) or not isinstance(e, Exception):
+            raise e
         what = self.what
         raise framework_error(e, what() if callable(what) else str(what)) from e
 

@@ -92,6 +92,8 @@ class JaxCore(BaseBackend):
         self._reported: list[weakref.ref] = []  # failed arrays whose error synchronize already raised
         self._pinned_kinds: dict[Any, bool] = {}  # native device -> has a pinned_host memory kind
         self._dlpack_dtypes: set[Any] = set()  # dtypes DLPack was seen to carry
+        self._sharding_devs: dict[Any, Device] = {}  # single-device sharding -> its Device (device_of)
+        self._dtype_names: dict[Any, str] = {}  # NumPy dtype -> canonical name (dtype_of)
         self._grad_fns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loss fn -> jitted grad
         #: Pageable uploads to an accelerator from this size up go in pieces from several threads
         #: (multidev.adapter.parallel_put), of the size measured fastest (docs/transfers.md).
@@ -174,7 +176,11 @@ class JaxCore(BaseBackend):
         return self._jnp.dtype(numpy_dtype(dtype))
 
     def dtype_of(self, x: Any) -> str:
-        return canonical_dtype(x.dtype)
+        dt = x.dtype
+        name = self._dtype_names.get(dt)
+        if name is None:
+            name = self._dtype_names[dt] = canonical_dtype(dt)
+        return name
 
     # -- creation ---------------------------------------------------------------------------
     def _finish(self, x: Any, native: Any, nd: Any) -> Any:
@@ -257,6 +263,13 @@ class JaxCore(BaseBackend):
         return next(iter(ds))
 
     def device_of(self, x: Any) -> Device:
+        sh = getattr(x, "sharding", None)
+        try:
+            dev = self._sharding_devs.get(sh)
+        except TypeError:  # an unhashable sharding: read it the long way
+            dev = sh = None
+        if dev is not None:  # a sharding seen before (equal shardings: one device, one memory kind)
+            return dev
         nd = self._native_of(x)
         if self._devs is None:
             self._enumerate()
@@ -264,6 +277,8 @@ class JaxCore(BaseBackend):
         if dev is None:
             raise DeviceNotFoundError(f"jax backend: array lives on {nd}, which is not one of this "
                                       f"process's devices ({', '.join(map(str, self.devices()))})")
+        if sh is not None and len(self._sharding_devs) < 1024:
+            self._sharding_devs[sh] = dev
         return dev
 
     def move(self, x: Any, device: Device) -> Any:

@@ -7,6 +7,7 @@ copy streams, staged uploads) of :mod:`.transfers`.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -25,6 +26,14 @@ from multidev.adapter import (
 )
 
 _HOST = Device("cpu", 0)
+
+
+def _finished(x: Any) -> None:
+    """The wait of a tensor whose operations finished before they returned (torch on a CPU)."""
+    return None
+
+
+_REAL = (int, bool, float)
 _UNSIGNED_WIDE = ("uint16", "uint32", "uint64")
 _TORCH_DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                       "uint64", "float16", "bfloat16", "float32", "float64", "complex64",
@@ -48,6 +57,7 @@ class TorchCore(BaseBackend):
 
         self._torch = torch
         self._devof: dict[Any, Device] = {}  # torch.device -> Device, so device_of allocates nothing
+        self._targets: dict[tuple[str, Device], tuple[Any, Any]] = {}  # (dtype, Device) -> torch's pair
         self._to_torch = {n: getattr(torch, n) for n in _TORCH_DTYPE_NAMES if hasattr(torch, n)}
         self._from_torch = {v: k for k, v in self._to_torch.items()}
         self._n_cuda = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
@@ -152,7 +162,17 @@ class TorchCore(BaseBackend):
         return name
 
     def _target(self, dtype: str, device: Device) -> tuple[Any, Any]:
-        """(torch dtype, torch device) for a creation or copy, refusing what the device cannot hold."""
+        """(torch dtype, torch device) for a creation or copy, refusing what the device cannot hold
+        (the answers remembered per pair)."""
+        hit = self._targets.get((dtype, device))
+        if hit is not None:
+            return hit
+        hit = self._check_target(dtype, device)
+        if len(self._targets) < 1024:
+            self._targets[(dtype, device)] = hit
+        return hit
+
+    def _check_target(self, dtype: str, device: Device) -> tuple[Any, Any]:
         if device.kind == "mps" and dtype in ("float64", "complex128"):
             raise CapabilityError(f"torch backend: {device} (Metal) has no {dtype}; use "
                                   f"{'float32' if dtype == 'float64' else 'complex64'} there")
@@ -161,6 +181,9 @@ class TorchCore(BaseBackend):
     # -- creation ---------------------------------------------------------------------------
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
         dt, dev = self._target(dtype, device)
+        if value.__class__ in _REAL and (value == 1 or (value == 0 and math.copysign(1.0, value) > 0)):
+            # torch's own zeros/ones: the same bits (a +0), without torch.full's fill path
+            return (self._torch.ones if value == 1 else self._torch.zeros)(shape, dtype=dt, device=dev)
         return self._torch.full(shape, value, dtype=dt, device=dev)
 
     def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
@@ -305,6 +328,22 @@ class TorchCore(BaseBackend):
         if device.kind == "gpu":
             return functools.partial(torch.cuda.synchronize, device.index)
         return torch.mps.synchronize if device.kind == "mps" else None
+
+    def tensor_wait_fn(self) -> Callable[[Any], Any]:
+        """wait(x) in one frame: torch's own barrier of x's device (``torch.cuda.synchronize(i)``,
+        ``torch.mps.synchronize()``), nothing for a CPU tensor, whose operations finished before
+        they returned; without a GPU, a function that returns at once."""
+        torch = self._torch
+        if not self._n_cuda and not self._has_mps:
+            return _finished
+        cuda_sync, mps = torch.cuda.synchronize, self._has_mps
+
+        def wait(x: Any) -> None:
+            if x.is_cuda:
+                cuda_sync(x.get_device())
+            elif mps and x.is_mps:
+                torch.mps.synchronize()
+        return wait
 
     # -- arithmetic for collectives ---------------------------------------------------------
     def combine(self, op: str, a: Any, b: Any) -> Any:

@@ -53,6 +53,10 @@ class TorchDLPack(SupportsDLPack):
 
     _torch: Any
     _n_cuda: int
+    #: import_dlpack is torch.from_dlpack and nothing more (it takes bare capsules too), so
+    #: multidev's convert may hand host buffers to torch as capsules, or through the DLPack C
+    #: exchange API of torch.Tensor (DLPack 1.3), instead of through ``__dlpack__`` in Python.
+    dlpack_c_exchange = True
 
     if TYPE_CHECKING:  # the core protocol (core.TorchCore)
         def device_of(self, x: Any) -> Device: ...
