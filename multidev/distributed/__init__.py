@@ -3,8 +3,8 @@ MPI (mpiexec, mpirun, srun) or JAX's multi-controller runtime, one API over all 
 
 One process per rank, started by the engine's launcher::
 
-    torchrun --nproc_per_node=4 train.py            # or: mpiexec -n 4 python train.py
-                                                     # or: python -m multidev.distributed.launch -n 4 train.py
+    torchrun --nproc_per_node=4 train.py            # or: mpiexec -n 4 python train.py, or JAX's variables:
+                                                     # python -m multidev.distributed.launch -n 4 --engine jax train.py
     # train.py
     import multidev as md
     from multidev import distributed as dist

@@ -60,9 +60,9 @@ def _carried(g: Group, b: Backend, x: Any, dtype: str, what: str) -> str:
 
 
 def carries(dtype: str, device: DeviceLike | None = None, *, backend: str | None = None) -> bool:
-    """Whether the current group can carry ``dtype`` tensors of ``backend`` (default: NumPy's) on
-    ``device`` (default: cpu:0): the collectives raise CapabilityError naming the engine otherwise
-    (the JAX engine without ``jax_enable_x64`` has no 64-bit dtypes, say)."""
+    """Whether the current group can carry ``dtype`` tensors of ``backend`` (default: the default
+    backend) on ``device`` (default: cpu:0): the collectives raise CapabilityError naming the engine
+    otherwise (the JAX engine without ``jax_enable_x64`` has no 64-bit dtypes, say)."""
     g = current()
     b = get_backend(backend)
     dev = _HOST if device is None else resolve(b, device)
