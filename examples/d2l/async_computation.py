@@ -97,17 +97,18 @@ def dropped_work(md: Any, name: str, dev: Any, n: int, k: int) -> tuple[Callable
     if name == "jax":
         import jax
 
-        mm = jax.jit(lambda a: (a @ a) / n)
+        calls = 3  # a few calls, each a chain of k // 3 products: queued in microseconds, long to run
+        chain = jax.jit(lambda a: jax.lax.fori_loop(0, max(1, k // calls), lambda i, acc: (acc @ a) / n, a))
         marker = jax.jit(lambda a: a[0, 0] + 1)
-        mm(x).block_until_ready()
+        chain(x).block_until_ready()
         marker(x).block_until_ready()
         t0 = time.perf_counter()
-        [mm(x) for _ in range(k)][-1].block_until_ready()
+        [chain(x) for _ in range(calls)][-1].block_until_ready()
         work = time.perf_counter() - t0
 
         def queue_jax() -> None:
-            for _ in range(k):
-                mm(x)  # dropped
+            for _ in range(calls):
+                chain(x)  # dropped
 
         def observe_jax() -> tuple[bool, str]:
             # A device runs its computations in order: a marker queued now completes at once when the
@@ -199,7 +200,7 @@ def run(md: Any, name: str, counts: list[int], args: argparse.Namespace, rep: Re
     rep.check("the barrier's time includes the queue's", total >= queued)
     # Work whose results are dropped, then a barrier: every form waits for it.
     qn, qk = (4096, 60) if gpu else (((128, 30) if args.quick else (256, 40)) if name == "mxnet" else
-                                     ((256, 30) if args.quick else (512, 40)) if name == "jax" else (64, 5))
+                                     ((256, 60) if args.quick else (512, 60)) if name == "jax" else (64, 5))
     queue, observe, work = dropped_work(md, name, dev, qn, qk)
     rep.figure("asynchronous", observe is not None)
     rep.figure("dropped work", {"n": qn, "k": qk, "work_s": work})

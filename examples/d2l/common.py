@@ -9,12 +9,13 @@ claims held.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +134,33 @@ def best_of(fn: Callable[[], Any], reps: int = 3) -> float:
     return min(timed(fn) for _ in range(reps))
 
 
+@contextlib.contextmanager
+def full_float32(name: str) -> Iterator[None]:
+    """float32 products in full float32 within the block, TF32 off where a GPU would use it (JAX's
+    default matmul precision, torch's cuDNN and matmul flags), restored after: the programs compare
+    runs on different devices, and TF32's 10-bit mantissa makes each product's rounding about a
+    thousand times larger, which SGD grows from step to step."""
+    if name == "jax":
+        import jax
+
+        with jax.default_matmul_precision("highest"):
+            yield
+    elif name == "torch":
+        import torch
+
+        flags = torch.backends.cuda.matmul, torch.backends.cudnn
+        saved = [f.allow_tf32 for f in flags]
+        for f in flags:
+            f.allow_tf32 = False
+        try:
+            yield
+        finally:
+            for f, v in zip(flags, saved):
+                f.allow_tf32 = v
+    else:
+        yield
+
+
 def main(program: str, doc: str, run: Run, argv: list[str] | None = None) -> int:
     """The command line of one program: run it on every backend asked for, print each check, write
     ``--json``; 0 when every check held."""
@@ -150,7 +178,8 @@ def run_one(md: Any, program: str, run: Run, name: str, counts: list[int], args:
     print(f"{program} on {name} {md.backend(name).version()} "
           f"(devices here: {', '.join(map(str, pick_devices(md, name, 64)))})", flush=True)
     try:
-        run(md, name, counts, args, rep)
+        with full_float32(name):
+            run(md, name, counts, args, rep)
         rep.check("ran", True)
     except Exception as e:  # noqa: BLE001 - reported as a failed check, the next backend still runs
         rep.check("ran", False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}")

@@ -237,11 +237,20 @@ def jax_nets(md: Any, dev: Any) -> list[Net]:
                 x = fnn.avg_pool(fnn.relu(fnn.Conv(6, (3, 3), padding="SAME")(x)), (2, 2), (2, 2))
                 x = fnn.avg_pool(fnn.relu(fnn.Conv(16, (3, 3), padding="SAME")(x)), (2, 2), (2, 2))
                 x = jnp.transpose(x, (0, 3, 1, 2)).reshape(x.shape[0], -1)
-                return fnn.Dense(CLASSES)(fnn.relu(fnn.Dense(32)(x)))
+                x = fnn.relu(fnn.Dense(32)(x))  # created first: Dense_0
+                return fnn.Dense(CLASSES)(x)
 
         flax_model = FlaxLeNet()
         variables = flax_model.init(jax.random.key(0), jnp.zeros((1, 1, 8, 8)))
-        nets.append(as_net("flax.linen LeNet", variables, lambda v, X: flax_model.apply(v, X)))
+        w = lenet_weights()  # the shared initial weights, in flax's layouts (kernels HWIO, dense in x out)
+        given = {"Conv_0": (w[0].transpose(2, 3, 1, 0), w[1]), "Conv_1": (w[2].transpose(2, 3, 1, 0), w[3]),
+                 "Dense_0": (w[4], w[5]), "Dense_1": (w[6], w[7])}
+        params = dict(variables["params"])
+        for layer, (kernel, bias) in given.items():
+            assert params[layer]["kernel"].shape == kernel.shape, (layer, params[layer]["kernel"].shape)
+            params[layer] = {"kernel": jnp.asarray(kernel), "bias": jnp.asarray(bias)}
+        nets.append(as_net("flax.linen LeNet", {**variables, "params": params},
+                           lambda v, X: flax_model.apply(v, X)))
     if importlib.util.find_spec("equinox") is not None:
         import equinox as eqx
 
@@ -251,6 +260,13 @@ def jax_nets(md: Any, dev: Any) -> list[Net]:
             eqx.nn.Conv2d(6, 16, 3, padding=1, key=keys[1]), eqx.nn.Lambda(jax.nn.relu), eqx.nn.AvgPool2d(2, 2),
             eqx.nn.Lambda(jnp.ravel), eqx.nn.Linear(64, 32, key=keys[2]), eqx.nn.Lambda(jax.nn.relu),
             eqx.nn.Linear(32, CLASSES, key=keys[3])])
+        w = lenet_weights()  # the shared initial weights, in equinox's layouts (Linear: out x in)
+        eq_model = eqx.tree_at(
+            lambda m: (m.layers[0].weight, m.layers[0].bias, m.layers[3].weight, m.layers[3].bias,
+                       m.layers[7].weight, m.layers[7].bias, m.layers[9].weight, m.layers[9].bias),
+            eq_model, (jnp.asarray(w[0]), jnp.asarray(w[1]).reshape(6, 1, 1), jnp.asarray(w[2]),
+                       jnp.asarray(w[3]).reshape(16, 1, 1), jnp.asarray(w[4].T), jnp.asarray(w[5]),
+                       jnp.asarray(w[6].T), jnp.asarray(w[7])))
         arrays, static = eqx.partition(eq_model, eqx.is_array)  # the module's static parts stay out of the tree
         nets.append(as_net("equinox.nn.Sequential LeNet", arrays,
                            lambda a, X: jax.vmap(eqx.combine(a, static))(X)))
