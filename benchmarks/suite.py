@@ -23,7 +23,7 @@ GiB = 1 << 30
 #: Suite modules in report order (module name -> suite name).
 SUITES = {"overhead": "overhead", "asynchronous": "async", "autoparallel": "autoparallel",
           "bandwidth": "bandwidth", "collectives": "collectives", "distributed": "distributed",
-          "compilation": "compile"}
+          "compilation": "compile", "models": "models"}
 
 
 @dataclass(frozen=True)

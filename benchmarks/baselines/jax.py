@@ -171,3 +171,105 @@ class JaxNative(Native):
 
     def compiled_d2l(self, make: Callable[[], Any], x: Any, dev: Device, quick: bool) -> dict[str, Any]:
         return {"jax.jit": self.jax.jit(make())}
+
+    # -- suite "models": the framework's own model, its move, and the one-device training step --
+    def model_d2l(self, kind: str, dev: Device, seed: int = 0) -> Any:
+        """D2L's LeNet (``"lenet"``) or an MLP (``"mlp:1024-4096-4096-10"``) as a pytree of arrays on
+        ``dev`` (a dict per layer, as flax's params are), seeded."""
+        rng = np.random.default_rng(seed)
+        if kind == "lenet":
+            shapes = {"conv1": (6, 1, 5, 5), "conv2": (16, 6, 5, 5), "fc1": (400, 120), "fc2": (120, 84),
+                      "fc3": (84, 10)}
+        else:
+            sizes = [int(s) for s in kind.split(":")[1].split("-")]
+            shapes = {f"fc{i + 1}": (sizes[i], sizes[i + 1]) for i in range(len(sizes) - 1)}
+        out: dict[str, Any] = {}
+        for name, s in shapes.items():
+            fan_in = int(np.prod(s[1:])) if len(s) == 4 else s[0]
+            bias = s[0] if len(s) == 4 else s[1]
+            out[name] = {"w": (rng.normal(size=s) / np.sqrt(fan_in)).astype(np.float32),
+                         "b": np.zeros(bias, np.float32)}
+        return self.jax.device_put(out, self.dev(dev))
+
+    def op_model_to(self, model: Any, dev: Device) -> Call:
+        """``jax.device_put(tree, device)``: every leaf of the pytree on the device."""
+        return self.jax.device_put, (model, self.dev(dev)), "jax.device_put(tree, device)"
+
+    def _d2l_forward(self, kind: str) -> Callable[[Any, Any], Any]:
+        jax = self.jax
+
+        def conv(x: Any, w: Any, b: Any, pad: str) -> Any:
+            y = jax.lax.conv_general_dilated(x, w, (1, 1), pad, dimension_numbers=("NCHW", "OIHW", "NCHW"))
+            return y + b[None, :, None, None]
+
+        def pool(x: Any) -> Any:
+            n, c, h, w = x.shape
+            return x.reshape(n, c, h // 2, 2, w // 2, 2).mean(axis=(3, 5))
+
+        def lenet(tree: Any, X: Any) -> Any:
+            s = jax.nn.sigmoid
+            h = pool(s(conv(X, tree["conv1"]["w"], tree["conv1"]["b"], "SAME")))
+            h = pool(s(conv(h, tree["conv2"]["w"], tree["conv2"]["b"], "VALID")))
+            h = h.reshape(h.shape[0], -1)
+            h = s(h @ tree["fc1"]["w"] + tree["fc1"]["b"])
+            h = s(h @ tree["fc2"]["w"] + tree["fc2"]["b"])
+            return h @ tree["fc3"]["w"] + tree["fc3"]["b"]
+
+        def mlp(tree: Any, X: Any) -> Any:
+            layers = [tree[k] for k in sorted(tree, key=lambda k: int(k[2:]))]
+            for layer in layers[:-1]:
+                X = jax.nn.relu(X @ layer["w"] + layer["b"])
+            return X @ layers[-1]["w"] + layers[-1]["b"]
+        return lenet if kind == "lenet" else mlp
+
+    def train_d2l(self, kind: str, dev: Device, seed: int = 0) -> tuple[list[Any], Callable[..., Any]]:
+        """The model's leaves (on ``dev``) and its summed cross-entropy ``loss(params, X, y)``, the
+        pytree rebuilt from the leaves (for md.train_batch and for the native step alike)."""
+        jax, jnp = self.jax, self.jnp
+        tree = self.model_d2l(kind, dev, seed)
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        forward = self._d2l_forward(kind)
+
+        def loss(ps: list[Any], X: Any, y: Any) -> Any:
+            logits = forward(jax.tree_util.tree_unflatten(treedef, ps), X)
+            return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1).sum()
+        return list(leaves), loss
+
+    def op_train_step(self, params: list[Any], loss: Callable[..., Any], X: Any, y: Any, dev: Device,
+                      lr: float) -> Call:
+        """One SGD step written in JAX, the step md.train_batch takes on one device: the batch to the
+        device, ``jax.jit(jax.value_and_grad(loss))``, ``p - lr / B * g`` per leaf (rebinding),
+        ``float(loss)``."""
+        jax = self.jax
+        d = self.dev(dev)
+        vg = jax.jit(jax.value_and_grad(loss))
+        step = lr / X.shape[0]
+        box = [list(params)]
+
+        def train_step(X: Any, y: Any) -> float:
+            X, y = jax.device_put(X, d), jax.device_put(y, d)
+            value, grads = vg(box[0], X, y)
+            box[0] = [p - step * g for p, g in zip(box[0], grads)]
+            return float(value)
+        return train_step, (X, y), "device_put(X); jit(value_and_grad(loss))(ps, X, y); [p - lr/B * g]; float()"
+
+    def op_train_step_fused(self, params: list[Any], loss: Callable[..., Any], X: Any, y: Any, dev: Device,
+                            lr: float) -> Call:
+        """The idiomatic JAX step, for reference: gradients and update in one ``jax.jit`` (the
+        parameters updated inside the compiled function)."""
+        jax = self.jax
+        d = self.dev(dev)
+        step = lr / X.shape[0]
+
+        @jax.jit
+        def update(ps: list[Any], X: Any, y: Any) -> tuple[Any, list[Any]]:
+            value, grads = jax.value_and_grad(loss)(ps, X, y)
+            return value, [p - step * g for p, g in zip(ps, grads)]
+
+        box = [list(params)]
+
+        def train_step(X: Any, y: Any) -> float:
+            X, y = jax.device_put(X, d), jax.device_put(y, d)
+            value, box[0] = update(box[0], X, y)
+            return float(value)
+        return train_step, (X, y), "device_put(X); jit(value_and_grad + update)(ps, X, y); float()"

@@ -100,3 +100,28 @@ class MxnetNative(Native):
         a.hybridize()
         b.hybridize(static_alloc=True, static_shape=True)
         return {"hybridize()": a, "hybridize(static_alloc=True, static_shape=True)": b}
+
+    # -- suite "models": the framework's own model and its move ----------------------------------
+    def model_d2l(self, kind: str, dev: Device, seed: int = 0) -> Any:
+        """D2L's LeNet (``"lenet"``) or an MLP (``"mlp:1024-4096-4096-10"``) as an initialized
+        Gluon ``HybridSequential`` on ``dev``, seeded."""
+        mx = self.mx
+        nn = mx.gluon.nn
+        mx.random.seed(seed)
+        net = nn.HybridSequential()
+        if kind == "lenet":
+            net.add(nn.Conv2D(6, 5, padding=2, in_channels=1, activation="sigmoid"), nn.AvgPool2D(2, 2),
+                    nn.Conv2D(16, 5, in_channels=6, activation="sigmoid"), nn.AvgPool2D(2, 2),
+                    nn.Dense(120, in_units=400, activation="sigmoid"), nn.Dense(84, in_units=120, activation="sigmoid"),
+                    nn.Dense(10, in_units=84))
+        else:
+            sizes = [int(s) for s in kind.split(":")[1].split("-")]
+            for i in range(len(sizes) - 1):
+                net.add(nn.Dense(sizes[i + 1], in_units=sizes[i], activation="relu" if i < len(sizes) - 2 else None))
+        net.initialize(ctx=self.dev(dev))
+        return net
+
+    def op_model_to(self, model: Any, dev: Device) -> Call:
+        """``net.collect_params().reset_ctx(ctx)``: Gluon's way to put a block on a context."""
+        return (lambda m, c: m.collect_params().reset_ctx(c)), (model, self.dev(dev)), \
+            "net.collect_params().reset_ctx(ctx)"

@@ -236,3 +236,60 @@ class TorchNative(Native):
             if dev.kind == "gpu":
                 out["torch.compile(mode='reduce-overhead')"] = t.compile(make(), mode="reduce-overhead")
         return out
+
+    # -- suite "models": the framework's own model, its move, and the one-device training step --
+    def model_d2l(self, kind: str, dev: Device, seed: int = 0) -> Any:
+        """D2L's LeNet (``"lenet"``: 1x28x28 -> 10, sigmoid, average pooling) or an MLP
+        (``"mlp:1024-4096-4096-10"``, ReLU) as an ``nn.Sequential`` on ``dev``, seeded."""
+        t = self.torch
+        nn = t.nn
+        t.manual_seed(seed)
+        if kind == "lenet":
+            net = nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.Sigmoid(), nn.AvgPool2d(2, 2),
+                                nn.Conv2d(6, 16, 5), nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Flatten(),
+                                nn.Linear(400, 120), nn.Sigmoid(), nn.Linear(120, 84), nn.Sigmoid(), nn.Linear(84, 10))
+        else:
+            sizes = [int(s) for s in kind.split(":")[1].split("-")]
+            layers: list[Any] = []
+            for i in range(len(sizes) - 1):
+                layers += [nn.Linear(sizes[i], sizes[i + 1]), nn.ReLU()]
+            net = nn.Sequential(*layers[:-1])
+        return net.to(self.dev(dev))
+
+    def op_model_to(self, model: Any, dev: Device) -> Call:
+        """``module.to(device)``: parameters and buffers moved in place (nothing when resident)."""
+        return model.to, (self.dev(dev),), "module.to(device)"
+
+    def train_d2l(self, kind: str, dev: Device, seed: int = 0) -> tuple[list[Any], Callable[..., Any]]:
+        """The model's parameters (leaves that require grad, on ``dev``) and its summed
+        cross-entropy ``loss(params, X, y)`` calling the model functionally (for md.train_batch and
+        for the native step alike)."""
+        t = self.torch
+        F = t.nn.functional
+        net = self.model_d2l(kind, dev, seed)
+        names = [n for n, _ in net.named_parameters()]
+        params = [p.detach().clone().requires_grad_() for p in net.parameters()]
+
+        def loss(ps: list[Any], X: Any, y: Any) -> Any:
+            return F.cross_entropy(t.func.functional_call(net, dict(zip(names, ps)), (X,)), y, reduction="sum")
+        return params, loss
+
+    def op_train_step(self, params: list[Any], loss: Callable[..., Any], X: Any, y: Any, dev: Device,
+                      lr: float) -> Call:
+        """One SGD step written in torch, the step md.train_batch takes on one device: the batch to
+        the device, the gradients by ``torch.autograd.grad``, ``p.sub_(g, alpha=lr / B)`` under
+        ``no_grad``, the loss read with ``.item()``."""
+        t = self.torch
+        d = self.dev(dev)
+        step = lr / X.shape[0]
+
+        def train_step(X: Any, y: Any) -> float:
+            X, y = X.to(d), y.to(d)
+            with t.enable_grad():
+                value = loss(params, X, y)
+                grads = t.autograd.grad(value, params)
+            with t.no_grad():
+                for p, g in zip(params, grads):
+                    p.sub_(g, alpha=step)
+            return value.item()
+        return train_step, (X, y), "X.to(d); autograd.grad(loss(params, X, y), params); p.sub_(g, alpha=lr/B); .item()"
