@@ -14,6 +14,7 @@ The number of virtual devices is ``$MULTIDEV_NUMPY_DEVICES`` (default 2), or
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ import numpy as np
 
 from multidev.adapter import (
     DTYPES,
+    HOST_ALIGNMENT,
     BaseBackend,
     Capabilities,
     CapabilityError,
@@ -38,6 +40,38 @@ from multidev.adapter import (
 
 _HOST = Device("cpu", 0)
 _count_lock = threading.Lock()
+_DEVICE_LISTS: dict[int, tuple[Device, ...]] = {}  # device count -> its devices (devices())
+_DTYPE_NAMES: dict[Any, str] = {}  # NumPy dtype -> canonical name (dtype_of)
+_NATIVE_DTYPES: dict[str, Any] = {}  # canonical name -> NumPy dtype, once to_native_dtype allowed it
+_address = ctypes.addressof
+_first_byte = ctypes.c_char.from_buffer  # (an array's address without building __array_interface__)
+
+
+def _aligned(shape: tuple[int, ...], dt: Any) -> np.ndarray:
+    """A new, uninitialised C-contiguous array of ``shape`` and ``dt`` whose buffer is
+    HOST_ALIGNMENT-aligned (what multidev.adapter.aligned_empty gives, in fewer steps: creation and
+    every copy of this backend go through it)."""
+    dt = np.dtype(dt)
+    numel = 1
+    for n in shape:
+        numel *= n
+    nbytes = numel * dt.itemsize
+    raw = np.empty(nbytes + HOST_ALIGNMENT, np.uint8)
+    off = -_address(_first_byte(raw)) % HOST_ALIGNMENT  # type: ignore[arg-type]  # (an ndarray is a buffer)
+    out = raw[off:off + nbytes].view(dt)
+    return out if len(shape) == 1 else out.reshape(shape)
+
+
+def _copied(src: np.ndarray, dt: Any = None) -> np.ndarray:
+    """An aligned copy of ``src`` (cast to ``dt`` as ``np.array(src, dtype=dt)`` casts): one copy."""
+    out = _aligned(src.shape, src.dtype if dt is None else dt)
+    np.copyto(out, src, casting="unsafe")
+    return out
+
+
+def _finished(x: Any) -> None:
+    """The wait of a NumPy array: its operations finished before they returned."""
+    return None
 _ENV = "MULTIDEV_NUMPY_DEVICES"
 
 
@@ -208,7 +242,11 @@ class NumpyBackend(BaseBackend, SupportsDLPack, SupportsCompile):
 
     # -- devices ----------------------------------------------------------------------------
     def devices(self) -> list[Device]:
-        return [Device("cpu", i) for i in range(_device_count or 1)]
+        n = _device_count or 1
+        devs = _DEVICE_LISTS.get(n)
+        if devs is None:
+            devs = _DEVICE_LISTS[n] = tuple(Device("cpu", i) for i in range(n))
+        return list(devs)
 
     def to_native_device(self, device: Device) -> Any:
         return device  # NumPy has no device objects; the neutral value is the native one.
@@ -220,17 +258,28 @@ class NumpyBackend(BaseBackend, SupportsDLPack, SupportsCompile):
     def to_native_dtype(self, dtype: str) -> Any:
         if dtype not in self._caps.dtypes:
             raise CapabilityError(f"numpy backend: dtype {dtype!r} needs the 'ml_dtypes' package")
-        return numpy_dtype(dtype)
+        nd = _NATIVE_DTYPES[dtype] = np.dtype(numpy_dtype(dtype))
+        return nd
 
     def dtype_of(self, x: Any) -> str:
-        return canonical_dtype(np.asarray(x).dtype)
+        dt = getattr(x, "dtype", None)
+        if dt is None:
+            dt = np.asarray(x).dtype
+        name = _DTYPE_NAMES.get(dt)
+        if name is None:
+            name = canonical_dtype(dt)
+            if len(_DTYPE_NAMES) < 256:
+                _DTYPE_NAMES[dt] = name
+        return name
 
     # -- creation ---------------------------------------------------------------------------
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
-        return _tag(host_aligned(np.full(shape, value, dtype=self.to_native_dtype(dtype))), device)
+        out = _aligned(tuple(shape), _NATIVE_DTYPES.get(dtype) or self.to_native_dtype(dtype))
+        out.fill(value)  # (a value the core checked fits the dtype)
+        return _tag(out, device)
 
     def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
-        return _tag(host_aligned(np.empty(shape, dtype=self.to_native_dtype(dtype))), device)
+        return _tag(_aligned(tuple(shape), self.to_native_dtype(dtype)), device)
 
     def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
         return _tag(host_aligned(np.arange(start, stop, step, dtype=self.to_native_dtype(dtype))), device)
@@ -238,7 +287,10 @@ class NumpyBackend(BaseBackend, SupportsDLPack, SupportsCompile):
     def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
         _common_device("asarray", obj)  # reading another backend's memory is fine; tagging is ours
         nd = None if dtype is None else self.to_native_dtype(dtype)
-        return _tag(host_aligned(np.array(_plain(obj), dtype=nd, copy=True)), device)
+        src = np.asarray(_plain(obj))  # (a view where obj is an array: the one copy is below)
+        if src.dtype.kind in "OUSV":
+            src = np.array(_plain(obj), dtype=nd, copy=True)  # NumPy's own refusals and conversions
+        return _tag(_copied(src, nd), device)
 
     def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
         vals = np.random.default_rng(seed).random(shape)
@@ -249,16 +301,22 @@ class NumpyBackend(BaseBackend, SupportsDLPack, SupportsCompile):
         return x._md_device if isinstance(x, VirtualDeviceArray) else _HOST
 
     def move(self, x: Any, device: Device) -> Any:
-        return _tag(host_aligned(np.array(_plain(x), copy=True)), device)
+        return _tag(_copied(np.asarray(_plain(x))), device)
 
     def copy(self, x: Any, device: Device) -> Any:
-        return _tag(host_aligned(np.array(_plain(x), copy=True)), device)
+        return _tag(_copied(np.asarray(_plain(x))), device)
 
     def to_numpy(self, x: Any) -> np.ndarray:
         return np.asarray(_plain(x))
 
     def synchronize(self, device: Device | None) -> None:
         return None  # NumPy runs every operation to completion before returning.
+
+    def device_wait_fn(self, device: Device) -> Callable[[], Any] | None:
+        return None  # nothing is ever queued
+
+    def tensor_wait_fn(self) -> Callable[[Any], Any]:
+        return _finished
 
     # -- arithmetic for collectives ---------------------------------------------------------
     def combine(self, op: str, a: Any, b: Any) -> Any:

@@ -15,7 +15,8 @@ comparison fair. Ops:
   ``jax.device_put``, MXNet ``as_in_context``, ``tf.identity`` under ``tf.device``);
 - ``move_async(x, dev)``: the same with the framework's non-blocking flag where it has one;
 - ``copy(x, dev)``: always a new buffer on ``dev``;
-- ``device_of(x)``, ``sync(dev, x)`` (idle device), ``wait(x)`` (one tensor), ``zeros(shape, dev)``,
+- ``device_of(x)``, ``dtype_of(x)`` (``x.dtype`` by default), ``sync(dev, x)`` (idle device), ``wait(x)``
+  (one tensor), ``zeros(shape, dev)``,
   ``h2d(ndarray, dev)``, ``d2h(x)``;
 - ``from_dlpack(x)``: the framework as a DLPack consumer of another framework's tensor;
   ``export_dlpack(x)``: the producer's own export, for a framework whose tensors do not speak the
@@ -23,6 +24,7 @@ comparison fair. Ops:
 """
 from __future__ import annotations
 
+import operator
 import platform
 from collections.abc import Callable
 from importlib import metadata
@@ -69,6 +71,10 @@ class Native:
     def call(self, op: str, *args: Any) -> Call | None:
         m = getattr(self, "op_" + op, None)
         return None if m is None else m(*args)
+
+    def op_dtype_of(self, x: Any) -> Call:
+        """The framework's own dtype attribute (every framework's tensors have ``.dtype``)."""
+        return operator.attrgetter("dtype"), (x,), "x.dtype"
 
     def mm(self, dev: Device) -> Callable[[Any, Any], Any]:
         """The framework's matmul for operands on ``dev``."""

@@ -1,12 +1,28 @@
-"""Suite ``collectives``: allreduce (per algorithm, out of place and in place), broadcast, allgather
-and reduce_scatter over a size sweep and the device counts available, as nccl-tests reports them.
+"""Suite ``collectives``: the scaling study of the one-process collectives. Every collective, every
+allreduce algorithm, out of place and in place, against the framework's own collective and the
+memory-bandwidth bound measured in the same run, over sizes from 4 KiB (in steps of 4, up to
+``--max-bytes``; 16 MiB on a CPU by default, 1 GiB on GPUs) and 2, 4, 8 ... devices (as many as the
+backend has: ``--cpu-devices N`` gives N virtual CPU devices).
 
 ``size`` is the bytes of one device's input for allreduce, broadcast and reduce_scatter, and of one
 device's *output* for allgather (each device contributes size/n), as in nccl-tests. algbw =
 size / time; busbw = algbw x 2(n-1)/n (allreduce), x (n-1)/n (allgather, reduce_scatter), x 1
-(broadcast). The native row is the adapter's framework path (``native_allreduce``: NCCL, psum,
-kvstore) called directly, where the backend advertises one; broadcast's native row is the
-framework's own copy to each device in a loop.
+(broadcast).
+
+An allreduce row holds every algorithm as a variant (``alg:naive``, ``alg:ring``, ``alg:tree``,
+``alg:native`` where the adapter has a native path), the same in place (``inplace:*``, mutable
+backends), ``auto`` (what :func:`multidev.collectives.choose_algorithm` picks, named in the row's
+params), and ``framework``: the framework's own collective called directly (``jax.lax.psum`` under
+``shard_map``, TF's ``CollectiveReduceV2``, MXNet's KVStore, NCCL; ``op_allreduce_framework`` of the
+baselines).
+
+The bound (``rec["bound"]``): the least memory traffic the collective needs, in copies of ``size``
+at the memcpy bandwidth of the same run (:mod:`.bounds`). Where every device shares one memory
+(virtual CPU devices), allreduce reads the ``n`` inputs and writes one sum ((n+1)/2 copies), then
+makes ``n - 1`` more results (n - 1 copies): (3n - 1)/2 copies; broadcast makes ``n`` copies;
+allgather writes ``n`` outputs of ``size`` (n copies); reduce_scatter reads ``n`` inputs and writes
+one ``size`` in pieces ((n+1)/2 copies). On GPUs the bound is not this one (links, not one memory):
+rows there carry none.
 """
 from __future__ import annotations
 
@@ -19,7 +35,20 @@ import numpy as np
 import multidev as md
 import multidev.collectives as mc
 
-from . import Case, Context, KiB, MiB, Variant, all_ok, benchmark, close, fmt_bytes
+from . import Case, Context, GiB, Goal, KiB, MiB, Variant, all_ok, benchmark, close, fmt_bytes
+
+#: The study's goals (judged on every row; ``multidev bench --check`` fails on a miss).
+ALLREDUCE_GOALS = (
+    Goal("allreduce at the memcpy bound from 16 MiB", "allreduce", 0.8, metric="bound_ratio", den=("alg:*",),
+         min_bytes=16 * MiB, note="the best algorithm's time within 1/0.8 of the bound (busbw >= 0.8x)"),
+    Goal("auto within 1.1x of the best algorithm", "allreduce", 1.1, metric="time_ratio_best", num="auto",
+         den=("alg:*",)),
+    Goal("native within 1.05x of the framework's own", "allreduce", 1.05, num="alg:native", den=("framework",)),
+    *(Goal(f"in place no slower than out of place ({a})", "allreduce", 1.05, num=f"inplace:{a}",
+           den=(f"alg:{a}",), note="5% for noise") for a in ("naive", "ring", "tree", "native")),
+)
+OTHER_GOALS = {name: (Goal(f"{name} at the memcpy bound from 16 MiB", name, 0.8, metric="bound_ratio", den=("md",),
+                           min_bytes=16 * MiB),) for name in ("broadcast", "allgather", "reduce_scatter")}
 
 
 def _devices(ctx: Context) -> list[md.Device]:
@@ -37,9 +66,20 @@ def _counts(n: int) -> list[int]:
     return out
 
 
-def _sizes(ctx: Context) -> list[int]:
-    return ctx.pick(quick=[4 * KiB, 64 * KiB], cpu=[4 * KiB, 256 * KiB, 4 * MiB, 16 * MiB],
-                    gpu=[4 * KiB, 256 * KiB, 4 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB])
+def sizes(ctx: Context) -> list[int]:
+    """4 KiB, 16 KiB, ... in steps of 4 up to ``--max-bytes`` (default 16 MiB on CPUs, 1 GiB on GPUs;
+    64 KiB with --quick)."""
+    top = ctx.max_bytes or ctx.pick(quick=64 * KiB, cpu=16 * MiB, gpu=GiB)
+    out, n = [], 4 * KiB
+    while n <= top:
+        out.append(n)
+        n *= 4
+    return out
+
+
+def _shared_memory(devs: Sequence[md.Device]) -> bool:
+    """Whether the devices share one memory (virtual CPU devices): the bound below applies."""
+    return all(not d.is_gpu for d in devs)
 
 
 def _inputs(ctx: Context, devs: list[md.Device], elems: int, seed: int) -> tuple[list[Any], list[np.ndarray]]:
@@ -50,88 +90,103 @@ def _inputs(ctx: Context, devs: list[md.Device], elems: int, seed: int) -> tuple
 
 def _skip(ctx: Context, what: str) -> Case:
     return Case(f"{what}: needs 2 devices", {}, params={"skipped": f"{ctx.backend} has "
-                f"{len(_devices(ctx))} device(s) of one kind here; set MULTIDEV_*_CPU_DEVICES"}, ratio=None)
+                f"{len(_devices(ctx))} device(s) of one kind here; set MULTIDEV_*_CPU_DEVICES or --cpu-devices"},
+                ratio=None)
 
 
-def _check_all(outs: list[Any], ref: np.ndarray, devs: Sequence[md.Device | None], rtol: float = 1e-5
+def _landed(r: Any) -> None:
+    """Wait for a collective's results (a list, or a framework's global array): the clock stops when
+    they are computed; the runner waits for the devices after it (``Variant(sync=False)``), so a
+    device-wide wait (JAX's scans every live array) is not counted as the collective's time."""
+    for t in r if isinstance(r, (list, tuple)) else [r]:
+        md.synchronize(t)
+
+
+def _timed(fn: Any, args: tuple = (), label: str = "") -> Variant:
+    return Variant(fn, args, finish=_landed, sync=False, label=label)
+
+
+def _check_all(outs: Any, ref: np.ndarray, devs: Sequence[md.Device | None], rtol: float = 1e-5
                ) -> tuple[bool, str]:
-    if len(outs) != len(devs):
-        return False, f"{len(outs)} results for {len(devs)} devices"
-    return all_ok(*[close(o, ref, rtol=rtol, device=d) for o, d in zip(outs, devs)])
+    if isinstance(outs, (list, tuple)):
+        if len(outs) != len(devs):
+            return False, f"{len(outs)} results for {len(devs)} devices"
+        return all_ok(*[close(o, ref, rtol=rtol, device=d) for o, d in zip(outs, devs)])
+    return close(outs, np.concatenate([ref] * len(devs)), rtol=rtol)  # a framework's global array
 
 
-@benchmark("collectives")
+@benchmark("collectives", goals=ALLREDUCE_GOALS)
 def allreduce(ctx: Context) -> Iterator[Case]:
-    """md.allreduce(sum) per algorithm, out of place and in place, against the native path."""
+    """md.allreduce(sum): every algorithm, in place and not, auto, against the framework's own."""
     all_devs = _devices(ctx)
     if len(all_devs) < 2:
         yield _skip(ctx, "allreduce")
         return
     b = ctx.b
     has_native = "allreduce" in b.capabilities.native_collectives
-    algs = [a for a in getattr(mc, "ALGORITHMS", ("naive",)) if a not in ("auto", "native")]
-    if has_native:
-        algs.append("native")
+    algs = [a for a in mc.ALGORITHMS if a not in ("auto", "native")] + (["native"] if has_native else [])
+    mutable = b.capabilities.mutable
     for n in _counts(len(all_devs)):
         devs = all_devs[:n]
-        for size in _sizes(ctx):
+        for size in sizes(ctx):
             elems = size // 4
             xs, hs = _inputs(ctx, devs, elems, seed=n)
             ref = np.sum([h.astype(np.float64) for h in hs], axis=0)
-            bufs = [md.zeros((elems,), device=d, backend=ctx.backend) for d in devs] if b.capabilities.mutable else None
-            native = (Variant(b.native_allreduce, (xs, "sum"), label="adapter.native_allreduce(xs, 'sum')")
-                      if has_native else None)
-            # the framework's own collective on preallocated buffers (NCCL for torch), and D2L's recipe
-            bound = ctx.native_call("allreduce_framework", [md.copy(x) for x in xs])
-            book = ctx.native_call("allreduce_d2l", [md.copy(x) for x in xs])
-            for alg in algs:
-                def check(alg: str = alg, xs: list[Any] = xs, ref: np.ndarray = ref, devs: list[md.Device] = devs
-                          ) -> tuple[bool, str]:
-                    checks = [_check_all(md.allreduce(xs, "sum", algorithm=alg), ref, devs)]
-                    if b.capabilities.mutable:
+            bufs = [md.copy(x) for x in xs] if mutable else None
+            framework = ctx.native_call("allreduce_framework", [md.copy(x) for x in xs])
+            choice = mc.choose_algorithm(b, (elems,), "float32", devs)
+
+            def check(xs: list[Any] = xs, ref: np.ndarray = ref, devs: list[md.Device] = devs,
+                      framework: Variant | None = framework) -> tuple[bool, str]:
+                checks = []
+                for alg in [*algs, "auto"]:
+                    checks.append(_check_all(md.allreduce(xs, "sum", algorithm=alg), ref, devs))
+                    if mutable and alg != "auto":
                         ys = [md.copy(x) for x in xs]
                         out = md.allreduce(ys, "sum", algorithm=alg, inplace=True)
                         checks.append((all(o is y for o, y in zip(out, ys)), "in place returns its inputs"))
                         checks.append(_check_all(ys, ref, devs))
-                    if has_native:
-                        checks.append(_check_all(b.native_allreduce(xs, "sum"), ref, devs))
-                    return all_ok(*checks)
+                if framework is not None and not mutable:  # (mutable: it reduces its buffers in place)
+                    checks.append(_check_all(framework.fn(*framework.args), ref, [ctx.ndev(d) for d in devs]))
+                return all_ok(*checks)
 
-                variants: dict[str, Variant | None] = {
-                    "md": Variant(partial(md.allreduce, xs, "sum", algorithm=alg), (),
-                                  label=f"md.allreduce(xs, algorithm='{alg}')"),
-                    "md_inplace": (Variant(partial(md.allreduce, bufs, "sum", algorithm=alg, inplace=True), (),
-                                           label=f"md.allreduce(bufs, algorithm='{alg}', inplace=True)")
-                                   if bufs is not None else None),
-                    "native": native,
-                    "bound": bound,
-                    "book": book,
-                }
-                yield Case(f"allreduce {alg} n={n} {fmt_bytes(size)}", variants, devices=devs, check=check,
-                           params={"op": "sum", "algorithm": alg, "n": n, "size": size, "dtype": "float32"},
-                           bytes=size, busbw_factor=2 * (n - 1) / n, group=f"allreduce {alg}")
+            variants: dict[str, Variant | None] = {}
+            for alg in algs:
+                variants[f"alg:{alg}"] = _timed(partial(md.allreduce, xs, "sum", algorithm=alg),
+                                                label=f"md.allreduce(xs, algorithm='{alg}')")
+                if bufs is not None:
+                    variants[f"inplace:{alg}"] = _timed(partial(md.allreduce, bufs, "sum", algorithm=alg, inplace=True),
+                                                        label=f"md.allreduce(bufs, algorithm='{alg}', inplace=True)")
+            variants["auto"] = _timed(partial(md.allreduce, xs, "sum"), label=f"md.allreduce(xs) (auto: {choice} here)")
+            variants["framework"] = (_timed(framework.fn, framework.args, framework.label)
+                                     if framework is not None else None)
+            yield Case(f"allreduce n={n} {fmt_bytes(size)}", variants, devices=devs, check=check,
+                       params={"op": "sum", "n": n, "size": size, "dtype": "float32", "algorithms": algs,
+                               "auto_choice": choice},
+                       bytes=size, busbw_factor=2 * (n - 1) / n, group="allreduce",
+                       ratio=("alg:native", "framework") if has_native and framework is not None else None,
+                       bound_copies=(3 * n - 1) / 2 if _shared_memory(devs) else None)
 
 
-@benchmark("collectives")
+@benchmark("collectives", goals=OTHER_GOALS["broadcast"])
 def broadcast(ctx: Context) -> Iterator[Case]:
     """md.broadcast(x, devices) against the framework's own copy to each device."""
-    if not hasattr(md, "broadcast"):
-        return
     all_devs = _devices(ctx)
     if len(all_devs) < 2:
         yield _skip(ctx, "broadcast")
         return
     for n in _counts(len(all_devs)):
         devs = all_devs[:n]
-        for size in _sizes(ctx):
+        for size in sizes(ctx):
             (x,), (h,) = _inputs(ctx, devs[:1], size // 4, seed=7)
             native = None
             if ctx.native is not None:
-                calls = [ctx.native.call("copy" if d == devs[0] else "to", x, d) for d in devs]
+                # a new buffer on every device, as md.broadcast makes ("to" may alias: TF's logical CPUs)
+                calls = [ctx.native.call("copy", x, d) for d in devs]
 
                 def loop(calls: list[Any] = calls) -> list[Any]:
                     return [fn(*a) for fn, a, _ in calls]
-                native = Variant(loop, (), label="[copy/to(x, d) for d in devices] (framework calls)")
+                native = _timed(loop, label="[copy(x, d) for d in devices] (framework calls)")
 
             def check(x: Any = x, h: np.ndarray = h, devs: list[md.Device] = devs, native: Any = native
                       ) -> tuple[bool, str]:
@@ -141,23 +196,22 @@ def broadcast(ctx: Context) -> Iterator[Case]:
                 return all_ok(*checks)
 
             yield Case(f"broadcast n={n} {fmt_bytes(size)}",
-                       {"md": Variant(md.broadcast, (x, devs), label="md.broadcast(x, devices)"), "native": native},
+                       {"md": _timed(md.broadcast, (x, devs), "md.broadcast(x, devices)"), "native": native},
                        devices=devs, check=check, params={"n": n, "size": size, "dtype": "float32"},
-                       bytes=size, busbw_factor=1.0, group="broadcast")
+                       bytes=size, busbw_factor=1.0, group="broadcast",
+                       bound_copies=float(n) if _shared_memory(devs) else None)
 
 
-@benchmark("collectives")
+@benchmark("collectives", goals=OTHER_GOALS["allgather"])
 def allgather(ctx: Context) -> Iterator[Case]:
     """md.allgather(pieces): every device gets the concatenation (size = output bytes)."""
-    if not hasattr(md, "allgather"):
-        return
     all_devs = _devices(ctx)
     if len(all_devs) < 2:
         yield _skip(ctx, "allgather")
         return
     for n in _counts(len(all_devs)):
         devs = all_devs[:n]
-        for size in _sizes(ctx):
+        for size in sizes(ctx):
             xs, hs = _inputs(ctx, devs, size // 4 // n, seed=11)
             ref = np.concatenate(hs)
 
@@ -165,23 +219,22 @@ def allgather(ctx: Context) -> Iterator[Case]:
                 return _check_all(md.allgather(xs), ref, devs)
 
             yield Case(f"allgather n={n} {fmt_bytes(size)}",
-                       {"md": Variant(md.allgather, (xs,), label="md.allgather(xs)"), "native": None},
+                       {"md": _timed(md.allgather, (xs,), "md.allgather(xs)"), "native": None},
                        devices=devs, check=check, params={"n": n, "size": size, "dtype": "float32"},
-                       bytes=size, busbw_factor=(n - 1) / n, ratio=None, group="allgather")
+                       bytes=size, busbw_factor=(n - 1) / n, ratio=None, group="allgather",
+                       bound_copies=float(n) if _shared_memory(devs) else None)
 
 
-@benchmark("collectives")
+@benchmark("collectives", goals=OTHER_GOALS["reduce_scatter"])
 def reduce_scatter(ctx: Context) -> Iterator[Case]:
     """md.reduce_scatter(xs, 'sum'): device i gets piece i of the sum (size = input bytes)."""
-    if not hasattr(md, "reduce_scatter"):
-        return
     all_devs = _devices(ctx)
     if len(all_devs) < 2:
         yield _skip(ctx, "reduce_scatter")
         return
     for n in _counts(len(all_devs)):
         devs = all_devs[:n]
-        for size in _sizes(ctx):
+        for size in sizes(ctx):
             xs, hs = _inputs(ctx, devs, size // 4, seed=13)
             ref = np.sum([h.astype(np.float64) for h in hs], axis=0)
             pieces = np.array_split(ref, n)
@@ -194,7 +247,8 @@ def reduce_scatter(ctx: Context) -> Iterator[Case]:
                 return all_ok(*[close(o, p, device=d) for o, p, d in zip(out, pieces, devs)])
 
             yield Case(f"reduce_scatter n={n} {fmt_bytes(size)}",
-                       {"md": Variant(md.reduce_scatter, (xs, "sum"), label="md.reduce_scatter(xs, 'sum')"),
+                       {"md": _timed(md.reduce_scatter, (xs, "sum"), "md.reduce_scatter(xs, 'sum')"),
                         "native": None},
                        devices=devs, check=check, params={"n": n, "size": size, "dtype": "float32"},
-                       bytes=size, busbw_factor=(n - 1) / n, ratio=None, group="reduce_scatter")
+                       bytes=size, busbw_factor=(n - 1) / n, ratio=None, group="reduce_scatter",
+                       bound_copies=(n + 1) / 2 if _shared_memory(devs) else None)

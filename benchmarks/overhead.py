@@ -33,6 +33,14 @@ SYNC_GOALS = (Goal("P2 synchronize(device)", "synchronize(device)", 1.2, gpu_onl
                    den=("floor",), note="md / (the native call inside one Python function)"))
 
 
+#: Every thin call at native cost: at most 1.3x the framework's own call, or at most 0.3 µs above it
+#: where that is more (a ratio means little against a native call of 60 ns), on every device.
+THIN_SLACK_S = 0.3e-6
+THIN_GOALS = tuple(Goal(f"thin call: {g}", g, 1.3, slack_s=THIN_SLACK_S, note="1.3x native or 0.3 µs above")
+                   for g in ("to no-op", "to no-op (str)", "device_of", "dtype_of", "synchronize(device)",
+                             "synchronize(device, backend)", "synchronize(x)", "creation"))
+
+
 def _framed(v: Variant | None) -> dict[str, Variant]:
     """The floor variant of a row: native ``v`` called from one Python function."""
     if v is None:
@@ -51,7 +59,7 @@ def _devices(ctx: Context) -> list[md.Device]:
     return devs
 
 
-@benchmark("overhead", goals=TO_GOALS)
+@benchmark("overhead", goals=TO_GOALS + THIN_GOALS[:2])
 def to_noop(ctx: Context) -> Iterator[Case]:
     """md.to(x, its own device) against the framework's own no-op placement call."""
     ref = np.ones(N, np.float32)
@@ -75,7 +83,7 @@ def to_noop(ctx: Context) -> Iterator[Case]:
                    devices=[d], check=check, params={"device": str(d), "elements": N}, group="to no-op (str)")
 
 
-@benchmark("overhead")
+@benchmark("overhead", goals=THIN_GOALS[2:4])
 def device_of(ctx: Context) -> Iterator[Case]:
     """md.device_of(x) against the framework's device attribute."""
     for d in _devices(ctx):
@@ -95,9 +103,16 @@ def device_of(ctx: Context) -> Iterator[Case]:
         yield Case(f"device_of(x) [{d}]", {"md": Variant(md.device_of, (x,), label="md.device_of(x)"),
                                            "native": native},
                    devices=[d], check=check, params={"device": str(d)}, group="device_of")
+        nd = ctx.native_call("dtype_of", x)
+
+        def check_dtype(x: Any = x) -> tuple[bool, str]:
+            return md.dtype_of(x) == "float32", f"md.dtype_of -> {md.dtype_of(x)}"
+
+        yield Case(f"dtype_of(x) [{d}]", {"md": Variant(md.dtype_of, (x,), label="md.dtype_of(x)"), "native": nd},
+                   devices=[d], check=check_dtype, params={"device": str(d)}, group="dtype_of")
 
 
-@benchmark("overhead", goals=SYNC_GOALS)
+@benchmark("overhead", goals=SYNC_GOALS + THIN_GOALS[4:7])
 def synchronize(ctx: Context) -> Iterator[Case]:
     """md.synchronize(device) / md.synchronize(x) on idle work, against the native wait."""
     for d in _devices(ctx):
@@ -124,7 +139,7 @@ def synchronize(ctx: Context) -> Iterator[Case]:
                    devices=[d], check=check, params={"device": str(d)}, group="synchronize(x)")
 
 
-@benchmark("overhead")
+@benchmark("overhead", goals=THIN_GOALS[7:])
 def creation(ctx: Context) -> Iterator[Case]:
     """md.zeros((1000,), device=d) against the framework's creation on a device."""
     for d in _devices(ctx):

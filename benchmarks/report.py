@@ -17,6 +17,76 @@ SHORT = {"md": "md", "md_inplace": "md in-place", "md_to_host": "md.to_host", "n
          "framework": "dispatch"}
 
 
+#: How far above the bound measured in the same run a row may read before it is refused: 10%
+#: (timer noise; a copy that beats the machine's own memcpy did not copy).
+BOUND_SLACK = 1.10
+
+
+def _rate(v: dict[str, Any]) -> float | None:
+    """A variant's bandwidth: busbw for collectives, else the payload rate."""
+    return v.get("busbw_GBps", v.get("GBps"))
+
+
+def _memcpy_peak(run: dict[str, Any]) -> float | None:
+    """The host memcpy peak (GB/s) the run measured, or None."""
+    peak = ((run.get("bounds") or {}).get("memcpy") or {}).get("peak_GBps")
+    return float(peak) if peak else None
+
+
+def row_bound(rec: dict[str, Any], run: dict[str, Any]) -> tuple[float, str] | None:
+    """The physical bound (GB/s, busbw for collectives) of a row, measured in the same run, and what
+    it is: the row's preallocated pinned copy (host <-> GPU rows), else for rows on host memory alone
+    (CPU devices) the run's memcpy peak; None where the run measured none."""
+    pinned = ((rec.get("variants") or {}).get("native_pinned") or {}).get("GBps")
+    if pinned:
+        return float(pinned), "the preallocated pinned copy measured beside it (native_pinned)"
+    devs = [str(d) for d in rec.get("devices") or []]
+    peak = ((run.get("bounds") or {}).get("memcpy") or {}).get("peak_GBps")
+    if devs and peak and all(d.startswith("cpu") for d in devs):
+        return float(peak), "the host's memcpy peak measured in this run"
+    return None
+
+
+def validate(doc: dict[str, Any]) -> list[str]:
+    """Refuse physically impossible rows: a variant whose bandwidth is above the row's bound
+    (:func:`row_bound`) by more than :data:`BOUND_SLACK` did not do the work it names (a cached host
+    value, a view, an alias). It is marked ``invalid`` (the reason) in the JSON, the table and the
+    plot, and ``multidev bench --check`` fails on it. A row that says its calls may legitimately make
+    no copy (``params["zero_copy_possible"]``: a CPU tensor read as a NumPy view) gets ``zero_copy``
+    instead: no bandwidth, and no failure. Returns the invalid rows as text (also
+    :func:`invalid_rows`)."""
+    for rec in doc.get("results", []):
+        rec.pop("invalid", None)
+        variants = rec.get("variants") or {}
+        if not rec.get("bytes") or not variants:
+            continue
+        runs = doc.get("runs") or [{}]
+        found = row_bound(rec, runs[min(rec.get("run", 0), len(runs) - 1)])
+        if found is None:
+            continue
+        bound, what = found
+        for name, v in variants.items():
+            if not v or name == "native_pinned":
+                continue
+            v.pop("invalid", None)
+            v.pop("zero_copy", None)
+            rate = _rate(v)
+            if rate is None or rate <= BOUND_SLACK * bound:
+                continue
+            why = f"{rate:.3g} GB/s is {rate / bound:.3g}x {what} ({bound:.3g} GB/s)"
+            if (rec.get("params") or {}).get("zero_copy_possible"):
+                v["zero_copy"] = f"{why}: a view, not a copy (allowed on this device; no bandwidth)"
+            else:
+                v["invalid"] = f"{why}: it did not do the work it names (a cached value, a view, an alias)"
+                rec.setdefault("invalid", []).append(name)
+    return invalid_rows(doc)
+
+
+def invalid_rows(doc: dict[str, Any]) -> list[str]:
+    """The rows :func:`validate` refused, as ``"backend case: variant"`` lines."""
+    return [f"{r['backend']} {r['case']}: {n}" for r in doc.get("results", []) for n in r.get("invalid") or []]
+
+
 def vkey(name: str) -> tuple[int, str]:
     return (VARIANT_ORDER.index(name) if name in VARIANT_ORDER else len(VARIANT_ORDER), name)
 
@@ -56,7 +126,9 @@ def _cell_lines(rec: dict[str, Any]) -> list[tuple[str, str]]:
             continue
         iqr = 100 * v["iqr_s"] / v["median_s"] if v["median_s"] > 0 else 0.0
         extra = ""
-        if "busbw_GBps" in v:
+        if v.get("zero_copy"):
+            extra = " (a view: no copy, no GB/s)"
+        elif "busbw_GBps" in v:
             extra = f" bus {v['busbw_GBps']:.3g} GB/s"
         elif "GBps" in v:
             extra = f" {v['GBps']:.3g} GB/s"
@@ -64,7 +136,13 @@ def _cell_lines(rec: dict[str, Any]) -> list[tuple[str, str]]:
         if first and first > 3 * v["median_s"] and first - v["median_s"] > 1e-3:
             extra += f" (1st call {fmt_time(first)})"  # compilation / first-use cost, kept apart
         lines.append((f"{SHORT.get(name, name)} {fmt_time(v['median_s'])} ±{iqr:.0f}%{extra}", ""))
-    if rec.get("ratio"):
+        if v.get("invalid"):
+            lines.append((f"INVALID {SHORT.get(name, name)}: {v['invalid'][:90]}", "red"))
+    b = rec.get("bound")
+    if b and b.get("time_s"):
+        bus = f", bus {b['busbw_GBps']:.3g} GB/s" if b.get("busbw_GBps") else ""
+        lines.append((f"memcpy bound {fmt_time(b['time_s'])}{bus} ({b['copies']:g} copies)", "dim"))
+    if rec.get("ratio") and not set(rec["ratio"]["of"]) & set(rec.get("invalid") or []):
         a, b = rec["ratio"]["of"]
         lines.append((f"×{rec['ratio']['value']:.2f} {SHORT.get(a, a)}/{SHORT.get(b, b)}", "bold"))
     if rec.get("check") and not rec["check"]["ok"]:
@@ -269,13 +347,20 @@ def evaluate_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
             target = targets.get(g.name, g.target)
             if target is None:  # the backend's baseline says this goal does not apply to it
                 continue
-            v = g.value(r)
-            if v is None:
-                continue
             goal = dataclasses.replace(g, target=float(target))
-            rows.append({"goal": g.name, "rule": goal.describe(), "backend": r["backend"], "case": r["case"],
-                         "precision": r.get("precision"), "value": v, "target": goal.target, "met": goal.met(v),
-                         "note": g.note})
+            judged = goal.judge(r)
+            if judged is None:
+                continue
+            v, met = judged
+            bad = sorted(set(goal.variants_of(r)) & set(r.get("invalid") or []))
+            row = {"goal": g.name, "rule": goal.describe(), "backend": r["backend"], "case": r["case"],
+                   "precision": r.get("precision"), "value": v, "target": goal.target, "met": met and not bad,
+                   "note": g.note}
+            if goal.slack_s is not None:
+                row["above_s"] = goal.above_s(r)
+            if bad:
+                row["invalid"] = f"reads {', '.join(bad)}, which the run refused (above its bound)"
+            rows.append(row)
     return rows
 
 
@@ -287,8 +372,12 @@ def goals(doc: dict[str, Any]) -> list[str]:
     out = []
     for g in rows:
         prec = f" [{g['precision']}]" if g.get("precision") else ""
+        above = f", {g['above_s'] * 1e6:.2f} µs above" if g.get("above_s") is not None else ""
+        bad = f" INVALID: {g['invalid']}" if g.get("invalid") else ""
         out.append(f"{'met   ' if g['met'] else 'MISSED'} {g['goal']}: {g['backend']} {g['case']}{prec}: "
-                   f"{g['value']:.3g} ({g['rule']})")
+                   f"{g['value']:.3g}{above} ({g['rule']}){bad}")
+    for line in invalid_rows(doc):
+        out.append(f"INVALID {line} (above the bound measured in the same run)")
     return out
 
 
@@ -297,24 +386,15 @@ def _legend(a: Any, **kw: Any) -> None:
         a.legend(**kw)
 
 
-def plot(doc: dict[str, Any], path: str) -> None:
-    """A figure: overhead ratios, async and autoparallel times, bandwidth and allreduce busbw."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    order = _backend_order(doc)
+def _panels(doc: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The figure's panels that have data, as (title, draw(axes, colors)) in report order; each
+    title says what a reader compares."""
     res = doc["results"]
-    colors = {b: f"C{i}" for i, b in enumerate(order)}
-    fig, axes = plt.subplots(3, 3, figsize=(19, 15))
-    ax = axes.ravel()
+    order = _backend_order(doc)
+    out: list[tuple[str, Any]] = []
 
-    def med(r: dict[str, Any], v: str) -> float | None:
-        x = (r.get("variants") or {}).get(v)
-        return x.get("median_s") if x else None
-
-    def grouped(a: Any, recs: list[dict[str, Any]], value: Any, title: str, ylabel: str, log: bool) -> None:
+    def grouped(a: Any, colors: dict[str, str], recs: list[dict[str, Any]], value: Any, ylabel: str,
+                log: bool) -> None:
         keys: list[str] = []
         for r in recs:
             k = (r.get("key") or r["case"]) + (f" [{r['precision']}]" if r.get("precision") else "")
@@ -335,87 +415,177 @@ def plot(doc: dict[str, Any], path: str) -> None:
                 a.bar(xs, ys, width=w, color=colors[b], label=b)
         a.set_xticks([i + 0.4 - w / 2 for i in range(len(keys))])
         a.set_xticklabels([k[:38] for k in keys], rotation=35, ha="right", fontsize=7)
-        a.set_title(title)
         a.set_ylabel(ylabel)
         if log:
             a.set_yscale("log")
         _legend(a, fontsize=7)
 
     ov = [r for r in res if r["suite"] == "overhead" and r.get("ratio")]
-    grouped(ax[0], ov, lambda r: r["ratio"]["value"], "overhead: md ÷ native (median)", "ratio (log)", True)
     if ov:
-        ax[0].axhline(1.0, color="k", lw=0.8)
-    asy = [r for r in res if r["suite"] == "async"]
-    arows = []
-    for r in asy:
-        for v in ("numpy", "framework", "md", "native"):
-            m = med(r, v)
-            if m is not None:
-                arows.append({**r, "key": f"{SHORT.get(v, v)}", "_m": m})
-    grouped(ax[1], arows, lambda r: r["_m"], "async: 10 matmuls (numpy / dispatch / result)", "seconds (log)", True)
-    ap = [r for r in res if r["suite"] == "autoparallel"]
-    grouped(ax[2], ap, lambda r: med(r, "md"), "autoparallel (D2L): md variant", "seconds (log)", True)
-    for i, grp in enumerate(("H2D", "D2H", "D2D")):
-        a = ax[3 + i]
-        for b in order:
-            recs = sorted((r for r in res if r["suite"] == "bandwidth" and r.get("group") == grp
-                           and r["backend"] == b and r.get("variants")), key=lambda r: r["bytes"] or 0)
-            for v, style in (("md", "-o"), ("native", "--x")):
-                pts = [(r["bytes"], r["variants"][v]["GBps"]) for r in recs
-                       if (r["variants"].get(v) or {}).get("GBps")]
-                if pts:
-                    a.plot(*zip(*pts), style, color=colors[b], label=f"{b} {v}")
-        a.set_xscale("log", base=2)
-        a.set_title(f"bandwidth {grp} (md solid, native dashed)")
-        a.set_xlabel("bytes")
-        a.set_yscale("log")
-        a.set_ylabel("GB/s (log)")
-        _legend(a, fontsize=7)
+        def draw_ov(a: Any, colors: dict[str, str]) -> None:
+            grouped(a, colors, ov, lambda r: r["ratio"]["value"], "md ÷ native (log)", True)
+            a.axhline(1.0, color="k", lw=0.8)
+            a.axhline(1.3, color="r", lw=0.8, ls=":", label="goal 1.3")
+        out.append(("thin calls: md ÷ the framework's own call (1 = native cost; goal ≤ 1.3 or ≤ 0.3 µs above)",
+                    draw_ov))
+    asy = [r for r in res if r["suite"] == "async" and r.get("variants")]
+    if asy:
+        arows = [{**r, "key": SHORT.get(v, v), "_m": _med(r, v)} for r in asy
+                 for v in ("numpy", "framework", "md", "native") if _med(r, v) is not None]
+
+        def draw_async(a: Any, colors: dict[str, str]) -> None:
+            grouped(a, colors, arows, lambda r: r["_m"], "seconds (log)", True)
+        out.append(("async (D2L): md vs native time to result; dispatch alone and NumPy for scale", draw_async))
+    ap = [r for r in res if r["suite"] == "autoparallel" and r.get("variants")]
+    if ap:
+        aprows = [{**r, "key": f"{r.get('key') or r['case']} [{SHORT.get(v, v)}]", "_m": _med(r, v)} for r in ap
+                  for v in ("md", "native", "bound") if _med(r, v) is not None]
+
+        def draw_ap(a: Any, colors: dict[str, str]) -> None:
+            grouped(a, colors, aprows, lambda r: r["_m"], "seconds (log)", True)
+        out.append(("autoparallel (D2L): md vs native vs the hand-written bound", draw_ap))
+    for grp in ("H2D", "D2H", "D2D"):
+        recs = [r for r in res if r["suite"] == "bandwidth" and r.get("group") == grp and r.get("variants")]
+        if not recs:
+            continue
+
+        def draw_bw(a: Any, colors: dict[str, str], recs: list[dict[str, Any]] = recs) -> None:
+            for b in order:
+                rb = sorted((r for r in recs if r["backend"] == b), key=lambda r: r["bytes"] or 0)
+                for v, style in (("md", "-o"), ("native", "--x"), ("native_pinned", ":")):
+                    good = [(r["bytes"], r["variants"][v]["GBps"]) for r in rb
+                            if (r["variants"].get(v) or {}).get("GBps") and not r["variants"][v].get("invalid")
+                            and not r["variants"][v].get("zero_copy")]
+                    bad = [(r["bytes"], r["variants"][v]["GBps"]) for r in rb
+                           if (r["variants"].get(v) or {}).get("invalid")]
+                    if good:
+                        a.plot(*zip(*good), style, color=colors[b], label=f"{b} {SHORT.get(v, v)}", ms=4)
+                    if bad:
+                        a.plot(*zip(*bad), "X", color="red", ms=9, label=f"{b} {SHORT.get(v, v)}: INVALID")
+            peaks = [float(p) for r in recs if all(str(d).startswith("cpu") for d in r.get("devices") or [])
+                     if (p := _memcpy_peak(doc["runs"][r.get("run", 0)]))]
+            if peaks:
+                a.axhline(max(peaks), color="gray", ls=":", lw=1, label="host memcpy peak (this run)")
+            a.set_xscale("log", base=2)
+            a.set_yscale("log")
+            a.set_xlabel("bytes")
+            a.set_ylabel("GB/s (log)")
+            _legend(a, fontsize=6)
+        bound = "the pinned copy" if grp != "D2D" else "the bound"
+        out.append((f"bandwidth {grp}: md (solid) vs native (dashed) vs {bound} (dotted; CPU rows: the host memcpy "
+                    "peak); red X: above the bound, refused", draw_bw))
+    conv = [r for r in res if r.get("group") == "convert" and r.get("ratio")]
+    if conv:
+        def draw_conv(a: Any, colors: dict[str, str]) -> None:
+            series: dict[str, list[tuple[int, float]]] = {}
+            for r in conv:
+                n = r.get("bytes") or (r.get("params") or {}).get("size")  # (convert rows: params["size"])
+                if n:
+                    series.setdefault(f"{r['backend']}->{r['params'].get('dst')}", []).append(
+                        (n, r["ratio"]["value"]))
+            for lab, pts in series.items():
+                a.plot(*zip(*sorted(pts)), "-o", ms=3, color=colors[lab.split("->")[0]], label=lab)
+            a.axhline(1.0, color="k", lw=0.8)
+            a.axhline(1.3, color="r", lw=0.8, ls=":")
+            a.set_xscale("log", base=2)
+            a.set_xlabel("bytes")
+            a.set_ylabel("md ÷ native")
+            _legend(a, fontsize=6)
+        out.append(("convert: md ÷ the consumer's own from_dlpack (goal ≤ 1.3)", draw_conv))
     coll = [r for r in res if r["suite"] == "collectives" and r.get("variants")]
-    for i, op in enumerate(("allreduce", "other")):
-        a = ax[6 + i]
-        series: dict[str, list[tuple[int, float]]] = {}
-        for r in coll:
-            is_ar = r["benchmark"] == "allreduce"
-            if (op == "allreduce") != is_ar:
-                continue
-            nmax = max((x["params"].get("n", 0) for x in coll if x["backend"] == r["backend"]
-                        and x["benchmark"] == r["benchmark"]), default=0)
-            if r["params"].get("n") != nmax:
-                continue
-            for v in ("md", "native"):
-                x = (r["variants"].get(v) or {})
-                if "busbw_GBps" in x:
-                    if v == "native" and is_ar and r["params"].get("algorithm") != "native":
+    for kind in ("allreduce", "other"):
+        recs = [r for r in coll if (r["benchmark"] == "allreduce") == (kind == "allreduce")]
+        if not recs:
+            continue
+
+        def draw_coll(a: Any, colors: dict[str, str], recs: list[dict[str, Any]] = recs) -> None:
+            series: dict[str, list[tuple[int, float]]] = {}
+            style: dict[str, str] = {}
+            for r in recs:
+                n = r["params"].get("n")
+                nmax = max((x["params"].get("n", 0) for x in recs if x["backend"] == r["backend"]), default=0)
+                if n != nmax:
+                    continue
+                for v, x in (r.get("variants") or {}).items():
+                    if not x or "busbw_GBps" not in x or x.get("invalid"):
                         continue
-                    alg = r['params'].get('algorithm', r['benchmark'])
-                    lab = f"{r['backend']} {alg}" + (" native" if v == "native" else "") + f" n={nmax}"
+                    lab = f"{r['backend']} {r['benchmark'] if r['benchmark'] != 'allreduce' else ''} {v} n={n}"
                     series.setdefault(lab, []).append((r["bytes"], x["busbw_GBps"]))
-        for lab, pts in series.items():
-            pts.sort()
-            a.plot(*zip(*pts), "-o", ms=3, color=colors[lab.split()[0]], label=lab,
-                   alpha=0.5 + 0.5 * ("native" in lab))
-        a.set_xscale("log", base=2)
-        a.set_yscale("log")
-        a.set_title("allreduce busbw per algorithm" if op == "allreduce"
-                    else "broadcast / allgather / reduce_scatter busbw")
-        a.set_xlabel("bytes per device")
-        a.set_ylabel("busbw GB/s")
-        _legend(a, fontsize=6, ncol=2)
-    ax[8].axis("off")
+                    style[lab] = "--" if v in ("framework", "native", "alg:native") else "-"
+                bnd = (r.get("bound") or {}).get("busbw_GBps")
+                if bnd:
+                    lab = f"{r['backend']} {r['benchmark']} memcpy bound n={n}"
+                    series.setdefault(lab, []).append((r["bytes"], bnd))
+                    style[lab] = ":"
+            for lab, pts in series.items():
+                a.plot(*zip(*sorted(set(pts))), style[lab], marker="o", ms=2, color=colors[lab.split()[0]],
+                       label=" ".join(lab.split()), alpha=0.9 if style[lab] != "-" else 0.6)
+            a.set_xscale("log", base=2)
+            a.set_yscale("log")
+            a.set_xlabel("bytes per device")
+            a.set_ylabel("busbw GB/s")
+            _legend(a, fontsize=5, ncol=2)
+        out.append((("allreduce busbw: md's algorithms (solid) vs native and the framework's own (dashed) vs the "
+                     "memcpy bound (dotted)") if kind == "allreduce" else
+                    "broadcast / allgather / reduce_scatter busbw vs the memcpy bound (dotted)", draw_coll))
+    st = [r for r in res if r["suite"] == "startup" and r.get("variants")]
+    if st:
+        srows = [{**r, "key": f"{r.get('key') or r['case']} [{SHORT.get(v, v)}]", "_m": _med(r, v)} for r in st
+                 for v in ("md", "native") if _med(r, v) is not None]
+
+        def draw_st(a: Any, colors: dict[str, str]) -> None:
+            grouped(a, colors, srows, lambda r: r["_m"], "seconds", False)
+        out.append(("start-up: md (import multidev, first call naming a backend) vs native (numpy, the framework's "
+                    "import)", draw_st))
+    return out
+
+
+def plot(doc: dict[str, Any], path: str) -> None:
+    """A figure of the panels that have data (:func:`_panels`; each title says what to compare),
+    and the run's machine, versions and settings."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = _backend_order(doc)
+    colors = {b: f"C{i}" for i, b in enumerate(order)}
+    panels = _panels(doc)
+    n = len(panels) + 1
+    cols = 3 if n > 4 else 2 if n > 1 else 1
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 5.0 * rows), squeeze=False)
+    ax = axes.ravel()
+    for a, (title, draw) in zip(ax, panels):
+        draw(a, colors)
+        if not a.lines and not a.patches:  # every point refused or a view: say so, not an empty log axis
+            a.set_xscale("linear")
+            a.set_yscale("linear")
+            a.text(0.5, 0.5, "no valid point", ha="center", va="center", transform=a.transAxes)
+        a.set_title(title, fontsize=8, wrap=True)
+    for a in ax[len(panels) + 1:]:
+        a.axis("off")
+    info = ax[len(panels)]
+    info.axis("off")
     lines = [f"multidev bench, {doc['created']}"]
     for run_ in doc["runs"]:
         m = run_["machine"]
         lines.append(f"{m['cpu']} ({m['cpu_count']} cores), python {m['python']}, numpy {m['numpy']}")
-        for b, info in run_["backends"].items():
-            if "error" in info:
+        for b, info_ in run_["backends"].items():
+            if "error" in info_:
                 continue
-            names = sorted(set(info.get("device_names", {}).values()))
-            lines.append(f"  {b} {info['version']}: {', '.join(info['devices'])}; {'; '.join(names)[:70]}")
-        lines.append(f"  precision: {run_['settings']['precision']}; quick: {run_['settings']['quick']}")
-    ax[8].text(0, 1, "\n".join(lines), va="top", family="monospace", fontsize=7)
+            names = sorted(set(info_.get("device_names", {}).values()))
+            lines.append(f"  {b} {info_['version']}: {', '.join(info_['devices'])[:40]}; {'; '.join(names)[:50]}")
+        mc = (run_.get("bounds") or {}).get("memcpy") or {}
+        if mc.get("peak_GBps"):
+            lines.append(f"  memcpy peak {mc['peak_GBps']:.3g} GB/s (the host bound of this run)")
+        lines.append(f"  precision: {run_['settings']['precision']}; quick: {run_['settings']['quick']}; "
+                     f"load {run_.get('loadavg_before')}")
+    bad = invalid_rows(doc)
+    if bad:
+        lines.append(f"{len(bad)} row(s) refused (above the bound measured in the same run):")
+        lines += [f"  {b[:80]}" for b in bad[:8]]
+    info.text(0, 1, "\n".join(lines[:40]), va="top", family="monospace", fontsize=6.5)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
-
-

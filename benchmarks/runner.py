@@ -42,6 +42,8 @@ from multidev import __version__
 from . import report
 from .report import PRECISIONS, SCHEMA, SUITE_NAMES, vkey
 
+MiB_ = 1 << 20
+
 #: Environment variables recorded in a run's JSON, beside every MULTIDEV_* variable and the ones
 #: each loaded baseline names (``Native.env_vars``): those that change what is measured. Nothing else
 #: is recorded (other tools' variables may hold secrets).
@@ -71,6 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-time", type=float, metavar="S",
                    help="stop starting new rows after S seconds (the rest are marked skipped; the "
                         "JSON is still written): for fixed-length slots such as a lent GPU")
+    p.add_argument("--max-bytes", metavar="SIZE",
+                   help="cap the size sweeps (bandwidth, collectives) at SIZE, e.g. 64MiB; the collectives "
+                        "sweep goes from 4 KiB up to it in steps of 4 (without it: the suite's own sizes)")
     p.add_argument("--cpu-devices", type=int, default=2,
                    help="virtual CPU devices for JAX/TF/MXNet/NumPy when not set in the environment "
                         "(MULTIDEV_*_CPU_DEVICES); default 2")
@@ -216,7 +221,38 @@ def _drain(r: Any) -> None:
             pass
 
 
-def measure_case(case: Any, b: Any, s: Settings) -> dict[str, Any]:
+def parse_size(text: str) -> int:
+    """``"64MiB"``, ``"4 KiB"``, ``"1GiB"`` or a number of bytes as bytes."""
+    t = str(text).strip().replace(" ", "")
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1)):
+        if t.endswith(unit) and t[:-len(unit)].isdigit():
+            return int(t[:-len(unit)]) * f
+    if t.isdigit():
+        return int(t)
+    raise UsageError(f"--max-bytes: {text!r} is no size (such as 64MiB, 4KiB or 1048576)")
+
+
+def _bound(case: Any, bounds: dict[str, Any]) -> dict[str, Any] | None:
+    """The row's bound from the memcpy bandwidth measured in this run (``case.bound_copies``)."""
+    from .bounds import memcpy_at
+
+    if case.bound_copies is None:
+        return None
+    n = case.bound_bytes or case.bytes
+    bw = memcpy_at(bounds.get("memcpy"), n) if n else None
+    if not bw:
+        return None
+    t = case.bound_copies * n / (bw * 1e9)
+    out = {"time_s": t, "copies": case.bound_copies, "copy_bytes": n, "memcpy_GBps": bw,
+           "what": f"{case.bound_copies:g} copies of {n} bytes at the memcpy bandwidth of this run"}
+    if case.bytes:
+        out["GBps"] = case.bytes / t / 1e9
+        if case.busbw_factor is not None:
+            out["busbw_GBps"] = out["GBps"] * case.busbw_factor
+    return out
+
+
+def measure_case(case: Any, b: Any, s: Settings, bounds: dict[str, Any] | None = None) -> dict[str, Any]:
     """Warm up, check, then sample every variant of ``case`` alternately."""
     devs = list(case.devices)
 
@@ -254,6 +290,9 @@ def measure_case(case: Any, b: Any, s: Settings) -> dict[str, Any]:
     for k, v in case.variants.items():
         if v is None:
             rec["variants"][k] = None
+    bound = _bound(case, bounds or {})
+    if bound is not None:
+        rec["bound"] = bound
     r = case.ratio
     if r and all(rec["variants"].get(k) and "median_s" in rec["variants"][k] for k in r):
         rec["ratio"] = {"of": list(r), "value": rec["variants"][r[0]]["median_s"] / rec["variants"][r[1]]["median_s"]}
@@ -420,6 +459,12 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
     units = [(n, b, nat, devs, bm, mode) for (n, b, nat, devs) in ready for bm in benches
              for mode in (modes if bm.precision else modes[:1])]
     results: list[dict[str, Any]] = []
+    max_bytes = parse_size(args.max_bytes) if getattr(args, "max_bytes", None) else None
+    from .bounds import memcpy_bandwidth, memcpy_sizes
+
+    # the host's memcpy bandwidth: the bound of every row that moves host memory, in this run
+    bounds = {"memcpy": memcpy_bandwidth(memcpy_sizes(MiB_ if s.quick else max(max_bytes or 0, 256 * MiB_)),
+                                         reps=3 if s.quick else 5)}
     gc.collect()
     gc.freeze()  # the frameworks' import-time objects: later collections need not walk them
     floor = timer_floor()
@@ -461,7 +506,7 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
                 except Exception as e:  # noqa: BLE001
                     prec = {"error": f"{type(e).__name__}: {e}"}
             backends_info[n]["precision"][mode] = prec
-            ctx = mb.Context(n, b, nat, list(devs), s.quick, mode)
+            ctx = mb.Context(n, b, nat, list(devs), s.quick, mode, bounds=bounds, max_bytes=max_bytes)
             base = {"suite": bm.suite, "benchmark": bm.name, "backend": n,
                     "precision": mode if bm.precision else None}
             try:
@@ -483,7 +528,7 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
                                    ratio=None)
                     else:
                         try:
-                            rec.update(measure_case(case, b, s))
+                            rec.update(measure_case(case, b, s, bounds))
                         except Exception as e:  # noqa: BLE001
                             rec.update(error=f"{type(e).__name__}: {e}", variants={}, check=None, ratio=None)
                     results.append(rec)
@@ -517,7 +562,7 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
                 "settings": {**s.as_dict(), "precision": args.precision, "suites": suites,
                              "devices": _split(args.device), "max_time_s": max_time,
                              "wall_s": round(time.perf_counter() - t_start, 1)},
-                "timer_floor_s": floor, "loadavg_before": load_before, "loadavg_after": load_after,
+                "timer_floor_s": floor, "bounds": bounds, "loadavg_before": load_before, "loadavg_after": load_after,
                 "backends": backends_info}
     for r in results:
         r["run"] = 0
@@ -591,11 +636,13 @@ def _main(args: argparse.Namespace) -> int:
         from . import suite as mb
 
         mb.load_all(args.bench_file)
+        report.validate(doc)
         doc["goals"] = report.evaluate_goals(doc)
     else:
         if not hasattr(args, "argv"):
             args.argv = sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "bench" else []
         doc = run(args, console)
+        report.validate(doc)
         doc["goals"] = report.evaluate_goals(doc)
     from multidev import distributed as mdist
 
@@ -623,10 +670,16 @@ def _main(args: argparse.Namespace) -> int:
     if bad:
         return 1
     missed = [g for g in doc["goals"] if not g["met"]]
-    if getattr(args, "check", False) and missed:
-        print(f"multidev bench --check: {len(missed)} goal row(s) missed: "
-              + "; ".join(f"{g['goal']} ({g['backend']} {g['case']}: {g['value']:.3g})" for g in missed[:5]),
-              file=sys.stderr)
+    invalid = report.invalid_rows(doc)
+    if getattr(args, "check", False) and (missed or invalid):
+        parts = []
+        if invalid:
+            parts.append(f"{len(invalid)} row(s) physically impossible (above the bound measured in the same "
+                         "run): " + "; ".join(invalid[:5]))
+        if missed:
+            parts.append(f"{len(missed)} goal row(s) missed: "
+                         + "; ".join(f"{g['goal']} ({g['backend']} {g['case']}: {g['value']:.3g})" for g in missed[:5]))
+        print("multidev bench --check: " + ". ".join(parts), file=sys.stderr)
         return 3
     return 0
 

@@ -37,7 +37,9 @@ class Goal:
     - ``"GBps"``: the payload rate of ``num`` >= ``target`` (GB/s, 10**9 bytes);
     - ``"GBps_ratio"``: GB/s of ``num`` / max(GB/s of ``den``) >= ``target``;
     - ``"time_ratio_best"``: median(``num``) / min(median of ``den``) <= ``target`` (e.g. md / the
-      fastest native route).
+      fastest native route);
+    - ``"bound_ratio"``: the row's bound time (``rec["bound"]["time_s"]``, from the hardware bound
+      measured in the same run) / min(median of ``den``) >= ``target`` (1: at the bound).
 
     A ``den`` name ending in ``*`` stands for every variant of the row with that prefix
     (``"native:*"``), at least one.
@@ -56,16 +58,54 @@ class Goal:
     min_bytes: int | None = None
     max_bytes: int | None = None
     note: str = ""
+    #: ``time_ratio`` goals of thin calls: also met where ``num`` costs at most this many seconds
+    #: more than the slowest ``den`` (a ratio means little against a native call of 60 ns).
+    slack_s: float | None = None
+    #: judged only on rows whose ``params`` hold these items (e.g. ``{"n": 2}``)
+    where: tuple[tuple[str, Any], ...] = ()
 
     def applies(self, rec: dict[str, Any]) -> bool:
         if rec.get("group") != self.group or not rec.get("variants"):
             return False
         if self.gpu_only and not any(str(d).startswith(("gpu", "mps")) for d in rec.get("devices", [])):
             return False
+        params = rec.get("params") or {}
+        if any(params.get(k) != v for k, v in self.where):
+            return False
         n = rec.get("bytes")
         if self.min_bytes is not None and (n is None or n < self.min_bytes):
             return False
         return not (self.max_bytes is not None and (n is None or n > self.max_bytes))
+
+    def variants_of(self, rec: dict[str, Any]) -> list[str]:
+        """The variants of ``rec`` this goal reads (``num`` and the ``den`` names, patterns expanded)."""
+        v = rec.get("variants") or {}
+        out = [self.num]
+        for d in self.den:
+            out += sorted(k for k in v if k.startswith(d[:-1])) if d.endswith("*") else [d]
+        return out
+
+    def above_s(self, rec: dict[str, Any]) -> float | None:
+        """Seconds ``num`` costs beyond the slowest ``den`` (time goals), or None."""
+        v = rec.get("variants") or {}
+        names = self.variants_of(rec)
+        ms = [(v.get(k) or {}).get("median_s") for k in names]
+        vals = [float(m) for m in ms if m is not None]
+        if len(vals) != len(ms) or len(vals) < 2:
+            return None
+        return vals[0] - max(vals[1:])
+
+    def judge(self, rec: dict[str, Any]) -> tuple[float, bool] | None:
+        """``(value, met)`` on ``rec``, or None where a variant is missing: :meth:`met`, or for a
+        goal with ``slack_s`` at most that many seconds above the native call."""
+        value = self.value(rec)
+        if value is None:
+            return None
+        ok = self.met(value)
+        if not ok and self.slack_s is not None:
+            above = self.above_s(rec)
+            ok = above is not None and above <= self.slack_s
+        return value, ok
 
     def value(self, rec: dict[str, Any]) -> float | None:
         """The measured figure this goal judges on ``rec``, or None where a variant is missing."""
@@ -86,6 +126,12 @@ class Goal:
             return None
         if self.metric == "GBps":
             return rate(self.num)
+        if self.metric == "bound_ratio":
+            bt = (rec.get("bound") or {}).get("time_s")
+            ms = [med(d) for d in den]
+            if bt is None or any(m is None for m in ms):
+                return None
+            return float(bt) / min(float(m) for m in ms if m is not None)
         if self.metric == "GBps_ratio":
             a, bs = rate(self.num), [rate(d) for d in den]
             if a is None or any(b is None for b in bs) or not bs:
@@ -107,8 +153,10 @@ class Goal:
         what = {"time_ratio": f"{self.num} / max({', '.join(self.den)})",
                 "time_ratio_best": f"{self.num} / min({', '.join(self.den)})",
                 "speedup": f"max({', '.join(self.den)}) / {self.num}",
-                "GBps": f"{self.num} GB/s", "GBps_ratio": f"{self.num} GB/s / max({', '.join(self.den)} GB/s)"}
-        return f"{what[self.metric]} {rel} {self.target:g}"
+                "GBps": f"{self.num} GB/s", "GBps_ratio": f"{self.num} GB/s / max({', '.join(self.den)} GB/s)",
+                "bound_ratio": f"the row's bound time / min({', '.join(self.den)})"}
+        extra = f", or at most {self.slack_s * 1e6:g} µs above" if self.slack_s is not None else ""
+        return f"{what[self.metric]} {rel} {self.target:g}{extra}"
 
 
 def goals() -> list[tuple[Benchmark, Goal]]:
@@ -156,6 +204,11 @@ class Case:
     key: str | None = None  # the row label in the side-by-side table (default: name); rows of
     # different backends with one key share a table row (e.g. "D2D 1 MiB" on cpu:0->cpu:1 and cpu:0)
     before: Callable[[], Any] | None = None  # called before every sample, untimed (e.g. a barrier)
+    #: the least memory traffic the operation needs, in copies of ``bound_bytes`` (default
+    #: ``bytes``): the runner turns it into the row's bound (``rec["bound"]``) with the memcpy
+    #: bandwidth measured in the same run (:mod:`.bounds`); None: no such bound
+    bound_copies: float | None = None
+    bound_bytes: int | None = None
 
 
 @dataclass
@@ -219,6 +272,14 @@ class Context:
     quick: bool
     precision: str  # "fp32", "tf32" or "default": the mode this benchmark runs under
     options: dict[str, Any] = field(default_factory=dict)
+    #: the run's measured bounds (``{"memcpy": ...}``, :mod:`.bounds`)
+    bounds: dict[str, Any] = field(default_factory=dict)
+    #: the largest payload a size sweep goes to (``--max-bytes``), or None for the suite's own
+    max_bytes: int | None = None
+
+    def sweep(self, sizes: Sequence[int]) -> list[int]:
+        """``sizes`` up to ``--max-bytes`` (all of them without it)."""
+        return [n for n in sizes if self.max_bytes is None or n <= self.max_bytes]
 
     @property
     def gpus(self) -> list[Device]:

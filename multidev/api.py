@@ -307,11 +307,26 @@ def _constant(what: str, value: int, shape: int | Sequence[int], dtype: Any, dev
         if key is not None:
             _PLANS.pop(key, None)
         return _constant(what, value, shape, dtype, device, backend)
-    shp = _shape(shape)
-    if host_max:
-        n = 1
+    # the shape: a plain int, or a short tuple of plain non-negative ints, inline; else check_shape
+    n = 1
+    shp: tuple[int, ...]
+    if shape.__class__ is int and shape >= 0:
+        shp = (shape,)
+        n = shape
+    elif shape.__class__ is tuple and len(shape) <= 4:
+        shp = shape
         for s in shp:
+            if s.__class__ is not int or s < 0:
+                shp = check_shape(shape)
+                break
             n *= s
+    else:
+        shp = check_shape(shape)
+    if host_max:
+        if len(shp) != 1 or shp is not shape:
+            n = 1
+            for s in shp:
+                n *= s
         if n > host_max:
             check_memory(shp, name, True, f"{b.name} {what}")
     try:

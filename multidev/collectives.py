@@ -28,9 +28,14 @@ Algorithms of :func:`allreduce` (all produce the same values within the dtype's 
   first device (``ceil(log2 n)`` rounds), then a broadcast down the same tree.
 - ``native``: the adapter's framework path (NCCL, psum, kvstore, ...); CapabilityError where the
   backend advertises none.
-- ``auto`` (:func:`choose_algorithm`): ``native`` when the backend has it, every device is an
-  accelerator and ``deterministic`` is False; else ``tree`` for small tensors (at most
-  :data:`AUTO_TREE_MAX_BYTES` bytes per device, or fewer elements than devices); else ``ring``.
+- ``auto`` (:func:`choose_algorithm`): the algorithm a measured cost model predicts fastest for
+  the backend, the device kind, the device count and the bytes per device (``native`` only where
+  ``deterministic`` is False); without a model for them, ``native`` when the backend has it, every
+  device is an accelerator and ``deterministic`` is False, else ``tree`` for small tensors (at most
+  :data:`AUTO_TREE_MAX_BYTES` bytes per device), else ``ring``. Tensors with fewer elements than
+  devices always take ``tree``. The model: :data:`multidev.collective_model.MODEL_JSON` (fitted
+  from the bench's collectives suite; ``$MULTIDEV_COLLECTIVE_MODEL`` names a file to use instead,
+  see :func:`cost_model`).
 
 Determinism: ``naive``, ``ring`` and ``tree`` are deterministic by construction: every element is
 reduced in a fixed order set by the algorithm and the list order (naive: ``x0, x1, ..., x(n-1)``;
@@ -42,6 +47,7 @@ algorithms, by a rule that depends on shape, dtype and device count alone.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,7 +60,7 @@ from .registry import backend_of, require, supports
 from .validate import OPS, check_axis, check_op, check_writable, translate_errors
 
 __all__ = ["ALGORITHMS", "AUTO_TREE_MAX_BYTES", "OPS", "allgather", "allreduce", "broadcast", "choose_algorithm",
-           "gather", "reduce", "reduce_scatter", "scatter", "split_batch", "split_sizes"]
+           "cost_model", "gather", "reduce", "reduce_scatter", "scatter", "split_batch", "split_sizes"]
 
 #: Algorithm names accepted by allreduce.
 ALGORITHMS = ("auto", "naive", "ring", "tree", "native")
@@ -224,17 +230,78 @@ def _ring_allreduce(b: Backend, xs: list[Any], devs: list[Device], op: str) -> l
     return [b.reshape(b.concat(have[i], 0), shape) for i in range(n)]
 
 
+_MODEL: list[dict[str, Any]] = []  # the cost model, read on first use (cost_model)
+_FITS: dict[tuple[str, str, int], dict[str, tuple[float, float]] | None] = {}
+
+
+def cost_model() -> dict[str, Any]:
+    """The measured cost model ``auto`` chooses from: ``{"models": {backend: {device kind: {device
+    count: {algorithm: [alpha_s, beta_s_per_byte, ...]}}}}, ...}``, the time of one allreduce being
+    ``alpha + beta * bytes per device``. Read once: the file ``$MULTIDEV_COLLECTIVE_MODEL`` names
+    where it is set (a refit for your machine: ``python -m multidev.benchmarks.scaling fit
+    RESULTS.json --out model.json``), else :data:`multidev.collective_model.MODEL_JSON` (the one
+    shipped, fitted on the machine its ``source`` names)."""
+    if not _MODEL:
+        import json
+        import os
+
+        path = os.environ.get("MULTIDEV_COLLECTIVE_MODEL")
+        if path:
+            with open(path) as f:
+                doc = json.load(f)
+        else:
+            from .collective_model import MODEL_JSON
+
+            doc = json.loads(MODEL_JSON)
+        _MODEL.append(doc if isinstance(doc, dict) else {})
+    return _MODEL[0]
+
+
+def _fit_for(backend: str, kind: str, n: int) -> dict[str, tuple[float, float]] | None:
+    """The model's (alpha, beta) per algorithm for ``backend`` on ``n`` devices of ``kind``: the
+    measured device count nearest ``n`` (by ratio), or None without one."""
+    key = (backend, kind, n)
+    if key in _FITS:
+        return _FITS[key]
+    per = ((cost_model().get("models") or {}).get(backend) or {}).get(kind) or {}
+    fit = None
+    if per:
+        near = min(per, key=lambda c: abs(math.log(int(c) / n)))
+        fit = {alg: (float(v[0]), float(v[1])) for alg, v in per[near].items()}
+    if len(_FITS) < 1024:
+        _FITS[key] = fit
+    return fit
+
+
 def choose_algorithm(b: Backend, shape: tuple[int, ...], dtype: str, devices: Sequence[Device],
                      deterministic: bool = False) -> str:
-    """The algorithm ``auto`` runs: ``native`` when the backend has one, every device is an
-    accelerator and ``deterministic`` is False; ``tree`` for at most :data:`AUTO_TREE_MAX_BYTES`
-    bytes per device (or fewer elements than devices); ``ring`` otherwise."""
+    """The algorithm ``auto`` runs: the one the measured cost model (:func:`cost_model`) predicts
+    fastest for this backend, device kind, device count and bytes per device, among ``naive``,
+    ``ring``, ``tree`` and (unless ``deterministic``, where the backend has it) ``native``. Without a
+    model for them: ``native`` when the backend has one, every device is an accelerator and
+    ``deterministic`` is False; ``tree`` for at most :data:`AUTO_TREE_MAX_BYTES` bytes per device;
+    ``ring`` otherwise. Fewer elements than devices: ``tree``."""
     n = len(devices)
-    if (not deterministic and n > 1 and "allreduce" in b.capabilities.native_collectives
-            and all(d.is_gpu for d in devices)):
-        return "native"
     numel = _numel(shape)
-    if numel * ITEMSIZE.get(dtype, 8) <= AUTO_TREE_MAX_BYTES or numel < n:
+    if numel < n:
+        return "tree"
+    native = not deterministic and n > 1 and "allreduce" in b.capabilities.native_collectives
+    kinds = {d.kind for d in devices}
+    fit = _fit_for(b.name, kinds.pop(), n) if len(kinds) == 1 and n > 1 else None
+    if fit:
+        nbytes = numel * ITEMSIZE.get(dtype, 8)
+        best = None
+        for alg in ALGORITHMS[1:]:
+            if alg in fit and (alg != "native" or native):
+                alpha, beta = fit[alg]
+                t = alpha + beta * nbytes
+                if best is None or t < best[0]:
+                    best = (t, alg)
+        if best is not None:
+            return best[1]
+    if native and all(d.is_gpu for d in devices):
+        return "native"
+    if numel * ITEMSIZE.get(dtype, 8) <= AUTO_TREE_MAX_BYTES:
         return "tree"
     return "ring"
 

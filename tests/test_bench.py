@@ -254,3 +254,64 @@ def test_the_gpu_probes_run_as_dry_runs_on_a_cpu(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     assert rows and all(r.get("exact") for r in rows), rows
+
+
+def _doc_with(rows: list[dict[str, Any]], peak: float = 10.0) -> dict[str, Any]:
+    """A one-run report holding ``rows``, whose run measured a host memcpy peak of ``peak`` GB/s."""
+    run = {"command": ["multidev", "bench"], "created": "2026-12-02T00:00:00+00:00",
+           "machine": {"cpu": "test", "cpu_count": 2, "memory_GiB": 1, "python": "3", "numpy": "2", "multidev": "0"},
+           "git": None, "env": {}, "settings": {"precision": "fp32", "quick": True}, "timer_floor_s": 1e-8,
+           "bounds": {"memcpy": {"peak_GBps": peak, "GBps": {"1048576": peak}}},
+           "backends": {"numpy": {"version": "2", "framework": "numpy", "devices": ["cpu:0"], "capabilities": {},
+                                  "device_names": {}, "precision": {}}}}
+    return {"schema": bench.SCHEMA, "created": run["created"], "runs": [run], "results": rows}
+
+
+def _row(case: str, gbps: dict[str, float], **params: Any) -> dict[str, Any]:
+    n = 1 << 20
+    variants = {k: {"label": k, "median_s": n / g / 1e9, "q1_s": n / g / 1e9, "q3_s": n / g / 1e9, "iqr_s": 0.0,
+                    "n": 3, "inner": 1, "first_call_s": n / g / 1e9, "samples_s": [n / g / 1e9] * 3, "GBps": g}
+                for k, g in gbps.items()}
+    return {"suite": "bandwidth", "benchmark": "d2h", "case": case, "key": case, "group": "D2H", "backend": "numpy",
+            "precision": None, "devices": ["cpu:0"], "params": params, "bytes": n, "busbw_factor": None,
+            "variants": variants, "check": {"ok": True, "detail": ""}, "ratio": None, "run": 0}
+
+
+def test_an_impossible_row_is_refused_in_the_table_the_json_and_by_check(tmp_path: Path) -> None:
+    """A row above the bound its run measured (a baseline that read a cached value: 1000 GB/s beside a
+    10 GB/s memcpy) is marked invalid in the JSON, the Markdown and the plot, and --check fails on
+    it; a row that declares it may be a view is marked zero-copy instead, and does not fail."""
+    doc = _doc_with([_row("D2H fake 1 MiB", {"md": 5.0, "native": 1000.0}),
+                     _row("D2H view 1 MiB", {"md": 5000.0, "native": 4000.0}, zero_copy_possible=True)])
+    src, out, md_out = tmp_path / "fake.json", tmp_path / "out.json", tmp_path / "out.md"
+    src.write_text(json.dumps(doc))
+    argv = ["--report", str(src), "--json", str(out), "--markdown", str(md_out), "--no-progress"]
+    if importlib.util.find_spec("matplotlib") is not None:
+        argv += ["--plot", str(tmp_path / "out.png")]
+    p = cli(*argv)
+    assert p.returncode == 0, p.stderr[-2000:]  # without --check: reported, not failed
+    got = json.loads(out.read_text())
+    bad, view = got["results"]
+    assert bad["invalid"] == ["native"] and "did not do the work" in bad["variants"]["native"]["invalid"]
+    assert "invalid" not in bad["variants"]["md"] and "invalid" not in view
+    assert view["variants"]["md"]["zero_copy"] and view["variants"]["native"]["zero_copy"]
+    text = md_out.read_text()
+    assert "INVALID native" in text and "a view: no copy" in text
+    assert "INVALID numpy D2H fake 1 MiB: native" in p.stdout
+    p = cli(*argv, "--check")
+    assert p.returncode == 3 and "physically impossible" in p.stderr and "D2H fake 1 MiB" in p.stderr, p.stderr
+    doc["results"] = doc["results"][1:]  # the view alone: nothing to refuse
+    src.write_text(json.dumps(doc))
+    assert cli(*argv, "--check").returncode == 0
+
+
+def test_thin_call_goals_take_a_ratio_or_an_absolute_slack() -> None:
+    from multidev.benchmarks import Goal
+
+    g = Goal("thin", "g", 1.3, slack_s=0.3e-6)
+    rec = {"group": "g", "variants": {"md": {"median_s": 0.35e-6}, "native": {"median_s": 0.1e-6}}}
+    assert g.judge(rec) == (pytest.approx(3.5), True)  # 3.5x, but 0.25 µs above: met
+    rec["variants"]["md"]["median_s"] = 0.5e-6
+    assert g.judge(rec) == (pytest.approx(5.0), False)
+    rec["variants"] = {"md": {"median_s": 12e-6}, "native": {"median_s": 10e-6}}
+    assert g.judge(rec) == (pytest.approx(1.2), True)

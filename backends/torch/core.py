@@ -180,7 +180,7 @@ class TorchCore(BaseBackend):
 
     # -- creation ---------------------------------------------------------------------------
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
-        dt, dev = self._target(dtype, device)
+        dt, dev = self._targets.get((dtype, device)) or self._target(dtype, device)
         if value.__class__ in _REAL and (value == 1 or (value == 0 and math.copysign(1.0, value) > 0)):
             # torch's own zeros/ones: the same bits (a +0), without torch.full's fill path
             return (self._torch.ones if value == 1 else self._torch.zeros)(shape, dtype=dt, device=dev)

@@ -23,7 +23,8 @@ class JaxNative(Native):
     # multidev's (every live array on the device) has no native equal; synchronize(x) is judged instead.
     goal_targets = {"P1 no-op to": 0.05, "P1 no-op to (str spec)": 0.05,  # noqa: RUF012
                     "P2 synchronize(device)": None, "P2 synchronize(device, backend=)": None,
-                    "P2 synchronize(device) vs one Python frame": None}
+                    "P2 synchronize(device) vs one Python frame": None,
+                    "thin call: synchronize(device)": None, "thin call: synchronize(device, backend)": None}
 
     def __init__(self, b: Any) -> None:
         super().__init__(b)
@@ -68,10 +69,20 @@ class JaxNative(Native):
             "jnp.zeros(shape, device=device)"
 
     def op_h2d(self, a: np.ndarray, dev: Device) -> Call:
+        if dev.kind == "cpu":  # device_put may alias an aligned host buffer: copy, as md.asarray does
+            return (functools.partial(self.jax.device_put, device=self.dev(dev), may_alias=False), (a,),
+                    "jax.device_put(a, device, may_alias=False)")
         return self.jax.device_put, (a, self.dev(dev)), "jax.device_put(a, device)"
 
     def op_d2h(self, x: Any) -> Call:
-        return np.asarray, (x,), "np.asarray(x)"
+        if not self._gpu(x):
+            return np.asarray, (x,), "np.asarray(x) (a view of a CPU array)"
+        # np.asarray keeps the host copy on the array and returns it to every later call (a
+        # baseline that reads it measures nothing): each call reads a fresh array, a device-side copy
+        # of x (at device-memory speed, a small part of the transfer's time).
+        jnp = self.jnp
+        return (lambda x: np.asarray(jnp.copy(x))), (x,), \
+            "np.asarray(jnp.copy(x)) (a fresh array per call: np.asarray caches the host copy on x)"
 
     def set_precision(self, mode: str) -> dict[str, Any]:
         if mode in ("fp32", "tf32"):
@@ -108,6 +119,31 @@ class JaxNative(Native):
     def op_from_dlpack(self, x: Any) -> Call:
         """JAX as a DLPack consumer (the native side of convert(x, 'jax'))."""
         return self.jax.dlpack.from_dlpack, (x,), "jax.dlpack.from_dlpack(x)"
+
+    def op_allreduce_framework(self, bufs: list[Any]) -> Call | None:
+        """JAX's own allreduce (suite ``collectives``): ``jax.lax.psum`` under ``jax.shard_map`` over a
+        mesh of the buffers' devices, on the global array the per-device buffers make, compiled here;
+        the result is the global array (each device's block the sum)."""
+        jax = self.jax
+        if len(bufs) < 2:
+            return None
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        devs = [next(iter(b.devices())) for b in bufs]
+        if len({d.platform for d in devs}) > 1:
+            return None
+        mesh = Mesh(np.array(devs, dtype=object), ("i",))
+        sharding = NamedSharding(mesh, PartitionSpec("i"))
+        shape = tuple(bufs[0].shape)
+        gshape = (shape[0] * len(bufs),) + shape[1:]
+        f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "i"), mesh=mesh, in_specs=PartitionSpec("i"),
+                                  out_specs=PartitionSpec("i")))
+
+        def allreduce(pieces: list[Any]) -> Any:
+            return f(jax.make_array_from_single_device_arrays(gshape, sharding, pieces))
+        allreduce(list(bufs)).block_until_ready()  # compiled before the clock
+        return allreduce, (list(bufs),), \
+            "jax.jit(shard_map(lambda a: lax.psum(a, 'i'), mesh))(make_array_from_single_device_arrays(bufs))"
 
     def _pinned(self, y: Any) -> Any:
         return self.jax.device_put(y, y.sharding.with_memory_kind("pinned_host"))

@@ -69,6 +69,23 @@ class MxnetNative(Native):
     def op_d2h(self, x: Any) -> Call:
         return x.asnumpy, (), "x.asnumpy()"
 
+    def op_allreduce_framework(self, bufs: list[Any]) -> Call | None:
+        """MXNet's own allreduce (suite ``collectives``): a ``'local'`` KVStore (``'device'`` with a
+        GPU) made once, ``pushpull`` of every buffer into new arrays, one per buffer's context (the
+        out-of-place contract md's allreduce keeps)."""
+        mx = self.mx
+        if len(bufs) < 2:
+            return None
+        gpu = any(b.context.device_type == "gpu" for b in bufs)
+        kv = mx.kv.create("device" if gpu else "local")
+        kv.init(0, mx.nd.zeros(bufs[0].shape, ctx=bufs[0].context, dtype=bufs[0].dtype))
+
+        def allreduce(bufs: list[Any], kv: Any = kv) -> list[Any]:
+            outs = [mx.nd.empty(b.shape, ctx=b.context, dtype=b.dtype) for b in bufs]
+            kv.pushpull(0, bufs, out=outs)
+            return outs
+        return allreduce, (list(bufs),), "kv = mx.kv.create('local'); kv.pushpull(0, bufs, out=[new arrays])"
+
     def set_precision(self, mode: str) -> dict[str, Any]:
         return {"MXNET_CUDA_ALLOW_TENSOR_CORE": os.environ.get("MXNET_CUDA_ALLOW_TENSOR_CORE", ""),
                 "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE", ""),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import operator
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -83,6 +83,40 @@ class TensorflowNative(Native):
 
     def op_d2h(self, x: Any) -> Call:
         return (lambda t: t.numpy()), (x,), "x.numpy()"
+
+    #: group and instance keys of the baseline's own collectives, far from tf.distribute's and md's
+    _keys: ClassVar[dict[Any, int]] = {}
+
+    def op_allreduce_framework(self, bufs: list[Any]) -> Call | None:
+        """TF's own allreduce (suite ``collectives``): ``tf.raw_ops.CollectiveReduceV2`` on each
+        buffer's device, launched together in one ``tf.function`` (with per-device ordering tokens,
+        as tf.distribute does), out of place."""
+        tf = self.tf
+        if len(bufs) < 2:
+            return None
+        names = tuple(x.device for x in bufs)
+        keys = type(self)._keys
+        group = keys.setdefault(names, 0x42420000 + len(keys))
+        sig = (names, tuple(bufs[0].shape), bufs[0].dtype.name)
+        instance = keys.setdefault(sig, 0x1000 + len(keys))  # one instance key per shape: TF's rule
+        toks = []
+        for name in names:
+            with tf.init_scope(), tf.device(name):
+                toks.append(tf.Variable(0.0, trainable=False))
+        with tf.device("/device:CPU:0"):
+            ikey = tf.constant(instance, tf.int32)
+        n = len(names)
+
+        @tf.function(autograph=False)
+        def allreduce(ins: list[Any]) -> list[Any]:
+            outs = []
+            for name, x, tok in zip(names, ins, toks):
+                with tf.device(name):
+                    outs.append(tf.raw_ops.CollectiveReduceV2(
+                        input=x, group_size=n, group_key=group, instance_key=ikey, ordering_token=[tok.handle],
+                        merge_op="Add", final_op="Id", communication_hint="auto"))
+            return outs
+        return allreduce, (list(bufs),), "tf.function: tf.raw_ops.CollectiveReduceV2 on every device (TF's own)"
 
     def set_precision(self, mode: str) -> dict[str, Any]:
         tf = self.tf
