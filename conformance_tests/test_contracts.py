@@ -5,6 +5,7 @@ exact ``numpy.ndarray`` (0-d and empty included); the arithmetic the collectives
 observably wait and raise asynchronous errors; the native allreduce is right for every op it takes."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -251,8 +252,12 @@ def test_reads_and_transfers_wait_for_queued_work(md_backend: Any, md_devices: l
     host = md.to_host([q.y], non_blocking=True).wait()
     np.testing.assert_array_equal(host[0].astype(np.float64), q.terms * as_f64(b, q.x),
                                   err_msg="to_host read before the work finished")
-    for other in [d for d in md_devices if d != dev][:1] or [dev]:
-        q = pending_work(b, dev)
+    moves = [(dev, other) for other in [d for d in md_devices if d != dev][:1] or [dev]]
+    cpus = [d for d in md_devices if d.kind == "cpu"]
+    if dev.is_gpu and len(cpus) > 1:
+        moves.append((cpus[-1], cpus[0]))  # between CPU devices too, as on a machine without a GPU
+    for src, other in moves:
+        q = pending_work(b, src)
         z = md.to(q.y, other, non_blocking=True).wait()
         ready = readiness(b, z)
         if ready is not None:
@@ -298,6 +303,78 @@ def test_synchronize_raises_asynchronous_errors(md_backend: Any, md_devices: lis
         collect()
     found(b, "async_errors", True if raised else "swallowed")
     assert raised, f"{how} returned without raising the asynchronous error behind the work it waited for"
+
+
+#: Every spelling of a wait for all work on a device.
+_DROPPED_WAITS: dict[str, Callable[[Any, Device], None]] = {
+    "synchronize(device)": lambda b, d: b.synchronize(d),
+    "synchronize(None)": lambda b, d: b.synchronize(None),
+    "md.synchronize()": lambda b, d: md.synchronize(),
+    "md.synchronize(device)": lambda b, d: md.synchronize(d),
+    "md.synchronize(device, backend=)": lambda b, d: md.synchronize(d, backend=b.name),
+}
+
+
+def _queue_and_wait(b: Any, dev: Device, steps: int, side: int, kept: Callable[[Any], None] | None = None,
+                    dropped: Callable[[], None] | None = None) -> tuple[float, float]:
+    """Queue ``steps`` dependent additions of a ``side`` x ``side`` tensor on ``dev``, then wait:
+    ``kept(result)``, or ``dropped()`` once the result is dropped. Returns (seconds the calls took
+    to return, seconds from their return to the end of the wait)."""
+    x = b.full((side, side), 3, "float32", dev)
+    b.wait(x)
+    t0 = time.perf_counter()
+    y = x
+    for _ in range(steps):
+        y = b.combine("sum", y, x)
+    t1 = time.perf_counter()
+    if kept is not None:
+        kept(y)
+    else:
+        del y  # the only reference to the result (and with it to every intermediate one)
+        assert dropped is not None
+        dropped()
+    return t1 - t0, time.perf_counter() - t1
+
+
+@pytest.mark.md_feature("synchronize")
+@pytest.mark.parametrize("how", list(_DROPPED_WAITS))
+def test_synchronize_waits_for_work_whose_results_were_dropped(md_backend: Any, md_devices: list,
+                                                               how: str) -> None:
+    """Work queued on a device whose results the caller dropped (D2L 12.2's ``run(x)``) is done
+    when synchronize returns, in every spelling. Observed by time, needing no readiness query of a
+    tensor (there is none left to ask): the same work, its result kept and waited for, shows how
+    long it runs after the calls that queued it return; a synchronize that returns much sooner
+    than that (a quarter of it, in each of three tries) left it queued."""
+    b = md_backend
+    if not b.capabilities.async_execution:
+        pytest.skip(f"{b.name} runs every call to completion before it returns (capabilities.async_execution="
+                    "False): nothing stays queued for synchronize to wait for")
+    dev = _target(md_devices)
+    steps, side, biggest = 20, 1024, (8192 if dev.is_gpu else 2048)
+    for _ in range(9):  # enough work to stay queued for 10 ms after the calls return
+        queued, left = _queue_and_wait(b, dev, steps, side, kept=b.wait)
+        if left >= 0.01:
+            break
+        if queued > 0.05 and left < 0.05 * queued:
+            pytest.skip(f"the calls that queue work on {dev} take as long as the work ({queued * 1e3:.0f} ms, "
+                        f"{left * 1e3:.2f} ms left after them): nothing stays queued to observe a wait by time")
+        if left < queued and side < biggest:
+            side *= 2  # the calls take about as long as the work they queue: more work per call
+        else:
+            steps *= 2
+    else:
+        pytest.skip(f"work queued on {dev} was done {left * 1e3:.2f} ms after the calls that queued it returned "
+                    f"(they took {queued * 1e3:.1f} ms): too little is left queued to observe a wait by time")
+    sync = _DROPPED_WAITS[how]
+    tries = []
+    for _ in range(3):
+        _, ref = _queue_and_wait(b, dev, steps, side, kept=b.wait)
+        _, waited = _queue_and_wait(b, dev, steps, side, dropped=lambda: sync(b, dev))
+        tries.append(f"{waited * 1e3:.2f} ms of {ref * 1e3:.1f}")
+        if waited >= 0.25 * ref:
+            return
+    pytest.fail(f"{how} returned while work whose results were dropped was still queued on {dev}: it waited "
+                f"{', '.join(tries)} ms that the same work runs once queued (three tries)")
 
 
 # -- the native allreduce, directly ---------------------------------------------------------------

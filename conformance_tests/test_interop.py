@@ -26,6 +26,7 @@ from ._helpers import (
     isolated,
     need_dtype,
     other_device,
+    readiness,
     sample,
 )
 
@@ -227,3 +228,93 @@ def test_convert_transposed_view(md_backend: Any, md_partner_name: str) -> None:
     y = md.convert(xt, p.name)
     assert md.device_of(y) == shared[0]
     np.testing.assert_array_equal(as_f64(p, y), src.T)
+
+
+#: Views whose buffer starts at the tensor's own start, 4 bytes past it (an address no
+#: 64-byte-aligned allocation gives) and 64 bytes past it.
+_OFFSETS = {"whole": 0, "4 bytes in": 1, "64 bytes in": 16}
+
+
+@pytest.mark.md_feature("interop")
+@pytest.mark.parametrize("offset", list(_OFFSETS))
+@pytest.mark.parametrize("partner_side", ["to partner", "from partner"])
+@isolated
+def test_convert_copy_false_never_copies(md_backend: Any, md_partner_name: str, partner_side: str,
+                                         offset: str) -> None:
+    """``convert(x, copy=False)`` gives a tensor sharing x's buffer (the same address, the same
+    values) or raises CapabilityError, for every producer/consumer pair, on every shared device and
+    for buffers at any alignment (a view starting 4 or 64 bytes into its tensor, where the producer
+    makes views): never a copy handed out as if shared."""
+    b = md_backend
+    p, shared = _shared(b, md_partner_name)
+    frm, to_ = (b, p) if partner_side == "to partner" else (p, b)
+    k = _OFFSETS[offset]
+    src = np.arange(40, dtype=np.float32)
+    for dev in _where(shared):
+        base = md.asarray(src, device=dev, backend=frm.name)
+        x = base[k:] if k else base  # the framework's own slicing (eager TF slices on its default device)
+        here = md.device_of(x)
+        md.synchronize(x)
+        try:
+            y = md.convert(x, to_.name, copy=False)
+        except CapabilityError:
+            continue  # refused: allowed (the core or the consumer cannot share this buffer)
+        got, want = _address(to_, y), _address(frm, x)
+        assert got is not None and got == want, (
+            f"{frm.name}->{to_.name} on {here} ({offset}): copy=False returned a copy (buffer at "
+            f"{got if got is None else hex(got)}, the source's at {want if want is None else hex(want)})")
+        assert md.device_of(y) == here, f"{frm.name}->{to_.name} ({offset}): on {md.device_of(y)}, not {here}"
+        np.testing.assert_array_equal(as_f64(to_, y), src[k:])
+
+
+def _queued_on(b: Any, device: Device, value: float, steps: int) -> Any:
+    """``value * (steps + 1)`` everywhere, as ``steps`` dependent additions queued on ``device``'s
+    stream after its input is done (a large tensor: the additions take a while on a GPU)."""
+    x = b.full((8192, 8192), value, "float32", device)
+    b.wait(x)
+    y = x
+    for _ in range(steps):
+        y = b.combine("sum", y, x)
+    return y
+
+
+@pytest.mark.md_feature("interop")
+@pytest.mark.parametrize("partner_side", ["to partner", "from partner"])
+@isolated
+def test_convert_on_a_gpu_is_ordered_after_the_producers_kernels(md_backend: Any, md_partner_name: str,
+                                                                 partner_side: str) -> None:
+    """On a GPU both sides have, ``convert`` of a tensor whose producing kernels are still queued
+    on the producer's stream, followed at once by a kernel of the consumer on the result, gives
+    that kernel the complete tensor, with no host-wide synchronize in between: the DLPack stream
+    hand-off orders the consumer's stream after the producer's (``dlpack_streams`` on both sides),
+    or ``convert`` waits on the host for the producer. Fresh values every time, so a buffer reused
+    from an earlier run cannot pass for the result."""
+    b = md_backend
+    p, shared = _shared(b, md_partner_name)
+    frm, to_ = (b, p) if partner_side == "to partner" else (p, b)
+    gpus = [d for d in shared if d.is_gpu]
+    if not gpus:
+        pytest.skip(f"the DLPack stream hand-off orders accelerator streams: {b.name} and {p.name} share no GPU here")
+    if not (b.capabilities.dlpack and p.capabilities.dlpack):
+        pytest.skip(f"{b.name} or {p.name} has no DLPack (capabilities.dlpack): convert copies through the host")
+    dev = gpus[0]
+    rng = np.random.default_rng()
+    steps, pending = 40, False
+    for _ in range(4):
+        value = float(rng.integers(1, 1000))
+        y = _queued_on(frm, dev, value, steps)
+        ready = readiness(frm, y)
+        pending = ready is None or not ready()
+        z = md.convert(y, to_.name)
+        w = to_.combine("sum", z, z)  # the consumer's next kernel, on the consumer's stream
+        got = np.asarray(md.to_numpy(w))
+        bad = np.flatnonzero(got.reshape(-1) != 2 * (steps + 1) * value)
+        assert bad.size == 0, (
+            f"{frm.name}->{to_.name} on {dev}: the consumer's kernel read the converted tensor before the "
+            f"producer's kernels had written it ({bad.size} of {got.size} elements wrong, e.g. "
+            f"{got.reshape(-1)[bad[0]]} for {2 * (steps + 1) * value}): the DLPack stream hand-off was dropped")
+        del y, z, w
+        if pending:
+            break
+        steps *= 3  # the producer finished before convert: queue more work, so the hand-off is tested
+    found(frm, "converted_while_pending", pending)

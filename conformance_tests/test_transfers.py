@@ -4,6 +4,7 @@ exact, the copy is independent of its source once waited for, the handle keeps i
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 import multidev as md
 from multidev import Device
-from multidev.adapter import SupportsNonBlocking, start_to_numpy
+from multidev.adapter import StagingPlan, SupportsNonBlocking, start_to_numpy
 from multidev.registry import supports
 
 from ._helpers import as_f64
@@ -113,3 +114,97 @@ def test_start_to_numpy_gives_what_to_numpy_gives(md_backend: Any, md_device: De
     want = b.to_numpy(x)
     assert type(got) is np.ndarray and got.dtype == want.dtype and got.shape == (3, 4)
     np.testing.assert_array_equal(np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64))
+
+
+# -- large transfers: the staging pipeline ---------------------------------------------------------
+#: A staging plan small enough to test cheaply on any machine: 96 KiB chunks from 256 KiB up.
+SMALL_PLAN = StagingPlan(chunk=96 << 10, depth=2, threads=2, threshold=256 << 10)
+
+
+def _odd_size(plan: StagingPlan) -> int:
+    """A float32 count above ``plan``'s threshold whose bytes end inside a chunk (3.5 chunks past
+    the threshold, plus 12 bytes), so no chunk boundary falls on the end."""
+    return (plan.threshold + 3 * plan.chunk + plan.chunk // 2 + 12) // 4
+
+
+def _round_trips(b: Any, device: Device, n: int) -> None:
+    """Upload ``n`` distinct float32 values to ``device`` (``asarray`` of a NumPy array, and ``to``
+    of a host tensor, blocking and not), download them (``to_numpy``, ``to`` the host, ``to_host``),
+    and require every element back exactly."""
+    src = (np.arange(n, dtype=np.uint32) & 0xFFFFFF).astype(np.float32)  # distinct, exact in float32
+    src[::7] *= -1
+    ups = {"asarray": md.asarray(src, device=device, backend=b.name)}
+    if device != HOST:
+        host = md.asarray(src, device=HOST, backend=b.name)
+        ups["to"] = md.to(host, device)
+        ups["to(non_blocking=True)"] = md.to(host, device, non_blocking=True).wait()
+    for how, y in ups.items():
+        assert md.device_of(y) == device, f"{how}: on {md.device_of(y)}, not {device}"
+        downs: dict[str, Callable[[Any], Any]] = {
+            "to_numpy": md.to_numpy,
+            "to host": lambda t: md.to_numpy(md.to(t, HOST)),
+            "to_host(non_blocking=True)": lambda t: md.to_host([t], non_blocking=True).wait()[0]}
+        for down, read in downs.items():
+            got = np.asarray(read(y))
+            assert got.shape == src.shape, f"{how} to {device}, back through {down}: shape {got.shape}"
+            bad = np.flatnonzero(got != src)
+            del got
+            assert bad.size == 0, (
+                f"{n * 4} bytes through {how} to {device}, back through {down}: {bad.size} elements wrong, "
+                f"the first at byte {4 * int(bad[0]) if bad.size else '?'}")
+
+
+def test_staged_transfers_are_exact(md_backend: Any, md_device: Device) -> None:
+    """Uploads and downloads above the staging threshold are exact, with the last chunk a partial
+    one (chunk boundaries not aligned to the size): with a small plan (96 KiB chunks from 256 KiB,
+    set on the adapter's ``staging`` for the check), so the pipeline runs cheaply on every device
+    of an adapter that stages, and on accelerators with the adapter's own plan (tens of MiB) too."""
+    b = md_backend
+    own = getattr(b, "staging", None)
+    if isinstance(own, StagingPlan):
+        b.staging = SMALL_PLAN
+    try:
+        _round_trips(b, md_device, _odd_size(SMALL_PLAN))
+    finally:
+        if isinstance(own, StagingPlan):
+            b.staging = own
+    if md_device.is_gpu:
+        _round_trips(b, md_device, _odd_size(own if isinstance(own, StagingPlan) else StagingPlan()))
+
+
+# -- copies in flight whose sources the caller dropped ---------------------------------------------
+def _moves(devices: list[Device]) -> list[tuple[Device, Device]]:
+    """(source, target) pairs: the host to the first accelerator and back, else cpu:0 to another
+    CPU device and back."""
+    accel = [d for d in devices if d.is_gpu]
+    other = accel[0] if accel else next((d for d in devices if d != HOST), None)
+    if other is None or HOST not in devices:
+        pytest.skip(f"needs a second device; this backend has only {', '.join(map(str, devices))} here "
+                    "(virtual CPU devices or a GPU provide one)")
+    return [(HOST, other), (other, HOST)]
+
+
+def test_nonblocking_moves_survive_their_dropped_sources(md_backend: Any, md_devices: list) -> None:
+    """Four non-blocking moves of distinct values, started behind work queued on the device (so
+    the copies are still in flight), whose sources the caller then drops with every other
+    reference, new buffers being made meanwhile: each lands its own values, ``[1, 2, 3, 4]``,
+    never the last source's four times (a source freed and its memory reused before the copy read
+    it)."""
+    b = md_backend
+    for src_dev, dst_dev in _moves(md_devices):
+        dev = dst_dev if dst_dev != HOST else src_dev  # the copies queue behind this device's work
+        side = 4096 if dev.is_gpu else 512
+        busy = md.rand((side, side), device=dev, backend=b.name, seed=5)
+        for _ in range(20):  # work queued ahead of the copies
+            busy = b.combine("sum", busy, busy)
+        handles = []
+        for k in range(1, 5):
+            x = md.full((256, 256), float(k), device=src_dev, backend=b.name)
+            handles.append(md.to(x, dst_dev, non_blocking=True))
+            del x  # the last reference: the source goes now, unless the move keeps it
+        litter = [md.full((256, 256), -9.0, device=src_dev, backend=b.name) for _ in range(8)]
+        landed = [as_f64(b, h.wait()) for h in handles]
+        del busy, litter
+        got = [sorted(set(a.reshape(-1).tolist())) for a in landed]
+        assert got == [[1.0], [2.0], [3.0], [4.0]], (
+            f"four non-blocking moves {src_dev} -> {dst_dev} whose sources were dropped landed as {got}")

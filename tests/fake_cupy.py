@@ -166,6 +166,15 @@ class ndarray:
     def __mul__(self, o: Any) -> ndarray:
         return self._bin(o, np.multiply)
 
+    def __rmul__(self, o: Any) -> ndarray:
+        return self._bin(o, np.multiply)
+
+    def __sub__(self, o: Any) -> ndarray:
+        return self._bin(o, np.subtract)
+
+    def __rsub__(self, o: Any) -> ndarray:
+        return self._bin(o, lambda a, b: np.subtract(b, a))
+
     def __truediv__(self, o: Any) -> ndarray:
         return self._bin(o, np.true_divide)
 

@@ -27,8 +27,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from multidev.adapter import DTYPES, ArrayApiDLPack, BaseBackend, CapabilityError, Device, SupportsNativeCollectives
+from multidev.adapter import (
+    DTYPES,
+    ArrayApiDLPack,
+    BaseBackend,
+    CapabilityError,
+    Device,
+    SupportsNativeCollectives,
+    canonical_dtype,
+    staged_upload,
+)
+from multidev.adapters.cupy import CupyBackend
 from multidev.adapters.jax import JaxBackend
+from multidev.adapters.jax._common import X64_DTYPES, x64_hint
+from multidev.adapters.jax.dlpack import _DL_X64, _Producer
 from multidev.adapters.numpy import NumpyBackend, VirtualDeviceArray
 from multidev.adapters.torch import TorchBackend
 
@@ -39,8 +51,8 @@ _HOST = Device("cpu", 0)
 class Mutant:
     cls: type
     base: str
-    """``numpy``, ``torch``, ``jax`` or ``generic`` (a BaseBackend default, on the adapter named in
-    the class's base)."""
+    """``numpy``, ``torch``, ``jax``, ``cupy`` or ``generic`` (a BaseBackend default or a shared
+    implementation, on the adapter named in the class's base)."""
     defect: str
     select: tuple[str, ...]
     """Substrings of the suite's test ids that must catch it (the run is limited to them)."""
@@ -104,16 +116,22 @@ class JaxControl(JaxBackend):
     name = "jax_control"
 
 
+class CupyControl(CupyBackend):
+    """The CuPy adapter, renamed: on a machine without a GPU it runs on ``tests/fake_cupy.py``."""
+
+    name = "cupy_control"
+
+
 def control_of(cls: type) -> type:
     """The control a mutant class is compared with (the unmutated copy of its base)."""
     for base, control in ((GenericControl, GenericControl), (NumpyBackend, NumpyControl),
-                          (TorchBackend, TorchControl), (JaxBackend, JaxControl)):
+                          (TorchBackend, TorchControl), (JaxBackend, JaxControl), (CupyBackend, CupyControl)):
         if issubclass(cls, base):
             return control
     raise TypeError(f"{cls.__name__} has no control")
 
 
-CONTROLS = (NumpyControl, GenericControl, TorchControl, JaxControl)
+CONTROLS = (NumpyControl, GenericControl, TorchControl, JaxControl, CupyControl)
 
 
 # == NumPy ===========================================================================================
@@ -321,9 +339,20 @@ class NumpyHidesFloat16(NumpyBackend):
         return dataclasses.replace(c, dtypes=c.dtypes - {"float16"})
 
 
-@mutant("numpy", "capabilities claim a native allreduce it does not have",
+class _NumpyNativeRefused(NumpyBackend, SupportsNativeCollectives):
+    """The NumPy adapter declaring SupportsNativeCollectives with a native_allreduce that refuses, as
+    an adapter does where its native path does not exist here (an empty native_collectives flag):
+    the registry loads it, so a flag claimed wrongly on top of it reaches the suite."""
+
+    name = "numpy_native_refused"
+
+    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
+        raise CapabilityError("numpy backend has no native allreduce")
+
+
+@mutant("numpy", "capabilities claim a native allreduce it does not have (its native_allreduce refuses)",
         ["test_native_allreduce_flag_matches_behaviour"])
-class NumpyClaimsNative(NumpyBackend):
+class NumpyClaimsNative(_NumpyNativeRefused):
     name = "numpy_claims_native"
 
     @property
@@ -444,6 +473,16 @@ class GenericSameDeviceUnchecked(JaxBackend):
         return self.device_of(xs[0])
 
 
+@mutant("generic", "TrainingDefaults.sgd_update multiplies by a NumPy float64 learning rate, promoting float16 and "
+        "float32 parameters (to float32 on JAX without x64, to float64 with it)",
+        ["test_sgd_update_keeps_every_parameters_dtype_and_device"])
+class GenericSgdPromotes(JaxBackend):
+    name = "generic_sgd_promotes"
+
+    def sgd_update(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
+        return [p - g * np.float64(lr) for p, g in zip(params, grads)]
+
+
 # == torch ===========================================================================================
 @mutant("torch", "copy turns float64 into float32", ["test_copy_keeps_every_dtype"])
 class TorchCopyDowncasts(TorchBackend):
@@ -558,6 +597,78 @@ class TorchRandUnseeded(TorchBackend):
 
     def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
         return super().rand(shape, dtype, device, None)
+
+
+@mutant("torch", "parameter_like left at the default: a replica of a leaf that requires grad is a copy in its graph "
+        "(a non-leaf whose .grad stays None)", ["test_replicas_are_trainable_in_the_frameworks_idiom"])
+class TorchParameterLikeDefault(TorchBackend):
+    name = "torch_parameter_like_default"
+
+    def parameter_like(self, src: Any, y: Any) -> Any:
+        return y
+
+
+@mutant("torch", "value_and_grad reduces a tensor loss with mean(): the value and gradients of the mean, not the sum",
+        ["test_value_and_grad_of_a_known_function"])
+class TorchGradOfMean(TorchBackend):
+    name = "torch_grad_of_mean"
+
+    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
+        torch = self._torch
+        ps = [p.detach().requires_grad_(True) for p in params]
+        with torch.enable_grad():
+            out = fn(ps, *args)
+            total = out if out.ndim == 0 else out.mean()
+            gs = torch.autograd.grad(total, ps, allow_unused=True)
+        return total.detach(), [torch.zeros_like(p) if g is None else g for p, g in zip(ps, gs)]
+
+
+@mutant("torch", "torch.jit.trace accepted although tracing froze a data-dependent branch (its TracerWarning ignored)",
+        ["test_compiled_function_follows_a_data_dependent_branch"])
+class TorchTraceIgnoresWarning(TorchBackend):
+    name = "torch_trace_ignores_warning"
+
+    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
+        import warnings
+
+        torch = self._torch
+        if route == "eager":
+            return fn
+        if route.startswith("torch.compile"):
+            return torch.compile(fn, mode=route.partition(":")[2] or None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                out = torch.jit.script(fn) if route == "torch.jit.script" else torch.jit.trace(fn, args)
+            except Exception as e:
+                raise CapabilityError(f"torch backend: {route} cannot compile this function: {e}") from e
+        return out
+
+
+class _StreamlessProducer:
+    """A CUDA tensor's DLPack producer that drops the consumer's stream (``stream=-1``: no ordering)."""
+
+    def __init__(self, t: Any) -> None:
+        self._t = t
+
+    def __dlpack__(self, *args: Any, stream: Any = None, **kwargs: Any) -> Any:
+        return self._t.__dlpack__(stream=-1, **kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._t.__dlpack_device__()
+
+
+@mutant("torch", "export_dlpack drops the consumer's stream (the DLPack stream hand-off), while dlpack_streams lets "
+        "convert skip its host wait", ["test_convert_on_a_gpu_is_ordered_after_the_producers_kernels"], gpus=1,
+        why_gpu="the stream hand-off orders CUDA streams: a CPU buffer has none; on a GPU the consumer's next "
+        "kernel (JAX's stream) reads the tensor before torch's kernels wrote it "
+        "(test_convert_on_a_gpu_is_ordered_after_the_producers_kernels[torch-jax-to partner])")
+class TorchDLPackDropsStream(TorchBackend):
+    name = "torch_dlpack_drops_stream"
+
+    def export_dlpack(self, x: Any) -> Any:
+        t = super().export_dlpack(x)
+        return _StreamlessProducer(x.detach()) if x.device.type == "cuda" else t
 
 
 _ONE_CPU = "torch has a single CPU device, so without a GPU "
@@ -836,6 +947,139 @@ class JaxCombineRefusesInt8(JaxBackend):
         if a.dtype.itemsize == 1 and a.dtype.kind in "iu":
             raise CapabilityError("jax backend: no 8-bit combine")
         return super().combine(op, a, b)
+
+
+@mutant("jax", "value_and_grad caches its jitted gradient by the loss function's __name__ (every lambda shares one)",
+        ["test_two_losses_give_their_own_gradients"])
+class JaxGradCachedByName(JaxBackend):
+    name = "jax_grad_cached_by_name"
+
+    def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
+        jax, jnp = self._jax, self._jnp
+        cache = self.__dict__.setdefault("_by_name", {})
+        key = getattr(fn, "__name__", None)
+        vg = cache.get(key)
+        if vg is None:
+            vg = cache[key] = jax.jit(jax.value_and_grad(lambda ps, *a: jnp.sum(fn(list(ps), *a))))
+        value, grads = vg(list(params), *args)
+        return value, list(grads)
+
+
+@mutant("jax", "compile's jax.jit donates its first argument (donate_argnums=0): the caller's input is deleted",
+        ["test_compiled_function_leaves_its_inputs_readable_and_unchanged"])
+class JaxCompileDonates(JaxBackend):
+    name = "jax_compile_donates"
+
+    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
+        if route == "eager":
+            return fn
+        jitted = self._jax.jit(fn, donate_argnums=0)
+        try:
+            jitted.lower(*args)
+        except TypeError as e:
+            raise CapabilityError(f"jax backend: jax.jit cannot trace this function: {e}") from e
+        return jitted
+
+
+@mutant("jax", "import_dlpack accepts JAX's silent copy of a host buffer that is not 64-byte aligned "
+        "(no check of the imported address)", ["test_convert_copy_false_never_copies"])
+class JaxImportAcceptsCopy(JaxBackend):
+    name = "jax_import_accepts_copy"
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        jax = self._jax
+        x64 = bool(jax.config.jax_enable_x64)
+        if not x64 and type(obj).__name__ != "PyCapsule":
+            try:
+                src = canonical_dtype(obj.dtype)
+            except Exception:  # noqa: BLE001
+                src = None
+            if src in X64_DTYPES:
+                raise CapabilityError(f"jax backend: cannot import a {src} tensor without x64; {x64_hint(src)}")
+        native = self.to_native_device(device)
+        if device.kind != "cpu" and not self._strides_read_as_row_major and hasattr(obj, "__dlpack__"):
+            return self._import_accelerator(obj, device)
+        cpu_id = getattr(native, "local_hardware_id", None) if device.kind == "cpu" else None
+        prod = _Producer(obj, cpu_id, inspect=device.kind == "cpu" or self._strides_read_as_row_major)
+        if not x64 and prod.code_bits in _DL_X64:
+            raise CapabilityError(f"jax backend: cannot import a 64-bit DLPack tensor without x64; {x64_hint()}")
+        try:
+            y = jax.dlpack.from_dlpack(prod)
+        except (TypeError, ValueError, BufferError, RuntimeError) as e:
+            raise CapabilityError(f"jax backend cannot import this DLPack tensor: {e}") from e
+        if not prod.row_major:
+            raise CapabilityError("jax backend: JAX shares only row-major DLPack buffers")
+        if self.device_of(y) != device:
+            raise CapabilityError(f"jax backend: a DLPack buffer of {device} arrived on {self.device_of(y)}")
+        return y
+
+
+@mutant("jax", "synchronize waits for the live arrays only (as before issue 21): work whose results were dropped is "
+        "still queued when it returns", ["test_synchronize_waits_for_work_whose_results_were_dropped"])
+class JaxSynchronizeLiveOnly(JaxBackend):
+    name = "jax_synchronize_live_only"
+
+    def synchronize(self, device: Device | None) -> None:
+        jax = self._jax
+        platforms = sorted({self.to_native_device(d).platform for d in self.devices()})
+        target = None if device is None else self.to_native_device(device)
+        if device is None:
+            jax.effects_barrier()
+        arrays = [a for p in platforms for a in jax.live_arrays(p)
+                  if target is None or target in a.sharding.device_set]
+        jax.block_until_ready(arrays)
+
+
+# == CuPy (on tests/fake_cupy.py without a GPU) =======================================================
+@mutant("cupy", "staged uploads write every chunk at offset 0 of the destination (shows from the staging threshold "
+        "up, 32 MiB by default)", ["test_staged_transfers_are_exact"])
+class CupyStagedAtOffsetZero(CupyBackend):
+    name = "cupy_staged_at_offset_zero"
+
+    def _upload(self, a: np.ndarray, device: Device) -> Any:
+        cp = self._cp
+        with self._gpu(device):
+            if (a.nbytes < self.staging.threshold or not a.flags.c_contiguous or a.ndim == 0
+                    or a.dtype.kind not in "biufc"):
+                return cp.array(a if a.flags.c_contiguous else a.copy(order="C"), copy=True)
+            out = cp.empty(a.shape, dtype=a.dtype)
+            dst = out.reshape(-1).view(np.uint8)
+            stream = cp.cuda.get_current_stream()
+
+            def alloc(n: int) -> tuple[Any, np.ndarray]:
+                buf = self._cpx.empty_pinned((n,), dtype=np.uint8)
+                return buf, buf
+
+            def submit(buf: Any, n: int, off: int) -> Any:
+                dst[0:n].set(buf[:n], stream=stream)  # the defect: the offset is lost
+                ev = cp.cuda.Event(disable_timing=True)
+                ev.record(stream)
+                return ev
+
+            staged_upload(a, alloc, submit, lambda ev: ev.synchronize(), self.staging)
+            stream.synchronize()
+        return out
+
+
+@mutant("cupy", "start_move to a GPU does not keep its pinned snapshot alive until the copy lands (the pool hands "
+        "it to the next upload)", ["test_nonblocking_moves_survive_their_dropped_sources"], gpus=1,
+        why_gpu="the stand-in copies synchronously, so nothing is in flight without a GPU; on one, four uploads "
+        "queued behind work land as [4, 4, 4, 4] (test_nonblocking_moves_survive_their_dropped_sources)")
+class CupyUploadDropsSnapshot(CupyBackend):
+    name = "cupy_upload_drops_snapshot"
+
+    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
+        if self._is_gpu(x) or device.kind == "cpu" or x.size == 0:
+            return super().start_move(x, device)
+        a = np.asarray(x).view(np.ndarray)
+        pin = self._cpx.empty_pinned(a.shape, dtype=x.dtype)
+        np.copyto(pin, a)
+        with self._gpu(device):
+            y = self._cp.empty(a.shape, dtype=x.dtype)
+            y.set(pin)
+            done = self._cp.cuda.Event(disable_timing=True)
+            done.record()
+        return y, done.synchronize  # the defect: pin goes back to the pool while the copy is queued
 
 
 # == not a catalogue entry: a framework that aborts the interpreter =============================

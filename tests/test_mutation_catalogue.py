@@ -28,13 +28,21 @@ sys.path.insert(0, str(HERE))
 import mutants  # noqa: E402
 
 #: Partners per framework: enough for the interop checks, without starting every framework.
-PARTNERS = {"numpy": "torch", "torch": "numpy", "jax": "numpy"}
-FRAMEWORKS = [f for f in ("numpy", "torch", "jax")
-              if f in (os.environ.get("MULTIDEV_CATALOGUE_ONLY") or "numpy,torch,jax").split(",")]
+PARTNERS = {"numpy": "torch", "torch": "numpy", "jax": "numpy", "cupy": "numpy"}
+#: On a GPU machine, partners with GPU devices too (the stream hand-off between GPU frameworks).
+GPU_PARTNERS = {"torch": ("numpy", "jax"), "jax": ("numpy", "torch"), "cupy": ("numpy", "torch")}
+FRAMEWORKS = [f for f in ("numpy", "torch", "jax", "cupy")
+              if f in (os.environ.get("MULTIDEV_CATALOGUE_ONLY") or "numpy,torch,jax,cupy").split(",")]
 
 
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
+
+
+def _fake_cupy() -> bool:
+    """Whether the CuPy catalogue runs on ``tests/fake_cupy.py`` (no CuPy here; its checks that
+    need a GPU say so and run on the GPU machine)."""
+    return not _installed("cupy")
 
 
 #: multidev.distributed runs on torch.distributed, and these checks' partner is torch.
@@ -73,17 +81,21 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     """One conformance run over every runnable mutant and control of a framework."""
     fw = request.param
     for module in (fw, PARTNERS[fw]):
-        if not _installed(module):
+        if not _installed(module) and not (module == "cupy" and _fake_cupy()):
             pytest.skip(f"the {fw} catalogue needs {module} installed (the framework, or the partner of "
                         "its interop checks); the modern CI lane runs it")
     gpus = _gpus()
+    partners = [PARTNERS[fw]]
+    if gpus:
+        partners = [p for p in GPU_PARTNERS.get(fw, partners) if _installed(p)]
     entries = [m for m in mutants.CATALOGUE if m.cls.framework == fw]
     runnable = [m for m in entries if m.gpus <= gpus]
     controls = [c for c in mutants.CONTROLS if c.framework == fw]
     out = tmp_path_factory.mktemp(f"catalogue-{fw}") / "matrix.json"
     specs = [f"mutants:{c.__name__}" for c in controls] + [m.spec for m in runnable]
-    p = _conformance(specs, out, "-p", "mutants", f"--multidev-partner={PARTNERS[fw]}", "-q",
-                     env=_env(MULTIDEV_CATALOGUE_SELECT="1"))
+    cli = ("--import", "fake_cupy") if fw == "cupy" and _fake_cupy() else ()
+    p = _conformance(specs, out, "-p", "mutants", f"--multidev-partner={','.join(partners)}", "-q",
+                     env=_env(MULTIDEV_CATALOGUE_SELECT="1"), cli=cli)
     assert out.exists(), f"the {fw} catalogue run wrote no matrix:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
     doc = json.loads(out.read_text())
     first: dict[str, str] = {}
@@ -150,7 +162,7 @@ def test_catalogue_is_complete_and_documented() -> None:
     cat = mutants.CATALOGUE
     assert len(cat) >= 40, f"{len(cat)} mutants"
     assert len({m.name for m in cat}) == len(cat) and len({m.cls for m in cat}) == len(cat)
-    assert {m.base for m in cat} == {"numpy", "torch", "jax", "generic"}
+    assert {m.base for m in cat} == {"numpy", "torch", "jax", "cupy", "generic"}
     for m in cat:
         assert m.select and m.defect, m
         assert (m.gpus > 0) == bool(m.why_gpu), f"{m.name}: a GPU-only mutant says why and where it is caught"
