@@ -64,6 +64,9 @@ class Native:
     #: Whether native results carry a device multidev can read back (NumPy's do not: its devices
     #: are multidev's virtual ones, so checks skip the device of NumPy's native results).
     tracks_devices = True
+    #: The framework's import and first call as code for a fresh interpreter (suite ``startup``;
+    #: empty: no such row).
+    startup_code = ""
 
     def __init__(self, b: Any) -> None:
         self.b = b

@@ -134,6 +134,8 @@ class _Timed:
 
     def _once(self, inner: int) -> float:
         f, a, v = self.v.fn, self.v.args, self.v
+        if v.self_timed:
+            return float(f(*a))
         self.sync()
         if self.before is not None:
             self.before()
@@ -159,8 +161,8 @@ class _Timed:
             one = self.first
             for _ in range(self.s.warmup):
                 one = self._once(1)
-            if self.v.inner:
-                self.inner = int(self.v.inner)
+            if self.v.inner or self.v.self_timed:
+                self.inner = int(self.v.inner or 1)
             elif one < self.s.target_sample:
                 self.inner = int(min(10000, max(1, math.ceil(self.s.target_sample / max(one, 1e-8)))))
         except Exception as e:  # noqa: BLE001 - one variant failing must not stop the run

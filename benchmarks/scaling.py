@@ -160,7 +160,10 @@ def markdown(doc: dict[str, Any], model: dict[str, Any], command: str = "") -> s
             "native / framework's own (worst) | in place / out of place (worst) |", "|---|---|---|---|---|"]
     for b in backends:
         rb = [r for r in rows if r["backend"] == b]
-        bound_r, auto_r, nat_r, inp_r = [], [], [], []
+        bound_r: list[tuple[float, str, str]] = []
+        auto_r: list[tuple[float, str, str]] = []
+        nat_r: list[tuple[float, str, str]] = []
+        inp_r: list[tuple[float, str, str]] = []
         for r in rb:
             best = _best(r)
             if best is None:
@@ -171,7 +174,7 @@ def markdown(doc: dict[str, Any], model: dict[str, Any], command: str = "") -> s
             choice = _predict(model, b, _kind(r), int(r["params"]["n"]), int(r["bytes"]),
                               native="native" in (r["params"].get("algorithms") or []))
             ct = _med(r, f"alg:{choice}") if choice else None
-            if ct:
+            if ct and choice:
                 auto_r.append((ct / best[1], r["case"], choice))
             fw, nt = _med(r, "framework"), _med(r, "alg:native")
             if fw and nt:

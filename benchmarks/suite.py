@@ -13,8 +13,8 @@ import numpy as np
 
 from multidev import Device
 
-__all__ = ["SUITES", "Benchmark", "Case", "Context", "GiB", "Goal", "KiB", "MiB", "Variant", "all_ok", "benchmark",
-           "close", "fmt_bytes", "goals", "iter_cases", "load_all", "registry"]
+__all__ = ["OPT_IN", "SUITES", "Benchmark", "Case", "Context", "GiB", "Goal", "KiB", "MiB", "Variant", "all_ok",
+           "benchmark", "close", "fmt_bytes", "goals", "iter_cases", "load_all", "registry"]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -24,6 +24,9 @@ GiB = 1 << 30
 SUITES = {"overhead": "overhead", "asynchronous": "async", "autoparallel": "autoparallel",
           "bandwidth": "bandwidth", "collectives": "collectives", "distributed": "distributed",
           "compilation": "compile", "models": "models"}
+#: Suite modules loaded for ``--suite NAME`` and ``--list`` but not run by default (slow, or
+#: about the machine rather than the calls): start-up times in fresh interpreters.
+OPT_IN = {"startup": "startup"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Goal:
     - ``"GBps_ratio"``: GB/s of ``num`` / max(GB/s of ``den``) >= ``target``;
     - ``"time_ratio_best"``: median(``num``) / min(median of ``den``) <= ``target`` (e.g. md / the
       fastest native route);
+    - ``"seconds"``: median(``num``) <= ``target`` seconds;
     - ``"bound_ratio"``: the row's bound time (``rec["bound"]["time_s"]``, from the hardware bound
       measured in the same run) / min(median of ``den``) >= ``target`` (1: at the bound).
 
@@ -126,6 +130,8 @@ class Goal:
             return None
         if self.metric == "GBps":
             return rate(self.num)
+        if self.metric == "seconds":
+            return med(self.num)
         if self.metric == "bound_ratio":
             bt = (rec.get("bound") or {}).get("time_s")
             ms = [med(d) for d in den]
@@ -146,15 +152,17 @@ class Goal:
         return a / ref if self.metric == "time_ratio" else ref / a
 
     def met(self, value: float) -> bool:
-        return value <= self.target if self.metric.startswith("time_ratio") else value >= self.target
+        low = self.metric.startswith("time_ratio") or self.metric == "seconds"
+        return value <= self.target if low else value >= self.target
 
     def describe(self) -> str:
-        rel = "<=" if self.metric.startswith("time_ratio") else ">="
+        rel = "<=" if self.metric.startswith("time_ratio") or self.metric == "seconds" else ">="
         what = {"time_ratio": f"{self.num} / max({', '.join(self.den)})",
                 "time_ratio_best": f"{self.num} / min({', '.join(self.den)})",
                 "speedup": f"max({', '.join(self.den)}) / {self.num}",
                 "GBps": f"{self.num} GB/s", "GBps_ratio": f"{self.num} GB/s / max({', '.join(self.den)} GB/s)",
-                "bound_ratio": f"the row's bound time / min({', '.join(self.den)})"}
+                "bound_ratio": f"the row's bound time / min({', '.join(self.den)})",
+                "seconds": f"{self.num} seconds"}
         extra = f", or at most {self.slack_s * 1e6:g} µs above" if self.slack_s is not None else ""
         return f"{what[self.metric]} {rel} {self.target:g}{extra}"
 
@@ -173,6 +181,8 @@ class Variant:
       only for rows that measure dispatch on purpose; the runner then syncs after the clock stops.
     - ``inner``: calls per sample; ``None`` lets the runner batch fast calls up to ~1 ms a sample.
     - ``label``: the call, as a reader would write it (kept in the JSON).
+    - ``self_timed``: ``fn(*args)`` returns the sample's seconds itself (a subprocess that times its
+      own import, say): the runner's clock is not used, one call per sample.
     """
 
     fn: Callable[..., Any]
@@ -181,6 +191,7 @@ class Variant:
     sync: bool = True
     inner: int | None = None
     label: str = ""
+    self_timed: bool = False
 
 
 @dataclass
@@ -243,7 +254,7 @@ def benchmark(suite: str, *, name: str | None = None, precision: bool = False, g
 
 def load_all(extra_files: Sequence[str] = ()) -> list[Benchmark]:
     """Import every built-in suite module (and extra definition files); return the registry."""
-    for mod in SUITES:
+    for mod in (*SUITES, *OPT_IN):
         importlib.import_module(f"{__package__}.{mod}")
     for path in extra_files:
         p = pathlib.Path(path)

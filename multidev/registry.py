@@ -30,13 +30,16 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._device import Device
 from .adapter import validate_adapter
 from .errors import AdapterError, BackendNotAvailableError, CapabilityError, MultidevError, UnsupportedTensorError
 from .protocol import Backend
+
+if TYPE_CHECKING:
+    from importlib import metadata  # (imported when the entry points are first read: it costs a
+    # fifth of import multidev)
 
 __all__ = [
     "DEFAULT_BACKEND",
@@ -121,6 +124,8 @@ def _read_entry_points() -> None:
     with _s.lock:
         if _s.entry_points_read:
             return
+        from importlib import metadata
+
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             # Explicit register_backend calls win over entry points of the same name.
             _s.factories.setdefault(ep.name, _EntryPointFactory(ep))
@@ -229,6 +234,8 @@ def _adapter_class(name: str) -> Any:
 def _install_hint(name: str) -> str:
     def norm(extra: str) -> str:  # Provides-Extra is normalized (PEP 685): array_api is array-api there
         return re.sub(r"[-_.]+", "-", extra).lower()
+
+    from importlib import metadata
 
     try:
         extras = {norm(e) for e in metadata.metadata("multidev").get_all("Provides-Extra") or []}

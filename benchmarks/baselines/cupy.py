@@ -21,6 +21,8 @@ from ..baseline import Call, Native, nothing
 
 class CupyNative(Native):
     framework = "cupy"
+    #: suite ``startup``: the framework's import and first call, in a fresh interpreter
+    startup_code = "import cupy; cupy.zeros(1)"
     env_vars = ("CUPY_TF32", "CUPY_ACCELERATORS", "CUPY_GPU_MEMORY_LIMIT", "CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE")
 
     def __init__(self, b: Any) -> None:

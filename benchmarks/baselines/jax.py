@@ -16,6 +16,8 @@ from ..baseline import Call, Native
 
 class JaxNative(Native):
     framework = "jax"
+    #: suite ``startup``: the framework's import and first call, in a fresh interpreter
+    startup_code = "import jax, jax.numpy as jnp; jnp.zeros(1).block_until_ready()"
     env_vars = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "JAX_PLATFORMS",
                 "JAX_ENABLE_X64")
     # jax.device_put(x, its own device) costs ~30 µs of dispatch: multidev's no-op is to be 20x faster.

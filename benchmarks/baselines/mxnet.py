@@ -16,6 +16,9 @@ from ..baseline import Call, Native
 
 class MxnetNative(Native):
     framework = "mxnet"
+    #: suite ``startup``: the framework's import and first call, in a fresh interpreter
+    startup_code = ("import numpy as np; np.bool = np.bool_; import mxnet as mx; "  # (as the adapter does for 1.9.1)
+                    "mx.nd.zeros(1).wait_to_read()")
     env_vars = ("MXNET_ENGINE_TYPE", "MXNET_CUDA_ALLOW_TENSOR_CORE", "MXNET_CPU_WORKER_NTHREADS")
 
     def __init__(self, b: Any) -> None:

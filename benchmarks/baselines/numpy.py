@@ -13,6 +13,8 @@ from ..baseline import Call, Native, nothing
 
 class NumpyNative(Native):
     framework = "numpy"
+    #: suite ``startup``: the framework's import and first call, in a fresh interpreter
+    startup_code = "import numpy; numpy.zeros(1)"
     tracks_devices = False
     # np.asarray(x) of an ndarray is a 60 ns C call that does nothing: no ratio to it is a goal.
     goal_targets = {"P1 no-op to": None, "P1 no-op to (str spec)": None}  # noqa: RUF012

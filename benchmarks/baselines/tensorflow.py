@@ -15,6 +15,8 @@ from ..baseline import Call, Native
 
 class TensorflowNative(Native):
     framework = "tensorflow"
+    #: suite ``startup``: the framework's import and first call, in a fresh interpreter
+    startup_code = "import tensorflow as tf; tf.zeros(1)"
     env_vars = ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR")
 
     def __init__(self, b: Any) -> None:

@@ -15,6 +15,8 @@ from ..baseline import Call, Native
 
 class TorchNative(Native):
     framework = "torch"
+    #: suite ``startup``: the framework's import and first call, in a fresh interpreter
+    startup_code = "import torch; torch.zeros(1)"
     env_vars = ("TORCH_NCCL_BLOCKING_WAIT", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "PYTORCH_CUDA_ALLOC_CONF",
                 "TORCH_DISTRIBUTED_DEBUG")
 
