@@ -42,8 +42,9 @@ CONVERT_GOALS = (Goal("convert vs the native DLPack call", "convert", 1.3, gpu_o
 
 
 def sizes(ctx: Context) -> list[int]:
-    return ctx.pick(quick=[64 << 10, 1 * MiB], cpu=[1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB],
-                    gpu=[1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB])
+    """1 MiB to 1 GiB on a GPU, to 64 MiB on a CPU (up to ``--max-bytes``)."""
+    return ctx.sweep(ctx.pick(quick=[64 << 10, 1 * MiB], cpu=[1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB],
+                              gpu=[1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB])) or [MiB]
 
 
 def _d2d_target(ctx: Context) -> md.Device:

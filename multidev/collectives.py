@@ -71,8 +71,8 @@ AUTO_TREE_MAX_BYTES = 64 * 1024
 
 
 # -- validation ----------------------------------------------------------------------------------
-def _tensor_list(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any]]:
-    """A non-empty list of tensors of one backend and one dtype, on distinct devices."""
+def _tensor_list(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any], list[Device]]:
+    """A non-empty list of tensors of one backend and one dtype, on distinct devices (returned)."""
     if isinstance(tensors, (str, bytes)) or not isinstance(tensors, Sequence):
         raise CollectiveInputError(f"{what} takes a list of tensors, one per device; got {type(tensors).__name__}")
     xs = list(tensors)
@@ -95,8 +95,9 @@ def _tensor_list(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any]]
     dtypes = [b.dtype_of(x) for x in xs]
     if len(set(dtypes)) > 1:
         raise CollectiveInputError(f"{what} needs one dtype; got {dtypes} on {b.name}")
-    check_distinct([b.device_of(x) for x in xs], b.name, what, tensors=True)
-    return b, xs
+    devs = [b.device_of(x) for x in xs]
+    check_distinct(devs, b.name, what, tensors=True)
+    return b, xs, devs
 
 
 #: What a None among a collective's tensors usually means (gradients that were never computed).
@@ -107,13 +108,13 @@ NONE_GRADIENT_HINT = (
     "allreduce, and that the loss uses every parameter.")
 
 
-def _validate(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any]]:
+def _validate(tensors: Sequence[Any], what: str) -> tuple[Backend, list[Any], list[Device]]:
     """:func:`_tensor_list` plus one shape for every tensor."""
-    b, xs = _tensor_list(tensors, what)
+    b, xs, devs = _tensor_list(tensors, what)
     shapes = [b.shape_of(x) for x in xs]
     if len(set(shapes)) > 1:
         raise CollectiveInputError(f"{what} needs one shape; got {shapes} on {b.name}")
-    return b, xs
+    return b, xs, devs
 
 
 def split_sizes(length: int, n: int) -> list[int]:
@@ -321,7 +322,7 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
     Synchronous in API, asynchronous in execution where the framework is: call ``synchronize``
     before timing. Inputs are left bit-identical by any failure.
     """
-    b, xs = _validate(tensors, "allreduce")
+    b, xs, devs = _validate(tensors, "allreduce")
     dtype = b.dtype_of(xs[0])
     check_op(op, dtype, "allreduce")
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
@@ -336,7 +337,6 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
         if "allreduce" not in b.capabilities.native_collectives:
             raise CapabilityError(f"{b.name} has no native allreduce (capabilities.native_collectives); "
                                   "use algorithm='auto', 'ring', 'tree' or 'naive'")
-    devs = [b.device_of(x) for x in xs]
     if inplace:
         # Probe writability (read-only arrays, inference tensors) by rewriting each input with a copy
         # of itself: bitwise a no-op. The first input needs none: nothing is written before it.
@@ -393,7 +393,7 @@ def broadcast(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
 def reduce(tensors: Sequence[Any], device: DeviceLike, op: str = "sum") -> Any:
     """The elementwise reduction of ``tensors`` (one per device) as one new tensor on ``device``
     (any device of the backend). Reduced in list order, so deterministic."""
-    b, xs = _validate(tensors, "reduce")
+    b, xs, _devs = _validate(tensors, "reduce")
     check_op(op, b.dtype_of(xs[0]), "reduce")
     dev = resolve(b, device)
     return _fold(b, xs, dev, op)
@@ -405,16 +405,15 @@ def allgather(tensors: Sequence[Any], axis: int = 0) -> list[Any]:
 
     The tensors may differ in size along ``axis`` (uneven pieces), nowhere else.
     """
-    b, xs = _tensor_list(tensors, "allgather")
+    b, xs, devs = _tensor_list(tensors, "allgather")
     axis = _joinable(b, xs, axis, "allgather")
-    devs = [b.device_of(x) for x in xs]
     return [_fresh(b, b.concat([_on(b, x, d) for x in xs], axis), xs, d) for d in devs]
 
 
 @translate_errors()
 def gather(tensors: Sequence[Any], device: DeviceLike, axis: int = 0) -> Any:
     """The concatenation of ``tensors`` (one per device) along ``axis`` as one new tensor on ``device``."""
-    b, xs = _tensor_list(tensors, "gather")
+    b, xs, _devs = _tensor_list(tensors, "gather")
     axis = _joinable(b, xs, axis, "gather")
     dev = resolve(b, device)
     return _fresh(b, b.concat([_on(b, x, dev) for x in xs], axis), xs, dev)
@@ -439,12 +438,11 @@ def reduce_scatter(tensors: Sequence[Any], op: str = "sum", axis: int = 0) -> li
     """Reduce ``tensors`` elementwise and give device ``i`` piece ``i`` of the result, cut along
     ``axis`` as ``numpy.array_split`` cuts (the first pieces one larger). A ring reduce-scatter:
     deterministic, piece ``i`` reduced in ring order starting after device ``i``."""
-    b, xs = _validate(tensors, "reduce_scatter")
+    b, xs, devs = _validate(tensors, "reduce_scatter")
     check_op(op, b.dtype_of(xs[0]), "reduce_scatter")
     shape = b.shape_of(xs[0])
     ax = check_axis(axis, len(shape), "reduce_scatter")
     n = len(xs)
-    devs = [b.device_of(x) for x in xs]
     if n == 1:
         return [_fold(b, xs, devs[0], op)]
     sizes = split_sizes(shape[ax], n)
