@@ -125,6 +125,11 @@ def _idiom_grad(b: Any, idiom: str | None, r: Any) -> Any:
     return None
 
 
+def _square_loss(ps: list[Any], X: Any, *labels: Any) -> Any:
+    """``p * p * X`` elementwise (its sum is the loss; train_batch's labels are not used)."""
+    return ps[0] * ps[0] * X
+
+
 def _grad_state(x: Any) -> Any:
     """What the source's own gradient slot holds, as host values (None where it has none)."""
     g = getattr(x, "grad", None)
@@ -156,7 +161,7 @@ def test_replicas_are_trainable_in_the_frameworks_idiom(md_backend: Any, md_devi
             assert g is not None, f"the framework's own gradient of the replica on {d} is None (not a parameter)"
             np.testing.assert_array_equal(_values(b, g), [6.0], err_msg=f"d(r*r)/dr of the replica on {d}")
         X = _vec(b, [1.0], d)
-        _, (vg,) = b.value_and_grad(lambda ps, X: ps[0] * ps[0] * X, [r], (X,))
+        _, (vg,) = b.value_and_grad(_square_loss, [r], (X,))
         np.testing.assert_array_equal(_values(b, vg), [6.0], err_msg=f"value_and_grad of the replica on {d}")
     after = _grad_state(src)
     assert (src_grad is None) == (after is None) and (after is None or np.array_equal(after, src_grad)), (
@@ -164,7 +169,7 @@ def test_replicas_are_trainable_in_the_frameworks_idiom(md_backend: Any, md_devi
 
     X = md.ones((len(devs), 1), device=devs[0], backend=b.name)
     before = [r[0] for r in replicas]
-    md.train_batch(X, X, replicas, devs, lr=0.25, loss=lambda ps, X, y: ps[0] * ps[0] * X)
+    md.train_batch(X, X, replicas, devs, lr=0.25, loss=_square_loss)
     for d, (r,), old in zip(devs, replicas, before):
         np.testing.assert_array_equal(_values(b, r), [1.5], err_msg=f"train_batch's step on {d}: 3 - 0.25 * 6")
         if idiom is not None:

@@ -38,11 +38,14 @@ from multidev.adapter import (
     staged_upload,
 )
 from multidev.adapters.cupy import CupyBackend
+from multidev.adapters.engines.torch import TorchEngine
 from multidev.adapters.jax import JaxBackend
 from multidev.adapters.jax._common import X64_DTYPES, x64_hint
 from multidev.adapters.jax.dlpack import _DL_X64, _Producer
 from multidev.adapters.numpy import NumpyBackend, VirtualDeviceArray
 from multidev.adapters.torch import TorchBackend
+from multidev.distributed.engine import register_engine
+from multidev.errors import DistributedTimeoutError
 
 _HOST = Device("cpu", 0)
 
@@ -1080,6 +1083,72 @@ class CupyUploadDropsSnapshot(CupyBackend):
             done = self._cp.cuda.Event(disable_timing=True)
             done.record()
         return y, done.synchronize  # the defect: pin goes back to the pool while the copy is queued
+
+
+# == engines (multidev.distributed): the distributed checks' mutants ===============================
+@dataclass(frozen=True)
+class EngineMutant:
+    """A one-method defect of an engine class, installed in place of the engine it subclasses (in
+    the suite's process and in every worker) when ``$MULTIDEV_ENGINE_MUTANT`` names its class; the
+    distributed checks of ``select`` must fail with it (``multidev conformance --multiprocess``)."""
+
+    cls: type
+    defect: str
+    select: tuple[str, ...]
+
+    @property
+    def engine(self) -> str:
+        return str(self.cls.name)
+
+
+ENGINE_CATALOGUE: list[EngineMutant] = []
+ENGINE_MUTANT_ENV = "MULTIDEV_ENGINE_MUTANT"
+
+
+def engine_mutant(defect: str, select: Sequence[str]) -> Callable[[type], type]:
+    def deco(cls: type) -> type:
+        ENGINE_CATALOGUE.append(EngineMutant(cls, defect, tuple(select)))
+        return cls
+    return deco
+
+
+class TorchEngineControl(TorchEngine):
+    """The torch engine, unmutated: installed the same way, it passes what its mutants fail."""
+
+
+ENGINE_CONTROLS = (TorchEngineControl,)
+
+
+@engine_mutant("exchange gives every rank's slot this rank's own row (the received rows never copied out): the "
+               "consistency check passes a shape mismatch", ["test_mismatched_and_refused_calls_raise_on_every_rank"])
+class TorchEngineOwnRows(TorchEngine):
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        return [None if r is None else list(row) for r in super().exchange(seq, row, timeout)]
+
+
+@engine_mutant("exchange raises a bare timeout at its deadline instead of returning None for the ranks that did not "
+               "arrive: the timeout error does not name them", ["test_hung_rank_gives_the_others_a_timeout_error"])
+class TorchEngineTimeoutUnnamed(TorchEngine):
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        rows = super().exchange(seq, row, timeout)
+        if any(r is None for r in rows):
+            raise DistributedTimeoutError(f"the consistency exchange (call #{seq}) timed out after {timeout:g} s")
+        return rows
+
+
+def _install_engine_mutant() -> None:
+    """Put the engine class ``$MULTIDEV_ENGINE_MUTANT`` names in place of its engine (this module
+    is imported by the suite run and, through ``--import mutants``, by every worker)."""
+    wanted = os.environ.get(ENGINE_MUTANT_ENV)
+    if not wanted:
+        return
+    found = [c for c in [m.cls for m in ENGINE_CATALOGUE] + list(ENGINE_CONTROLS) if c.__name__ == wanted]
+    if not found:
+        raise RuntimeError(f"${ENGINE_MUTANT_ENV}={wanted}: no such engine mutant or control in tests/mutants.py")
+    register_engine(found[0].name, found[0], replace=True)
+
+
+_install_engine_mutant()
 
 
 # == not a catalogue entry: a framework that aborts the interpreter =============================

@@ -173,6 +173,47 @@ def test_catalogue_is_complete_and_documented() -> None:
         assert len(own) == 1, f"{m.name} overrides {sorted(own)}: a mutant changes exactly one method"
 
 
+def test_engine_catalogue_is_complete_and_documented() -> None:
+    cat = mutants.ENGINE_CATALOGUE
+    assert len({m.cls for m in cat}) == len(cat) >= 2
+    for m in cat:
+        assert m.select and m.defect, m
+        assert m.engine in {c.name for c in mutants.ENGINE_CONTROLS}, f"{m.cls.__name__}: no control of its engine"
+        own = {k for k, v in vars(m.cls).items() if callable(v) and not k.startswith("__")}
+        assert len(own) == 1, f"{m.cls.__name__} overrides {sorted(own)}: a mutant changes exactly one method"
+
+
+def _engine_run(cls: type, select: tuple[str, ...], tmp_path: Path) -> tuple[dict[str, Any], str]:
+    """The suite's distributed checks ``select`` on NumPy's tensors, over the engine class ``cls``
+    installed in place of its engine in the suite and its workers (``$MULTIDEV_ENGINE_MUTANT``)."""
+    out = tmp_path / f"{cls.__name__}.json"
+    p = _conformance(["numpy"], out, "-q", "-k", " or ".join(select), timeout=600,
+                     cli=("--multiprocess", "--import", "mutants"),
+                     env=_env(MULTIDEV_ENGINE_MUTANT=cls.__name__, MULTIDEV_DISTRIBUTED_ENGINES=cls.name,
+                              MULTIDEV_NUMPY_DEVICES="1"))
+    assert out.exists(), f"the run over {cls.__name__} wrote no matrix:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return json.loads(out.read_text())["matrix"]["numpy"]["distributed"], p.stdout
+
+
+@needs_torch
+@pytest.mark.parametrize("entry", mutants.ENGINE_CATALOGUE, ids=lambda m: m.cls.__name__)
+def test_engine_mutants_fail_the_distributed_checks(entry: Any, tmp_path: Path) -> None:
+    """Each engine mutant fails the distributed check its entry names (the engine's fault cases,
+    once per engine: a few processes for a few seconds)."""
+    cells, stdout = _engine_run(entry.cls, entry.select, tmp_path)
+    failed = [line for line in stdout.splitlines() if line.startswith("FAILED")]
+    assert cells["failed"] >= 1 and any(s in line for s in entry.select for line in failed), (
+        f"the distributed checks let {entry.cls.__name__} pass ({entry.defect}): {cells}\n{stdout[-3000:]}")
+
+
+@needs_torch
+@pytest.mark.parametrize("control", mutants.ENGINE_CONTROLS, ids=lambda c: c.__name__)
+def test_engine_controls_pass_the_distributed_checks(control: type, tmp_path: Path) -> None:
+    select = tuple(sorted({s for m in mutants.ENGINE_CATALOGUE if m.engine == control.name for s in m.select}))
+    cells, stdout = _engine_run(control, select, tmp_path)
+    assert cells["failed"] == 0 and cells["passed"] == len(select), f"{control.__name__}: {cells}\n{stdout[-3000:]}"
+
+
 @needs_torch
 def test_an_aborting_framework_fails_its_checks_and_leaves_the_matrix(tmp_path: Path) -> None:
     """A framework that aborts the interpreter when given a buffer (as TensorFlow does on an
