@@ -1,7 +1,9 @@
 """Transfers and exchange: non-blocking moves with handles, batched host copies, and convert()
 between the backend under test and every partner (an installed backend of another framework) on
 every shared device, for every dtype both hold; ``import_dlpack`` placement; zero-copy wherever
-both sides can share memory, virtual CPU devices included.
+both sides can share memory, virtual CPU devices included; ``copy=False`` never a silent copy, at
+any alignment; on GPUs, the DLPack stream hand-off (the consumer's next kernel reads the complete
+tensor while the producer's kernels were still queued).
 
 Every check that hands a buffer to another framework runs in the suite's child interpreter
 (``@isolated``): a framework that aborts on a buffer fails that check, and the run goes on."""

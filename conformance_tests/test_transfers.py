@@ -1,6 +1,8 @@
 """The contracts of copies in flight: a handle never gives data before it has landed, values are
-exact, the copy is independent of its source once waited for, the handle keeps its source alive, and
-``to_host`` starts each copy as soon as an iterable yields its tensor."""
+exact, the copy is independent of its source once waited for, the handle keeps its source alive
+(four moves queued behind work whose sources were dropped land their own values), ``to_host``
+starts each copy as soon as an iterable yields its tensor, and transfers above the staging
+threshold are exact with a partial last chunk."""
 from __future__ import annotations
 
 import gc
