@@ -234,19 +234,25 @@ def parse_size(text: str) -> int:
     raise UsageError(f"--max-bytes: {text!r} is no size (such as 64MiB, 4KiB or 1048576)")
 
 
-def _bound(case: Any, bounds: dict[str, Any]) -> dict[str, Any] | None:
+def _bound(case: Any, bounds: dict[str, Any], rec_variants: dict[str, Any]) -> dict[str, Any] | None:
     """The row's bound from the memcpy bandwidth measured in this run (``case.bound_copies``)."""
     from .bounds import memcpy_at
 
     if case.bound_copies is None:
         return None
     n = case.bound_bytes or case.bytes
-    bw = memcpy_at(bounds.get("memcpy"), n) if n else None
+    timed = (rec_variants.get("memcpy") or {}).get("median_s")
+    if timed and n:  # the row's own memcpy variant: measured beside the others, under the same load
+        bw = n / timed / 1e9
+        how = "the row's memcpy variant"
+    else:
+        bw = memcpy_at(bounds.get("memcpy"), n) if n else None
+        how = "the run's memcpy table"
     if not bw:
         return None
     t = case.bound_copies * n / (bw * 1e9)
     out = {"time_s": t, "copies": case.bound_copies, "copy_bytes": n, "memcpy_GBps": bw,
-           "what": f"{case.bound_copies:g} copies of {n} bytes at the memcpy bandwidth of this run"}
+           "what": f"{case.bound_copies:g} copies of {n} bytes at the memcpy bandwidth of {how}"}
     if case.bytes:
         out["GBps"] = case.bytes / t / 1e9
         if case.busbw_factor is not None:
@@ -292,7 +298,7 @@ def measure_case(case: Any, b: Any, s: Settings, bounds: dict[str, Any] | None =
     for k, v in case.variants.items():
         if v is None:
             rec["variants"][k] = None
-    bound = _bound(case, bounds or {})
+    bound = _bound(case, bounds or {}, rec["variants"])
     if bound is not None:
         rec["bound"] = bound
     r = case.ratio

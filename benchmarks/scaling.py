@@ -176,7 +176,7 @@ def markdown(doc: dict[str, Any], model: dict[str, Any], command: str = "") -> s
             ct = _med(r, f"alg:{choice}") if choice else None
             if ct and choice:
                 auto_r.append((ct / best[1], r["case"], choice))
-            fw, nt = _med(r, "framework"), _med(r, "alg:native")
+            fw, nt = _med(r, "framework_own"), _med(r, "alg:native")
             if fw and nt:
                 nat_r.append((nt / fw, r["case"], ""))
             for a in ALGS:
@@ -208,7 +208,7 @@ def markdown(doc: dict[str, Any], model: dict[str, Any], command: str = "") -> s
                 bt = (r.get("bound") or {}).get("time_s")
                 cells = [_bus(r, _med(r, f"alg:{a}")) for a in algs] + [_bus(r, _med(r, f"inplace:{a}")) for a in inps]
                 cells += [f"{choice}: x{ct / best[1]:.2f}" if ct and best else "-", _bus(r, _med(r, "auto")),
-                          _bus(r, _med(r, "framework")), _bus(r, bt),
+                          _bus(r, _med(r, "framework_own")), _bus(r, bt),
                           f"{bt / best[1]:.2f}" if bt and best else "-"]
                 out.append(f"| {fmt_bytes(int(r['bytes']))} | " + " | ".join(cells) + " |")
     for bench in ("broadcast", "allgather", "reduce_scatter"):
@@ -248,7 +248,7 @@ def plot(doc: dict[str, Any], model: dict[str, Any], path: str) -> None:
     rows = _rows(doc)
     backends = sorted({r["backend"] for r in rows})
     fig, axes = plt.subplots(max(1, len(backends)), 2, figsize=(13, 4.2 * max(1, len(backends))), squeeze=False)
-    styles = {"alg:naive": "-o", "alg:ring": "-s", "alg:tree": "-^", "alg:native": "-D", "framework": "--x",
+    styles = {"alg:naive": "-o", "alg:ring": "-s", "alg:tree": "-^", "alg:native": "-D", "framework_own": "--x",
               "auto": ":+", "inplace:naive": ":o"}
     for row, b in zip(axes, backends):
         rb = [r for r in rows if r["backend"] == b]
@@ -272,7 +272,7 @@ def plot(doc: dict[str, Any], model: dict[str, Any], path: str) -> None:
         a = row[1]
         sizes = sorted({int(r["bytes"]) for r in rb})
         for size in [s for s in (64 << 10, 16 * MiB) if s in sizes] or sizes[-1:]:
-            for v in ("alg:naive", "alg:ring", "alg:tree", "alg:native", "framework"):
+            for v in ("alg:naive", "alg:ring", "alg:tree", "alg:native", "framework_own"):
                 pts = sorted((int(r["params"]["n"]), _med(r, v)) for r in rb if r["bytes"] == size and _med(r, v))
                 if pts:
                     a.plot(*zip(*pts), "-o", ms=3, label=f"{v} {fmt_bytes(size)}")
