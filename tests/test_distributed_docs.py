@@ -44,10 +44,11 @@ atexit.register(lambda: print("MDMODULES", sorted(m for m in FRAMEWORKS if m in 
 
 
 def readme_snippet() -> str:
-    """The README's distributed snippet: the Python fence under its ``mpiexec`` run marker."""
+    """The README's distributed snippet: the ``# train.py`` fence under a torchrun run marker (which
+    tests/test_docs.py runs under torchrun; here it runs under mpiexec and as JAX processes)."""
     text = (ROOT / "README.md").read_text()
-    m = re.search(r"<!-- run: mpiexec -n 2 -->\n(?:<!--.*-->\n)*```python\n(.*?)\n```", text, re.S)
-    assert m, "README.md has no distributed snippet under a '<!-- run: mpiexec -n 2 -->' marker"
+    m = re.search(r"<!-- run: torchrun [^>]*-->\n```python\n(# train\.py\n.*?)\n```", text, re.S)
+    assert m, "README.md has no '# train.py' snippet under a '<!-- run: torchrun ... -->' marker"
     return m.group(1) + "\n"
 
 
