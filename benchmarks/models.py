@@ -1,6 +1,8 @@
 """Suite ``models`` (issue #21): whole models through multidev against the framework's own calls,
 in the same run.
 
+- ``to(tensors)``: ``md.to`` of a dict of LeNet's tensors on their device against the framework's
+  own placement call on each (every backend).
 - ``to(model)``: ``md.to(net, dev)`` against the framework's way to put a model on a device
   (torch ``module.to(device)``, Gluon ``net.collect_params().reset_ctx(ctx)``, JAX
   ``jax.device_put(tree, device)``), for D2L's LeNet and an MLP, where the model is resident
@@ -83,6 +85,40 @@ def _host_values(model: Any) -> list[np.ndarray]:
 def _same_values(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[bool, str]:
     ok = len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
     return ok, f"{len(a)} tensors {'equal' if ok else 'DIFFER'}"
+
+
+#: LeNet's parameter shapes (D2L's, 1x28x28 input): the dict of tensors every backend's row moves.
+LENET_SHAPES = {"conv1.w": (6, 1, 5, 5), "conv1.b": (6,), "conv2.w": (16, 6, 5, 5), "conv2.b": (16,),
+                "fc1.w": (400, 120), "fc1.b": (120,), "fc2.w": (120, 84), "fc2.b": (84,), "fc3.w": (84, 10),
+                "fc3.b": (10,)}
+
+
+@benchmark("models")
+def tensors_to(ctx: Context) -> Iterator[Case]:
+    """md.to of a dict of tensors (LeNet's parameters) on its device, against the framework's own
+    placement call on every leaf (every backend: the structure path of md.to)."""
+    for d in _resident_devices(ctx):
+        tree = {k: md.ones(s, device=d, backend=ctx.backend) for k, s in LENET_SHAPES.items()}
+        native: Variant | None = None
+        if ctx.native is not None:
+            try:
+                move = ctx.native.mover(d)
+            except NotImplementedError:
+                move = None
+            if move is not None:
+                def each(tree: dict[str, Any], move: Any = move) -> dict[str, Any]:
+                    return {k: move(v) for k, v in tree.items()}
+                native = Variant(each, (tree,), label="{k: <the framework's to>(v, device) for k, v in tree.items()}")
+
+        def check(tree: dict[str, Any] = tree, d: md.Device = d) -> tuple[bool, str]:
+            got = md.to(tree, d)
+            same = type(got) is dict and list(got) == list(tree) and all(got[k] is tree[k] for k in tree)
+            return same, "a new dict holding the same (resident) tensors" if same else f"got {type(got).__name__}"
+
+        yield Case(f"to(dict of LeNet's tensors, its device) [{d}]",
+                   {"md": Variant(md.to, (tree, d), label="md.to(dict of tensors, device)"), "native": native},
+                   devices=[d], check=check, params={"device": str(d), "tensors": len(tree)},
+                   group="to(tensors) resident", key="to(dict of tensors) resident")
 
 
 @benchmark("models", goals=TO_GOALS)
