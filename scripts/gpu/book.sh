@@ -46,7 +46,7 @@ book() {  # book BACKEND CAP [ARGS...]: every section (or those in ARGS) on cpu:
   [ "$rc" = 0 ] || status=1
 }
 book torch 60
-book jax 80
+book jax 90
 book cupy 30 --sections use_gpu,async_computation,auto_parallelism
 
 bench() {  # bench BACKEND CAP: the models suite for one backend (so each gets its share of the time)
