@@ -157,7 +157,9 @@ def allreduce(ctx: Context) -> Iterator[Case]:
                         checks.append((all(o is y for o, y in zip(out, ys)), "in place returns its inputs"))
                         checks.append(_check_all(ys, ref, devs))
                 if framework is not None and not mutable:  # (mutable: it reduces its buffers in place)
-                    checks.append(_check_all(framework.fn(*framework.args), ref, [ctx.ndev(d) for d in devs]))
+                    # values only: where a framework's own collective leaves its results is its own
+                    # business (TF labels a tf.function's outputs CPU:0)
+                    checks.append(_check_all(framework.fn(*framework.args), ref, [None] * len(devs)))
                 return all_ok(*checks)
 
             variants: dict[str, Variant | None] = {}

@@ -70,9 +70,15 @@ def _fit_line(ns: np.ndarray, ts: np.ndarray) -> tuple[float, float, float]:
     return float(alpha), float(beta), float(np.sqrt(np.mean(rel ** 2)))
 
 
+#: The model's size bands: one alpha + beta * bytes line below and one above (caches, then memory).
+SPLIT_BYTES = 1 << 20
+
+
 def fit(doc: dict[str, Any]) -> dict[str, Any]:
     """The cost model of every (backend, device kind, device count, algorithm) the allreduce rows
-    measured: ``{"models": {backend: {kind: {n: {alg: [alpha_s, beta_s_per_byte, rel_rms, points]}}}}}``."""
+    measured: ``{"models": {backend: {kind: {n: {alg: [[up_to_bytes, alpha_s, beta_s_per_byte, rel_rms,
+    points], ...]}}}}}``, one line per size band (up to :data:`SPLIT_BYTES`, and above; the last
+    band's ``up_to_bytes`` is None)."""
     pts: dict[tuple[str, str, int, str], list[tuple[int, float]]] = {}
     for r in _rows(doc):
         n = int(r["params"]["n"])
@@ -82,13 +88,25 @@ def fit(doc: dict[str, Any]) -> dict[str, Any]:
                 pts.setdefault((r["backend"], _kind(r), n, alg), []).append((int(r["bytes"]), float(t)))
     models: dict[str, Any] = {}
     for (b, kind, n, alg), p in sorted(pts.items()):
-        if len(p) < 2:
-            continue
-        ns, ts = (np.array(x, dtype=np.float64) for x in zip(*sorted(p)))
-        alpha, beta, err = _fit_line(ns, ts)
-        models.setdefault(b, {}).setdefault(kind, {}).setdefault(str(n), {})[alg] = [alpha, beta, err, len(p)]
+        p = sorted(p)
+        bands = [[q for q in p if q[0] <= SPLIT_BYTES], [q for q in p if q[0] > SPLIT_BYTES]]
+        if any(len(band) == 1 for band in bands):  # a band of one point: one line for all
+            bands = [p]
+        segs = []
+        for i, band in enumerate(x for x in bands if x):
+            if len(band) < 2:
+                continue
+            ns, ts = (np.array(x, dtype=np.float64) for x in zip(*band))
+            alpha, beta, err = _fit_line(ns, ts)
+            segs.append([SPLIT_BYTES if (i == 0 and len(bands) == 2 and bands[1]) else None, alpha, beta, err,
+                         len(band)])
+        if segs:
+            segs[-1][0] = None
+            models.setdefault(b, {}).setdefault(kind, {}).setdefault(str(n), {})[alg] = segs
     runs = doc.get("runs") or [{}]
-    return {"version": 1, "fit": "t = alpha + beta * bytes per device, least relative squares, alpha, beta >= 0",
+    how = (f"t = alpha + beta * bytes per device, one line up to {fmt_bytes(SPLIT_BYTES)} and one above, least "
+           "relative squares, alpha, beta >= 0")
+    return {"version": 2, "fit": how,
             "created": doc.get("created"), "machine": (runs[0].get("machine") or {}).get("cpu"),
             "commands": [" ".join(r.get("command") or []) for r in runs], "models": models}
 
@@ -102,7 +120,8 @@ def _predict(model: dict[str, Any], b: str, kind: str, n: int, nbytes: int, nati
     for alg, v in per[near].items():
         if alg == "native" and not native:
             continue
-        t = v[0] + v[1] * nbytes
+        seg = next((g for g in v if g[0] is None or nbytes <= g[0]), v[-1])
+        t = seg[1] + seg[2] * nbytes
         if best is None or t < best[0]:
             best = (t, alg)
     return None if best is None else best[1]
@@ -115,8 +134,8 @@ def write_module(model: dict[str, Any], source: str, path: pathlib.Path) -> None
     body = json.dumps(model, indent=1, sort_keys=True)
     path.write_text(head + "#: The results the model was fitted from.\n"
                     f"SOURCE = {source!r}\n\n"
-                    "#: The model, as JSON (``{\"version\": 1, \"models\": {backend: {kind: {n: {algorithm:\n"
-                    "#: [alpha, beta, relative rms error, points]}}}}}``).\n"
+                    "#: The model, as JSON (``{\"version\": 2, \"models\": {backend: {kind: {n: {algorithm:\n"
+                    "#: [[up to bytes, alpha, beta, relative rms error, points], ...]}}}}}``).\n"
                     f'MODEL_JSON = r"""{body}"""\n')
 
 
@@ -226,14 +245,17 @@ def markdown(doc: dict[str, Any], model: dict[str, Any], command: str = "") -> s
     out += ["", "## The fitted model (what auto chooses from)", "",
             f"{model.get('fit', '')}; alpha is the fixed cost, 1/beta the bandwidth the algorithm moves a "
             "device's bytes at.", "",
-            "| backend | kind | n | algorithm | alpha | 1/beta (GB/s) | rel. rms error | points |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| backend | kind | n | algorithm | sizes | alpha | 1/beta (GB/s) | rel. rms error | points |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for b, kinds in sorted((model.get("models") or {}).items()):
         for kind, per in sorted(kinds.items()):
             for n, algs_ in sorted(per.items(), key=lambda kv: int(kv[0])):
-                for alg, (alpha, beta, err, npts) in sorted(algs_.items()):
-                    bw = f"{1 / beta / 1e9:.3g}" if beta > 0 else "-"
-                    out.append(f"| {b} | {kind} | {n} | {alg} | {fmt_time(alpha)} | {bw} | {err:.2f} | {npts} |")
+                for alg, segs in sorted(algs_.items()):
+                    for upto, alpha, beta, err, npts in segs:
+                        bw = f"{1 / beta / 1e9:.3g}" if beta > 0 else "-"
+                        band = f"<= {fmt_bytes(upto)}" if upto else "all sizes" if len(segs) == 1 else "above"
+                        out.append(f"| {b} | {kind} | {n} | {alg} | {band} | {fmt_time(alpha)} | {bw} | {err:.2f} | "
+                                   f"{npts} |")
     return "\n".join(out) + "\n"
 
 

@@ -232,13 +232,14 @@ def _ring_allreduce(b: Backend, xs: list[Any], devs: list[Device], op: str) -> l
 
 
 _MODEL: list[dict[str, Any]] = []  # the cost model, read on first use (cost_model)
-_FITS: dict[tuple[str, str, int], dict[str, tuple[float, float]] | None] = {}
+_FITS: dict[tuple[str, str, int], dict[str, list[tuple[float, float, float]]] | None] = {}
 
 
 def cost_model() -> dict[str, Any]:
     """The measured cost model ``auto`` chooses from: ``{"models": {backend: {device kind: {device
     count: {algorithm: [alpha_s, beta_s_per_byte, ...]}}}}, ...}``, the time of one allreduce being
-    ``alpha + beta * bytes per device``. Read once: the file ``$MULTIDEV_COLLECTIVE_MODEL`` names
+    ``alpha + beta * bytes per device`` (each algorithm a list of such lines, one per size band:
+    ``[up_to_bytes or None, alpha, beta, ...]``). Read once: the file ``$MULTIDEV_COLLECTIVE_MODEL`` names
     where it is set (a refit for your machine: ``python -m multidev.benchmarks.scaling fit
     RESULTS.json --out model.json``), else :data:`multidev.collective_model.MODEL_JSON` (the one
     shipped, fitted on the machine its ``source`` names)."""
@@ -258,9 +259,9 @@ def cost_model() -> dict[str, Any]:
     return _MODEL[0]
 
 
-def _fit_for(backend: str, kind: str, n: int) -> dict[str, tuple[float, float]] | None:
-    """The model's (alpha, beta) per algorithm for ``backend`` on ``n`` devices of ``kind``: the
-    measured device count nearest ``n`` (by ratio), or None without one."""
+def _fit_for(backend: str, kind: str, n: int) -> dict[str, list[tuple[float, float, float]]] | None:
+    """The model's lines per algorithm for ``backend`` on ``n`` devices of ``kind`` (the measured
+    device count nearest ``n``, by ratio), each ``(up to bytes, alpha, beta)``; None without one."""
     key = (backend, kind, n)
     if key in _FITS:
         return _FITS[key]
@@ -268,7 +269,8 @@ def _fit_for(backend: str, kind: str, n: int) -> dict[str, tuple[float, float]] 
     fit = None
     if per:
         near = min(per, key=lambda c: abs(math.log(int(c) / n)))
-        fit = {alg: (float(v[0]), float(v[1])) for alg, v in per[near].items()}
+        fit = {alg: [(math.inf if g[0] is None else float(g[0]), float(g[1]), float(g[2])) for g in segs]
+               for alg, segs in per[near].items()}
     if len(_FITS) < 1024:
         _FITS[key] = fit
     return fit
@@ -294,7 +296,8 @@ def choose_algorithm(b: Backend, shape: tuple[int, ...], dtype: str, devices: Se
         best = None
         for alg in ALGORITHMS[1:]:
             if alg in fit and (alg != "native" or native):
-                alpha, beta = fit[alg]
+                segs = fit[alg]
+                _upto, alpha, beta = next((g for g in segs if nbytes <= g[0]), segs[-1])
                 t = alpha + beta * nbytes
                 if best is None or t < best[0]:
                     best = (t, alg)

@@ -71,7 +71,65 @@ def test_tree_and_naive_move_2n_minus_2_times(monkeypatch: pytest.MonkeyPatch, n
     assert sorted(spy.moves) == sorted([(i, 0) for i in range(1, n)] + [(0, i) for i in range(1, n)])
 
 
-def test_auto_rule() -> None:
+@pytest.fixture
+def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto without a measured model: the built-in rule."""
+    monkeypatch.setattr(C, "_MODEL", [{"version": 2, "models": {}}])
+    monkeypatch.setattr(C, "_FITS", {})
+
+
+def _model(monkeypatch: pytest.MonkeyPatch, per_n: dict[str, Any], backend: str = "numpy") -> None:
+    monkeypatch.setattr(C, "_MODEL", [{"version": 2, "models": {backend: {"cpu": per_n}}}])
+    monkeypatch.setattr(C, "_FITS", {})
+
+
+def test_auto_chooses_from_the_measured_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The least alpha + beta * bytes of the line of the size's band, at the nearest measured device
+    count; native only where the backend has it and not deterministic."""
+    b = md.backend("numpy")
+    cpus = [Device("cpu", i) for i in range(4)]
+    _model(monkeypatch, {"4": {"naive": [[None, 1e-5, 1e-9, 0.0, 3]],
+                               "ring": [[1 << 20, 1e-3, 1e-12, 0.0, 3], [None, 1e-3, 1e-12, 0.0, 3]],
+                               "tree": [[1 << 20, 1e-6, 2e-9, 0.0, 3], [None, 1.0, 1.0, 0.0, 3]],
+                               "native": [[None, 0.0, 0.0, 0.0, 3]]}})
+    assert C.choose_algorithm(b, (100,), "float32", cpus) == "tree"  # 400 B: tree's alpha is least
+    assert C.choose_algorithm(b, (1 << 16,), "float32", cpus) == "naive"  # 256 KiB
+    assert C.choose_algorithm(b, (1 << 24,), "float32", cpus) == "ring"  # 64 MiB: ring's beta wins
+    assert C.choose_algorithm(b, (3,), "float32", cpus) == "tree"  # fewer elements than devices
+    assert "native" not in b.capabilities.native_collectives  # so the model's native is never chosen
+    assert C.choose_algorithm(b, (1 << 24,), "float32", cpus[:3]) == "ring"  # 3 devices: the model of 4
+    _model(monkeypatch, {"2": {"naive": [[None, 0.0, 1e-9, 0.0, 3]]}}, backend="elsewhere")
+    assert C.choose_algorithm(b, (1 << 24,), "float32", cpus) == "ring"  # no model for numpy: the rule
+
+
+def test_the_model_file_the_environment_names_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import json
+
+    f = tmp_path / "model.json"
+    f.write_text(json.dumps({"version": 2, "models": {"numpy": {"cpu": {"2": {"tree": [[None, 0.0, 0.0, 0.0, 2]]}}}}}))
+    monkeypatch.setenv("MULTIDEV_COLLECTIVE_MODEL", str(f))
+    monkeypatch.setattr(C, "_MODEL", [])
+    monkeypatch.setattr(C, "_FITS", {})
+    cpus = [Device("cpu", i) for i in range(2)]
+    assert C.cost_model()["models"]["numpy"]["cpu"]["2"]["tree"][0][1] == 0.0
+    assert C.choose_algorithm(md.backend("numpy"), (1 << 24,), "float32", cpus) == "tree"
+
+
+def test_the_shipped_model_covers_every_device_count_it_names() -> None:
+    import json
+
+    from multidev import collective_model
+
+    doc = json.loads(collective_model.MODEL_JSON)
+    for kinds in doc["models"].values():
+        for per_n in kinds.values():
+            for n, algs in per_n.items():
+                assert int(n) >= 2 and algs
+                for segs in algs.values():
+                    assert segs[-1][0] is None and all(g[1] >= 0 and g[2] >= 0 for g in segs)
+
+
+def test_auto_rule(no_model: None) -> None:
     b = md.backend("numpy")
     cpus = [Device("cpu", i) for i in range(4)]
     limit = C.AUTO_TREE_MAX_BYTES

@@ -2,7 +2,7 @@
 median per call), then a cProfile of the md call (its functions by own time). For the rows of
 the GPU table that miss their ratio: ``convert`` torch->JAX, small uploads, ``synchronize``.
 
-    python3 -m multidev.benchmarks.baselines.call_profile [--rows convert,asarray,sync] [--rounds N] [--cpu]
+    python3 -m multidev.benchmarks.baselines.call_profile [--rows convert,asarray,sync,cexchange] [--rounds N] [--cpu]
         [--out F]
 
 Rows whose framework or GPU is missing are left out (and said so).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
 import functools
 import io
 import json
@@ -39,6 +40,26 @@ def _upload(torch: Any, a: np.ndarray, d: Any) -> Any:
     return torch.from_numpy(a).to(d)
 
 
+def _c_route(api: Any, t: Any) -> Any:
+    """What convert does where both types have DLPack's C exchange API: the producer's managed
+    tensor into the consumer's C import, through ctypes (torch's own table on both sides here)."""
+    out = ctypes.c_void_p()
+    api.from_py(t, ctypes.byref(out))
+    res = ctypes.c_void_p()
+    api.to_py(out.value, ctypes.byref(res))
+    y = ctypes.cast(res.value or 0, ctypes.py_object).value  # the new reference C handed back is ours:
+    _DECREF(res.value)  # (as multidev.exchange does)
+    return y
+
+
+_DECREF = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(("Py_DecRef", ctypes.pythonapi))
+
+
+def _capsule_route(torch: Any, t: Any) -> Any:
+    """convert's route where only the consumer's import takes bare capsules: one export, the capsule in."""
+    return torch.from_dlpack(t.__dlpack__(max_version=(1, 0)))
+
+
 def _rows(which: set[str], kind: str) -> Iterator[Row | str]:
     """The rows on ``kind`` ("gpu", or "cpu" to try the script where there is none). Every md call
     is a C-level partial, as the native one is a bound method: no extra Python frame on either side.
@@ -57,6 +78,23 @@ def _rows(which: set[str], kind: str) -> Iterator[Row | str]:
                        functools.partial(jax.dlpack.from_dlpack, t), settle)
         except Exception as e:  # noqa: BLE001 - the row is left out, and said so
             yield f"convert: {type(e).__name__}: {e}"
+    if "cexchange" in which:
+        try:
+            torch = _torch(kind)
+            from multidev.exchange import c_exchange_api
+
+            api = c_exchange_api(torch.Tensor)
+            if api is None or api.from_py is None or api.to_py is None:
+                raise RuntimeError("this torch has no DLPack C exchange API")
+            t = torch.ones(1 << 18, device="cuda:0" if kind == "gpu" else "cpu")
+            settle = torch.cuda.synchronize if kind == "gpu" else (lambda: None)
+            yield (f"DLPack C exchange torch->torch, 1 MiB [{dev}] (md's C route against torch.from_dlpack(t))",
+                   functools.partial(_c_route, api, t), functools.partial(torch.from_dlpack, t), settle)
+            yield (f"DLPack capsule route torch->torch, 1 MiB [{dev}] (md's capsule handoff against "
+                   "torch.from_dlpack(t))", functools.partial(_capsule_route, torch, t),
+                   functools.partial(torch.from_dlpack, t), settle)
+        except Exception as e:  # noqa: BLE001 - the row is left out, and said so
+            yield f"cexchange: {type(e).__name__}: {e}"
     if "asarray" in which and kind == "gpu":
         try:
             torch = _torch(kind)
