@@ -2,10 +2,12 @@
 median per call), then a cProfile of the md call (its functions by own time). For the rows of
 the GPU table that miss their ratio: ``convert`` torch->JAX, small uploads, ``synchronize``.
 
-    python3 -m multidev.benchmarks.baselines.call_profile [--rows convert,asarray,sync,cexchange] [--rounds N] [--cpu]
-        [--out F]
+    python3 -m multidev.benchmarks.baselines.call_profile [--rows thin,convert,asarray,sync,cexchange]
+        [--rounds N] [--cpu] [--out F]
 
-Rows whose framework or GPU is missing are left out (and said so).
+(``thin``: torch's device_of, dtype_of, synchronize, no-op to and zeros; ``cexchange``: DLPack's C
+exchange route and the capsule route torch to torch.) Rows whose framework or GPU is missing are
+left out (and said so).
 """
 from __future__ import annotations
 
@@ -34,6 +36,13 @@ def _torch(kind: str) -> Any:
     if kind == "gpu" and not torch.cuda.is_available():
         raise RuntimeError("torch sees no GPU")
     return torch
+
+
+def _attr(x: Any, name: str) -> Callable[[], Any]:
+    """``x.<name>`` as a C-level call (operator.attrgetter bound to x)."""
+    import operator
+
+    return functools.partial(operator.attrgetter(name), x)
 
 
 def _upload(torch: Any, a: np.ndarray, d: Any) -> Any:
@@ -65,6 +74,25 @@ def _rows(which: set[str], kind: str) -> Iterator[Row | str]:
     is a C-level partial, as the native one is a bound method: no extra Python frame on either side.
     synchronize(device) is timed with ``backend=``: without it md waits on every loaded backend."""
     dev = md.Device(kind, 0)
+    if "thin" in which:  # torch's thin calls and creation (the goal rows of suite overhead)
+        try:
+            torch = _torch(kind)
+            t = torch.ones(1000, device="cuda:0" if kind == "gpu" else "cpu")
+            nd = t.device
+            settle = torch.cuda.synchronize if kind == "gpu" else (lambda: None)
+            native_sync = (functools.partial(torch.cuda.synchronize, 0) if kind == "gpu" else torch.cpu.synchronize)
+            yield (f"torch device_of(x) [{dev}]", functools.partial(md.device_of, t), _attr(t, "device"), settle)
+            yield (f"torch dtype_of(x) [{dev}]", functools.partial(md.dtype_of, t), _attr(t, "dtype"), settle)
+            yield (f"torch synchronize(x) [{dev}]", functools.partial(md.synchronize, t), native_sync, settle)
+            yield (f"torch synchronize(device, backend=) [{dev}]",
+                   functools.partial(md.synchronize, dev, backend="torch"), native_sync, settle)
+            yield (f"torch to(x, device) no-op [{dev}]", functools.partial(md.to, t, dev),
+                   functools.partial(t.to, nd), settle)
+            yield (f"torch zeros((1000,), device) [{dev}]", functools.partial(md.zeros, (1000,), device=dev,
+                                                                             backend="torch"),
+                   functools.partial(torch.zeros, (1000,), dtype=torch.float32, device=nd), settle)
+        except Exception as e:  # noqa: BLE001 - the rows are left out, and said so
+            yield f"thin: {type(e).__name__}: {e}"
     if "convert" in which:
         try:
             torch = _torch(kind)
@@ -235,7 +263,7 @@ def _profile(fn: Callable[[], Any], n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--rows", default="convert,asarray,sync")
+    ap.add_argument("--rows", default="thin,convert,asarray,sync,cexchange")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--cpu", action="store_true", help="the rows on cpu:0 (a dry run without a GPU)")
     ap.add_argument("--out")

@@ -5,11 +5,12 @@
 #      honest baseline, every row checked against the pinned copy measured beside it), sizes to 256 MiB;
 #   2. the collectives scaling study on 8 virtual CPU devices of the host (NumPy and JAX; one GPU
 #      gives no GPU collective), 4 KiB to 16 MiB, with its fit and report;
-#   3. the thin calls step by step (benchmarks/baselines/call_profile.py: convert, synchronize);
+#   3. the thin calls step by step (benchmarks/baselines/call_profile.py: torch's thin calls and creation,
+#      convert, synchronize, DLPack's C exchange route);
 #   4. one merged report ($TAG.json/.md/.png) and `multidev bench --report ... --check` (its exit
 #      status is in log.txt: 3 when a goal row is missed or a row is above its bound).
-# Writes into $OUT (at most 8 files, no folders): log.txt, $TAG.json, $TAG.md, $TAG.png,
-# $TAG-scaling.md, $TAG-scaling.png, details.tar.gz (every step's output and JSON).
+# Writes into $OUT (8 files, no folders): log.txt, $TAG.json, $TAG.md, $TAG.png, $TAG-scaling.md,
+# $TAG-scaling.png, $TAG-call-profile.txt, details.tar.gz (every step's output and JSON).
 #   OUT=/path/to/out bash scripts/gpu/perf.sh
 # Knobs: PY (python3), TAG (h200-DATE-perf), CAP (seconds per bench step, default 50), DRY_RUN=1 (no GPU:
 # cpu:0 only, tiny sizes, no CuPy: tries the script on a CPU machine), SKIP_INSTALL=1.
@@ -61,11 +62,12 @@ if [ -s "$W/bench-collectives.json" ]; then
   sed -n '/^## Headline/,/^## allreduce/p' "$OUT/$TAG-scaling.md" | head -12
 fi
 
-stamp "3. the thin calls step by step (call_profile: convert, synchronize)"
+stamp "3. the thin calls step by step (call_profile: thin, convert, sync, cexchange)"
 PROFILE_CPU=""; [ "${DRY_RUN:-0}" = 1 ] && PROFILE_CPU="--cpu"
-timeout -k 5 40 "$PY" -m multidev.benchmarks.baselines.call_profile --rows convert,sync --rounds 11 $PROFILE_CPU \
+timeout -k 5 50 "$PY" -m multidev.benchmarks.baselines.call_profile --rows thin,convert,sync,cexchange --rounds 9 $PROFILE_CPU \
   --out "$W/call-profile.json" > "$W/call-profile.txt" 2>&1
-echo "call_profile exit $?"; grep -E "^== |^  [a-z.]|left out" "$W/call-profile.txt" | head -30
+echo "call_profile exit $?"; grep -E "^== |^  [a-z.]|left out" "$W/call-profile.txt" | head -40
+cp "$W/call-profile.txt" "$OUT/$TAG-call-profile.txt" 2>/dev/null || true
 
 stamp "4. one report, and --check on it"
 parts=(); for f in "$W"/bench-torch.json "$W"/bench-jax.json "$W"/bench-cupy.json "$W"/bench-collectives.json; do
