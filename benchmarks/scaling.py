@@ -32,13 +32,16 @@ ALGS = ("naive", "ring", "tree", "native")
 
 def load(paths: Sequence[str]) -> dict[str, Any]:
     """The results files merged (``multidev bench`` JSON, ``--report`` merges alike)."""
+    from .report import validate
     from .runner import merge
 
     docs = []
     for p in paths:
         with open(p) as f:
             docs.append(json.load(f))
-    return merge(docs)
+    doc = merge(docs)
+    validate(doc)  # (the rows' bounds recomputed alike, the impossible ones marked)
+    return doc
 
 
 def _rows(doc: dict[str, Any], benchmark: str = "allreduce") -> list[dict[str, Any]]:
