@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from .adapter import default_sgd_update
 from .collectives import NONE_GRADIENT_HINT, allreduce, broadcast, reduce, split_batch
 from .errors import CollectiveInputError, InvalidArgumentError, UnsupportedTensorError
 from .placement import device_list
-from .protocol import SupportsTraining
+from .protocol import SupportsDeviceScope, SupportsTraining
 from .registry import backend_of, require, supports
 from .validate import translate_errors
 
@@ -125,9 +126,15 @@ def train_batch(X: Any, y: Any, replicas: list[list[Any]], devices: Sequence[Dev
             total = dist.allreduce(summed[i][0], "sum")  # the local sum, on the first device
             summed[i] = broadcast(total, devs) if len(devs) > 1 else [total]
     step = float(lr) / int(batch_size)
-    sgd = b.sgd_update if supports(b, SupportsTraining) else default_sgd_update  # type: ignore[attr-defined]
-    for d, ps in enumerate(replicas):
-        ps[:] = sgd(ps, [s[d] for s in summed], step)
+    if supports(b, SupportsTraining):
+        for d, ps in enumerate(replicas):
+            ps[:] = b.sgd_update(ps, [s[d] for s in summed], step)  # type: ignore[attr-defined]
+    else:  # the shared update with the tensors' own operators, run where each replica lives (CuPy
+        # computes on its current device, not its operands')
+        scoped = supports(b, SupportsDeviceScope) and len(devs) > 1
+        for d, ps in enumerate(replicas):
+            with b.device_scope(devs[d]) if scoped else contextlib.nullcontext():  # type: ignore[attr-defined]
+                ps[:] = default_sgd_update(ps, [s[d] for s in summed], step)
     value = _loss_sum(losses, devs)
     if distributed:
         wide = "float64" if dist.carries("float64") else "float32"  # JAX's engine without x64 has no float64

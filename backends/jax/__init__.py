@@ -13,11 +13,13 @@ option ``jax_num_cpu_devices`` (both work on jax 0.7 and 0.10); afterwards it ca
 
 JAX specifics. Arrays are immutable (``assign`` raises CapabilityError: rebind results instead).
 64-bit dtypes exist only under ``jax_enable_x64``, so ``capabilities.dtypes`` is recomputed from the
-flag. Execution is asynchronous; ``synchronize`` blocks on every live array (JAX has no per-device
-barrier). ``native_allreduce`` is ``psum``/``pmax``/``pmin`` under ``jax.shard_map`` over exactly the
-inputs' devices (``prod`` and complex max/min as an ordered fold over ``all_gather``; CPUs and GPUs
-mixed: per platform, then combined). DLPack imports are zero-copy or CapabilityError; a host buffer
-becomes a view on the requested virtual CPU device.
+flag. Execution is asynchronous; ``synchronize`` queues a marker computation behind each device's
+work and waits for it (JAX runs a device's computations in order; results that were dropped are
+waited for too), then for the live arrays, whose asynchronous errors it raises. ``native_allreduce``
+is ``psum``/``pmax``/``pmin`` under ``jax.shard_map`` over exactly the inputs' devices (``prod`` and
+complex max/min as an ordered fold over ``all_gather``; CPUs and GPUs mixed: per platform, then
+combined). DLPack imports are zero-copy or CapabilityError; a host buffer becomes a view on the
+requested virtual CPU device.
 
 The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
 protocol), ``transfers.py`` (non-blocking moves, pinned host copies, staged uploads), ``dlpack.py``,

@@ -441,5 +441,5 @@ class JaxCore(BaseBackend):
 
     def assign(self, dst: Any, src: Any) -> None:
         raise CapabilityError(
-            "jax backend: JAX arrays are immutable and cannot be written in place. Rebind the result "
+            f"{self.name} backend: JAX arrays are immutable and cannot be written in place. Rebind the result "
             "instead, e.g. xs = multidev.allreduce(xs) (inplace=False) and x = xs[i], or use x.at[...].set(...)")

@@ -11,11 +11,27 @@ from multidev.adapter import TrainingDefaults
 
 class JaxTraining(TrainingDefaults):
     """Gradients by ``jax.value_and_grad`` (jitted, op by op where the loss has data-dependent Python
-    control flow); parameters and SGD are the shared defaults (arrays carry no autograd state)."""
+    control flow); parameters are the shared default (arrays carry no autograd state); the SGD step
+    ``p - lr * g`` for every parameter is one jitted call (out of place, each parameter's dtype and
+    device kept), not one dispatch per array."""
 
     _jax: Any
     _jnp: Any
     _grad_fns: weakref.WeakKeyDictionary
+
+    def sgd_update(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
+        step = self.__dict__.get("_sgd_step")
+        if step is None:
+            jax = self._jax
+
+            def update(ps: list[Any], gs: list[Any], lr: Any) -> list[Any]:
+                return [p - lr * g for p, g in zip(ps, gs)]  # lr: a weakly typed scalar, p's dtype kept
+
+            step = self.__dict__["_sgd_step"] = jax.jit(update)
+        try:
+            return list(step(list(params), list(grads), float(lr)))
+        except ValueError:  # parameters on several devices: one jitted call cannot span them
+            return super().sgd_update(params, grads, lr)
 
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
         jax = self._jax
