@@ -408,6 +408,12 @@ class SupportsDeviceScope(Protocol):
         """A context manager making ``device`` the framework's default device inside its block."""
         ...
 
+    def current_device(self) -> Device:
+        """The framework's default device now: where its own creation calls put a tensor made with no
+        device (inside :meth:`device_scope`, that scope's device). Never allocates on a device other
+        than that one."""
+        ...
+
 
 #: The optional capability protocols, in the order the adapter files and docs follow.
 CAPABILITY_PROTOCOLS: tuple[type, ...] = (SupportsNonBlocking, SupportsDLPack, SupportsNativeCollectives,

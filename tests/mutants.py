@@ -1214,3 +1214,27 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         for name in _BY_NAME:
             if f"[{name}-" in report.nodeid or f"[{name}]" in report.nodeid:
                 _failed.add(name)
+
+
+# == models and scopes (SupportsModels, SupportsDeviceScope) ======================================
+@mutant("jax", "model_kind claims every pytree node, Python's named tuples and None included, as a JAX tree",
+        ["test_model_kind_claims_no_tensor_and_no_plain_container"])
+class JaxModelKindClaimsContainers(JaxBackend):
+    name = "jax_model_kind_greedy"
+
+    def model_kind(self, obj: Any) -> str | None:
+        tu = self._jax.tree_util
+        children, treedef = tu.tree_flatten(obj, is_leaf=lambda x: x is not obj)
+        leaf = treedef.num_nodes == 1 and treedef.num_leaves == 1 and len(children) == 1 and children[0] is obj
+        return None if leaf else "tree"
+
+
+@mutant("jax", "device_scope gives a scope that changes nothing (JAX's default device stays where it was)",
+        ["test_the_framework_default_device_follows_the_scope"])
+class JaxDeviceScopeInert(JaxBackend):
+    name = "jax_device_scope_inert"
+
+    def device_scope(self, device: Device) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()

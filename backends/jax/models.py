@@ -20,8 +20,11 @@ class JaxModels(SupportsModels):
     _jax: Any
 
     def model_kind(self, obj: Any) -> str | None:
-        if type(obj) in (list, tuple, dict) or isinstance(obj, (str, bytes, int, float, complex)):
-            return None  # Python's own containers are the core's; scalars are leaves
+        if obj is None or isinstance(obj, (str, bytes, int, float, complex)):
+            return None  # scalars and strings are leaves, None an empty subtree: the core's
+        if isinstance(obj, (list, tuple, dict)) and (
+                type(obj).__module__ in ("builtins", "collections") or hasattr(type(obj), "_fields")):
+            return None  # Python's containers (named tuples, OrderedDict, defaultdict too) are the core's
         tu = self._jax.tree_util
         try:
             children, treedef = tu.tree_flatten(obj, is_leaf=lambda x: x is not obj)

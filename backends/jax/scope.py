@@ -15,6 +15,17 @@ class JaxScope(SupportsDeviceScope):
 
     if TYPE_CHECKING:  # the core's
         def to_native_device(self, device: Device) -> Any: ...
+        def from_native_device(self, obj: Any) -> Device | None: ...
 
     def device_scope(self, device: Device) -> Any:
         return self._jax.default_device(self.to_native_device(device))
+
+    def current_device(self) -> Device:
+        jax = self._jax
+        native = jax.config.jax_default_device
+        if native is None:
+            native = jax.devices()[0]  # JAX's own default: the first device of the default platform
+        elif isinstance(native, str):
+            native = jax.devices(native)[0]
+        dev = self.from_native_device(native)
+        return dev if dev is not None else Device("cpu", 0)

@@ -11,8 +11,15 @@ from multidev.adapter import Device, SupportsDeviceScope
 class MxnetScope(SupportsDeviceScope):
     """``with mx.cpu(i):`` / ``with mx.gpu(i):``."""
 
+    _mx: Any
+
     if TYPE_CHECKING:  # the core's
         def to_native_device(self, device: Device) -> Any: ...
+        def from_native_device(self, obj: Any) -> Device | None: ...
 
     def device_scope(self, device: Device) -> Any:
         return self.to_native_device(device)  # an mx.Context is its own context manager
+
+    def current_device(self) -> Device:
+        dev = self.from_native_device(self._mx.context.current_context())
+        return dev if dev is not None else Device("cpu", 0)

@@ -15,6 +15,12 @@ class TensorflowScope(SupportsDeviceScope):
 
     if TYPE_CHECKING:  # the core's
         def to_native_device(self, device: Device) -> Any: ...
+        def device_of(self, x: Any) -> Device: ...
 
     def device_scope(self, device: Device) -> Any:
         return self._tf.device(self.to_native_device(device))
+
+    def current_device(self) -> Device:
+        # TF resolves the scope (and, without one, its own placement) only when an op runs: a
+        # scalar made where an op made now would land.
+        return self.device_of(self._tf.constant(0.0))
