@@ -312,9 +312,13 @@ class NumpyBackend(BaseBackend, SupportsDLPack, SupportsCompile):
         return None  # NumPy runs every operation to completion before returning.
 
     def device_wait_fn(self, device: Device) -> Callable[[], Any] | None:
+        if self._redefines("synchronize", NumpyBackend):
+            return super().device_wait_fn(device)
         return None  # nothing is ever queued
 
     def tensor_wait_fn(self) -> Callable[[Any], Any]:
+        if self._redefines("wait", NumpyBackend):
+            return super().tensor_wait_fn()
         return _finished
 
     # -- arithmetic for collectives ---------------------------------------------------------

@@ -277,6 +277,12 @@ class BaseBackend:
     def device_wait_fn(self, device: Device) -> Callable[[], Any] | None:
         return functools.partial(self.synchronize, device)
 
+    def _redefines(self, method: str, cls: type) -> bool:
+        """Whether ``method`` is defined again below adapter class ``cls`` (by a subclass, or on the
+        instance): ``cls``'s one-frame wait hooks then give way to the defaults over the redefined
+        ``wait``/``synchronize``, so a hook never bypasses a subclass's own wait."""
+        return method in self.__dict__ or getattr(type(self), method) is not getattr(cls, method)
+
     def tensor_wait_fn(self) -> Callable[[Any], Any]:
         legacy = self.__dict__.get("wait_fn") or getattr(type(self), "wait_fn", None)
         if legacy is not None:  # the 0.2 spelling: an attribute (or property) named wait_fn

@@ -60,7 +60,8 @@ from .registry import backend_of, require, supports
 from .validate import OPS, check_axis, check_op, check_writable, translate_errors
 
 __all__ = ["ALGORITHMS", "AUTO_TREE_MAX_BYTES", "OPS", "allgather", "allreduce", "broadcast", "choose_algorithm",
-           "cost_model", "gather", "reduce", "reduce_scatter", "scatter", "split_batch", "split_sizes"]
+           "cost_model", "gather", "measured_algorithms", "reduce", "reduce_scatter", "scatter", "split_batch",
+           "split_sizes"]
 
 #: Algorithm names accepted by allreduce.
 ALGORITHMS = ("auto", "naive", "ring", "tree", "native")
@@ -274,6 +275,16 @@ def _fit_for(backend: str, kind: str, n: int) -> dict[str, list[tuple[float, flo
     if len(_FITS) < 1024:
         _FITS[key] = fit
     return fit
+
+
+def measured_algorithms(backend: str, devices: Sequence[Device]) -> tuple[str, ...]:
+    """The algorithms the cost model (:func:`cost_model`) has lines for, for ``backend`` on
+    ``devices`` (all of one kind; the measured count nearest theirs): those ``auto`` chooses among
+    there (``native`` only where the backend has it). Empty where nothing was measured: ``auto``
+    then follows its fixed rule (see :func:`choose_algorithm`)."""
+    kinds = {d.kind for d in devices}
+    fit = _fit_for(backend, kinds.pop(), len(devices)) if len(kinds) == 1 and len(devices) > 1 else None
+    return tuple(a for a in ALGORITHMS if fit and a in fit)
 
 
 def choose_algorithm(b: Backend, shape: tuple[int, ...], dtype: str, devices: Sequence[Device],

@@ -21,13 +21,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import threading
 import types
 from typing import Any
 
 import numpy as np
 
 __version__ = "14.2.0"
-_state: dict[str, Any] = {"current": 0, "ptrs": {}, "group": None}
+_state: dict[str, Any] = {"ptrs": {}, "group": None}
+_thread = threading.local()  # the current device is per thread, as CUDA's is
 
 
 def _n() -> int:
@@ -35,7 +37,7 @@ def _n() -> int:
 
 
 def _cur() -> int:
-    return int(_state["current"])
+    return int(getattr(_thread, "current", 0))
 
 
 class _Mem:
@@ -55,11 +57,11 @@ class Device:
         if not 0 <= self.id < _n():
             raise RuntimeError(f"cudaErrorInvalidDevice: {self.id}")
         self._prev.append(_cur())
-        _state["current"] = self.id
+        _thread.current = self.id
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _state["current"] = self._prev.pop()
+        _thread.current = self._prev.pop()
 
     def synchronize(self) -> None:
         return None

@@ -267,6 +267,8 @@ class CupyCore(BaseBackend):
 
     def device_wait_fn(self, device: Device) -> Callable[[], Any] | None:
         """synchronize(device) with no adapter frame: the CuPy Device's own barrier (None on the CPU)."""
+        if self._redefines("synchronize", CupyCore):
+            return super().device_wait_fn(device)
         return self._cdev[device.index].synchronize if device.kind == "gpu" else None
 
     def wait(self, x: Any) -> None:
@@ -276,6 +278,8 @@ class CupyCore(BaseBackend):
     def tensor_wait_fn(self) -> Callable[[Any], Any]:
         """wait(x) in one frame: the array's device barrier, as ``x.device.synchronize()`` (CuPy has
         no per-array wait); host arrays (NumPy's) are computed already."""
+        if self._redefines("wait", CupyCore):
+            return super().tensor_wait_fn()
         host = np.ndarray
 
         def wait(x: Any) -> None:

@@ -15,29 +15,35 @@ class CupyScope(SupportsDeviceScope):
     _cp: Any
 
     def device_scope(self, device: Device) -> Any:
-        if device.kind != "gpu":
-            return _HostScope(self)
-        return self._cp.cuda.Device(device.index)
+        return _Scope(self._cp.cuda.Device(device.index) if device.kind == "gpu" else None)
 
     def current_device(self) -> Device:
-        if getattr(_HOST_SCOPES, "depth", 0):
+        stack = getattr(_SCOPES, "stack", None)
+        if stack and stack[-1] is None:
             return Device("cpu", 0)
         return Device("gpu", int(self._cp.cuda.Device().id))
 
 
-_HOST_SCOPES = threading.local()  # per thread: how deep inside cpu:0 scopes it is
+_SCOPES = threading.local()  # per thread: the open scopes, innermost last (None for cpu:0)
 
 
-class _HostScope:
-    """``cpu:0``'s scope: CuPy has no current host device; inside it (in this thread),
-    :meth:`CupyScope.current_device` says ``cpu:0`` (multidev's own creation calls follow
-    ``md.device_scope``)."""
+class _Scope:
+    """One ``md.device_scope`` on CuPy: a GPU's enters ``cupy.cuda.Device(i)`` (CuPy's current device
+    is per thread); ``cpu:0``'s changes no CuPy state (NumPy arrays have no current device) but,
+    while it is the innermost scope in this thread, :meth:`CupyScope.current_device` says ``cpu:0``
+    (multidev's own creation calls follow ``md.device_scope``)."""
 
-    def __init__(self, owner: Any) -> None:
-        self.owner = owner
+    def __init__(self, cuda_device: Any) -> None:
+        self.cuda_device = cuda_device
 
     def __enter__(self) -> None:
-        _HOST_SCOPES.depth = getattr(_HOST_SCOPES, "depth", 0) + 1
+        if self.cuda_device is not None:
+            self.cuda_device.__enter__()
+        if not hasattr(_SCOPES, "stack"):
+            _SCOPES.stack = []
+        _SCOPES.stack.append(self.cuda_device)
 
     def __exit__(self, *exc: Any) -> None:
-        _HOST_SCOPES.depth -= 1
+        _SCOPES.stack.pop()
+        if self.cuda_device is not None:
+            self.cuda_device.__exit__(*exc)

@@ -414,6 +414,8 @@ class JaxCore(BaseBackend):
     def tensor_wait_fn(self) -> Callable[[Any], Any]:
         """wait(x) with no adapter frame: the array class's own method (read once a tensor exists,
         so JAX's backends are not started early)."""
+        if self._redefines("wait", JaxCore):
+            return super().tensor_wait_fn()
         fn: Callable[[Any], Any] = type(self._jnp.zeros(())).block_until_ready
         return fn
 

@@ -324,6 +324,8 @@ class TorchCore(BaseBackend):
     def device_wait_fn(self, device: Device) -> Callable[[], Any] | None:
         """synchronize(device) with no adapter frame: torch's own barrier bound to the device (None
         on the CPU, where torch's operations finish before they return)."""
+        if self._redefines("synchronize", TorchCore):
+            return super().device_wait_fn(device)
         torch = self._torch
         if device.kind == "gpu":
             return functools.partial(torch.cuda.synchronize, device.index)
@@ -333,6 +335,8 @@ class TorchCore(BaseBackend):
         """wait(x) in one frame: torch's own barrier of x's device (``torch.cuda.synchronize(i)``,
         ``torch.mps.synchronize()``), nothing for a CPU tensor, whose operations finished before
         they returned; without a GPU, a function that returns at once."""
+        if self._redefines("wait", TorchCore):
+            return super().tensor_wait_fn()
         torch = self._torch
         if not self._n_cuda and not self._has_mps:
             return _finished
