@@ -75,8 +75,9 @@ def _share_refusal(info: DLPackInfo | None, dst: Backend) -> str | None:
 
 class _Exported:
     """Producer ``obj`` with one capsule it already exported (and the core inspected): handed to the
-    first consumer that asks for that kind of capsule (versioned or legacy, no copy, no other
-    device), so the buffer is exported once per ``convert``; any other request goes to ``obj``."""
+    first consumer that can take that kind of capsule (a legacy one any consumer, a versioned one a
+    consumer asking with ``max_version`` 1 or above; no copy, no other device), so the buffer is
+    exported once per ``convert``; any other request goes to ``obj``."""
 
     __slots__ = ("_cap", "_obj", "_versioned")
 
@@ -87,7 +88,9 @@ class _Exported:
         cap = self._cap
         if cap is not None and not args and kwargs.get("copy") is not True and kwargs.get("dl_device") is None:
             mv = kwargs.get("max_version")
-            if (mv is not None and tuple(mv) >= (1, 0)) == self._versioned:
+            # a legacy capsule suits every consumer (one asking for a versioned one takes it too, as
+            # the protocol allows); a versioned one only a consumer that asked with max_version >= 1
+            if not self._versioned or (mv is not None and tuple(mv) >= (1, 0)):
                 self._cap = None
                 return cap
         return self._obj.__dlpack__(*args, **kwargs)
@@ -244,7 +247,7 @@ def _host_share(obj: Any, dst: Backend, src: str) -> tuple[Any, Any]:
         # The consumer's own from_dlpack takes the capsule as it is. (Its C import through ctypes
         # would cost more than that: each foreign call costs about what torch's whole import does.)
         return None, cap
-    return None, _Exported(obj, cap, versioned)
+    return None, _Exported(obj, cap, name == _VERSIONED)
 
 
 def _c_import(to: CExchangeAPI, ptr: int, cap: Any, dst: Backend, src: str) -> Any:
