@@ -219,8 +219,8 @@ def markdown(doc: dict[str, Any], model: dict[str, Any], command: str = "") -> s
             algs = [a for a in ALGS if any(_med(r, f"alg:{a}") for r in rb)]
             inps = [a for a in algs if any(_med(r, f"inplace:{a}") for r in rb)]
             out += ["", f"## allreduce, {b}, {n} devices", "",
-                    "| size | " + " | ".join(algs) + " | " + " | ".join(f"{a} in place" for a in inps)
-                    + " | auto (choice: x best) | auto measured | framework's own | bound | best / bound |",
+                    "| " + " | ".join(["size", *algs, *(f"{a} in place" for a in inps), "auto (choice: x best)",
+                                       "auto measured", "framework's own", "bound", "best / bound"]) + " |",
                     "|---" * (len(algs) + len(inps) + 6) + "|"]
             for r in rb:
                 best = _best(r)
