@@ -86,6 +86,9 @@ class _State:
         self.type_cache: dict[type, str] = {}  # tensor class -> its adapter's name
         #: tensor class -> its adapter: the hot path of ``backend_of`` and ``device_of`` (one lookup).
         self.owner_cache: dict[type, Backend] = {}
+        #: class -> (len(sys.modules) then, the error): classes no adapter owns (containers, models),
+        #: so walking a structure asks the adapters once per class, not once per node and call.
+        self.unowned: dict[type, tuple[int, str]] = {}
         #: caches of the layers above that hold adapters or what they answered (creation plans):
         #: cleared with the wait caches, whenever an adapter is loaded, registered or preferred.
         self.tied: list[dict[Any, Any]] = []
@@ -114,6 +117,7 @@ def _clear_wait_caches() -> None:
         _s.wait_cache.clear()
         _s.device_wait_cache.clear()
         _s.owner_cache.clear()
+        _s.unowned.clear()
         for c in _s.tied:
             c.clear()
 
@@ -538,6 +542,9 @@ def backend_of(x: Any) -> Backend:
     inst = _s.owner_cache.get(t)
     if inst is not None:
         return inst
+    miss = _s.unowned.get(t)
+    if miss is not None and miss[0] == len(sys.modules):  # (a framework imported since may own it)
+        raise UnsupportedTensorError(miss[1])
     name = _s.type_cache.get(t)
     if name is not None:
         inst = _s.instances.get(name)
@@ -598,12 +605,15 @@ def backend_of(x: Any) -> Backend:
             with _s.lock:
                 _s.type_cache[t] = found.name
             return found
-    raise UnsupportedTensorError(
-        f"no backend recognises an object of type {t.__module__}.{t.__qualname__}. "
-        f"Registered backends: {', '.join(registered_backends())}; loaded: "
-        f"{', '.join(b.name for b in loaded_backends()) or 'none'}. Pass a native tensor of one of them."
-        + (f" Adapters that could not load: {'; '.join(broken)}." if broken else "")
-    )
+    msg = (f"no backend recognises an object of type {t.__module__}.{t.__qualname__}. "
+           f"Registered backends: {', '.join(registered_backends())}; loaded: "
+           f"{', '.join(b.name for b in loaded_backends()) or 'none'}. Pass a native tensor of one of them."
+           + (f" Adapters that could not load: {'; '.join(broken)}." if broken else ""))
+    with _s.lock:
+        if len(_s.unowned) >= 1024:
+            _s.unowned.clear()
+        _s.unowned[t] = (len(sys.modules), msg)
+    raise UnsupportedTensorError(msg)
 
 
 #: The hot path of ``device_of``/``dtype_of``: the adapter of a tensor class seen before, or None (a

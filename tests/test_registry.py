@@ -321,3 +321,30 @@ def test_a_family_member_can_be_wrapped_under_its_family_name() -> None:
     for bad in ("nofamily:x", "array_api:", "array_api:a:b"):
         with pytest.raises(md.AdapterError, match="FAMILY:ARG"):
             md.register_backend(bad, member)
+
+
+def test_a_class_no_adapter_owns_is_remembered_until_an_adapter_claims_it() -> None:
+    """backend_of remembers a class nobody owns (structures are walked per call), and forgets it when
+    an adapter is registered or loaded that may claim it: the new adapter then owns its tensors."""
+    class Orphan:
+        pass
+
+    x = Orphan()
+    for _ in range(2):
+        with pytest.raises(md.UnsupportedTensorError, match="Orphan"):
+            md.backend_of(x)
+
+    class Adopter(FakeBackend):
+        name: ClassVar[str] = "adopter"
+
+        def tensor_types(self) -> tuple[type, ...]:
+            return (Orphan,)
+
+    md.register_backend("adopter", Adopter, replace=True)
+    try:
+        md.backend("adopter")
+        assert md.backend_of(x).name == "adopter"
+    finally:
+        registry.unregister_backend("adopter")
+    with pytest.raises(md.UnsupportedTensorError, match="Orphan"):
+        md.backend_of(x)
