@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from . import SUITES, fmt_bytes
@@ -215,93 +214,41 @@ def _suites(doc: dict[str, Any]) -> list[str]:
     return [x for x in SUITE_NAMES if x in present] + sorted(present - set(SUITE_NAMES))
 
 
-def _first(doc: dict[str, Any], backend: str, pred: Any) -> dict[str, Any] | None:
-    for r in doc["results"]:
-        if r["backend"] == backend and r.get("variants") and pred(r):
-            return r
-    return None
-
-
 def _med(r: dict[str, Any] | None, v: str) -> float | None:
     x = ((r or {}).get("variants") or {}).get(v) or {}
     return x.get("median_s")
 
 
 def headline(doc: dict[str, Any]) -> list[str]:
-    """A compact Markdown table: the issue's goals and one figure per suite, a column per backend.
-    D2L's V100 numbers (PyTorch, 2 GPUs) stand beside the autoparallel rows for reference."""
-    cols = _backend_order(doc)
-    prec = sorted({r["precision"] for r in doc["results"] if r.get("precision")})
-    p0 = prec[0] if prec else None
-    rows: list[tuple[str, Any, str]] = []
+    """A compact Markdown table built from the suites' :class:`Goal` data: one row per goal judged in
+    ``doc`` (its ``goals``, else judged now by :func:`evaluate_goals`), a column per backend saying
+    how many of its rows met the goal and the worst of them; the rule in the last column."""
+    judged = doc.get("goals") or evaluate_goals(doc)
+    if not judged:
+        return ["_No goal of the suites applies to these rows._"]
+    cols = [b for b in _backend_order(doc) if any(g["backend"] == b for g in judged)]
+    by: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    rules: dict[str, str] = {}
+    for g in judged:
+        by.setdefault(g["goal"], {}).setdefault(g["backend"], []).append(g)
+        rules.setdefault(g["goal"], g["rule"])
 
-    def ratio(group: str) -> Any:
-        def f(b: str) -> str:
-            r = _first(doc, b, lambda r: r.get("group") == group and r.get("ratio"))
-            if r is None:
-                return ""
-            return (f"{SHORT['md']} {fmt_time(_med(r, 'md'))} / {fmt_time(_med(r, 'native'))} = "
-                    f"**×{r['ratio']['value']:.2f}**")
-        return f
-
-    def timed(group: str, variants: Sequence[str], pr: str | None = p0) -> Any:
-        def f(b: str) -> str:
-            r = _first(doc, b, lambda r: r.get("group") == group and r.get("precision") in (pr, None))
-            if r is None:
-                return ""
-            parts = [f"{SHORT.get(v, v)} {fmt_time(_med(r, v))}" for v in variants if _med(r, v) is not None]
-            note = (r.get("params") or {}).get("note")
-            return (f"_{note}_: " if note else "") + ", ".join(parts)
-        return f
-
-    def bw(group: str) -> Any:
-        def f(b: str) -> str:
-            recs = [r for r in doc["results"] if r["backend"] == b and r.get("group") == group and r.get("variants")]
-            if not recs:
-                return ""
-            r = max(recs, key=lambda r: r.get("bytes") or 0)
-            g = {v: ((r["variants"].get(v) or {}).get("GBps")) for v in ("md", "native")}
-            return (f"{fmt_bytes_short(r['bytes'])} {r['params'].get('note', '')}: md {g['md'] or 0:.3g} / "
-                    f"native {g['native'] or 0:.3g} GB/s")
-        return f
-
-    def allreduce(b: str) -> str:
-        recs = [r for r in doc["results"] if r["backend"] == b and r["benchmark"] == "allreduce" and r.get("variants")]
-        if not recs:
+    def cell(rows: list[dict[str, Any]], rule: str) -> str:
+        if not rows:
             return ""
-        n = max(r["params"]["n"] for r in recs)
-        size = max(r["bytes"] for r in recs)
-        best = {}
-        for r in recs:
-            if r["params"]["n"] == n and r["bytes"] == size:
-                for v, x in r["variants"].items():
-                    if x and "busbw_GBps" in x and (v.startswith("alg:") or v == "framework_own"):
-                        best[v.removeprefix("alg:")] = x["busbw_GBps"]
-        return f"n={n}, {fmt_bytes_short(size)}: " + ", ".join(f"{a} {v:.3g}" for a, v in best.items()) + " GB/s busbw"
+        high_is_worse = "<=" in rule  # (a time or a ratio with a ceiling; else a floor: GB/s, speedup)
+        worst = (max if high_is_worse else min)(rows, key=lambda g: g["value"])
+        met = sum(1 for g in rows if g["met"])
+        case = worst["case"] + (f" [{worst['precision']}]" if worst.get("precision") else "")
+        text = f"{met}/{len(rows)} met; worst {worst['value']:.3g} ({case})"
+        return text if met == len(rows) else f"**{text}**"
 
-    rows.append(("P1 no-op `to` (md / native)", ratio("to no-op"), "goal: torch ≤ 1.5, JAX ≤ 0.05"))
-    rows.append(("P2 `synchronize(device)` idle", ratio("synchronize(device)"), "goal ≤ 1.2"))
-    rows.append(("P2 `synchronize(device, backend=)`", ratio("synchronize(device, backend)"), "goal ≤ 1.2"))
-    rows.append(("`device_of(x)`", ratio("device_of"), ""))
-    rows.append(("creation `zeros(1000)`", ratio("creation"), ""))
-    rows.append((f"async: 10 matmuls, time to result [{p0}]", timed("time to result", ("numpy", "native", "md")), ""))
-    rows.append((f"async: 10 matmuls, dispatch only [{p0}]", timed("dispatch", ("framework",)), ""))
-    for pr in prec:
-        rows.append((f"autoparallel: run(x) on device 1 [{pr}]", timed("device 1", ("md", "native"), pr), "0.50 s"))
-        rows.append((f"autoparallel: devices 1+2 concurrently [{pr}]", timed("both", ("md", "native"), pr), ""))
-        rows.append((f"autoparallel: copy results to host [{pr}]", timed("copy to host", ("md", "native"), pr),
-                     "2.49 s"))
-        rows.append((f"autoparallel: run + overlapped copy [{pr}]",
-                     timed("run + overlapped copy", ("md", "native"), pr), "1.92 s"))
-    for g in ("H2D", "D2H", "D2D"):
-        rows.append((f"bandwidth {g}, largest size", bw(g), ""))
-    rows.append(("allreduce busbw per algorithm (md)", allreduce, ""))
-    out = ["| | " + " | ".join(f"{b} {_version(doc, b)}" for b in cols) + " | D2L (V100) |",
+    out = ["| goal | " + " | ".join(f"{b} {_version(doc, b)}" for b in cols) + " | rule |",
            "|---" * (len(cols) + 2) + "|"]
-    for label, fn, ref in rows:
-        cells = [fn(b) for b in cols]
-        if any(cells):
-            out.append(f"| {label} | " + " | ".join(c.replace("|", "\\|") for c in cells) + f" | {ref} |")
+    for name, per in by.items():
+        cells = [cell(per.get(b, []), rules[name]) for b in cols]
+        out.append(f"| {name} | " + " | ".join(c.replace("|", "\\|") for c in cells)
+                   + f" | {rules[name].replace('|', chr(92) + '|')} |")
     return out
 
 

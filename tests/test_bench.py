@@ -315,3 +315,24 @@ def test_thin_call_goals_take_a_ratio_or_an_absolute_slack() -> None:
     assert g.judge(rec) == (pytest.approx(5.0), False)
     rec["variants"] = {"md": {"median_s": 12e-6}, "native": {"median_s": 10e-6}}
     assert g.judge(rec) == (pytest.approx(1.2), True)
+
+
+def test_the_headline_is_built_from_the_goal_data() -> None:
+    """report.headline has one row per goal judged (the names and rules of the suites' Goal data, no
+    hand-written list), per backend how many rows met it and the worst; a miss is bold."""
+    from multidev.benchmarks import report
+
+    def judged(goal: str, backend: str, case: str, value: float, met: bool) -> dict:
+        return {"goal": goal, "rule": "md / native <= 1.3", "backend": backend, "case": case,
+                "precision": None, "value": value, "target": 1.3, "met": met, "note": ""}
+
+    doc = {"runs": [{"backends": {"numpy": {"version": "2"}, "jax": {"version": "0.10"}}}],
+           "results": [{"backend": "numpy", "run": 0}, {"backend": "jax", "run": 0}],
+           "goals": [judged("thin device_of", "numpy", "a", 1.1, True), judged("thin device_of", "numpy", "b", 1.2, True),
+                     judged("thin device_of", "jax", "a", 2.5, False), judged("no-op to", "jax", "c", 0.9, True)]}
+    lines = report.headline(doc)
+    assert [ln.split(" | ")[0] for ln in lines[2:]] == ["| thin device_of", "| no-op to"]
+    row = lines[2]
+    assert "2/2 met; worst 1.2 (b)" in row and "**0/1 met; worst 2.5 (a)**" in row and row.endswith("md / native <= 1.3 |")
+    assert report.headline({"runs": [], "results": [], "goals": []}) == \
+        ["_No goal of the suites applies to these rows._"]
