@@ -88,32 +88,33 @@ def _check_rank(r: Any, g: Group, what: str, name: str) -> int:
 
 
 # -- transport tensors -----------------------------------------------------------------------------
-def _writes_through(o: Origin) -> bool:
+def _writes_through(origin: Origin) -> bool:
     """Whether writing into memory shared through DLPack is a valid in-place update of the input:
     transport tensors, and synchronous mutable backends (NumPy). Asynchronous engines (MXNet) get an
     explicit ``assign`` so their dependency tracking sees the write."""
-    return o.is_transport or (o.backend.capabilities.mutable and not o.backend.capabilities.async_execution)
+    caps = origin.backend.capabilities
+    return origin.is_transport or (caps.mutable and not caps.async_execution)
 
 
 def _working(x: Any, g: Group, inplace: bool) -> tuple[Any, Origin, bool, bool]:
     """The transport tensor a primitive may write into, ``(t, origin, shares x's memory, writes
     through)``: x's own memory only when the call is in place and writes reach x; else a copy
     (none for engines that never write into their inputs)."""
-    t, o, shared, _ = to_transport(x, g)
-    through = _writes_through(o)
+    t, origin, shared, _ = to_transport(x, g)
+    through = _writes_through(origin)
     if shared and g.engine.writes_inputs and not (inplace and through):
         tb = backend_of(t)
         t, _ = g.engine.prepare(tb.copy(t, tb.device_of(t)))
         shared = False
-    return t, o, shared, through
+    return t, origin, shared, through
 
 
-def _result(res: Any, t: Any, o: Origin, x: Any, inplace: bool, shared: bool, through: bool) -> Any:
+def _result(res: Any, t: Any, origin: Origin, x: Any, inplace: bool, shared: bool, through: bool) -> Any:
     if not inplace:
-        return from_transport(res, o)
+        return from_transport(res, origin)
     if shared and through and res is t:
         return x  # the primitive wrote into x's own memory
-    o.backend.assign(x, from_transport(res, o))
+    origin.backend.assign(x, from_transport(res, origin))
     return x
 
 
@@ -171,9 +172,9 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, o, shared, through = _working(x, g, inplace)
+        t, origin, shared, through = _working(x, g, inplace)
         h = g.engine.allreduce(t, "sum" if op == "mean" else op)
-        return h, lambda res: _result(_mean(res, op, g.world_size), t, o, x, inplace, shared, through)
+        return h, lambda res: _result(_mean(res, op, g.world_size), t, origin, x, inplace, shared, through)
 
     return run(g, what, start, async_op)
 
@@ -197,8 +198,8 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, o, shared, through = _working(x, g, inplace)
-        return g.engine.broadcast(t, src), lambda res: _result(res, t, o, x, inplace, shared, through)
+        t, origin, shared, through = _working(x, g, inplace)
+        return g.engine.broadcast(t, src), lambda res: _result(res, t, origin, x, inplace, shared, through)
 
     return run(g, what, start, async_op)
 
@@ -221,10 +222,10 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, o, _, _ = _working(x, g, False)
+        t, origin, _, _ = _working(x, g, False)
 
         def finish(res: Any) -> Any:
-            return None if g.rank != dst else from_transport(_mean(res, op, g.world_size), o)
+            return None if g.rank != dst else from_transport(_mean(res, op, g.world_size), origin)
         return g.engine.reduce(t, dst, "sum" if op == "mean" else op), finish
 
     return run(g, what, start, async_op)
@@ -234,33 +235,33 @@ def _gather_call(g: Group, kind: str, x: Any, axis: Any, root: int | None,
                  async_op: bool) -> tuple[int, list[int]] | Work:
     """The gathers' agreement: ``(axis, every rank's length along it)``, or a failed Work."""
     what = f"distributed.{kind}"
-    ax_box: list[int] = []
+    mine: dict[str, int] = {}  # this rank's checked axis, which local() finds for the code below
 
     def local() -> Call:
         if root is not None:
             _check_rank(root, g, what, "dst")
         b = backend_of(x)
         shape = _shape(b, x, what)
-        ax_box.append(check_axis(axis, len(shape), what))
+        mine["axis"] = check_axis(axis, len(shape), what)
         dtype = b.dtype_of(x)
-        return Call(kind, root=root, axis=ax_box[0], dtype=dtype, shape=shape, tkind=_carried(g, b, x, dtype, what))
+        return Call(kind, root=root, axis=mine["axis"], dtype=dtype, shape=shape, tkind=_carried(g, b, x, dtype, what))
 
     calls = agree(g, kind, local, async_op)
     if isinstance(calls, Work):
         return calls
     assert calls is not None  # the gathers always exchange
-    ax = ax_box[0]
+    ax = mine["axis"]
     return ax, [c.shape[ax] if c.shape is not None else 0 for c in calls]
 
 
 def _padded_send(g: Group, x: Any, ax: int, lengths: list[int]) -> tuple[Any, Origin]:
-    t, o, _, _ = to_transport(x, g)
-    return g.engine.prepare(_pad(t, max(lengths), ax))[0], o
+    t, origin, _, _ = to_transport(x, g)
+    return g.engine.prepare(_pad(t, max(lengths), ax))[0], origin
 
 
-def _joined(parts: list[Any], lengths: list[int], ax: int, o: Origin) -> Any:
+def _joined(parts: list[Any], lengths: list[int], ax: int, origin: Origin) -> Any:
     pieces = [_narrow(p, ax, n) for p, n in zip(parts, lengths)]
-    return from_transport(backend_of(pieces[0]).concat(pieces, ax), o)
+    return from_transport(backend_of(pieces[0]).concat(pieces, ax), origin)
 
 
 def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
@@ -273,8 +274,8 @@ def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
     ax, lengths = agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        send, o = _padded_send(g, x, ax, lengths)
-        return g.engine.allgather(send), lambda parts: _joined(list(parts), lengths, ax, o)
+        send, origin = _padded_send(g, x, ax, lengths)
+        return g.engine.allgather(send), lambda parts: _joined(list(parts), lengths, ax, origin)
 
     return run(g, "distributed.allgather", start, async_op)
 
@@ -289,10 +290,10 @@ def gather(x: Any, dst: int = 0, axis: int = 0, *, async_op: bool = False) -> An
     ax, lengths = agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        send, o = _padded_send(g, x, ax, lengths)
+        send, origin = _padded_send(g, x, ax, lengths)
 
         def finish(parts: Any) -> Any:
-            return None if g.rank != dst or parts is None else _joined(list(parts), lengths, ax, o)
+            return None if g.rank != dst or parts is None else _joined(list(parts), lengths, ax, origin)
         return g.engine.gather(send, dst), finish
 
     return run(g, "distributed.gather", start, async_op)
@@ -303,27 +304,27 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
     ``axis`` as ``numpy.array_split`` cuts (the first pieces one larger)."""
     g = current()
     what = "distributed.reduce_scatter"
-    box: list[Any] = []
+    mine: dict[str, Any] = {}  # this rank's shape and checked axis, which local() finds for the code below
 
     def local() -> Call:
         b = backend_of(x)
         dtype = b.dtype_of(x)
         check_op(op, dtype, what)
         shp = _shape(b, x, what)
-        box[:] = [shp, check_axis(axis, len(shp), what)]
-        return Call("reduce_scatter", op=op, axis=box[1], dtype=dtype, shape=shp,
+        mine.update(shape=shp, axis=check_axis(axis, len(shp), what))
+        return Call("reduce_scatter", op=op, axis=mine["axis"], dtype=dtype, shape=shp,
                     tkind=_carried(g, b, x, dtype, what))
 
     agreed = agree(g, "reduce_scatter", local, async_op)
     if isinstance(agreed, Work):
         return agreed
-    shape, ax = box
+    shape, ax = mine["shape"], mine["axis"]
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, o, _, _ = to_transport(x, g)
+        t, origin, _, _ = to_transport(x, g)
         sizes = split_sizes(shape[ax], g.world_size)
         h = g.engine.reduce_scatter(_blocks(g, t, sizes, ax), "sum" if op == "mean" else op)
-        return h, lambda piece: from_transport(_narrow(_mean(piece, op, g.world_size), ax, sizes[g.rank]), o)
+        return h, lambda piece: from_transport(_narrow(_mean(piece, op, g.world_size), ax, sizes[g.rank]), origin)
 
     return run(g, what, start, async_op)
 
@@ -368,7 +369,7 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
         piece = list(full_shape)
         piece[ax] = sizes[0] if sizes else 0
         if g.rank == src:
-            t, o, _, _ = to_transport(x, g)
+            t, origin, _, _ = to_transport(x, g)
             blocks = _blocks(g, t, sizes, ax)
             tb = backend_of(blocks)
             like = tb.empty(tuple(piece), dtype, tb.device_of(blocks))
@@ -379,11 +380,11 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
             else:
                 dev = b.device_of(x) if x is not None else _HOST
             tb, tdev = transport_backend(g, Device(tkind, dev.index if dev.kind == tkind else 0))
-            o = Origin(b, dev, dtype, b is tb)
+            origin = Origin(b, dev, dtype, b is tb)
             blocks = None
             like = tb.empty(tuple(piece), dtype, tdev)
         h = g.engine.scatter(blocks, g.engine.prepare(like)[0], src)
-        return h, lambda res: from_transport(_narrow(res, ax, sizes[g.rank]), o)
+        return h, lambda res: from_transport(_narrow(res, ax, sizes[g.rank]), origin)
 
     return run(g, what, start, async_op)
 

@@ -48,10 +48,10 @@ def to_transport(x: Any, g: Group) -> tuple[Any, Origin, bool, str]:
     b = backend_of(x)
     dev = b.device_of(x)
     tb, tdev = transport_backend(g, dev)
-    o = Origin(b, dev, b.dtype_of(x), b is tb, x)
-    if o.is_transport and dev == tdev:
+    origin = Origin(b, dev, b.dtype_of(x), b is tb, x)
+    if origin.is_transport and dev == tdev:
         t, shared, path = x, True, "native"
-    elif o.is_transport and dev.kind != "cpu":
+    elif origin.is_transport and dev.kind != "cpu":
         t, shared, path = tb.move(x, tdev), False, "staged" if tdev.kind != dev.kind else "copy"
     elif dev.kind == tdev.kind:
         at = tdev if tdev.kind == "cpu" else None  # host memory of any (virtual) CPU device: relabelled
@@ -70,26 +70,26 @@ def to_transport(x: Any, g: Group) -> tuple[Any, Origin, bool, str]:
     t, still = g.engine.prepare(t)
     if shared and not still:
         shared, path = False, "copy"
-    return t, o, shared, path
+    return t, origin, shared, path
 
 
-def from_transport(t: Any, o: Origin) -> Any:
+def from_transport(t: Any, origin: Origin) -> Any:
     """``t`` as a tensor of the input's backend, on its device, with its dtype (through convert)."""
     tb = backend_of(t)
     here = tb.device_of(t)
-    if o.is_transport:
-        return t if here == o.device else tb.move(t, o.device)
-    if o.device.kind == "cpu":
+    if origin.is_transport:
+        return t if here == origin.device else tb.move(t, origin.device)
+    if origin.device.kind == "cpu":
         if here.kind != "cpu":
             t = tb.move(t, _HOST)
-        y = convert(t, o.backend.name, device=o.device)  # a view on the input's (virtual) CPU device
-    elif here.kind == o.device.kind:
-        y = convert(t, o.backend.name)
+        y = convert(t, origin.backend.name, device=origin.device)  # a view on the input's (virtual) CPU device
+    elif here.kind == origin.device.kind:
+        y = convert(t, origin.backend.name)
     else:  # staged through host memory: back up by the input's own framework
-        y = convert(t, o.backend.name, device=_HOST)
-    b = o.backend
-    y = y if b.device_of(y) == o.device else b.move(y, o.device)
-    return _as_type_of(b, y, o.like)
+        y = convert(t, origin.backend.name, device=_HOST)
+    b = origin.backend
+    y = y if b.device_of(y) == origin.device else b.move(y, origin.device)
+    return _as_type_of(b, y, origin.like)
 
 
 def _as_type_of(b: Backend, y: Any, like: Any) -> Any:
