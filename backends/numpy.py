@@ -317,8 +317,8 @@ class NumpyBackend(BaseBackend, SupportsDLPack, SupportsCompile):
         return None  # nothing is ever queued
 
     def tensor_wait_fn(self) -> Callable[[Any], Any]:
-        if self._redefines("wait", NumpyBackend):
-            return super().tensor_wait_fn()
+        if self._redefines("wait", NumpyBackend) or self._redefines("synchronize", NumpyBackend):
+            return super().tensor_wait_fn()  # (the inherited wait calls synchronize)
         return _finished
 
     # -- arithmetic for collectives ---------------------------------------------------------

@@ -33,7 +33,7 @@ _NATIVE = "import time\nimport numpy\nt0 = time.perf_counter()\n{code}\nprint(ti
 #: (none: every framework is imported by its adapter, on first use).
 _NEW_PACKAGES = ("import sys\nimport numpy\nbefore = set(sys.modules)\nimport multidev\n"
                  "print(sorted({m.split('.')[0] for m in set(sys.modules) - before}"
-                 " - set(sys.stdlib_module_names) - {'multidev'}))")
+                 " - set(sys.stdlib_module_names) - {'multidev', 'numpy'}))")
 
 
 def _run(code: str) -> str:

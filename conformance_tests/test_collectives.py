@@ -195,13 +195,33 @@ def test_allreduce_bool(md_backend: Any, md_devices: list, md_algorithm: str, op
             md.allreduce(_inputs(b, devs, arrays, "bool"), op=bad)
 
 
+def _model_best(backend: str, devs: list, nbytes: int, native: bool) -> str:
+    """The algorithm the shipped cost model predicts fastest, read from ``cost_model()`` here (not
+    through ``choose_algorithm``): the measured device count nearest ``len(devs)`` by ratio, each
+    algorithm's line for the first size band holding ``nbytes`` (else its last), the least
+    ``alpha + beta * nbytes``; ``native`` only where allowed."""
+    import math
+
+    from multidev.collectives import cost_model
+
+    per = cost_model()["models"][backend][devs[0].kind]
+    near = min(per, key=lambda c: abs(math.log(int(c) / len(devs))))
+    times = {}
+    for alg, bands in per[near].items():
+        if alg == "native" and not native:
+            continue
+        band = next((g for g in bands if g[0] is not None and nbytes <= g[0]), bands[-1])
+        times[alg] = band[1] + band[2] * nbytes
+    return min(times, key=lambda a: times[a])
+
+
 @pytest.mark.parametrize("n", [2, 3, "all"])
 def test_allreduce_large_tensor_auto_picks_a_fitting_algorithm(md_backend: Any, md_devices: list, n: Any) -> None:
     """auto on a tensor above the tree limit: where the shipped cost model measured this backend and
-    device kind, one of the algorithms it measured (``native`` only where the backend has one);
-    without a model, the documented rule (``native`` on accelerators that have it, else ``ring``).
-    A deterministic small reduction is never ``native`` (``tree`` without a model); the auto result
-    is the sum either way."""
+    device kind, the algorithm its lines predict fastest (``native`` only where the backend has one,
+    never for a deterministic reduction); without a model, the documented rule (``native`` on
+    accelerators that have it, else ``ring``; ``tree`` for a small deterministic one). The auto
+    result is the sum either way."""
     b = md_backend
     devs = _devs(md_devices, n)
     shape = (AUTO_TREE_MAX_BYTES // 4 // 50 + 1, 50)  # just above the tree limit in float32
@@ -210,9 +230,11 @@ def test_allreduce_large_tensor_auto_picks_a_fitting_algorithm(md_backend: Any, 
     measured = measured_algorithms(b.name, devs)
     small = choose_algorithm(b, (4 * len(devs),), "float32", devs, deterministic=True)
     if measured:
-        allowed = {a for a in measured if a != "native" or has_native}
-        assert chosen in allowed, f"auto chose {chosen!r}; the model for {b.name} measured {sorted(allowed)}"
-        assert small in allowed - {"native"}, f"deterministic auto chose {small!r}"
+        nbytes = shape[0] * shape[1] * 4
+        expected = _model_best(b.name, devs, nbytes, native=has_native)
+        assert chosen == expected, f"auto chose {chosen!r}; the shipped model predicts {expected!r} fastest"
+        assert small == _model_best(b.name, devs, 4 * len(devs) * 4, native=False), \
+            f"deterministic auto chose {small!r}"
     else:
         expected = "native" if has_native and all(d.is_gpu for d in devs) else "ring"
         assert chosen == expected

@@ -284,7 +284,7 @@ def measured_algorithms(backend: str, devices: Sequence[Device]) -> tuple[str, .
     then follows its fixed rule (see :func:`choose_algorithm`)."""
     kinds = {d.kind for d in devices}
     fit = _fit_for(backend, kinds.pop(), len(devices)) if len(kinds) == 1 and len(devices) > 1 else None
-    return tuple(a for a in ALGORITHMS if fit and a in fit)
+    return tuple(a for a in ALGORITHMS[1:] if fit and a in fit)
 
 
 def choose_algorithm(b: Backend, shape: tuple[int, ...], dtype: str, devices: Sequence[Device],

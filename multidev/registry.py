@@ -88,6 +88,8 @@ class _State:
         self.owner_cache: dict[type, Backend] = {}
         #: class -> (len(sys.modules) then, the error): classes no adapter owns (containers, models),
         #: so walking a structure asks the adapters once per class, not once per node and call.
+        #: Ownership is taken to be a function of the class and the loaded adapters (an ABC an adapter
+        #: claims, registered with a class later, is seen after the next clearing or import).
         self.unowned: dict[type, tuple[int, str]] = {}
         #: caches of the layers above that hold adapters or what they answered (creation plans):
         #: cleared with the wait caches, whenever an adapter is loaded, registered or preferred.
@@ -542,8 +544,9 @@ def backend_of(x: Any) -> Backend:
     inst = _s.owner_cache.get(t)
     if inst is not None:
         return inst
+    mods, generation = len(sys.modules), _s.wait_generation
     miss = _s.unowned.get(t)
-    if miss is not None and miss[0] == len(sys.modules):  # (a framework imported since may own it)
+    if miss is not None and miss[0] == mods:  # (a framework imported since may own it)
         raise UnsupportedTensorError(miss[1])
     name = _s.type_cache.get(t)
     if name is not None:
@@ -610,9 +613,13 @@ def backend_of(x: Any) -> Backend:
            f"{', '.join(b.name for b in loaded_backends()) or 'none'}. Pass a native tensor of one of them."
            + (f" Adapters that could not load: {'; '.join(broken)}." if broken else ""))
     with _s.lock:
-        if len(_s.unowned) >= 1024:
-            _s.unowned.clear()
-        _s.unowned[t] = (len(sys.modules), msg)
+        # Remembered only where the answer cannot change without a clearing or an import: no adapter
+        # failed to load (it is asked again next time), and no adapter was loaded, registered or
+        # preferred during this search (another thread's; a clearing bumps the generation).
+        if not broken and _s.wait_generation == generation and len(sys.modules) == mods:
+            if len(_s.unowned) >= 1024:
+                _s.unowned.clear()
+            _s.unowned[t] = (mods, msg)
     raise UnsupportedTensorError(msg)
 
 

@@ -334,5 +334,10 @@ def test_the_headline_is_built_from_the_goal_data() -> None:
     assert [ln.split(" | ")[0] for ln in lines[2:]] == ["| thin device_of", "| no-op to"]
     row = lines[2]
     assert "2/2 met; worst 1.2 (b)" in row and "**0/1 met; worst 2.5 (a)**" in row and row.endswith("md / native <= 1.3 |")
+    doc["goals"] = [judged("slack", "numpy", "big", 5.0, True), judged("slack", "numpy", "tiny", 1.4, False),
+                    {**judged("slack", "jax", "a", 0.9, True), "rule": "md / native <= 0.05"}]
+    row = report.headline(doc)[2]
+    assert "**1/2 met; worst 1.4 (tiny); md / native <= 1.3**" in row, "the worst shown is a miss"
+    assert "1/1 met; worst 0.9 (a); md / native <= 0.05" in row and row.endswith("per backend (in its cell) |")
     assert report.headline({"runs": [], "results": [], "goals": []}) == \
         ["_No goal of the suites applies to these rows._"]

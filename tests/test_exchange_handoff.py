@@ -45,6 +45,8 @@ def test_a_versioned_capsule_goes_only_to_a_consumer_asking_for_one() -> None:
         pytest.skip(f"NumPy {np.__version__} exports no versioned capsule (2.1 and later do)")
     y, handed = exchange._host_share(a, md.backend("numpy"), "test")
     assert y is None
-    first = handed.__dlpack__(stream=None)  # the old-style request: a fresh legacy export from a
-    assert first is not handed._cap  # (the versioned capsule stays for a consumer that can take it)
-    assert handed.__dlpack__(max_version=(1, 0)) is not None
+    read = handed._cap  # the capsule the core read
+    assert exchange._capsule_name(read) == b"dltensor_versioned"
+    first = handed.__dlpack__(stream=None)  # an old-style request: a fresh legacy export of a
+    assert first is not read and exchange._capsule_name(first) == b"dltensor"
+    assert handed.__dlpack__(max_version=(1, 0)) is read  # the read one, to a consumer that takes it

@@ -213,6 +213,15 @@ def test_the_wait_hooks_are_protocol_methods_and_default_to_wait_and_synchronize
         def wait_fn(self) -> Any:
             return lambda x: calls.append("legacy hook")
 
+    class SyncOnly(FakeBackend):  # the inherited wait calls synchronize: the hook must too
+        name: ClassVar[str] = "synconly"
+
+        def synchronize(self, device: Any) -> None:
+            calls.append(f"only synchronize {device}")
+
+    SyncOnly().tensor_wait_fn()(FakeArray(np.zeros(1)))
+    assert calls == ["only synchronize cpu:0"], calls
+    calls.clear()
     w = Waits()
     w.tensor_wait_fn()(None)
     w.device_wait_fn(md.Device("cpu", 0))()

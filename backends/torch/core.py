@@ -335,8 +335,8 @@ class TorchCore(BaseBackend):
         """wait(x) in one frame: torch's own barrier of x's device (``torch.cuda.synchronize(i)``,
         ``torch.mps.synchronize()``), nothing for a CPU tensor, whose operations finished before
         they returned; without a GPU, a function that returns at once."""
-        if self._redefines("wait", TorchCore):
-            return super().tensor_wait_fn()
+        if self._redefines("wait", TorchCore) or self._redefines("synchronize", TorchCore):
+            return super().tensor_wait_fn()  # (the inherited wait calls synchronize)
         torch = self._torch
         if not self._n_cuda and not self._has_mps:
             return _finished
