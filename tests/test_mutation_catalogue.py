@@ -261,3 +261,20 @@ def test_gpu_script_runs_this_catalogue() -> None:
     text = (HERE.parent / "scripts" / "gpu_mutants.sh").read_text()
     assert "MULTIDEV_CATALOGUE_DEVICE" in text and "test_mutation_catalogue.py" in text
 
+
+
+def test_the_documented_counts_are_the_catalogues() -> None:
+    """README.md and docs/conformance.md state how many mutants there are and, in the docs, how many
+    of each adapter: the numbers must be the catalogue's (a mutant added without its count fails)."""
+    total = len(mutants.CATALOGUE) + len(mutants.ENGINE_CATALOGUE)
+    root = HERE.parent
+    readme = (root / "README.md").read_text()
+    docs = (root / "docs" / "conformance.md").read_text()
+    assert f"against {total} one-method" in readme
+    assert f"holds {total} one-method" in docs
+    per = {b: sum(1 for m in mutants.CATALOGUE if m.base == b) for b in ("numpy", "torch", "jax", "cupy")}
+    words = " ".join(docs.split())
+    for base, label in (("numpy", "NumPy"), ("torch", "torch"), ("jax", "JAX"), ("cupy", "CuPy")):
+        assert f"{per[base]} of the {label} adapter" in words, (base, per[base])
+    gpu = sum(1 for m in mutants.CATALOGUE if m.gpus)
+    assert f"the {gpu} mutants of those run on a GPU machine" in " ".join(readme.split())
