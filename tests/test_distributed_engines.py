@@ -321,3 +321,37 @@ def test_transport_paths_say_how_a_tensor_travels(one_rank: Any) -> None:
     assert dist.transport_path(md.ones(3, backend="numpy", device=md.devices(backend="numpy")[-1])) == "dlpack"
     assert dist.carries("float64")  # what the transport (NumPy) holds: bfloat16 only with ml_dtypes
     assert dist.carries("bfloat16") == ("bfloat16" in md.backend("numpy").capabilities.dtypes)
+
+
+_SLOW_RANK = """
+import sys, time
+import numpy as np
+import multidev.distributed as dist
+dist.init("mpi", timeout=5)
+dist.allreduce(np.ones(4))
+if dist.rank() == 1:
+    time.sleep(12)  # still working when rank 0 exits: its MPI_Finalize waits for this rank
+print(f"MDLEFT {dist.rank()} {time.time():.3f}", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_mpi_exit_waits_for_a_working_rank_and_not_for_a_lost_one() -> None:
+    """At exit the mpi engine's MPI_Finalize waits, as MPI's own does, for a rank still working
+    (12 s here, beyond the group's 5 s timeout): both exit 0. After a lost rank it is bounded (the
+    conformance suite's killed-rank check: the survivors end within its deadline)."""
+    from multidev.conformance.test_distributed import engine_unavailable, worker_env
+
+    why = engine_unavailable("mpi")
+    if why:
+        pytest.skip(why)
+    cmd = eng.engine_class("mpi").launch_command(2, [sys.executable, "-c", _SLOW_RANK])
+    assert cmd is not None
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    left = sorted(ln.split()[1] for ln in p.stdout.splitlines() if ln.startswith("MDLEFT"))
+    assert left == ["0", "1"], p.stdout
+    assert took >= 12, f"the job ended after {took:.1f} s, before its slow rank's work was done"

@@ -18,8 +18,10 @@
 - Dtypes MPI lacks: ``bfloat16`` is reduced in float32 and rounded back; ``bool`` reductions are
   logical or/and on bytes. Moves (broadcast, the gathers, scatter) send raw bytes.
 - Exit: mpi4py's automatic ``MPI_Finalize`` is replaced by this engine's (when mpi4py was not
-  imported before ``init``), run with a deadline: launchers count a process that exits without it
-  as a failed job, but after a lost rank it may wait for that rank forever (ULFM's does).
+  imported before ``init``): launchers count a process that exits without it as a failed job; in a
+  healthy job it waits as MPI's own does, and after a lost rank (which it may wait for forever:
+  ULFM's does) it is given 10 s, called through ctypes so the wait can end (mpi4py's call holds the
+  GIL), then the process exits with status 1.
 - A killed rank: Open MPI's launcher kills the whole job when one process dies unless started
   with ``mpiexec --enable-recovery`` (or ``--with-ft ulfm``); then the others raise
   DistributedTimeoutError naming it. MPICH's Hydra: ``mpiexec -disable-auto-cleanup``.
@@ -53,7 +55,7 @@ from multidev.distributed.engine import (
     poll_until,
     run_with_deadline,
 )
-from multidev.errors import CapabilityError, DistributedError
+from multidev.errors import CapabilityError, DistributedError, DistributedTimeoutError
 
 #: Set to 1 or 0 to say whether the MPI build is CUDA-aware (overrides what the library reports).
 CUDA_AWARE_ENV = "MULTIDEV_MPI_CUDA_AWARE"
@@ -101,16 +103,42 @@ def open_mpi(exe: str) -> bool:
 
 
 def _finalize_at_exit() -> None:
-    """MPI_Finalize at exit (in place of mpi4py's own), with a deadline: launchers treat a process
-    that exits without it as a failed job (and kill the others), but after a lost rank it may wait
-    for that rank forever (Open MPI with ULFM does)."""
+    """MPI_Finalize at exit (in place of mpi4py's own): launchers treat a process that exits without
+    it as a failed job (and kill the others). In a healthy job it waits as MPI's does (for ranks
+    still working); after a lost rank, which it may wait for forever (Open MPI with ULFM does), at
+    most 10 s, then the process exits with status 1."""
     MPI = sys.modules.get("mpi4py.MPI")
     if MPI is None or not _exit["own_finalize"]:
         return
-    with contextlib.suppress(Exception):
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            limit = float(_exit["deadline"]) if not _exit["broken"] else min(float(_exit["deadline"]), 10.0)
-            run_with_deadline(MPI.Finalize, limit, "MPI_Finalize")
+    limit = min(float(_exit["deadline"]), 10.0)
+    try:
+        if not MPI.Is_initialized() or MPI.Is_finalized():
+            return
+        if not _exit["broken"]:
+            _finalize_call(MPI)()  # a healthy job: MPI_Finalize waits for the ranks still working
+            return
+        run_with_deadline(_finalize_call(MPI), limit, "MPI_Finalize")
+    except DistributedTimeoutError:
+        # After a lost rank, MPI_Finalize may wait for it forever: the process must end all the same,
+        # and the interpreter's own shutdown beside a thread still inside MPI may wait in MPI's exit
+        # handlers. The job has failed already (a rank was lost): exit status 1, output flushed.
+        with contextlib.suppress(Exception):
+            print(f"multidev: MPI_Finalize did not return within {limit:g} s after a lost rank; this "
+                  "process exits with status 1", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+        os._exit(1)
+    except Exception:  # noqa: BLE001 - an MPI error at exit changes nothing the program did
+        pass
+
+
+def _finalize_call(MPI: Any) -> Callable[[], Any]:
+    """MPI_Finalize as a call that lets go of the GIL while it waits (through ctypes, as
+    :func:`_init`'s): mpi4py's own holds it, so a deadline on it could never fire."""
+    libs = _mpi_libraries(MPI)
+    if not libs:
+        return MPI.Finalize
+    fn = ctypes.CDLL(libs[0]).MPI_Finalize
+    return lambda: int(fn())
 
 
 def _init(MPI: Any, timeout: float) -> None:

@@ -198,21 +198,21 @@ def run_with_deadline(fn: Callable[[], Any], timeout: float, what: str) -> Any:
     exception re-raised here, or :class:`~multidev.errors.DistributedTimeoutError` when it has not
     returned by then (the thread is left to finish on its own). For runtime calls that cannot time
     out by themselves (``MPI_Init``; JAX's rendezvous, which aborts the process at its own timeout)."""
-    box: list[Any] = []
+    outcome: list[Any] = []  # (True, result) or (False, exception), from the helper thread
 
     def body() -> None:
         try:
-            box.append((True, fn()))
+            outcome.append((True, fn()))
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-            box.append((False, e))
+            outcome.append((False, e))
 
     th = threading.Thread(target=body, name=f"multidev {what}", daemon=True)
     th.start()
     th.join(max(0.0, timeout))
-    if not box:
+    if not outcome:
         raise DistributedTimeoutError(f"{what} did not complete within {timeout:g} s: a rank never arrived "
                                       "(or the rendezvous address is wrong)")
-    ok, value = box[0]
+    ok, value = outcome[0]
     if ok:
         return value
     raise value
