@@ -10,7 +10,6 @@ Layers, bottom up (each imports only those below it): ``errors``, ``_device`` an
 """
 from __future__ import annotations
 
-from . import distributed
 from ._device import Device
 from .api import (
                   arange,
@@ -81,3 +80,12 @@ __all__ = [
     "registered_backends", "replicate", "scatter", "set_default_backend", "split_batch", "synchronize", "to",
     "to_host", "to_numpy", "train_batch", "try_all_gpus", "try_gpu", "zeros",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``multidev.distributed`` is imported on first use (it is not needed by one-process programs)."""
+    if name == "distributed":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.distributed")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

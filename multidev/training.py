@@ -12,12 +12,12 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from . import distributed as dist
 from ._device import DeviceLike
 from .adapter import default_sgd_update
 from .collectives import NONE_GRADIENT_HINT, allreduce, broadcast, reduce, split_batch
@@ -85,8 +85,11 @@ def train_batch(X: Any, y: Any, replicas: list[list[Any]], devices: Sequence[Dev
     n_params = len(replicas[0])
     if len(replicas) > 1 and any(len(r) != n_params for r in replicas):
         raise InvalidArgumentError(f"train_batch: the replicas hold {[len(r) for r in replicas]} parameters")
-    if distributed is None:
-        distributed = dist.is_initialized() and dist.world_size() > 1
+    if distributed is None:  # (multidev.distributed is imported by a program that starts a group)
+        running = sys.modules.get(f"{__package__}.distributed")
+        distributed = bool(running is not None and running.is_initialized() and running.world_size() > 1)
+    if distributed:
+        from . import distributed as dist
     world = dist.world_size() if distributed else 1
     sx = b.shape_of(X)
     if not sx:

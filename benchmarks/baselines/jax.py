@@ -72,8 +72,11 @@ class JaxNative(Native):
 
     def op_h2d(self, a: np.ndarray, dev: Device) -> Call:
         if dev.kind == "cpu":  # device_put may alias an aligned host buffer: copy, as md.asarray does
-            return (functools.partial(self.jax.device_put, device=self.dev(dev), may_alias=False), (a,),
-                    "jax.device_put(a, device, may_alias=False)")
+            # (and wait for that copy: on CPU devices it runs after the call returns, on a queue the
+            # device barrier between samples does not see: without the wait a row read 253 GB/s)
+            d = self.dev(dev)
+            return ((lambda a: self.jax.device_put(a, d, may_alias=False).block_until_ready()), (a,),
+                    "jax.device_put(a, device, may_alias=False).block_until_ready()")
         return self.jax.device_put, (a, self.dev(dev)), "jax.device_put(a, device)"
 
     def op_d2h(self, x: Any) -> Call:
