@@ -35,7 +35,7 @@ from .registry import (
     waiter_of,
 )
 from .transfer import start_to
-from .trees import is_structure, leaves, tree_map
+from .trees import is_structure, leaves, owner_or_structure, tree_map
 from .validate import (
     MAX_ELEMENTS,
     check_fill,
@@ -488,14 +488,9 @@ def device_of(x: Any) -> Device:
     """The device tensor ``x`` lives on; for a structure (lists, tuples, named tuples, dicts, a
     framework's trees and models), the one device of all its tensors, else DeviceMismatchError
     saying where they are. Never copies or waits."""
-    b = cached_owner(type(x))  # the hot path: a tensor class seen before, one lookup
+    b = owner_or_structure(x)
     if b is None:
-        try:
-            b = backend_of(x)
-        except UnsupportedTensorError:
-            if not is_structure(x):
-                raise
-            return _structure_device(x)
+        return _structure_device(x)
     return b.device_of(x)
 
 
@@ -530,14 +525,9 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     """
     if non_blocking:
         return start_to(x, device)
-    b = cached_owner(type(x))
+    b = owner_or_structure(x)
     if b is None:
-        try:
-            b = backend_of(x)
-        except UnsupportedTensorError:
-            if not is_structure(x):
-                raise
-            return _structure_to(x, device)
+        return _structure_to(x, device)
     dev = device if device.__class__ is Device else as_device(device)
     if b.device_of(x) is dev:  # the no-op path (Devices are interned): no enumeration, no validation
         return x
@@ -563,11 +553,8 @@ def copy(x: Any, device: DeviceLike | None = None) -> Any:
     """A new, independent buffer holding ``x`` on ``device`` (x's own device when None): D2L's
     ``copyto``. Always copies, even on the same device. A structure is copied tensor by tensor
     (a model into a new, independent model)."""
-    try:
-        b = backend_of(x)
-    except UnsupportedTensorError:
-        if not is_structure(x):
-            raise
+    b = owner_or_structure(x)
+    if b is None:
         return _structure_copy(x, device)
     dev = b.device_of(x) if device is None else resolve(b, device)
     return _native(b, "copy", b.copy, x, dev)

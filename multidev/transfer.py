@@ -13,7 +13,7 @@ from .errors import InvalidArgumentError, InvalidDeviceError, UnsupportedTensorE
 from .placement import as_device, resolve
 from .protocol import SupportsNonBlocking
 from .registry import backend_of, supports
-from .trees import is_structure, tree_map
+from .trees import is_structure, owner_or_structure, tree_map
 from .validate import translate_errors
 
 __all__ = ["Transfer", "start_to", "to_host"]
@@ -69,11 +69,8 @@ def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
     place, blocking, as their framework's ``to`` does) and its ``wait()`` gives the structure."""
     if device is None:
         raise InvalidDeviceError("to(x, device, non_blocking=True) needs a device, got None (as to(x, device) does)")
-    try:
-        b = backend_of(x)
-    except UnsupportedTensorError:
-        if not is_structure(x):
-            raise
+    b = owner_or_structure(x)
+    if b is None:
         return _start_structure(x, device)
     dev = resolve(b, device)
     if b.device_of(x) == dev:

@@ -18,7 +18,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError, UnsupportedTensorError
 from .protocol import Backend, SupportsModels
-from .registry import backend_of, loaded_backends, supports
+from .registry import backend_of, cached_owner, loaded_backends, supports
 
 __all__ = ["is_structure", "leaves", "structure_owner", "tree_map"]
 
@@ -50,6 +50,21 @@ def is_structure(obj: Any) -> bool:
         return False
     except UnsupportedTensorError:
         return structure_owner(obj) is not None
+
+
+def owner_or_structure(x: Any) -> Backend | None:
+    """The adapter of tensor ``x`` (one lookup for a class seen before), or None where ``x`` is a
+    structure (see :func:`is_structure`); UnsupportedTensorError for anything else. The one
+    dispatch of the calls that take a tensor or a structure."""
+    b = cached_owner(type(x))
+    if b is not None:
+        return b
+    try:
+        return backend_of(x)
+    except UnsupportedTensorError:
+        if not is_structure(x):
+            raise
+        return None
 
 
 def _path(path: tuple[Any, ...]) -> str:
