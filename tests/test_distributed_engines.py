@@ -355,3 +355,15 @@ def test_mpi_exit_waits_for_a_working_rank_and_not_for_a_lost_one() -> None:
     left = sorted(ln.split()[1] for ln in p.stdout.splitlines() if ln.startswith("MDLEFT"))
     assert left == ["0", "1"], p.stdout
     assert took >= 12, f"the job ended after {took:.1f} s, before its slow rank's work was done"
+
+
+def test_the_torch_engine_chooses_nccl_only_with_a_gpu_for_every_rank_of_each_host() -> None:
+    """NCCL refuses two ranks on one GPU ("invalid usage": seen on a one-GPU H200 with 3 ranks), so
+    the torch engine's default transport is NCCL only where every host has a GPU per rank."""
+    from multidev.adapters.engines.torch import _a_gpu_per_rank
+
+    assert _a_gpu_per_rank([[1, 2], [1, 2]])              # 2 ranks, 2 GPUs
+    assert _a_gpu_per_rank([[1, 1], [2, 1]])              # one rank on each of two one-GPU hosts
+    assert not _a_gpu_per_rank([[1, 1], [1, 1], [1, 1]])  # 3 ranks on one GPU
+    assert not _a_gpu_per_rank([[1, 2], [2, 0]])          # a host without GPUs
+    assert not _a_gpu_per_rank([[1, 1], [2, 1], [2, 1]])  # the second host has too few

@@ -1,4 +1,5 @@
-"""The ``torch`` engine: torch.distributed, gloo for CPU tensors and NCCL for CUDA tensors.
+"""The ``torch`` engine: torch.distributed, gloo for CPU tensors and NCCL for CUDA tensors (NCCL
+by default only where every host has a GPU per rank; NCCL refuses two ranks on one GPU).
 
 Launched by ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
 ``LOCAL_RANK``), or by anything that sets those variables. The transport is torch tensors: any
@@ -41,6 +42,20 @@ from multidev.distributed.engine import (
 from multidev.errors import CapabilityError, DistributedError
 
 _generation = 0  # inits in this process: a later init under torchrun must not meet an earlier one's keys
+
+
+def _a_gpu_per_rank(rows: list[Any]) -> bool:
+    """Whether NCCL can serve the group: every host (rows: ``[host_key, GPUs NCCL can use]`` per
+    rank) has at least as many GPUs as ranks (NCCL refuses two ranks on one GPU: "invalid usage").
+    The same answer on every rank, from the same rows."""
+    ranks: dict[int, int] = {}
+    for host, gpus in rows:
+        if gpus <= 0:
+            return False
+        ranks[host] = ranks.get(host, 0) + 1
+        if ranks[host] > gpus:
+            return False
+    return True
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
@@ -143,8 +158,8 @@ class TorchEngine(Engine):
         self.timeout = settings.timeout
         rdv = settings.rendezvous_timeout
         cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
-        pg = settings.transport or ("cpu:gloo,cuda:nccl" if cuda and tdist.is_nccl_available() else "gloo")
-        self.pg = pg
+        gpus = torch.cuda.device_count() if cuda and tdist.is_nccl_available() else 0
+        self.pg = settings.transport or "gloo"  # the default is decided below, once every rank's row is in
         self.where = f"rank {r} of {ws}, store {addr}:{port}"
         with self.lost(lambda: f"init ({self.where})", rdv):
             agent = (env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
@@ -159,10 +174,12 @@ class TorchEngine(Engine):
                 store = tdist.TCPStore(addr, port, ws, is_master=(r == 0), timeout=td, wait_for_workers=False)
         self.store = store
         self.xstore = tdist.PrefixStore("md/x", store)
-        rows = self.exchange(-3, [host_key()], rdv)  # every rank's arrival, before the group forms
+        rows = self.exchange(-3, [host_key(), gpus], rdv)  # every rank's arrival, before the group forms
         if any(row is None for row in rows):
             self.store = self.xstore = None
             raise missing_ranks_error(f"multidev.distributed.init ({self.where})", rows, rdv, "init")
+        pg = settings.transport or ("cpu:gloo,cuda:nccl" if _a_gpu_per_rank(rows) else "gloo")
+        self.pg = pg
         lr = settings.local_rank if settings.local_rank is not None else _env_int(env, "LOCAL_RANK")
         if lr is None:
             lr = local_rank_from(rows, r, 0)

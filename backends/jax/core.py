@@ -325,16 +325,18 @@ class JaxCore(BaseBackend):
         jax = self._jax
         if self._devs is None:
             self._enumerate()
-        platforms = sorted({nd.platform for nd in self._to_native.values()})
         target = None if device is None else self.to_native_device(device)
         if device is None:
             jax.effects_barrier()
         jax.block_until_ready(self._markers(target))
         arrays: list[Any] = []
-        for p in platforms:
-            for a in jax.live_arrays(p):
-                if target is None or target in a.sharding.device_set:
-                    arrays.append(a)
+        if target is None:
+            for p in sorted({nd.platform for nd in self._to_native.values()}):
+                arrays.extend(jax.live_arrays(p))
+        elif sum(nd.platform == target.platform for nd in self._to_native.values()) == 1:
+            arrays = jax.live_arrays(target.platform)  # the platform's one device: no filter needed
+        else:
+            arrays = [a for a in jax.live_arrays(target.platform) if target in a.sharding.device_set]
         if not arrays:
             return
         try:
