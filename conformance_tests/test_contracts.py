@@ -353,7 +353,7 @@ def test_synchronize_waits_for_work_whose_results_were_dropped(md_backend: Any, 
     steps, side, biggest = 20, 1024, (8192 if dev.is_gpu else 2048)
     # Enough work to stay queued for 10 ms after the calls return; 4 ms on a GPU, where JAX's client
     # bounds the computations in flight: on an H200 about 6 ms of 8192 x 8192 additions stayed queued
-    # however many were dispatched (h200-2026-12-02-round3c-gpu-checks.log).
+    # however many were dispatched (h200-2026-12-02-round3c-gpu-checks-first.log).
     enough = 0.004 if dev.is_gpu else 0.01
     for _ in range(9):
         # Each shape twice, the first untimed: a framework's first call at a new shape may compile

@@ -87,7 +87,11 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
     ``what`` names the call in errors. Without ``module``, a module raises UnsupportedTensorError."""
     memo: dict[int, Any] = {}
 
-    def go(x: Any, path: tuple[Any, ...]) -> Any:
+    def go(x: Any, path: tuple[Any, ...], go: Callable[..., Any]) -> Any:
+        # go gets itself as an argument: a closure over its own name would be a reference cycle
+        # (go -> its cell -> go) keeping the memo, and every result in it, alive until a garbage
+        # collection (md.to_host's pinned buffers then could not go back to CuPy's pool: a fresh
+        # ~50 ms cudaHostAlloc for every 64 MiB copy on an H200).
         if len(path) > MAX_DEPTH:
             raise InvalidArgumentError(f"{what}: the structure is nested deeper than {MAX_DEPTH} levels at "
                                        f"{_path(path[:8])}...; is it circular?")
@@ -110,13 +114,13 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
             return y
         cls = type(x)
         if isinstance(x, list) and not _framework_node(x):
-            items = [go(v, (*path, i)) for i, v in enumerate(x)]
+            items = [go(v, (*path, i), go) for i, v in enumerate(x)]
             return items if cls is list else _remade(cls, items)
         if isinstance(x, tuple) and not _framework_node(x):
-            items = [go(v, (*path, i)) for i, v in enumerate(x)]
+            items = [go(v, (*path, i), go) for i, v in enumerate(x)]
             return cls(*items) if _is_namedtuple(x) else (tuple(items) if cls is tuple else cls(items))
         if isinstance(x, dict) and not _framework_node(x):
-            out = {k: go(v, (*path, k)) for k, v in x.items()}
+            out = {k: go(v, (*path, k), go) for k, v in x.items()}
             if cls is dict:
                 return out
             try:  # OrderedDict, defaultdict (its factory kept), other dict subclasses
@@ -131,8 +135,8 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
             b, kind = owner
             if kind == "tree":
                 children, rebuild = b.flatten_tree(x)  # type: ignore[attr-defined]
-                return rebuild([go(c, (*path, i)) if (is_leaf is not None and is_leaf(c)) or _holds_tensors(c) else c
-                                for i, c in enumerate(children)])
+                return rebuild([go(c, (*path, i), go) if (is_leaf is not None and is_leaf(c)) or _holds_tensors(c)
+                                else c for i, c in enumerate(children)])
             if module is None:
                 raise UnsupportedTensorError(f"{what}: {_path(path)} is a {b.name} model "
                                              f"({cls.__module__}.{cls.__qualname__}), which {what} does not take; "
@@ -144,7 +148,7 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
 
     if obj is None:
         raise UnsupportedTensorError(f"{what}: got None, not a tensor or a structure of tensors")
-    return go(obj, ())
+    return go(obj, (), go)
 
 
 def _holds_tensors(x: Any) -> bool:
@@ -181,7 +185,7 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
             seen.add(id(x))
             found.append((path, x))
 
-    def go(x: Any, path: tuple[Any, ...]) -> None:
+    def go(x: Any, path: tuple[Any, ...], go: Callable[..., None]) -> None:  # itself: see tree_map
         if len(path) > MAX_DEPTH:
             raise InvalidArgumentError(f"{what}: the structure is nested deeper than {MAX_DEPTH} levels")
         if x is None:
@@ -195,11 +199,11 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
             return
         if isinstance(x, (list, tuple)) and not _framework_node(x):
             for i, v in enumerate(x):
-                go(v, (*path, i))
+                go(v, (*path, i), go)
             return
         if isinstance(x, dict) and not _framework_node(x):
             for k, v in x.items():
-                go(v, (*path, k))
+                go(v, (*path, k), go)
             return
         owner = structure_owner(x)
         if owner is not None:
@@ -208,7 +212,7 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
                 children, _ = b.flatten_tree(x)  # type: ignore[attr-defined]
                 for i, c in enumerate(children):
                     if _holds_tensors(c):
-                        go(c, (*path, i))
+                        go(c, (*path, i), go)
             else:
                 for i, t in enumerate(b.module_tensors(x)):  # type: ignore[attr-defined]
                     add((*path, f"<{b.name} tensor {i}>"), t)
@@ -218,5 +222,5 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
 
     if obj is None:
         raise UnsupportedTensorError(f"{what}: got None, not a tensor or a structure of tensors")
-    go(obj, ())
+    go(obj, (), go)
     return iter(found)
