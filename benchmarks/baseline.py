@@ -61,6 +61,10 @@ class Native:
     #: Goals whose target differs for this framework (a number), or that do not apply to it (None),
     #: by goal name, with the reason in a comment.
     goal_targets: dict[str, float | None] = {}  # noqa: RUF012 - read-only class data
+    #: Whether ``op_sync(dev)`` also waits for copies off the device (a CUDA device barrier does;
+    #: JAX's marker computation waits for its compute queue only): where not, the native side of
+    #: the asynchronous rows waits for each result instead (``autoparallel.native_waiter``).
+    sync_waits_for_copies = True
     #: Whether native results carry a device multidev can read back (NumPy's do not: its devices
     #: are multidev's virtual ones, so checks skip the device of NumPy's native results).
     tracks_devices = True

@@ -58,11 +58,10 @@ fi
 if [[ $LANES == *,mx,* ]]; then
   stamp "with MXNet: numpy 1.26.4, JAX 0.7.1, TF 2.21, MXNet 1.9.1"
   setup .venv-mx tensorflow-cpu==2.21.0 jax==0.7.1 jaxlib==0.7.1 mxnet==1.9.1 numpy==1.26.4 -e ".[all,mxnet,test]"
-  # Left to the modern lane (CI time): the mutation catalogue (the suite against its broken adapters;
-  # this lane's suite run below checks the real adapters on these versions) and the CuPy adapter on
-  # its NumPy stand-in. Everything else runs here again, on NumPy 1.26, JAX 0.7.1 and MXNet.
-  .venv-mx/bin/pytest -q --durations=15 --ignore=tests/test_mutation_catalogue.py \
-    --ignore=tests/test_adapter_cupy.py
+  # Left to the modern lane (CI time): the mutation catalogue (the suite against its broken adapters,
+  # none of them MXNet's; this lane's suite run below checks the real adapters on these versions).
+  # Everything else runs here again, on NumPy 1.26, JAX 0.7.1 and MXNet.
+  .venv-mx/bin/pytest -q --durations=15 --ignore=tests/test_mutation_catalogue.py
   # the modern lane runs every engine with every backend; here JAX 0.7.1's engine with JAX's and MXNet's
   # tensors (and its fault cases), the torch engine with all
   MULTIDEV_DISTRIBUTED_ENGINES="torch,jax=jax+mxnet" conformance .venv-mx numpy,torch,jax,tensorflow,mxnet --multiprocess

@@ -357,13 +357,22 @@ def test_mpi_exit_waits_for_a_working_rank_and_not_for_a_lost_one() -> None:
     assert took >= 12, f"the job ended after {took:.1f} s, before its slow rank's work was done"
 
 
-def test_the_torch_engine_chooses_nccl_only_with_a_gpu_for_every_rank_of_each_host() -> None:
+def test_the_torch_engine_chooses_nccl_only_where_no_two_ranks_share_a_gpu() -> None:
     """NCCL refuses two ranks on one GPU ("invalid usage": seen on a one-GPU H200 with 3 ranks), so
-    the torch engine's default transport is NCCL only where every host has a GPU per rank."""
-    from multidev.adapters.engines.torch import _a_gpu_per_rank
+    the torch engine's default transport is NCCL only where every rank has a GPU of its own, told
+    apart by identity (ranks that each see one GPU through CUDA_VISIBLE_DEVICES have different ones)."""
+    from types import SimpleNamespace
 
-    assert _a_gpu_per_rank([[1, 2], [1, 2]])              # 2 ranks, 2 GPUs
-    assert _a_gpu_per_rank([[1, 1], [2, 1]])              # one rank on each of two one-GPU hosts
-    assert not _a_gpu_per_rank([[1, 1], [1, 1], [1, 1]])  # 3 ranks on one GPU
-    assert not _a_gpu_per_rank([[1, 2], [2, 0]])          # a host without GPUs
-    assert not _a_gpu_per_rank([[1, 1], [2, 1], [2, 1]])  # the second host has too few
+    from multidev.adapters.engines.torch import _a_gpu_per_rank, _gpu_identity
+
+    assert _a_gpu_per_rank([11, 12])              # two ranks, two GPUs
+    assert not _a_gpu_per_rank([11, 11, 11])      # three ranks on one GPU
+    assert not _a_gpu_per_rank([11, 0])           # a rank without a GPU
+    assert not _a_gpu_per_rank([11, 12, 12])      # two of three share one
+
+    def fake_torch(uuids: list[str]) -> Any:
+        return SimpleNamespace(cuda=SimpleNamespace(get_device_properties=lambda i: SimpleNamespace(uuid=uuids[i])))
+
+    a, b = _gpu_identity(fake_torch(["GPU-a"]), 0), _gpu_identity(fake_torch(["GPU-b"]), 0)
+    assert a != b and a != 0 and b != 0          # device 0 of each rank, two physical GPUs
+    assert _gpu_identity(fake_torch(["GPU-x", "GPU-a"]), 1) == a  # the same GPU seen at another index

@@ -1,5 +1,5 @@
 """The ``torch`` engine: torch.distributed, gloo for CPU tensors and NCCL for CUDA tensors (NCCL
-by default only where every host has a GPU per rank; NCCL refuses two ranks on one GPU).
+by default only where every rank has a GPU of its own; NCCL refuses two ranks on one GPU).
 
 Launched by ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
 ``LOCAL_RANK``), or by anything that sets those variables. The transport is torch tensors: any
@@ -20,8 +20,10 @@ backend's tensor becomes one zero-copy through DLPack where it can.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import os
+import socket
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
@@ -44,18 +46,22 @@ from multidev.errors import CapabilityError, DistributedError
 _generation = 0  # inits in this process: a later init under torchrun must not meet an earlier one's keys
 
 
-def _a_gpu_per_rank(rows: list[Any]) -> bool:
-    """Whether NCCL can serve the group: every host (rows: ``[host_key, GPUs NCCL can use]`` per
-    rank) has at least as many GPUs as ranks (NCCL refuses two ranks on one GPU: "invalid usage").
-    The same answer on every rank, from the same rows."""
-    ranks: dict[int, int] = {}
-    for host, gpus in rows:
-        if gpus <= 0:
-            return False
-        ranks[host] = ranks.get(host, 0) + 1
-        if ranks[host] > gpus:
-            return False
-    return True
+def _a_gpu_per_rank(gpus: list[int]) -> bool:
+    """Whether NCCL can serve the group: every rank has a GPU (``gpus``: each rank's
+    :func:`_gpu_identity`, 0 for none) and no two ranks have the same one. The same answer on every
+    rank, from the same exchanged rows."""
+    return all(g != 0 for g in gpus) and len(set(gpus)) == len(gpus)
+
+
+def _gpu_identity(torch: Any, index: int) -> int:
+    """The physical GPU behind this process's CUDA device ``index``, as a nonzero 62-bit integer: its
+    UUID where torch gives one (so ranks that each see one GPU through ``CUDA_VISIBLE_DEVICES`` are
+    told apart), else the host, the visible set and the index."""
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    key = str(uuid) if uuid is not None else \
+        f"{socket.gethostname()}/{os.environ.get('CUDA_VISIBLE_DEVICES', '')}/{index}"
+    return (int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 2) | 1
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
@@ -158,8 +164,7 @@ class TorchEngine(Engine):
         self.timeout = settings.timeout
         rdv = settings.rendezvous_timeout
         cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
-        gpus = torch.cuda.device_count() if cuda and tdist.is_nccl_available() else 0
-        self.pg = settings.transport or "gloo"  # the default is decided below, once every rank's row is in
+        self.pg = settings.transport or "gloo"  # the default is decided below, once every rank's GPU is known
         self.where = f"rank {r} of {ws}, store {addr}:{port}"
         with self.lost(lambda: f"init ({self.where})", rdv):
             agent = (env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
@@ -174,15 +179,22 @@ class TorchEngine(Engine):
                 store = tdist.TCPStore(addr, port, ws, is_master=(r == 0), timeout=td, wait_for_workers=False)
         self.store = store
         self.xstore = tdist.PrefixStore("md/x", store)
-        rows = self.exchange(-3, [host_key(), gpus], rdv)  # every rank's arrival, before the group forms
+        rows = self.exchange(-3, [host_key()], rdv)  # every rank's arrival, before the group forms
         if any(row is None for row in rows):
             self.store = self.xstore = None
             raise missing_ranks_error(f"multidev.distributed.init ({self.where})", rows, rdv, "init")
-        pg = settings.transport or ("cpu:gloo,cuda:nccl" if _a_gpu_per_rank(rows) else "gloo")
-        self.pg = pg
         lr = settings.local_rank if settings.local_rank is not None else _env_int(env, "LOCAL_RANK")
         if lr is None:
             lr = local_rank_from(rows, r, 0)
+        # The GPU each rank would take (its identity, 0 for none), so that every rank picks the same
+        # default: NCCL only where no two ranks share a GPU (it refuses them: "invalid usage").
+        mine = _gpu_identity(torch, lr % torch.cuda.device_count()) if cuda and tdist.is_nccl_available() else 0
+        gpus = self.exchange(-4, [mine], rdv)
+        if any(row is None for row in gpus):
+            self.store = self.xstore = None
+            raise missing_ranks_error(f"multidev.distributed.init ({self.where})", gpus, rdv, "init")
+        pg = settings.transport or ("cpu:gloo,cuda:nccl" if _a_gpu_per_rank([g[0] for g in gpus if g]) else "gloo")
+        self.pg = pg
         self.cuda_device = None
         if "nccl" in pg:
             if not cuda:

@@ -204,7 +204,8 @@ def init(engine: str | None = None, *, transport: str | None = None, rank: int |
       multi-controller runtime) or a registered third-party engine; None picks the one whose
       launcher started this process (see the module doc), or ``$MULTIDEV_ENGINE``.
     - ``transport``: the engine's own wire: torch's process-group backend (``"gloo"``, ``"nccl"``,
-      ``"cpu:gloo,cuda:nccl"``, default: NCCL for CUDA tensors where there are GPUs), JAX's CPU
+      ``"cpu:gloo,cuda:nccl"``, default: NCCL for CUDA tensors where every rank has a GPU of its
+      own, else gloo), JAX's CPU
       collectives (``"gloo"``, the default, or ``"mpi"``); MPI has none.
     - ``rank``, ``world_size``, ``local_rank``, ``master_addr``, ``master_port``: override the
       launcher's environment (torch: the store's address; JAX: the coordinator's). MPI takes its
