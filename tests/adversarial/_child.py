@@ -747,8 +747,13 @@ def _view_cases(desc0: str, x: Any, ref: np.ndarray | None, read_only: bool, tar
 
 
 def _reference_any(x: Any) -> Any:
+    """The values in ``x``'s buffer now. For JAX through a fresh device copy: ``np.asarray`` of a
+    JAX array caches a host copy when it had to make one (a buffer not aligned for a zero-copy
+    view), and a cached copy would hide a write through an aliasing view (a flaky finding in CI)."""
     for name in ("torch", "jax", "tensorflow", "mxnet"):
         if name in sys.modules and isinstance(x, md.backend(name).tensor_types()) and md.backend_of(x).name == name:
+            if name == "jax":
+                return np.asarray(sys.modules["jax"].numpy.array(x, copy=True))
             return _reference(name, x)
     return np.asarray(x)
 
