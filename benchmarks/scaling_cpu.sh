@@ -6,7 +6,7 @@
 # benchmarks/results/scaling-cpu-$DATE.{json,md,png}, the model fitted from it, and the study's report
 # scaling-cpu-$DATE-report.{md,png}.
 #   MODERN=/path/to/venv MX=/path/to/mx-venv bash benchmarks/scaling_cpu.sh [--write-model] [extra bench args]
-# --write-model: rewrite multidev/collective_model.py (the model auto ships with) from this run.
+# --write-model: rewrite multidev/data/collective_model.json (the model auto ships with) from this run.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 MODERN=${MODERN:-$REPO/.venv}
