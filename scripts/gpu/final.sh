@@ -9,10 +9,10 @@
 #   C. one merged report: $TAG.json/.md/.png with every goal row.
 # Writes into $OUT: conformance-*.json, $TAG.json/.md/.png, log.txt, and details.tar.gz (the mutants'
 # JSON, every step's output).
-#   MULTIDEV_SOURCE_COMMIT=$(git rev-parse HEAD) bash benchmarks/gpu_final.sh
+#   MULTIDEV_SOURCE_COMMIT=$(git rev-parse HEAD) bash scripts/gpu/final.sh
 # Knobs: TAG, PY, CAP_CONFORMANCE (s), BENCH_EXTRA.
 set -uo pipefail
-REPO=$(cd "$(dirname "$0")/.." && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${OUT:-$REPO/build/gpu-final}" && cd "${OUT:-$REPO/build/gpu-final}" && pwd)
 TAG=${TAG:-h200-$(date -u +%Y-%m-%d)-final}
 PY=${PYTHON:-python3}
@@ -42,7 +42,7 @@ p2=$!
 (timeout -k 10 "$CAP" "$PY" -m pytest tests/test_adapter_cupy.py tests/test_adapter_jax.py -m gpu -q \
   -p no:cacheprovider -o addopts= --import-mode=importlib -rs > "$OUT/pytest-cupy.txt" 2>&1) &
 p3=$!
-(OUT="$OUT" ONLY=torch timeout -k 10 "$CAP" bash scripts/gpu_mutants.sh > "$OUT/mutants.txt" 2>&1) &
+(OUT="$OUT" ONLY=torch timeout -k 10 "$CAP" bash scripts/gpu/mutants.sh > "$OUT/mutants.txt" 2>&1) &
 p4=$!
 for p in $p1 $p2 $p3 $p4; do wait $p; echo "pid $p exit $?"; done
 for f in conformance-torch-jax conformance-cupy; do

@@ -6,13 +6,13 @@
 #   2. the digits example (md.train_batch) for torch and JAX on 1 GPU and on every GPU.
 # Writes into $OUT (default build/gpu-compile): compile-$TAG.{json,md,png}, digits-$TAG.{json,png},
 # log.txt. About 3 minutes on one H200 (torch.compile's two compilations take most of it).
-#   bash benchmarks/gpu_compile.sh            (TAG defaults to h200-YYYY-MM-DD)
+#   bash scripts/gpu/compile.sh            (TAG defaults to h200-YYYY-MM-DD)
 # The image may lack scikit-learn: the digits part then reads ./digits-data.npz when the tree has one
 # (make it where scikit-learn is: python -m multidev.examples.digits --save-data digits-data.npz),
 # else it is skipped with a message. Knobs: PYTHON, OUT, TAG, EPOCHS; for a dry run elsewhere DEVICE
 # (default gpu:0), BENCH_EXTRA (e.g. --quick), DIGITS_DEVICES (default: the GPU count).
 set -uo pipefail
-REPO=$(cd "$(dirname "$0")/.." && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${OUT:-$REPO/build/gpu-compile}" && cd "${OUT:-$REPO/build/gpu-compile}" && pwd)
 TAG=${TAG:-h200-$(date -u +%Y-%m-%d)}
 PY=${PYTHON:-python3}

@@ -5,10 +5,10 @@
 # the one with numpy 1.26; torch has one CPU device: no row), merged into
 # benchmarks/results/scaling-cpu-$DATE.{json,md,png}, the model fitted from it, and the study's report
 # scaling-cpu-$DATE-report.{md,png}.
-#   MODERN=/path/to/venv MX=/path/to/mx-venv bash benchmarks/scaling_cpu.sh [--write-model] [extra bench args]
+#   MODERN=/path/to/venv MX=/path/to/mx-venv bash scripts/bench/scaling_cpu.sh [--write-model] [extra bench args]
 # --write-model: rewrite multidev/data/collective_model.json (the model auto ships with) from this run.
 set -euo pipefail
-REPO=$(cd "$(dirname "$0")/.." && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
 MODERN=${MODERN:-$REPO/.venv}
 MX=${MX:-$REPO/.venv-mx}
 DATE=${DATE:-$(date -u +%Y-%m-%d)}
@@ -39,8 +39,8 @@ OUT="$R/scaling-cpu-$DATE"
   > "$B/report.txt" 2>&1 || echo "   report: exit $? (see $B/report.txt)"
 if [ "$WRITE" = 1 ]; then
   "$MODERN/bin/python" -m multidev.benchmarks.scaling fit "$OUT.json" --write \
-    --source "benchmarks/results/scaling-cpu-$DATE.json (MODERN=... MX=... bash benchmarks/scaling_cpu.sh)"
+    --source "benchmarks/results/scaling-cpu-$DATE.json (MODERN=... MX=... bash scripts/bench/scaling_cpu.sh)"
 fi
 "$MODERN/bin/python" -m multidev.benchmarks.scaling report "$OUT.json" --markdown "$OUT-report.md" \
-  --plot "$OUT-report.png" --command "bash benchmarks/scaling_cpu.sh $*"
+  --plot "$OUT-report.png" --command "bash scripts/bench/scaling_cpu.sh $*"
 echo "== done $(date -u +%T)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 2's diagnostic call on a lent H200 (about 6 minutes), before the final run (gpu_final.sh):
+# Round 2's diagnostic call on a lent H200 (about 6 minutes), before the final run (scripts/gpu/final.sh):
 #   A. in parallel: the mutation catalogue's torch mutants and controls on cpu:0 + every GPU (the
 #      controls' failure tracebacks in mutants-torch.json), the three checks the torch control
 #      failed there re-run for the control alone and for the real torch adapter (numpy partner,
@@ -7,9 +7,9 @@
 #   B. one after another: benchmarks/baselines/call_profile.py (thin calls: md against native, cProfile),
 #      benchmarks/h2d_breakdown.py (torch small uploads), benchmarks/baselines/jax_upload_tuning.py (ways to
 #      upload pageable memory with JAX), and the CuPy overhead and bandwidth suites.
-#   MULTIDEV_SOURCE_COMMIT=$(git rev-parse HEAD) TAG=... bash benchmarks/gpu_probe.sh
+#   MULTIDEV_SOURCE_COMMIT=$(git rev-parse HEAD) TAG=... bash scripts/gpu/probe.sh
 set -uo pipefail
-REPO=$(cd "$(dirname "$0")/.." && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${OUT:-$REPO/build/gpu-probe}" && cd "${OUT:-$REPO/build/gpu-probe}" && pwd)
 TAG=${TAG:-h200-$(date -u +%Y-%m-%d)-probe}
 PY=${PYTHON:-python3}
@@ -24,7 +24,7 @@ NG=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || ec
 DEVS=cpu:0; for ((i = 0; i < NG; i++)); do DEVS="$DEVS,gpu:$i"; done
 
 stamp "A. correctness, in parallel"
-(OUT="$OUT" ONLY=torch timeout -k 10 200 bash scripts/gpu_mutants.sh > "$OUT/mutants.txt" 2>&1) &
+(OUT="$OUT" ONLY=torch timeout -k 10 200 bash scripts/gpu/mutants.sh > "$OUT/mutants.txt" 2>&1) &
 p1=$!
 K="dlpack_flag_matches_behaviour or convert_shares_memory_wherever_both_sides_can"
 (for spec in mutants:TorchControl torch; do

@@ -9,9 +9,9 @@
 #   bench-cupy.json / .md / .txt   multidev bench rows of cupy on gpu:0 and cpu:0 (with the native column)
 #   log.txt                        everything printed
 # Interop partners in the conformance runs: every installed backend (torch and jax on the H200 image).
-# Run from the repository root:  bash benchmarks/gpu_cupy.sh
+# Run from the repository root:  bash scripts/gpu/cupy.sh
 set -uo pipefail
-REPO=$(cd "$(dirname "$0")/.." && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${OUT:-$REPO/build/gpu-cupy}" && cd "${OUT:-$REPO/build/gpu-cupy}" && pwd)
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 PYTHONWARNINGS=ignore::DeprecationWarning

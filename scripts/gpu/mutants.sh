@@ -12,10 +12,10 @@
 #   3. every torch, JAX and CuPy mutant, including those whose defect only shows on a GPU, against the
 #      conformance suite on cpu:0 and the GPUs; the results per mutant go to $OUT/mutants-*.json, the
 #      pytest log to $OUT/gpu_mutants.log. Mutants that need 2 GPUs are reported "not run" on one GPU.
-#   bash scripts/gpu_mutants.sh            (from the repository root)
-#   OUT=DIR ONLY=torch,jax,cupy STEPS=1,2,3 bash scripts/gpu_mutants.sh
+#   bash scripts/gpu/mutants.sh            (from the repository root)
+#   OUT=DIR ONLY=torch,jax,cupy STEPS=1,2,3 bash scripts/gpu/mutants.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/build/gpu-mutants}
 mkdir -p "$OUT"
 STEPS=",${STEPS:-1,2,3},"

@@ -2,9 +2,9 @@
 # The committed CPU results: every backend in its own process (no framework's thread pools beside
 # another's), NumPy/torch/JAX/TensorFlow from the "modern" environment and MXNet from the one with
 # numpy 1.26, merged into benchmarks/results/cpu-DATE.{json,png,md}. About 6 minutes on 2 cores.
-#   MODERN=/path/to/venv MX=/path/to/mx-venv bash benchmarks/cpu_run.sh [extra bench args]
+#   MODERN=/path/to/venv MX=/path/to/mx-venv bash scripts/bench/cpu_run.sh [extra bench args]
 set -euo pipefail
-REPO=$(cd "$(dirname "$0")/.." && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
 MODERN=${MODERN:-$REPO/.venv}
 MX=${MX:-$REPO/.venv-mx}
 DATE=$(date -u +%Y-%m-%d)
