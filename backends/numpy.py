@@ -1,7 +1,8 @@
 """NumPy reference backend: plain NumPy arrays on virtual CPU devices.
 
-Mechanism. NumPy has one memory space, so devices are virtual. An array placed by multidev is a
-``VirtualDeviceArray``: a ``numpy.ndarray`` subclass whose only addition is a device tag
+Mechanism. NumPy has one memory space, so devices are virtual. An array placed on ``cpu:0`` (the
+host, the default device) is a plain ``numpy.ndarray``: native in, native out. An array placed on
+another virtual device is a ``VirtualDeviceArray``: a ``numpy.ndarray`` subclass whose only addition is a device tag
 (``_md_device``). It is a real ndarray (every NumPy function takes it, no copy is made to tag it),
 and the tag travels with views (``__array_finalize__``) and with results of ufuncs and NumPy
 functions (``__array_ufunc__``/``__array_function__``). Those hooks refuse operands from two
@@ -141,9 +142,15 @@ def _plain(obj: Any) -> Any:
 
 
 def _tag(obj: Any, device: Device) -> Any:
-    """``obj`` tagged with ``device``. NumPy turns 0-d results into scalars, which carry no tag: on
-    a device other than cpu:0 they become 0-d arrays, so the device is never lost."""
-    if isinstance(obj, np.generic) and device != _HOST:
+    """``obj`` tagged with ``device``: on cpu:0 (the host itself) a plain ``numpy.ndarray``, native in,
+    native out; on another virtual device a VirtualDeviceArray. NumPy turns 0-d results into
+    scalars, which carry no tag: on a device other than cpu:0 they become 0-d arrays, so the device
+    is never lost."""
+    if device is _HOST or device == _HOST:
+        return obj.view(np.ndarray) if isinstance(obj, VirtualDeviceArray) else (
+            [_tag(o, device) for o in obj] if isinstance(obj, list) else
+            tuple(_tag(o, device) for o in obj) if isinstance(obj, tuple) else obj)
+    if isinstance(obj, np.generic):
         obj = np.asarray(obj)
     if isinstance(obj, np.ndarray):
         v = obj.view(VirtualDeviceArray)

@@ -1,70 +1,148 @@
 #!/usr/bin/env bash
 # The test command (README, second command; .ci/run runs exactly this on a fresh clone).
-# Three lanes, each a fresh venv inside the clone with an editable install (`pip install -e .`), the
-# tests run from the repository root:
-#   1. fast       .venv-fast  numpy + rich + test/lint/docs tools: ruff, mypy, the docs site (mkdocs
-#                             --strict), the tests (framework tests skip), the conformance suite on NumPy
-#                             and array-api-strict. A few minutes.
-#   2. modern     .venv       numpy 2, torch 2.13.0 (CPU wheel), JAX, TensorFlow, array-api-strict, mpi4py
-#                             with Open MPI from PyPI: multidev.distributed on its three engines (torch,
-#                             mpiexec -n 3, 2 JAX processes x 2 CPU devices)
-#   3. with MXNet .venv-mx    numpy 1.26.4, JAX 0.7.1, TF 2.21, MXNet 1.9.1 (all five backends; the torch
-#                             and jax engines)
-# MULTIDEV_LANES=fast,modern,mx picks lanes (default: all three, in that order).
-set -euo pipefail
+#
+# Three environments, each a fresh venv inside the clone with an editable install (`pip install -e .`),
+# made with uv (pip where uv cannot be had); the tests run from the repository root:
+#   fast       .venv-fast  numpy + rich + test/lint/docs tools: ruff, mypy, the docs site (mkdocs
+#                          --strict), the tests with no framework installed (what must work, or skip
+#                          saying why, on NumPy alone), the conformance suite on NumPy and array-api-strict
+#   modern     .venv       numpy 2, torch 2.13.0 (CPU wheel), JAX, TensorFlow, array-api-strict, mpi4py with
+#                          Open MPI: every test, the suite on torch, JAX and TensorFlow (NumPy and
+#                          array-api-strict are partners there), multidev.distributed on its three engines,
+#                          the mutation catalogue
+#   with MXNet .venv-mx    numpy 1.26.4, JAX 0.7.1, TF 2.21, MXNet 1.9.1: what differs there and nowhere
+#                          else: MXNet's tests and suite, and the NumPy and JAX adapters on NumPy 1.26 and
+#                          JAX 0.7.1 (their suite, their adapter tests, the tests that take every backend)
+# Each thing is tested once, in the environment that adds information. The jobs run side by side
+# (JOBS at a time, default 3: many of them wait on child processes), each into build/ci/NAME.log,
+# printed whole when it fails and as its last lines when it passes; each job's and each
+# environment's time is printed, then one closing line adding up every pytest run.
+#   MULTIDEV_LANES=fast,modern,mx picks environments (default all three); JOBS=N; PYTHON=python3.11.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 LANES=",${MULTIDEV_LANES:-fast,modern,mx},"
+JOBS=${JOBS:-3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore::DeprecationWarning TF_CPP_MIN_LOG_LEVEL=2
+export MULTIDEV_CACHE_DIR="$PWD/build/cache"  # the devices cache stays in the clone
 start=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - start )) s] $*"; }
+mkdir -p build/ci && rm -f build/ci/*.log build/ci/*.rc build/ci/*.time
 
-setup() {  # setup VENV PIP-ARGS...: a fresh venv; torch's CPU pin first where torch is wanted
+# -- environments -----------------------------------------------------------------------------------
+UV=""
+if command -v uv >/dev/null 2>&1; then UV=$(command -v uv)
+elif "$PY" -m pip install -q --target build/uv uv >/dev/null 2>&1 && [ -x build/uv/bin/uv ]; then UV=$PWD/build/uv/bin/uv
+fi
+setup() {  # setup VENV PACKAGES...: a fresh venv; torch's CPU pin first (pip finds the local wheel) where wanted
   local venv=$1; shift
   rm -rf "$venv"
-  "$PY" -m venv "$venv"
-  "$venv/bin/pip" install -q --upgrade "pip>=23.1" setuptools
-  if [ "${TORCH:-1}" = 1 ]; then "$venv/bin/pip" install -q torch==2.13.0; fi
-  "$venv/bin/pip" install -q "$@"
-  "$venv/bin/pip" check
+  if [ -n "$UV" ]; then
+    "$UV" venv -q --seed -p "$PY" "$venv" || return 1
+  else
+    "$PY" -m venv "$venv" && "$venv/bin/pip" install -q --upgrade "pip>=23.1" setuptools || return 1
+  fi
+  if [ "${TORCH:-1}" = 1 ]; then "$venv/bin/python" -m pip install -q torch==2.13.0 || return 1; fi
+  if [ -n "$UV" ]; then
+    "$UV" pip install -q -p "$venv/bin/python" "$@" && "$UV" pip check -q -p "$venv/bin/python"
+  else
+    "$venv/bin/pip" install -q "$@" && "$venv/bin/pip" check
+  fi
 }
-
-conformance() {  # conformance VENV BACKENDS [extra args]: the suite with its matrix as JSON
-  local venv=$1 backends=$2; shift 2
-  "$venv/bin/multidev" conformance --backend "$backends" --json "build/conformance-$(basename "$venv").json" "$@"
-}
-
-mkdir -p build
-
+t0=$(date +%s)
+stamp "environments (uv: ${UV:-no, pip})"
+pids=()
 if [[ $LANES == *,fast,* ]]; then
-  stamp "fast lane: lint, types, NumPy-only tests and conformance"
-  TORCH=0 setup .venv-fast -e ".[test,lint,docs]"
-  .venv-fast/bin/ruff check .
-  .venv-fast/bin/mypy
-  .venv-fast/bin/mkdocs build --strict -q   # the API reference: a renamed or undocumented public name fails
-  .venv-fast/bin/pytest -q
-  conformance .venv-fast numpy,array_api:array_api_strict --multiprocess
-  stamp "fast lane done"
+  (TORCH=0 setup .venv-fast -e ".[test,lint,docs]" pytest-xdist >build/ci/setup-fast.log 2>&1; echo $? >build/ci/setup-fast.rc) &
+  pids+=($!)
 fi
-
 if [[ $LANES == *,modern,* ]]; then
-  stamp "modern environment: numpy 2, torch, jax, tensorflow, mpi4py + Open MPI (the distributed engines)"
-  setup .venv jax tensorflow-cpu mpi4py openmpi -e ".[all,mpi,test]"
-  .venv/bin/pytest -q --durations=15
-  conformance .venv numpy,torch,jax,tensorflow,array_api:array_api_strict --multiprocess
-  stamp "modern environment done"
+  (setup .venv jax tensorflow-cpu mpi4py openmpi pytest-xdist -e ".[all,mpi,test]" >build/ci/setup-modern.log 2>&1
+   echo $? >build/ci/setup-modern.rc) &
+  pids+=($!)
+fi
+if [[ $LANES == *,mx,* ]]; then
+  (setup .venv-mx tensorflow-cpu==2.21.0 jax==0.7.1 jaxlib==0.7.1 mxnet==1.9.1 numpy==1.26.4 pytest-xdist \
+     -e ".[all,mxnet,test]" >build/ci/setup-mx.log 2>&1; echo $? >build/ci/setup-mx.rc) &
+  pids+=($!)
+fi
+wait "${pids[@]}"
+for f in build/ci/setup-*.rc; do
+  [ -f "$f" ] || continue
+  if [ "$(cat "$f")" != 0 ]; then cat "${f%.rc}.log"; stamp "FAILED: ${f%.rc} (see above)"; exit 1; fi
+done
+stamp "environments ready in $(( $(date +%s) - t0 )) s"
+
+# -- jobs ---------------------------------------------------------------------------------------------
+names=(); cmds=()
+job() { names+=("$1"); cmds+=("$2"); }
+conformance() {  # conformance VENV BACKENDS [extra args]: the suite, its matrix as JSON in build/
+  local venv=$1 backends=$2; shift 2
+  echo "$venv/bin/multidev conformance --backend $backends --json build/conformance-$(basename "$venv")-${backends//[,:]/_}.json $*"
+}
+if [[ $LANES == *,fast,* ]]; then
+  job fast-lint ".venv-fast/bin/ruff check . && .venv-fast/bin/mypy && .venv-fast/bin/mkdocs build --strict -q"
+  job fast-tests ".venv-fast/bin/pytest -q -n 2"
+  job fast-suite "$(conformance .venv-fast numpy,array_api:array_api_strict --multiprocess)"
+fi
+if [[ $LANES == *,modern,* ]]; then
+  job modern-tests ".venv/bin/pytest -q -n 3 --durations=15 --ignore=tests/test_mutation_catalogue.py"
+  job modern-catalogue ".venv/bin/pytest -q tests/test_mutation_catalogue.py"
+  job modern-suite-torch "$(conformance .venv torch --multiprocess)"
+  job modern-suite-jax "$(conformance .venv jax --multiprocess)"
+  job modern-suite-tf "$(conformance .venv tensorflow --multiprocess)"
+fi
+if [[ $LANES == *,mx,* ]]; then
+  # MXNet's own tests, and those that take every backend or the NumPy/JAX adapters (NumPy 1.26, JAX 0.7.1)
+  job mx-tests ".venv-mx/bin/pytest -q -n 2 --durations=10 -m 'not multiprocess or mxnet' \
+tests/test_adapter_mxnet.py tests/test_adapter_jax.py tests/test_adapter_api.py tests/test_trees.py \
+tests/test_models.py tests/test_exchange_handoff.py tests/test_dlpack_own_device.py tests/adversarial"
+  # the JAX engine of JAX 0.7.1 with JAX's and MXNet's tensors (the modern lane runs every engine)
+  job mx-suite "MULTIDEV_DISTRIBUTED_ENGINES='jax=jax+mxnet' $(conformance .venv-mx mxnet,numpy,jax --multiprocess)"
 fi
 
-if [[ $LANES == *,mx,* ]]; then
-  stamp "with MXNet: numpy 1.26.4, JAX 0.7.1, TF 2.21, MXNet 1.9.1"
-  setup .venv-mx tensorflow-cpu==2.21.0 jax==0.7.1 jaxlib==0.7.1 mxnet==1.9.1 numpy==1.26.4 -e ".[all,mxnet,test]"
-  # Left to the modern lane (CI time): the mutation catalogue (the suite against its broken adapters,
-  # none of them MXNet's; this lane's suite run below checks the real adapters on these versions).
-  # Everything else runs here again, on NumPy 1.26, JAX 0.7.1 and MXNet.
-  .venv-mx/bin/pytest -q --durations=15 --ignore=tests/test_mutation_catalogue.py
-  # the modern lane runs every engine with every backend; here JAX 0.7.1's engine with JAX's and MXNet's
-  # tensors (and its fault cases), the torch engine with all
-  MULTIDEV_DISTRIBUTED_ENGINES="torch,jax=jax+mxnet" conformance .venv-mx numpy,torch,jax,tensorflow,mxnet --multiprocess
-  stamp "with-MXNet environment done"
-fi
-stamp "all tests passed"
+run_job() {  # run_job I: job I into build/ci/NAME.log, its status and seconds beside it
+  local name=${names[$1]} t
+  t=$(date +%s)
+  bash -c "${cmds[$1]}" >"build/ci/$name.log" 2>&1
+  echo $? >"build/ci/$name.rc"
+  echo $(( $(date +%s) - t )) >"build/ci/$name.time"
+}
+running=0
+for i in "${!names[@]}"; do
+  if [ "$running" -ge "$JOBS" ]; then wait -n; running=$((running - 1)); fi
+  stamp "start ${names[$i]}: ${cmds[$i]}"
+  run_job "$i" &
+  running=$((running + 1))
+done
+wait
+
+# -- report -------------------------------------------------------------------------------------------
+failed=0; passed=0; nfailed=0; skipped=0
+for name in "${names[@]}"; do
+  rc=$(cat "build/ci/$name.rc" 2>/dev/null || echo 99)
+  secs=$(cat "build/ci/$name.time" 2>/dev/null || echo "?")
+  echo
+  if [ "$rc" = 0 ]; then
+    echo "== $name: passed in $secs s"
+    tail -n 25 "build/ci/$name.log"
+  else
+    echo "== $name: FAILED (exit $rc) in $secs s; its whole log:"
+    cat "build/ci/$name.log"
+    failed=1
+  fi
+  line=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "build/ci/$name.log" | tail -n 1)
+  p=$(sed -nE 's/.* ?([0-9]+) passed.*/\1/p' <<<"$line"); f=$(sed -nE 's/.* ?([0-9]+) failed.*/\1/p' <<<"$line")
+  s=$(sed -nE 's/.* ([0-9]+) skipped.*/\1/p' <<<"$line")
+  passed=$((passed + ${p:-0})); nfailed=$((nfailed + ${f:-0})); skipped=$((skipped + ${s:-0}))
+done
+echo
+for lane in fast modern mx; do
+  [[ $LANES == *,$lane,* ]] || continue
+  total=0
+  for name in "${names[@]}"; do [[ $name == $lane-* ]] && total=$((total + $(cat "build/ci/$name.time" 2>/dev/null || echo 0))); done
+  echo "== $lane: $total s of jobs"
+done
+stamp "done: $( [ $failed = 0 ] && echo 'all jobs passed' || echo 'SOME JOBS FAILED')"
+echo "$passed passed, $nfailed failed, $skipped skipped"
+exit $failed

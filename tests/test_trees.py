@@ -142,3 +142,20 @@ def test_structure_calls_leave_no_reference_cycle_holding_their_results() -> Non
     finally:
         if enabled:
             gc.enable()
+
+
+def test_numpy_default_device_is_native_in_native_out() -> None:
+    """On cpu:0 (the host) every call gives a plain numpy.ndarray, as md.to always did; the other
+    virtual devices keep their tagged subclass."""
+    import numpy as np
+
+    import multidev as md
+
+    x = np.arange(4.0)
+    made = [md.copy(x, "cpu:0"), md.asarray([1.0], device="cpu:0", backend="numpy"), md.zeros(3, backend="numpy"),
+            md.full(2, 1.0, backend="numpy"), md.to(md.copy(x, "cpu:1"), "cpu:0"),
+            md.allreduce([md.copy(x, "cpu:0"), md.copy(x, "cpu:1")])[0], md.copy(x, "cpu:0") + 1]
+    assert [type(a) for a in made] == [np.ndarray] * len(made)
+    assert all(md.device_of(a) == md.device("cpu:0") for a in made)
+    other = md.copy(x, "cpu:1")
+    assert type(other) is not np.ndarray and md.device_of(other + 1) == md.device("cpu:1")
