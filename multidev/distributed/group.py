@@ -257,6 +257,7 @@ def init(engine: str | None = None, *, transport: str | None = None, rank: int |
         settings = Settings(rank=explicit["rank"], world_size=explicit["world_size"],
                             local_rank=explicit["local_rank"], address=address, transport=transport,
                             timeout=tmo, rendezvous_timeout=rdv, launch=launch)
+        cls.check_launch(os.environ, settings)  # malformed or stale variables: at once, before any import
         eng = cls()
         member = eng.start(settings)
         r, w = member.rank, member.world_size
