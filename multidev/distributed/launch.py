@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("name the script to run (or -m MODULE)")
     cmd = [sys.executable, *rest]
     procs = start(a.engine, a.nproc, cmd, options=a.options)
-    own = len(procs) == 1 and a.nproc > 1  # the engine's own launcher (mpiexec) runs the ranks
-    names = ["the engine's launcher (its own message names the rank)"] if own else [f"rank {r}" for r in range(len(procs))]
+    delegated = len(procs) == 1 and a.nproc > 1  # the engine's own launcher (mpiexec) runs the ranks
+    names = (["the engine's launcher (its own message names the rank)"] if delegated
+             else [f"rank {r}" for r in range(len(procs))])
     status = 0
     failed_at: float | None = None
     reported: set[int] = set()
