@@ -53,7 +53,7 @@ from multidev.distributed.engine import (
     run_with_deadline,
     translate_errors,
 )
-from multidev.errors import DistributedError, DistributedSetupError
+from multidev.errors import CapabilityError, DistributedError, DistributedSetupError
 
 _generation = [0]
 
@@ -186,6 +186,11 @@ class JaxEngine(Engine):
         from jax._src import xla_bridge
 
         self.jax, self.timeout = jax, settings.timeout
+        if _generation[0] > 0:
+            raise CapabilityError("the jax engine cannot form a new group in a process whose group has ended (JAX's "
+                                  "multi-controller runtime starts once per process); after a lost rank, restart the "
+                                  "job with the ranks that remain (python -m multidev.distributed.launch -n N, or the "
+                                  "launcher's restart policy)")
         if xla_bridge.backends_are_initialized():
             raise DistributedError("the jax engine must start before JAX computes anything (JAX's rule for "
                                    "jax.distributed): call multidev.distributed.init() first in the script")

@@ -339,6 +339,10 @@ class MpiEngine(Engine):
         if not _exit["registered"]:
             atexit.register(_finalize_at_exit)
             _exit["registered"] = True
+        if _exit["broken"]:
+            raise CapabilityError("the mpi engine cannot form a new group after a lost rank: MPI's world still "
+                                  "holds the dead process and every communicator made from it waits for it (ULFM's "
+                                  "MPI_Comm_shrink is not used here); restart the job with the ranks that remain")
         if MPI.Is_finalized():
             raise DistributedError("the mpi engine: MPI was finalized in this process; MPI cannot start twice")
         if not MPI.Is_initialized():

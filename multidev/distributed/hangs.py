@@ -31,7 +31,14 @@ def wait_for(h: Handle, timeout: float, what: str, group: Any = None) -> None:
     the checks are off). With ``group``, the ranks that time out post their arrival on the
     consistency channel and read the others' for a short while (a tenth of the group's timeout, at
     most 2 s), so the error names the ranks that never came."""
-    if not h.wait(timeout):
+    try:
+        done = h.wait(timeout)
+    except DistributedTimeoutError as e:  # the runtime's own timeout (gloo's, NCCL's blocking wait)
+        absent = _absent(group) if group is not None else ""
+        if absent:
+            raise DistributedTimeoutError(f"{e}{absent}") from e
+        raise
+    if not done:
         absent = _absent(group) if group is not None else ""
         raise DistributedTimeoutError(
             f"{what} did not finish within {timeout:g} s{absent}: a rank died or stopped answering during it (every "
