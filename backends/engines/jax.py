@@ -85,7 +85,12 @@ class _Dispatcher:
     the caller's deadline still holds (:class:`_Ready` polls the future). A daemon thread, not an
     executor's: one stuck in gloo must not hold up the interpreter's exit."""
 
+    #: Seconds a stop waits for a dispatch still inside a collective (gloo gives up on a missing peer
+    #: after 30 s): a thread killed inside XLA at interpreter exit aborts the process.
+    DRAIN = 40.0
+
     def __init__(self) -> None:
+        self.busy = False
         self.q: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._loop, name="multidev jax engine dispatch", daemon=True)
         self.thread.start()
@@ -101,13 +106,21 @@ class _Dispatcher:
             if item is None:
                 return
             fn, fut = item
+            self.busy = True
             try:
                 fut.set_result(fn())
             except BaseException as e:  # noqa: BLE001 - the caller's to raise
                 fut.set_exception(e)
+            finally:
+                self.busy = False
 
     def close(self) -> None:
+        """Stop the thread; when it is still inside a collective (a peer that never came), wait for
+        the runtime to give up on it (at most :attr:`DRAIN` s): the interpreter's exit would kill
+        it inside XLA's C++ code, which aborts the process ("FATAL: exception not rethrown")."""
         self.q.put(None)
+        if self.busy:
+            self.thread.join(self.DRAIN)
 
 
 class _Ready(Handle):
@@ -276,12 +289,12 @@ class JaxEngine(Engine):
                 self.exchange(-2, [0], min(self.timeout, 10.0))
             if self.rank == 0:
                 time.sleep(0.2)  # the others disconnect from process 0's service before it stops
+        dispatch = getattr(self, "_dispatch", None)
+        if dispatch is not None:
+            dispatch.close()  # before the runtime goes: a dispatch still inside a collective ends first
         with contextlib.suppress(Exception):
             jax.distributed.shutdown()
         self.client = None
-        dispatch = getattr(self, "_dispatch", None)
-        if dispatch is not None:
-            dispatch.close()
 
     def lost(self, what: str, timeout: float | None = None) -> Any:
         return peer_errors(f"the jax engine: {what}", (RuntimeError, TimeoutError, ConnectionError),
