@@ -57,6 +57,7 @@ def test_a_bad_leaf_anywhere_leaves_every_model_unmoved(monkeypatch: pytest.Monk
 
 @pytest.mark.skipif(not _have("mxnet"), reason="needs MXNet (the with-MXNet lane): a Gluon block in a list")
 def test_a_bad_leaf_leaves_a_gluon_block_where_it_was() -> None:
+    md.backend("mxnet")  # the adapter imports mxnet (on NumPy >= 1.24 it needs the adapter's np.bool)
     import mxnet as mx
 
     net = mx.gluon.nn.Dense(2, in_units=2)
@@ -168,6 +169,7 @@ def test_bad_arguments_are_value_or_type_errors() -> None:
 
 
 # -- row 13: capabilities compared by value --------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:multidev. adapter 'faults_fresh' claims:RuntimeWarning")
 def test_an_adapter_whose_capabilities_are_a_new_equal_object_each_read() -> None:
     class Fresh(type(md.backend("numpy"))):  # type: ignore[misc]
         name = "faults_fresh"
