@@ -32,7 +32,7 @@ def work(seed: int, calls: int, errors: list[str]) -> None:
         ref = np.arange(n, dtype=np.float32)
         op = i % 5
         if op == 0:
-            y = np.asarray(jax.dlpack.from_dlpack(ref.__dlpack__()))  # NumPy -> JAX zero-copy, back
+            y = np.asarray(jax.dlpack.from_dlpack(ref))  # NumPy -> JAX zero-copy, back
         elif op == 1:
             a = jnp.asarray(ref)
             y = np.from_dlpack(a)  # JAX -> NumPy zero-copy (an external reference to the buffer)
