@@ -51,12 +51,14 @@ from .errors import (
                   DeviceMismatchError,
                   DeviceNotFoundError,
                   DistributedError,
+                  DistributedSetupError,
                   DistributedTimeoutError,
                   InvalidArgumentError,
                   InvalidDeviceError,
                   InvalidDtypeError,
                   MultidevError,
                   OutOfMemoryError,
+                  ScopeError,
                   UnsupportedTensorError,
 )
 from .exchange import convert
@@ -70,8 +72,9 @@ __version__ = "0.2.0"
 __all__ = [
     "AdapterError", "Backend", "BackendError", "BackendNotAvailableError", "Capabilities", "CapabilityError",
     "CollectiveInputError", "CollectiveMismatchError", "Compiled", "Device", "DeviceMismatchError",
-    "DeviceNotFoundError", "DistributedError", "DistributedTimeoutError", "InvalidArgumentError", "InvalidDeviceError",
-    "InvalidDtypeError", "MultidevError", "OutOfMemoryError", "Transfer", "UnsupportedTensorError",
+    "DeviceNotFoundError", "DistributedError", "DistributedSetupError", "DistributedTimeoutError",
+    "InvalidArgumentError", "InvalidDeviceError",
+    "InvalidDtypeError", "MultidevError", "OutOfMemoryError", "ScopeError", "Transfer", "UnsupportedTensorError",
     "allgather", "allreduce", "arange", "asarray", "backend", "backend_of",
     "backends", "broadcast", "canonical_dtype", "compile", "convert", "copy", "cpu", "default_device", "device",
     "device_of", "device_scope", "devices", "distributed", "dtype_of", "empty", "full", "gather",

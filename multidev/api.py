@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import numbers
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,7 @@ from .errors import (
     InvalidArgumentError,
     InvalidDeviceError,
     MultidevError,
+    ScopeError,
     UnsupportedTensorError,
 )
 from .placement import as_device, resolve, scope_backend, scope_device
@@ -128,8 +131,7 @@ def try_all_gpus(backend: str | None = None) -> list[Device]:
     return gpus or [Device("cpu", 0)]
 
 
-@contextlib.contextmanager
-def device_scope(device: DeviceLike, backend: str | None = None) -> Iterator[Device]:
+def device_scope(device: DeviceLike, backend: str | None = None) -> contextlib.AbstractContextManager[Device]:
     """Within the block, multidev's creation calls default to ``device`` (and to ``backend`` when
     given). With ``backend``, the framework's own default device is set too where the framework has
     one (torch's device context, ``jax.default_device``, ``tf.device``, MXNet's context: the
@@ -138,24 +140,92 @@ def device_scope(device: DeviceLike, backend: str | None = None) -> Iterator[Dev
     backend has (DeviceNotFoundError otherwise).
 
     multidev's part is context-local (threads and asyncio tasks each see their own scope); the
-    framework's part nests and crosses threads as the framework's own scope does.
+    framework's part nests and crosses threads as the framework's own scope does. Misuse raises
+    :class:`~multidev.errors.ScopeError` naming the scope: a scope exited before the scopes
+    entered inside it closes those first (this context is left as it was before the scope was
+    entered, and their own later exits do nothing); one exited from another thread or context, or
+    entered twice, changes nothing.
     """
     dev = as_device(device)
-    with contextlib.ExitStack() as stack:
-        if backend is not None:
-            b = get_backend(backend)
-            target = resolve(b, dev)  # a device the backend has: DeviceNotFoundError at once otherwise
-            if supports(b, SupportsDeviceScope):
-                with translate_errors(lambda: f"{b.name} device_scope({target})"):
-                    stack.enter_context(b.device_scope(target))  # type: ignore[attr-defined]
-        t1 = scope_device.set(dev)
-        t2 = scope_backend.set(backend) if backend is not None else None
-        try:
-            yield dev
-        finally:
-            scope_device.reset(t1)
-            if t2 is not None:
-                scope_backend.reset(t2)
+    b = get_backend(backend) if backend is not None else None
+    target = resolve(b, dev) if b is not None else None  # DeviceNotFoundError at once otherwise
+    return _DeviceScope(dev, backend, b, target)
+
+
+#: The device scopes open in this context (thread or asyncio task), innermost last.
+_open_scopes: contextvars.ContextVar[tuple[_DeviceScope, ...]] = contextvars.ContextVar("md_open_scopes",
+                                                                                         default=())
+
+
+class _DeviceScope:
+    """One :func:`device_scope`: entered once, exited once, in its own context, innermost first."""
+
+    __slots__ = ("b", "backend", "context", "dev", "framework", "name", "state", "target", "tokens")
+
+    def __init__(self, dev: Device, backend: str | None, b: Backend | None, target: Device | None) -> None:
+        self.dev, self.backend, self.b, self.target = dev, backend, b, target
+        self.name = f"device_scope({str(dev)!r}" + (f", backend={backend!r})" if backend is not None else ")")
+        self.state = "new"  # -> "open" -> "closed"
+        self.framework: Any = None
+        self.tokens: tuple[Any, ...] = ()
+        self.context: Any = None
+
+    def __enter__(self) -> Device:
+        if self.state != "new":
+            raise ScopeError(f"{self.name} was entered already; make a new device_scope for each with-block")
+        b = self.b
+        if b is not None and supports(b, SupportsDeviceScope):
+            cm = b.device_scope(self.target)  # type: ignore[attr-defined]
+            with translate_errors(lambda: f"{b.name} {self.name}"):
+                cm.__enter__()
+            self.framework = cm
+        opened = _open_scopes.get()
+        self.tokens = (scope_device.set(self.dev),
+                       scope_backend.set(self.backend) if self.backend is not None else None,
+                       _open_scopes.set((*opened, self)))
+        self.context = threading.get_ident()
+        self.state = "open"
+        return self.dev
+
+    def _close(self) -> BaseException | None:
+        """Undo this scope in this context (multidev's part, then the framework's); its error, if any."""
+        t1, t2, t3 = self.tokens
+        _open_scopes.reset(t3)
+        if t2 is not None:
+            scope_backend.reset(t2)
+        scope_device.reset(t1)
+        self.state = "closed"
+        cm, self.framework = self.framework, None
+        if cm is not None:
+            try:
+                with translate_errors(lambda: f"{self.b.name if self.b else ''} {self.name} (its exit)"):
+                    cm.__exit__(None, None, None)
+            except BaseException as e:  # noqa: BLE001 - reported by the caller
+                return e
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.state == "closed":
+            return None  # closed already by an outer scope exited before it (that exit raised)
+        if self.state == "new":
+            raise ScopeError(f"{self.name} is exited without having been entered")
+        opened = _open_scopes.get()
+        if self not in opened:
+            raise ScopeError(f"{self.name} was entered in thread {self.context} and is exited in thread "
+                             f"{threading.get_ident()} (or another asyncio task): exit it where it was entered; "
+                             "nothing was changed")
+        inner = opened[opened.index(self) + 1:]
+        errors = [e for s in reversed(inner) if (e := s._close()) is not None]
+        err = self._close()
+        if inner:
+            raise ScopeError(f"{self.name} was exited before the scopes entered inside it "
+                             f"({', '.join(s.name for s in inner)}); they were closed first, so this thread is as "
+                             "it was before this scope was entered (their own exits now do nothing)")
+        if err is not None:
+            raise err
+        if errors:
+            raise errors[0]
+        return None
 
 
 def native_device(device: DeviceLike, backend: str | None = None) -> Any:
@@ -196,7 +266,7 @@ def _checked_dtype(b: Backend, dtype: Any, default: str, device: Device) -> str:
         hit = _DTYPES_CHECKED.get(key)
     except TypeError:  # an unhashable spelling: checked every time
         return _dtype(b, dtype, default, device)
-    if hit is not None and hit[0] is caps:
+    if hit is not None and (hit[0] is caps or hit[0] == caps):  # by value: a property may make a new one
         return hit[1]
     name = _dtype(b, dtype, default, device)
     if len(_DTYPES_CHECKED) < _DTYPES_CHECKED_MAX:
@@ -293,6 +363,7 @@ def _constant(what: str, value: int, shape: int | Sequence[int], dtype: Any, dev
         plan = _PLANS.get(key)  # type: ignore[arg-type]
     except TypeError:  # an unhashable spelling: no plan
         plan = key = None
+    fresh = plan is None
     if plan is None:
         b = _backend(backend)
         dev = resolve(b, device)
@@ -303,7 +374,9 @@ def _constant(what: str, value: int, shape: int | Sequence[int], dtype: Any, dev
         if key is not None and len(_PLANS) < _PLANS_MAX:
             _PLANS[key] = plan
     b, caps, dev, name, fill, host_max = plan
-    if b.capabilities is not caps or dev not in b.devices():  # the backend changed: plan again
+    now = b.capabilities
+    if not fresh and ((now is not caps and now != caps) or dev not in b.devices()):  # changed: plan again
+        # (by value: an adapter's property may return a new, equal object on every read)
         if key is not None:
             _PLANS.pop(key, None)
         return _constant(what, value, shape, dtype, device, backend)
@@ -546,7 +619,7 @@ def _structure_to(x: Any, device: DeviceLike) -> Any:
     def move_module(b: Backend, m: Any) -> Any:
         with translate_errors(lambda: f"{b.name} to({dev}) of a model"):
             return b.move_module(m, resolve(b, dev))  # type: ignore[attr-defined]
-    return tree_map(lambda t: to(t, dev), x, "to", module=move_module)
+    return tree_map(lambda t: to(t, dev), x, "to", module=move_module, check=lambda b: resolve(b, dev))
 
 
 def copy(x: Any, device: DeviceLike | None = None) -> Any:
@@ -565,7 +638,8 @@ def _structure_copy(x: Any, device: DeviceLike | None) -> Any:
         dev = device_of(m) if device is None else resolve(b, device)
         with translate_errors(lambda: f"{b.name} copy of a model"):
             return b.copy_module(m, dev)  # type: ignore[attr-defined]
-    return tree_map(lambda t: copy(t, device), x, "copy", module=copy_module)
+    check = None if device is None else (lambda b: resolve(b, device))
+    return tree_map(lambda t: copy(t, device), x, "copy", module=copy_module, check=check)
 
 
 def to_numpy(x: Any) -> np.ndarray:

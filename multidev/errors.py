@@ -16,12 +16,14 @@ __all__ = [
     "DeviceMismatchError",
     "DeviceNotFoundError",
     "DistributedError",
+    "DistributedSetupError",
     "DistributedTimeoutError",
     "InvalidArgumentError",
     "InvalidDeviceError",
     "InvalidDtypeError",
     "MultidevError",
     "OutOfMemoryError",
+    "ScopeError",
     "UnsupportedTensorError",
 ]
 
@@ -95,3 +97,16 @@ class CollectiveMismatchError(DistributedError, CollectiveInputError):
 class DistributedTimeoutError(DistributedError, TimeoutError):
     """Another rank died, hung or never arrived: the collective (or init) gave up after its timeout,
     or as soon as the peer's connection closed."""
+
+
+class DistributedSetupError(DistributedError, InvalidArgumentError):
+    """A malformed or inconsistent setting of the process group: an argument of ``init``, a
+    launcher's variable that is no integer or out of range, variables left by a launcher that did not
+    start this process, a rendezvous port already taken. Raised at once, before anything waits,
+    naming the setting and the fix; a ``ValueError`` as well as a ``DistributedError``."""
+
+
+class ScopeError(MultidevError, RuntimeError, ValueError):
+    """A :func:`multidev.device_scope` used out of its order: exited twice, before a scope entered
+    inside it (out of order), or from another thread or context than the one that entered it. The
+    message names the scope; no thread's scope state is left changed by the refused exit."""

@@ -19,7 +19,14 @@ from typing import Any
 
 from ._device import DeviceLike
 from .dlpack import DLPackCapsule, DLPackInfo, dlpack_info
-from .errors import CapabilityError, DeviceMismatchError, DeviceNotFoundError, MultidevError, UnsupportedTensorError
+from .errors import (
+    CapabilityError,
+    DeviceMismatchError,
+    DeviceNotFoundError,
+    InvalidArgumentError,
+    MultidevError,
+    UnsupportedTensorError,
+)
 from .placement import as_device
 from .protocol import Backend, SupportsDLPack
 from .registry import backend_of, cached_owner, get_backend, require, tie_cache
@@ -340,7 +347,7 @@ def _route(src: Backend, dst: Backend, here: Any, dev: Any, dtype: str, sc: Any,
 
 def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None) -> Any:
     if copy is not None and not isinstance(copy, bool):
-        raise CapabilityError(f"convert: copy must be None, True or False, got {copy!r:.40}")
+        raise InvalidArgumentError(f"convert: copy must be None, True or False, got {copy!r:.40}")
     src = cached_owner(type(x)) or backend_of(x)
     dst = get_backend(backend)
     here = src.device_of(x)

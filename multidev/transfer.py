@@ -12,7 +12,7 @@ from .adapter import start_move, start_to_numpy
 from .errors import InvalidArgumentError, InvalidDeviceError, UnsupportedTensorError
 from .placement import as_device, resolve
 from .protocol import SupportsNonBlocking
-from .registry import backend_of, supports
+from .registry import backend_of, cached_owner, supports
 from .trees import is_structure, owner_or_structure, tree_map
 from .validate import translate_errors
 
@@ -80,13 +80,24 @@ def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
     return Transfer(y, waiter)
 
 
+def _is_tensor(x: Any) -> bool:
+    """Whether a registered backend owns ``x`` as its tensor (one lookup for a class seen before)."""
+    if cached_owner(type(x)) is not None:
+        return True
+    try:
+        backend_of(x)
+        return True
+    except UnsupportedTensorError:
+        return False
+
+
 def _start_structure(x: Any, device: DeviceLike) -> Transfer[Any]:
     dev = as_device(device)
 
     def move_module(b: Any, m: Any) -> Any:
         with translate_errors(lambda: f"{b.name} to({dev}) of a model"):
             return _Done(b.move_module(m, resolve(b, dev)))
-    pending = tree_map(lambda t: start_to(t, dev), x, "to", module=move_module)
+    pending = tree_map(lambda t: start_to(t, dev), x, "to", module=move_module, check=lambda b: resolve(b, dev))
     handles = _is_handle
 
     def land() -> Any:
@@ -142,19 +153,21 @@ def to_host(xs: Any, non_blocking: bool) -> Any: ...
 
 
 def to_host(xs: Any, non_blocking: bool = False) -> Any:
-    """Copy many tensors to host NumPy arrays (D2L: run on the GPU and copy results to the CPU).
+    """Copy tensors to host NumPy arrays (D2L: run on the GPU and copy results to the CPU).
 
-    ``xs`` is a structure of tensors (a list, tuple, named tuple or dict, nested as deep as you
-    like, or a framework's tree), given back with NumPy arrays in place of its tensors; or any other
-    iterable, such as a generator of results, given back as a list: each copy is started as soon as
-    the iterable yields its tensor (into pinned host buffers where the backend has them), so the
-    copies of early results run while later ones are computed. Blocking: returns the arrays.
-    ``non_blocking=True``: returns a :class:`Transfer` whose ``wait()`` gives them. Arrays of CPU
-    tensors may share their memory. A model is refused: pass its tensors (its state as a dict).
+    ``xs`` is one tensor (given back as one array, as ``jax.device_get`` does); or a structure of
+    tensors (a list, tuple, named tuple or dict, nested as deep as you like, or a framework's tree),
+    given back with NumPy arrays in place of its tensors; or any other iterable, such as a generator
+    of results, given back as a list: each copy is started as soon as the iterable yields its
+    tensor (into pinned host buffers where the backend has them), so the copies of early results run
+    while later ones are computed. Blocking: returns the arrays. ``non_blocking=True``: returns a
+    :class:`Transfer` whose ``wait()`` gives them. Arrays of CPU tensors may share their memory. A
+    model is refused: pass its tensors (its state as a dict).
     """
-    if isinstance(xs, (str, bytes)) or not (hasattr(xs, "__iter__") or is_structure(xs)):
-        raise InvalidArgumentError(f"to_host takes a structure or an iterable of tensors, got {type(xs).__name__}")
-    if isinstance(xs, (list, tuple, dict)) or is_structure(xs):
+    if isinstance(xs, (str, bytes)) or not (hasattr(xs, "__iter__") or is_structure(xs) or _is_tensor(xs)):
+        raise InvalidArgumentError(f"to_host takes a tensor, a structure or an iterable of tensors, got "
+                                   f"{type(xs).__name__}")
+    if isinstance(xs, (list, tuple, dict)) or _is_tensor(xs) or is_structure(xs):  # a tensor is a leaf
         pending: Any = tree_map(lambda t: _start_host_copy(t, "a tensor"), xs, "to_host")
     else:
         pending = []

@@ -79,76 +79,189 @@ def _remade(cls: type, items: list[Any]) -> Any:
         return items
 
 
+def _same_items(y: Any, items: list[Any]) -> bool:
+    try:
+        return type(y) is not None and len(y) == len(items) and all(a is b for a, b in zip(y, items))
+    except Exception:  # noqa: BLE001 - a constructor that makes something else: not a rebuild
+        return False
+
+
+def _tuple_maker(x: tuple, path: tuple[Any, ...], what: str) -> Callable[[list[Any]], Any]:
+    """How to rebuild tuple ``x`` (a plain tuple, a named tuple or another tuple subclass) from new
+    items, found before anything is moved: a subclass is rebuilt with ``cls(items)`` or
+    ``cls(*items)``, whichever gives back ``x``'s own items when given them; one that takes neither
+    is refused (UnsupportedTensorError naming its path), so a call never fails half-way on it."""
+    cls = type(x)
+    if cls is tuple:
+        return tuple
+    if _is_namedtuple(x):
+        return lambda items: cls(*items)
+    old = list(x)
+    for make in (lambda items: cls(items), lambda items: cls(*items)):
+        try:
+            probe = make(old)
+        except Exception:  # noqa: BLE001 - this spelling of the constructor does not fit
+            continue
+        if type(probe) is cls and _same_items(probe, old):
+            return make
+    raise UnsupportedTensorError(
+        f"{what}: {_path(path)} is a {cls.__module__}.{cls.__qualname__}, a tuple subclass whose constructor "
+        "rebuilds it neither from a list of its items nor from the items as arguments; pass a tuple or a list "
+        "(nothing was moved)")
+
+
+# The nodes of a flattened structure (see tree_map): (kind, payload, first child, child count).
+_NONE, _LEAF, _MODULE, _LIST, _TUPLE, _DICT, _TREE = range(7)
+_WALKED = object()  # a framework tree's child that the walk visits (its result takes its place)
+
+
 def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
              module: Callable[[Backend, Any], Any] | None = None,
-             is_leaf: Callable[[Any], bool] | None = None) -> Any:
+             is_leaf: Callable[[Any], bool] | None = None,
+             check: Callable[[Backend], Any] | None = None) -> Any:
     """``obj`` with ``leaf(x)`` for every tensor ``x`` (or every object ``is_leaf`` accepts) and
     ``module(b, m)`` for every framework module ``m`` (owned by adapter ``b``); the structure rebuilt.
-    ``what`` names the call in errors. Without ``module``, a module raises UnsupportedTensorError."""
-    memo: dict[int, Any] = {}
+    ``what`` names the call in errors. Without ``module``, a module raises UnsupportedTensorError.
 
-    def go(x: Any, path: tuple[Any, ...], go: Callable[..., Any]) -> Any:
-        # go gets itself as an argument: a closure over its own name would be a reference cycle
-        # (go -> its cell -> go) keeping the memo, and every result in it, alive until a garbage
-        # collection (md.to_host's pinned buffers then could not go back to CuPy's pool: a fresh
-        # ~50 ms cudaHostAlloc for every 64 MiB copy on an H200).
+    All or nothing where it can be: the whole structure is walked first (every leaf recognised,
+    every container's rebuild found, ``check(b)`` called once for each adapter owning a tensor or a
+    module, say to resolve the target device), so a bad leaf anywhere raises before ``leaf`` or
+    ``module`` ran on anything; then every tensor leaf, then the modules (moved in place: last, so a
+    failing tensor leaves every model as it was). A module call that fails after others succeeded
+    says which were changed (a note on the error). The walk is iterative: neither a deep structure
+    nor a deep caller leaks RecursionError."""
+    if obj is None:
+        raise UnsupportedTensorError(f"{what}: got None, not a tensor or a structure of tensors")
+    # -- 1. flatten: nodes in pre-order (a node's children follow it), nothing called yet ------------
+    kinds: list[int] = []
+    payload: list[Any] = []
+    children: list[list[int]] = []
+    owners: dict[int, Backend] = {}
+    stack: list[tuple[Any, tuple[Any, ...], int, int]] = [(obj, (), -1, 0)]  # (x, path, parent, slot)
+    while stack:
+        x, path, parent, slot = stack.pop()
+        i = len(kinds)
+        if parent >= 0:
+            children[parent][slot] = i
+        kids: list[Any] = []
         if len(path) > MAX_DEPTH:
             raise InvalidArgumentError(f"{what}: the structure is nested deeper than {MAX_DEPTH} levels at "
                                        f"{_path(path[:8])}...; is it circular?")
-        if x is None:
-            return None
-        hit = memo.get(id(x))
-        if hit is not None:
-            return hit[1]
-        if is_leaf is not None and is_leaf(x):
-            y = leaf(x)
-            memo[id(x)] = (x, y)
-            return y
-        try:
-            backend_of(x)
-        except UnsupportedTensorError:
-            pass
-        else:
-            y = leaf(x)
-            memo[id(x)] = (x, y)  # x kept alive so its id stays unique during the call
-            return y
-        cls = type(x)
-        if isinstance(x, list) and not _framework_node(x):
-            items = [go(v, (*path, i), go) for i, v in enumerate(x)]
-            return items if cls is list else _remade(cls, items)
-        if isinstance(x, tuple) and not _framework_node(x):
-            items = [go(v, (*path, i), go) for i, v in enumerate(x)]
-            return cls(*items) if _is_namedtuple(x) else (tuple(items) if cls is tuple else cls(items))
-        if isinstance(x, dict) and not _framework_node(x):
-            out = {k: go(v, (*path, k), go) for k, v in x.items()}
-            if cls is dict:
-                return out
-            try:  # OrderedDict, defaultdict (its factory kept), other dict subclasses
-                new = copy.copy(x)
-                new.clear()
-                new.update(out)
-                return new
-            except (TypeError, AttributeError):
-                return out
-        owner = structure_owner(x)
-        if owner is not None:
-            b, kind = owner
-            if kind == "tree":
-                children, rebuild = b.flatten_tree(x)  # type: ignore[attr-defined]
-                return rebuild([go(c, (*path, i), go) if (is_leaf is not None and is_leaf(c)) or _holds_tensors(c)
-                                else c for i, c in enumerate(children)])
-            if module is None:
-                raise UnsupportedTensorError(f"{what}: {_path(path)} is a {b.name} model "
-                                             f"({cls.__module__}.{cls.__qualname__}), which {what} does not take; "
-                                             "pass its tensors (a dict of its parameters and buffers)")
-            return module(b, x)
-        raise UnsupportedTensorError(f"{what}: {_path(path)} is a {cls.__module__}.{cls.__qualname__}, not a tensor "
-                                     "or a structure of tensors (lists, tuples, named tuples, dicts, a framework's "
-                                     "trees and models)")
+        kind, data = _classify(x, path, what, module is not None, is_leaf, kids, owners)
+        kinds.append(kind)
+        payload.append(data)
+        children.append([-1] * len(kids))
+        for s in range(len(kids) - 1, -1, -1):  # pushed in reverse: popped (numbered) in order
+            c, cpath = kids[s]
+            stack.append((c, cpath, i, s))
+    if check is not None:
+        for b in {id(b): b for b in owners.values()}.values():
+            check(b)
+    # -- 2. the calls: tensors first, then the models (moved in place) -------------------------------
+    out: list[Any] = [None] * len(kinds)
+    memo: dict[int, Any] = {}
+    for i, k in enumerate(kinds):
+        if k == _LEAF:
+            x = payload[i]
+            hit = memo.get(id(x))
+            if hit is None:
+                hit = memo[id(x)] = (x, leaf(x))  # x kept alive so its id stays unique during the call
+            out[i] = hit[1]
+    done: list[str] = []
+    for i, k in enumerate(kinds):
+        if k == _MODULE:
+            b, m, path = payload[i]
+            hit = memo.get(id(m))
+            if hit is None:
+                try:
+                    hit = memo[id(m)] = (m, module(b, m))  # type: ignore[misc]
+                except BaseException as e:
+                    if done and hasattr(e, "add_note"):
+                        e.add_note(f"{what}: the models at {', '.join(done)} were already changed in place; the "
+                                   f"one at {_path(path)} and those after it were not")
+                    raise
+                done.append(_path(path))
+            out[i] = hit[1]
+    # -- 3. rebuild, children before parents ---------------------------------------------------------
+    for i in range(len(kinds) - 1, -1, -1):
+        k = kinds[i]
+        if k in (_NONE, _LEAF, _MODULE):
+            continue
+        items = [out[c] for c in children[i]]
+        data = payload[i]
+        if k == _LIST:
+            out[i] = items if data is list else _remade(data, items)
+        elif k == _TUPLE:
+            out[i] = data(items)
+        elif k == _DICT:
+            x, keys = data
+            d = dict(zip(keys, items))
+            if type(x) is dict:
+                out[i] = d
+            else:
+                try:  # OrderedDict, defaultdict (its factory kept), other dict subclasses
+                    new = copy.copy(x)
+                    new.clear()
+                    new.update(d)
+                    out[i] = new
+                except (TypeError, AttributeError):
+                    out[i] = d
+        else:  # _TREE
+            rebuild, kept = data
+            it = iter(items)
+            out[i] = rebuild([next(it) if keep is _WALKED else keep for keep in kept])
+    return out[0]
 
-    if obj is None:
-        raise UnsupportedTensorError(f"{what}: got None, not a tensor or a structure of tensors")
-    return go(obj, (), go)
+
+def _classify(x: Any, path: tuple[Any, ...], what: str, modules: bool, is_leaf: Callable[[Any], bool] | None,
+              kids: list[Any], owners: dict[int, Backend]) -> tuple[int, Any]:
+    """One node of :func:`tree_map`'s walk: its kind and payload; its children appended to ``kids``
+    as ``(child, path)``. Raises for what the call cannot take (nothing has been called yet)."""
+    if x is None:
+        return _NONE, None
+    if is_leaf is not None and is_leaf(x):
+        return _LEAF, x
+    try:
+        b = backend_of(x)
+    except UnsupportedTensorError:
+        pass
+    else:
+        owners[id(b)] = b
+        return _LEAF, x
+    cls = type(x)
+    if isinstance(x, list) and not _framework_node(x):
+        kids.extend((v, (*path, i)) for i, v in enumerate(x))
+        return _LIST, cls
+    if isinstance(x, tuple) and not _framework_node(x):
+        make = _tuple_maker(x, path, what)
+        kids.extend((v, (*path, i)) for i, v in enumerate(x))
+        return _TUPLE, make
+    if isinstance(x, dict) and not _framework_node(x):
+        keys = list(x.keys())
+        kids.extend((x[k], (*path, k)) for k in keys)
+        return _DICT, (x, keys)
+    owner = structure_owner(x)
+    if owner is not None:
+        b, kind = owner
+        if kind == "tree":
+            parts, rebuild = b.flatten_tree(x)  # type: ignore[attr-defined]
+            kept: list[Any] = []
+            for i, c in enumerate(parts):
+                if (is_leaf is not None and is_leaf(c)) or _holds_tensors(c):
+                    kids.append((c, (*path, i)))
+                    kept.append(_WALKED)
+                else:
+                    kept.append(c)  # a static part (an activation function, a number): kept as it is
+            return _TREE, (rebuild, kept)
+        if not modules:
+            raise UnsupportedTensorError(f"{what}: {_path(path)} is a {b.name} model "
+                                         f"({cls.__module__}.{cls.__qualname__}), which {what} does not take; "
+                                         "pass its tensors (a dict of its parameters and buffers)")
+        owners[id(b)] = b
+        return _MODULE, (b, x, path)
+    raise UnsupportedTensorError(f"{what}: {_path(path)} is a {cls.__module__}.{cls.__qualname__}, not a tensor "
+                                 "or a structure of tensors (lists, tuples, named tuples, dicts, a framework's "
+                                 "trees and models)")
 
 
 def _holds_tensors(x: Any) -> bool:
@@ -185,42 +298,38 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
             seen.add(id(x))
             found.append((path, x))
 
-    def go(x: Any, path: tuple[Any, ...], go: Callable[..., None]) -> None:  # itself: see tree_map
+    if obj is None:
+        raise UnsupportedTensorError(f"{what}: got None, not a tensor or a structure of tensors")
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(obj, ())]  # iterative: no RecursionError from deep callers
+    while stack:
+        x, path = stack.pop()
         if len(path) > MAX_DEPTH:
             raise InvalidArgumentError(f"{what}: the structure is nested deeper than {MAX_DEPTH} levels")
         if x is None:
-            return
+            continue
         try:
             backend_of(x)
         except UnsupportedTensorError:
             pass
         else:
             add(path, x)
-            return
+            continue
+        kids: list[tuple[Any, tuple[Any, ...]]] = []
         if isinstance(x, (list, tuple)) and not _framework_node(x):
-            for i, v in enumerate(x):
-                go(v, (*path, i), go)
-            return
-        if isinstance(x, dict) and not _framework_node(x):
-            for k, v in x.items():
-                go(v, (*path, k), go)
-            return
-        owner = structure_owner(x)
-        if owner is not None:
+            kids = [(v, (*path, i)) for i, v in enumerate(x)]
+        elif isinstance(x, dict) and not _framework_node(x):
+            kids = [(v, (*path, k)) for k, v in x.items()]
+        else:
+            owner = structure_owner(x)
+            if owner is None:
+                raise UnsupportedTensorError(f"{what}: {_path(path)} is a {type(x).__module__}."
+                                             f"{type(x).__qualname__}, not a tensor or a structure of tensors")
             b, kind = owner
             if kind == "tree":
-                children, _ = b.flatten_tree(x)  # type: ignore[attr-defined]
-                for i, c in enumerate(children):
-                    if _holds_tensors(c):
-                        go(c, (*path, i), go)
+                parts, _ = b.flatten_tree(x)  # type: ignore[attr-defined]
+                kids = [(c, (*path, i)) for i, c in enumerate(parts) if _holds_tensors(c)]
             else:
                 for i, t in enumerate(b.module_tensors(x)):  # type: ignore[attr-defined]
                     add((*path, f"<{b.name} tensor {i}>"), t)
-            return
-        raise UnsupportedTensorError(f"{what}: {_path(path)} is a {type(x).__module__}.{type(x).__qualname__}, not a "
-                                     "tensor or a structure of tensors")
-
-    if obj is None:
-        raise UnsupportedTensorError(f"{what}: got None, not a tensor or a structure of tensors")
-    go(obj, (), go)
+        stack.extend(reversed(kids))  # popped in order: the tensors come in the structure's order
     return iter(found)

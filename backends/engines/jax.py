@@ -27,10 +27,12 @@ import importlib
 import importlib.util
 import math
 import os
+import queue
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -43,12 +45,15 @@ from multidev.distributed.engine import (
     Launch,
     Membership,
     Settings,
+    check_port_free,
+    check_rank,
+    env_int,
     peer_errors,
     poll_until,
     run_with_deadline,
     translate_errors,
 )
-from multidev.errors import DistributedError
+from multidev.errors import CapabilityError, DistributedError, DistributedSetupError
 
 _generation = [0]
 
@@ -64,23 +69,81 @@ def _env_int(env: Mapping[str, str], *names: str) -> int | None:
     return None
 
 
-class _Ready(Handle):
-    """A JAX array being computed; ``pick`` gives the primitive's result from it."""
+def _split_address(address: str, what: str) -> tuple[str, int]:
+    """``host:port`` as its parts; DistributedSetupError naming ``what`` when it is malformed."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise DistributedSetupError(f"{what}={address!r:.60} is not HOST:PORT with a port 1..65535 "
+                                    "(JAX_COORDINATOR_ADDRESS=10.0.0.1:1234, say)")
+    return host.strip("[]"), int(port)
 
-    def __init__(self, engine: JaxEngine, out: Any, pick: Callable[[Any], Any], what: str) -> None:
-        self.engine, self.out, self.pick, self.what = engine, out, pick, what
+
+class _Dispatcher:
+    """One daemon thread that dispatches the engine's jitted collectives, in the order they were
+    called (every rank must issue them in one order). XLA's CPU client may run a collective inside
+    the dispatch itself, where gloo waits up to its own 30 s for a missing rank: from this thread
+    the caller's deadline still holds (:class:`_Ready` polls the future). A daemon thread, not an
+    executor's: one stuck in gloo must not hold up the interpreter's exit."""
+
+    #: Seconds a stop waits for a dispatch still inside a collective (gloo gives up on a missing peer
+    #: after 30 s): a thread killed inside XLA at interpreter exit aborts the process.
+    DRAIN = 40.0
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.q: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name="multidev jax engine dispatch", daemon=True)
+        self.thread.start()
+
+    def submit(self, fn: Callable[[], Any]) -> Future:
+        fut: Future = Future()
+        self.q.put((fn, fut))
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            fn, fut = item
+            self.busy = True
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - the caller's to raise
+                fut.set_exception(e)
+            finally:
+                self.busy = False
+
+    def close(self) -> None:
+        """Stop the thread; when it is still inside a collective (a peer that never came), wait for
+        the runtime to give up on it (at most :attr:`DRAIN` s): the interpreter's exit would kill
+        it inside XLA's C++ code, which aborts the process ("FATAL: exception not rethrown")."""
+        self.q.put(None)
+        if self.busy:
+            self.thread.join(self.DRAIN)
+
+
+class _Ready(Handle):
+    """A JAX computation being dispatched (``fut``) and computed; ``pick`` gives the primitive's
+    result from its output."""
+
+    def __init__(self, engine: JaxEngine, fut: Future, pick: Callable[[Any], Any], what: str) -> None:
+        self.engine, self.fut, self.pick, self.what = engine, fut, pick, what
 
     def test(self) -> bool:
+        if not self.fut.done():
+            return False
         with self.engine.lost(self.what):
-            return bool(self.out.is_ready())
+            return bool(self.fut.result().is_ready())
 
     def wait(self, timeout: float) -> bool:
         return poll_until(self.test, timeout)
 
     def result(self) -> Any:
         with self.engine.lost(self.what):
-            self.out.block_until_ready()  # raises the computation's error, if any
-            return self.pick(self.out)
+            out = self.fut.result()
+            out.block_until_ready()  # raises the computation's error, if any
+            return self.pick(out)
 
 
 class JaxEngine(Engine):
@@ -116,6 +179,17 @@ class JaxEngine(Engine):
         return {"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": str(world_size), "JAX_PROCESS_ID": str(rank),
                 "MULTIDEV_LOCAL_RANK": str(rank), "MULTIDEV_LOCAL_WORLD_SIZE": str(world_size)}
 
+    @classmethod
+    def check_launch(cls, environ: Mapping[str, str], settings: Settings) -> None:
+        world = settings.world_size if settings.world_size is not None else env_int(environ, "JAX_NUM_PROCESSES",
+                                                                                       low=1)
+        rank = settings.rank if settings.rank is not None else env_int(environ, "JAX_PROCESS_ID")
+        check_rank(rank, world, "rank" if settings.rank is not None else "$JAX_PROCESS_ID",
+                   "world_size" if settings.world_size is not None else "$JAX_NUM_PROCESSES")
+        address = settings.address or environ.get("JAX_COORDINATOR_ADDRESS")
+        if address:
+            _split_address(address, "the coordinator address" if settings.address else "$JAX_COORDINATOR_ADDRESS")
+
     def start(self, settings: Settings) -> Membership:
         if "jax" not in sys.modules:  # the adapter's own import of JAX sets the virtual CPU count first
             # (an instance of the adapter class: the registry's checks of its own would start JAX's backends)
@@ -125,6 +199,11 @@ class JaxEngine(Engine):
         from jax._src import xla_bridge
 
         self.jax, self.timeout = jax, settings.timeout
+        if _generation[0] > 0:
+            raise CapabilityError("the jax engine cannot form a new group in a process whose group has ended (JAX's "
+                                  "multi-controller runtime starts once per process); after a lost rank, restart the "
+                                  "job with the ranks that remain (python -m multidev.distributed.launch -n N, or the "
+                                  "launcher's restart policy)")
         if xla_bridge.backends_are_initialized():
             raise DistributedError("the jax engine must start before JAX computes anything (JAX's rule for "
                                    "jax.distributed): call multidev.distributed.init() first in the script")
@@ -148,6 +227,11 @@ class JaxEngine(Engine):
                 and not env.get("CUDA_VISIBLE_DEVICES")):
             device_ids = [local]  # several processes on this machine: one GPU each (CPUs ignore it)
         rdv = settings.rendezvous_timeout
+        if rank == 0 and coordinator:
+            # process 0 serves the coordinator: JAX's runtime aborts the process (SIGSEGV) when the port
+            # is taken ("Failed to add port to server"), so it is checked before JAX sees it
+            host, port = _split_address(coordinator, "the coordinator address")
+            check_port_free(host, port, f"the jax engine (process 0 serves the coordinator at {coordinator})")
 
         def initialize() -> None:
             orig = jd._jax.get_distributed_runtime_client
@@ -191,6 +275,7 @@ class JaxEngine(Engine):
         self.whole = NamedSharding(self.mesh, PartitionSpec())
         self._fns: dict[tuple, Callable[[Any], Any]] = {}
         self._lock = threading.Lock()
+        self._dispatch = _Dispatcher()
         impl = jax.config.jax_cpu_collectives_implementation if self.platform == "cpu" else "NCCL"
         return Membership(self.rank, self.world, local,
                           f"JAX {jax.__version__} multi-controller, {self.platform} collectives over {impl}")
@@ -204,6 +289,9 @@ class JaxEngine(Engine):
                 self.exchange(-2, [0], min(self.timeout, 10.0))
             if self.rank == 0:
                 time.sleep(0.2)  # the others disconnect from process 0's service before it stops
+        dispatch = getattr(self, "_dispatch", None)
+        if dispatch is not None:
+            dispatch.close()  # before the runtime goes: a dispatch still inside a collective ends first
         with contextlib.suppress(Exception):
             jax.distributed.shutdown()
         self.client = None
@@ -291,8 +379,7 @@ class JaxEngine(Engine):
         with self.lost(what):
             g, local = self._global(t)
             f = self._fn((*key, local), lambda: self._stacked(fn, local), out)
-            res = f(g)
-        return _Ready(self, res, lambda a: pick(a, local), what)
+        return _Ready(self, self._dispatch.submit(lambda: f(g)), lambda a: pick(a, local), what)
 
     @staticmethod
     def _mine(a: Any) -> Any:
@@ -326,7 +413,7 @@ class JaxEngine(Engine):
         if self.rank == dst:
             return h
         assert isinstance(h, _Ready)
-        return _Ready(self, h.out, lambda a: None, "gather")
+        return _Ready(self, h.fut, lambda a: None, "gather")
 
     def reduce_scatter(self, blocks: Any, op: str) -> Handle:
         piece = tuple(blocks.shape[1:])

@@ -51,11 +51,13 @@ from multidev.distributed.engine import (
     Launch,
     Membership,
     Settings,
+    check_rank,
+    env_int,
     peer_errors,
     poll_until,
     run_with_deadline,
 )
-from multidev.errors import CapabilityError, DistributedError, DistributedTimeoutError
+from multidev.errors import CapabilityError, DistributedError, DistributedSetupError, DistributedTimeoutError
 
 #: Set to 1 or 0 to say whether the MPI build is CUDA-aware (overrides what the library reports).
 CUDA_AWARE_ENV = "MULTIDEV_MPI_CUDA_AWARE"
@@ -198,6 +200,18 @@ def _mpi_libraries(MPI: Any) -> list[str]:
     return sorted(found, key=lambda p: not os.path.basename(p).startswith(("libmpi.so", "libmpich.so")))
 
 
+def _parent_is_a_rank() -> bool:
+    """Whether this process's parent has an MPI library loaded (it is an MPI process): launchers'
+    daemons (prted, hydra_pmi_proxy, slurmstepd) and shells never load one, so a process whose parent
+    did was started by a rank, not by the launcher, and the launcher's variables it sees are stale."""
+    try:
+        with open(f"/proc/{os.getppid()}/maps") as f:
+            return any(os.path.basename(line.split()[-1]).startswith(("libmpi.so", "libmpich.so"))
+                       for line in f if line.strip())
+    except (OSError, IndexError):
+        return False
+
+
 def _finished(req: Any) -> bool:
     try:
         return bool(req.Test())
@@ -275,6 +289,41 @@ class MpiEngine(Engine):
         flags = ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) if open_mpi(exe) else []
         return [exe, *flags, *options, "-n", str(n), *argv]
 
+    @classmethod
+    def check_launch(cls, environ: Mapping[str, str], settings: Settings) -> None:
+        for rank_var, size_var in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                                   ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE")):
+            size = env_int(environ, size_var, low=1)
+            check_rank(env_int(environ, rank_var), size, f"${rank_var}", f"${size_var}")
+        for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK", "MPI_LOCALRANKID"):
+            env_int(environ, name)
+        given = next((n for n in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
+                      if environ.get(n)), None)
+        if given is not None and environ is os.environ and _parent_is_a_rank():
+            raise DistributedSetupError(
+                f"the mpi engine: ${given}={environ[given]} is inherited: this process's parent (pid "
+                f"{os.getppid()}) is itself an MPI process, so this one was not started by mpiexec and MPI_Init "
+                "would wait for a launch that never comes. Unset the launcher's variables (OMPI_*, PMIX_*, PMI_*) "
+                "in the child's environment to run it alone, or start it with mpiexec (MPI_Comm_spawn)")
+
+    def _check_world(self, settings: Settings, rank: int, size: int) -> None:
+        """Refuse launcher variables that MPI's own world contradicts: a process that inherited a
+        rank's ``OMPI_COMM_WORLD_*`` (a child of a rank, a script run from a job's shell) starts as a
+        singleton, and its collectives would "succeed" alone."""
+        launch = settings.launch
+        if launch is None or launch.engine != "mpi":
+            return
+        said = [(what, v, real) for what, v, real in (("size", launch.world_size, size), ("rank", launch.rank, rank))
+                if v is not None and v != real]
+        if said:
+            self.stop(False)
+            raise DistributedSetupError(
+                f"the mpi engine: {launch.evidence}, but MPI's own world "
+                + " and ".join(f"{what} is {real} (the variables say {v})" for what, v, real in said)
+                + f": this process was not started by that launch ({launch.launcher}); its variables are stale, "
+                "inherited from a rank (a child process, a shell of the job). Start it with mpiexec, or unset the "
+                "launcher's variables (OMPI_COMM_WORLD_*, PMI_*, PMIX_*) to run it alone")
+
     def start(self, settings: Settings) -> Membership:
         import mpi4py
 
@@ -290,6 +339,10 @@ class MpiEngine(Engine):
         if not _exit["registered"]:
             atexit.register(_finalize_at_exit)
             _exit["registered"] = True
+        if _exit["broken"]:
+            raise CapabilityError("the mpi engine cannot form a new group after a lost rank: MPI's world still "
+                                  "holds the dead process and every communicator made from it waits for it (ULFM's "
+                                  "MPI_Comm_shrink is not used here); restart the job with the ranks that remain")
         if MPI.Is_finalized():
             raise DistributedError("the mpi engine: MPI was finalized in this process; MPI cannot start twice")
         if not MPI.Is_initialized():
@@ -305,6 +358,7 @@ class MpiEngine(Engine):
         self.comm = self._idup(world, rdv)
         self.xcomm = self._idup(world, rdv)
         r, ws = self.comm.Get_rank(), self.comm.Get_size()
+        self._check_world(settings, r, ws)
         if settings.rank is not None and settings.rank != r:
             raise DistributedError(f"the mpi engine: rank={settings.rank} was given, but MPI says this is rank {r}")
         if settings.world_size is not None and settings.world_size != ws:

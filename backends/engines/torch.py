@@ -36,12 +36,16 @@ from multidev.distributed.engine import (
     Launch,
     Membership,
     Settings,
+    check_port_free,
+    check_rank,
+    env_int,
     host_key,
     local_rank_from,
     missing_ranks_error,
     peer_errors,
+    run_with_deadline,
 )
-from multidev.errors import CapabilityError, DistributedError
+from multidev.errors import CapabilityError, DistributedError, DistributedSetupError, DistributedTimeoutError
 
 _generation = 0  # inits in this process: a later init under torchrun must not meet an earlier one's keys
 
@@ -138,6 +142,22 @@ class TorchEngine(Engine):
         return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                 "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": host, "MASTER_PORT": port}
 
+    @classmethod
+    def check_launch(cls, environ: Mapping[str, str], settings: Settings) -> None:
+        r = settings.rank if settings.rank is not None else env_int(environ, "RANK")
+        ws = settings.world_size if settings.world_size is not None else env_int(environ, "WORLD_SIZE", low=1)
+        check_rank(r, ws, "rank" if settings.rank is not None else "$RANK",
+                   "world_size" if settings.world_size is not None else "$WORLD_SIZE")
+        if settings.local_rank is None:
+            env_int(environ, "LOCAL_RANK")
+        env_int(environ, "LOCAL_WORLD_SIZE", low=1)
+        if settings.address is None:
+            env_int(environ, "MASTER_PORT", low=1, high=65535)
+        else:
+            port = settings.address.rsplit(":", 1)[1]
+            if not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise DistributedSetupError(f"master_port={port}: a TCP port is 1..65535")
+
     def start(self, settings: Settings) -> Membership:
         global _generation
         import torch
@@ -166,17 +186,32 @@ class TorchEngine(Engine):
         cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
         self.pg = settings.transport or "gloo"  # the default is decided below, once every rank's GPU is known
         self.where = f"rank {r} of {ws}, store {addr}:{port}"
-        with self.lost(lambda: f"init ({self.where})", rdv):
-            agent = (env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-                     and addr == env.get("MASTER_ADDR") and str(port) == env.get("MASTER_PORT"))
+        agent = (env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+                 and addr == env.get("MASTER_ADDR") and str(port) == env.get("MASTER_PORT"))
+        if r == 0 and not agent:
+            check_port_free(addr, port, f"the torch engine (rank 0 hosts the store at {addr}:{port})")
+        _generation += 1
+        generation = _generation
+
+        def connect() -> Any:
             td = timedelta(seconds=rdv)
-            _generation += 1
-            if agent:
-                client = tdist.TCPStore(addr, port, ws, is_master=False, timeout=td)
-                attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-                store = tdist.PrefixStore(f"/worker/attempt_{attempt}/multidev_{_generation}", client)
-            else:
-                store = tdist.TCPStore(addr, port, ws, is_master=(r == 0), timeout=td, wait_for_workers=False)
+            with self.lost(lambda: f"init ({self.where})", rdv):
+                if agent:
+                    client = tdist.TCPStore(addr, port, ws, is_master=False, timeout=td)
+                    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+                    return tdist.PrefixStore(f"/worker/attempt_{attempt}/multidev_{generation}", client)
+                return tdist.TCPStore(addr, port, ws, is_master=(r == 0), timeout=td, wait_for_workers=False)
+        try:
+            # c10d's client handshake has no deadline of its own: a port that accepts and never
+            # answers held it forever; here it is given the rendezvous timeout (the thread is left)
+            store = run_with_deadline(connect, rdv, f"the torch engine's store at {addr}:{port}")
+        except DistributedTimeoutError as e:
+            if "did not complete" not in str(e):
+                raise
+            raise DistributedTimeoutError(
+                f"multidev.distributed.init ({self.where}): no torch store answered at {addr}:{port} within {rdv:g} s: "
+                "rank 0 never started it, or another service holds that port. Check MASTER_ADDR/MASTER_PORT "
+                "(master_addr=/master_port=) and that rank 0 runs") from None
         self.store = store
         self.xstore = tdist.PrefixStore("md/x", store)
         rows = self.exchange(-3, [host_key()], rdv)  # every rank's arrival, before the group forms

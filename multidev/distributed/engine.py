@@ -27,6 +27,7 @@ is a :class:`~multidev.errors.DistributedTimeoutError` (see :func:`peer_errors`)
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import socket
@@ -42,6 +43,7 @@ from .._device import Device
 from ..errors import (
     BackendNotAvailableError,
     DistributedError,
+    DistributedSetupError,
     DistributedTimeoutError,
     MultidevError,
 )
@@ -55,9 +57,12 @@ __all__ = [
     "Launch",
     "Membership",
     "Settings",
+    "check_port_free",
+    "check_rank",
     "check_writable",
     "engine_class",
     "engine_names",
+    "env_int",
     "host_key",
     "legacy_engine",
     "local_rank_from",
@@ -238,6 +243,58 @@ def peer_errors(what: str | Callable[[], str], lost: tuple[type[BaseException], 
                                           f"{type(e).__name__}: {msg}") from e
 
 
+def env_int(environ: Mapping[str, str], name: str, *, low: int | None = 0, high: int | None = None) -> int | None:
+    """Integer variable ``name`` of ``environ`` (None where unset or empty), checked against
+    ``low``/``high`` (inclusive); DistributedSetupError naming it otherwise."""
+    v = environ.get(name)
+    if v is None or v.strip() == "":
+        return None
+    try:
+        n = int(v.strip())
+    except ValueError:
+        raise DistributedSetupError(f"${name}={v!r:.40} is not an integer; fix or unset it (a launcher sets it: "
+                                    "torchrun, mpiexec, srun, multidev.distributed.launch)") from None
+    if (low is not None and n < low) or (high is not None and n > high):
+        span = f"{low if low is not None else '-inf'}..{high if high is not None else 'inf'}"
+        raise DistributedSetupError(f"${name}={n} is out of range ({span}); fix or unset it")
+    return n
+
+
+def check_rank(rank: int | None, world: int | None, rank_name: str, world_name: str) -> None:
+    """DistributedSetupError when a world size below 1 or a rank outside it was given."""
+    if world is not None and world < 1:
+        raise DistributedSetupError(f"{world_name}={world}: a world has at least one process")
+    if rank is not None and world is not None and not 0 <= rank < world:
+        raise DistributedSetupError(f"{rank_name}={rank} is not a rank of a world of {world} ({world_name}); "
+                                    f"ranks are 0..{world - 1}")
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """DistributedSetupError when TCP ``port`` cannot be bound (another process listens on it):
+    checked before a runtime that would serve there is started (JAX's coordinator aborts the process
+    on a taken port; torch's store fails later with a less clear message). A port freed a moment
+    later passes; one taken a moment later is the runtime's to report."""
+    for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free
+            if family == socket.AF_INET6:
+                with contextlib.suppress(OSError, AttributeError):
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind((addr, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise DistributedSetupError(
+                    f"{what}: port {port} (of {host}:{port}) is taken by another process, so this rank cannot serve "
+                    "the rendezvous there; pick a free port (MASTER_PORT / JAX_COORDINATOR_ADDRESS / master_port=), "
+                    "or stop what holds it (a previous job still running?)") from None
+        finally:
+            s.close()
+
+
 def host_key() -> int:
     """This machine, as a 62-bit integer (the same in every process of one host): put it in an
     exchanged row to count the processes of a host (local ranks)."""
@@ -312,6 +369,14 @@ class Engine(ABC):
         """For an engine whose processes only its own launcher can start (MPI's ``mpiexec``): the
         command that starts ``n`` processes of ``argv`` on this machine (``options``: the launcher's
         own), or None when :meth:`launch_env` is the way."""
+        return None
+
+    @classmethod
+    def check_launch(cls, environ: Mapping[str, str], settings: Settings) -> None:
+        """Refuse, at once and before the framework is imported, launcher variables or settings that
+        are malformed (``RANK=zero``), out of range or inconsistent, or left by a launcher that did
+        not start this process: :class:`~multidev.errors.DistributedSetupError` naming the variable
+        and the fix. Values ``settings`` gives override the environment's. Default: nothing."""
         return None
 
     @abstractmethod

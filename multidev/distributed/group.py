@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CapabilityError, DistributedError
+from ..errors import CapabilityError, DistributedError, DistributedSetupError
 from .engine import (
     Engine,
     Launch,
@@ -132,7 +132,8 @@ def _choose(engine: str | None, environ: Mapping[str, str]) -> tuple[type[Engine
     launches = detect_launch(environ)
     if engine is not None:
         if not isinstance(engine, str):
-            raise DistributedError(f"engine must be a name ({', '.join(engine_names())}) or None, got {engine!r:.40}")
+            raise DistributedSetupError(f"engine must be a name ({', '.join(engine_names())}) or None, got "
+                                        f"{engine!r:.40}")
         try:
             cls = engine_class(engine)
         except Exception as e:
@@ -174,7 +175,7 @@ def _choose(engine: str | None, environ: Mapping[str, str]) -> tuple[type[Engine
 # -- init and shutdown -------------------------------------------------------------------------------
 def _positive(name: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise DistributedError(f"{name} must be a positive number of seconds, got {v!r:.40}")
+        raise DistributedSetupError(f"{name} must be a positive number of seconds, got {v!r:.40}")
     return float(v)
 
 
@@ -182,7 +183,7 @@ def _int_or_none(name: str, v: Any) -> int | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        raise DistributedError(f"{name} must be an int, got {v!r:.40}")
+        raise DistributedSetupError(f"{name} must be an int, got {v!r:.40}")
     return int(v)
 
 
@@ -190,7 +191,7 @@ def _check_setting(check: bool | None) -> bool:
     if check is None:
         return os.environ.get(CHECK_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
     if not isinstance(check, bool):
-        raise DistributedError(f"check must be True, False or None, got {check!r:.40}")
+        raise DistributedSetupError(f"check must be True, False or None, got {check!r:.40}")
     return check
 
 
@@ -240,9 +241,9 @@ def init(engine: str | None = None, *, transport: str | None = None, rank: int |
     explicit = {k: _int_or_none(k, v) for k, v in (("rank", rank), ("world_size", world_size),
                                                     ("local_rank", local_rank), ("master_port", master_port))}
     if transport is not None and (not isinstance(transport, str) or not transport):
-        raise DistributedError(f"transport must be a non-empty string or None, got {transport!r:.40}")
+        raise DistributedSetupError(f"transport must be a non-empty string or None, got {transport!r:.40}")
     if master_addr is not None and not isinstance(master_addr, str):
-        raise DistributedError(f"master_addr must be a string, got {master_addr!r:.40}")
+        raise DistributedSetupError(f"master_addr must be a string, got {master_addr!r:.40}")
     with _lock:
         if _group is not None:
             raise DistributedError("multidev.distributed is already initialised; call shutdown() first")
@@ -256,6 +257,7 @@ def init(engine: str | None = None, *, transport: str | None = None, rank: int |
         settings = Settings(rank=explicit["rank"], world_size=explicit["world_size"],
                             local_rank=explicit["local_rank"], address=address, transport=transport,
                             timeout=tmo, rendezvous_timeout=rdv, launch=launch)
+        cls.check_launch(os.environ, settings)  # malformed or stale variables: at once, before any import
         eng = cls()
         member = eng.start(settings)
         r, w = member.rank, member.world_size

@@ -56,7 +56,7 @@ class Work:
                 try:
                     if self._handle is not None:
                         wait_for(self._handle, max(0.0, self._deadline - time.monotonic()),
-                                 f"{self._what} on rank {g.rank}")
+                                 f"{self._what} on rank {g.rank}", g)
                         with translate_errors(self._what):
                             raw = self._handle.result()
                     else:

@@ -13,19 +13,48 @@ Two places can wait on another rank:
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import DistributedError, DistributedTimeoutError, MultidevError
 from .engine import Handle
 
-__all__ = ["classify", "wait_for"]
+__all__ = ["PROBE_SEQ", "classify", "wait_for"]
 
 
-def wait_for(h: Handle, timeout: float, what: str) -> None:
+#: The exchange call number of the probe that names the absent ranks after a primitive timed out.
+PROBE_SEQ = -5
+
+
+def wait_for(h: Handle, timeout: float, what: str, group: Any = None) -> None:
     """Wait for ``h`` up to ``timeout`` seconds; DistributedTimeoutError when it does not finish
-    (every rank had arrived at the call, so one died or stopped answering while the data moved)."""
-    if not h.wait(timeout):
+    (every rank had arrived at the call, so one died or stopped answering while the data moved, or
+    the checks are off). With ``group``, the ranks that time out post their arrival on the
+    consistency channel and read the others' for a short while (a tenth of the group's timeout, at
+    most 2 s), so the error names the ranks that never came."""
+    try:
+        done = h.wait(timeout)
+    except DistributedTimeoutError as e:  # the runtime's own timeout (gloo's, NCCL's blocking wait)
+        absent = _absent(group) if group is not None else ""
+        if absent:
+            raise DistributedTimeoutError(f"{e}{absent}") from e
+        raise
+    if not done:
+        absent = _absent(group) if group is not None else ""
         raise DistributedTimeoutError(
-            f"{what} did not finish within {timeout:g} s: a rank died or stopped answering during it (every rank "
-            "had called it, or the checks are off). The group is unusable now: shutdown(), and restart the job")
+            f"{what} did not finish within {timeout:g} s{absent}: a rank died or stopped answering during it (every "
+            "rank had called it, or the checks are off). The group is unusable now: shutdown(), and restart the job")
+
+
+def _absent(g: Any) -> str:
+    """``"; ranks 1, 2 never arrived"`` from the probe exchange, or "" where it cannot tell."""
+    try:
+        rows = g.engine.exchange(PROBE_SEQ, [1], min(0.1 * g.timeout, 2.0))
+    except Exception:  # noqa: BLE001 - the channel itself is gone (the rank hosting it died): cannot tell
+        return ""
+    missing = [r for r, row in enumerate(rows) if row is None]
+    if not missing:
+        return ""
+    return f" ({'rank' if len(missing) == 1 else 'ranks'} {', '.join(map(str, missing))} never arrived at it)"
 
 
 def classify(e: BaseException, what: str, timeout: float) -> DistributedError:

@@ -8,9 +8,10 @@ Each process gets the environment the engine's own launcher gives (:meth:`Engine
 ``jax``, ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``; for ``torch``,
 torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``), with a free
 port on 127.0.0.1; ``--engine mpi`` runs ``mpiexec -n N`` (:meth:`Engine.launch_command`). The
-launcher waits for every process and exits with the first non-zero status (killing the rest after
-``--grace`` seconds), so a failed rank fails the job. Several machines: set the variables on each,
-or use the engine's own launcher.
+launcher waits for every process and exits with the first non-zero status (128 + N for a rank
+killed by signal N, killing the rest after ``--grace`` seconds), so a failed rank fails the job;
+it says on stderr which rank ended and how (its status, or the signal and what it usually means). Several
+machines: set the variables on each, or use the engine's own launcher.
 """
 from __future__ import annotations
 
@@ -83,23 +84,55 @@ def main(argv: list[str] | None = None) -> int:
         p.error("name the script to run (or -m MODULE)")
     cmd = [sys.executable, *rest]
     procs = start(a.engine, a.nproc, cmd, options=a.options)
+    delegated = len(procs) == 1 and a.nproc > 1  # the engine's own launcher (mpiexec) runs the ranks
+    names = (["the engine's launcher (its own message names the rank)"] if delegated
+             else [f"rank {r}" for r in range(len(procs))])
     status = 0
     failed_at: float | None = None
+    reported: set[int] = set()
+    killed: list[int] = []
     while any(q.poll() is None for q in procs):
-        for q in procs:
+        for i, q in enumerate(procs):
             rc = q.poll()
-            if rc not in (None, 0) and status == 0:
-                status, failed_at = rc, time.monotonic()
+            if rc not in (None, 0) and i not in reported:
+                reported.add(i)
+                if i not in killed:
+                    _report(names[i], q, rc, a.grace if status == 0 else None)
+                if status == 0:
+                    status, failed_at = rc, time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > a.grace:
-            for q in procs:
+            for i, q in enumerate(procs):
                 if q.poll() is None:
+                    killed.append(i)
                     q.send_signal(signal.SIGKILL)
         time.sleep(0.05)
-    for q in procs:
+    for i, q in enumerate(procs):
+        if q.returncode not in (None, 0) and i not in reported and i not in killed:
+            _report(names[i], q, q.returncode, None)
         if q.returncode not in (None, 0) and status == 0:
             status = q.returncode
+    if killed:
+        print(f"multidev.distributed.launch: {', '.join(names[i] for i in killed)} still ran {a.grace:g} s after the "
+              "first failure and were killed (SIGKILL)", file=sys.stderr, flush=True)
     return 0 if status == 0 else (status if status > 0 else 128 - status)
 
+
+def _report(name: str, q: subprocess.Popen, rc: int, grace: float | None) -> None:
+    """One line on stderr: which rank ended, how (its status or the signal, with what the signal
+    usually means), and what happens to the others."""
+    if rc < 0:
+        try:
+            sig = signal.Signals(-rc).name
+        except ValueError:
+            sig = f"signal {-rc}"
+        hint = {"SIGKILL": " (killed from outside: the kernel's out-of-memory killer, a scheduler or a user)",
+                "SIGSEGV": " (a crash in native code)", "SIGABRT": " (a runtime aborted it)",
+                "SIGTERM": " (asked to stop from outside)"}.get(sig, "")
+        how = f"was killed by {sig}{hint}"
+    else:
+        how = f"exited with status {rc}"
+    then = (f"; the others get {grace:g} s (--grace) to finish, then are killed" if grace is not None else "")
+    print(f"multidev.distributed.launch: {name} (pid {q.pid}) {how}{then}", file=sys.stderr, flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())
