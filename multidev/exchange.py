@@ -247,7 +247,7 @@ def _host_share(obj: Any, dst: Backend, src: str, to: Any = _NO_API) -> tuple[An
     # time (a wrong guess costs a ValueError; the name's own foreign call costs every time)
     kind = (type(obj), versioned)
     name = _CAPSULE_NAMES.get(kind)
-    ptr = None
+    ptr: Any = None
     if name is not None:
         try:
             ptr = _capsule_pointer(cap, name)
