@@ -226,20 +226,26 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
     return iter(found)
 
 
-#: The most items :func:`resident_sequence` looks at: longer sequences take tree_map's route.
+#: The most items :func:`resident_container` looks at: larger containers take tree_map's route.
 RESIDENT_MAX = 64
 
 
-def resident_sequence(x: Any, device: Any) -> bool:
-    """Whether ``x`` is a plain ``tuple`` or ``list`` of at most :data:`RESIDENT_MAX` tensors of
-    classes seen before (``cached_owner``), every one already on ``device`` (an interned Device):
-    then ``to(x, device)`` moves nothing, and the structure's walk (validation, flattening,
-    rebuilding) can be skipped. False for anything else (nested, a model, a subclass, a stranger),
-    which then takes :func:`tree_map`'s route."""
+def resident_container(x: Any, device: Any) -> bool:
+    """Whether ``x`` is a plain ``tuple``, ``list`` or ``dict`` of at most :data:`RESIDENT_MAX`
+    tensors (a dict: values) of classes seen before (``cached_owner``), every one already on
+    ``device`` (an interned Device): then ``to(x, device)`` moves nothing, and the structure's walk
+    (validation, flattening, rebuilding) can be skipped. False for anything else (nested, a model, a
+    subclass, a stranger), which then takes :func:`tree_map`'s route."""
     cls = x.__class__
-    if (cls is not tuple and cls is not list) or not x or len(x) > RESIDENT_MAX:
+    if cls is dict:
+        items = x.values()
+    elif cls is tuple or cls is list:
+        items = x
+    else:
         return False
-    for t in x:
+    if not x or len(x) > RESIDENT_MAX:
+        return False
+    for t in items:
         b = cached_owner(t.__class__)
         if b is None or b.device_of(t) is not device:
             return False
