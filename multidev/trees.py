@@ -227,7 +227,7 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
 
 
 #: The most items :func:`resident_container` looks at: larger containers take tree_map's route.
-RESIDENT_MAX = 64
+RESIDENT_MAX = 1 << 16
 
 
 def resident_container(x: Any, device: Any) -> bool:
