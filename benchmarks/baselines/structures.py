@@ -3,7 +3,7 @@ of a list of N small tensors, resident and a real move, and ``md.to_host``, agai
 own way, for N from 1 to 10,000; each pair sampled alternately in one process, median of the
 samples, CPU time recorded beside wall time (on a shared machine the process waits off the CPU).
 
-    python -m multidev.benchmarks.structures [--leaves 1,10,100,1000,10000] [--reps 9]
+    python -m multidev.benchmarks.baselines.structures [--leaves 1,10,100,1000,10000] [--reps 9]
         [--json OUT.json] [--markdown OUT.md] [--plot OUT.png]
 
 Rows (where the framework is installed): torch ``to`` resident (``[t.to(dev) for t in xs]``),
@@ -138,7 +138,7 @@ def _plot(doc: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m multidev.benchmarks.structures", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m multidev.benchmarks.baselines.structures", description=__doc__.split("\n")[0])
     ap.add_argument("--leaves", default="1,10,100,1000,10000")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--json")
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
     before = [round(v, 2) for v in os.getloadavg()]
     rows = measure([int(s) for s in a.leaves.split(",")], a.reps)
-    doc = {"command": "python -m multidev.benchmarks.structures " + " ".join(sys.argv[1:] if argv is None else argv),
+    doc = {"command": "python -m multidev.benchmarks.baselines.structures " + " ".join(sys.argv[1:] if argv is None else argv),
            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpu_count": os.cpu_count(),
            "loadavg_before": before, "loadavg_after": [round(v, 2) for v in os.getloadavg()], "rows": rows}
     if a.json:
