@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"{a.steps} steps (an upper bound: the profiler charges Python calls more than C work); the adapter's "
                  f"{' and '.join(_COMPUTE)} are left out of it (they run the compiled step, which cProfile charges "
                  "to them).", "",
-                 "| backend | devices | step | multidev core | adapters | multidev in all | most own time (compiled-step callers included) |",
+                 ("| backend | devices | step | multidev core | adapters | multidev in all "
+                  "| most own time (compiled-step callers included) |"),
                  "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
         for r in rows:
             lines.append(f"| {r['backend']} | {r['devices']} | {r['step_s'] * 1e3:.2f} ms | "

@@ -138,7 +138,8 @@ def _plot(doc: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m multidev.benchmarks.baselines.structures", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m multidev.benchmarks.baselines.structures",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--leaves", default="1,10,100,1000,10000")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--json")
@@ -154,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
 
     before = [round(v, 2) for v in os.getloadavg()]
     rows = measure([int(s) for s in a.leaves.split(",")], a.reps)
-    doc = {"command": "python -m multidev.benchmarks.baselines.structures " + " ".join(sys.argv[1:] if argv is None else argv),
+    args = sys.argv[1:] if argv is None else argv
+    doc = {"command": "python -m multidev.benchmarks.baselines.structures " + " ".join(args),
            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpu_count": os.cpu_count(),
            "loadavg_before": before, "loadavg_after": [round(v, 2) for v in os.getloadavg()], "rows": rows}
     if a.json:
