@@ -54,7 +54,8 @@ def validate(doc: dict[str, Any]) -> list[str]:
     plot, and ``multidev bench --check`` fails on it. A row that says its calls may legitimately make
     no copy (``params["zero_copy_possible"]``: a CPU tensor read as a NumPy view) gets ``zero_copy``
     instead: no bandwidth, and no failure. Returns the invalid rows as text (also
-    :func:`invalid_rows`)."""
+    :func:`invalid_rows`). Marks every row's stability too (:func:`mark_stability`)."""
+    mark_stability(doc)
     for rec in doc.get("results", []):
         rec.pop("invalid", None)
         variants = rec.get("variants") or {}
@@ -84,6 +85,96 @@ def validate(doc: dict[str, Any]) -> list[str]:
                 v["invalid"] = f"{why}: it did not do the work it names (a cached value, a view, an alias)"
                 rec.setdefault("invalid", []).append(name)
     return invalid_rows(doc)
+
+
+#: When the bench refuses to stand behind a row (:func:`stability`): the md/native ratio of the
+#: alternating samples varies by more than this (IQR over median of the per-pair ratios) ...
+PAIR_SPREAD_MAX = 0.10
+#: ... or a variant's own samples do (IQR over median) ...
+SPREAD_MAX = 0.25
+#: ... or, on a row of CPU devices alone, a variant ran on the CPU less than this share of its wall
+#: time (CPU time of every thread over wall time: the process waited while others ran) ...
+CPU_SHARE_MIN = 0.8
+#: ... or the run's 1-minute load average was above this many times the machine's CPUs.
+LOAD_MAX = 2.0
+#: The run's CPU frequency changing by more than this share between start and end is a warning.
+MHZ_DRIFT_MAX = 0.10
+
+
+def _rel_iqr(xs: list[float]) -> float | None:
+    if len(xs) < 5:
+        return None
+    ys = sorted(xs)
+    q1, med, q3 = ys[len(ys) // 4], ys[len(ys) // 2], ys[(3 * len(ys)) // 4]
+    return (q3 - q1) / med if med > 0 else None
+
+
+def run_warnings(run: dict[str, Any]) -> list[str]:
+    """What about the run as a whole makes its figures less trustworthy: the load average against the
+    CPUs, the CPU frequency changing (both recorded where readable)."""
+    out = []
+    cpus = ((run.get("machine") or {}).get("cpu_count")) or 0
+    loads = [x[0] for x in (run.get("loadavg_before"), run.get("loadavg_after")) if x]
+    if cpus and loads and max(loads) > cpus:
+        out.append(f"load average {max(loads):.1f} on {cpus} CPUs (other work ran beside the bench)")
+    a, b = run.get("cpu_MHz_before"), run.get("cpu_MHz_after")
+    if a and b and abs(a - b) / max(a, b) > MHZ_DRIFT_MAX:
+        out.append(f"CPU frequency moved from {a:g} to {b:g} MHz during the run")
+    return out
+
+
+def stability(rec: dict[str, Any], run: dict[str, Any]) -> list[str]:
+    """Why the bench cannot stand behind row ``rec``'s figures (empty: it can): the md/native ratio
+    of its alternating samples spreads (:data:`PAIR_SPREAD_MAX`), a variant's samples spread
+    (:data:`SPREAD_MAX`), a variant of a CPU-only row was off the CPU (:data:`CPU_SHARE_MIN`), or the
+    machine was loaded beyond :data:`LOAD_MAX` times its CPUs."""
+    v = rec.get("variants") or {}
+    out = []
+    r = rec.get("ratio") or {}
+    of = r.get("of") or []
+    if len(of) == 2 and v.get(of[0]) and v.get(of[1]):
+        sa, sb = v[of[0]].get("samples_s") or [], v[of[1]].get("samples_s") or []
+        pairs = [a / b for a, b in zip(sa, sb) if b > 0]
+        spread = _rel_iqr(pairs)
+        if spread is not None and spread > PAIR_SPREAD_MAX:
+            out.append(f"{of[0]}/{of[1]} varies ±{50 * spread:.0f}% between alternating samples")
+    cpu_only = bool(rec.get("devices")) and all(str(d).startswith("cpu") for d in rec.get("devices") or [])
+    for name in sorted(v, key=vkey):
+        x = v[name]
+        if not x or "median_s" not in x:
+            continue
+        spread = _rel_iqr(x.get("samples_s") or [])
+        if spread is not None and spread > SPREAD_MAX:
+            out.append(f"{name} spreads ±{50 * spread:.0f}%")
+        share = x.get("cpu_share")
+        if cpu_only and share is not None and share < CPU_SHARE_MIN:
+            out.append(f"{name} was on the CPU {100 * share:.0f}% of its time")
+    cpus = ((run.get("machine") or {}).get("cpu_count")) or 0
+    loads = [x[0] for x in (run.get("loadavg_before"), run.get("loadavg_after")) if x]
+    if cpus and loads and max(loads) > LOAD_MAX * cpus:
+        out.append(f"load average {max(loads):.1f} on {cpus} CPUs")
+    return out
+
+
+def mark_stability(doc: dict[str, Any]) -> list[str]:
+    """Set ``rec["unstable"]`` (the reasons of :func:`stability`) on every measured row of ``doc``;
+    return them as ``"backend case: reasons"`` lines."""
+    runs = doc.get("runs") or [{}]
+    lines = []
+    for rec in doc.get("results", []):
+        rec.pop("unstable", None)
+        if not rec.get("variants"):
+            continue
+        why = stability(rec, runs[min(rec.get("run", 0), len(runs) - 1)])
+        if why:
+            rec["unstable"] = why
+            lines.append(f"{rec['backend']} {rec['case']}: {'; '.join(why)}")
+    return lines
+
+
+def strict(doc: dict[str, Any]) -> bool:
+    """Whether unstable rows go unjudged (``--stability strict``, the default except under --quick)."""
+    return all(((r.get("settings") or {}).get("stability") or "strict") == "strict" for r in doc.get("runs") or [{}])
 
 
 def _rebound(rec: dict[str, Any], run: dict[str, Any]) -> None:
@@ -173,7 +264,11 @@ def _cell_lines(rec: dict[str, Any]) -> list[tuple[str, str]]:
         lines.append((f"memcpy bound {fmt_time(b['time_s'])}{bus} ({b['copies']:g} copies)", "dim"))
     if rec.get("ratio") and not set(rec["ratio"]["of"]) & set(rec.get("invalid") or []):
         a, b = rec["ratio"]["of"]
-        lines.append((f"×{rec['ratio']['value']:.2f} {SHORT.get(a, a)}/{SHORT.get(b, b)}", "bold"))
+        if rec.get("unstable"):
+            lines.append((f"(×{rec['ratio']['value']:.2f} {SHORT.get(a, a)}/{SHORT.get(b, b)}: UNSTABLE, "
+                          f"{rec['unstable'][0][:70]})", "yellow"))
+        else:
+            lines.append((f"×{rec['ratio']['value']:.2f} {SHORT.get(a, a)}/{SHORT.get(b, b)}", "bold"))
     if rec.get("check") and not rec["check"]["ok"]:
         lines.append((f"✗ check: {rec['check']['detail'][:60]}", "red"))
     return lines
@@ -271,7 +366,10 @@ def markdown(doc: dict[str, Any]) -> str:
         out.append(f"- {', '.join(b for b in run_['backends'])}: {m['cpu']} ({m['cpu_count']} cores, "
                    f"{m['memory_GiB']} GiB), {'; '.join(names)}; python {m['python']}, numpy {m['numpy']}; "
                    f"precision {run_['settings']['precision']}; load average {run_.get('loadavg_before')} -> "
-                   f"{run_.get('loadavg_after')}; {run_['settings'].get('wall_s')} s")
+                   f"{run_.get('loadavg_after')}; CPU MHz {run_.get('cpu_MHz_before')} -> "
+                   f"{run_.get('cpu_MHz_after')}; stability {run_['settings'].get('stability', 'strict')}; "
+                   f"{run_['settings'].get('wall_s')} s")
+        out += [f"  - warning: {w}" for w in run_warnings(run_)]
     out.append("")
     for suite in _suites(doc):
         cols, rows = _rows(doc, suite)
@@ -309,6 +407,9 @@ def render(doc: dict[str, Any], console: Any) -> None:
     for r in failed + errors:
         console.print(f"  [red]{r['backend']} {r['case']}: {r.get('error') or r['check']['detail']}[/red]",
                       markup=True, highlight=False)
+    for run in doc.get("runs") or []:
+        for w in run_warnings(run):
+            console.print(f"[yellow]warning: {w}[/yellow]", markup=True, highlight=False)
     for line in goals(doc):
         console.print(line, markup=False, highlight=False)
 
@@ -319,6 +420,7 @@ def evaluate_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
     from . import goals as registered
 
     rows = []
+    strict_runs = strict(doc)
     for bm, g in registered():
         for r in doc["results"]:
             if r.get("benchmark") != bm.name or r.get("suite") != bm.suite or not g.applies(r):
@@ -341,6 +443,10 @@ def evaluate_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 row["above_s"] = goal.above_s(r)
             if bad:
                 row["invalid"] = f"reads {', '.join(bad)}, which the run refused (above its bound)"
+            if r.get("unstable"):
+                row["unstable"] = list(r["unstable"])
+                if strict_runs:
+                    row["measured_met"], row["met"] = row["met"], False
             rows.append(row)
     return rows
 
@@ -355,7 +461,15 @@ def goals(doc: dict[str, Any]) -> list[str]:
         prec = f" [{g['precision']}]" if g.get("precision") else ""
         above = f", {g['above_s'] * 1e6:.2f} µs above" if g.get("above_s") is not None else ""
         bad = f" INVALID: {g['invalid']}" if g.get("invalid") else ""
-        out.append(f"{'met   ' if g['met'] else 'MISSED'} {g['goal']}: {g['backend']} {g['case']}{prec}: "
+        verdict = "met   " if g["met"] else "MISSED"
+        if g.get("unstable"):
+            why = "; ".join(g["unstable"])
+            if "measured_met" in g:  # strict: not judged
+                verdict = "UNSTABLE"
+                bad += f" (not judged: {why}; it read as {'met' if g['measured_met'] else 'missed'})"
+            else:
+                bad += f" [unstable: {why}]"
+        out.append(f"{verdict} {g['goal']}: {g['backend']} {g['case']}{prec}: "
                    f"{g['value']:.3g}{above} ({g['rule']}){bad}")
     for line in invalid_rows(doc):
         out.append(f"INVALID {line} (above the bound measured in the same run)")

@@ -87,6 +87,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--list", action="store_true", help="list the benchmarks and their goals, and exit")
     p.add_argument("--check", action="store_true",
                    help="exit with status 3 when a goal row is missed (goals are data of the suites)")
+    p.add_argument("--stability", choices=("strict", "warn"),
+                   help="a row whose figures the bench cannot stand behind (its alternating samples' "
+                        "md/native ratio or a variant spreading, a CPU row off the CPU, the machine "
+                        "overloaded) is marked UNSTABLE: strict (default; warn under --quick) leaves its "
+                        "goals unjudged and --check fails on them, warn judges them with the mark")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -126,6 +131,8 @@ class _Timed:
     def __init__(self, name: str, v: Any, sync: Any, s: Settings, before: Any = None) -> None:
         self.name, self.v, self.sync, self.s, self.before = name, v, sync, s, before
         self.samples: list[float] = []
+        self.cpu: list[float] = []  # the process's CPU time of each sample, per call (all threads)
+        self.last_cpu = math.nan
         self.spent = 0.0
         self.inner = 1
         self.first = math.nan
@@ -139,6 +146,7 @@ class _Timed:
         self.sync()
         if self.before is not None:
             self.before()
+        c0 = time.process_time()
         t0 = time.perf_counter()
         r = None
         for _ in range(inner):
@@ -148,6 +156,7 @@ class _Timed:
         if v.sync:
             self.sync()
         t1 = time.perf_counter()
+        self.last_cpu = time.process_time() - c0
         if not v.sync:
             if v.finish is None and r is not None:
                 _drain(r)
@@ -189,6 +198,7 @@ class _Timed:
             self.error = f"{type(e).__name__}: {e}"
             return
         self.samples.append(dt / self.inner)
+        self.cpu.append(self.last_cpu / self.inner)
         self.spent += time.perf_counter() - t0
 
     def result(self, nbytes: int | None, busbw_factor: float | None) -> dict[str, Any]:
@@ -208,6 +218,11 @@ class _Timed:
                     out["algbw_GBps"] = algbw
                     out["busbw_GBps"] = algbw * busbw_factor
             out["samples_s"] = self.samples
+            if len(self.cpu) == len(self.samples) and not any(math.isnan(c) for c in self.cpu):
+                # CPU time over wall time: below 1 on a one-thread row, the process waited off the
+                # CPU (other processes ran); report.stability reads it
+                out["cpu_s"] = self.cpu
+                out["cpu_share"] = sum(self.cpu) / max(sum(self.samples), 1e-12)
         return out
 
 
@@ -334,6 +349,25 @@ def _setup_env(cpu_devices: int) -> dict[str, bool]:
     if cpu_devices < 1:
         raise UsageError(f"--cpu-devices must be at least 1, got {cpu_devices}")
     return configure_virtual_devices(cpu_devices)
+
+
+def _cpu_mhz() -> float | None:
+    """The mean current frequency of the CPUs in MHz (Linux: cpufreq, else /proc/cpuinfo), or None
+    where unreadable (a VM often reports a constant)."""
+    vals: list[float] = []
+    try:
+        base = "/sys/devices/system/cpu"
+        for d in sorted(os.listdir(base)):
+            f = os.path.join(base, d, "cpufreq", "scaling_cur_freq")
+            if d.startswith("cpu") and os.path.exists(f):
+                with open(f) as fh:
+                    vals.append(int(fh.read().strip()) / 1000.0)
+        if not vals:
+            with open("/proc/cpuinfo") as fh:
+                vals = [float(line.split(":")[1]) for line in fh if line.lower().startswith("cpu mhz")]
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(sum(vals) / len(vals), 1) if vals else None
 
 
 def _loadavg() -> list[float] | None:
@@ -477,6 +511,7 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
     gc.freeze()  # the frameworks' import-time objects: later collections need not walk them
     floor = timer_floor()
     load_before = _loadavg()
+    mhz_before = _cpu_mhz()
     progress = None
     if not args.no_progress:
         from rich.console import Console
@@ -560,6 +595,7 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
                 nat.restore_precision(saved_precision.get(n))
         gc.unfreeze()
     load_after = _loadavg()
+    mhz_after = _cpu_mhz()
     run_info = {"command": ["multidev", "bench"] + list(getattr(args, "argv", []) or []),
                 "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 "machine": _machine(), "git": _git(),
@@ -568,9 +604,11 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
                                     if getattr(b, "virtual_devices_env", None) else ()))]),
                 "virtual_devices_configured": env_set,
                 "settings": {**s.as_dict(), "precision": args.precision, "suites": suites,
+                             "stability": getattr(args, "stability", None) or ("warn" if s.quick else "strict"),
                              "devices": _split(args.device), "max_time_s": max_time,
                              "wall_s": round(time.perf_counter() - t_start, 1)},
                 "timer_floor_s": floor, "bounds": bounds, "loadavg_before": load_before, "loadavg_after": load_after,
+                "cpu_MHz_before": mhz_before, "cpu_MHz_after": mhz_after,
                 "backends": backends_info}
     for r in results:
         r["run"] = 0
@@ -677,10 +715,16 @@ def _main(args: argparse.Namespace) -> int:
     bad = [r for r in doc["results"] if (r.get("check") and not r["check"]["ok"])]
     if bad:
         return 1
-    missed = [g for g in doc["goals"] if not g["met"]]
+    missed = [g for g in doc["goals"] if not g["met"] and "measured_met" not in g]
+    unstable = [g for g in doc["goals"] if "measured_met" in g]
     invalid = report.invalid_rows(doc)
-    if getattr(args, "check", False) and (missed or invalid):
+    if getattr(args, "check", False) and (missed or invalid or unstable):
         parts = []
+        if unstable:
+            parts.append(f"{len(unstable)} goal row(s) UNSTABLE, not judged (the run's figures spread; "
+                         "re-run on a quieter machine or with --stability warn): "
+                         + "; ".join(f"{g['goal']} ({g['backend']} {g['case']}: {g['unstable'][0]})"
+                                     for g in unstable[:3]))
         if invalid:
             parts.append(f"{len(invalid)} row(s) physically impossible (above the bound measured in the same "
                          "run): " + "; ".join(invalid[:5]))

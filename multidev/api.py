@@ -38,7 +38,7 @@ from .registry import (
     waiter_of,
 )
 from .transfer import start_to
-from .trees import is_structure, leaves, owner_or_structure, tree_map
+from .trees import is_structure, leaves, owner_or_structure, resident_container, tree_map
 from .validate import (
     MAX_ELEMENTS,
     check_fill,
@@ -598,6 +598,11 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     """
     if non_blocking:
         return start_to(x, device)
+    cls = x.__class__
+    if cls is tuple or cls is list or cls is dict:  # (data, target) already there: no walk
+        dev = device if device.__class__ is Device else as_device(device)
+        if resident_container(x, dev):  # (trees.resident_container)
+            return x if cls is tuple else cls(x)  # (a list or dict: a new one, as tree_map gives)
     b = owner_or_structure(x)
     if b is None:
         return _structure_to(x, device)

@@ -126,6 +126,7 @@ _DLTENSOR_FROM_PY = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_v
 _HEAD = struct.Struct("<QQQQQiiiBBHQQQ")  # DLManagedTensorVersioned: version, ctx, deleter, flags, DLTensor
 _TENSOR = struct.Struct("<QiiiBBHQQQ")  # DLTensor alone (64-bit)
 _KDLCPU, _READ_ONLY = 1, 1
+_string_at = ctypes.string_at
 
 
 class CExchangeAPI:
@@ -184,18 +185,19 @@ def _consumer_api(dst: Backend) -> CExchangeAPI | None:
     return None
 
 
-def _layout_refusal(raw: bytes, off: int, flags: int, dst: Backend) -> str | None:
-    """:func:`_share_refusal` for a DLTensor read at ``raw[off:]`` (one read of the header)."""
+def _layout_refusal(raw: bytes, off: int, flags: int, mutable: bool) -> str | None:
+    """:func:`_share_refusal` for a DLTensor read at ``raw[off:]`` (one read of the header), for a
+    consumer that is ``mutable`` (its capabilities)."""
     _data, dev_type, _id, ndim, _c, _b, _l, shape_p, strides_p, _o = _TENSOR.unpack_from(raw, off)
     if dev_type != _KDLCPU:
         return _NOT_HOST
-    if flags & _READ_ONLY and dst.capabilities.mutable:
+    if flags & _READ_ONLY and mutable:
         return "it is read-only, and a writable alias of it would let writes through"
     if ndim > 0 and strides_p:
-        fmt = f"<{ndim}q"
-        strides = struct.unpack(fmt, ctypes.string_at(strides_p, 8 * ndim))
-        if any(st <= 0 for st in strides):
-            shape = struct.unpack(fmt, ctypes.string_at(shape_p, 8 * ndim))
+        st_ = _STRIDES.get(ndim) or struct.Struct(f"<{ndim}q")
+        strides = st_.unpack(_string_at(strides_p, 8 * ndim))
+        if min(strides) <= 0:
+            shape = st_.unpack(_string_at(shape_p, 8 * ndim))
             if any(st <= 0 for n, st in zip(shape, strides) if n > 1):
                 return f"its strides {strides} are negative or zero (a reversed or broadcast view)"
     return None
@@ -210,7 +212,13 @@ def _steal(p: int | None) -> Any:
     return obj
 
 
-def _host_share(obj: Any, dst: Backend, src: str) -> tuple[Any, Any]:
+_NO_API: Any = object()  # (_host_share: the consumer's C exchange API not looked up yet)
+_STRIDES = {n: struct.Struct(f"<{n}q") for n in range(1, 9)}
+#: (producer type, versioned asked) -> the name of the capsule it gave (see _host_share)
+_CAPSULE_NAMES: dict[tuple[type, bool], bytes] = {}
+
+
+def _host_share(obj: Any, dst: Backend, src: str, to: Any = _NO_API) -> tuple[Any, Any]:
     """Host buffer ``obj`` (a producer) checked by the core's rules (:func:`_share_refusal`; else
     CapabilityError) before consumer ``dst`` sees it, exported once: ``(y, None)`` where DLPack's C
     exchange API gave ``dst``'s tensor ``y`` already, else ``(None, producer)`` for ``dst``'s
@@ -222,7 +230,8 @@ def _host_share(obj: Any, dst: Backend, src: str) -> tuple[Any, Any]:
     consumer's adapter saying so alone, the capsule goes to it bare. A mutable consumer's capsule is
     a versioned one (its read-only flag shows), an immutable consumer's a legacy one (what JAX and
     TensorFlow ask for)."""
-    to = _consumer_api(dst)
+    if to is _NO_API:
+        to = _consumer_api(dst)
     if to is not None:
         src_api = c_exchange_api(type(obj))
         if src_api is not None and src_api.from_py is not None:
@@ -232,20 +241,36 @@ def _host_share(obj: Any, dst: Backend, src: str) -> tuple[Any, Any]:
                 y = _c_import(to, out.value, None, dst, src)
                 if y is not None:
                     return y, None
-    versioned = dst.capabilities.mutable or to is not None
+    mutable = dst.capabilities.mutable
+    versioned = mutable or to is not None
     try:
         cap = obj.__dlpack__(max_version=(1, 0)) if versioned else obj.__dlpack__()
-        name = _capsule_name(cap)
     except (TypeError, BufferError, NotImplementedError, AttributeError, ValueError):
         refusal = _share_refusal(peek(obj), dst)  # a producer without that kind of capsule: the general probe
         if refusal is not None:
             raise CapabilityError(f"{src} buffer not shared: {refusal}") from None
         return None, obj
+    # the header in one read; the capsule's name guessed as the one this producer type gave last
+    # time (a wrong guess costs a ValueError; the name's own foreign call costs every time)
+    kind = (type(obj), versioned)
+    name = _CAPSULE_NAMES.get(kind)
+    ptr: Any = None
+    if name is not None:
+        try:
+            ptr = _capsule_pointer(cap, name)
+        except ValueError:
+            name = None
+    if name is None:
+        name = _capsule_name(cap)
+        if name in (_VERSIONED, _LEGACY):
+            ptr = _capsule_pointer(cap, name)
+            if len(_CAPSULE_NAMES) < 256:
+                _CAPSULE_NAMES[kind] = name
     if name == _VERSIONED:
-        raw = ctypes.string_at(_capsule_pointer(cap, name), _HEAD.size)
-        refusal = _layout_refusal(raw, 32, _HEAD.unpack_from(raw)[3], dst)
+        raw = _string_at(ptr, _HEAD.size)
+        refusal = _layout_refusal(raw, 32, _HEAD.unpack_from(raw)[3], mutable)
     elif name == _LEGACY:
-        refusal = _layout_refusal(ctypes.string_at(_capsule_pointer(cap, name), _TENSOR.size), 0, 0, dst)
+        refusal = _layout_refusal(_string_at(ptr, _TENSOR.size), 0, 0, mutable)
     else:  # not a capsule the core can read: the consumer judges it
         refusal = None
     if refusal is not None and refusal != _NOT_HOST:
@@ -262,7 +287,7 @@ def _c_import(to: CExchangeAPI, ptr: int, cap: Any, dst: Backend, src: str) -> A
     its C import, after the core's rules; a managed tensor the rules refuse is freed (its deleter).
     None for a buffer that is not plain host memory (the ordinary route takes it: stream rules)."""
     raw = ctypes.string_at(ptr, _HEAD.size)
-    refusal = _layout_refusal(raw, 32, _HEAD.unpack_from(raw)[3], dst)
+    refusal = _layout_refusal(raw, 32, _HEAD.unpack_from(raw)[3], dst.capabilities.mutable)
     if refusal is not None:
         if cap is None:  # the producer's managed tensor is ours: free it through its deleter
             deleter = _HEAD.unpack_from(raw)[2]
@@ -316,33 +341,52 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
 
 
 #: (source adapter, consumer, device, target device, dtype, ids of both capability sets) -> what
-#: convert checked for them once: (the capability sets, why no DLPack route, handshake, wait first).
-_ROUTES: dict[tuple[Any, ...], tuple[Any, Any, str, bool, bool]] = tie_cache({})
+#: convert checked for them once (:class:`_Route`).
+_ROUTES: dict[tuple[Any, ...], _Route] = tie_cache({})
 
 
-def _route(src: Backend, dst: Backend, here: Any, dev: Any, dtype: str, sc: Any, dc: Any
-           ) -> tuple[Any, Any, str, bool, bool]:
-    """The checks of a convert from ``src`` on ``here`` to ``dst`` on ``dev`` that depend on no
-    tensor: the device and dtype exist on the consumer (DeviceNotFoundError, CapabilityError), both
-    sides speak DLPack (else the reason), the stream handshake, and whether to wait first."""
-    if dev not in dst.devices():
-        raise DeviceNotFoundError(
-            f"convert: {dst.name} has no device {dev} (where the {src.name} tensor would live); available: "
-            f"{', '.join(map(str, dst.devices()))}. Move it first with multidev.to(x, 'cpu')."
-        )
-    if dtype not in dc.dtypes_on(dev):
-        raise CapabilityError(f"convert: {dst.name} cannot hold {dtype} on {dev}; cast the {src.name} tensor "
-                              "first")
-    if not (sc.dlpack and dc.dlpack):
-        return sc, dc, f"{src.name if not sc.dlpack else dst.name} has no DLPack support", False, False
-    why = ""
-    try:
-        require(src, SupportsDLPack, "convert")
-        require(dst, SupportsDLPack, "convert")
-    except CapabilityError as e:
-        why = f"CapabilityError: {e}"
-    handshake = here.kind != "cpu" and sc.dlpack_streams and dc.dlpack_streams
-    return sc, dc, why, bool(handshake), bool(sc.async_execution and not handshake)
+class _Route:
+    """What a convert from ``src`` on ``here`` to ``dst`` on ``dev`` checked once, depending on no
+    tensor: the capability sets it was checked against, why there is no DLPack route (empty: there
+    is one), the stream handshake, whether to wait first, and the calls the DLPack route makes (the
+    producer's export, the consumer's import, the consumer's C exchange API for host buffers)."""
+
+    __slots__ = ("dc", "export", "handshake", "host", "imp", "sc", "to", "wait", "why")
+
+    def __init__(self, src: Backend, dst: Backend, here: Any, dev: Any, dtype: str, sc: Any, dc: Any) -> None:
+        if dev not in dst.devices():
+            raise DeviceNotFoundError(
+                f"convert: {dst.name} has no device {dev} (where the {src.name} tensor would live); available: "
+                f"{', '.join(map(str, dst.devices()))}. Move it first with multidev.to(x, 'cpu')."
+            )
+        if dtype not in dc.dtypes_on(dev):
+            raise CapabilityError(f"convert: {dst.name} cannot hold {dtype} on {dev}; cast the {src.name} "
+                                  "tensor first")
+        self.sc, self.dc = sc, dc
+        self.why, self.handshake, self.wait = "", False, False
+        self.export: Any = None
+        self.imp: Any = None
+        self.to: Any = None
+        self.host = not here.is_gpu
+        if not (sc.dlpack and dc.dlpack):
+            self.why = f"{src.name if not sc.dlpack else dst.name} has no DLPack support"
+            return
+        try:
+            self.export = require(src, SupportsDLPack, "convert").export_dlpack
+            self.imp = require(dst, SupportsDLPack, "convert").import_dlpack
+        except CapabilityError as e:
+            self.why = f"CapabilityError: {e}"
+        self.handshake = bool(here.kind != "cpu" and sc.dlpack_streams and dc.dlpack_streams)
+        self.wait = bool(sc.async_execution and not self.handshake)
+        self.to = _consumer_api(dst) if self.host else None
+
+
+def _export(route: _Route, src: Backend, x: Any) -> Any:
+    """:func:`exportable` through the route's export call."""
+    obj = route.export(x)
+    if hasattr(obj, "__dlpack__"):
+        return obj
+    return DLPackCapsule(obj, src.device_of(x))
 
 
 def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None) -> Any:
@@ -373,25 +417,25 @@ def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None)
     sc, dc = src.capabilities, dst.capabilities
     key = (src, dst, here, dev, dtype, id(sc), id(dc))
     route = _ROUTES.get(key)
-    if route is None or route[0] is not sc or route[1] is not dc:
-        route = _route(src, dst, here, dev, dtype, sc, dc)
+    if route is None or route.sc is not sc or route.dc is not dc:
+        route = _Route(src, dst, here, dev, dtype, sc, dc)
         if len(_ROUTES) < 1024:
             _ROUTES[key] = route
-    _sc, _dc, why, handshake, wait = route
+    why = route.why
     if not why:
         try:
-            if wait:
+            if route.wait:
                 src.wait(x)  # a bare capsule carries no stream: the producer's work must be done
-            obj = exportable(src, x)
+            obj = _export(route, src, x)
             y = None
-            if not here.is_gpu:  # host buffers: layouts that abort or alias unsafely stay unshared
-                y, prod = _host_share(obj, dst, src.name)
+            if route.host:  # host buffers: layouts that abort or alias unsafely stay unshared
+                y, prod = _host_share(obj, dst, src.name, route.to)
                 if y is not None and dst.device_of(y) is not dev:  # (the C route lands on cpu:0)
-                    y, prod = None, exportable(src, x)
+                    y, prod = None, _export(route, src, x)
                 obj = prod
             if y is None:
-                y = dst.import_dlpack(obj, dev)  # type: ignore[attr-defined]  # (SupportsDLPack: _route)
-            if (handshake or dst.device_of(y) is dev) and dst.dtype_of(y) == dtype:
+                y = route.imp(obj, dev)
+            if (route.handshake or dst.device_of(y) is dev) and dst.dtype_of(y) == dtype:
                 if not copy:
                     return y
                 out = dst.copy(y, dev)

@@ -333,3 +333,29 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
                     add((*path, f"<{b.name} tensor {i}>"), t)
         stack.extend(reversed(kids))  # popped in order: the tensors come in the structure's order
     return iter(found)
+
+
+#: The most items :func:`resident_container` looks at: larger containers take tree_map's route.
+RESIDENT_MAX = 1 << 16
+
+
+def resident_container(x: Any, device: Any) -> bool:
+    """Whether ``x`` is a plain ``tuple``, ``list`` or ``dict`` of at most :data:`RESIDENT_MAX`
+    tensors (a dict: values) of classes seen before (``cached_owner``), every one already on
+    ``device`` (an interned Device): then ``to(x, device)`` moves nothing, and the structure's walk
+    (validation, flattening, rebuilding) can be skipped. False for anything else (nested, a model, a
+    subclass, a stranger), which then takes :func:`tree_map`'s route."""
+    cls = x.__class__
+    if cls is dict:
+        items = x.values()
+    elif cls is tuple or cls is list:
+        items = x
+    else:
+        return False
+    if not x or len(x) > RESIDENT_MAX:
+        return False
+    for t in items:
+        b = cached_owner(t.__class__)
+        if b is None or b.device_of(t) is not device:
+            return False
+    return True

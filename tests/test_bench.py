@@ -341,3 +341,34 @@ def test_the_headline_is_built_from_the_goal_data() -> None:
     assert "1/1 met; worst 0.9 (a); md / native <= 0.05" in row and row.endswith("per backend (in its cell) |")
     assert report.headline({"runs": [], "results": [], "goals": []}) == \
         ["_No goal of the suites applies to these rows._"]
+
+
+def test_stability_marks_rows_it_cannot_stand_behind() -> None:
+    """Row 4 of issue 36: spread between alternating samples, a CPU row off the CPU, an overloaded
+    machine: the row is marked and, under strict stability, its goals are not judged."""
+    from multidev.benchmarks import report
+
+    def var(samples: list[float], cpu_share: float = 1.0) -> dict:
+        return {"median_s": sorted(samples)[len(samples) // 2], "samples_s": samples, "cpu_share": cpu_share}
+
+    run = {"machine": {"cpu_count": 2}, "loadavg_before": [0.5, 0, 0], "loadavg_after": [0.7, 0, 0],
+           "settings": {"stability": "strict"}}
+    steady = {"md": var([1.0, 1.01, 0.99, 1.0, 1.02, 1.0]), "native": var([0.5, 0.5, 0.51, 0.49, 0.5, 0.5])}
+    rec = {"devices": ["cpu:0"], "variants": steady, "ratio": {"of": ["md", "native"], "value": 2.0}}
+    assert report.stability(rec, run) == []
+    # the ratio of alternating samples swings although each variant's median looks fine
+    swing = {"md": var([1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0]), "native": var([1.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0])}
+    assert any("alternating" in w for w in report.stability({**rec, "variants": swing}, run))
+    off = {**steady, "md": var([1.0, 1.01, 0.99, 1.0, 1.02, 1.0], cpu_share=0.5)}
+    assert any("on the CPU 50%" in w for w in report.stability({**rec, "variants": off}, run))
+    assert report.stability({**rec, "devices": ["gpu:0"], "variants": off}, run) == [], "a GPU row may wait off the CPU"
+    loaded = {**run, "loadavg_after": [5.0, 0, 0]}
+    assert any("load average 5.0" in w for w in report.stability(rec, loaded))
+    assert any("load average" in w for w in report.run_warnings(loaded))
+    assert any("MHz" in w for w in report.run_warnings({**run, "cpu_MHz_before": 3000, "cpu_MHz_after": 2000}))
+    # strict: the goal row is not judged (met False, the measured verdict kept); warn: judged, marked
+    doc = {"runs": [run], "results": [{**rec, "variants": off, "suite": "s", "benchmark": "b", "backend": "numpy",
+                                       "case": "c", "group": "g"}]}
+    report.mark_stability(doc)
+    assert doc["results"][0]["unstable"]
+    assert report.strict(doc) and not report.strict({"runs": [{"settings": {"stability": "warn"}}]})

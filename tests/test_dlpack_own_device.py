@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from multidev.adapters.torch.dlpack import OwnDeviceProducer, TorchDLPack
+from multidev.adapters.torch.dlpack import HostProducer, OwnDeviceProducer, TorchDLPack
 
 
 class _Device:
@@ -41,6 +41,7 @@ class _Cuda:
 
 class _Tensor:
     layout = "strided"
+    requires_grad = False
     dtype = "torch.float32"
     shape = (2, 3)
 
@@ -71,7 +72,16 @@ def _adapter(n_cuda: int) -> tuple[Any, _Cuda]:
     class Torch:  # the parts of the torch module export_dlpack reads
         strided = "strided"
 
+    class _DLPackModule:
+        @staticmethod
+        def to_dlpack(t: Any) -> str:
+            return "c-capsule"
+
+    class _Utils:
+        dlpack = _DLPackModule
+
     Torch.cuda = cuda  # type: ignore[attr-defined]
+    Torch.utils = _Utils  # type: ignore[attr-defined]
 
     class Adapter(TorchDLPack):
         pass
@@ -87,10 +97,19 @@ def test_one_gpu_exports_the_tensor_itself() -> None:
     assert b.export_dlpack(t) is t  # zero cost: with one device it is always torch's current one
 
 
-def test_host_tensors_go_out_as_they_are() -> None:
+def test_host_tensors_go_out_through_torchs_c_export() -> None:
     b, cuda = _adapter(2)
     t = _Tensor(cuda, _Device("cpu", None))
-    assert b.export_dlpack(t) is t
+    out = b.export_dlpack(t)
+    assert isinstance(out, HostProducer)
+    assert out.dtype == t.dtype and out.shape == t.shape and out.device is t.device
+    assert out.__dlpack_device__() == (1, 0)
+    assert out.__dlpack__() == "c-capsule" and out.__dlpack__(max_version=(1, 0), dl_device=(1, 0)) == "c-capsule"
+    assert t.exported == [], "no Python-level export where torch's C export does"
+    # a copy, another device or a stream goes to the tensor's own __dlpack__ (torch's rules)
+    assert out.__dlpack__(copy=True) == "capsule" and out.__dlpack__(stream=5) == "capsule"
+    assert [k for _, k in t.exported] == [{"stream": None, "dl_device": None, "copy": True},
+                                          {"stream": 5, "dl_device": None, "copy": None}]
 
 
 def test_several_gpus_export_under_the_tensors_own_device() -> None:

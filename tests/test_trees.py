@@ -159,3 +159,30 @@ def test_numpy_default_device_is_native_in_native_out() -> None:
     assert all(md.device_of(a) == md.device("cpu:0") for a in made)
     other = md.copy(x, "cpu:1")
     assert type(other) is not np.ndarray and md.device_of(other + 1) == md.device("cpu:1")
+def test_to_of_a_resident_tuple_or_list_walks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """md.to((data, target), dev) with both already there: the tuple itself, a list as a new list of
+    the same tensors, without tree_map's walk; one tensor elsewhere takes the walk and moves."""
+    import multidev.api as api
+    from multidev.trees import resident_container
+
+    a = md.ones((3,), device="cpu:0", backend="numpy")
+    b = md.zeros((2,), device="cpu:0", backend="numpy")
+    md.device_of(a), md.device_of(b)  # the class's owner is known from here on
+    walked: list[Any] = []
+    real = api.tree_map
+    monkeypatch.setattr(api, "tree_map", lambda *args, **kw: walked.append(args) or real(*args, **kw))
+    tup = (a, b)
+    assert resident_container(tup, md.device("cpu:0"))
+    assert md.to(tup, "cpu:0") is tup
+    lst = [a, b]
+    out = md.to(lst, "cpu:0")
+    assert out is not lst and out == lst and all(x is y for x, y in zip(out, lst))
+    dct = {"x": a, "y": b}
+    got = md.to(dct, "cpu:0")
+    assert got is not dct and got == dct and all(got[k] is dct[k] for k in dct)
+    assert walked == [], "a resident (data, target) is not walked"
+    moved = md.to((a, b), "cpu:1")
+    assert walked and all(md.device_of(t) == md.device("cpu:1") for t in moved)
+    np.testing.assert_array_equal(md.to_numpy(moved[0]), np.ones(3))
+    assert not resident_container((a, [b]), md.device("cpu:0")), "nested: the walk"
+    assert not resident_container((), md.device("cpu:0")) and not resident_container((a, "x"), md.device("cpu:0"))

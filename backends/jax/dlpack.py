@@ -66,6 +66,7 @@ class JaxDLPack(SupportsDLPack):
 
     if TYPE_CHECKING:  # the core protocol (core.JaxCore)
         def version(self) -> str: ...
+        def dtype_of(self, x: Any) -> str: ...
         def to_native_device(self, device: Device) -> Any: ...
         def device_of(self, x: Any) -> Device: ...
         def _native_of(self, x: Any) -> Any: ...
@@ -85,18 +86,21 @@ class JaxDLPack(SupportsDLPack):
         becomes a view on the virtual CPU device ``device``."""
         jax = self._jax
         x64 = bool(jax.config.jax_enable_x64)
-        if not x64 and type(obj).__name__ != "PyCapsule":
+        src = None
+        if type(obj).__name__ != "PyCapsule":
             try:
                 src = canonical_dtype(obj.dtype)
             except Exception:  # noqa: BLE001 - no readable dtype: checked from the capsule below
                 src = None
-            if src in X64_DTYPES:
+            if not x64 and src in X64_DTYPES:
                 raise CapabilityError(f"jax backend: cannot import a {src} tensor without x64 (it "
                                       f"would become a 32-bit copy); {x64_hint(src)}")
         native = self.to_native_device(device)
         if device.kind != "cpu" and not self._strides_read_as_row_major and hasattr(obj, "__dlpack__"):
             return self._import_accelerator(obj, device)
         cpu_id = getattr(native, "local_hardware_id", None) if device.kind == "cpu" else None
+        if device.kind == "cpu" and src is not None and not self._strides_read_as_row_major:
+            return self._import_host(obj, device, cpu_id, src)
         prod = _Producer(obj, cpu_id, inspect=device.kind == "cpu" or self._strides_read_as_row_major)
         if not x64 and prod.code_bits in _DL_X64:
             raise CapabilityError(f"jax backend: cannot import a 64-bit DLPack tensor without x64 "
@@ -114,6 +118,29 @@ class JaxDLPack(SupportsDLPack):
             raise CapabilityError(
                 "jax backend: JAX copied this DLPack buffer instead of sharing it (JAX needs 64-byte "
                 "aligned CPU buffers); use multidev.asarray for an explicit copy")
+        if self.device_of(y) != device:
+            raise CapabilityError(f"jax backend: a DLPack buffer of {device} arrived on "
+                                  f"{self.device_of(y)}; moving it would copy, so JAX cannot share it there")
+        return y
+
+    def _import_host(self, obj: Any, device: Device, cpu_id: int | None, src: str) -> Any:
+        """The host path of import_dlpack for a producer object of known dtype on JAX >= 0.8: JAX
+        itself refuses what it would copy (``copy=False``: an unaligned buffer raises, a strided one
+        is refused), so the capsule's header is not read a second time; the dtype and the device of
+        the result are checked (JAX without x64 narrows 64-bit types, refused above)."""
+        try:
+            y = self._jax.dlpack.from_dlpack(_Producer(obj, cpu_id, inspect=False), copy=False)
+        except ValueError as e:
+            if "copy" in str(e):
+                raise CapabilityError(
+                    "jax backend: JAX would copy this DLPack buffer instead of sharing it (JAX needs 64-byte "
+                    "aligned CPU buffers); use multidev.asarray for an explicit copy") from e
+            raise CapabilityError(f"jax backend cannot import this DLPack tensor ({type(obj).__name__}): {e}") from e
+        except (TypeError, BufferError, RuntimeError) as e:
+            raise CapabilityError(f"jax backend cannot import this DLPack tensor ({type(obj).__name__}): {e}") from e
+        if self.dtype_of(y) != src:
+            raise CapabilityError(f"jax backend: a {src} DLPack buffer arrived as {y.dtype} (a copy); "
+                                  f"{x64_hint(src)}")
         if self.device_of(y) != device:
             raise CapabilityError(f"jax backend: a DLPack buffer of {device} arrived on "
                                   f"{self.device_of(y)}; moving it would copy, so JAX cannot share it there")

@@ -46,6 +46,45 @@ class OwnDeviceProducer:
         return self._t.device
 
 
+class HostProducer:
+    """A DLPack producer for a dense host tensor ``t``: ``__dlpack__`` is torch's public C export
+    (``torch.utils.dlpack.to_dlpack``, a legacy capsule; torch tensors are never read-only, so the
+    versioned capsule's flag would say nothing more) and ``__dlpack_device__`` is ``(kDLCPU, 0)``,
+    without the Python-level checks of ``Tensor.__dlpack__`` that the adapter made already; a
+    request for a copy or another device goes to ``Tensor.__dlpack__``. ``dtype``, ``shape`` and
+    ``device`` read as ``t``'s. No copy."""
+
+    __slots__ = ("_t", "_to")
+
+    def __init__(self, t: Any, to: Any) -> None:
+        self._t = t
+        self._to = to  # torch.utils.dlpack.to_dlpack
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: bool | None = None) -> Any:
+        if stream is not None or copy or (dl_device is not None and tuple(dl_device) != (1, 0)):
+            kw: dict[str, Any] = {"dl_device": dl_device, "copy": copy}
+            if max_version is not None:
+                kw["max_version"] = max_version
+            return self._t.__dlpack__(stream=stream, **kw)  # torch's own rules (it refuses a stream on CPU)
+        return self._to(self._t)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+    @property
+    def dtype(self) -> Any:
+        return self._t.dtype
+
+    @property
+    def shape(self) -> Any:
+        return self._t.shape
+
+    @property
+    def device(self) -> Any:
+        return self._t.device
+
+
 class TorchDLPack(SupportsDLPack):
     """Exports dense tensors without copying (see the module docstring for CUDA tensors on a
     machine with several GPUs); imports through ``torch.from_dlpack``, checked to land on the
@@ -62,14 +101,17 @@ class TorchDLPack(SupportsDLPack):
         def device_of(self, x: Any) -> Device: ...
 
     def export_dlpack(self, x: Any) -> Any:
-        t = x.detach()  # __dlpack__ refuses tensors that require grad
-        if t.layout != self._torch.strided:
+        t = x.detach() if x.requires_grad else x  # __dlpack__ refuses tensors that require grad
+        if t.layout is not self._torch.strided:
             raise CapabilityError(f"torch backend: DLPack takes dense tensors only, not {t.layout}; "
                                   "convert with x.to_dense()")
         if t.is_conj() or t.is_neg():
             raise CapabilityError("torch backend: a lazily conjugated/negated view cannot be exported "
                                   "without a copy; call x.resolve_conj().resolve_neg() first")
-        if self._n_cuda > 1 and t.device.type == "cuda":
+        kind = t.device.type
+        if kind == "cpu":
+            return HostProducer(t, self._torch.utils.dlpack.to_dlpack)
+        if self._n_cuda > 1 and kind == "cuda":
             return OwnDeviceProducer(t, self._torch.cuda)
         return t  # torch.Tensor has __dlpack__/__dlpack_device__, strided layouts included
 
