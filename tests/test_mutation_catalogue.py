@@ -1,5 +1,6 @@
-"""The conformance suite catches real adapter bugs: every mutant of ``tests/mutants.py`` must fail it,
-and every unmutated control must pass the same checks.
+"""The conformance suite catches real adapter bugs: every mutant of ``tests/mutants/`` (a package,
+one module per adapter, imported as ``mutants``) must fail it, and every unmutated control must pass
+the same checks.
 
 One ``multidev conformance`` run per framework tests all of its mutants and controls at once (each
 mutant only against the checks its entry selects, stopping at its first failure). Mutants whose
