@@ -300,3 +300,51 @@ class JaxDeviceScopeInert(JaxBackend):
         import contextlib
 
         return contextlib.nullcontext()
+
+
+# == trees, native collectives at size, compile caches: issue 35 ======================================
+@mutant("jax", "flatten_tree's rebuild unflattens the node's OLD children (the new ones ignored): a moved node keeps "
+        "its leaves where they were", ["test_registered_tree_nodes_are_rebuilt_from_their_new_children"])
+class JaxTreeRebuiltFromOldChildren(JaxBackend):
+    name = "jax_tree_old_children"
+
+    def flatten_tree(self, obj: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+        tu = self._jax.tree_util
+        children, treedef = tu.tree_flatten(obj, is_leaf=lambda x: x is not obj)
+        return list(children), lambda new: tu.tree_unflatten(treedef, children)
+
+
+#: The chunk of the mutant below: 2**18 elements (1 MiB of float32).
+_CHUNK = 2 ** 18
+
+
+@mutant("jax", "native_allreduce reduces whole chunks of 2**18 elements and drops the tail of a larger array (its "
+        "last numel % 2**18 elements keep each device's own values)",
+        ["test_allreduce_at_sizes_around_every_boundary"])
+class JaxNativeDropsTail(JaxBackend):
+    name = "jax_native_drops_tail"
+
+    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
+        shape = tuple(xs[0].shape)
+        numel = int(np.prod(shape))
+        if numel <= _CHUNK or numel % _CHUNK == 0:
+            return super().native_allreduce(xs, op)
+        k = numel // _CHUNK * _CHUNK
+        flat = [x.reshape(-1) for x in xs]
+        head = super().native_allreduce([f[:k] for f in flat], op)
+        return [self._jnp.concatenate([h, f[k:]]).reshape(shape) for h, f in zip(head, flat)]
+
+
+@mutant("jax", "compile caches its jax.jit by the function's __name__: two functions of one name share the first "
+        "one's executable", ["test_functions_of_one_name_get_their_own_executables"])
+class JaxCompileCachedByName(JaxBackend):
+    name = "jax_compile_cached_by_name"
+
+    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
+        if route == "eager":
+            return fn
+        cache = self.__dict__.setdefault("_jit_by_name", {})
+        key = getattr(fn, "__name__", None)
+        if key not in cache:
+            cache[key] = super().compile(fn, route, args)
+        return cache[key]

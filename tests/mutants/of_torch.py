@@ -1,6 +1,7 @@
 """Mutants of the torch adapter."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -306,3 +307,59 @@ class TorchDeviceOfFirstGpu(TorchBackend):
         return Device("gpu", 0) if d.kind == "gpu" else d
 
 
+
+
+# == models (SupportsModels), compile modes: issue 35 ==================================================
+@mutant("torch", "move_module returns a deep copy moved there, not the same module moved in place (an optimizer built "
+        "before the move updates dead tensors)", ["test_a_model_moves_in_place_and_its_optimizer_follows"])
+class TorchMoveModuleCopies(TorchBackend):
+    name = "torch_move_module_copies"
+
+    def move_module(self, obj: Any, device: Device) -> Any:
+        return copy.deepcopy(obj).to(self.to_native_device(device))
+
+
+@mutant("torch", "copy_module makes a shallow copy: a new module sharing the original's Parameters and buffers",
+        ["test_a_model_copy_shares_nothing_with_the_original"])
+class TorchCopyModuleShares(TorchBackend):
+    name = "torch_copy_module_shares"
+
+    def copy_module(self, obj: Any, device: Device) -> Any:
+        return copy.copy(obj)
+
+
+@mutant("torch", "module_tensors lists the parameters only: device_of a buffer-only model fails, and buffers are "
+        "left out of to_host and synchronize", ["test_a_models_buffers_are_among_its_tensors"])
+class TorchModuleTensorsParamsOnly(TorchBackend):
+    name = "torch_module_tensors_params_only"
+
+    def module_tensors(self, obj: Any) -> list[Any]:
+        return list(obj.parameters())
+
+
+@mutant("torch", "module_tensors reads the state_dict, which leaves non-persistent buffers out",
+        ["test_a_models_buffers_are_among_its_tensors"])
+class TorchModuleTensorsStateDict(TorchBackend):
+    name = "torch_module_tensors_state_dict"
+
+    def module_tensors(self, obj: Any) -> list[Any]:
+        return list({id(t): t for t in obj.state_dict(keep_vars=True).values()}.values())
+
+
+@mutant("torch", "model_kind claims the built-in layers only (classes defined in torch.nn): a user's subclass and "
+        "a scripted module are refused as 'not a tensor'", ["test_user_subclasses_and_scripted_modules_are_models"])
+class TorchModelKindBuiltinOnly(TorchBackend):
+    name = "torch_model_kind_builtin_only"
+
+    def model_kind(self, obj: Any) -> str | None:
+        nn = self._torch.nn
+        return "module" if isinstance(obj, nn.Module) and type(obj).__module__.startswith("torch.nn") else None
+
+
+@mutant("torch", "compile's torch.jit.script route traces instead (refusing, past its TracerWarning, every function "
+        "with a data-dependent branch that scripting compiles)", ["test_each_route_compiles_what_its_compiler_does"])
+class TorchScriptRouteTraces(TorchBackend):
+    name = "torch_script_route_traces"
+
+    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
+        return super().compile(fn, "torch.jit.trace" if route == "torch.jit.script" else route, args)
