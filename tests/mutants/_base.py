@@ -34,10 +34,18 @@ class Mutant:
     """GPUs needed for the defect to show (0: it fails on any machine)."""
     why_gpu: str = ""
     """For ``gpus`` > 0: why a CPU-only machine cannot show it, and which check catches it there."""
+    known: str = ""
+    """Non-empty for a known survivor: why no check of the suite can catch it yet. The catalogue run
+    fails on a survivor not marked so, and on a marked one that is caught (the mark must go)."""
 
     @property
     def name(self) -> str:
         return str(self.cls.name)
+
+    @property
+    def method(self) -> str:
+        """The one method (or property) this mutant breaks: the one its class defines itself."""
+        return broken_method(self.cls)
 
     @property
     def spec(self) -> str:
@@ -48,11 +56,22 @@ CATALOGUE: list[Mutant] = []
 
 
 def mutant(base: str, defect: str, select: Sequence[str], gpus: int = 0,
-           why_gpu: str = "") -> Callable[[type], type]:
+           why_gpu: str = "", known: str = "") -> Callable[[type], type]:
     def deco(cls: type) -> type:
-        CATALOGUE.append(Mutant(cls, base, defect, tuple(select), gpus, why_gpu))
+        CATALOGUE.append(Mutant(cls, base, defect, tuple(select), gpus, why_gpu, known))
         return cls
     return deco
+
+
+def broken_method(cls: type) -> str:
+    """The name of the one method (or property) ``cls`` defines itself (not ``name``, not dunders);
+    ValueError unless there is exactly one."""
+    own = sorted(k for k, v in vars(cls).items()
+                 if (callable(v) or isinstance(v, (property, classmethod, staticmethod))) and not k.startswith("__")
+                 and k != "name")
+    if len(own) != 1:
+        raise ValueError(f"{cls.__name__} defines {own}: a mutant changes exactly one method")
+    return own[0]
 
 
 def _plain(x: Any) -> Any:
