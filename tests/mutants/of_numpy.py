@@ -302,3 +302,30 @@ class NumpyNativeDeviceAnything(NumpyBackend):
         return obj if isinstance(obj, Device) else _HOST
 
 
+
+
+# == arguments away from the defaults: issue 35 ========================================================
+@mutant("numpy", "asarray converts integer data through float64 (exact only up to 2**53: int64's extremes change)",
+        ["test_placement_calls_away_from_their_defaults"])
+class NumpyAsarrayViaFloat(NumpyBackend):
+    name = "numpy_asarray_via_float"
+
+    def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
+        src = np.asarray(_plain(obj))
+        if src.dtype.kind in "iu" and dtype is not None:
+            return _tag(src.astype(np.float64).astype(self.to_native_dtype(dtype)), device)
+        return super().asarray(obj, dtype, device)
+
+
+@mutant("numpy", "combine computes integers in float64 and casts back (int64 sums and extremes beyond 2**53 change)",
+        ["test_allreduce_and_reduce_away_from_their_defaults"])
+class NumpyCombineIntsViaFloat(NumpyBackend):
+    name = "numpy_combine_ints_via_float"
+
+    def combine(self, op: str, a: Any, b: Any) -> Any:
+        pa, pb = _plain(a), _plain(b)
+        if pa.dtype.kind not in "iu":
+            return super().combine(op, a, b)
+        fn = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[op]
+        out = fn(pa.astype(np.float64), pb.astype(np.float64)).astype(pa.dtype)
+        return _tag(out, self.same_device(op, (a, b)))

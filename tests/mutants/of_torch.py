@@ -363,3 +363,16 @@ class TorchScriptRouteTraces(TorchBackend):
 
     def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
         return super().compile(fn, "torch.jit.trace" if route == "torch.jit.script" else route, args)
+
+
+@mutant("torch", "copy reads a view's storage from its start, ignoring the view's offset and strides (x[::2], x.T "
+        "copy other elements)", ["test_placement_calls_away_from_their_defaults"])
+class TorchCopyFromStorage(TorchBackend):
+    name = "torch_copy_from_storage"
+
+    def copy(self, x: Any, device: Device) -> Any:
+        torch = self._torch
+        if x.is_contiguous() and x.storage_offset() == 0:
+            return super().copy(x, device)
+        flat = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage(), 0, (x.numel(),))
+        return super().copy(flat.reshape(x.shape), device)
