@@ -6,7 +6,7 @@ with.
     python -m multidev.benchmarks.scaling fit RESULTS.json... [--write | --out model.json]
     python -m multidev.benchmarks.scaling report RESULTS.json... --markdown OUT.md [--plot OUT.png]
 
-``fit --write`` rewrites :mod:`multidev.collective_model` (the model shipped, read by
+``fit --write`` rewrites ``multidev/data/collective_model.json`` (the model shipped, read by
 :func:`multidev.collectives.cost_model`); ``fit --out`` writes a model file for
 ``$MULTIDEV_COLLECTIVE_MODEL`` (a refit for another machine, without touching the package).
 """
@@ -130,16 +130,13 @@ def _predict(model: dict[str, Any], b: str, kind: str, n: int, nbytes: int, nati
     return None if best is None else best[1]
 
 
-def write_module(model: dict[str, Any], source: str, path: pathlib.Path) -> None:
-    """Rewrite :mod:`multidev.collective_model` with ``model`` (fitted from ``source``)."""
-    text = path.read_text()
-    head = text[:text.index("#: The results the model was fitted from.")]
-    body = json.dumps(model, indent=1, sort_keys=True)
-    path.write_text(head + "#: The results the model was fitted from.\n"
-                    f"SOURCE = {source!r}\n\n"
-                    "#: The model, as JSON (``{\"version\": 2, \"models\": {backend: {kind: {n: {algorithm:\n"
-                    "#: [[up to bytes, alpha, beta, relative rms error, points], ...]}}}}}``).\n"
-                    f'MODEL_JSON = r"""{body}"""\n')
+def write_model(model: dict[str, Any], source: str, path: pathlib.Path) -> None:
+    """Write ``model`` (fitted from ``source``) as the shipped model's JSON at ``path``, with no
+    machine paths (results are named relative to the working directory)."""
+    import os
+
+    text = json.dumps(dict(model, source=source), indent=1, sort_keys=True)
+    path.write_text(text.replace(os.getcwd() + os.sep, "") + "\n")
 
 
 # -- the report ----------------------------------------------------------------------------------
@@ -320,9 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fit", help="fit the cost model from collectives results")
     f.add_argument("results", nargs="+")
-    f.add_argument("--write", action="store_true", help="rewrite multidev/collective_model.py (the model shipped)")
+    f.add_argument("--write", action="store_true", help="rewrite the shipped model (multidev/data)")
     f.add_argument("--out", help="write the model as a JSON file (for $MULTIDEV_COLLECTIVE_MODEL)")
-    f.add_argument("--source", help="what SOURCE says in the module (default: the results' paths)")
+    f.add_argument("--source", help="what the model's source says (default: the results' paths)")
     r = sub.add_parser("report", help="the study's tables and figure")
     r.add_argument("results", nargs="+")
     r.add_argument("--markdown", required=True)
@@ -336,10 +333,13 @@ def main(argv: list[str] | None = None) -> int:
             pathlib.Path(args.out).write_text(json.dumps(model, indent=1, sort_keys=True))
             print(f"wrote {args.out}")
         if args.write:
-            from multidev import collective_model
+            from importlib import resources
 
-            write_module(model, args.source or " ".join(args.results), pathlib.Path(collective_model.__file__))
-            print(f"wrote {collective_model.__file__}")
+            from multidev import collectives
+
+            target = pathlib.Path(str(resources.files("multidev").joinpath(collectives.MODEL_RESOURCE)))
+            write_model(model, args.source or " ".join(args.results), target)
+            print(f"wrote {target}")
         if not (args.out or args.write):
             json.dump(model, sys.stdout, indent=1, sort_keys=True)
         return 0

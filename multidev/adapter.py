@@ -217,6 +217,14 @@ class BaseBackend:
     #: adapter starts its framework (None: the backend has no virtual devices).
     virtual_devices_env: ClassVar[str | None] = None
 
+    @classmethod
+    def install_hint(cls) -> str | None:
+        """How to install this backend's framework on this machine, as one sentence with the
+        commands in backticks, or None for the registry's default (``pip install "multidev[NAME]"``
+        where multidev has that extra). Called on the class, without the framework: it must not
+        import it."""
+        return None
+
     if TYPE_CHECKING:  # provided by every subclass; declared here for the type checker only
         @property
         def capabilities(self) -> Capabilities: ...

@@ -52,34 +52,129 @@ def _backends(spec: str | None, default: Any = list) -> list[Any]:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    """A table of every installed backend's devices, side by side."""
+    """A table of every installed backend's devices, side by side. Each backend is probed in a
+    process of its own, all at once (the wall time is the slowest framework's start, not their
+    sum), with the frameworks' start-up logs left out; the rows are kept in a cache keyed by the
+    installed packages, the devices' environment variables and the GPUs the OS shows, so a second
+    run reads them back (``--refresh`` probes again)."""
     from rich.markup import escape
     from rich.table import Table
 
     from . import registry
 
     names = _split(args.backend) or registry.registered_backends()
+    rows = _device_rows(names, refresh=args.refresh)
     table = Table(title="multidev devices")
     for col in ("backend", "version", "devices", "GPUs", "capabilities"):
         table.add_column(col, justify="right" if col == "GPUs" else "left")
     rc = 0
     for n in names:
-        try:
-            b = registry.get_backend(n)
-        except Exception as e:  # noqa: BLE001 - an adapter that fails to load is reported, not fatal
-            table.add_row(n, "-", f"[dim]{escape(_short(n, e))}[/dim]", "-", "-")
+        row = rows[n]
+        if "error" in row:
+            table.add_row(n, "-", f"[dim]{escape(row['error'])}[/dim]", "-", "-")
             if args.backend:
                 rc = 1
             continue
-        devs = b.devices()
-        c = b.capabilities
-        caps = ", ".join(k for k, v in (("mutable", c.mutable), ("async", c.async_execution),
-                                        ("pinned", c.pinned_memory), ("dlpack", c.dlpack)) if v)
-        if c.native_collectives:
-            caps += ", native " + "/".join(sorted(c.native_collectives))
-        table.add_row(n, b.version(), " ".join(map(str, devs)), str(sum(d.is_gpu for d in devs)), caps)
+        table.add_row(n, row["version"], " ".join(row["devices"]), str(row["gpus"]), row["capabilities"])
     _console().print(table)
+    if rows.get("_cached"):
+        print("(read from the cache of an earlier probe: multidev devices --refresh probes again)", file=sys.stderr)
     return rc
+
+
+def _probe_row(name: str) -> dict[str, Any]:
+    """One backend's row of ``multidev devices``, made in this process."""
+    from . import registry
+
+    try:
+        b = registry.get_backend(name)
+        devs = b.devices()
+    except Exception as e:  # noqa: BLE001 - an adapter that fails to load is reported, not fatal
+        return {"error": _short(name, e)}
+    c = b.capabilities
+    caps = ", ".join(k for k, v in (("mutable", c.mutable), ("async", c.async_execution),
+                                    ("pinned", c.pinned_memory), ("dlpack", c.dlpack)) if v)
+    if c.native_collectives:
+        caps += ", native " + "/".join(sorted(c.native_collectives))
+    return {"version": b.version(), "devices": [str(d) for d in devs], "gpus": sum(d.is_gpu for d in devs),
+            "capabilities": caps}
+
+
+def _probe_main(name: str) -> None:
+    """``python -m multidev.cli --probe NAME``: print one backend's row as JSON (for cmd_devices)."""
+    import json
+
+    print(json.dumps(_probe_row(name)))
+
+
+def _device_cache_key() -> str:
+    """What the device rows depend on: the interpreter, the installed distributions, the variables
+    that choose or count devices, and the GPUs the OS exposes."""
+    import glob
+    import hashlib
+
+    env = sorted((k, v) for k, v in os.environ.items()
+                 if k.startswith(("MULTIDEV_", "CUDA_", "HIP_", "ROCR_", "XLA_", "JAX_", "TF_"))
+                 and k != "TF_CPP_MIN_LOG_LEVEL")
+    dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
+    gpus = sorted(glob.glob("/dev/nvidia*") + glob.glob("/dev/dri/render*") + glob.glob("/proc/driver/nvidia/gpus/*"))
+    text = repr((sys.executable, __version__, env, dists, gpus))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _cache_file() -> Any:
+    from pathlib import Path
+
+    root = os.environ.get("MULTIDEV_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "multidev")
+    return Path(root) / "devices.json"
+
+
+def _device_rows(names: list[str], refresh: bool = False) -> dict[str, Any]:
+    """Every backend's row: from the cache where it holds this key's row, else probed (all at once,
+    each in its own process, so one framework's start neither delays nor disturbs another's)."""
+    import json
+    import subprocess
+
+    key = _device_cache_key()
+    path = _cache_file()
+    cached: dict[str, Any] = {}
+    if not refresh and os.environ.get("MULTIDEV_NO_CACHE") != "1":
+        try:
+            doc = json.loads(path.read_text())
+            if doc.get("key") == key:
+                cached = doc.get("rows", {})
+        except (OSError, ValueError, AttributeError):
+            cached = {}
+    rows = {n: cached[n] for n in names if n in cached}
+    todo = [n for n in names if n not in rows]
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up log, once per process otherwise
+    procs = {n: subprocess.Popen([sys.executable, "-m", "multidev.cli", "--probe", n], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env) for n in todo}
+    for n, pr in procs.items():
+        try:
+            out, err = pr.communicate(timeout=300)
+            rows[n] = json.loads(out.strip().splitlines()[-1])
+        except subprocess.TimeoutExpired:
+            pr.kill()
+            pr.communicate()
+            rows[n] = {"error": "not available: its framework did not start within 300 s"}
+        except (ValueError, IndexError):
+            last = (err or "").strip().splitlines()[-1:] or [f"exit status {pr.returncode}"]
+            rows[n] = {"error": f"not available: the probe failed ({last[0][:100]})"}
+    if todo and os.environ.get("MULTIDEV_NO_CACHE") != "1":
+        keep = {n: r for n, r in {**cached, **rows}.items() if not r.get("error", "").startswith("not available: the")}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"key": key, "rows": keep}))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only home: the rows are just not kept
+    if not todo and rows:
+        rows["_cached"] = True
+    return rows
 
 
 def _short(name: str, e: BaseException) -> str:
@@ -88,9 +183,11 @@ def _short(name: str, e: BaseException) -> str:
     import re
 
     s = " ".join(str(e).split())
-    cmd = re.search(r"`(pip install [^`]+)`", s)
-    if cmd is not None:
-        return f"not installed: {cmd.group(1)}"
+    if "CuPy needs an NVIDIA GPU" in s:
+        return "not available: needs an NVIDIA GPU with its driver (none here)"
+    cmds = re.findall(r"`(pip install [^`]+)`", s)
+    if cmds:
+        return f"not installed: {' && '.join(cmds[:2])}"
     if "Install the package that provides" in s:
         return "not installed: install the package that provides this adapter and its framework"
     s = "not available: " + s.split(". Install")[0]
@@ -245,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command")
     d = sub.add_parser("devices", help="list every installed backend's devices side by side")
     d.add_argument("--backend", help="comma-separated backends (default: all registered)")
+    d.add_argument("--refresh", action="store_true", help="probe every backend again (not the cached rows)")
     d.set_defaults(fn=cmd_devices)
     m = sub.add_parser("demo", help="place, move, copy and allreduce on every installed backend")
     m.add_argument("--backend", help="comma-separated backends (default: all installed)")
@@ -298,4 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--probe":
+        _probe_main(sys.argv[2])
+        sys.exit(0)
     sys.exit(main())

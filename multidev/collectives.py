@@ -33,7 +33,7 @@ Algorithms of :func:`allreduce` (all produce the same values within the dtype's 
   ``deterministic`` is False); without a model for them, ``native`` when the backend has it, every
   device is an accelerator and ``deterministic`` is False, else ``tree`` for small tensors (at most
   :data:`AUTO_TREE_MAX_BYTES` bytes per device), else ``ring``. Tensors with fewer elements than
-  devices always take ``tree``. The model: :data:`multidev.collective_model.MODEL_JSON` (fitted
+  devices always take ``tree``. The model: ``multidev/data/collective_model.json`` (package data, fitted
   from the bench's collectives suite; ``$MULTIDEV_COLLECTIVE_MODEL`` names a file to use instead,
   see :func:`cost_model`).
 
@@ -232,6 +232,7 @@ def _ring_allreduce(b: Backend, xs: list[Any], devs: list[Device], op: str) -> l
     return [b.reshape(b.concat(have[i], 0), shape) for i in range(n)]
 
 
+MODEL_RESOURCE = "data/collective_model.json"  # the shipped model, relative to the package
 _MODEL: list[dict[str, Any]] = []  # the cost model, read on first use (cost_model)
 _FITS: dict[tuple[str, str, int], dict[str, list[tuple[float, float, float]]] | None] = {}
 
@@ -242,8 +243,8 @@ def cost_model() -> dict[str, Any]:
     ``alpha + beta * bytes per device`` (each algorithm a list of such lines, one per size band:
     ``[up_to_bytes or None, alpha, beta, ...]``). Read once: the file ``$MULTIDEV_COLLECTIVE_MODEL`` names
     where it is set (a refit for your machine: ``python -m multidev.benchmarks.scaling fit
-    RESULTS.json --out model.json``), else :data:`multidev.collective_model.MODEL_JSON` (the one
-    shipped, fitted on the machine its ``source`` names)."""
+    RESULTS.json --out model.json``), else the package's ``data/collective_model.json`` (the one
+    shipped, fitted on the machine its ``source`` names; read with :mod:`importlib.resources`)."""
     if not _MODEL:
         import json
         import os
@@ -253,11 +254,16 @@ def cost_model() -> dict[str, Any]:
             with open(path) as f:
                 doc = json.load(f)
         else:
-            from .collective_model import MODEL_JSON
-
-            doc = json.loads(MODEL_JSON)
+            doc = json.loads(shipped_model_text())
         _MODEL.append(doc if isinstance(doc, dict) else {})
     return _MODEL[0]
+
+
+def shipped_model_text() -> str:
+    """The text of the cost model that ships with multidev (package data, no code)."""
+    from importlib import resources
+
+    return resources.files(__package__).joinpath(MODEL_RESOURCE).read_text(encoding="utf-8")
 
 
 def _fit_for(backend: str, kind: str, n: int) -> dict[str, list[tuple[float, float, float]]] | None:

@@ -239,6 +239,16 @@ def _adapter_class(name: str) -> Any:
 
 
 def _install_hint(name: str) -> str:
+    _read_entry_points()
+    hint = getattr(_adapter_class(name), "install_hint", None)
+    if callable(hint):
+        try:
+            text = hint()
+        except Exception:  # noqa: BLE001 - a broken hint must not hide the real error
+            text = None
+        if isinstance(text, str) and text:
+            return text
+
     def norm(extra: str) -> str:  # Provides-Extra is normalized (PEP 685): array_api is array-api there
         return re.sub(r"[-_.]+", "-", extra).lower()
 

@@ -14,7 +14,7 @@ arrays are NumPy arrays tagged with a device id; ``$FAKE_CUPY_GPUS`` GPUs exist 
 
 Streams and events are bookkeeping only (every copy here is synchronous), so nothing about
 asynchrony, pinned memory or real DLPack between devices is tested through it: that is the GPU
-run's job (``benchmarks/gpu_cupy.sh``).
+run's job (``scripts/gpu/cupy.sh``).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Two halves:
 
-- on a machine with CuPy and a CUDA device (the lent H200, ``benchmarks/gpu_cupy.sh``): what only
+- on a machine with CuPy and a CUDA device (the lent H200, ``scripts/gpu/cupy.sh``): what only
   a GPU can show (pinned host buffers, the NCCL path, zero-copy DLPack with torch and JAX,
   placement under another current device);
 - everywhere else: the adapter's logic through ``tests/fake_cupy.py``, a stand-in that enforces

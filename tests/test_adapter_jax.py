@@ -459,7 +459,7 @@ def _jax_gpus():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _jax_gpus(), reason="needs a GPU JAX can use (the lent H200 runs it: gpu_final.sh)")
+@pytest.mark.skipif(not _jax_gpus(), reason="needs a GPU JAX can use (the lent H200 runs it: scripts/gpu/final.sh)")
 def test_a_large_pageable_upload_to_the_gpu_is_exact():
     """md.asarray of a 48 MiB NumPy array onto the GPU takes the staged path and lands every
     value on the GPU; writing the source afterwards changes nothing."""
@@ -502,7 +502,7 @@ def test_host_to_accelerator_moves_stage_only_large_host_arrays(jb):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _jax_gpus(), reason="needs a GPU JAX can use (the lent H200 runs it: gpu_final.sh)")
+@pytest.mark.skipif(not _jax_gpus(), reason="needs a GPU JAX can use (the lent H200 runs it: scripts/gpu/final.sh)")
 def test_a_large_cpu_array_moved_to_the_gpu_is_exact_both_ways():
     """md.to of a 48 MiB JAX CPU array to the GPU (staged), blocking and not, lands every value;
     and back to the host through pinned memory, as an ordinary CPU array."""

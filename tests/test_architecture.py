@@ -126,7 +126,8 @@ def test_importing_everything_loads_each_file_once() -> None:
 
 
 def test_the_wheel_holds_the_package_alone(tmp_path: Path) -> None:
-    """``pip wheel .``: the package's modules and py.typed, no benchmark results, no shell scripts."""
+    """``pip wheel .``: the package's modules, py.typed and its data (the shipped cost model), no
+    benchmark results, no shell scripts."""
     p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                         "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
     if p.returncode != 0 and "No module named" in p.stderr and "setuptools" in p.stderr:
@@ -135,12 +136,14 @@ def test_the_wheel_holds_the_package_alone(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("multidev-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     package = [n for n in names if not n.split("/")[0].endswith(".dist-info")]
-    odd = [n for n in package if not (n.endswith(".py") or n == "multidev/py.typed")]
+    data = {"multidev/py.typed", "multidev/data/collective_model.json"}
+    odd = [n for n in package if not (n.endswith(".py") or n in data)]
     assert not odd, f"the wheel ships files that are not the package's modules: {odd[:20]}"
     assert not [n for n in package if "/results/" in n], "benchmark results in the wheel"
     expected = {f"{_module(p).replace('.', '/')}{'/__init__' if p.stem == '__init__' else ''}.py"
                 for p in _package_sources()}
-    assert set(package) - {"multidev/py.typed"} == expected
+    assert set(package) - data == expected
+    assert data <= set(package), "the package data is missing from the wheel"
 
 
 # -- layers -------------------------------------------------------------------------------------

@@ -216,7 +216,7 @@ def test_bad_flags_give_one_line_and_a_nonzero_exit(argv: list[str], needle: str
 
 
 def test_h2d_breakdown_times_every_layer_against_the_native_upload(tmp_path: Path) -> None:
-    """The small-upload breakdown (benchmarks/h2d_breakdown.py, run on a GPU by gpu_final.sh) on
+    """The small-upload breakdown (benchmarks/h2d_breakdown.py, run on a GPU by scripts/gpu/final.sh) on
     NumPy's cpu:1: md, the adapter alone, md.to and the baseline's upload, each a row."""
     out = tmp_path / "b.json"
     p = subprocess.run([sys.executable, "-m", "multidev.benchmarks.h2d_breakdown", "--backend", "numpy",
@@ -235,7 +235,7 @@ def test_h2d_breakdown_times_every_layer_against_the_native_upload(tmp_path: Pat
 
 
 def test_the_gpu_probes_run_as_dry_runs_on_a_cpu(tmp_path: Path) -> None:
-    """call_profile.py and jax_upload_tuning.py (run on the H200 by gpu_final.sh / gpu_probe.sh)
+    """call_profile.py and jax_upload_tuning.py (run on the H200 by scripts/gpu/final.sh / scripts/gpu/probe.sh)
     work where there is no GPU: on cpu:0, each row md against native, every variant exact."""
     pytest.importorskip("jax")
     pytest.importorskip("torch")

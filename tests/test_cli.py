@@ -40,12 +40,53 @@ def test_devices_says_in_one_clean_line_how_to_install_a_missing_framework() -> 
     missing = [n for n in ("torch", "jax", "tensorflow") if importlib.util.find_spec(n) is None]
     if not missing:
         pytest.skip("torch, JAX and TensorFlow are all installed here: no backend is missing")
-    p = _run(["devices"], env={"COLUMNS": "200"})
+    p = _run(["devices", "--refresh"], env={"COLUMNS": "300"})
     assert p.returncode == 0, p.stderr
     for n in missing:
         line = next(ln for ln in p.stdout.splitlines() if ln.strip("│┃ ").startswith(n))
-        assert f'not installed: pip install "multidev[{n}]"' in line, line
+        assert "not installed: pip install " in line and f'"multidev[{n}]"' in line, line
         assert "it with" not in line and "`" not in line, line
+
+
+def test_the_torch_hint_takes_the_cpu_build_where_there_is_no_nvidia_driver() -> None:
+    """PyPI's Linux torch wheels are multi-GB CUDA builds: without a GPU the hint names the CPU index."""
+    code = ("import sys, multidev.registry as r; h = r._install_hint('torch'); "
+            "print(h); assert 'torch' not in sys.modules")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    if sys.platform.startswith("linux") and not os.path.exists("/proc/driver/nvidia"):
+        assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in p.stdout, p.stdout
+        assert 'pip install "multidev[torch]"' in p.stdout
+    else:
+        assert "pip install" in p.stdout
+
+
+def test_devices_reads_back_its_cache_and_a_changed_environment_probes_again(tmp_path: Path) -> None:
+    env = {"MULTIDEV_CACHE_DIR": str(tmp_path), "MULTIDEV_NUMPY_DEVICES": "3"}
+    first = _run(["devices", "--backend", "numpy"], env=env)
+    assert first.returncode == 0 and "cpu:0 cpu:1 cpu:2" in first.stdout, first.stderr
+    assert "read from the cache" not in first.stderr and (tmp_path / "devices.json").exists()
+    second = _run(["devices", "--backend", "numpy"], env=env)
+    assert second.returncode == 0 and "read from the cache" in second.stderr
+    assert second.stdout == first.stdout
+    changed = _run(["devices", "--backend", "numpy"], env={**env, "MULTIDEV_NUMPY_DEVICES": "4"})
+    assert "read from the cache" not in changed.stderr and "cpu:3" in changed.stdout
+    fresh = _run(["devices", "--backend", "numpy", "--refresh"], env=env)
+    assert "read from the cache" not in fresh.stderr and "cpu:0 cpu:1 cpu:2" in fresh.stdout
+
+
+def test_devices_prints_no_framework_start_up_log(tmp_path: Path) -> None:
+    """Each backend is probed in its own process with TensorFlow's info log off: nothing of the
+    frameworks' start-up reaches the terminal (it used to come twice)."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("TensorFlow is not installed: its start-up log is the one to leave out")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    p = subprocess.run([sys.executable, "-m", "multidev.cli", "devices", "--backend", "tensorflow", "--refresh"],
+                       capture_output=True, text=True, timeout=300, env={**env, "MULTIDEV_CACHE_DIR": str(tmp_path)})
+    assert p.returncode == 0, p.stderr
+    assert "oneDNN" not in p.stdout + p.stderr and "absl::InitializeLog" not in p.stdout + p.stderr
 
 
 def test_unknown_backend_fails_devices() -> None:

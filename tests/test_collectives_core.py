@@ -118,9 +118,8 @@ def test_the_model_file_the_environment_names_is_read(monkeypatch: pytest.Monkey
 def test_the_shipped_model_covers_every_device_count_it_names() -> None:
     import json
 
-    from multidev import collective_model
-
-    doc = json.loads(collective_model.MODEL_JSON)
+    doc = json.loads(C.shipped_model_text())
+    assert "/work/" not in json.dumps(doc) and "/home/" not in json.dumps(doc)  # no machine paths
     for kinds in doc["models"].values():
         for per_n in kinds.values():
             for n, algs in per_n.items():

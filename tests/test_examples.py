@@ -71,7 +71,7 @@ def test_n_devices_learn_what_one_device_learns(tmp_path: Path, name: str) -> No
     assert len(one["devices"]) == 1 and len(one["accuracy"]) == EPOCHS
     if len(runs) == 1:
         if name == "torch":
-            pytest.skip("torch has one CPU device: its N-device run needs GPUs (benchmarks/gpu_compile.sh runs it)")
+            pytest.skip("torch has one CPU device: its N-device run needs GPUs (scripts/gpu/compile.sh runs it)")
         pytest.fail(f"{name} made no 2-device run: {doc}")
     many = runs[1]
     assert len(many["devices"]) == 2, many["devices"]

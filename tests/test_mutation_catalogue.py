@@ -4,7 +4,7 @@ the same checks.
 
 One ``multidev conformance`` run per framework tests all of its mutants and controls at once (each
 mutant only against the checks its entry selects, stopping at its first failure). Mutants whose
-defect needs GPUs are listed as such and run where the GPUs are: ``scripts/gpu_mutants.sh`` (the
+defect needs GPUs are listed as such and run where the GPUs are: ``scripts/gpu/mutants.sh`` (the
 same test with ``MULTIDEV_CATALOGUE_DEVICE=cpu:0,gpu:0``).
 
 Environment: ``MULTIDEV_CATALOGUE_DEVICE`` (``--device`` for the runs), ``MULTIDEV_CATALOGUE_OUT``
@@ -326,7 +326,7 @@ def test_a_module_attr_adapter_keeps_its_spec_with_device(tmp_path: Path) -> Non
 
 
 def test_gpu_script_runs_this_catalogue() -> None:
-    text = (HERE.parent / "scripts" / "gpu_mutants.sh").read_text()
+    text = (HERE.parent / "scripts" / "scripts/gpu/mutants.sh").read_text()
     assert "MULTIDEV_CATALOGUE_DEVICE" in text and "test_mutation_catalogue.py" in text
 
 

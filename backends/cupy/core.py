@@ -8,6 +8,7 @@ Moves and uploads go through the transfer machinery (pinned buffers, staged uplo
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -48,6 +49,14 @@ class CupyCore(BaseBackend):
 
     name: ClassVar[str] = "cupy"
     framework: ClassVar[str] = "cupy"
+
+    @classmethod
+    def install_hint(cls) -> str | None:
+        """CuPy needs CUDA: say so where no NVIDIA driver is loaded, else the wheel for CUDA 12 or 13."""
+        if not os.path.exists("/proc/driver/nvidia"):
+            return ("CuPy needs an NVIDIA GPU with its driver, and this machine shows none; on one, "
+                    "`pip install cupy-cuda13x` (or `cupy-cuda12x`, to match the CUDA driver).")
+        return "Install the wheel that matches the CUDA driver: `pip install cupy-cuda13x` (or `cupy-cuda12x`)."
 
     if TYPE_CHECKING:  # the transfer machinery (transfers.CupyTransfers) and NCCL (collectives.CupyCollectives)
         def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]: ...

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -45,6 +46,18 @@ class TorchCore(BaseBackend):
 
     name: ClassVar[str] = "torch"
     framework: ClassVar[str] = "torch"
+
+    @classmethod
+    def install_hint(cls) -> str | None:
+        """PyPI's Linux wheels of torch are CUDA builds of several GB: on a Linux machine without an
+        NVIDIA driver, the CPU build first (PyTorch's CPU index), then the extra adds nothing."""
+        import platform
+
+        if platform.system() == "Linux" and not os.path.exists("/proc/driver/nvidia"):
+            return ("No NVIDIA GPU here, so take PyTorch's CPU build first: `pip install torch --index-url "
+                    "https://download.pytorch.org/whl/cpu` then `pip install \"multidev[torch]\"` (a plain "
+                    "`pip install torch` on Linux downloads the multi-GB CUDA build).")
+        return None
 
     if TYPE_CHECKING:  # the transfer machinery (transfers.TorchTransfers) the blocking moves use
         def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]: ...
