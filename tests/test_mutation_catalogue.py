@@ -326,7 +326,7 @@ def test_a_module_attr_adapter_keeps_its_spec_with_device(tmp_path: Path) -> Non
 
 
 def test_gpu_script_runs_this_catalogue() -> None:
-    text = (HERE.parent / "scripts" / "scripts/gpu/mutants.sh").read_text()
+    text = (HERE.parent / "scripts" / "gpu" / "mutants.sh").read_text()
     assert "MULTIDEV_CATALOGUE_DEVICE" in text and "test_mutation_catalogue.py" in text
 
 

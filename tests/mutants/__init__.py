@@ -13,7 +13,7 @@ renamed, unmutated copy of each base (the ``*Control`` classes) runs the union o
 must pass: the failures come from the defects, not from the renaming.
 
 Mutants that cannot fail on a machine without a GPU say why and where they are caught instead
-(``gpus`` > 0: the GPU run, ``scripts/gpu_mutants.sh``).
+(``gpus`` > 0: the GPU run, ``scripts/gpu/mutants.sh``).
 
 Loaded as a pytest plugin (``-p mutants``), this module also applies the selections and the
 stop-at-first-failure rule to the suite run.
