@@ -16,7 +16,9 @@ of Capabilities, or ``"native_allreduce"``).
 Options: ``--multidev-backend NAME[,NAME]`` (registered names or ``module:attr``; default: every
 installed backend), ``--multidev-device SPEC[,SPEC]`` (keep only these devices),
 ``--multidev-partner NAME[,NAME]`` (exchange partners; default: every installed backend),
-``--multidev-json FILE`` (the per-backend, per-feature matrix as JSON). Skips come only from
+``--multidev-json FILE`` (the per-backend, per-feature matrix as JSON, and every check's outcome),
+``--multidev-xfails FILE`` (expected failures: see :func:`read_xfails`), ``--multidev-write-xfails
+FILE`` (write the checks that failed as such a file). Skips come only from
 capability flags and device counts, each with its reason. Checks that hand buffers to another
 framework run in a child interpreter (:mod:`._isolation`), so a framework that aborts fails its
 checks instead of ending the run.
@@ -31,6 +33,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +93,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--multidev-json", default=None, help="write the pass/fail/skip matrix to this JSON file")
     g.addoption("--multidev-import", action="append", default=[],
                 help="import this module first (adapters registered with multidev.register_backend)")
+    g.addoption("--multidev-xfails", action="append", default=[],
+                help="a file of expected failures: one check id per line, # comments (repeatable)")
+    g.addoption("--multidev-write-xfails", default=None,
+                help="write the checks that failed in this run to this file, in the --multidev-xfails format")
 
 
 def _split(values: list[str]) -> list[str]:
@@ -101,6 +108,45 @@ def _in_suite(config: pytest.Config) -> bool:
         return True
     return any(str(SUITE_DIR) in str(Path(a).resolve()) or "multidev.conformance" in a
                for a in config.args)
+
+
+@dataclass(frozen=True)
+class XFail:
+    """One line of an expected-failures file: ``pattern`` and where it was read (``FILE:LINE``)."""
+
+    pattern: str
+    where: str
+
+    def matches(self, cid: str) -> bool:
+        """Whether check ``cid`` (see :func:`check_id`) is listed: the whole id
+        (``test_models.py::test_x[mylib-cpu:0]``), the id without parameters (every parametrization),
+        or the test's name alone, with or without its parameters (``test_x``, ``test_x[mylib-cpu:0]``)."""
+        p = self.pattern
+        name = cid.partition("::")[2]
+        return p in (cid, cid.partition("[")[0], name, name.partition("[")[0])
+
+
+def read_xfails(path: str) -> list[XFail]:
+    """The expected failures listed in ``path``, the format of array-api-tests' xfails files: one
+    check id per line (see :meth:`XFail.matches`), ``#`` starting a comment (whole line or after the
+    id), blank lines ignored. An adapter's author keeps it in their repository beside the adapter."""
+    out = []
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise pytest.UsageError(f"multidev conformance: --xfails {path}: {e.strerror or e}") from e
+    for i, line in enumerate(text.splitlines(), 1):
+        pattern = line.split("#", 1)[0].strip()
+        if pattern:
+            out.append(XFail(pattern, f"{path}:{i}"))
+    return out
+
+
+def check_id(nodeid: str) -> str:
+    """A check's id as expected-failures files name it: ``test_file.py::test_name[params]`` (the
+    node id without the folders in front of the file)."""
+    path, sep, rest = nodeid.partition("::")
+    return f"{path.rsplit('/', 1)[-1]}{sep}{rest}"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -156,8 +202,10 @@ def pytest_configure(config: pytest.Config) -> None:
             if pb.framework != b.framework:
                 mine.append(pb.name)
         partners[b.name] = mine
+    xfails = [x for path in config.getoption("multidev_xfails") for x in read_xfails(path)]
     _state.update(backends={b.name: b for b in backends}, specs=specs, pairs=pairs, items={}, outcomes={},
-                  partners=partners, imports=list(imports), found={}, started=time.time())
+                  partners=partners, imports=list(imports), found={}, started=time.time(), xfails=xfails,
+                  xfail_hits={})
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -319,6 +367,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         cs = getattr(it, "callspec", None)
         if cs is not None and "md_backend_name" in cs.params:
             _state["items"][it.nodeid] = (cs.params["md_backend_name"], _feature(it))
+            for x in _state.get("xfails", []):
+                if x.matches(check_id(it.nodeid)):
+                    it.add_marker(pytest.mark.xfail(reason=f"expected failure ({x.where}: {x.pattern})", strict=False))
+                    _state["xfail_hits"].setdefault(x.where, []).append(it.nodeid)
+                    break
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -334,7 +387,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if key is None:
         return
     prev = _state["outcomes"].get(report.nodeid)
-    if report.failed:
+    if hasattr(report, "wasxfail"):  # listed in an expected-failures file
+        outcome = "xfailed" if report.skipped else ("xpassed" if report.passed else "failed")
+    elif report.failed:
         outcome = "failed"
     elif report.skipped:
         outcome = "skipped"
@@ -344,15 +399,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         return
     if prev != "failed":
         _state["outcomes"][report.nodeid] = outcome
-        if report.skipped and report.longrepr:
+        if outcome == "skipped" and report.longrepr:
             rep: Any = report.longrepr
             _state.setdefault("reasons", {})[report.nodeid] = str(rep[-1] if isinstance(rep, tuple) else rep)
 
 
 def matrix() -> dict[str, dict[str, dict[str, int]]]:
-    """backend -> feature -> {passed, failed, skipped} counts of the run so far."""
+    """backend -> feature -> {passed, failed, skipped, xfailed, xpassed} counts of the run so far
+    (``xfailed``: failed as the expected-failures file said; ``xpassed``: listed there, but passed)."""
     out: dict[str, dict[str, dict[str, int]]] = defaultdict(
-        lambda: defaultdict(lambda: {"passed": 0, "failed": 0, "skipped": 0}))
+        lambda: defaultdict(lambda: {"passed": 0, "failed": 0, "skipped": 0, "xfailed": 0, "xpassed": 0}))
     for nodeid, (backend, feature) in _state.get("items", {}).items():
         oc = _state["outcomes"].get(nodeid)
         if oc:
@@ -443,6 +499,20 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     warns = device_warnings()
     for w in warns:
         tr.write_line(w, yellow=True, bold=True)
+    cert = certification()
+    tr.write_line("certification (ran = passed + failed + expected failures + unexpected passes):")
+    for n, c in cert["backends"].items():
+        tr.write_line(f"  {n}: ran {c['ran']}, passed {c['passed']}, failed {c['failed']}, expected failures "
+                      f"{c['xfailed']}, unexpected passes {c['xpassed']}, skipped {c['skipped']}")
+    for nodeid in cert["unexpected_passes"]:
+        tr.write_line(f"  UNEXPECTED PASS {check_id(nodeid)}: listed as an expected failure; remove its line",
+                      yellow=True)
+    for x in cert["unmatched_xfails"]:
+        tr.write_line(f"  expected-failures line {x} matched no check of this run (stale, or deselected)")
+    out = config.getoption("multidev_write_xfails")
+    if out:
+        write_xfails(out)
+        tr.write_line(f"expected failures written to {out}")
     reasons: dict[str, int] = defaultdict(int)
     for nodeid, r in _state.get("reasons", {}).items():
         if nodeid not in _state["items"]:
@@ -471,6 +541,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                              "capabilities_found": _state.get("found", {}).get(n, {})}
                          for n, b in _state["backends"].items()},
             "matrix": m,
+            "checks": {check_id(nodeid): {"backend": backend, "feature": feature,
+                                          "outcome": _state["outcomes"].get(nodeid, "not run"),
+                                          **({"reason": _state["reasons"][nodeid]}
+                                             if nodeid in _state.get("reasons", {}) else {})}
+                       for nodeid, (backend, feature) in _state["items"].items()},
+            "certification": cert,
             "warnings": warns,
             "skip_reasons": dict(reasons),
             "env": {k: os.environ[k] for k in sorted(os.environ)
@@ -479,6 +555,39 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
         tr.write_line(f"matrix written to {path}")
+
+
+def certification() -> dict[str, Any]:
+    """The run's certification record: per backend how many checks ran and how each ended
+    (``skipped`` ones by capability flags or device counts, their reasons under the matrix), the
+    checks listed as expected failures that passed (``unexpected_passes``: their lines can go), and
+    the lines of the expected-failures files that matched no check of this run."""
+    per: dict[str, dict[str, int]] = {n: {"ran": 0, "passed": 0, "failed": 0, "xfailed": 0, "xpassed": 0,
+                                          "skipped": 0} for n in _state.get("backends", {})}
+    for nodeid, (backend, _feature) in _state.get("items", {}).items():
+        oc = _state["outcomes"].get(nodeid)
+        if oc is None or backend not in per:
+            continue
+        per[backend][oc] += 1
+        if oc != "skipped":
+            per[backend]["ran"] += 1
+    hits = _state.get("xfail_hits", {})
+    return {"backends": per,
+            "unexpected_passes": sorted(n for n, oc in _state.get("outcomes", {}).items() if oc == "xpassed"),
+            "unmatched_xfails": [f"{x.where} ({x.pattern})" for x in _state.get("xfails", []) if x.where not in hits]}
+
+
+def write_xfails(path: str) -> None:
+    """The checks that failed in this run (expected or not) as an expected-failures file: a
+    starting point for an adapter's ``--xfails`` file, each line to be kept only with a reason."""
+    failed = sorted(check_id(n) for n, oc in _state.get("outcomes", {}).items() if oc in ("failed", "xfailed"))
+    names = ", ".join(_state.get("backends", {}))
+    lines = [f"# Expected failures of the multidev conformance suite for {names}.",
+             "# One check id per line (test_file.py::test_name[params], or test_name for every parametrization);",
+             "# '#' starts a comment: say why each one fails. Use: multidev conformance --xfails THIS_FILE",
+             *failed]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(lines) + "\n")
 
 
 def _caps_json(b: Any) -> dict[str, Any]:

@@ -244,6 +244,43 @@ def test_allreduce_large_tensor_auto_picks_a_fitting_algorithm(md_backend: Any, 
     _check_results(b, out, devs, "float32", _expect("sum", arrays), "allreduce(auto, large)")
 
 
+#: An odd size above 1 MiB of float32 (a chunk of 2**18 elements and 5 more): where ``auto`` takes
+#: the native path on backends that have one, and where a chunked implementation shows its tail.
+ODD_LARGE = 2 ** 18 + 5
+
+
+def _boundary_sizes(n: int) -> list[int]:
+    """Element counts on both sides of every boundary the allreduce code has: fewer elements than
+    devices (tree) and the ring's chunks (``n - 1``, ``n``, ``n + 1``), ``auto``'s tree limit
+    (:data:`AUTO_TREE_MAX_BYTES` of float32, one less, one more), and 2**18 on both sides and
+    :data:`ODD_LARGE`."""
+    limit = AUTO_TREE_MAX_BYTES // 4
+    return sorted({s for s in (n - 1, n, n + 1, limit - 1, limit, limit + 1, 2 ** 18 - 1, 2 ** 18, ODD_LARGE) if s > 0})
+
+
+def test_allreduce_at_sizes_around_every_boundary(md_backend: Any, md_devices: list, md_algorithm: str) -> None:
+    """Every algorithm (``auto`` and ``native`` included) on every device of the backend gives the
+    exact sum at sizes straddling each boundary of the code (see :func:`_boundary_sizes`), in one
+    dimension and as an odd 2-d shape: no element of the tail left unreduced."""
+    b = md_backend
+    need_devices(md_devices, 2)
+    devs = _ordered(md_devices)
+    n = len(devs)
+    rng = np.random.default_rng(7)
+    for size in _boundary_sizes(n):
+        for shape in ((size,), (size // 3, 3) if size % 3 == 0 and size > 3 else (1, size)):
+            arrays = [rng.integers(-8, 8, size=shape).astype(np.float32) for _ in range(n)]  # exact sums
+            alg = md_algorithm if md_algorithm != "auto" else f"auto -> {choose_algorithm(b, shape, 'float32', devs)}"
+            out = _allreduce(b, devs, _inputs(b, devs, arrays, "float32"), op="sum", algorithm=md_algorithm)
+            expect = np.sum(np.stack(arrays).astype(np.float64), axis=0)
+            for y, d in zip(out, devs):
+                got = as_f64(b, y)
+                assert md.device_of(y) == d and got.shape == shape
+                bad = np.flatnonzero(got.reshape(-1) != expect.reshape(-1))
+                assert bad.size == 0, (f"allreduce(sum, {alg}) of {shape} on {n} devices: {bad.size} wrong "
+                                       f"elements on {d}, the first at flat index {bad[0]}")
+
+
 @pytest.mark.parametrize("n", [2, 3, "all"])
 def test_allreduce_deterministic(md_backend: Any, md_devices: list, n: Any) -> None:
     """Every portable algorithm is bitwise reproducible, and every device gets the same bits."""

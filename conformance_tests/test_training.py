@@ -215,7 +215,7 @@ def _scaled(k: float) -> Callable[..., Any]:
 
 def test_two_losses_give_their_own_gradients(md_backend: Any, md_devices: list) -> None:
     """Each loss function gets its own gradient, however alike they look (lambdas of one name,
-    closures of one code object), called in any order."""
+    closures of one code object), called in any order, directly and through ``train_batch``."""
     b = md_backend
     dev = _target(md_devices)
     w = _vec(b, [3.0], dev)
@@ -231,3 +231,11 @@ def test_two_losses_give_their_own_gradients(md_backend: Any, md_devices: list) 
             _, (g,) = b.value_and_grad(fn, [w], (X,))
             np.testing.assert_allclose(_values(b, g), [expect], rtol=1e-6,
                                        err_msg=f"loss {i} got another loss's gradient")
+    # through train_batch (its losses wrapped alike: one name, one code object), from the same start
+    y = _vec(b, [2.0], dev)
+    X1 = b.reshape(y, (1, 1))
+    for i, (fn, expect) in enumerate(losses):
+        replicas = md.replicate([_vec(b, [3.0], dev)], [dev])
+        md.train_batch(X1, y, replicas, [dev], lr=0.5, loss=lambda ps, X, y, fn=fn: fn(ps, y))
+        np.testing.assert_allclose(_values(b, replicas[0][0]), [3.0 - 0.5 * expect], rtol=1e-6,
+                                   err_msg=f"train_batch with loss {i} stepped along another loss's gradient")

@@ -294,6 +294,12 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         argv.append(f"--multidev-json={os.path.abspath(args.json)}")
     for mod in args.import_:
         argv.append(f"--multidev-import={mod}")
+    for path in args.xfails:
+        if not os.path.isfile(path):
+            raise _UsageError(f"--xfails {path}: no such file")
+        argv.append(f"--multidev-xfails={os.path.abspath(path)}")
+    if args.write_xfails:
+        argv.append(f"--multidev-write-xfails={os.path.abspath(args.write_xfails)}")
     if not args.multiprocess:
         argv += ["-m", "not multiprocess"]
     argv += ["-q", *list(args.pytest_args)]
@@ -352,6 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--import", dest="import_", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (for adapters it registers with multidev.register_backend)")
     c.add_argument("--multiprocess", action="store_true", help="include the multi-process (gloo) tests")
+    c.add_argument("--xfails", action="append", default=[], metavar="FILE",
+                   help="expected failures: one check id per line, # comments (array-api-tests' format); listed "
+                   "checks that fail are reported as expected, those that pass as unexpected passes")
+    c.add_argument("--write-xfails", metavar="FILE",
+                   help="write the checks that failed in this run to FILE, in the --xfails format")
     c.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     c.set_defaults(fn=cmd_conformance)
     for ep in metadata.entry_points(group=COMMANDS_GROUP):

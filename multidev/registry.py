@@ -57,6 +57,7 @@ __all__ = [
     "loaded_backends",
     "native_device",
     "prefer",
+    "preferred_backends",
     "register_backend",
     "registered_backends",
     "require",
@@ -492,6 +493,11 @@ def configure_virtual_devices(count: int, names: list[str] | None = None) -> dic
             except Exception:  # noqa: BLE001 - a hook that fails leaves the backend's default
                 out[n] = False
     return out
+
+
+def preferred_backends() -> tuple[str, ...]:
+    """The names :func:`prefer` has in effect now, the innermost first."""
+    return tuple(reversed(_s.preferred))
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError, UnsupportedTensorError
 from .protocol import Backend, SupportsModels
-from .registry import backend_of, cached_owner, loaded_backends, supports
+from .registry import backend_of, cached_owner, loaded_backends, preferred_backends, supports
 
 __all__ = ["is_structure", "leaves", "structure_owner", "tree_map"]
 
@@ -32,8 +32,14 @@ def _is_namedtuple(x: Any) -> bool:
 
 def structure_owner(obj: Any) -> tuple[Backend, str] | None:
     """The loaded adapter whose framework defines ``obj`` as a tree or module, with its kind, or None.
-    Only adapters already loaded are asked (no structure exists before its framework starts)."""
-    for b in loaded_backends():
+    Only adapters already loaded are asked (no structure exists before its framework starts), the
+    preferred ones first (:func:`~multidev.registry.prefer`: a renamed or mutated copy of an adapter
+    is asked before the original, as for tensors)."""
+    backends = loaded_backends()
+    first = preferred_backends()
+    if first:
+        backends = tuple(sorted(backends, key=lambda b: first.index(b.name) if b.name in first else len(first)))
+    for b in backends:
         if supports(b, SupportsModels):
             kind = b.model_kind(obj)  # type: ignore[attr-defined]
             if kind is not None:

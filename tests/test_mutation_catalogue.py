@@ -1,5 +1,6 @@
-"""The conformance suite catches real adapter bugs: every mutant of ``tests/mutants.py`` must fail it,
-and every unmutated control must pass the same checks.
+"""The conformance suite catches real adapter bugs: every mutant of ``tests/mutants/`` (a package,
+one module per adapter, imported as ``mutants``) must fail it, and every unmutated control must pass
+the same checks.
 
 One ``multidev conformance`` run per framework tests all of its mutants and controls at once (each
 mutant only against the checks its entry selects, stopping at its first failure). Mutants whose
@@ -13,6 +14,7 @@ comma-separated).
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -131,6 +133,7 @@ def _write_results(r: dict[str, Any]) -> None:
         ran = m in r["runnable"]
         rows.append({"mutant": m.name, "class": m.cls.__name__, "base": m.base, "defect": m.defect,
                      "gpus": m.gpus, "why_gpu": m.why_gpu,
+                     "method": m.method, "known": m.known,
                      "outcome": ("caught" if _failed(r["doc"], m.name) else "MISSED") if ran else
                                 f"not run (needs {m.gpus} GPU(s), {r['gpus']} here)",
                      "caught_by": r["first"].get(m.name, "")})
@@ -138,15 +141,34 @@ def _write_results(r: dict[str, Any]) -> None:
         rows.append({"control": c.name, "failed": _failed(r["doc"], c.name),
                      "passed": sum(x["passed"] for x in r["doc"]["matrix"].get(c.name, {}).values()),
                      "failures": _failure_texts(r["stdout"], c.name)})
+    caught, total, _, _ = kill_rate(r)
     Path(folder).mkdir(parents=True, exist_ok=True)
     (Path(folder) / f"mutants-{r['framework']}.json").write_text(json.dumps(
-        {"device": os.environ.get("MULTIDEV_CATALOGUE_DEVICE", "cpu"), "gpus": r["gpus"], "rows": rows}, indent=2))
+        {"device": os.environ.get("MULTIDEV_CATALOGUE_DEVICE", "cpu"), "gpus": r["gpus"], "caught": caught,
+         "run": total, "kill_rate": round(caught / max(total, 1), 4), "rows": rows}, indent=2))
 
 
-def test_every_runnable_mutant_fails_the_suite(run: dict[str, Any]) -> None:
-    missed = [f"{m.name} ({m.defect})" for m in run["runnable"] if _failed(run["doc"], m.name) == 0]
-    assert not missed, "the conformance suite let these defects pass:\n  " + "\n  ".join(missed) + \
-        "\n" + run["stdout"][-3000:]
+def kill_rate(run: dict[str, Any]) -> tuple[int, int, list[Any], list[Any]]:
+    """``(caught, runnable, missed, known_caught)``: how many of the mutants run here the suite
+    caught, the survivors not marked ``known``, and the marked ones it caught after all."""
+    caught = [m for m in run["runnable"] if _failed(run["doc"], m.name) > 0]
+    missed = [m for m in run["runnable"] if m not in caught and not m.known]
+    return len(caught), len(run["runnable"]), missed, [m for m in caught if m.known]
+
+
+def test_every_runnable_mutant_fails_the_suite(run: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """Every mutant run here fails the suite, except the known survivors (marked with the reason no
+    check can catch them yet); the kill rate is printed (and written with the results)."""
+    caught, total, missed, known_caught = kill_rate(run)
+    known = [m for m in run["runnable"] if m.known and m not in known_caught]
+    with capsys.disabled():
+        print(f"\n[catalogue] {run['framework']}: the suite caught {caught} of {total} mutants run here "
+              f"({100.0 * caught / max(total, 1):.1f}%); {len(known)} known survivor(s): "
+              + (", ".join(f"{m.name} ({m.known})" for m in known) or "none"))
+    assert not missed, "the conformance suite let these defects pass (fix the suite, or mark the mutant " \
+        "known=REASON):\n  " + "\n  ".join(f"{m.name} ({m.defect})" for m in missed) + "\n" + run["stdout"][-3000:]
+    assert not known_caught, "caught now, but marked as known survivors (drop their known=): " + \
+        ", ".join(m.name for m in known_caught)
 
 
 def test_controls_pass_the_same_checks(run: dict[str, Any]) -> None:
@@ -168,9 +190,56 @@ def test_catalogue_is_complete_and_documented() -> None:
         assert (m.gpus > 0) == bool(m.why_gpu), f"{m.name}: a GPU-only mutant says why and where it is caught"
         assert mutants.control_of(m.cls) in mutants.CONTROLS
         # (typing.Protocol gives every class deriving from a capability protocol its own __subclasshook__)
-        own = {k for k, v in vars(m.cls).items()
-               if (callable(v) or isinstance(v, property)) and not k.startswith("__")} - {"name"}
-        assert len(own) == 1, f"{m.name} overrides {sorted(own)}: a mutant changes exactly one method"
+        assert mutants.broken_method(m.cls) == m.method  # exactly one method (ValueError otherwise)
+
+
+def _live(cls: type, method: str) -> tuple[type, Any]:
+    """The class the mutant ``cls`` derives ``method`` from (the next definition in its MRO: the live
+    adapter's, a control's, or a shared default's) and that definition."""
+    for k in cls.__mro__[1:]:
+        if method in vars(k):
+            return k, vars(k)[method]
+    raise AssertionError(f"{cls.__name__}.{method}: no base defines it any more (the method was renamed or removed)")
+
+
+def _shape(fn: Any) -> list[tuple[str, Any, Any]]:
+    """A signature's parameters as (name, kind, default): what a caller depends on."""
+    sig = inspect.signature(fn)
+    return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+
+
+@pytest.mark.parametrize("entry", [*mutants.CATALOGUE, *mutants.ENGINE_CATALOGUE],
+                         ids=lambda m: m.cls.__name__)
+def test_every_mutant_breaks_a_live_method_with_its_signature(entry: Any) -> None:
+    """Each mutant names the method it breaks (the one it defines); the adapter, engine or default it
+    derives from still has that method, of the same kind and with the same parameters (names, kinds,
+    defaults): a renamed or re-signed method fails here instead of leaving a mutant that tests
+    nothing the code still has (issue 31)."""
+    method = mutants.broken_method(entry.cls)
+    owner, live = _live(entry.cls, method)
+    mine = vars(entry.cls)[method]
+    assert isinstance(mine, property) == isinstance(live, property), (
+        f"{entry.cls.__name__}.{method}: a {type(mine).__name__} over {owner.__name__}'s {type(live).__name__}")
+    if isinstance(live, property):
+        return
+    assert _shape(mine) == _shape(live), (f"{entry.cls.__name__}.{method}{inspect.signature(mine)} no longer matches "
+                                          f"{owner.__module__}.{owner.__qualname__}.{method}{inspect.signature(live)}")
+
+
+def test_the_live_method_check_finds_drift() -> None:
+    """A mutant whose method no longer matches the live one (a parameter renamed, one added), or
+    whose method the bases no longer have, is found."""
+    class Renamed(mutants.NumpyControl):
+        def copy(self, x: Any, dev: Any) -> Any:
+            return x
+
+    class Gone(mutants.NumpyControl):
+        def copy_to_device(self, x: Any) -> Any:
+            return x
+
+    assert _shape(vars(Renamed)["copy"]) != _shape(_live(Renamed, "copy")[1])
+    with pytest.raises(AssertionError, match="no base defines it"):
+        _live(Gone, mutants.broken_method(Gone))
 
 
 def test_engine_catalogue_is_complete_and_documented() -> None:
@@ -179,8 +248,7 @@ def test_engine_catalogue_is_complete_and_documented() -> None:
     for m in cat:
         assert m.select and m.defect, m
         assert m.engine in {c.name for c in mutants.ENGINE_CONTROLS}, f"{m.cls.__name__}: no control of its engine"
-        own = {k for k, v in vars(m.cls).items() if callable(v) and not k.startswith("__")}
-        assert len(own) == 1, f"{m.cls.__name__} overrides {sorted(own)}: a mutant changes exactly one method"
+        mutants.broken_method(m.cls)  # exactly one method (ValueError otherwise)
 
 
 def _engine_run(cls: type, select: tuple[str, ...], tmp_path: Path) -> tuple[dict[str, Any], str]:
@@ -258,7 +326,7 @@ def test_a_module_attr_adapter_keeps_its_spec_with_device(tmp_path: Path) -> Non
 
 
 def test_gpu_script_runs_this_catalogue() -> None:
-    text = (HERE.parent / "scripts" / "scripts/gpu/mutants.sh").read_text()
+    text = (HERE.parent / "scripts" / "gpu" / "mutants.sh").read_text()
     assert "MULTIDEV_CATALOGUE_DEVICE" in text and "test_mutation_catalogue.py" in text
 
 

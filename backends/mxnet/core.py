@@ -200,8 +200,10 @@ class MxnetCore(BaseBackend):
             value = value.item()
         if isinstance(value, bool):
             value = int(value)  # mx.nd.full parses its value from text: "False" is no number to it
-        if nd.kind in "iu" and isinstance(value, int) and abs(value) > 2 ** 53:
-            # mx.nd.full passes the value as a double: build huge integers on the host instead.
+        huge = nd.kind in "iu" and isinstance(value, int) and abs(value) > 2 ** 53
+        if huge or (nd.kind == "f" and nd.itemsize == 8):
+            # mx.nd.full passes the value as a double, in text: build huge integers, and float64 values
+            # (1.7976931348623157e+308 came back one ulp off), on the host instead.
             return self._asarray_nd(np.full(shape, value, dtype=nd), dtype, device)
         with self._scope():
             return self._mx.nd.full(shape, value, ctx=self._ctx(device), dtype=nd)

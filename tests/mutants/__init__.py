@@ -1,0 +1,91 @@
+"""The mutation catalogue (a package, one module per adapter: ``of_numpy``, ``of_torch``, ``of_jax``,
+``of_cupy``, ``generic``, ``engines``; every class re-exported here, so ``mutants:ClassName`` names
+any of them): one-method defects of the NumPy, torch and JAX adapters and of the
+generic pieces every adapter relies on (BaseBackend's defaults), each the kind of bug an adapter
+author writes. ``tests/test_mutation_catalogue.py`` runs the conformance suite against each one
+(``multidev conformance --backend mutants:ClassName``) and requires it to fail.
+
+Every mutant is a subclass that overrides exactly one method (or the ``capabilities`` property) of
+its base and has its own registry ``name``, so several are tested in one pytest session. Each entry
+says what the defect is and which checks are run against it (``select``: substrings of the test
+ids; the catalogue run keeps only those, and stops testing a mutant at its first failure). A
+renamed, unmutated copy of each base (the ``*Control`` classes) runs the union of the selections and
+must pass: the failures come from the defects, not from the renaming.
+
+Mutants that cannot fail on a machine without a GPU say why and where they are caught instead
+(``gpus`` > 0: the GPU run, ``scripts/gpu/mutants.sh``).
+
+Loaded as a pytest plugin (``-p mutants``), this module also applies the selections and the
+stop-at-first-failure rule to the suite run.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from multidev.adapter import DTYPES
+
+from ._base import *  # noqa: F403
+from ._base import CATALOGUE, CONTROLS, control_of
+from .engines import *  # noqa: F403
+from .generic import *  # noqa: F403
+from .of_cupy import *  # noqa: F403
+from .of_jax import *  # noqa: F403
+from .of_numpy import *  # noqa: F403
+from .of_torch import *  # noqa: F403
+
+# == the catalogue run: selections and stop-at-first-failure (this module as a pytest plugin) =====
+_BY_NAME = {m.name: m for m in CATALOGUE}
+#: Each control runs every check any of its mutants is selected for.
+_UNIONS = {c.name: tuple(sorted({s for m in CATALOGUE if control_of(m.cls) is c for s in m.select})) for c in CONTROLS}
+_failed: set[str] = set()
+
+
+def _backend_of(item: pytest.Item) -> str | None:
+    cs = getattr(item, "callspec", None)
+    return None if cs is None else cs.params.get("md_backend_name")
+
+
+def _wanted(item: pytest.Item) -> bool:
+    name = _backend_of(item)
+    if name in _BY_NAME:
+        return any(s in item.nodeid for s in _BY_NAME[name].select)
+    if name in _UNIONS:
+        return any(s in item.nodeid for s in _UNIONS[name]) and not _other_dtype(item.nodeid)
+    return True
+
+
+#: The dtypes a control runs the dtype-parametrized checks in (a renaming artifact does not depend
+#: on the dtype; the full conformance run covers every dtype of the real adapters).
+_CONTROL_DTYPES = ("bool", "int8", "float16", "float32")
+
+
+def _other_dtype(nodeid: str) -> bool:
+    params = nodeid.rsplit("[", 1)[-1].rstrip("]").split("-")
+    return any(p in DTYPES and p not in _CONTROL_DTYPES for p in params)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("MULTIDEV_CATALOGUE_SELECT") != "1":
+        return
+    drop = [it for it in items if not _wanted(it)]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [it for it in items if _wanted(it)]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    name = _backend_of(item)
+    if os.environ.get("MULTIDEV_CATALOGUE_SELECT") == "1" and name in _failed:
+        pytest.skip(f"mutant {name} already failed a check (the catalogue stops at the first failure)")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed:
+        for name in _BY_NAME:
+            if f"[{name}-" in report.nodeid or f"[{name}]" in report.nodeid:
+                _failed.add(name)
+
+

@@ -1,0 +1,129 @@
+"""The catalogue's shared pieces: the entry record, the decorator that files a mutant, the helpers
+mutants of the NumPy adapter share, and the controls (renamed, unmutated copies of each base)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from multidev.adapter import (
+    ArrayApiDLPack,
+    BaseBackend,
+    Device,
+)
+from multidev.adapters.cupy import CupyBackend
+from multidev.adapters.jax import JaxBackend
+from multidev.adapters.numpy import NumpyBackend, VirtualDeviceArray
+from multidev.adapters.torch import TorchBackend
+
+_HOST = Device("cpu", 0)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    cls: type
+    base: str
+    """``numpy``, ``torch``, ``jax``, ``cupy`` or ``generic`` (a BaseBackend default or a shared
+    implementation, on the adapter named in the class's base)."""
+    defect: str
+    select: tuple[str, ...]
+    """Substrings of the suite's test ids that must catch it (the run is limited to them)."""
+    gpus: int = 0
+    """GPUs needed for the defect to show (0: it fails on any machine)."""
+    why_gpu: str = ""
+    """For ``gpus`` > 0: why a CPU-only machine cannot show it, and which check catches it there."""
+    known: str = ""
+    """Non-empty for a known survivor: why no check of the suite can catch it yet. The catalogue run
+    fails on a survivor not marked so, and on a marked one that is caught (the mark must go)."""
+
+    @property
+    def name(self) -> str:
+        return str(self.cls.name)
+
+    @property
+    def method(self) -> str:
+        """The one method (or property) this mutant breaks: the one its class defines itself."""
+        return broken_method(self.cls)
+
+    @property
+    def spec(self) -> str:
+        return f"mutants:{self.cls.__name__}"
+
+
+CATALOGUE: list[Mutant] = []
+
+
+def mutant(base: str, defect: str, select: Sequence[str], gpus: int = 0,
+           why_gpu: str = "", known: str = "") -> Callable[[type], type]:
+    def deco(cls: type) -> type:
+        CATALOGUE.append(Mutant(cls, base, defect, tuple(select), gpus, why_gpu, known))
+        return cls
+    return deco
+
+
+def broken_method(cls: type) -> str:
+    """The name of the one method (or property) ``cls`` defines itself (not ``name``, not dunders);
+    ValueError unless there is exactly one."""
+    own = sorted(k for k, v in vars(cls).items()
+                 if (callable(v) or isinstance(v, (property, classmethod, staticmethod))) and not k.startswith("__")
+                 and k != "name")
+    if len(own) != 1:
+        raise ValueError(f"{cls.__name__} defines {own}: a mutant changes exactly one method")
+    return own[0]
+
+
+def _plain(x: Any) -> Any:
+    return x.view(np.ndarray) if isinstance(x, VirtualDeviceArray) else x
+
+
+def _tag(a: Any, device: Device) -> Any:
+    v = np.asarray(a).view(VirtualDeviceArray)
+    v._md_device = device
+    return v
+
+
+# == controls: renamed, unmutated copies of each base ==============================================
+class NumpyControl(NumpyBackend):
+    name = "numpy_control"
+
+
+class GenericControl(NumpyBackend):
+    """The NumPy adapter on the shared defaults (BaseBackend's wait and shape_of, ArrayApiDLPack's
+    export/import through ``numpy.from_dlpack``, the core's start_move, no native allreduce): the
+    base of the generic mutants."""
+
+    name = "generic_control"
+    wait = BaseBackend.wait
+    shape_of = BaseBackend.shape_of
+    export_dlpack = ArrayApiDLPack.export_dlpack
+    import_dlpack = ArrayApiDLPack.import_dlpack
+
+
+class TorchControl(TorchBackend):
+    name = "torch_control"
+
+
+class JaxControl(JaxBackend):
+    name = "jax_control"
+
+
+class CupyControl(CupyBackend):
+    """The CuPy adapter, renamed: on a machine without a GPU it runs on ``tests/fake_cupy.py``."""
+
+    name = "cupy_control"
+
+
+def control_of(cls: type) -> type:
+    """The control a mutant class is compared with (the unmutated copy of its base)."""
+    for base, control in ((GenericControl, GenericControl), (NumpyBackend, NumpyControl),
+                          (TorchBackend, TorchControl), (JaxBackend, JaxControl), (CupyBackend, CupyControl)):
+        if issubclass(cls, base):
+            return control
+    raise TypeError(f"{cls.__name__} has no control")
+
+
+CONTROLS = (NumpyControl, GenericControl, TorchControl, JaxControl, CupyControl)
+
+

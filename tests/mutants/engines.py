@@ -1,0 +1,96 @@
+"""Mutants of the engines of multidev.distributed."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from multidev.adapter import (
+    Device,
+)
+from multidev.adapters.engines.torch import TorchEngine
+from multidev.adapters.numpy import NumpyBackend
+from multidev.distributed.engine import register_engine
+from multidev.errors import DistributedTimeoutError
+
+
+# == engines (multidev.distributed): the distributed checks' mutants ===============================
+@dataclass(frozen=True)
+class EngineMutant:
+    """A one-method defect of an engine class, installed in place of the engine it subclasses (in
+    the suite's process and in every worker) when ``$MULTIDEV_ENGINE_MUTANT`` names its class; the
+    distributed checks of ``select`` must fail with it (``multidev conformance --multiprocess``)."""
+
+    cls: type
+    defect: str
+    select: tuple[str, ...]
+
+    @property
+    def engine(self) -> str:
+        return str(self.cls.name)
+
+
+ENGINE_CATALOGUE: list[EngineMutant] = []
+ENGINE_MUTANT_ENV = "MULTIDEV_ENGINE_MUTANT"
+
+
+def engine_mutant(defect: str, select: Sequence[str]) -> Callable[[type], type]:
+    def deco(cls: type) -> type:
+        ENGINE_CATALOGUE.append(EngineMutant(cls, defect, tuple(select)))
+        return cls
+    return deco
+
+
+class TorchEngineControl(TorchEngine):
+    """The torch engine, unmutated: installed the same way, it passes what its mutants fail."""
+
+
+ENGINE_CONTROLS = (TorchEngineControl,)
+
+
+@engine_mutant("exchange gives every rank's slot this rank's own row (the received rows never copied out): the "
+               "consistency check passes a shape mismatch", ["test_mismatched_and_refused_calls_raise_on_every_rank"])
+class TorchEngineOwnRows(TorchEngine):
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        return [None if r is None else list(row) for r in super().exchange(seq, row, timeout)]
+
+
+@engine_mutant("exchange raises a bare timeout at its deadline instead of returning None for the ranks that did not "
+               "arrive: the timeout error does not name them", ["test_hung_rank_gives_the_others_a_timeout_error"])
+class TorchEngineTimeoutUnnamed(TorchEngine):
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        rows = super().exchange(seq, row, timeout)
+        if any(r is None for r in rows):
+            raise DistributedTimeoutError(f"the consistency exchange (call #{seq}) timed out after {timeout:g} s")
+        return rows
+
+
+def _install_engine_mutant() -> None:
+    """Put the engine class ``$MULTIDEV_ENGINE_MUTANT`` names in place of its engine (this module
+    is imported by the suite run and, through ``--import mutants``, by every worker)."""
+    wanted = os.environ.get(ENGINE_MUTANT_ENV)
+    if not wanted:
+        return
+    found = [c for c in [m.cls for m in ENGINE_CATALOGUE] + list(ENGINE_CONTROLS) if c.__name__ == wanted]
+    if not found:
+        raise RuntimeError(f"${ENGINE_MUTANT_ENV}={wanted}: no such engine mutant or control in tests/mutants/")
+    register_engine(found[0].name, found[0], replace=True)
+
+
+_install_engine_mutant()
+
+
+
+
+# == not a catalogue entry: a framework that aborts the interpreter =============================
+class NumpyImportAborts(NumpyBackend):
+    """Aborts the interpreter when given a buffer, as TensorFlow does on an unaligned one (``Check
+    failed: IsAligned()``): the suite must fail those checks and still write its matrix."""
+
+    name = "numpy_import_aborts"
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        os.abort()
+
+

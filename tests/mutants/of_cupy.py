@@ -1,0 +1,69 @@
+"""Mutants of the CuPy adapter (run on tests/fake_cupy.py without a GPU)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from multidev.adapter import (
+    Device,
+    staged_upload,
+)
+from multidev.adapters.cupy import CupyBackend
+
+from ._base import mutant
+
+
+# == CuPy (on tests/fake_cupy.py without a GPU) =======================================================
+@mutant("cupy", "staged uploads write every chunk at offset 0 of the destination (shows from the staging threshold "
+        "up, 32 MiB by default)", ["test_staged_transfers_are_exact"])
+class CupyStagedAtOffsetZero(CupyBackend):
+    name = "cupy_staged_at_offset_zero"
+
+    def _upload(self, a: np.ndarray, device: Device) -> Any:
+        cp = self._cp
+        with self._gpu(device):
+            if (a.nbytes < self.staging.threshold or not a.flags.c_contiguous or a.ndim == 0
+                    or a.dtype.kind not in "biufc"):
+                return cp.array(a if a.flags.c_contiguous else a.copy(order="C"), copy=True)
+            out = cp.empty(a.shape, dtype=a.dtype)
+            dst = out.reshape(-1).view(np.uint8)
+            stream = cp.cuda.get_current_stream()
+
+            def alloc(n: int) -> tuple[Any, np.ndarray]:
+                buf = self._cpx.empty_pinned((n,), dtype=np.uint8)
+                return buf, buf
+
+            def submit(buf: Any, n: int, off: int) -> Any:
+                dst[0:n].set(buf[:n], stream=stream)  # the defect: the offset is lost
+                ev = cp.cuda.Event(disable_timing=True)
+                ev.record(stream)
+                return ev
+
+            staged_upload(a, alloc, submit, lambda ev: ev.synchronize(), self.staging)
+            stream.synchronize()
+        return out
+
+
+@mutant("cupy", "start_move to a GPU does not keep its pinned snapshot alive until the copy lands (the pool hands "
+        "it to the next upload)", ["test_nonblocking_moves_survive_their_dropped_sources"], gpus=1,
+        why_gpu="the stand-in copies synchronously, so nothing is in flight without a GPU; on one, four uploads "
+        "queued behind work land as [4, 4, 4, 4] (test_nonblocking_moves_survive_their_dropped_sources)")
+class CupyUploadDropsSnapshot(CupyBackend):
+    name = "cupy_upload_drops_snapshot"
+
+    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
+        if self._is_gpu(x) or device.kind == "cpu" or x.size == 0:
+            return super().start_move(x, device)
+        a = np.asarray(x).view(np.ndarray)
+        pin = self._cpx.empty_pinned(a.shape, dtype=x.dtype)
+        np.copyto(pin, a)
+        with self._gpu(device):
+            y = self._cp.empty(a.shape, dtype=x.dtype)
+            y.set(pin)
+            done = self._cp.cuda.Event(disable_timing=True)
+            done.record()
+        return y, done.synchronize  # the defect: pin goes back to the pool while the copy is queued
+
+
