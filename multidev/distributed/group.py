@@ -208,7 +208,8 @@ def init(engine: str | None = None, *, transport: str | None = None, rank: int |
 
     - ``engine``: ``"torch"`` (torch.distributed), ``"mpi"`` (mpi4py), ``"jax"`` (JAX's
       multi-controller runtime) or a registered third-party engine; None picks the one whose
-      launcher started this process (see the module doc), or ``$MULTIDEV_ENGINE``.
+      launcher started this process (see the module doc), or ``$MULTIDEV_ENGINE``; with neither
+      (plain ``python``), a 1-process group (engine ``"local"``, world size 1, a warning says so).
     - ``transport``: the engine's own wire: torch's process-group backend (``"gloo"``, ``"nccl"``,
       ``"cpu:gloo,cuda:nccl"``, default: NCCL for CUDA tensors where every rank has a GPU of its
       own, else gloo), JAX's CPU
