@@ -42,7 +42,7 @@ def _shape(b: Backend, x: Any, what: str) -> tuple[int, ...]:
 def _carried(g: Group, b: Backend, x: Any, dtype: str, what: str) -> str:
     """The kind of device x travels on; CapabilityError (naming the engine) for a dtype the group
     cannot carry."""
-    tb, tdev = transport_backend(g, b.device_of(x))
+    tb, tdev = transport_backend(g, b.device_of(x), b)
     allowed = g.engine.dtypes()
     if allowed is not None and dtype not in allowed:
         raise CapabilityError(f"{what}: the {g.info.engine} engine cannot carry {dtype} tensors "
@@ -66,7 +66,7 @@ def carries(dtype: str, device: DeviceLike | None = None, *, backend: str | None
     g = current()
     b = get_backend(backend)
     dev = _HOST if device is None else resolve(b, device)
-    tb, tdev = transport_backend(g, dev)
+    tb, tdev = transport_backend(g, dev, b)
     allowed = g.engine.dtypes()
     return (allowed is None or dtype in allowed) and dtype in tb.capabilities.dtypes_on(tdev)
 
@@ -379,7 +379,7 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
                 dev = resolve(b, device)
             else:
                 dev = b.device_of(x) if x is not None else _HOST
-            tb, tdev = transport_backend(g, Device(tkind, dev.index if dev.kind == tkind else 0))
+            tb, tdev = transport_backend(g, Device(tkind, dev.index if dev.kind == tkind else 0), b)
             origin = Origin(b, dev, dtype, b is tb)
             blocks = None
             like = tb.empty(tuple(piece), dtype, tdev)

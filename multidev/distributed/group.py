@@ -33,6 +33,7 @@ from .engine import (
     local_rank_from,
     missing_ranks_error,
 )
+from .solo import SoloEngine
 
 __all__ = ["CHECK_ENV", "DEFAULT_TIMEOUT", "ENGINE_ENV", "GroupInfo", "checks_enabled", "current", "detect_launch",
            "engine_name", "group_info", "init", "is_initialized", "launched", "local_rank", "rank",
@@ -96,6 +97,7 @@ class Group:
 _group: Group | None = None
 _lock = threading.Lock()
 _exit_hook = False
+_said_solo = False
 
 
 # -- which engine ----------------------------------------------------------------------------------
@@ -122,8 +124,10 @@ def launched(environ: Mapping[str, str] | None = None) -> bool:
     return any((x.world_size or 0) > 1 for x in detect_launch(environ))
 
 
-def _choose(engine: str | None, environ: Mapping[str, str]) -> tuple[type[Engine], Launch | None, str]:
-    """The engine class, what its launcher said, and the reason, in words."""
+def _choose(engine: str | None, environ: Mapping[str, str],
+            solo: bool = False) -> tuple[type[Engine], Launch | None, str]:
+    """The engine class, what its launcher said, and the reason, in words. ``solo``: with no engine
+    named and no launcher's environment found, the 1-process group's engine instead of an error."""
     if engine is None and environ.get(ENGINE_ENV):
         engine = environ[ENGINE_ENV].strip()
         given = f"${ENGINE_ENV}={engine}"
@@ -159,6 +163,8 @@ def _choose(engine: str | None, environ: Mapping[str, str]) -> tuple[type[Engine
             f"multidev.distributed.init: {usable[0].launcher} started this process ({usable[0].evidence}) and "
             f"several installed engines can run under it ({', '.join(x.engine for x in usable)}); choose one: "
             f"init(engine=...) or ${ENGINE_ENV}=NAME")
+    if solo and not launches:
+        return SoloEngine, None, "no launcher's environment found: one process, world size 1"
     hints = []
     for name in engine_names():
         with contextlib.suppress(Exception):
@@ -203,7 +209,8 @@ def init(engine: str | None = None, *, transport: str | None = None, rank: int |
 
     - ``engine``: ``"torch"`` (torch.distributed), ``"mpi"`` (mpi4py), ``"jax"`` (JAX's
       multi-controller runtime) or a registered third-party engine; None picks the one whose
-      launcher started this process (see the module doc), or ``$MULTIDEV_ENGINE``.
+      launcher started this process (see the module doc), or ``$MULTIDEV_ENGINE``; with neither
+      (plain ``python``), a 1-process group (engine ``"local"``, world size 1, a warning says so).
     - ``transport``: the engine's own wire: torch's process-group backend (``"gloo"``, ``"nccl"``,
       ``"cpu:gloo,cuda:nccl"``, default: NCCL for CUDA tensors where every rank has a GPU of its
       own, else gloo), JAX's CPU
@@ -247,7 +254,10 @@ def init(engine: str | None = None, *, transport: str | None = None, rank: int |
     with _lock:
         if _group is not None:
             raise DistributedError("multidev.distributed is already initialised; call shutdown() first")
-        cls, launch, reason = _choose(cls_name, os.environ)
+        solo = explicit["world_size"] in (None, 1) and explicit["rank"] in (None, 0)
+        cls, launch, reason = _choose(cls_name, os.environ, solo)
+        if cls is SoloEngine:
+            _say_solo()
         why = cls.missing()
         if why:
             raise CapabilityError(f"the {cls.name} engine cannot run here: {why}")
@@ -288,6 +298,17 @@ def init(engine: str | None = None, *, transport: str | None = None, rank: int |
         _register_exit_hook()
     log.info("%s", info)
     return info
+
+
+def _say_solo() -> None:
+    """The one line (a warning on logger ``multidev.distributed``, once a process) saying that init
+    found no launcher and started a 1-process group."""
+    global _said_solo
+    if not _said_solo:
+        _said_solo = True
+        log.warning("multidev.distributed.init: no launcher's environment found; running as one process "
+                    "(rank 0 of world size 1). Start with torchrun, mpiexec, srun or "
+                    "python -m multidev.distributed.launch for several, or name the engine: init(engine=...)")
 
 
 def _register_exit_hook() -> None:

@@ -34,8 +34,11 @@ class Origin:
     like: Any = None  # the input tensor: results take its array type (mx.np in, mx.np out)
 
 
-def transport_backend(g: Group, device: Device) -> tuple[Backend, Device]:
-    """The transport backend and device a tensor on ``device`` travels as in group ``g``."""
+def transport_backend(g: Group, device: Device, b: Backend | None = None) -> tuple[Backend, Device]:
+    """The transport backend and device a tensor of backend ``b`` on ``device`` travels as in group
+    ``g`` (an engine with ``native_tensors``, the 1-process group's, keeps tensors as they are)."""
+    if b is not None and getattr(g.engine, "native_tensors", False):
+        return b, device
     name, dev = g.engine.transport_for(device)
     return get_backend(name), dev
 
@@ -47,7 +50,7 @@ def to_transport(x: Any, g: Group) -> tuple[Any, Origin, bool, str]:
     memory) or ``"copy"``."""
     b = backend_of(x)
     dev = b.device_of(x)
-    tb, tdev = transport_backend(g, dev)
+    tb, tdev = transport_backend(g, dev, b)
     origin = Origin(b, dev, b.dtype_of(x), b is tb, x)
     if origin.is_transport and dev == tdev:
         t, shared, path = x, True, "native"
