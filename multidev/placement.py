@@ -58,8 +58,13 @@ def resolve(b: Backend, spec: Any) -> Device:
     dev = default_device() if spec is None else as_device(spec)
     avail = b.devices()
     if dev not in avail:
-        hint = ("use multidev.try_gpu() to fall back to the CPU" if dev.is_gpu
-                else "configure more virtual devices for this backend (see the README)")
+        if dev.is_gpu:
+            hint = "use multidev.try_gpu() to fall back to the CPU"
+        elif env := getattr(b, "virtual_devices_env", None):
+            hint = f"configure more virtual devices for this backend (${env}, see the README)"
+        else:
+            hint = (f"{b.name} has no virtual CPU devices, so only the devices listed exist; for several CPU "
+                    "workers run one process per worker under multidev.distributed")
         raise DeviceNotFoundError(
             f"{b.name} has no device {dev}; available: {', '.join(map(str, avail))}. Hint: {hint}."
         )

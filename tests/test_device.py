@@ -90,3 +90,24 @@ def test_device_cannot_be_subclassed() -> None:
     """Devices are interned by kind and index: a subclass would take an equal device's place."""
     with pytest.raises(TypeError, match="cannot be subclassed"):
         type("MyDevice", (Device,), {})
+
+
+def test_a_missing_cpu_device_hint_fits_the_backend() -> None:
+    """A backend without virtual CPU devices is not told to configure more (torch cannot)."""
+    import pytest
+
+    import multidev as md
+    from multidev.adapters.numpy import NumpyBackend
+    from multidev.placement import resolve
+
+    class OneCpu(NumpyBackend):
+        virtual_devices_env = None
+
+        def devices(self):  # type: ignore[no-untyped-def]
+            return [md.device("cpu:0")]
+
+    with pytest.raises(md.DeviceNotFoundError, match="no virtual CPU devices") as e:
+        resolve(OneCpu(), "cpu:1")
+    assert "configure more" not in str(e.value)
+    with pytest.raises(md.DeviceNotFoundError, match="MULTIDEV_NUMPY_DEVICES"):
+        resolve(md.backend("numpy"), "cpu:9")
