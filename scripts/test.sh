@@ -143,8 +143,8 @@ for name in "${names[@]}"; do
     failed=1
   fi
   line=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "build/ci/$name.log" | tail -n 1)
-  p=$(sed -nE 's/.* ?([0-9]+) passed.*/\1/p' <<<"$line"); f=$(sed -nE 's/.* ?([0-9]+) failed.*/\1/p' <<<"$line")
-  s=$(sed -nE 's/.* ([0-9]+) skipped.*/\1/p' <<<"$line")
+  p=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+'); f=$(grep -oE '[0-9]+ failed' <<<"$line" | grep -oE '[0-9]+')
+  s=$(grep -oE '[0-9]+ skipped' <<<"$line" | grep -oE '[0-9]+')
   passed=$((passed + ${p:-0})); nfailed=$((nfailed + ${f:-0})); skipped=$((skipped + ${s:-0}))
 done
 echo
