@@ -14,8 +14,8 @@
 #                          else: MXNet's tests and suite, and the NumPy and JAX adapters on NumPy 1.26 and
 #                          JAX 0.7.1 (their suite, their adapter tests, the tests that take every backend)
 # Each thing is tested once, in the environment that adds information. The jobs run side by side
-# (JOBS at a time, default 2: more starves JAX's CPU collectives, whose rendezvous aborts the process
-# when a thread waits 10 s), each into build/ci/NAME.log,
+# (JOBS at a time, default 1: two or more at once on 2 cores starve JAX's CPU collectives, whose
+# rendezvous aborts the process when a thread waits 10-40 s), each into build/ci/NAME.log,
 # printed whole when it fails and as its last lines when it passes; each job's and each
 # environment's time is printed, then one closing line adding up every pytest run.
 #   MULTIDEV_LANES=fast,modern,mx picks environments (default all three); JOBS=N; PYTHON=python3.11.
@@ -23,7 +23,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 LANES=",${MULTIDEV_LANES:-fast,modern,mx},"
-JOBS=${JOBS:-2}
+JOBS=${JOBS:-1}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore::DeprecationWarning TF_CPP_MIN_LOG_LEVEL=2
 export MULTIDEV_CACHE_DIR="$PWD/build/cache"  # the devices cache stays in the clone
 start=$(date +%s)
