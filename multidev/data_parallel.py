@@ -511,6 +511,8 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
         raise InvalidArgumentError(f"data_parallel: verify must be True or False, got {verify!r:.40}")
     rep = _replica_for(model, optimizer, devices, "data_parallel")
     g = _group()
+    if g is not None and rep.processes_refusal:
+        raise CapabilityError(f"data_parallel: {rep.processes_refusal}")
     if g is not None and grad_dtype is not None and not _carried(grad_dtype, rep.devices[0], rep.backend):
         raise CapabilityError(f"data_parallel(grad_dtype={grad_dtype!r}): the {g.info.engine} engine cannot carry "
                               f"{grad_dtype} tensors of this backend")

@@ -39,6 +39,9 @@ class Replica(ABC):
     """The optimizer given (None where the model carries its own, e.g. a flax ``TrainState``)."""
     devices: list[Device]
     """The devices it spans (one in the one-process-per-device mode)."""
+    processes_refusal: str | None = None
+    """Why this replica cannot also average across processes (None: it can); the core raises
+    CapabilityError with it under a process group of more than one rank."""
 
     @abstractmethod
     def parameters(self) -> list[tuple[str, Any]]:

@@ -168,6 +168,22 @@ if FRAMEWORK == "torch":
         save("unused", params(net))
 
     @scenario
+    def drift() -> None:
+        """A rank whose parameter drifted: the replica check names it on every rank."""
+        net = cnn(1)
+        dp = md.data_parallel(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        dp.step(dp.shard(tbatch(0)), loss_fn)
+        if RANK == 1:
+            with torch.no_grad():
+                net[6].bias.add_(1e-6)
+        try:
+            dp.verify()
+            report["drift"] = None
+        except md.ReplicaMismatchError as e:
+            report["drift"] = str(e)
+        dp.close()
+
+    @scenario
     def bf16() -> None:
         """As ``equal`` with the gradients exchanged in bfloat16."""
         net = cnn(1 + RANK)

@@ -3,7 +3,7 @@ shares of a global batch of B rows end K steps where one process on the B rows e
 tolerance), with every rank's parameters bitwise equal; ranks that start apart end equal (rank 0's
 state, optimizer state included, is broadcast); ``no_sync`` makes no collective; a parameter
 without a gradient is refused by name or counted as zeros; bfloat16 exchange costs a measured,
-small error. torch on gloo (2 processes) and MPI (3 ranks), JAX on its own engine (2 processes)."""
+small error; a rank whose parameter drifted is named by the replica check on every rank. torch on gloo (2 processes) and MPI (3 ranks), JAX on its own engine (2 processes)."""
 from __future__ import annotations
 
 import importlib.util
@@ -105,6 +105,7 @@ def test_processes_match_one_process(framework: str, engine: str, n: int, tmp_pa
             msg = r["unused_error"] or ""
             assert "extra.weight" in msg and "extra.bias" in msg and f"rank {r['rank']}" in msg, msg
             assert r["unused_zero_kept"]
+            assert "6.bias differs between rank 0 and rank 1" in (r["drift"] or ""), r["drift"]
         # the manual loop (forward, backward, optimizer.step by hand) is the step's computation
         for k, v in _load(out, "manual", 0).items():
             assert np.array_equal(v, _load(out, "equal", 0)[k]), k
