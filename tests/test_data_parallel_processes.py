@@ -113,6 +113,6 @@ def test_processes_match_one_process(framework: str, engine: str, n: int, tmp_pa
         full, half = _load(out, "equal", 0), _load(out, "bf16", 0)
         err = max(float(np.max(np.abs(half[k] - full[k])) / (np.max(np.abs(full[k])) + 1e-12)) for k in full)
         record_property("bf16_exchange_max_relative_error", err)
-        assert 0 < err < 2e-2, err
+        assert 0 < err < 2e-3, err  # measured: 3.3e-4 (docs/data-parallel.md)
     if framework == "jax":
         assert all(r["train_state"]["step"] == 3 for r in reports)
