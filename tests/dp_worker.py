@@ -254,6 +254,64 @@ elif FRAMEWORK == "jax":
         report["train_state"] = {"step": int(st.step)}
         save("train_state", {"l1w": st.params["l1"]["w"], "l2w": st.params["l2"]["w"]})
 
+elif FRAMEWORK == "tensorflow":
+    import keras
+    import tensorflow as tf
+
+    def kmodel(seed: int, bn: bool = False) -> Any:
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
+                                 *([keras.layers.BatchNormalization()] if bn else []), keras.layers.Dense(4)])
+
+    def kbatch(step: int) -> tuple[Any, Any]:
+        X, y = batch(step)
+        return X.reshape(B, 64), y
+
+    def kloss(m: Any, b: Any) -> Any:
+        out = m(b[0], training=True)
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(b[1], out, from_logits=True))
+
+    def weights(m: Any) -> dict[str, Any]:
+        return {f"w{i}": np.asarray(v.value) for i, v in enumerate(m.weights)}
+
+    @scenario
+    def equal() -> None:
+        m = kmodel(1 + RANK)
+        dp = md.data_parallel(m, keras.optimizers.SGD(0.1, momentum=0.9, weight_decay=1e-3), bucket_mb=0.001,
+                              verify=True)
+        for k in range(K):
+            dp.step(dp.shard(kbatch(k)), kloss)
+        report["equal"] = {"collectives": dp.sync.collectives if dp.sync else 0,
+                           "buckets": len(dp.sync.buckets) if dp.sync else 0}
+        save("equal", weights(m))
+
+    @scenario
+    def no_sync() -> None:
+        m = kmodel(1)
+        dp = md.data_parallel(m, keras.optimizers.SGD(0.1))
+        before = dp.sync.collectives if dp.sync else 0
+        with dp.no_sync():
+            dp.step(dp.shard(kbatch(0)), lambda m, b: kloss(m, b) / 2)
+        inside = (dp.sync.collectives if dp.sync else 0) - before
+        dp.step(dp.shard(kbatch(1)), lambda m, b: kloss(m, b) / 2)
+        dp.verify()
+        report["no_sync"] = {"inside": inside, "after": (dp.sync.collectives if dp.sync else 0) - before}
+        save("no_sync", weights(m))
+
+    @scenario
+    def bn_adam() -> None:
+        m = kmodel(1 + RANK, bn=True)
+        opt = keras.optimizers.Adam(1e-2)
+        if RANK == 0:
+            with tf.GradientTape() as tape:
+                loss = kloss(m, kbatch(9))
+            opt.apply_gradients(zip(tape.gradient(loss, m.trainable_variables), m.trainable_variables))
+        dp = md.data_parallel(m, opt, verify=True)
+        for k in range(K):
+            dp.step(dp.shard(kbatch(k)), kloss)
+        report["bn_adam"] = {"adam_steps": int(opt.iterations.numpy())}
+        save("bn_adam", weights(m))
+
 (OUT / f"report-{RANK}.json").write_text(json.dumps(report))
 if LAUNCHED:
     dist.shutdown()

@@ -254,3 +254,50 @@ def test_default_replica_helpers_round_trip() -> None:
     np.testing.assert_array_equal(back[0], ts[0] * 0.5)
     np.testing.assert_array_equal(back[1], ts[1] * 0.5)
     assert r.fingerprints() == r.fingerprints() and len(r.fingerprints()[0]) == 2
+
+
+TF_DEVICES = textwrap.dedent("""
+    import multidev as md
+    md.backend("tensorflow")  # its 2 logical CPU devices are made before TensorFlow starts
+    import numpy as np, keras, tensorflow as tf
+    devs = md.devices(backend="tensorflow")[:2]
+    assert len(devs) == 2
+    def make():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)])
+    def loss_fn(m, b):
+        out = m(b[0], training=True)
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(b[1], out, from_logits=True))
+    def batch(k):
+        g = np.random.default_rng(k)
+        return g.standard_normal((13, 6)).astype(np.float32), g.integers(0, 3, 13)
+    a, b, c = make(), make(), make()
+    sgd = lambda: keras.optimizers.SGD(0.1, momentum=0.9)
+    ob = sgd()
+    one, two = md.data_parallel(a, sgd()), md.data_parallel(c, sgd(), devices=devs, verify=True)
+    for k in range(3):
+        l1, l2 = one.step(batch(k), loss_fn), two.step(batch(k), loss_fn)
+        with tf.GradientTape() as t:  # the framework's own loop
+            lb = loss_fn(b, batch(k))
+        ob.apply_gradients(zip(t.gradient(lb, b.trainable_variables), b.trainable_variables))
+        assert float(l1) == float(lb)
+        np.testing.assert_allclose(float(l2), float(lb), rtol=1e-5)
+    for x, y, z in zip(a.weights, b.weights, c.weights):
+        assert np.array_equal(np.asarray(x.value), np.asarray(y.value))  # one device: bitwise the plain loop
+        np.testing.assert_allclose(np.asarray(z.value), np.asarray(y.value), rtol=1e-5, atol=1e-6)
+    rows = two.replica.fingerprints()
+    assert len(rows) == 2 and rows[0] == rows[1]
+    assert "/device:CPU:1" in two.replica._copies[0].weights[0].value.device
+    print("OK")
+""")
+
+
+def test_keras_over_two_logical_devices_matches_one_device_and_the_plain_loop() -> None:
+    """Keras/TensorFlow: on one device the step is bitwise the framework's own GradientTape loop; over
+    2 logical CPU devices (a copy of the model on the second, 13 rows split 7 + 6 and weighted) it
+    ends where one device ends, the copies bitwise equal."""
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("keras")
+    env = dict(os.environ, MULTIDEV_TF_CPU_DEVICES="2", TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+    p = subprocess.run([sys.executable, "-c", TF_DEVICES], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stdout[-2000:] + p.stderr[-3000:]

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.multiprocess
 WORKER = str(Path(__file__).with_name("dp_worker.py"))
 RTOL, ATOL = 1e-5, 1e-6  # 1 against N processes: the same sums in another order
 SCENARIOS = {"torch": ["equal", "manual", "no_sync", "bn_adam", "unused", "bf16"],
-             "jax": ["equal", "no_sync", "train_state"]}
+             "jax": ["equal", "no_sync", "train_state"], "tensorflow": ["equal", "no_sync", "bn_adam"]}
 
 
 def _run(framework: str, out: Path, engine: str | None, n: int) -> list[dict[str, Any]]:
@@ -73,7 +73,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return get
 
 
-CASES = [("torch", "torch", 2), ("torch", "mpi", 3), ("jax", "jax", 2)]
+CASES = [("torch", "torch", 2), ("torch", "mpi", 3), ("jax", "jax", 2), ("tensorflow", "mpi", 2)]
 
 
 @pytest.mark.parametrize(("framework", "engine", "n"), CASES, ids=[f"{f}-{e}-{n}" for f, e, n in CASES])
@@ -99,9 +99,11 @@ def test_processes_match_one_process(framework: str, engine: str, n: int, tmp_pa
         k = r["equal"]
         assert k["buckets"] >= 2 and k["collectives"] == 3 * k["buckets"], k  # one collective per bucket and step
         assert r["no_sync"]["inside"] == 0 and r["no_sync"]["after"] >= 1, r["no_sync"]
-    if framework == "torch":
+    if framework in ("torch", "tensorflow"):
         for r in reports:  # Adam's state came from rank 0 (one local step there, then K together)
             assert r["bn_adam"]["adam_steps"] == 4, r["bn_adam"]
+    if framework == "torch":
+        for r in reports:
             msg = r["unused_error"] or ""
             assert "extra.weight" in msg and "extra.bias" in msg and f"rank {r['rank']}" in msg, msg
             assert r["unused_zero_kept"]

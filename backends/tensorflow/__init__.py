@@ -33,6 +33,7 @@ from .compile import TensorflowCompile
 from .core import TensorflowCore
 from .dlpack import TensorflowDLPack
 from .models import TensorflowModels
+from .parallel import TensorflowParallel
 from .scope import TensorflowScope
 from .training import TensorflowTraining
 from .transfers import TensorflowTransfers
@@ -41,5 +42,6 @@ __all__ = ["TensorflowBackend"]
 
 
 class TensorflowBackend(TensorflowCore, TensorflowTransfers, TensorflowDLPack, TensorflowCollectives,
-                        TensorflowTraining, TensorflowCompile, TensorflowModels, TensorflowScope):
+                        TensorflowTraining, TensorflowCompile, TensorflowModels, TensorflowScope,
+                        TensorflowParallel):
     """The TensorFlow adapter (see the package docstring)."""
