@@ -312,6 +312,69 @@ elif FRAMEWORK == "tensorflow":
         report["bn_adam"] = {"adam_steps": int(opt.iterations.numpy())}
         save("bn_adam", weights(m))
 
+elif FRAMEWORK == "mxnet":
+    md.backend("mxnet")  # the adapter first: it prepares MXNet's import on NumPy 1.26
+    import mxnet as mx
+    from mxnet import autograd, gluon
+
+    def gnet(seed: int, bn: bool = False) -> Any:
+        mx.random.seed(seed)
+        net = gluon.nn.Sequential()
+        net.add(gluon.nn.Dense(16, activation="relu"), *([gluon.nn.BatchNorm()] if bn else []), gluon.nn.Dense(4))
+        net.initialize(mx.init.Xavier())
+        net(mx.nd.zeros((2, 64)))
+        return net
+
+    def gbatch(step: int) -> tuple[Any, Any]:
+        X, y = batch(step)
+        return mx.nd.array(X.reshape(B, 64)), mx.nd.array(y.astype(np.float32))
+
+    CE = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def gloss(net: Any, b: Any) -> Any:
+        return CE(net(b[0]), b[1]).mean()
+
+    def gparams(net: Any) -> dict[str, Any]:
+        return {f"p{i}": p.data().asnumpy() for i, p in enumerate(net.collect_params().values())}
+
+    @scenario
+    def equal() -> None:
+        net = gnet(1 + RANK)
+        tr = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3})
+        dp = md.data_parallel(net, tr, bucket_mb=0.001, verify=True)
+        for k in range(K):
+            dp.step(dp.shard(gbatch(k)), gloss)
+        report["equal"] = {"collectives": dp.sync.collectives if dp.sync else 0,
+                           "buckets": len(dp.sync.buckets) if dp.sync else 0}
+        save("equal", gparams(net))
+
+    @scenario
+    def no_sync() -> None:
+        net = gnet(1)
+        dp = md.data_parallel(net, gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}))
+        before = dp.sync.collectives if dp.sync else 0
+        with dp.no_sync():
+            dp.step(dp.shard(gbatch(0)), lambda m, b: gloss(m, b) / 2)
+        inside = (dp.sync.collectives if dp.sync else 0) - before
+        dp.step(dp.shard(gbatch(1)), lambda m, b: gloss(m, b) / 2)
+        dp.verify()
+        report["no_sync"] = {"inside": inside, "after": (dp.sync.collectives if dp.sync else 0) - before}
+        save("no_sync", gparams(net))
+
+    @scenario
+    def bn_adam() -> None:
+        net = gnet(1 + RANK, bn=True)
+        tr = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 1e-2})
+        if RANK == 0:
+            with autograd.record():
+                loss = gloss(net, gbatch(9))
+            loss.backward()
+            tr.step(1)
+        dp = md.data_parallel(net, tr, verify=True)
+        for k in range(K):
+            dp.step(dp.shard(gbatch(k)), gloss)
+        save("bn_adam", gparams(net))
+
 (OUT / f"report-{RANK}.json").write_text(json.dumps(report))
 if LAUNCHED:
     dist.shutdown()

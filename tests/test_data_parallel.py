@@ -4,6 +4,7 @@ interpreter: device counts are fixed when JAX starts), the checkpoint, accumulat
 rules. Across processes: tests/test_data_parallel_processes.py."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -300,4 +301,54 @@ def test_keras_over_two_logical_devices_matches_one_device_and_the_plain_loop() 
     pytest.importorskip("keras")
     env = dict(os.environ, MULTIDEV_TF_CPU_DEVICES="2", TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
     p = subprocess.run([sys.executable, "-c", TF_DEVICES], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stdout[-2000:] + p.stderr[-3000:]
+
+
+MX_DEVICES = textwrap.dedent("""
+    import multidev as md
+    md.backend("mxnet")  # the adapter first: it prepares MXNet's import
+    import numpy as np, mxnet as mx
+    from mxnet import autograd, gluon
+    def make():
+        mx.random.seed(0)
+        net = gluon.nn.Sequential()
+        net.add(gluon.nn.Dense(8, activation="relu"), gluon.nn.Dense(3))
+        net.initialize(mx.init.Xavier())
+        net(mx.nd.zeros((2, 6)))
+        return net
+    CE = gluon.loss.SoftmaxCrossEntropyLoss()
+    loss_fn = lambda net, b: CE(net(b[0]), b[1]).mean()
+    def batch(k):
+        g = np.random.default_rng(k)
+        return mx.nd.array(g.standard_normal((13, 6)).astype(np.float32)), mx.nd.array(g.integers(0, 3, 13).astype(np.float32))
+    sgd = lambda net: gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    a, b, c = make(), make(), make()
+    tb = sgd(b)
+    one, two = md.data_parallel(a, sgd(a)), md.data_parallel(c, sgd(c), devices=["cpu:0", "cpu:1"], verify=True)
+    for k in range(3):
+        l1, l2 = one.step(batch(k), loss_fn), two.step(batch(k), loss_fn)
+        with autograd.record():  # the framework's own loop
+            lb = loss_fn(b, batch(k))
+        lb.backward()
+        tb.step(1)
+        assert l1.asscalar() == lb.asscalar()
+        np.testing.assert_allclose(l2.asscalar(), lb.asscalar(), rtol=1e-5)
+    for p, q, r in zip(a.collect_params().values(), b.collect_params().values(), c.collect_params().values()):
+        assert np.array_equal(p.data().asnumpy(), q.data().asnumpy())  # one device: bitwise the plain loop
+        assert r.list_ctx() == [mx.cpu(0), mx.cpu(1)]
+        np.testing.assert_allclose(r.data(mx.cpu(1)).asnumpy(), q.data().asnumpy(), rtol=1e-5, atol=1e-6)
+    rows = two.replica.fingerprints()
+    assert len(rows) == 2 and rows[0] == rows[1]
+    print("OK")
+""")
+
+
+def test_gluon_over_two_contexts_matches_one_context_and_the_plain_loop() -> None:
+    """MXNet Gluon: on one context the step is bitwise the framework's own record/backward/Trainer
+    loop; over mx.cpu(0) and mx.cpu(1) (the parameters on both, 13 rows split 7 + 6 and weighted,
+    the Trainer's kvstore summing) it ends where one context ends, the contexts bitwise equal."""
+    if importlib.util.find_spec("mxnet") is None or int(np.__version__.split(".")[0]) >= 2:
+        pytest.skip("MXNet 1.9 is installed beside numpy<2 only (the with-MXNet lane)")
+    env = dict(os.environ, MULTIDEV_MXNET_CPU_DEVICES="2", PYTHONWARNINGS="ignore")
+    p = subprocess.run([sys.executable, "-c", MX_DEVICES], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stdout[-2000:] + p.stderr[-3000:]
