@@ -61,6 +61,7 @@ DEFAULT_BUCKET_MB = 25.0
 EXCHANGE_DTYPES = ("bfloat16", "float16")
 BUFFER_POLICIES = ("broadcast", "local")
 UNUSED_POLICIES = ("error", "zero")
+CHECK_POLICIES = ("step", "start")
 
 
 # -- the group ------------------------------------------------------------------------------------
@@ -163,6 +164,7 @@ class GradientSync:
         self._like = params
         self.buckets = plan_buckets(rep, params, dp.bucket_bytes, reverse=True)
         self._bucket_of = {i: k for k, bucket in enumerate(self.buckets) for i in bucket}
+        self._inplace = bool(rep.backend.capabilities.mutable)
         self.active = True
         self.in_step = False
         self._grads: list[Any] | None = None
@@ -200,8 +202,9 @@ class GradientSync:
         dp, g = self._dp, self._dp.group
         assert self._grads is not None
         flat = dp.replica.flatten([self._grads[i] for i in self.buckets[k]], dp.grad_dtype)
-        with _checked(g, not self._checked):  # the step's first collective carries its consistency exchange
-            self._works[k] = _dist().allreduce(flat, "sum", async_op=True)
+        first = not self._checked and dp.checks == "step"  # the step's first collective carries the exchange
+        with _checked(g, first):  # in place where the framework writes in place: the bucket is ours
+            self._works[k] = _dist().allreduce(flat, "sum", inplace=self._inplace, async_op=True)
         self._checked = True
         self.collectives += 1
 
@@ -318,7 +321,7 @@ class DataParallel:
     code on one device, several devices of one process, and one process per device."""
 
     def __init__(self, replica: Replica, group: Any, *, bucket_mb: float, grad_dtype: str | None, buffers: str,
-                 unused: str, verify: bool) -> None:
+                 unused: str, verify: bool, checks: str = "step") -> None:
         self.replica = replica
         self.group = group
         self.rank = 0 if group is None else group.rank
@@ -328,6 +331,7 @@ class DataParallel:
         self.buffers = buffers
         self.unused = unused
         self.verify_each_step = verify
+        self.checks = checks
         self._no_sync = False
         self.sync: GradientSync | None = None
         self._attached = False
@@ -477,7 +481,7 @@ class DataParallel:
 
 def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[DeviceLike] | None = None,
                   bucket_mb: float = DEFAULT_BUCKET_MB, grad_dtype: str | None = None, buffers: str = "broadcast",
-                  unused: str = "error", verify: bool = False) -> DataParallel:
+                  unused: str = "error", verify: bool = False, checks: str = "step") -> DataParallel:
     """Train ``model`` with ``optimizer`` data-parallel (see the module's doc for what it does).
 
     - ``model``: the framework's own: a torch ``nn.Module``, a JAX parameter tree or flax
@@ -492,7 +496,9 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
       ``"float16"`` to exchange gradients in half the bytes (None: their own dtype);
       ``buffers``: ``"broadcast"`` (rank 0's before each step) or ``"local"``; ``unused``:
       ``"error"`` or ``"zero"`` for a parameter without a gradient; ``verify``: check after every
-      step that all replicas are bitwise equal (a debugging aid).
+      step that all replicas are bitwise equal (a debugging aid); ``checks``: where the group's
+      consistency checks run, ``"step"`` (one exchange per step) or ``"start"`` (at the start
+      only: the steps' collectives unchecked, as DistributedDataParallel's).
 
     The model is used in place where the framework's tensors are mutable: no copy, no wrapper
     prefix in its state; a gradient hook per parameter where the framework has them
@@ -507,6 +513,8 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
         raise InvalidArgumentError(f"data_parallel: buffers must be one of {BUFFER_POLICIES}, got {buffers!r:.40}")
     if unused not in UNUSED_POLICIES:
         raise InvalidArgumentError(f"data_parallel: unused must be one of {UNUSED_POLICIES}, got {unused!r:.40}")
+    if checks not in CHECK_POLICIES:
+        raise InvalidArgumentError(f"data_parallel: checks must be one of {CHECK_POLICIES}, got {checks!r:.40}")
     if not isinstance(verify, bool):
         raise InvalidArgumentError(f"data_parallel: verify must be True or False, got {verify!r:.40}")
     rep = _replica_for(model, optimizer, devices, "data_parallel")
@@ -517,4 +525,4 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
         raise CapabilityError(f"data_parallel(grad_dtype={grad_dtype!r}): the {g.info.engine} engine cannot carry "
                               f"{grad_dtype} tensors of this backend")
     return DataParallel(rep, g, bucket_mb=float(bucket_mb), grad_dtype=grad_dtype, buffers=buffers, unused=unused,
-                        verify=verify)
+                        verify=verify, checks=checks)

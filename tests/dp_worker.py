@@ -168,6 +168,22 @@ if FRAMEWORK == "torch":
         save("unused", params(net))
 
     @scenario
+    def checks() -> None:
+        """One consistency exchange per step by default; none with checks="start"."""
+        from multidev.distributed.group import current
+
+        seen = {}
+        for policy in ("step", "start"):
+            net = cnn(1)
+            dp = md.data_parallel(net, torch.optim.SGD(net.parameters(), lr=0.1), bucket_mb=0.001, checks=policy)
+            before = current().seq if LAUNCHED else 0
+            for k in range(K):
+                dp.step(dp.shard(tbatch(k)), loss_fn)
+            seen[policy] = (current().seq if LAUNCHED else 0) - before
+            dp.close()
+        report["checks"] = seen
+
+    @scenario
     def drift() -> None:
         """A rank whose parameter drifted: the replica check names it on every rank."""
         net = cnn(1)

@@ -111,6 +111,7 @@ def test_processes_match_one_process(framework: str, engine: str, n: int, tmp_pa
             assert "extra.weight" in msg and "extra.bias" in msg and f"rank {r['rank']}" in msg, msg
             assert r["unused_zero_kept"]
             assert "6.bias differs between rank 0 and rank 1" in (r["drift"] or ""), r["drift"]
+            assert r["checks"] == {"step": 3, "start": 0}, r["checks"]  # consistency exchanges in 3 steps
         # the manual loop (forward, backward, optimizer.step by hand) is the step's computation
         for k, v in _load(out, "manual", 0).items():
             assert np.array_equal(v, _load(out, "equal", 0)[k]), k
