@@ -168,7 +168,6 @@ class GradientSync:
         self.active = True
         self.in_step = False
         self._grads: list[Any] | None = None
-        self._done: list[Any] | None = None
         self._filled: list[int] = []
         self._works: list[Any] = []
         self._next = 0
@@ -181,7 +180,10 @@ class GradientSync:
         self._works = [None] * len(self.buckets)
         self._next = 0
         self._checked = False
-        self._done = None
+
+    def reset(self) -> None:
+        """Forget a round left unfinished (a backward pass that raised)."""
+        self._grads = None
 
     def ready(self, i: int, g: Any) -> None:
         """Parameter ``i``'s gradient ``g`` is final for this step."""
@@ -210,11 +212,9 @@ class GradientSync:
 
     def finish(self) -> list[Any]:
         """Wait for every bucket and return the averaged gradients (one per parameter, on the first
-        device); a second call for the same step returns the same list. A parameter without a
-        gradient: ``unused="zero"`` counts it as zeros, ``"error"`` raises naming it."""
+        device), ending the step's round. A parameter without a gradient: ``unused="zero"`` counts
+        it as zeros, ``"error"`` raises naming it."""
         if self._grads is None:
-            if self._done is not None:
-                return self._done
             self._start_round()
         grads = self._grads
         assert grads is not None
@@ -239,7 +239,6 @@ class GradientSync:
                     out[i] = v
         finally:
             self._grads = None
-        self._done = out
         return out
 
     def before_forward(self) -> None:
@@ -394,6 +393,7 @@ class DataParallel:
                 rep.apply(None)
         else:
             sync.in_step = True  # the buffers follow the backward pass, not a forward hook
+            sync.reset()
             try:
                 if self._attached:
                     loss = rep.backward(batch, loss_fn, None)  # the hooks averaged the gradients in place
