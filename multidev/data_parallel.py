@@ -502,7 +502,7 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
 
     The model is used in place where the framework's tensors are mutable: no copy, no wrapper
     prefix in its state; a gradient hook per parameter where the framework has them
-    (:meth:`DataParallel.close` removes them).
+    (:meth:`DataParallel.close` removes them). Gradients accumulated before wrapping are cleared.
     """
     if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
         raise InvalidArgumentError(f"data_parallel: bucket_mb must be a positive number, got {bucket_mb!r:.40}")
