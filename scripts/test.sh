@@ -14,7 +14,8 @@
 #                          else: MXNet's tests and suite, and the NumPy and JAX adapters on NumPy 1.26 and
 #                          JAX 0.7.1 (their suite, their adapter tests, the tests that take every backend)
 # Each thing is tested once, in the environment that adds information. The jobs run side by side
-# (JOBS at a time, default 3: many of them wait on child processes), each into build/ci/NAME.log,
+# (JOBS at a time, default 2: more starves JAX's CPU collectives, whose rendezvous aborts the process
+# when a thread waits 10 s), each into build/ci/NAME.log,
 # printed whole when it fails and as its last lines when it passes; each job's and each
 # environment's time is printed, then one closing line adding up every pytest run.
 #   MULTIDEV_LANES=fast,modern,mx picks environments (default all three); JOBS=N; PYTHON=python3.11.
@@ -22,7 +23,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 LANES=",${MULTIDEV_LANES:-fast,modern,mx},"
-JOBS=${JOBS:-3}
+JOBS=${JOBS:-2}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore::DeprecationWarning TF_CPP_MIN_LOG_LEVEL=2
 export MULTIDEV_CACHE_DIR="$PWD/build/cache"  # the devices cache stays in the clone
 start=$(date +%s)
@@ -53,16 +54,16 @@ t0=$(date +%s)
 stamp "environments (uv: ${UV:-no, pip})"
 pids=()
 if [[ $LANES == *,fast,* ]]; then
-  (TORCH=0 setup .venv-fast -e ".[test,lint,docs]" pytest-xdist >build/ci/setup-fast.log 2>&1; echo $? >build/ci/setup-fast.rc) &
+  (TORCH=0 setup .venv-fast -e ".[test,lint,docs]" >build/ci/setup-fast.log 2>&1; echo $? >build/ci/setup-fast.rc) &
   pids+=($!)
 fi
 if [[ $LANES == *,modern,* ]]; then
-  (setup .venv jax tensorflow-cpu mpi4py openmpi pytest-xdist -e ".[all,mpi,test]" >build/ci/setup-modern.log 2>&1
+  (setup .venv jax tensorflow-cpu mpi4py openmpi -e ".[all,mpi,test]" >build/ci/setup-modern.log 2>&1
    echo $? >build/ci/setup-modern.rc) &
   pids+=($!)
 fi
 if [[ $LANES == *,mx,* ]]; then
-  (setup .venv-mx tensorflow-cpu==2.21.0 jax==0.7.1 jaxlib==0.7.1 mxnet==1.9.1 numpy==1.26.4 pytest-xdist \
+  (setup .venv-mx tensorflow-cpu==2.21.0 jax==0.7.1 jaxlib==0.7.1 mxnet==1.9.1 numpy==1.26.4 \
      -e ".[all,mxnet,test]" >build/ci/setup-mx.log 2>&1; echo $? >build/ci/setup-mx.rc) &
   pids+=($!)
 fi
@@ -84,11 +85,11 @@ conformance() {  # conformance VENV BACKENDS [extra args]: the suite, its matrix
 }
 if [[ $LANES == *,fast,* ]]; then
   job 1 fast-lint ".venv-fast/bin/ruff check . && .venv-fast/bin/mypy && .venv-fast/bin/mkdocs build --strict -q"
-  job 1 fast-tests ".venv-fast/bin/pytest -q -n 2 -m 'not multiprocess'"
+  job 1 fast-tests ".venv-fast/bin/pytest -q -m 'not multiprocess'"
   job 1 fast-suite "$(conformance .venv-fast numpy,array_api:array_api_strict)"
 fi
 if [[ $LANES == *,modern,* ]]; then
-  job 1 modern-tests ".venv/bin/pytest -q -n 2 --durations=15 -m 'not multiprocess' --ignore=tests/test_mutation_catalogue.py"
+  job 1 modern-tests ".venv/bin/pytest -q --durations=15 -m 'not multiprocess' --ignore=tests/test_mutation_catalogue.py"
   job 1 modern-catalogue ".venv/bin/pytest -q tests/test_mutation_catalogue.py"
   for b in torch jax tensorflow; do job 1 "modern-suite-$b" "$(conformance .venv $b)"; done
   job 2 modern-multiprocess ".venv/bin/pytest -q --durations=10 -m multiprocess --ignore=tests/test_mutation_catalogue.py"
@@ -97,7 +98,7 @@ fi
 if [[ $LANES == *,mx,* ]]; then
   # What differs here: MXNet, and the NumPy and JAX adapters on NumPy 1.26 and JAX 0.7.1 (every test
   # that names one of them, MXNet's and JAX's adapter tests whole); the modern lane runs the rest.
-  job 1 mx-tests ".venv-mx/bin/pytest -q -n 2 --durations=10 -m 'not multiprocess' -k 'mxnet or jax or numpy' \
+  job 1 mx-tests ".venv-mx/bin/pytest -q --durations=10 -m 'not multiprocess' -k 'mxnet or jax or numpy' \
 --ignore=tests/test_mutation_catalogue.py"
   job 1 mx-suite "$(conformance .venv-mx mxnet,numpy,jax)"
   # the JAX engine of JAX 0.7.1 with JAX's and MXNet's tensors (the modern lane runs every engine)
@@ -117,8 +118,9 @@ for phase in 1 2; do
   running=0
   for i in "${!names[@]}"; do
     [ "${phases[$i]}" = $phase ] || continue
-    if [ "$running" -ge "$limit" ]; then wait -n; running=$((running - 1)); fi
     stamp "start ${names[$i]}: ${cmds[$i]}"
+    if [ "$limit" = 1 ]; then run_job "$i"; continue; fi  # alone: nothing else runs beside it
+    if [ "$running" -ge "$limit" ]; then wait -n; running=$((running - 1)); fi
     run_job "$i" &
     running=$((running + 1))
   done
@@ -141,8 +143,8 @@ for name in "${names[@]}"; do
     failed=1
   fi
   line=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "build/ci/$name.log" | tail -n 1)
-  p=$(sed -nE 's/.* ?([0-9]+) passed.*/\1/p' <<<"$line"); f=$(sed -nE 's/.* ?([0-9]+) failed.*/\1/p' <<<"$line")
-  s=$(sed -nE 's/.* ([0-9]+) skipped.*/\1/p' <<<"$line")
+  p=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+'); f=$(grep -oE '[0-9]+ failed' <<<"$line" | grep -oE '[0-9]+')
+  s=$(grep -oE '[0-9]+ skipped' <<<"$line" | grep -oE '[0-9]+')
   passed=$((passed + ${p:-0})); nfailed=$((nfailed + ${f:-0})); skipped=$((skipped + ${s:-0}))
 done
 echo
