@@ -343,7 +343,7 @@ MX_DEVICES = textwrap.dedent("""
 """)
 
 
-def test_gluon_over_two_contexts_matches_one_context_and_the_plain_loop() -> None:
+def test_mxnet_gluon_over_two_contexts_matches_one_context_and_the_plain_loop() -> None:
     """MXNet Gluon: on one context the step is bitwise the framework's own record/backward/Trainer
     loop; over mx.cpu(0) and mx.cpu(1) (the parameters on both, 13 rows split 7 + 6 and weighted,
     the Trainer's kvstore summing) it ends where one context ends, the contexts bitwise equal."""
