@@ -168,6 +168,23 @@ if FRAMEWORK == "torch":
         save("unused", params(net))
 
     @scenario
+    def reload() -> None:
+        """broadcast_state alone: rank 0 loads a checkpoint (other values, optimizer state with
+        momentum), then every rank takes it."""
+        net = cnn(1 + RANK)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        if RANK == 0:
+            ck = cnn(7)
+            ck_opt = torch.optim.SGD(ck.parameters(), lr=0.1, momentum=0.9)
+            loss_fn(ck, tbatch(5)).backward()
+            ck_opt.step()
+            net.load_state_dict(ck.state_dict())
+            opt.load_state_dict(ck_opt.state_dict())
+        assert md.broadcast_state(net, opt) is net
+        momentum = opt.state_dict()["state"][0]["momentum_buffer"]
+        save("reload", {**params(net), "momentum0": momentum})
+
+    @scenario
     def checks() -> None:
         """One consistency exchange per step by default; none with checks="start"."""
         from multidev.distributed.group import current

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.multiprocess
 
 WORKER = str(Path(__file__).with_name("dp_worker.py"))
 RTOL, ATOL = 1e-5, 1e-6  # 1 against N processes: the same sums in another order
-SCENARIOS = {"torch": ["equal", "manual", "no_sync", "bn_adam", "unused", "bf16"],
+SCENARIOS = {"torch": ["equal", "manual", "no_sync", "bn_adam", "unused", "bf16", "reload"],
              "jax": ["equal", "no_sync", "train_state"], "tensorflow": ["equal", "no_sync", "bn_adam"],
              "mxnet": ["equal", "no_sync", "bn_adam"]}
 
