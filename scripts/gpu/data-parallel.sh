@@ -2,7 +2,7 @@
 # issue 32's GPU rows for md.data_parallel: torch on one GPU (the wrapped step bitwise the plain
 # loop's, and its step time against it: the goal is <= 1.03x), torch over every GPU of one process,
 # JAX over every GPU (the sharded step against one GPU), and, with two or more GPUs, the 2-process
-# comparison against DistributedDataParallel (benchmarks/data_parallel_ddp.py: gloo, CPU tensors). A few minutes.
+# comparison against DistributedDataParallel (benchmarks/baselines/data_parallel_ddp.py: gloo, CPU tensors). A few minutes.
 #
 #   OUT=/path/to/out bash scripts/gpu/data-parallel.sh
 #
@@ -25,7 +25,7 @@ grep '^MDRESULT ' checks.txt | sed 's/^MDRESULT //' > checks.json
 cat checks.json
 GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 if [ "$GPUS" -ge 2 ]; then
-  timeout 300 "$PY" -m multidev.distributed.launch -n 2 --engine torch -m multidev.benchmarks.data_parallel_ddp \
+  timeout 300 "$PY" -m multidev.distributed.launch -n 2 --engine torch -m multidev.benchmarks.baselines.data_parallel_ddp \
     --steps 60 --json "$OUT/ddp.json" > ddp.txt 2>&1 || status=1
   tail -8 ddp.txt
 fi

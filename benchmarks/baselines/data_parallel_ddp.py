@@ -3,8 +3,8 @@
 batches. Median step time of each (their steps interleaved, so both see the same machine), the
 ratio, and whether the parameters after the same steps are equal. Run under the torch engine::
 
-    torchrun --nproc_per_node=2 -m multidev.benchmarks.data_parallel_ddp [--steps 60] [--json out.json]
-    python -m multidev.distributed.launch -n 2 --engine torch -m multidev.benchmarks.data_parallel_ddp
+    torchrun --nproc_per_node=2 -m multidev.benchmarks.baselines.data_parallel_ddp [--steps 60] [--json out.json]
+    python -m multidev.distributed.launch -n 2 --engine torch -m multidev.benchmarks.baselines.data_parallel_ddp
 
 Rank 0 prints one line per model. Each step is ``zero_grad`` (DDP), forward, backward (the
 collectives, overlapped with it by both), ``optimizer.step``; ``md`` is ``dp.step(batch, loss_fn)``
