@@ -32,7 +32,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FRAMEWORKS = ("torch", "jax", "tensorflow", "mxnet", "cupy", "array_api_strict")
+FRAMEWORKS = ("torch", "jax", "tensorflow", "mxnet", "cupy", "array_api_strict", "flax", "optax", "equinox")
 _FENCE = re.compile(r"^```python\s*$")
 _MARK = re.compile(r"^<!--\s*(run|needs)\s*:\s*(.*?)\s*-->\s*$")
 
