@@ -20,7 +20,9 @@ What :class:`BaseBackend` supplies for the core protocol (override any of them):
 
 The optional capabilities are protocols an adapter declares by inheriting them
 (:data:`CAPABILITY_PROTOCOLS`: :class:`SupportsNonBlocking`, :class:`SupportsDLPack`,
-:class:`SupportsNativeCollectives`, :class:`SupportsTraining`, :class:`SupportsCompile`), with
+:class:`SupportsNativeCollectives`, :class:`SupportsTraining`, :class:`SupportsCompile`,
+:class:`SupportsModels`, :class:`SupportsDeviceScope`, :class:`SupportsDataParallel`, whose
+:class:`Replica` base class supplies the data-parallel defaults), with
 shared implementations to inherit where they fit: :class:`ArrayApiDLPack` (the array-API
 ``__dlpack__`` route) and :class:`TrainingDefaults` (parameters without autograd state, SGD with the
 tensors' own operators). :func:`check_adapter` checks what is declared when the adapter loads.
@@ -83,6 +85,7 @@ from .protocol import (
     Backend,
     Capabilities,
     SupportsCompile,
+    SupportsDataParallel,
     SupportsDeviceScope,
     SupportsDLPack,
     SupportsModels,
@@ -91,6 +94,7 @@ from .protocol import (
     SupportsTraining,
     protocol_methods,
 )
+from .replicas import Ready, Replica
 from .staging import StagingPlan, parallel_put, staged_upload
 
 __all__ = [
@@ -125,9 +129,12 @@ __all__ = [
     "InvalidDtypeError",
     "MultidevError",
     "NonBlockingMoves",
+    "Ready",
+    "Replica",
     "StagingPlan",
     "SupportsCompile",
     "SupportsDLPack",
+    "SupportsDataParallel",
     "SupportsDeviceScope",
     "SupportsModels",
     "SupportsNativeCollectives",

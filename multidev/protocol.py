@@ -20,7 +20,9 @@ inheriting it** and implements whole:
 - :class:`SupportsModels`: the framework's containers and models (JAX pytrees, torch modules,
   Gluon blocks, Keras models) for ``to``, ``copy``, ``device_of`` and the rest;
 - :class:`SupportsDeviceScope`: the framework's own default-device scope, for
-  ``multidev.device_scope``.
+  ``multidev.device_scope``;
+- :class:`SupportsDataParallel`: the user's model and optimizer as a data-parallel replica
+  (``data_parallel_replica``), for ``multidev.data_parallel``.
 
 The registry checks every adapter when it loads (:func:`multidev.adapter.check_adapter`): each core
 method present, each declared protocol implemented whole (no method left at the protocol's stub),
@@ -50,10 +52,23 @@ import numpy as np
 
 from ._device import Device
 
-__all__ = ["CAPABILITY_PROTOCOLS", "OPTIONAL_METHODS", "PROTOCOL_METHODS", "REDUCE_OPS", "Backend", "Capabilities",
-           "SupportsCompile", "SupportsDLPack", "SupportsDeviceScope", "SupportsModels", "SupportsNativeCollectives",
-           "SupportsNonBlocking", "SupportsTraining",
-           "protocol_methods"]
+__all__ = [
+    "CAPABILITY_PROTOCOLS",
+    "OPTIONAL_METHODS",
+    "PROTOCOL_METHODS",
+    "REDUCE_OPS",
+    "Backend",
+    "Capabilities",
+    "SupportsCompile",
+    "SupportsDLPack",
+    "SupportsDataParallel",
+    "SupportsDeviceScope",
+    "SupportsModels",
+    "SupportsNativeCollectives",
+    "SupportsNonBlocking",
+    "SupportsTraining",
+    "protocol_methods",
+]
 
 #: Elementwise reductions every adapter's :meth:`Backend.combine` supports.
 REDUCE_OPS = ("sum", "max", "min", "prod")
@@ -398,6 +413,22 @@ class SupportsModels(Protocol):
 
 
 @runtime_checkable
+class SupportsDataParallel(Protocol):
+    """The framework's models and optimizers for :func:`multidev.data_parallel` and
+    :func:`multidev.broadcast_state`: a :class:`~multidev.adapter.Replica` over the user's own
+    model and the framework's own optimizer. The core does the buckets, the collectives across
+    processes, the broadcast and the replica check."""
+
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        """A :class:`~multidev.adapter.Replica` of ``model`` (this framework's model, or a tree of its
+        tensors) and ``optimizer`` (the framework's own, or None) on ``devices`` (validated, at
+        least one; several: the framework's one-process data parallelism over them). None where
+        ``model`` is no structure of this framework; InvalidArgumentError for an optimizer that
+        does not fit the model; CapabilityError for a mode the framework cannot run, saying why."""
+        ...
+
+
+@runtime_checkable
 class SupportsDeviceScope(Protocol):
     """The framework's own default-device scope, entered by ``multidev.device_scope(dev,
     backend=...)`` so framework code inside the block lands on ``dev`` (torch's device context,
@@ -417,7 +448,8 @@ class SupportsDeviceScope(Protocol):
 
 #: The optional capability protocols, in the order the adapter files and docs follow.
 CAPABILITY_PROTOCOLS: tuple[type, ...] = (SupportsNonBlocking, SupportsDLPack, SupportsNativeCollectives,
-                                          SupportsTraining, SupportsCompile, SupportsModels, SupportsDeviceScope)
+                                          SupportsTraining, SupportsCompile, SupportsModels, SupportsDeviceScope,
+                                          SupportsDataParallel)
 
 
 def protocol_methods(protocol: type) -> tuple[str, ...]:

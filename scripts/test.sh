@@ -6,7 +6,7 @@
 #   fast       .venv-fast  numpy + rich + test/lint/docs tools: ruff, mypy, the docs site (mkdocs
 #                          --strict), the tests with no framework installed (what must work, or skip
 #                          saying why, on NumPy alone), the conformance suite on NumPy and array-api-strict
-#   modern     .venv       numpy 2, torch 2.13.0 (CPU wheel), JAX, TensorFlow, array-api-strict, mpi4py with
+#   modern     .venv       numpy 2, torch 2.13.0 (CPU wheel), JAX with flax and optax, TensorFlow, array-api-strict, mpi4py with
 #                          Open MPI: every test, the suite on torch, JAX and TensorFlow (NumPy and
 #                          array-api-strict are partners there), multidev.distributed on its three engines,
 #                          the mutation catalogue
@@ -58,7 +58,7 @@ if [[ $LANES == *,fast,* ]]; then
   pids+=($!)
 fi
 if [[ $LANES == *,modern,* ]]; then
-  (setup .venv jax tensorflow-cpu mpi4py openmpi -e ".[all,mpi,test]" >build/ci/setup-modern.log 2>&1
+  (setup .venv jax tensorflow-cpu mpi4py openmpi flax optax -e ".[all,mpi,test]" >build/ci/setup-modern.log 2>&1
    echo $? >build/ci/setup-modern.rc) &
   pids+=($!)
 fi
@@ -102,6 +102,7 @@ if [[ $LANES == *,mx,* ]]; then
 --ignore=tests/test_mutation_catalogue.py"
   job 1 mx-suite "$(conformance .venv-mx mxnet,numpy,jax)"
   # the JAX engine of JAX 0.7.1 with JAX's and MXNet's tensors (the modern lane runs every engine)
+  job 2 mx-data-parallel ".venv-mx/bin/pytest -q -m multiprocess tests/test_data_parallel_processes.py -k mxnet"
   job 2 mx-multiprocess "MULTIDEV_DISTRIBUTED_ENGINES='jax=jax+mxnet' $(conformance .venv-mx mxnet,jax --multiprocess \
 -- -m multiprocess)"
 fi

@@ -24,7 +24,8 @@ requested virtual CPU device.
 The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
 protocol), ``transfers.py`` (non-blocking moves, pinned host copies, staged uploads), ``dlpack.py``,
 ``collectives.py`` (``shard_map``), ``training.py`` (``jax.value_and_grad``), ``compile.py``
-(``jax.jit``), ``models.py`` (pytree nodes as trees), ``scope.py`` (``jax.default_device``);
+(``jax.jit``), ``models.py`` (pytree nodes as trees), ``scope.py`` (``jax.default_device``), ``parallel.py``
+(parameters with optax, or a flax ``TrainState``, data-parallel);
 ``_common.py`` holds what several of them share.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .compile import JaxCompile
 from .core import JaxCore
 from .dlpack import JaxDLPack
 from .models import JaxModels
+from .parallel import JaxParallel
 from .scope import JaxScope
 from .training import JaxTraining
 from .transfers import JaxTransfers
@@ -41,5 +43,6 @@ from .transfers import JaxTransfers
 __all__ = ["JaxBackend"]
 
 
-class JaxBackend(JaxCore, JaxTransfers, JaxDLPack, JaxCollectives, JaxTraining, JaxCompile, JaxModels, JaxScope):
+class JaxBackend(JaxCore, JaxTransfers, JaxDLPack, JaxCollectives, JaxTraining, JaxCompile, JaxModels, JaxScope,
+                 JaxParallel):
     """The JAX backend (see the package docstring)."""

@@ -18,7 +18,7 @@ The files, one per concern (the same names in every adapter folder): ``core.py``
 protocol), ``transfers.py`` (non-blocking moves, copy streams, pinned buffers, staged uploads),
 ``dlpack.py``, ``collectives.py`` (NCCL), ``training.py`` (autograd), ``compile.py``
 (TorchScript, ``torch.compile``), ``models.py`` (``nn.Module`` moved in place), ``scope.py``
-(torch's default-device context).
+(torch's default-device context), ``parallel.py`` (a module and its optimizer, data-parallel).
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from .compile import TorchCompile
 from .core import TorchCore
 from .dlpack import TorchDLPack
 from .models import TorchModels
+from .parallel import TorchParallel
 from .scope import TorchScope
 from .training import TorchTraining
 from .transfers import TorchTransfers
@@ -35,5 +36,5 @@ __all__ = ["TorchBackend"]
 
 
 class TorchBackend(TorchCore, TorchTransfers, TorchDLPack, TorchCollectives, TorchTraining, TorchCompile,
-                   TorchModels, TorchScope):
+                   TorchModels, TorchScope, TorchParallel):
     """The PyTorch backend (see the package docstring)."""
