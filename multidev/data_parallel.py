@@ -387,10 +387,10 @@ class DataParallel:
         if not callable(loss_fn):
             raise InvalidArgumentError(f"DataParallel.step: loss_fn must be callable, got {type(loss_fn).__name__}")
         rep, sync = self.replica, self.sync
-        if sync is None or self._no_sync:
+        if self._no_sync:
             loss = rep.backward(batch, loss_fn, None)
-            if not self._no_sync:
-                rep.apply(None)
+        elif sync is None:
+            loss = rep.local_step(batch, loss_fn)
         else:
             sync.in_step = True  # the buffers follow the backward pass, not a forward hook
             sync.reset()

@@ -86,6 +86,14 @@ class Replica(ABC):
         with (one per parameter, None for one that has none), on the first device; None steps with
         the accumulated ones as they are (already averaged, or nothing to average)."""
 
+    def local_step(self, batch: Any, loss_fn: Callable[..., Any]) -> Any:
+        """:meth:`backward` then :meth:`apply` with the accumulated gradients, where nothing is
+        averaged across processes (no group, or a group of one): one call, so that a replica may
+        fuse the two (the default calls them in turn). Returns the loss as :meth:`backward` does."""
+        loss = self.backward(batch, loss_fn, None)
+        self.apply(None)
+        return loss
+
     def attach(self, sync: Any) -> bool:
         """Drive ``sync`` from the framework's own backward pass: call ``sync.ready(i, g)`` from a
         gradient hook as each gradient is final, and at the end of the pass write
