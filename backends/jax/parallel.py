@@ -79,7 +79,10 @@ class JaxReplica(Replica):
             self._replicated = NamedSharding(mesh, PartitionSpec())
             self._sharded = NamedSharding(mesh, PartitionSpec("batch"))
         else:
+            from jax.sharding import SingleDeviceSharding
+
             self._one = backend.to_native_device(devices[0])
+            self._one_sharding = SingleDeviceSharding(self._one)
         if state is None:
             self._opt_state = tx.init(params)
         self._place()
@@ -166,6 +169,10 @@ class JaxReplica(Replica):
 
     def _place_batch(self, batch: Any) -> Any:
         jax = self._jax
+        target = self._sharded if self._sharded is not None else self._one_sharding
+        leaves = jax.tree_util.tree_leaves(batch)
+        if leaves and all(isinstance(x, jax.Array) and x.sharding == target for x in leaves):
+            return batch  # already there (device_put of resident arrays costs ~45 us a step)
         if self._sharded is None:
             return jax.device_put(batch, self._one)
         n = len(self.devices)
