@@ -6,7 +6,7 @@ import contextvars
 import numbers
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import numpy as np
 
@@ -51,6 +51,11 @@ from .validate import (
     range_length,
     translate_errors,
 )
+
+if TYPE_CHECKING:
+    from .transfer import Transfer
+
+_T = TypeVar("_T")
 
 __all__ = [
     "arange", "asarray", "backend", "backends", "copy", "cpu", "default_device", "device", "device_of",
@@ -587,6 +592,12 @@ def dtype_of(x: Any) -> str:
     return (b if b is not None else backend_of(x)).dtype_of(x)
 
 
+@overload
+def to(x: _T, device: DeviceLike, *, non_blocking: Literal[False] = False) -> _T: ...
+@overload
+def to(x: _T, device: DeviceLike, *, non_blocking: Literal[True]) -> Transfer[_T]: ...
+@overload
+def to(x: _T, device: DeviceLike, *, non_blocking: bool) -> _T | Transfer[_T]: ...
 def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     """``x`` on ``device``: ``x`` itself when it is already there (no-op, D2L's ``as_in_ctx``),
     else a copy on the target device. Asynchronous where the framework is, but always safe to read.
@@ -627,7 +638,7 @@ def _structure_to(x: Any, device: DeviceLike) -> Any:
     return tree_map(lambda t: to(t, dev), x, "to", module=move_module, check=lambda b: resolve(b, dev))
 
 
-def copy(x: Any, device: DeviceLike | None = None) -> Any:
+def copy(x: _T, device: DeviceLike | None = None) -> _T:
     """A new, independent buffer holding ``x`` on ``device`` (x's own device when None): D2L's
     ``copyto``. Always copies, even on the same device. A structure is copied tensor by tensor
     (a model into a new, independent model)."""
