@@ -135,9 +135,9 @@ for phase in 1 2; do
   running=0
   for i in "${!names[@]}"; do
     [ "${phases[$i]}" = $phase ] || continue
-    stamp "start ${names[$i]}: ${cmds[$i]}"
-    if [ "$limit" = 1 ]; then run_job "$i"; continue; fi  # alone: nothing else runs beside it
+    if [ "$limit" = 1 ]; then stamp "start ${names[$i]}: ${cmds[$i]}"; run_job "$i"; continue; fi  # alone
     if [ "$running" -ge "$limit" ]; then wait -n; running=$((running - 1)); fi
+    stamp "start ${names[$i]}: ${cmds[$i]}"
     run_job "$i" &
     running=$((running + 1))
   done
