@@ -669,7 +669,9 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
     """Wait for queued work and raise any asynchronous error it produced.
 
     - ``synchronize()``: every device of every loaded backend (or of ``backend``).
-    - ``synchronize(device)``: that device, on ``backend`` or on every loaded backend that has it.
+    - ``synchronize(device)``: that device, on ``backend`` or on every loaded asynchronous backend
+      that has it (each one's wait: with torch and JAX loaded, JAX's marker route makes it cost
+      about 10 us on a CPU and 77 us on a GPU; ``backend=`` waits on one framework only).
     - ``synchronize(tensor)``: until that tensor is computed.
 
     A framework error raised by the wait (an asynchronous failure) comes as its MultidevError.
