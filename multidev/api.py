@@ -670,8 +670,8 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
 
     - ``synchronize()``: every device of every loaded backend (or of ``backend``).
     - ``synchronize(device)``: that device, on ``backend`` or on every loaded asynchronous backend
-      that has it (each one's wait: with torch and JAX loaded, JAX's marker route makes it cost
-      about 10 us on a CPU and 77 us on a GPU; ``backend=`` waits on one framework only).
+      that has it (the sum of their waits: JAX's queues a marker computation; ``backend=`` waits
+      on one framework only, the cheap path where you know which one queued the work).
     - ``synchronize(tensor)``: until that tensor is computed.
 
     A framework error raised by the wait (an asynchronous failure) comes as its MultidevError.
