@@ -57,6 +57,9 @@ def flatten(b: Backend, tensors: Sequence[Any]) -> Any:
 
 
 def unflatten(b: Backend, flat: Any, shapes: Sequence[tuple[int, ...]]) -> list[Any]:
-    """``flat`` cut back into tensors of ``shapes`` (views where the framework has them)."""
+    """``flat`` cut back into tensors of ``shapes`` (views where the framework has them); one shape:
+    ``flat`` reshaped (it may be a lone tensor of any shape, never flattened)."""
+    if len(shapes) == 1:
+        return [b.reshape(flat, tuple(shapes[0]))]
     sizes = [numel(s) for s in shapes]
     return [b.reshape(p, tuple(s)) for p, s in zip(b.split(flat, sizes, 0), shapes)]
