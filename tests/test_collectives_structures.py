@@ -291,6 +291,35 @@ def test_torch_state_dict_in_a_group(solo: list[int]) -> None:
         assert torch.equal(y[k], v) and y[k].data_ptr() != v.data_ptr()
 
 
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_mixed_backends_are_refused_and_change_nothing(solo: list[int]) -> None:
+    import torch
+
+    w = np.zeros(2)
+    t = torch.zeros(2)
+    with pytest.raises(CollectiveInputError, match="several backends"):
+        dist.allreduce({"a": w, "b": t}, inplace=True)
+    with pytest.raises(CollectiveInputError, match="several backends"):
+        md.allreduce([[_a([1.0], "float64", 0)], [torch.ones(1, dtype=torch.float64)]])
+    assert np.array_equal(w, np.zeros(2)) and torch.equal(t, torch.zeros(2))
+
+
+def test_the_record_carries_the_leaf_count_and_signature() -> None:
+    from multidev.distributed.consistency import Call
+
+    c = Call("allreduce", op="mean", tkind="cpu", leaves=10, sig=(1 << 62) - 1, seq=4)
+    assert Call.decode(c.encode()) == c
+    assert len(c.encode()) == len(Call("barrier").encode())
+    assert Call.decode(Call("allreduce", op="sum", dtype="float32", shape=(2,)).encode()).leaves is None
+    states = _states()
+    from multidev.structured import structure_leaves
+
+    one, other = structure_leaves(states[0], "t"), structure_leaves(states[1], "t")
+    assert one.signature() == other.signature()  # same dtypes and shapes, on another device each
+    changed = structure_leaves({**states[1], "conv.bias": _a(np.zeros(7), "float32", 1)}, "t")
+    assert changed.signature() != one.signature() and 0 <= one.signature() < 1 << 62
+
+
 # -- the bucket plan, shared with data parallelism --------------------------------------------------
 def test_plan_buckets_groups_by_dtype_and_device_under_the_cap() -> None:
     b = md.backend("numpy")
