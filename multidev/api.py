@@ -92,17 +92,23 @@ def _backend(name: str | None) -> Backend:
 
 
 def backend(name: str | None = None) -> Backend:
-    """The adapter object for ``name`` (the default backend when None), loading it on first use."""
+    """The adapter object for ``name`` (the default backend when None), loading it on first use
+    (imports its framework then, not before). BackendNotAvailableError, with how to install it,
+    where the framework is missing or fails to import; unknown names say which exist."""
     return _backend(name)
 
 
 def backends() -> list[str]:
-    """Names of the backends whose framework is installed and imports (sorted)."""
+    """Names of the backends whose framework is installed and imports (sorted). Imports each
+    registered framework to find out (each adapter loaded once): use :func:`registered_backends` to list
+    without importing anything."""
     return available_backends()
 
 
 def devices(backend: str | None = None, kind: str | None = None) -> list[Device]:
-    """Every device of the backend (the default one when None), CPUs first; ``kind`` filters."""
+    """Every device of the backend (the default one when None), CPUs first, then GPUs by index;
+    ``kind`` ("cpu" or "gpu") keeps one kind. Enumerated once and cached (virtual CPU devices must
+    be configured before the framework starts). BackendNotAvailableError where it is not installed."""
     devs = _backend(backend).devices()
     if kind is not None:
         if not isinstance(kind, str):
@@ -113,7 +119,8 @@ def devices(backend: str | None = None, kind: str | None = None) -> list[Device]
 
 
 def num_gpus(backend: str | None = None) -> int:
-    """How many GPUs the backend sees (0 on a CPU-only machine and on NumPy)."""
+    """How many GPUs the backend sees (0 on a CPU-only machine and on NumPy). Imports the
+    backend's framework (not CUDA work: no context is created where the framework avoids it)."""
     return sum(1 for d in _backend(backend).devices() if d.is_gpu)
 
 
@@ -427,19 +434,26 @@ _FILLS: dict[tuple[int, str], Any] = {}
 
 def zeros(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
           backend: str | None = None) -> Any:
-    """A new tensor of zeros (float32 by default) on ``device``."""
+    """A new tensor of zeros (float32 by default) on ``device`` (the innermost ``device_scope``,
+    else cpu:0) of ``backend`` (the scope's, else the default backend). Asynchronous where the
+    framework is. Refused with a typed error, before anything is allocated: a negative or non-int
+    shape (InvalidArgumentError), a dtype the device cannot hold (CapabilityError), a device the
+    backend lacks (DeviceNotFoundError), a host tensor larger than the machine's memory
+    (OutOfMemoryError)."""
     return _constant("zeros", 0, shape, dtype, device, backend)
 
 
 def ones(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
          backend: str | None = None) -> Any:
-    """A new tensor of ones (float32 by default) on ``device``."""
+    """A new tensor of ones (float32 by default) on ``device``. Defaults and refusals as
+    :func:`zeros`."""
     return _constant("ones", 1, shape, dtype, device, backend)
 
 
 def empty(shape: int | Sequence[int], dtype: Any = None, device: DeviceLike | None = None,
           backend: str | None = None) -> Any:
-    """A new uninitialised tensor (float32 by default) on ``device``."""
+    """A new tensor (float32 by default) on ``device`` whose values are whatever the memory held.
+    Defaults and refusals as :func:`zeros`."""
     b = _backend(backend)
     shp = _shape(shape)
     dev = resolve(b, device)
@@ -587,7 +601,9 @@ def _structure_device(x: Any) -> Device:
 
 
 def dtype_of(x: Any) -> str:
-    """The canonical dtype name of tensor ``x``."""
+    """The canonical dtype name of tensor ``x`` ("float32", "bfloat16", "int64", "bool", ...: the
+    same name on every framework). No copy, no wait. UnsupportedTensorError where ``x`` is no
+    tensor of a loaded backend."""
     b = cached_owner(type(x))
     return (b if b is not None else backend_of(x)).dtype_of(x)
 
