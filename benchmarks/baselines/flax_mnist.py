@@ -97,6 +97,26 @@ def run_once(place: Callable[[Any], Any], data: dict[str, np.ndarray], steps: in
             "cache": (apply_model._cache_size(), update_model._cache_size())}
 
 
+def _placement_calls(places: dict[str, Callable[[Any], Any]], reps: int) -> dict[str, list[float]]:
+    """Seconds of each placement of one uncommitted ``TrainState`` (its step an int), alternated."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import linen as nn
+    from flax.training import train_state
+
+    cnn = _model(nn)
+    params = cnn.init(jax.random.PRNGKey(0), jnp.ones((1, 28, 28, 1)))["params"]
+    state = train_state.TrainState.create(apply_fn=cnn.apply, params=params, tx=optax.sgd(0.1, 0.9))
+    out: dict[str, list[float]] = {k: [] for k in places}
+    for _ in range(20 * reps):
+        for k, place in places.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(place(state))
+            out[k].append(time.perf_counter() - t0)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=300, help="training steps per epoch")
@@ -133,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu = {k: statistics.median(r["cpu"] for r in v) for k, v in runs.items()}
     lines = [
         f"flax examples/mnist loop, synthetic data: `python -m multidev.benchmarks.baselines.flax_mnist "
-        f"--steps {a.steps} --epochs {a.epochs} --batch {a.batch} --reps {a.reps}` "
+        f"--steps {a.steps} --epochs {a.epochs} --batch {a.batch} --reps {a.reps}"
+        f"{' --as-created' if a.as_created else ''}` "
         f"({datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}, jax {jax.__version__}, "
         f"{os.cpu_count()} CPUs, load average {[round(x, 2) for x in load0]} -> {[round(x, 2) for x in load1]}). "
         "Median wall of whole runs (compilations included), alternated.", "",
@@ -145,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| `{k}` | {med[k]:.3f} s | {walls} | {cpu[k]:.2f} s | "
                      f"{sorted({r['compiles'] for r in v})} | {v[0]['cache']} | "
                      f"{tuple(round(x, 4) for x in v[0]['losses'][-1])} |")
+    placing = _placement_calls(places, a.reps)
+    lines += ["", "The placement call alone (a fresh TrainState, median of "
+              f"{len(placing['md.to'])} calls each, alternated): "
+              + ", ".join(f"`{k}` {statistics.median(v) * 1e6:.0f} µs" for k, v in placing.items() if k != "as created")
+              + "."]
     same = all(r["losses"] == runs["jax.device_put"][0]["losses"] for v in runs.values() for r in v)
     lines += ["", f"md.to / jax.device_put: wall **{med['md.to'] / med['jax.device_put']:.3f}x**, CPU time "
               f"**{cpu['md.to'] / cpu['jax.device_put']:.3f}x**; losses identical across every run: {same}. "
