@@ -184,6 +184,9 @@ def test_a_flax_train_state_moves_with_its_optax_state_like_device_put(jax: Any)
         assert a.committed and (a.dtype, a.weak_type) == (b.dtype, b.weak_type)
     assert moved.apply_fn == state.apply_fn and moved.tx is state.tx
     assert md.copy(state, "cpu:0").step.committed
+    free = md.copy(state).step  # no device: as jax.device_put(tree) makes it, on JAX's default device
+    ref_free = jax.device_put(state).step
+    assert isinstance(free, jax.Array) and free.committed == ref_free.committed and free.weak_type
 
 
 def test_a_train_state_and_its_optax_state_move_between_devices() -> None:
