@@ -349,6 +349,10 @@ class NumpyBackend(BaseBackend, SupportsDLPack, SupportsCompile):
         cuts = np.cumsum(list(sizes))[:-1]
         return _tag(list(np.split(_plain(x), cuts, axis=axis)), self.device_of(x))
 
+    def writable(self, x: Any) -> bool | None:
+        """NumPy's own flag: ``copyto`` refuses exactly the arrays whose ``writeable`` flag is off."""
+        return bool(x.flags.writeable)
+
     def assign(self, dst: Any, src: Any) -> None:
         _common_device("assign", dst, src)
         np.copyto(_plain(dst), _plain(src))

@@ -98,3 +98,57 @@ def dist_allreduce(ctx: Context) -> Iterator[Case]:
                            key=f"dist allreduce {w} processes {fmt_bytes(size)}{label}")
     finally:
         mdist.set_checks(was)
+
+
+#: The parameter shapes of D2L's LeNet (``nn.Sequential`` indices): 10 tensors, 61,706 float32 values.
+LENET = (("0.weight", (6, 1, 5, 5)), ("0.bias", (6,)), ("3.weight", (16, 6, 5, 5)), ("3.bias", (16,)),
+         ("7.weight", (120, 400)), ("7.bias", (120,)), ("9.weight", (84, 120)), ("9.bias", (84,)),
+         ("11.weight", (10, 84)), ("11.bias", (10,)))
+
+
+@benchmark("distributed")
+def dist_allreduce_structure(ctx: Context) -> Iterator[Case]:
+    """One multidev.distributed.allreduce of a LeNet-sized state (a dict of 10 tensors: one consistency exchange,
+    one bucket) against one allreduce per tensor (10 exchanges, 10 collectives) and one of a hand-flattened tensor
+    of the same values; ``native``: the engine's own call on that flat tensor. Checks on, as a user's loop runs."""
+    if not mdist.is_initialized():
+        yield Case("distributed allreduce of a structure: needs several processes", {},
+                   params={"skipped": "run under a launcher (torchrun, mpiexec, JAX's variables) with N > 1"},
+                   ratio=None)
+        return
+    engine, r, w = mdist.engine_name(), mdist.rank(), mdist.world_size()
+    dev = ctx.gpus[mdist.local_rank() % len(ctx.gpus)] if ctx.gpus else ctx.host
+    was = mdist.checks_enabled()
+    mdist.set_checks(True)
+    try:
+        state = {k: md.asarray(np.full(shape, r + 1, dtype=np.float32), device=dev, backend=ctx.backend)
+                 for k, shape in LENET}
+        elems = sum(int(np.prod(shape)) for _, shape in LENET)
+        flat = md.asarray(np.full(elems, r + 1, dtype=np.float32), device=dev, backend=ctx.backend)
+
+        def per_tensor() -> dict[str, object]:
+            return {k: mdist.allreduce(v) for k, v in state.items()}
+
+        def check() -> tuple[bool, str]:
+            y = mdist.allreduce(state)
+            ok = list(y) == list(state) and all(
+                np.array_equal(md.to_numpy(y[k]), md.to_numpy(v)) for k, v in per_tensor().items())
+            return ok, "" if ok else "the structure's result differs from the per-tensor results"
+
+        native = ctx.native_call(f"dist_allreduce_{engine}", md.copy(flat))
+        if native is not None:
+            native.inner = 1
+        yield Case(f"dist allreduce {engine} {w} processes LeNet state (10 tensors)",
+                   {"md": Variant(mdist.allreduce, (state,), inner=1, label="multidev.distributed.allreduce(state)"),
+                    "md_per_tensor": Variant(per_tensor, (), inner=1,
+                                             label="{k: multidev.distributed.allreduce(v) for k, v in state.items()}"),
+                    "md_flat": Variant(mdist.allreduce, (flat,), inner=1,
+                                       label="multidev.distributed.allreduce(flat) (flattened by hand)"),
+                    "native": native},
+                   devices=[dev], check=check, before=mdist.barrier,
+                   params={"engine": engine, "transport": mdist.transport_name(), "processes": w, "tensors": len(LENET),
+                           "size": elems * 4, "dtype": "float32", "rank": r, "checks": True},
+                   bytes=elems * 4, busbw_factor=2 * (w - 1) / w, group="dist allreduce structure",
+                   key=f"dist allreduce {w} processes LeNet state")
+    finally:
+        mdist.set_checks(was)

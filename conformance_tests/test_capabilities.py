@@ -11,7 +11,7 @@ import pytest
 import multidev as md
 from multidev import Device
 from multidev.adapter import DTYPES, SupportsNativeCollectives, check_adapter
-from multidev.errors import CapabilityError
+from multidev.errors import CapabilityError, MultidevError
 from multidev.exchange import exportable
 from multidev.registry import supports
 
@@ -73,6 +73,41 @@ def test_mutable_flag_matches_behaviour(md_backend: Any, md_device: Device) -> N
     else:
         assert not wrote, f"{b.name} declares mutable=False but assign wrote into the tensor"
         np.testing.assert_array_equal(as_f64(b, x), np.ones(3))
+
+
+def test_writable_answer_matches_behaviour(md_backend: Any, md_device: Device) -> None:
+    """``writable(x)``, where the adapter answers (not None), agrees with a write: True for a
+    tensor ``assign`` writes into, False for one it refuses (the in-place collectives skip their
+    write probe on that answer, so a wrong True half-applies them). Tried on a fresh tensor and on
+    what a read-only NumPy array becomes through ``md.convert``."""
+    b = md_backend
+    if not hasattr(b, "writable"):
+        pytest.skip(f"{b.name} has no writable() (an adapter not built on BaseBackend): the core probes")
+    ro = np.arange(3, dtype=np.float32)
+    ro.setflags(write=False)
+    cands = [("a fresh tensor", md.ones((3,), device=md_device, backend=b.name))]
+    try:
+        cands.append(("md.convert of a read-only NumPy array", md.convert(ro, b.name, device=md_device)))
+    except MultidevError:
+        pass  # this backend cannot take it: the fresh tensor alone
+    asked = 0
+    for what, x in cands:
+        says = b.writable(x)
+        if says is None:
+            continue
+        asked += 1
+        before = as_f64(b, x).copy()
+        try:
+            b.assign(x, b.copy(x, b.device_of(x)))
+            md.synchronize(x)
+            wrote = True
+        except Exception:  # noqa: BLE001 - any refusal of the write
+            wrote = False
+        np.testing.assert_array_equal(as_f64(b, x), before)
+        assert says == wrote, (f"{b.name}.writable({what}) answers {says}, but assign "
+                               f"{'wrote' if wrote else 'refused'}")
+    if not asked:
+        pytest.skip(f"{b.name}.writable() answers None (unknown): the core probes with a write")
 
 
 def test_async_execution_flag_matches_behaviour(md_backend: Any, md_devices: list) -> None:

@@ -313,6 +313,14 @@ class BaseBackend:
                 return fn
         return self.wait
 
+    def writable(self, x: Any) -> bool | None:
+        """Whether ``x`` can be written in place, where the framework says so cheaply (a flag), or
+        None where only a write can tell: the core then probes by rewriting ``x`` with a copy of
+        itself. Must never answer True for a tensor that an ``assign`` into would refuse (the
+        in-place collectives write their first input before their last: a wrong True half-applies
+        them). The default: None."""
+        return None
+
     # -- arithmetic for collectives ---------------------------------------------------------
     def shape_of(self, x: Any) -> tuple[int, ...]:
         return tuple(int(s) for s in x.shape)

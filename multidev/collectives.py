@@ -52,11 +52,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._device import Device, DeviceLike
+from .buckets import DEFAULT_BUCKET_MB, flatten, plan_buckets, unflatten
 from .dtypes import ITEMSIZE
-from .errors import CapabilityError, CollectiveInputError, UnsupportedTensorError
+from .errors import CapabilityError, CollectiveInputError, MultidevError, UnsupportedTensorError
 from .placement import check_distinct, device_list, resolve
 from .protocol import Backend, SupportsNativeCollectives, SupportsTraining
 from .registry import backend_of, require, supports
+from .structured import rebuild, structure_leaves
+from .trees import owner_or_structure
 from .validate import OPS, check_axis, check_op, check_writable, translate_errors
 
 __all__ = ["ALGORITHMS", "AUTO_TREE_MAX_BYTES", "OPS", "allgather", "allreduce", "broadcast", "choose_algorithm",
@@ -341,9 +344,38 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
       ``native`` is then refused with CapabilityError.
     Synchronous in API, asynchronous in execution where the framework is: call ``synchronize``
     before timing. Inputs are left bit-identical by any failure.
+
+    Structures: ``tensors`` may be a list of structures, one per device, as :func:`multidev.to`
+    takes them (lists, tuples, dicts, a ``state_dict``, a framework's tree), each holding the same
+    tensors (count, dtypes, shapes, in order) on its own device. Their leaves are flattened into
+    buckets (one dtype, up to 25 MiB), one allreduce per bucket (``algorithm`` chosen per bucket),
+    and the result is a list of the structures rebuilt (same container types), or the input
+    structures written in place. Leaves follow :func:`multidev.to`'s rule: ``None`` stays ``None``,
+    a framework tree's static parts are kept, any other non-tensor or a model is refused
+    (UnsupportedTensorError naming its path); structures that differ or hold several backends give
+    CollectiveInputError; all before anything is computed. Structures without tensors: rebuilt
+    copies (nothing to reduce).
     """
+    if _structures(tensors):
+        return _allreduce_structures(list(tensors), op, inplace, algorithm, deterministic)
     b, xs, devs = _validate(tensors, "allreduce")
     dtype = b.dtype_of(xs[0])
+    _check_allreduce(b, dtype, op, inplace, algorithm, deterministic)
+    if inplace:
+        # Probe writability (read-only arrays, inference tensors) by rewriting each input with a copy
+        # of itself: bitwise a no-op. The first input needs none: nothing is written before it.
+        # (A self-assign is no probe: NumPy skips copyto(a, a) even for a read-only a.)
+        for i, x in enumerate(xs[1:], 1):
+            check_writable(b, x, f"allreduce(inplace=True): input {i}")
+    out = _allreduce_checked(b, xs, devs, dtype, op, algorithm, deterministic)
+    if inplace:
+        for i, (dst, src) in enumerate(zip(xs, out)):
+            check_writable(b, dst, f"allreduce(inplace=True): input {i}", src)
+        return xs
+    return out
+
+
+def _check_allreduce(b: Backend, dtype: str, op: str, inplace: bool, algorithm: str, deterministic: bool) -> None:
     check_op(op, dtype, "allreduce")
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise CollectiveInputError(f"allreduce: unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
@@ -357,12 +389,11 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
         if "allreduce" not in b.capabilities.native_collectives:
             raise CapabilityError(f"{b.name} has no native allreduce (capabilities.native_collectives); "
                                   "use algorithm='auto', 'ring', 'tree' or 'naive'")
-    if inplace:
-        # Probe writability (read-only arrays, inference tensors) by rewriting each input with a copy
-        # of itself: bitwise a no-op. The first input needs none: nothing is written before it.
-        # (A self-assign is no probe: NumPy skips copyto(a, a) even for a read-only a.)
-        for i, x in enumerate(xs[1:], 1):
-            check_writable(b, x, f"allreduce(inplace=True): input {i}")
+
+
+def _allreduce_checked(b: Backend, xs: list[Any], devs: list[Device], dtype: str, op: str, algorithm: str,
+                       deterministic: bool) -> list[Any]:
+    """The allreduce of checked inputs: new tensors, result ``i`` on ``devs[i]``."""
     n = len(xs)
     alg = algorithm
     if alg == "auto":
@@ -388,11 +419,70 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
         out = _tree_allreduce(b, xs, devs, op)
     else:
         out = _naive_allreduce(b, xs, devs, op)
-    if inplace:
-        for i, (dst, src) in enumerate(zip(xs, out)):
-            check_writable(b, dst, f"allreduce(inplace=True): input {i}", src)
-        return xs
     return out
+
+
+def _structures(tensors: Any) -> bool:
+    """Whether ``tensors`` is a list of structures (one per device) rather than of tensors."""
+    if isinstance(tensors, (str, bytes)) or not isinstance(tensors, Sequence) or not tensors:
+        return False
+    try:
+        return owner_or_structure(tensors[0]) is None
+    except MultidevError:
+        return False
+
+
+def _allreduce_structures(structs: list[Any], op: str, inplace: bool, algorithm: str,
+                          deterministic: bool) -> list[Any]:
+    """:func:`allreduce` of one structure per device: every structure's leaves checked against the
+    first's (count, dtype, shape; each structure on one device, the devices distinct), then one
+    allreduce per bucket of the leaves flattened (one dtype, up to DEFAULT_BUCKET_MB), cut back."""
+    what = "allreduce"
+    lvs = [structure_leaves(s, f"{what}: structure {i}") for i, s in enumerate(structs)]
+    first = lvs[0]
+    for i, lv in enumerate(lvs):
+        if len(lv.tensors) != len(first.tensors):
+            raise CollectiveInputError(f"{what}: structure {i} holds {len(lv.tensors)} tensors and structure 0 "
+                                       f"{len(first.tensors)}; every device's structure must hold the same tensors")
+    if first.backend is None:  # no tensors anywhere: nothing to reduce
+        return structs if inplace else [rebuild(s, lv, [], what) for s, lv in zip(structs, lvs)]
+    names = sorted({lv.backend.name for lv in lvs if lv.backend is not None})
+    if len(names) > 1:
+        raise CollectiveInputError(f"{what} got structures of several backends ({', '.join(names)}); "
+                                   "convert them to one backend first")
+    b = first.backend
+    devs: list[Device] = []
+    for i, lv in enumerate(lvs):
+        on = set(lv.devices)
+        if len(on) > 1:
+            raise CollectiveInputError(f"{what}: structure {i} holds tensors on several devices "
+                                       f"({', '.join(sorted(map(str, on)))}); pass one structure per device")
+        devs.append(lv.devices[0])
+        for j, (shape, dtype) in enumerate(zip(lv.shapes, lv.dtypes)):
+            if shape != first.shapes[j] or dtype != first.dtypes[j]:
+                raise CollectiveInputError(f"{what}: tensor {j} of structure {i} is {dtype} {shape} and of structure 0 "
+                                           f"{first.dtypes[j]} {first.shapes[j]}; the structures must match")
+    check_distinct(devs, b.name, what, tensors=True)
+    for dtype in dict.fromkeys(first.dtypes):
+        _check_allreduce(b, dtype, op, inplace, algorithm, deterministic)
+    if inplace:
+        for i, lv in enumerate(lvs):
+            for j, x in enumerate(lv.tensors):
+                if i or j:  # the first needs no probe: nothing is written before it
+                    check_writable(b, x, f"allreduce(inplace=True): tensor {j} of structure {i}")
+    out: list[list[Any]] = [[None] * len(first.tensors) for _ in lvs]
+    for idx in plan_buckets(b, first.tensors, DEFAULT_BUCKET_MB * 2**20):
+        flats = [lv.tensors[idx[0]] if len(idx) == 1 else flatten(b, [lv.tensors[j] for j in idx]) for lv in lvs]
+        reduced = _allreduce_checked(b, flats, devs, first.dtypes[idx[0]], op, algorithm, deterministic)
+        for i, r in enumerate(reduced):
+            for j, piece in zip(idx, unflatten(b, r, [first.shapes[j] for j in idx])):
+                out[i][j] = piece
+    if inplace:
+        for i, lv in enumerate(lvs):
+            for j, (dst, src) in enumerate(zip(lv.tensors, out[i])):
+                check_writable(b, dst, f"allreduce(inplace=True): tensor {j} of structure {i}", src)
+        return structs
+    return [rebuild(s, lv, res, what) for s, lv, res in zip(structs, lvs, out)]
 
 
 @translate_errors()

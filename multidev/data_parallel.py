@@ -45,7 +45,9 @@ from typing import Any
 
 import numpy as np
 
+from . import buckets
 from ._device import Device, DeviceLike
+from .buckets import DEFAULT_BUCKET_MB
 from .errors import CapabilityError, InvalidArgumentError, MultidevError, ReplicaMismatchError, UnsupportedTensorError
 from .placement import device_list
 from .protocol import SupportsDataParallel
@@ -55,8 +57,6 @@ from .trees import leaves, structure_owner
 
 __all__ = ["DataParallel", "broadcast_state", "data_parallel"]
 
-#: Gradient bytes per bucket (one collective each), as DistributedDataParallel's default.
-DEFAULT_BUCKET_MB = 25.0
 #: The reduced-precision dtypes gradients may travel in (``grad_dtype``).
 EXCHANGE_DTYPES = ("bfloat16", "float16")
 BUFFER_POLICIES = ("broadcast", "local")
@@ -122,32 +122,11 @@ def _broadcast_object(obj: Any, src: int, g: Any) -> Any:
 
 
 # -- buckets --------------------------------------------------------------------------------------
-def _nbytes(b: Any, x: Any) -> int:
-    return int(np.prod(b.shape_of(x), dtype=np.int64)) * np.dtype(_np_name(b.dtype_of(x))).itemsize
-
-
-def _np_name(dtype: str) -> str:
-    return "uint16" if dtype == "bfloat16" else dtype
-
-
 def plan_buckets(replica: Replica, tensors: Sequence[Any], cap_bytes: float, reverse: bool) -> list[list[int]]:
     """Indices of ``tensors`` grouped into buckets of one dtype and device, each up to ``cap_bytes``
-    (a larger tensor alone), in reverse order where gradients come last-layer first."""
-    b = replica.backend
-    order = range(len(tensors) - 1, -1, -1) if reverse else range(len(tensors))
-    buckets: list[list[int]] = []
-    open_: dict[tuple[str, Device], tuple[int, float]] = {}  # (dtype, device) -> (its open bucket, bytes)
-    for i in order:
-        t = tensors[i]
-        key = (b.dtype_of(t), b.device_of(t))
-        size = _nbytes(b, t)
-        at = open_.get(key)
-        if at is None or (at[1] + size > cap_bytes and at[1] > 0):
-            buckets.append([])
-            at = (len(buckets) - 1, 0.0)
-        buckets[at[0]].append(i)
-        open_[key] = (at[0], at[1] + size)
-    return buckets
+    (a larger tensor alone), in reverse order where gradients come last-layer first
+    (:func:`multidev.buckets.plan_buckets` for the replica's backend)."""
+    return buckets.plan_buckets(replica.backend, tensors, cap_bytes, reverse)
 
 
 class GradientSync:
@@ -387,10 +366,10 @@ class DataParallel:
         if not callable(loss_fn):
             raise InvalidArgumentError(f"DataParallel.step: loss_fn must be callable, got {type(loss_fn).__name__}")
         rep, sync = self.replica, self.sync
-        if sync is None or self._no_sync:
+        if self._no_sync:
             loss = rep.backward(batch, loss_fn, None)
-            if not self._no_sync:
-                rep.apply(None)
+        elif sync is None:
+            loss = rep.local_step(batch, loss_fn)
         else:
             sync.in_step = True  # the buffers follow the backward pass, not a forward hook
             sync.reset()

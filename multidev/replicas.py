@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from . import buckets
 from ._device import Device
 
 __all__ = ["Ready", "Replica"]
@@ -86,6 +87,14 @@ class Replica(ABC):
         with (one per parameter, None for one that has none), on the first device; None steps with
         the accumulated ones as they are (already averaged, or nothing to average)."""
 
+    def local_step(self, batch: Any, loss_fn: Callable[..., Any]) -> Any:
+        """:meth:`backward` then :meth:`apply` with the accumulated gradients, where nothing is
+        averaged across processes (no group, or a group of one): one call, so that a replica may
+        fuse the two (the default calls them in turn). Returns the loss as :meth:`backward` does."""
+        loss = self.backward(batch, loss_fn, None)
+        self.apply(None)
+        return loss
+
     def attach(self, sync: Any) -> bool:
         """Drive ``sync`` from the framework's own backward pass: call ``sync.ready(i, g)`` from a
         gradient hook as each gradient is final, and at the end of the pass write
@@ -107,7 +116,7 @@ class Replica(ABC):
         """One 1-D tensor holding ``tensors`` one after another (one dtype), cast to ``dtype`` when
         given. A new tensor; the inputs are unchanged."""
         b = self.backend
-        flat = b.concat([b.reshape(t, (int(np.prod(b.shape_of(t), dtype=np.int64)),)) for t in tensors], 0)
+        flat = buckets.flatten(b, tensors)
         if dtype is not None and dtype != b.dtype_of(flat):
             flat = b.asarray(b.to_numpy(flat).astype(np.float32), dtype, b.device_of(flat))
         return flat
@@ -120,8 +129,7 @@ class Replica(ABC):
         if b.dtype_of(flat) != dtype or scale is not None:
             host = b.to_numpy(flat).astype(np.float64 if scale is not None else None)
             flat = b.asarray((host * scale if scale is not None else host), dtype, b.device_of(flat))
-        sizes = [int(np.prod(b.shape_of(t), dtype=np.int64)) for t in like]
-        return [b.reshape(p, b.shape_of(t)) for p, t in zip(b.split(flat, sizes, 0), like)]
+        return buckets.unflatten(b, flat, [b.shape_of(t) for t in like])
 
     def fingerprints(self) -> list[list[int]]:
         """One row per device of the replica: a 31-bit checksum of each parameter's and buffer's

@@ -403,12 +403,20 @@ class translate_errors:
 
 def check_writable(b: Any, x: Any, what: str, src: Any = None) -> None:
     """The one writability probe: ``b.assign(x, src)`` (default: a copy of ``x`` itself, bitwise a
-    no-op), before anything else is written or any rank communicates. The framework's refusal
+    no-op; skipped where the adapter's ``writable(x)`` answers from a flag), before anything else is
+    written or any rank communicates. The framework's refusal
     (read-only arrays, inference or expanded tensors) comes as CapabilityError naming ``what``; an
     immutable backend (``capabilities.mutable`` False) is refused without trying."""
     if not b.capabilities.mutable:
         raise CapabilityError(f"{what}: {b.name} tensors are immutable, so they cannot be written in place; "
                               "use inplace=False and rebind the result")
+    if src is None:
+        known = b.writable(x) if hasattr(b, "writable") else None  # (adapters not built on BaseBackend)
+        if known is True:
+            return
+        if known is False:
+            raise CapabilityError(f"{what}: this {b.name} tensor cannot be written in place (it is read-only); "
+                                  "pass writable tensors or use inplace=False")
     try:
         b.assign(x, b.copy(x, b.device_of(x)) if src is None else src)
     except MultidevError:

@@ -132,14 +132,20 @@ run_job() {  # run_job I: job I into build/ci/NAME.log, its status and seconds b
 }
 for phase in 1 2; do
   limit=$JOBS; [ $phase = 2 ] && limit=1
-  running=0
+  slots=()  # the pids of the jobs running now (polled: `wait -n` can return for an earlier child)
   for i in "${!names[@]}"; do
     [ "${phases[$i]}" = $phase ] || continue
+    if [ "$limit" = 1 ]; then stamp "start ${names[$i]}: ${cmds[$i]}"; run_job "$i"; continue; fi  # alone
+    while :; do
+      live=()
+      for p in "${slots[@]}"; do kill -0 "$p" 2>/dev/null && live+=("$p"); done
+      slots=("${live[@]}")
+      [ "${#slots[@]}" -lt "$limit" ] && break
+      sleep 1
+    done
     stamp "start ${names[$i]}: ${cmds[$i]}"
-    if [ "$limit" = 1 ]; then run_job "$i"; continue; fi  # alone: nothing else runs beside it
-    if [ "$running" -ge "$limit" ]; then wait -n; running=$((running - 1)); fi
     run_job "$i" &
-    running=$((running + 1))
+    slots+=($!)
   done
   wait
   stamp "phase $phase done"

@@ -102,12 +102,16 @@ def test_demo_numpy() -> None:
 
 def test_conformance_passes_numpy_and_writes_matrix(tmp_path: Path) -> None:
     out = tmp_path / "m.json"
-    p = _run(["conformance", "--backend", "numpy", "--json", str(out), "--", "-x"])
+    # What the CLI adds: it runs the suite and writes the matrix, a cell per feature. A check from
+    # each of four features is enough here (NumPy's whole suite is CI's fast-suite job).
+    pick = ("test_devices_listed or test_native_round_trip or test_creation_defaults or test_copy_is_a_new_buffer "
+            "or test_allreduce_bad_inputs")
+    p = _run(["conformance", "--backend", "numpy", "--json", str(out), "--", "-x", "-k", pick])
     assert p.returncode == 0, p.stdout[-3000:]
     doc = json.loads(out.read_text())
     cells = doc["matrix"]["numpy"]
     assert {"devices", "placement", "creation", "collectives"} <= set(cells)
-    assert sum(c["passed"] for c in cells.values()) > 50
+    assert sum(c["passed"] for c in cells.values()) >= 5
     assert all(c["failed"] == 0 for c in cells.values())
     assert doc["backends"]["numpy"]["devices"][:2] == ["cpu:0", "cpu:1"]
 
@@ -124,7 +128,8 @@ def test_conformance_fails_a_broken_adapter(tmp_path: Path) -> None:
     """))
     env = {"PYTHONPATH": str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = tmp_path / "m.json"
-    p = _run(["conformance", "--backend", "broken_adapter:BrokenBackend", "--json", str(out)], env=env)
+    p = _run(["conformance", "--backend", "broken_adapter:BrokenBackend", "--json", str(out), "--", "-k",
+              "placement"], env=env)  # where the broken copy shows
     assert p.returncode != 0
     doc = json.loads(out.read_text())
     assert doc["matrix"]["broken"]["placement"]["failed"] >= 1

@@ -66,6 +66,7 @@ class JaxReplica(Replica):
         self._treedef = tu.tree_structure(params)
         self._acc: Any = None
         self._grad_fns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._step_fns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._splits: dict[Any, Any] = {}
         self._replicated = self._sharded = None
         if len(devices) > 1:
@@ -78,7 +79,10 @@ class JaxReplica(Replica):
             self._replicated = NamedSharding(mesh, PartitionSpec())
             self._sharded = NamedSharding(mesh, PartitionSpec("batch"))
         else:
+            from jax.sharding import SingleDeviceSharding
+
             self._one = backend.to_native_device(devices[0])
+            self._one_sharding = SingleDeviceSharding(self._one)
         if state is None:
             self._opt_state = tx.init(params)
         self._place()
@@ -165,6 +169,10 @@ class JaxReplica(Replica):
 
     def _place_batch(self, batch: Any) -> Any:
         jax = self._jax
+        target = self._sharded if self._sharded is not None else self._one_sharding
+        leaves = jax.tree_util.tree_leaves(batch)
+        if leaves and all(isinstance(x, jax.Array) and x.sharding == target for x in leaves):
+            return batch  # already there (device_put of resident arrays costs ~45 us a step)
         if self._sharded is None:
             return jax.device_put(batch, self._one)
         n = len(self.devices)
@@ -186,6 +194,44 @@ class JaxReplica(Replica):
             for i in range(len(gs) - 1, -1, -1):  # last layers first: the first buckets fill first
                 ready(i, gs[i])
         return loss
+
+    def local_step(self, batch: Any, loss_fn: Callable[..., Any]) -> Any:
+        """The gradient and the optimizer's update in one jitted call (one dispatch, as a JAX
+        user's own ``train_step``), where no gradients were accumulated before."""
+        if self._acc is not None:
+            return super().local_step(batch, loss_fn)
+        loss, params, opt_state = self._step_fn(loss_fn)(self._params, self.opt_state, self._place_batch(batch))
+        if getattr(loss, "shape", None) != ():
+            raise InvalidArgumentError(f"DataParallel.step: loss_fn must return a scalar, got shape "
+                                       f"{getattr(loss, 'shape', type(loss).__name__)}")
+        if self._state is None:
+            self._params, self._opt_state = params, opt_state
+        else:
+            self._state = self._state.replace(params=params, opt_state=opt_state, step=self._state.step + 1)
+            self._params = params
+        return loss
+
+    def _step_fn(self, loss_fn: Callable[..., Any]) -> Any:
+        try:
+            fn = self._step_fns.get(loss_fn)
+        except TypeError:
+            fn = None
+        if fn is None:
+            vg = self._jax.value_and_grad(loss_fn)
+
+            def fused(params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, Any]:
+                loss, grads = vg(params, batch)
+                return (loss, *self._update_fn(params, opt_state, grads))
+
+            if self._replicated is not None:
+                fn = self._jax.jit(fused, out_shardings=(self._replicated,) * 3)
+            else:
+                fn = self._jax.jit(fused)
+            try:
+                self._step_fns[loss_fn] = fn
+            except TypeError:
+                pass
+        return fn
 
     def _update_fn(self, params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any]:
         updates, opt_state = self.optimizer.update(grads, opt_state, params)

@@ -19,6 +19,10 @@ arrays for MPI, or device buffers where the MPI build is CUDA-aware, JAX arrays 
 :func:`multidev.convert`: zero-copy through DLPack where possible, else a copy; the result comes
 back as a tensor of the input's backend, on the input's device, with its dtype.
 
+``allreduce`` and ``broadcast`` also take a structure of tensors (what :func:`multidev.to` takes: a
+``state_dict``, a JAX pytree, nested lists, tuples and dicts) and return the same structure: one
+consistency exchange per call, the leaves flattened into buckets (see :func:`allreduce`).
+
 Semantics follow :mod:`multidev.collectives`: the same ops (``mean`` is a sum divided by the world
 size and is refused for integers; ``bool`` takes max/min only), uneven pieces follow
 ``numpy.array_split`` (``scatter``, ``reduce_scatter``, and ``allgather``/``gather`` accept pieces

@@ -5,19 +5,25 @@ exchange (:mod:`.consistency`), then the engine's primitive on transport tensors
 (:mod:`.transport`), its result turned back into a tensor of the input's backend, on its device.
 What the engines do not do is done here, the same for all of them: ``mean`` (a sum and one
 division), uneven pieces (padded to equal blocks, cut back after), ``inplace=True`` (written
-through shared memory, or assigned), ``async_op`` (a :class:`Work`).
+through shared memory, or assigned), ``async_op`` (a :class:`Work`), structures of tensors
+(``allreduce`` and ``broadcast``: one consistency exchange for the whole structure, its tensors
+flattened into buckets of one dtype and device, one primitive per bucket).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._device import Device, DeviceLike
+from ..buckets import DEFAULT_BUCKET_MB, flatten, plan_buckets, unflatten
 from ..collectives import split_sizes
-from ..errors import CapabilityError, CollectiveInputError
+from ..errors import CapabilityError, CollectiveInputError, MultidevError, UnsupportedTensorError
 from ..placement import resolve
 from ..protocol import Backend
 from ..registry import backend_of, get_backend
+from ..structured import Leaves, rebuild, structure_leaves
+from ..trees import owner_or_structure
 from ..validate import check_axis, check_op, check_writable, translate_errors
 from .consistency import MAX_DIMS, Call, agree
 from .engine import Handle
@@ -79,6 +85,29 @@ def _probe(b: Backend, x: Any) -> Any:
     if len(shape) == 0 or shape[0] <= 1:
         return x
     return b.split(x, [1, shape[0] - 1], 0)[0]
+
+
+def _is_tree(x: Any) -> bool:
+    """Whether ``x`` is a structure (a container or a framework's tree), not a tensor. Never
+    raises: what is neither is the tensor path's to refuse, inside the exchange."""
+    try:
+        return owner_or_structure(x) is None
+    except MultidevError:
+        return False
+
+
+def _tensor(x: Any, what: str) -> Backend:
+    """The backend of tensor ``x``; a structure is refused by a clear CollectiveInputError (only
+    allreduce and broadcast take structures)."""
+    try:
+        return backend_of(x)
+    except UnsupportedTensorError:
+        if _is_tree(x):
+            raise CollectiveInputError(
+                f"{what} takes one tensor, not a structure: only allreduce and broadcast take structures "
+                "(a gather's pieces may differ in length on each rank, leaf by leaf, which one consistency "
+                "record cannot carry); call it once per tensor") from None
+        raise
 
 
 def _check_rank(r: Any, g: Group, what: str, name: str) -> int:
@@ -148,6 +177,105 @@ def _blocks(g: Group, t: Any, sizes: list[int], ax: int) -> Any:
     return g.engine.prepare(tb.concat([tb.reshape(p, (1, *one)) for p in pieces], 0))[0]
 
 
+# -- structures --------------------------------------------------------------------------------------
+class _Many(Handle):
+    """Several primitives in flight as one (a structure's buckets): finished when all are; its
+    result is theirs, in order."""
+
+    def __init__(self, handles: Sequence[Handle]) -> None:
+        self.handles = list(handles)
+
+    def test(self) -> bool:
+        return all(h.test() for h in self.handles)
+
+    def wait(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        return all(h.wait(max(0.0, end - time.monotonic())) for h in self.handles)
+
+    def result(self) -> list[Any]:
+        return [h.result() for h in self.handles]
+
+
+def _tree_agree(g: Group, kind: str, x: Any, op: str | None, src: int | None, inplace: bool,
+                async_op: bool) -> Leaves | Work:
+    """The one consistency exchange of a collective over structure ``x``: this rank's checks of
+    every leaf (one backend, each dtype's op, what the group carries, writability for
+    ``inplace``), then its record: the leaf count and the signature of the leaves' dtypes, shapes
+    and devices (and the kind of device each travels on). Returns the leaves, or a failed Work."""
+    what = f"distributed.{kind}"
+    mine: dict[str, Leaves] = {}  # this rank's leaves, which local() finds for the code below
+
+    def local() -> Call:
+        if src is not None:
+            _check_rank(src, g, what, "src")
+        lv = structure_leaves(x, what)
+        tkinds: list[str] = []
+        if lv.backend is not None:
+            b = lv.backend
+            seen: dict[tuple[str, Device], str] = {}
+            for t, dtype, dev in zip(lv.tensors, lv.dtypes, lv.devices):
+                key = (dtype, dev)
+                if key not in seen:
+                    if op is not None:
+                        check_op(op, dtype, what)
+                    seen[key] = _carried(g, b, t, dtype, what)
+                tkinds.append(seen[key])
+                if inplace:
+                    check_writable(b, _probe(b, t), f"{what}(inplace=True)")
+        mine["leaves"] = lv
+        one = set(tkinds)
+        return Call(kind, op=op, root=src, tkind=one.pop() if len(one) == 1 else None, leaves=len(lv.tensors),
+                    sig=lv.signature(tkinds))
+
+    agreed = agree(g, kind, local, async_op)
+    if isinstance(agreed, Work):
+        return agreed
+    return mine["leaves"]
+
+
+def _tree_run(g: Group, kind: str, x: Any, lv: Leaves, inplace: bool, async_op: bool,
+              primitive: Callable[[Any], Handle], post: Callable[[Any], Any]) -> Any:
+    """Structure ``x``'s leaves in buckets (one dtype and device each, up to
+    :data:`~multidev.buckets.DEFAULT_BUCKET_MB`), ``primitive`` on each bucket's transport tensor
+    (a lone tensor as the one-tensor collective sends it; several flattened into a new one), then
+    ``post`` on each result, cut back into the leaves: written into them (``inplace``, returning
+    ``x``) or ``x`` rebuilt with them."""
+    what = f"distributed.{kind}"
+    b = lv.backend
+    xs = lv.tensors
+    plan = [] if b is None else plan_buckets(b, xs, DEFAULT_BUCKET_MB * 2**20)
+
+    def start() -> tuple[Handle, Callable[[Any], Any]]:
+        sent: list[tuple[list[int], Any, Origin, bool, bool]] = []
+        handles: list[Handle] = []
+        for idx in plan:
+            if len(idx) == 1:
+                t, origin, shared, through = _working(xs[idx[0]], g, inplace)
+            else:  # a new tensor of ours: the primitive may write into it
+                assert b is not None
+                t, origin, shared, through = _working(flatten(b, [xs[i] for i in idx]), g, True)
+            handles.append(primitive(t))
+            sent.append((idx, t, origin, shared, through))
+
+        def finish(results: Any) -> Any:
+            out: list[Any] = [None] * len(xs)
+            for (idx, t, origin, shared, through), res in zip(sent, results):
+                res = post(res)
+                if len(idx) == 1:
+                    out[idx[0]] = _result(res, t, origin, xs[idx[0]], inplace, shared, through)
+                    continue
+                pieces = unflatten(origin.backend, from_transport(res, origin), [lv.shapes[i] for i in idx])
+                for i, p in zip(idx, pieces):
+                    if inplace:
+                        origin.backend.assign(xs[i], p)
+                    out[i] = xs[i] if inplace else p
+            return x if inplace else rebuild(x, lv, out, what)
+
+        return _Many(handles), finish
+
+    return run(g, what, start, async_op)
+
+
 # -- the collectives ---------------------------------------------------------------------------------
 def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool = False) -> Any:
     """Reduce ``x`` elementwise over every rank; every rank gets the result.
@@ -155,9 +283,30 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     ``op``: sum, mean, max, min, prod (mean: integers refused). ``inplace=True`` writes into ``x``
     (mutable backends; CapabilityError elsewhere) and returns it. ``async_op=True`` returns a
     :class:`Work` whose ``wait()`` gives the result.
+
+    ``x`` may be a structure, as :func:`multidev.to` takes one (lists, tuples, named tuples, dicts, a
+    ``state_dict``, a framework's tree such as a JAX pytree) of tensors of one backend: one
+    consistency exchange for the whole call (every rank's leaf count and the signature of its
+    leaves' dtypes, shapes and devices; ranks that differ raise CollectiveMismatchError on every
+    rank), the leaves flattened into buckets of one dtype and device (25 MiB each), one primitive
+    per bucket; the result is ``x``'s structure rebuilt (same container types) with new tensors of
+    its backend on each leaf's device, or ``x`` itself with every leaf written (``inplace=True``;
+    every leaf is probed before any rank sends). Leaves follow :func:`multidev.to`'s rule: ``None``
+    stays ``None``, a framework tree's static parts are kept, any other non-tensor (a Python
+    number, a string) or a model is refused (UnsupportedTensorError naming its path), as are
+    tensors of several backends (CollectiveInputError), on every rank before anything is sent. A
+    structure without tensors is agreed like any other and sends nothing: its rebuilt copy (or
+    itself, in place). ``op`` applies to every leaf (``mean`` refuses a structure holding integers).
     """
     g = current()
     what = "distributed.allreduce"
+    if _is_tree(x):
+        lv = _tree_agree(g, "allreduce", x, op, None, inplace, async_op)
+        if isinstance(lv, Work):
+            return lv
+        base = "sum" if op == "mean" else op
+        return _tree_run(g, "allreduce", x, lv, inplace, async_op, lambda t: g.engine.allreduce(t, base),
+                         lambda res: _mean(res, op, g.world_size))
 
     def local() -> Call:
         b = backend_of(x)
@@ -181,9 +330,19 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
 
 def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = False) -> Any:
     """Rank ``src``'s ``x`` on every rank (each rank passes a tensor of the same shape and dtype;
-    only ``src``'s values matter). ``inplace=True`` writes into ``x`` (mutable backends)."""
+    only ``src``'s values matter). ``inplace=True`` writes into ``x`` (mutable backends).
+
+    ``x`` may be a structure of tensors, as :func:`allreduce` takes one (the same rules: one
+    exchange, buckets, the structure rebuilt or written in place): each rank passes one of the same
+    leaf count, dtypes and shapes."""
     g = current()
     what = "distributed.broadcast"
+    if _is_tree(x):
+        lv = _tree_agree(g, "broadcast", x, None, src, inplace, async_op)
+        if isinstance(lv, Work):
+            return lv
+        return _tree_run(g, "broadcast", x, lv, inplace, async_op, lambda t: g.engine.broadcast(t, src),
+                         lambda res: res)
 
     def local() -> Call:
         _check_rank(src, g, what, "src")
@@ -210,7 +369,7 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
     what = "distributed.reduce"
 
     def local() -> Call:
-        b = backend_of(x)
+        b = _tensor(x, what)
         _check_rank(dst, g, what, "dst")
         dtype = b.dtype_of(x)
         check_op(op, dtype, what)
@@ -240,7 +399,7 @@ def _gather_call(g: Group, kind: str, x: Any, axis: Any, root: int | None,
     def local() -> Call:
         if root is not None:
             _check_rank(root, g, what, "dst")
-        b = backend_of(x)
+        b = _tensor(x, what)
         shape = _shape(b, x, what)
         mine["axis"] = check_axis(axis, len(shape), what)
         dtype = b.dtype_of(x)
@@ -266,7 +425,9 @@ def _joined(parts: list[Any], lengths: list[int], ax: int, origin: Origin) -> An
 
 def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
     """The concatenation of every rank's ``x`` along ``axis``, in rank order, on every rank.
-    Lengths along ``axis`` may differ between ranks (the consistency exchange carries them)."""
+    Lengths along ``axis`` may differ between ranks (the consistency exchange carries them). One
+    tensor only: a structure is refused (CollectiveInputError on this rank, DistributedError on the
+    others), since every leaf's length on every rank would not fit one consistency record."""
     g = current()
     agreed = _gather_call(g, "allgather", x, axis, None, async_op)
     if isinstance(agreed, Work):
@@ -307,7 +468,7 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
     mine: dict[str, Any] = {}  # this rank's shape and checked axis, which local() finds for the code below
 
     def local() -> Call:
-        b = backend_of(x)
+        b = _tensor(x, what)
         dtype = b.dtype_of(x)
         check_op(op, dtype, what)
         shp = _shape(b, x, what)
@@ -348,7 +509,7 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
             return Call("scatter", root=src, axis=axis)  # the axis as given: only src knows the rank
         if x is None:
             raise CollectiveInputError(f"{what}: the src rank must pass the tensor to scatter")
-        b = backend_of(x)
+        b = _tensor(x, what)
         shape = _shape(b, x, what)
         check_axis(axis, len(shape), what)
         dtype = b.dtype_of(x)

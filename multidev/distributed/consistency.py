@@ -3,9 +3,11 @@
 rank, naming what each passed, instead of an abort or silently wrong values in the engine.
 
 A record holds which collective, its op, root and axis, the tensor's dtype and shape, the kind of
-device it travels on, a call counter, and, for a rank that refused its own input (``mean`` of
-integers, a read-only tensor for ``inplace=True``, a bad ``src``), the class of its error: every
-other rank then raises DistributedError naming it, and nothing is sent, so the group stays usable.
+device it travels on, for a structure of tensors its leaf count and signature (a digest of every
+leaf's dtype, shape and device: :meth:`multidev.structured.Leaves.signature`; one record for the
+whole structure), a call counter, and, for a rank that refused its own input (``mean`` of integers,
+a read-only tensor for ``inplace=True``, a bad ``src``), the class of its error: every other rank
+then raises DistributedError naming it, and nothing is sent, so the group stays usable.
 
 The exchange is one small all-to-all of integer rows per call. Checked calls (the default), every
 gather (they need every rank's length), every scatter (the tensor's shape and dtype travel from
@@ -43,10 +45,11 @@ _REFUSALS = ("MultidevError", "CollectiveInputError", "CapabilityError", "Unsupp
 MAX_DIMS = 32
 _NAME_WORDS = 4  # a backend name of up to 32 bytes, for scatter's default backend on the other ranks
 _NONE = -(1 << 62)  # an absent root or axis in a record (a given axis may be negative)
-_HEAD = 9
+_HEAD = 11
 #: What each collective's ranks must agree on (besides the collective itself and the call count).
 _AGREE: dict[str, tuple[str, ...]] = {
-    "allreduce": ("op", "dtype", "shape", "tkind"), "broadcast": ("root", "dtype", "shape", "tkind"),
+    "allreduce": ("leaves", "op", "dtype", "shape", "tkind", "sig"),
+    "broadcast": ("leaves", "root", "dtype", "shape", "tkind", "sig"),
     "reduce": ("root", "op", "dtype", "shape", "tkind"), "allgather": ("axis", "dtype", "rest", "tkind"),
     "gather": ("root", "axis", "dtype", "rest", "tkind"), "reduce_scatter": ("op", "axis", "dtype", "shape", "tkind"),
     "scatter": ("root", "axis"), "barrier": (), "set_checks": ("root",)}
@@ -80,6 +83,8 @@ class Call:
     backend: str | None = None  # the tensor's backend (scatter's src: the other ranks' default)
     seq: int = 0
     refused: str | None = None  # the error class name of a rank that refused its own input
+    leaves: int | None = None  # a structure's tensor count (None: one tensor)
+    sig: int | None = None  # a structure's signature (62 bits: its leaves' dtypes, shapes, devices)
 
     def encode(self) -> list[int]:
         shape = self.shape or ()
@@ -88,7 +93,8 @@ class Call:
                _DTYPE_NAMES.index(self.dtype) if self.dtype in _DTYPE_NAMES else -1,
                -1 if self.shape is None else len(shape),
                -1 if self.refused is None else _REFUSALS.index(self.refused),
-               KINDS.index(self.tkind) if self.tkind in KINDS else -1]
+               KINDS.index(self.tkind) if self.tkind in KINDS else -1,
+               -1 if self.leaves is None else self.leaves, -1 if self.sig is None else self.sig]
         return row + _encode_name(self.backend) + list(shape) + [-1] * (MAX_DIMS - len(shape))
 
     @staticmethod
@@ -100,7 +106,8 @@ class Call:
                     dtype=_pick(_DTYPE_NAMES, row[5]),
                     shape=None if ndim < 0 else tuple(row[shape_at:shape_at + ndim]),
                     tkind=_pick(KINDS, row[8]), backend=_decode_name(row[_HEAD:shape_at]), seq=row[0],
-                    refused=_pick(_REFUSALS, row[7]))
+                    refused=_pick(_REFUSALS, row[7]), leaves=None if row[9] < 0 else row[9],
+                    sig=None if row[10] < 0 else row[10])
 
     def field(self, name: str) -> Any:
         if name == "rest":
@@ -111,6 +118,10 @@ class Call:
 
 
 def _describe(name: str, value: Any) -> str:
+    if name == "leaves":
+        return "one tensor" if value is None else f"a structure of {value} tensors"
+    if name == "sig":
+        return "-" if value is None else f"{value:016x}"
     if name == "rest" and isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], tuple):
         return f"{value[0]}-d, other dims {value[1]}"
     return str(value)
@@ -204,6 +215,8 @@ def _disagreement(calls: list[Call], kind: str, what: str, rank: int) -> Distrib
         values = [c.field(name) for c in calls]
         if len(set(values)) > 1:
             label = {"rest": "shape (every dimension but axis)", "tkind": "the kind of device the tensors travel on",
+                     "leaves": "what they pass (one tensor, or a structure and its tensor count)",
+                     "sig": "the structure's tensors (their dtypes, shapes or devices differ; signatures)",
                      "root": "root (src/dst)" if kind != "set_checks" else "the setting"}.get(name, name)
             who = ", ".join(f"rank {r}: {_describe(name, v)}" for r, v in enumerate(values))
             return CollectiveMismatchError(f"{what} on rank {rank}: the ranks disagree on {label} ({who}). {tail}")

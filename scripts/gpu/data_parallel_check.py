@@ -46,7 +46,7 @@ def torch_one_gpu() -> dict[str, Any]:
     import torch.nn.functional as F
 
     torch.backends.cudnn.deterministic = True
-    dev = md.gpu(0, backend="torch")
+    dev = md.gpu(0)
     a, b = md.to(torch_net(torch), dev), md.to(torch_net(torch), dev)
     oa = torch.optim.SGD(a.parameters(), lr=0.05, momentum=0.9)
     ob = torch.optim.SGD(b.parameters(), lr=0.05, momentum=0.9)
@@ -87,7 +87,7 @@ def torch_all_gpus() -> dict[str, Any]:
     n = torch.cuda.device_count()
     if n < 2:
         return {"skipped": f"{n} GPU: the several-GPU mode needs two"}
-    devs = [md.gpu(i, backend="torch") for i in range(n)]
+    devs = [md.gpu(i) for i in range(n)]
     one, many = md.to(torch_net(torch), devs[0]), md.to(torch_net(torch), devs[0])
     o1 = torch.optim.SGD(one.parameters(), lr=0.05, momentum=0.9)
     on = torch.optim.SGD(many.parameters(), lr=0.05, momentum=0.9)
@@ -134,6 +134,56 @@ def jax_all_gpus() -> dict[str, Any]:
     diff = max(float(jnp.abs(md.copy(many.model[k], gpus[0]) - one.model[k]).max()) for k in p0)
     assert diff < 1e-4, diff
     return {"gpus": len(gpus), "max_param_diff": diff}
+
+
+@check
+def jax_one_gpu() -> dict[str, Any]:
+    """The wrapped step on one GPU against the JAX user's own: one jitted value_and_grad + optax
+    update (the goal is <= 1.03x), parameters compared after the same steps."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    gpus = [d for d in md.devices(backend="jax") if d.is_gpu]
+    if not gpus:
+        return {"skipped": "no JAX GPU"}
+    rng = np.random.default_rng(0)
+    p0 = {"w1": jnp.asarray(rng.standard_normal((784, 1024), np.float32) * 0.05), "b1": jnp.zeros(1024),
+          "w2": jnp.asarray(rng.standard_normal((1024, 10), np.float32) * 0.05), "b2": jnp.zeros(10)}
+    tx = optax.adam(1e-3)
+
+    def loss(p: Any, b: Any) -> Any:
+        h = jax.nn.relu(b[0] @ p["w1"] + p["b1"])
+        return optax.softmax_cross_entropy_with_integer_labels(h @ p["w2"] + p["b2"], b[1]).mean()
+
+    @jax.jit
+    def native_step(p: Any, s: Any, b: Any) -> Any:
+        lv, g = jax.value_and_grad(loss)(p, b)
+        u, s = tx.update(g, s, p)
+        return optax.apply_updates(p, u), s, lv
+
+    dev = jax.devices("gpu")[0]
+    b = (jax.device_put(jnp.asarray(rng.standard_normal((512, 784), np.float32)), dev),
+         jax.device_put(jnp.asarray(rng.integers(0, 10, 512)), dev))
+    dp = md.data_parallel(md.to(p0, gpus[0]), tx, devices=gpus[:1])
+    p, s = jax.device_put(p0, dev), tx.init(jax.device_put(p0, dev))
+    times: dict[str, list[float]] = {"md": [], "native": []}
+    for i in range(230):
+        t0 = time.perf_counter()
+        lv = dp.step(b, loss)
+        jax.block_until_ready((dp.model, lv))
+        t1 = time.perf_counter()
+        p, s, lv = native_step(p, s, b)
+        jax.block_until_ready((p, lv))
+        t2 = time.perf_counter()
+        if i >= 30:
+            times["md"].append(t1 - t0)
+            times["native"].append(t2 - t1)
+    diff = max(float(jnp.abs(dp.model[k] - p[k]).max()) for k in p0)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    assert diff < 1e-5, diff
+    return {"md_ms": med["md"], "native_ms": med["native"], "ratio": med["md"] / med["native"],
+            "max_param_diff": diff}
 
 
 ok = all(r["ok"] for r in results.values())

@@ -329,3 +329,12 @@ class NumpyCombineIntsViaFloat(NumpyBackend):
         fn = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[op]
         out = fn(pa.astype(np.float64), pb.astype(np.float64)).astype(pa.dtype)
         return _tag(out, self.same_device(op, (a, b)))
+
+
+@mutant("numpy", "writable() answers True for a read-only array (the in-place collectives then skip their probe)",
+        ["test_writable_answer_matches_behaviour"])
+class NumpyWritableAlwaysTrue(NumpyBackend):
+    name = "numpy_writable_always_true"
+
+    def writable(self, x: Any) -> bool | None:
+        return True
