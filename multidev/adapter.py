@@ -223,6 +223,11 @@ class BaseBackend:
     #: The environment variable giving this backend's number of virtual CPU devices, read when the
     #: adapter starts its framework (None: the backend has no virtual devices).
     virtual_devices_env: ClassVar[str | None] = None
+    #: None (the default): ``to(x, device_of(x))`` is ``x`` itself. An adapter whose framework tells
+    #: placement it chose apart from placement asked for (JAX's uncommitted arrays, which ``jit``
+    #: compiles for separately) defines ``commit_resident(x)``: ``x`` fixed to its own device without a
+    #: copy (``x`` itself where it is fixed already); ``to`` of a resident tensor returns that.
+    commit_resident: Any = None
 
     @classmethod
     def install_hint(cls) -> str | None:

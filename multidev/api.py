@@ -615,8 +615,18 @@ def to(x: _T, device: DeviceLike, *, non_blocking: Literal[True]) -> Transfer[_T
 @overload
 def to(x: _T, device: DeviceLike, *, non_blocking: bool) -> _T | Transfer[_T]: ...
 def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
-    """``x`` on ``device``: ``x`` itself when it is already there (no-op, D2L's ``as_in_ctx``),
-    else a copy on the target device. Asynchronous where the framework is, but always safe to read.
+    """``x`` on ``device``: ``x`` itself when it is already there (no-op, D2L's ``as_in_ctx``; an
+    uncommitted JAX array is committed there without a copy, a new ``jax.Array`` over the same buffer,
+    as ``jax.device_put`` does), else a copy on the target device. Asynchronous where the framework is,
+    but always safe to read.
+
+    A structure (lists, tuples, named tuples, dicts, a framework's trees and models) comes back with
+    every tensor moved so, the structure kept. Leaves that are no tensor follow one rule
+    (docs/transfers.md#structures): ``None`` is kept everywhere; inside a framework's tree the
+    framework decides (a JAX tree's Python and NumPy scalars, such as a flax ``TrainState``'s
+    ``step``, become arrays on ``device`` as ``jax.device_put`` makes them; its functions and strings
+    are kept); anywhere else such a leaf raises UnsupportedTensorError naming its path, before
+    anything moved.
 
     ``non_blocking=True`` returns a :class:`~multidev.transfer.Transfer` at once; its ``wait()``
     gives the tensor once the copy has landed. Host targets use pinned buffers where they exist,
@@ -635,7 +645,8 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
         return _structure_to(x, device)
     dev = device if device.__class__ is Device else as_device(device)
     if b.device_of(x) is dev:  # the no-op path (Devices are interned): no enumeration, no validation
-        return x
+        commit = getattr(b, "commit_resident", None)
+        return x if commit is None else commit(x)
     target = resolve(b, dev)
     try:
         return b.move(x, target)
@@ -651,13 +662,16 @@ def _structure_to(x: Any, device: DeviceLike) -> Any:
     def move_module(b: Backend, m: Any) -> Any:
         with translate_errors(lambda: f"{b.name} to({dev}) of a model"):
             return b.move_module(m, resolve(b, dev))  # type: ignore[attr-defined]
-    return tree_map(lambda t: to(t, dev), x, "to", module=move_module, check=lambda b: resolve(b, dev))
+    return tree_map(lambda t: to(t, dev), x, "to", module=move_module, check=lambda b: resolve(b, dev),
+                    scalar=lambda b, v: b.put_scalar(v, resolve(b, dev)))  # type: ignore[attr-defined]
 
 
 def copy(x: _T, device: DeviceLike | None = None) -> _T:
     """A new, independent buffer holding ``x`` on ``device`` (x's own device when None): D2L's
     ``copyto``. Always copies, even on the same device. A structure is copied tensor by tensor
-    (a model into a new, independent model)."""
+    (a model into a new, independent model); its leaves that are no tensor follow :func:`to`'s rule
+    (a JAX tree's scalars become arrays on ``device``, or uncommitted on JAX's default device where
+    ``device`` is None, as ``jax.device_put(tree)`` makes them)."""
     b = owner_or_structure(x)
     if b is None:
         return _structure_copy(x, device)
@@ -671,7 +685,8 @@ def _structure_copy(x: Any, device: DeviceLike | None) -> Any:
         with translate_errors(lambda: f"{b.name} copy of a model"):
             return b.copy_module(m, dev)  # type: ignore[attr-defined]
     check = None if device is None else (lambda b: resolve(b, device))
-    return tree_map(lambda t: copy(t, device), x, "copy", module=copy_module, check=check)
+    return tree_map(lambda t: copy(t, device), x, "copy", module=copy_module, check=check,
+                    scalar=lambda b, v: b.put_scalar(v, None if device is None else resolve(b, device)))  # type: ignore[attr-defined]
 
 
 def to_numpy(x: Any) -> np.ndarray:

@@ -383,7 +383,13 @@ class SupportsModels(Protocol):
     - ``"tree"``: a structure rebuilt from new leaves (JAX pytree nodes: flax structs, equinox
       modules, registered classes); the core maps the call over its children;
     - ``"module"``: a model whose tensors move in place (a torch ``nn.Module``, a Gluon ``Block``),
-      or cannot move (a Keras model, a ``tf.Module``: then the adapter refuses, saying why)."""
+      or cannot move (a Keras model, a ``tf.Module``: then the adapter refuses, saying why).
+
+    Optional, for a framework whose own transfer turns a tree's plain values into arrays (JAX's
+    ``device_put``): ``tree_scalar(obj) -> bool``, whether ``obj`` (a leaf of one of its trees that is
+    no tensor) is such a value, and ``put_scalar(obj, device)`` (device a Device, or None for the
+    framework's default), the array the framework makes of it; ``to`` and ``copy`` of a tree then
+    call it. Without them such leaves are kept as they are."""
 
     def model_kind(self, obj: Any) -> str | None:
         """``"tree"`` or ``"module"`` where ``obj`` is one of this framework's structures, else None.

@@ -74,7 +74,8 @@ def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
         return _start_structure(x, device)
     dev = resolve(b, device)
     if b.device_of(x) == dev:
-        return Transfer(x, None)
+        commit = getattr(b, "commit_resident", None)
+        return Transfer(x if commit is None else commit(x), None)
     with translate_errors(lambda: f"{b.name} to({dev}, non_blocking=True)"):
         y, waiter = b.start_move(x, dev) if supports(b, SupportsNonBlocking) else start_move(b, x, dev)  # type: ignore[attr-defined]
     return Transfer(y, waiter)
@@ -97,7 +98,8 @@ def _start_structure(x: Any, device: DeviceLike) -> Transfer[Any]:
     def move_module(b: Any, m: Any) -> Any:
         with translate_errors(lambda: f"{b.name} to({dev}) of a model"):
             return _Done(b.move_module(m, resolve(b, dev)))
-    pending = tree_map(lambda t: start_to(t, dev), x, "to", module=move_module, check=lambda b: resolve(b, dev))
+    pending = tree_map(lambda t: start_to(t, dev), x, "to", module=move_module, check=lambda b: resolve(b, dev),
+                       scalar=lambda b, v: Transfer(b.put_scalar(v, resolve(b, dev)), None))  # type: ignore[attr-defined]
     handles = _is_handle
 
     def land() -> Any:

@@ -4,9 +4,14 @@ models) through their adapters' :class:`~multidev.protocol.SupportsModels`.
 
 :func:`tree_map` applies a tensor call to every tensor leaf and rebuilds the structure: a list
 stays a list, a named tuple the same named tuple, a dict the same dict type with its keys in order,
-a framework tree the framework's own node. ``None`` is an empty subtree and stays ``None``. A leaf
-that is no tensor raises UnsupportedTensorError naming its path (``[1]['w']``), except in a framework's tree, whose
-other leaves (a model's activation function, a Python number) are kept as they are. The same tensor
+a framework tree the framework's own node. The rule for leaves that are no tensor (the one rule of
+every structure call, docs/transfers.md#structures): ``None`` is an empty subtree everywhere and stays
+``None``; inside a framework's tree (at any depth, its nested lists and dicts included) the framework
+decides: a value its own transfer turns into an array (:meth:`tree_scalar`: JAX's Python and NumPy
+scalars) goes to the caller's ``scalar`` function (``to`` and ``copy`` put it as the framework does;
+without one it is kept), any other (a model's activation function, a string) is kept as it is;
+outside every framework tree a leaf that is no tensor raises UnsupportedTensorError naming its path
+(``[1]['w']``): no framework owns it, so nothing can say what it should become. The same tensor
 object reached twice (tied weights) gives the same result object twice. A ``"module"`` (moved in
 place) is handed to the caller's ``module`` function as a whole.
 """
@@ -117,17 +122,26 @@ def _tuple_maker(x: tuple, path: tuple[Any, ...], what: str) -> Callable[[list[A
 
 
 # The nodes of a flattened structure (see tree_map): (kind, payload, first child, child count).
-_NONE, _LEAF, _MODULE, _LIST, _TUPLE, _DICT, _TREE = range(7)
-_WALKED = object()  # a framework tree's child that the walk visits (its result takes its place)
+_NONE, _LEAF, _MODULE, _LIST, _TUPLE, _DICT, _TREE, _SCALAR, _KEPT = range(9)
+_NO_TREE = (_NONE, _LEAF, _MODULE, _SCALAR, _KEPT)
+
+
+def _tree_scalar(b: Backend | None, x: Any) -> bool:
+    """Whether ``x`` (no tensor, inside a tree of ``b``'s framework) is a value that framework's own
+    transfer makes an array of (the optional ``SupportsModels.tree_scalar``)."""
+    fn = getattr(b, "tree_scalar", None)
+    return fn is not None and bool(fn(x))
 
 
 def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
              module: Callable[[Backend, Any], Any] | None = None,
              is_leaf: Callable[[Any], bool] | None = None,
-             check: Callable[[Backend], Any] | None = None) -> Any:
-    """``obj`` with ``leaf(x)`` for every tensor ``x`` (or every object ``is_leaf`` accepts) and
-    ``module(b, m)`` for every framework module ``m`` (owned by adapter ``b``); the structure rebuilt.
-    ``what`` names the call in errors. Without ``module``, a module raises UnsupportedTensorError.
+             check: Callable[[Backend], Any] | None = None,
+             scalar: Callable[[Backend, Any], Any] | None = None) -> Any:
+    """``obj`` with ``leaf(x)`` for every tensor ``x`` (or every object ``is_leaf`` accepts),
+    ``module(b, m)`` for every framework module ``m`` (owned by adapter ``b``) and ``scalar(b, v)`` for
+    every scalar ``v`` of a tree of ``b``'s framework (kept as it is without ``scalar``); the structure
+    rebuilt. ``what`` names the call in errors. Without ``module``, a module raises UnsupportedTensorError.
 
     All or nothing where it can be: the whole structure is walked first (every leaf recognised,
     every container's rebuild found, ``check(b)`` called once for each adapter owning a tensor or a
@@ -143,9 +157,10 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
     payload: list[Any] = []
     children: list[list[int]] = []
     owners: dict[int, Backend] = {}
-    stack: list[tuple[Any, tuple[Any, ...], int, int]] = [(obj, (), -1, 0)]  # (x, path, parent, slot)
+    # (x, path, parent, slot, the adapter whose tree x is inside)
+    stack: list[tuple[Any, tuple[Any, ...], int, int, Backend | None]] = [(obj, (), -1, 0, None)]
     while stack:
-        x, path, parent, slot = stack.pop()
+        x, path, parent, slot, inside = stack.pop()
         i = len(kinds)
         if parent >= 0:
             children[parent][slot] = i
@@ -153,13 +168,14 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
         if len(path) > MAX_DEPTH:
             raise InvalidArgumentError(f"{what}: the structure is nested deeper than {MAX_DEPTH} levels at "
                                        f"{_path(path[:8])}...; is it circular?")
-        kind, data = _classify(x, path, what, module is not None, is_leaf, kids, owners)
+        kind, data = _classify(x, path, what, module is not None, is_leaf, kids, owners, inside,
+                               scalar is not None)
         kinds.append(kind)
         payload.append(data)
         children.append([-1] * len(kids))
         for s in range(len(kids) - 1, -1, -1):  # pushed in reverse: popped (numbered) in order
-            c, cpath = kids[s]
-            stack.append((c, cpath, i, s))
+            c, cpath, cin = kids[s]
+            stack.append((c, cpath, i, s, cin))
     if check is not None:
         for b in {id(b): b for b in owners.values()}.values():
             check(b)
@@ -173,6 +189,10 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
             if hit is None:
                 hit = memo[id(x)] = (x, leaf(x))  # x kept alive so its id stays unique during the call
             out[i] = hit[1]
+        elif k == _SCALAR:
+            out[i] = scalar(*payload[i])  # type: ignore[misc]
+        elif k == _KEPT:
+            out[i] = payload[i]
     done: list[str] = []
     for i, k in enumerate(kinds):
         if k == _MODULE:
@@ -191,7 +211,7 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
     # -- 3. rebuild, children before parents ---------------------------------------------------------
     for i in range(len(kinds) - 1, -1, -1):
         k = kinds[i]
-        if k in (_NONE, _LEAF, _MODULE):
+        if k in _NO_TREE:
             continue
         items = [out[c] for c in children[i]]
         data = payload[i]
@@ -213,16 +233,16 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
                 except (TypeError, AttributeError):
                     out[i] = d
         else:  # _TREE
-            rebuild, kept = data
-            it = iter(items)
-            out[i] = rebuild([next(it) if keep is _WALKED else keep for keep in kept])
+            out[i] = data(items)
     return out[0]
 
 
 def _classify(x: Any, path: tuple[Any, ...], what: str, modules: bool, is_leaf: Callable[[Any], bool] | None,
-              kids: list[Any], owners: dict[int, Backend]) -> tuple[int, Any]:
+              kids: list[Any], owners: dict[int, Backend], inside: Backend | None,
+              scalars: bool) -> tuple[int, Any]:
     """One node of :func:`tree_map`'s walk: its kind and payload; its children appended to ``kids``
-    as ``(child, path)``. Raises for what the call cannot take (nothing has been called yet)."""
+    as ``(child, path, the adapter whose tree it is inside)``. Raises for what the call cannot take
+    (nothing has been called yet)."""
     if x is None:
         return _NONE, None
     if is_leaf is not None and is_leaf(x):
@@ -236,52 +256,38 @@ def _classify(x: Any, path: tuple[Any, ...], what: str, modules: bool, is_leaf: 
         return _LEAF, x
     cls = type(x)
     if isinstance(x, list) and not _framework_node(x):
-        kids.extend((v, (*path, i)) for i, v in enumerate(x))
+        kids.extend((v, (*path, i), inside) for i, v in enumerate(x))
         return _LIST, cls
     if isinstance(x, tuple) and not _framework_node(x):
         make = _tuple_maker(x, path, what)
-        kids.extend((v, (*path, i)) for i, v in enumerate(x))
+        kids.extend((v, (*path, i), inside) for i, v in enumerate(x))
         return _TUPLE, make
     if isinstance(x, dict) and not _framework_node(x):
         keys = list(x.keys())
-        kids.extend((x[k], (*path, k)) for k in keys)
+        kids.extend((x[k], (*path, k), inside) for k in keys)
         return _DICT, (x, keys)
     owner = structure_owner(x)
     if owner is not None:
         b, kind = owner
         if kind == "tree":
             parts, rebuild = b.flatten_tree(x)  # type: ignore[attr-defined]
-            kept: list[Any] = []
-            for i, c in enumerate(parts):
-                if (is_leaf is not None and is_leaf(c)) or _holds_tensors(c):
-                    kids.append((c, (*path, i)))
-                    kept.append(_WALKED)
-                else:
-                    kept.append(c)  # a static part (an activation function, a number): kept as it is
-            return _TREE, (rebuild, kept)
+            kids.extend((c, (*path, i), b) for i, c in enumerate(parts))
+            return _TREE, rebuild
         if not modules:
             raise UnsupportedTensorError(f"{what}: {_path(path)} is a {b.name} model "
                                          f"({cls.__module__}.{cls.__qualname__}), which {what} does not take; "
                                          "pass its tensors (a dict of its parameters and buffers)")
         owners[id(b)] = b
         return _MODULE, (b, x, path)
+    if inside is not None:  # a framework tree's leaf that is no tensor: the framework's rule
+        if scalars and _tree_scalar(inside, x):
+            owners[id(inside)] = inside  # (its device is resolved as a tensor's would be)
+            return _SCALAR, (inside, x)
+        return _KEPT, x  # a static part (an activation function, a string): kept as it is
     raise UnsupportedTensorError(f"{what}: {_path(path)} is a {cls.__module__}.{cls.__qualname__}, not a tensor "
                                  "or a structure of tensors (lists, tuples, named tuples, dicts, a framework's "
-                                 "trees and models)")
-
-
-def _holds_tensors(x: Any) -> bool:
-    """Whether a framework tree's child is a tensor or a structure (else it is kept as it is: the
-    static parts of a model, such as an equinox module's activation function or a Python number)."""
-    return x is not None and (isinstance(x, (list, tuple, dict)) or is_structure(x) or _is_tensor(x))
-
-
-def _is_tensor(x: Any) -> bool:
-    try:
-        backend_of(x)
-        return True
-    except UnsupportedTensorError:
-        return False
+                                 "trees and models); outside a framework's tree no framework says what it should "
+                                 "become: make it a tensor (md.asarray) or leave it out (None is kept)")
 
 
 def _framework_node(x: Any) -> bool:
@@ -295,7 +301,8 @@ def _framework_node(x: Any) -> bool:
 
 def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
     """``(path, tensor)`` for every tensor of ``obj`` (modules give every tensor they hold), each
-    object once, in order. UnsupportedTensorError for a leaf that is no tensor."""
+    object once, in order. UnsupportedTensorError for a leaf that is no tensor outside every
+    framework tree (inside one, such a leaf is skipped: see the module's rule)."""
     found: list[tuple[tuple[Any, ...], Any]] = []
     seen: set[int] = set()
 
@@ -306,9 +313,10 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
 
     if obj is None:
         raise UnsupportedTensorError(f"{what}: got None, not a tensor or a structure of tensors")
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(obj, ())]  # iterative: no RecursionError from deep callers
+    # (x, path, whether x is inside a framework tree); iterative: no RecursionError from deep callers
+    stack: list[tuple[Any, tuple[Any, ...], bool]] = [(obj, (), False)]
     while stack:
-        x, path = stack.pop()
+        x, path, inside = stack.pop()
         if len(path) > MAX_DEPTH:
             raise InvalidArgumentError(f"{what}: the structure is nested deeper than {MAX_DEPTH} levels")
         if x is None:
@@ -320,20 +328,22 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
         else:
             add(path, x)
             continue
-        kids: list[tuple[Any, tuple[Any, ...]]] = []
+        kids: list[tuple[Any, tuple[Any, ...], bool]] = []
         if isinstance(x, (list, tuple)) and not _framework_node(x):
-            kids = [(v, (*path, i)) for i, v in enumerate(x)]
+            kids = [(v, (*path, i), inside) for i, v in enumerate(x)]
         elif isinstance(x, dict) and not _framework_node(x):
-            kids = [(v, (*path, k)) for k, v in x.items()]
+            kids = [(v, (*path, k), inside) for k, v in x.items()]
         else:
             owner = structure_owner(x)
             if owner is None:
+                if inside:
+                    continue  # a framework tree's leaf that is no tensor (a scalar, a function): no tensor
                 raise UnsupportedTensorError(f"{what}: {_path(path)} is a {type(x).__module__}."
                                              f"{type(x).__qualname__}, not a tensor or a structure of tensors")
             b, kind = owner
             if kind == "tree":
                 parts, _ = b.flatten_tree(x)  # type: ignore[attr-defined]
-                kids = [(c, (*path, i)) for i, c in enumerate(parts) if _holds_tensors(c)]
+                kids = [(c, (*path, i), True) for i, c in enumerate(parts)]
             else:
                 for i, t in enumerate(b.module_tensors(x)):  # type: ignore[attr-defined]
                     add((*path, f"<{b.name} tensor {i}>"), t)
@@ -348,7 +358,8 @@ RESIDENT_MAX = 1 << 16
 def resident_container(x: Any, device: Any) -> bool:
     """Whether ``x`` is a plain ``tuple``, ``list`` or ``dict`` of at most :data:`RESIDENT_MAX`
     tensors (a dict: values) of classes seen before (``cached_owner``), every one already on
-    ``device`` (an interned Device): then ``to(x, device)`` moves nothing, and the structure's walk
+    ``device`` (an interned Device) as ``to`` gives it (``commit_resident``): then ``to(x, device)``
+    moves nothing, and the structure's walk
     (validation, flattening, rebuilding) can be skipped. False for anything else (nested, a model, a
     subclass, a stranger), which then takes :func:`tree_map`'s route."""
     cls = x.__class__
@@ -363,5 +374,8 @@ def resident_container(x: Any, device: Any) -> bool:
     for t in items:
         b = cached_owner(t.__class__)
         if b is None or b.device_of(t) is not device:
+            return False
+        commit = getattr(b, "commit_resident", None)
+        if commit is not None and commit(t) is not t:  # (JAX: an uncommitted array is committed by to)
             return False
     return True

@@ -3,7 +3,9 @@
 Mechanism. Devices are JAX's addressable devices of the ``cpu`` platform (``cpu:i``) and, where
 present, of the ``gpu`` platform (CUDA or ROCm, ``gpu:i``), each numbered by its order (device id)
 within its platform. Every tensor this adapter creates is *committed* to its device (JAX then refuses
-arithmetic between committed arrays of two devices, as a GPU framework would). An array sharded or
+arithmetic between committed arrays of two devices, as a GPU framework would), and ``to`` of an
+uncommitted array on its own device commits it without a copy (``commit_resident``), as
+``jax.device_put`` does: ``jit`` traces a step again for committed arguments. An array sharded or
 replicated over several devices has no single device: ``device_of`` raises DeviceMismatchError.
 
 Environment. ``$MULTIDEV_JAX_CPU_DEVICES=N`` gives JAX ``N`` virtual CPU devices: when the adapter is

@@ -2,14 +2,19 @@
 Python's own containers (flax structs and ``FrozenDict``, equinox modules, classes registered with
 ``jax.tree_util``) is a ``"tree"``, rebuilt from new leaves with its own ``treedef``, one level at a
 time (the core maps the call over the children). JAX arrays are immutable, so a "moved" model is a
-new tree of moved arrays (resident leaves kept as the same objects); its leaves that are no arrays
-(an equinox module's activation function, a Python number) are kept as they are. JAX has no models
-that move in place.
+new tree of moved arrays (committed resident leaves kept as the same objects, uncommitted ones
+committed without a copy). Its leaves that are no arrays follow ``jax.device_put`` where it takes
+them: ``to`` and ``copy`` turn a Python or NumPy scalar (a ``TrainState``'s ``step``) into an array on
+the target (:meth:`JaxModels.tree_scalar`, :meth:`JaxModels.put_scalar`), so ``jit`` sees what it sees
+after ``device_put``; the others (an equinox module's activation function, a string) are kept as they
+are. JAX has no models that move in place.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from multidev.adapter import CapabilityError, Device, SupportsModels
 
@@ -18,6 +23,9 @@ class JaxModels(SupportsModels):
     """Registered pytree nodes as ``"tree"``s."""
 
     _jax: Any
+
+    if TYPE_CHECKING:  # the core protocol (core.JaxCore)
+        def to_native_device(self, device: Device) -> Any: ...
 
     def model_kind(self, obj: Any) -> str | None:
         if obj is None or isinstance(obj, (str, bytes, int, float, complex)):
@@ -38,6 +46,17 @@ class JaxModels(SupportsModels):
         tu = self._jax.tree_util
         children, treedef = tu.tree_flatten(obj, is_leaf=lambda x: x is not obj)
         return list(children), lambda new: tu.tree_unflatten(treedef, new)
+
+    def tree_scalar(self, obj: Any) -> bool:
+        """Whether ``obj``, a leaf of a JAX tree that is no tensor, is a value ``jax.device_put`` turns
+        into an array: a Python or NumPy scalar (a flax ``TrainState``'s ``step`` is a Python int)."""
+        return isinstance(obj, (bool, int, float, complex, np.number, np.bool_))
+
+    def put_scalar(self, obj: Any, device: Device | None) -> Any:
+        """Scalar ``obj`` as ``jax.device_put(obj, device)`` makes it: a weakly typed (Python scalars)
+        array committed to ``device``; uncommitted on JAX's default device where ``device`` is None."""
+        jax = self._jax
+        return jax.device_put(obj) if device is None else jax.device_put(obj, self.to_native_device(device))
 
     def module_tensors(self, obj: Any) -> list[Any]:
         raise CapabilityError("jax backend: JAX has no models that move in place, only trees")
