@@ -62,8 +62,10 @@ from .errors import (
                   UnsupportedTensorError,
 )
 from .exchange import convert
+from .mesh import Layout, Mesh
 from .protocol import Backend, Capabilities
 from .registry import backend_of, get_default_backend, register_backend, registered_backends, set_default_backend
+from .sharding import ShardedTensor, from_native_mesh, from_shards, layout_of, make_mesh, shards_of, to_native_mesh
 from .training import replicate, train_batch
 from .transfer import Transfer, to_host
 
@@ -74,14 +76,17 @@ __all__ = [
     "CollectiveInputError", "CollectiveMismatchError", "Compiled", "Device", "DeviceMismatchError",
     "DeviceNotFoundError", "DistributedError", "DistributedSetupError", "DistributedTimeoutError",
     "InvalidArgumentError", "InvalidDeviceError",
-    "InvalidDtypeError", "MultidevError", "OutOfMemoryError", "ScopeError", "Transfer", "UnsupportedTensorError",
+    "InvalidDtypeError", "Layout", "Mesh", "MultidevError", "OutOfMemoryError", "ScopeError", "ShardedTensor",
+    "Transfer", "UnsupportedTensorError",
     "allgather", "allreduce", "arange", "asarray", "backend", "backend_of",
     "backends", "broadcast", "canonical_dtype", "compile", "convert", "copy", "cpu", "default_device", "device",
-    "device_of", "device_scope", "devices", "distributed", "dtype_of", "empty", "full", "gather",
-    "get_default_backend", "gpu", "native_device", "num_gpus", "ones", "rand", "reduce", "reduce_scatter",
+    "device_of", "device_scope", "devices", "distributed", "dtype_of", "empty", "from_native_mesh", "from_shards",
+    "full", "gather",
+    "get_default_backend", "gpu", "layout_of", "make_mesh", "native_device", "num_gpus", "ones", "rand", "reduce",
+    "reduce_scatter",
     "register_backend",
-    "registered_backends", "replicate", "scatter", "set_default_backend", "split_batch", "synchronize", "to",
-    "to_host", "to_numpy", "train_batch", "try_all_gpus", "try_gpu", "zeros",
+    "registered_backends", "replicate", "scatter", "set_default_backend", "shards_of", "split_batch", "synchronize",
+    "to", "to_host", "to_native_mesh", "to_numpy", "train_batch", "try_all_gpus", "try_gpu", "zeros",
 ]
 
 

@@ -21,6 +21,7 @@ from .errors import (
     ScopeError,
     UnsupportedTensorError,
 )
+from .mesh import Layout
 from .placement import as_device, resolve, scope_backend, scope_device
 from .placement import default_device as default_device
 from .protocol import Backend, SupportsDeviceScope
@@ -37,6 +38,7 @@ from .registry import (
     tie_cache,
     waiter_of,
 )
+from .sharding import ShardedTensor, is_sharded, place, sharded_device, unshard
 from .transfer import start_to
 from .trees import is_structure, leaves, owner_or_structure, resident_container, tree_map
 from .validate import (
@@ -561,7 +563,12 @@ def device_of(x: Any) -> Device:
     """The device tensor ``x`` lives on; for a structure (lists, tuples, named tuples, dicts, a
     framework's trees and models), the one device of all its tensors, else DeviceMismatchError
     saying where they are. Never copies or waits."""
-    b = owner_or_structure(x)
+    try:
+        b = owner_or_structure(x)
+    except UnsupportedTensorError:
+        if x.__class__ is ShardedTensor:
+            return sharded_device(x)
+        raise
     if b is None:
         return _structure_device(x)
     return b.device_of(x)
@@ -595,10 +602,19 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     gives the tensor once the copy has landed. Host targets use pinned buffers where they exist,
     and the copy starts as soon as the work producing ``x`` is done, so it overlaps with work
     queued afterwards.
+
+    ``device`` may be a :class:`~multidev.Layout`: ``x`` laid out on its mesh (JAX: a ``jax.Array``
+    with a ``NamedSharding``; elsewhere a :class:`~multidev.ShardedTensor`; see
+    :func:`multidev.sharding.place`). A sharded ``x`` sent to a device comes back whole there.
     """
+    cls = x.__class__
+    if device.__class__ is Layout or cls is ShardedTensor:
+        if non_blocking:
+            raise InvalidArgumentError("to: non_blocking=True is for moves to one device; placement by a layout "
+                                       "is asynchronous where the framework is (JAX) and returns the tensor")
+        return place(x, device) if device.__class__ is Layout else unshard(x, device)
     if non_blocking:
         return start_to(x, device)
-    cls = x.__class__
     if cls is tuple or cls is list or cls is dict:  # (data, target) already there: no walk
         dev = device if device.__class__ is Device else as_device(device)
         if resident_container(x, dev):  # (trees.resident_container)
@@ -607,7 +623,13 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     if b is None:
         return _structure_to(x, device)
     dev = device if device.__class__ is Device else as_device(device)
-    if b.device_of(x) is dev:  # the no-op path (Devices are interned): no enumeration, no validation
+    try:
+        here = b.device_of(x)
+    except DeviceMismatchError:  # a framework's sharded tensor (JAX NamedSharding): gathered onto dev
+        if not is_sharded(x):
+            raise
+        return unshard(x, dev)
+    if here is dev:  # the no-op path (Devices are interned): no enumeration, no validation
         return x
     target = resolve(b, dev)
     try:

@@ -20,7 +20,11 @@ inheriting it** and implements whole:
 - :class:`SupportsModels`: the framework's containers and models (JAX pytrees, torch modules,
   Gluon blocks, Keras models) for ``to``, ``copy``, ``device_of`` and the rest;
 - :class:`SupportsDeviceScope`: the framework's own default-device scope, for
-  ``multidev.device_scope``.
+  ``multidev.device_scope``;
+- :class:`SupportsMesh`: the framework's own device mesh (``jax.sharding.Mesh``, torch's
+  ``DeviceMesh``, ``tf.dtensor``'s and Keras's meshes) and its hardware-aware device order;
+- :class:`SupportsSharding`: the framework's own sharded tensor (a ``jax.Array`` with a
+  ``NamedSharding``), for ``multidev.to(x, layout)``; without it multidev keeps managed shards.
 
 The registry checks every adapter when it loads (:func:`multidev.adapter.check_adapter`): each core
 method present, each declared protocol implemented whole (no method left at the protocol's stub),
@@ -51,8 +55,8 @@ import numpy as np
 from ._device import Device
 
 __all__ = ["CAPABILITY_PROTOCOLS", "OPTIONAL_METHODS", "PROTOCOL_METHODS", "REDUCE_OPS", "Backend", "Capabilities",
-           "SupportsCompile", "SupportsDLPack", "SupportsDeviceScope", "SupportsModels", "SupportsNativeCollectives",
-           "SupportsNonBlocking", "SupportsTraining",
+           "SupportsCompile", "SupportsDLPack", "SupportsDeviceScope", "SupportsMesh", "SupportsModels",
+           "SupportsNativeCollectives", "SupportsNonBlocking", "SupportsSharding", "SupportsTraining",
            "protocol_methods"]
 
 #: Elementwise reductions every adapter's :meth:`Backend.combine` supports.
@@ -415,9 +419,75 @@ class SupportsDeviceScope(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsMesh(Protocol):
+    """The framework's own device mesh, for :func:`multidev.make_mesh` (its device order) and
+    :func:`multidev.to_native_mesh` / :func:`multidev.from_native_mesh`. Meshes are
+    :class:`multidev.Mesh` values (``multidev.adapter.Mesh``)."""
+
+    def mesh_device_order(self, shape: tuple[int, ...], devices: Sequence[Device]) -> list[Device]:
+        """``devices`` (as many as the mesh has) in the row-major order the framework's own mesh
+        factory would give a mesh of ``shape`` (``jax.make_mesh``: the hardware's topology, the last
+        axis over the closest devices); the same devices, each once."""
+        ...
+
+    def native_mesh_kinds(self) -> tuple[str, ...]:
+        """The kinds of native mesh :meth:`to_native_mesh` makes, the default first (``("jax",)``,
+        ``("dtensor", "keras")``)."""
+        ...
+
+    def to_native_mesh(self, mesh: Any, kind: str) -> Any:
+        """The framework's own mesh of ``kind`` (one of :meth:`native_mesh_kinds`) with ``mesh``'s
+        shape, axis names and devices, in order. CapabilityError where the framework cannot make it
+        here, saying why (torch's ``DeviceMesh`` needs a process group with one rank per device)."""
+        ...
+
+    def from_native_mesh(self, obj: Any) -> Any:
+        """The :class:`multidev.Mesh` of one of the framework's own meshes (shape, names, devices in
+        order), or None where ``obj`` is none of them. Never imports a framework."""
+        ...
+
+
+@runtime_checkable
+class SupportsSharding(Protocol):
+    """The framework's own sharded tensor type (a ``jax.Array`` with a ``NamedSharding``): what
+    ``multidev.to(x, layout)`` gives where the framework can express the layout. Layouts are
+    :class:`multidev.Layout` values; shards are listed in the layout's mesh order."""
+
+    def sharding_for(self, layout: Any, shape: tuple[int, ...]) -> Any:
+        """The framework's placement object for a tensor of ``shape`` laid out as ``layout`` (a
+        ``NamedSharding``), or None where its sharded type cannot express the layout (partial sums):
+        multidev then keeps managed shards. CapabilityError where it can express it but not for this
+        shape (JAX needs pieces of equal size), saying why."""
+        ...
+
+    def layout_of(self, x: Any) -> Any:
+        """The :class:`multidev.Layout` of a native sharded tensor, or None where ``x`` lives on one
+        device the ordinary way. Never copies or waits."""
+        ...
+
+    def shards_of(self, x: Any) -> list[Any]:
+        """The per-device pieces of a native sharded tensor (``layout_of(x)`` is not None), one native
+        single-device tensor per device of the layout's mesh, in mesh order; no copy where the
+        framework hands them out (JAX's ``addressable_shards``)."""
+        ...
+
+    def place_sharded(self, x: Any, sharding: Any) -> Any:
+        """``x`` (a tensor on one device, or a native sharded one) placed by ``sharding`` (from
+        :meth:`sharding_for`): a new native sharded tensor, asynchronous where the framework is."""
+        ...
+
+    def assemble(self, shards: Sequence[Any], sharding: Any, shape: tuple[int, ...]) -> Any:
+        """The native sharded tensor of ``shape`` made of ``shards`` (one per device of the mesh, in
+        mesh order, each on its device with its piece's shape and the same dtype), without copying
+        where the framework allows (``jax.make_array_from_single_device_arrays``)."""
+        ...
+
+
 #: The optional capability protocols, in the order the adapter files and docs follow.
 CAPABILITY_PROTOCOLS: tuple[type, ...] = (SupportsNonBlocking, SupportsDLPack, SupportsNativeCollectives,
-                                          SupportsTraining, SupportsCompile, SupportsModels, SupportsDeviceScope)
+                                          SupportsTraining, SupportsCompile, SupportsModels, SupportsDeviceScope,
+                                          SupportsMesh, SupportsSharding)
 
 
 def protocol_methods(protocol: type) -> tuple[str, ...]:

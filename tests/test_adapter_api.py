@@ -38,6 +38,7 @@ ADDED_0_3 = {
     "SupportsNativeCollectives", "SupportsNonBlocking", "SupportsTraining", "TrainingDefaults", "protocol_methods",
     "SupportsModels", "SupportsDeviceScope",
     "start_move",
+    "SupportsMesh", "SupportsSharding", "Mesh", "Layout",  # the device mesh and layouts (issue 34)
 }
 
 

@@ -298,7 +298,9 @@ _PROVIDERS = {"SupportsNonBlocking": {"SupportsNonBlocking", "NonBlockingMoves"}
               "SupportsTraining": {"SupportsTraining", "TrainingDefaults"},
               "SupportsCompile": {"SupportsCompile"},
               "SupportsModels": {"SupportsModels"},
-              "SupportsDeviceScope": {"SupportsDeviceScope"}}
+              "SupportsDeviceScope": {"SupportsDeviceScope"},
+              "SupportsMesh": {"SupportsMesh"},
+              "SupportsSharding": {"SupportsSharding"}}
 
 
 def test_the_protocol_is_split_and_every_adapter_declares_what_it_implements() -> None:
@@ -340,7 +342,8 @@ ADAPTER_FILE_LINES = 420
 #: its class declares (a provider of it, see _PROVIDERS). A new capability protocol gets its file here.
 CONCERN_FILES = {"core.py": None, "transfers.py": "SupportsNonBlocking", "dlpack.py": "SupportsDLPack",
                  "collectives.py": "SupportsNativeCollectives", "training.py": "SupportsTraining",
-                 "compile.py": "SupportsCompile", "models.py": "SupportsModels", "scope.py": "SupportsDeviceScope"}
+                 "compile.py": "SupportsCompile", "models.py": "SupportsModels", "scope.py": "SupportsDeviceScope",
+                 "mesh.py": "SupportsMesh", "sharding.py": "SupportsSharding"}
 #: Beside the concern files: the composed adapter (__init__.py) and what several files share.
 ADAPTER_FOLDER_FILES = {"__init__.py", "_common.py", *CONCERN_FILES}
 #: Folders of backends/ that are not adapters.

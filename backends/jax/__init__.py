@@ -24,7 +24,9 @@ requested virtual CPU device.
 The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
 protocol), ``transfers.py`` (non-blocking moves, pinned host copies, staged uploads), ``dlpack.py``,
 ``collectives.py`` (``shard_map``), ``training.py`` (``jax.value_and_grad``), ``compile.py``
-(``jax.jit``), ``models.py`` (pytree nodes as trees), ``scope.py`` (``jax.default_device``);
+(``jax.jit``), ``models.py`` (pytree nodes as trees), ``scope.py`` (``jax.default_device``),
+``mesh.py`` (``jax.sharding.Mesh``, ``jax.make_mesh``'s device order), ``sharding.py``
+(``NamedSharding``: the native type of ``multidev.to(x, layout)``);
 ``_common.py`` holds what several of them share.
 """
 from __future__ import annotations
@@ -33,13 +35,16 @@ from .collectives import JaxCollectives
 from .compile import JaxCompile
 from .core import JaxCore
 from .dlpack import JaxDLPack
+from .mesh import JaxMesh
 from .models import JaxModels
 from .scope import JaxScope
+from .sharding import JaxSharding
 from .training import JaxTraining
 from .transfers import JaxTransfers
 
 __all__ = ["JaxBackend"]
 
 
-class JaxBackend(JaxCore, JaxTransfers, JaxDLPack, JaxCollectives, JaxTraining, JaxCompile, JaxModels, JaxScope):
+class JaxBackend(JaxCore, JaxTransfers, JaxDLPack, JaxCollectives, JaxTraining, JaxCompile, JaxModels, JaxScope,
+                 JaxMesh, JaxSharding):
     """The JAX backend (see the package docstring)."""
