@@ -24,7 +24,8 @@ The files, one per concern (the same names in every adapter folder): ``core.py``
 protocol), ``transfers.py`` (non-blocking moves), ``dlpack.py``, ``collectives.py``
 (``CollectiveReduceV2``), ``training.py`` (``tf.GradientTape``, Variables), ``compile.py``
 (``tf.function``), ``models.py`` (Keras models and ``tf.Module``: variables stay where they were
-made), ``scope.py`` (``tf.device``); ``_common.py`` holds what several of them share.
+made), ``scope.py`` (``tf.device``), ``mesh.py`` (DTensor and Keras meshes); ``_common.py`` holds
+what several of them share.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from .collectives import TensorflowCollectives
 from .compile import TensorflowCompile
 from .core import TensorflowCore
 from .dlpack import TensorflowDLPack
+from .mesh import TensorflowMesh
 from .models import TensorflowModels
 from .scope import TensorflowScope
 from .training import TensorflowTraining
@@ -41,5 +43,6 @@ __all__ = ["TensorflowBackend"]
 
 
 class TensorflowBackend(TensorflowCore, TensorflowTransfers, TensorflowDLPack, TensorflowCollectives,
-                        TensorflowTraining, TensorflowCompile, TensorflowModels, TensorflowScope):
+                        TensorflowTraining, TensorflowCompile, TensorflowModels, TensorflowScope,
+                        TensorflowMesh):
     """The TensorFlow adapter (see the package docstring)."""
