@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from multidev.adapter import CapabilityError, Device, Mesh, SupportsMesh
 
@@ -48,7 +48,9 @@ class TensorflowMesh(SupportsMesh):
 
     def from_native_mesh(self, obj: Any) -> Any:
         dt = sys.modules.get("tensorflow.dtensor.python.layout")
-        if dt is not None and isinstance(obj, getattr(dt, "Mesh", ())):
+        mesh_type: Any = getattr(dt, "Mesh", ())
+        if isinstance(obj, mesh_type):
+            obj = cast(Any, obj)
             if len(obj.global_device_ids().reshape(-1)) != len(obj.local_devices()):
                 raise CapabilityError("tensorflow backend: this DTensor mesh spans several clients; multidev reads "
                                       "the mesh of one process")
