@@ -206,3 +206,70 @@ def test_convert_keeps_the_layout(md_backend: Any, md_partner_name: str) -> None
         assert md.layout_of(c) == layout
         assert all(md.backend_of(p).name == md_partner_name for p in md.shards_of(c))
         _check_pieces(md.backend(md_partner_name), c, layout, ref)
+
+
+# -- collectives along mesh axes -------------------------------------------------------------------
+#: Axis selections of a mesh with axes a and b: each alone, both (either order).
+AXES = ["a", "b", ("a", "b"), ("b", "a")]
+
+
+def _locals(b: Any, m: md.Mesh, shape: tuple[int, ...], dtype: str) -> tuple[list[np.ndarray], list[Any]]:
+    refs = [sample(dtype, shape, seed=i, low=-3, high=4) for i in range(m.size)]
+    return refs, [md.asarray(r, dtype=dtype, device=d, backend=b.name) for r, d in zip(refs, m.devices)]
+
+
+def _groups(m: md.Mesh, axes: Any) -> list[list[int]]:
+    return [[m.devices.index(d) for d in g] for g in m.groups(axes)]
+
+
+@pytest.mark.parametrize("axes", AXES, ids=["a", "b", "ab", "ba"])
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_collectives_along_mesh_axes(md_backend: Any, axes: Any, dtype: str) -> None:
+    """allreduce, allgather, reduce_scatter and all_to_all within each group along the axes, against
+    NumPy per group; results on their devices; inputs unchanged."""
+    b = md_backend
+    need_dtype(b, dtype)
+    m = _mesh(b)
+    refs, xs = _locals(b, m, (5, 3), dtype)
+    for op, fn in (("sum", np.sum), ("max", np.max)):
+        out = md.allreduce_along(xs, m, axes, op)
+        for g in _groups(m, axes):
+            want = fn(np.stack([refs[i] for i in g]).astype(np.float64), axis=0)
+            for i in g:
+                np.testing.assert_array_equal(as_f64(b, out[i]), want, err_msg=f"{op} along {axes}, device {i}")
+    gathered = md.allgather_along(xs, m, axes, axis=1)
+    scattered = md.reduce_scatter_along(xs, m, axes, "sum", axis=0)
+    swapped = md.all_to_all_along(xs, m, axes, split_axis=0, concat_axis=1)
+    for g in _groups(m, axes):
+        total = np.sum(np.stack([refs[i] for i in g]).astype(np.float64), axis=0)
+        for k, i in enumerate(g):
+            np.testing.assert_array_equal(as_f64(b, gathered[i]), np.concatenate([refs[j] for j in g], 1))
+            np.testing.assert_array_equal(as_f64(b, scattered[i]), np.array_split(total, len(g), 0)[k])
+            np.testing.assert_array_equal(
+                as_f64(b, swapped[i]), np.concatenate([np.array_split(refs[j], len(g), 0)[k] for j in g], 1))
+    for outs in (gathered, scattered, swapped):
+        assert [md.device_of(y) for y in outs] == list(m.devices)
+    for r, x in zip(refs, xs):
+        np.testing.assert_array_equal(as_f64(b, x), r.astype(np.float64), err_msg="a collective changed its input")
+    with pytest.raises(md.CollectiveInputError):
+        md.allreduce_along(xs[::-1] if m.size > 1 else xs[:0], m, axes)
+
+
+@pytest.mark.parametrize(("split_axis", "concat_axis"), [(0, 0), (0, 1), (1, 0)])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_all_to_all_matches_numpy(md_backend: Any, n: int, split_axis: int, concat_axis: int) -> None:
+    """Device i sends piece j of its tensor (array_split along split_axis, pieces may be empty) to
+    device j, which joins what it gets along concat_axis in list order."""
+    b = md_backend
+    devs = [d for d in b.devices() if d.kind == b.devices()[0].kind]
+    if len(devs) < n:
+        pytest.skip(f"needs {n} devices; this backend has {len(devs)} here")
+    refs = [sample("int32", (5, 2), seed=i, low=-9, high=9) for i in range(n)]
+    xs = [md.asarray(r, dtype="int32", device=d, backend=b.name) for r, d in zip(refs, devs)]
+    out = md.all_to_all(xs, split_axis, concat_axis)
+    for j, (y, d) in enumerate(zip(out, devs)):
+        want = np.concatenate([np.array_split(r, n, split_axis)[j] for r in refs], concat_axis)
+        assert md.device_of(y) == d
+        np.testing.assert_array_equal(as_f64(b, y), want.astype(np.float64))
+    for r, x in zip(refs, xs):
+        np.testing.assert_array_equal(as_f64(b, x), r.astype(np.float64))
