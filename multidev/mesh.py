@@ -99,9 +99,22 @@ class Mesh:
         object.__setattr__(self, "shape", shp)
         object.__setattr__(self, "axis_names", names)
         object.__setattr__(self, "devices", devs)
+        object.__setattr__(self, "_hash", hash((shp, names, devs)))  # (placements key caches by meshes)
 
     def __reduce__(self) -> tuple:
         return (Mesh, (self.shape, self.axis_names, self.devices))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not Mesh:
+            return NotImplemented
+        o: Any = other
+        return bool(self._hash == o._hash and self.shape == o.shape and self.axis_names == o.axis_names  # type: ignore[attr-defined]
+                    and self.devices == o.devices)
 
     @property
     def size(self) -> int:
@@ -249,9 +262,23 @@ class Layout:
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "spec", tuple(entries))
         object.__setattr__(self, "partial", part)
+        object.__setattr__(self, "_pieces", tuple(mesh.axis_size(e) if e else 1 for e in entries))
+        object.__setattr__(self, "_hash", hash((mesh, self.spec, part)))
 
     def __reduce__(self) -> tuple:
         return (Layout, (self.mesh, self.spec, self.partial))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not Layout:
+            return NotImplemented
+        o: Any = other
+        return bool(self._hash == o._hash and self.spec == o.spec and self.partial == o.partial  # type: ignore[attr-defined]
+                    and self.mesh == o.mesh)
 
     @property
     def replicated(self) -> tuple[str, ...]:
@@ -261,7 +288,8 @@ class Layout:
 
     def pieces(self, dim: int) -> int:
         """Into how many pieces tensor dimension ``dim`` is cut (1 where it is whole)."""
-        return self.mesh.axis_size(self.spec[dim]) if dim < len(self.spec) else 1
+        p: tuple[int, ...] = self._pieces  # type: ignore[attr-defined]
+        return p[dim] if dim < len(p) else 1
 
     def check_rank(self, ndim: int, what: str = "layout") -> None:
         """InvalidArgumentError where the spec has more entries than a tensor of ``ndim`` dimensions."""
@@ -287,8 +315,8 @@ class Layout:
 
     def uneven(self, shape: Sequence[int]) -> list[tuple[int, int, int]]:
         """``(dim, length, pieces)`` for each dimension of ``shape`` that its pieces do not divide."""
-        return [(d, shape[d], self.pieces(d)) for d in range(min(len(shape), len(self.spec)))
-                if shape[d] % self.pieces(d)]
+        p: tuple[int, ...] = self._pieces  # type: ignore[attr-defined]
+        return [(d, shape[d], p[d]) for d in range(min(len(shape), len(p))) if shape[d] % p[d]]
 
     def spec_text(self) -> str:
         """The spec as a PartitionSpec reads: ``('data', None, ('x', 'y'))``."""

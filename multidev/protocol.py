@@ -477,6 +477,11 @@ class SupportsSharding(Protocol):
         :meth:`sharding_for`): a new native sharded tensor, asynchronous where the framework is."""
         ...
 
+    def unshard(self, x: Any, device: Device) -> Any:
+        """The whole of a native sharded tensor as one new tensor on ``device`` (``jax.device_put(x,
+        device)``), asynchronous where the framework is: ``multidev.to(x, device)``."""
+        ...
+
     def assemble(self, shards: Sequence[Any], sharding: Any, shape: tuple[int, ...]) -> Any:
         """The native sharded tensor of ``shape`` made of ``shards`` (one per device of the mesh, in
         mesh order, each on its device with its piece's shape and the same dtype), without copying

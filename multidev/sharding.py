@@ -37,7 +37,7 @@ from .errors import (
 from .mesh import AxisNames, Layout, Mesh, check_axis_names, mesh_shape
 from .placement import resolve, scope_backend
 from .protocol import Backend, SupportsMesh, SupportsSharding
-from .registry import backend_of, get_backend, loaded_backends, supports
+from .registry import backend_of, get_backend, loaded_backends, supports, tie_cache
 from .validate import translate_errors
 
 __all__ = [
@@ -219,13 +219,22 @@ class ShardedTensor:
 
 
 # -- sources: what a placement reads -----------------------------------------------------------------
-class _Source(NamedTuple):
-    b: Backend
-    shape: tuple[int, ...]
-    dtype: str
-    layout: Layout | None  # None: one tensor on one device
-    shards: list[Any]
-    devices: list[Device]
+class _Source:
+    """What a placement reads: the backend, the whole shape and dtype, the layout (None: one tensor
+    on one device), and the pieces, one per device (read from the framework only when needed)."""
+
+    __slots__ = ("_shards", "b", "devices", "dtype", "layout", "native", "shape", "x")
+
+    def __init__(self, b: Backend, x: Any, shape: tuple[int, ...], dtype: str, layout: Layout | None,
+                 shards: list[Any] | None, devices: list[Device], native: bool) -> None:
+        self.b, self.x, self.shape, self.dtype, self.layout = b, x, shape, dtype, layout
+        self._shards, self.devices, self.native = shards, devices, native
+
+    @property
+    def shards(self) -> list[Any]:
+        if self._shards is None:
+            self._shards = list(self.b.shards_of(self.x))  # type: ignore[attr-defined]
+        return self._shards
 
 
 def _native_layout(b: Backend, x: Any) -> Layout | None:
@@ -234,7 +243,7 @@ def _native_layout(b: Backend, x: Any) -> Layout | None:
 
 def _source(x: Any, what: str) -> _Source:
     if x.__class__ is ShardedTensor:
-        return _Source(get_backend(x.backend), x.shape, x.dtype, x.layout, list(x.shards), list(x.devices))
+        return _Source(get_backend(x.backend), x, x.shape, x.dtype, x.layout, list(x.shards), list(x.devices), False)
     try:
         b = backend_of(x)
     except UnsupportedTensorError as e:
@@ -242,8 +251,8 @@ def _source(x: Any, what: str) -> _Source:
     lay = _native_layout(b, x)
     shape, dtype = b.shape_of(x), b.dtype_of(x)
     if lay is not None:
-        return _Source(b, shape, dtype, lay, list(b.shards_of(x)), list(lay.mesh.devices))  # type: ignore[attr-defined]
-    return _Source(b, shape, dtype, None, [x], [b.device_of(x)])
+        return _Source(b, x, shape, dtype, lay, None, list(lay.mesh.devices), True)
+    return _Source(b, x, shape, dtype, None, [x], [b.device_of(x)], False)
 
 
 def is_sharded(x: Any) -> bool:
@@ -387,15 +396,24 @@ def _relayout(src: _Source, target: Layout) -> list[Any]:
     return out
 
 
+#: (adapter, mesh, dtype, id(capabilities)) -> the capability record the mesh was checked against.
+_CHECKED: dict[tuple[Any, ...], Any] = tie_cache({})
+
+
 def _check_target(b: Backend, layout: Layout, shape: tuple[int, ...], dtype: str, what: str) -> Any:
     """Validate ``layout`` for a ``b`` tensor of ``shape`` and ``dtype``; the native sharding or None."""
     if not isinstance(layout, Layout):
         raise InvalidArgumentError(f"{what} takes a multidev Layout, got {type(layout).__name__}")
     layout.check_rank(len(shape), what)
-    for d in layout.mesh.devices:
-        resolve(b, d)
-        if dtype not in b.capabilities.dtypes_on(d):
-            raise CapabilityError(f"{what}: {b.name} cannot hold {dtype} on {d}")
+    caps = b.capabilities
+    key = (b, layout.mesh, dtype, id(caps))
+    if _CHECKED.get(key) is not caps:  # (the device set and dtypes checked once per capability record)
+        for d in layout.mesh.devices:
+            resolve(b, d)
+            if dtype not in caps.dtypes_on(d):
+                raise CapabilityError(f"{what}: {b.name} cannot hold {dtype} on {d}")
+        if len(_CHECKED) < 1024:
+            _CHECKED[key] = caps
     if layout.partial and dtype == "bool":
         raise InvalidArgumentError(f"{what}: partial sums of bool tensors are undefined; lay it out without partial")
     if supports(b, SupportsSharding):
@@ -416,7 +434,7 @@ def place(x: Any, layout: Layout) -> Any:
     sharding = _check_target(b, layout, src.shape, src.dtype, "to(layout)")
     if src.layout == layout:
         return x
-    if sharding is not None and x.__class__ is not ShardedTensor and not (src.layout and src.layout.partial):
+    if sharding is not None and (src.layout is None or src.native):  # (a native layout has no partial sums)
         return b.place_sharded(x, sharding)  # type: ignore[attr-defined]
     shards = _relayout(src, layout)
     if sharding is not None:
@@ -430,6 +448,8 @@ def unshard(x: Any, device: DeviceLike) -> Any:
     tensor on ``device``, built from the pieces (those already on ``device`` are not moved)."""
     src = _source(x, "to(device)")
     dev = resolve(src.b, device)
+    if src.native:  # the framework's own gather (jax.device_put(x, device))
+        return src.b.unshard(x, dev)  # type: ignore[attr-defined]
     one = Layout(Mesh((1,), ("_",), (dev,)))
     return _relayout(src, one)[0]
 

@@ -110,3 +110,14 @@ class JaxShardsOnDefaultDevice(JaxBackend):
 
     def shards_of(self, x: Any) -> list[Any]:
         return [self._jax.device_put(p, self._jax.devices("cpu")[0]) for p in super().shards_of(x)]
+
+
+@mutant("jax", "unshard gives the piece on the target device (or the first piece), not the whole tensor",
+        ["test_layout_round_trip"])
+class JaxUnshardGivesAPiece(JaxBackend):
+    name = "jax_unshard_gives_a_piece"
+
+    def unshard(self, x: Any, device: Device) -> Any:
+        pieces = {self.from_native_device(s.device): s.data for s in x.addressable_shards}
+        piece = pieces.get(device, next(iter(pieces.values())))
+        return self._jax.device_put(piece, self.to_native_device(device))
