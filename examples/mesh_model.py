@@ -6,7 +6,8 @@ along ``model`` (each device holds a quarter of ``x`` and half of each weight), 
 computes its part with the framework's own operators and no communication, and the output comes out
 as partial sums along ``model``; one change of layout adds them up (an allreduce along ``model``).
 The result equals the unsharded model computed with NumPy. On JAX the weights are ``jax.Array``\\ s
-with a ``NamedSharding``; on NumPy, TensorFlow or MXNet, multidev's managed shards.
+with a ``NamedSharding``; on NumPy or TensorFlow, multidev's managed shards (torch too, on a machine
+with four GPUs; MXNet's ``NDArray`` has no ``@`` operator, so this model's code does not run on it).
 
     python -m multidev.examples.mesh_model                  # JAX and NumPy
     python -m multidev.examples.mesh_model --backend tensorflow

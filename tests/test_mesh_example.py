@@ -9,11 +9,11 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-NAMES = ["numpy"] + [n for n in ("jax", "tensorflow", "mxnet") if importlib.util.find_spec(n) is not None
-                     and not (n == "mxnet" and int(np.__version__.split(".")[0]) >= 2)]
+#: MXNet's NDArray has no ``@`` operator, which the model's code uses (its managed shards are checked
+#: by the conformance suite's mesh checks instead).
+NAMES = ["numpy"] + [n for n in ("jax", "tensorflow") if importlib.util.find_spec(n) is not None]
 
 
 def _run(name: str) -> subprocess.CompletedProcess:
