@@ -1,4 +1,4 @@
-"""A small model sharded over a 2x2 mesh of CPU devices, the same code on every backend.
+"""A small model sharded over a 2x2 mesh of CPU devices, the same code on JAX, NumPy and TensorFlow.
 
 A two-layer perceptron ``y = relu(x @ w1) @ w2`` is laid out Megatron-style over a mesh with axes
 ``data`` and ``model``: the batch ``x`` is cut along ``data``, ``w1``'s columns and ``w2``'s rows
