@@ -681,7 +681,7 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
 
     - ``synchronize()``: every device of every loaded backend (or of ``backend``).
     - ``synchronize(device)``: that device, on ``backend`` or on every loaded backend that has it.
-    - ``synchronize(tensor)``: until that tensor is computed.
+    - ``synchronize(tensor)``: until that tensor is computed (every piece of a ShardedTensor).
 
     A framework error raised by the wait (an asynchronous failure) comes as its MultidevError.
     """
@@ -763,6 +763,10 @@ def _synchronize(target: Any, backend: str | None) -> None:
         try:
             dev = as_device(target)  # a native device object
         except MultidevError:
+            if target.__class__ is ShardedTensor:  # every piece
+                for t in target.shards:
+                    waiter_of(t)(t)
+                return
             if is_structure(target):  # every tensor of a structure (a model's parameters too)
                 for _, t in leaves(target, "synchronize"):
                     waiter_of(t)(t)

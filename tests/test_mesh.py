@@ -219,6 +219,7 @@ def test_the_container_is_frozen_and_reports_itself(four: None) -> None:
     assert md.layout_of(x) is None and md.shards_of(x) == [x]
     with pytest.raises(md.UnsupportedTensorError):
         md.layout_of("x")
+    md.synchronize(y)  # every piece
     h = md.to_host(y, non_blocking=True)
     assert isinstance(h, md.Transfer) and h.wait().shape == (4, 6)
 

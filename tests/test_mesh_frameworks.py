@@ -54,6 +54,7 @@ def test_jax_native_in_native_out() -> None:
         assert np.array_equal(md.to_host(native), ref) and np.array_equal(md.to_host(y), ref)
         part = md.to(x, md.Layout(m, ("data",), partial="model"))
         assert isinstance(part, md.ShardedTensor) and all(isinstance(p, jax.Array) for p in part.shards)
+        md.synchronize(part)  # waits for every piece
         summed = md.to(part, md.Layout(m, ("data",)))
         assert isinstance(summed, jax.Array) and np.array_equal(md.to_host(summed), ref)
         try:
