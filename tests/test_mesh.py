@@ -257,3 +257,36 @@ def test_from_shards_checks_the_pieces(four: None) -> None:
         md.from_shards(pieces, lay, shape=(8, 2))
     with pytest.raises(md.InvalidArgumentError, match="several dtypes"):
         md.from_shards([*pieces[:3], md.zeros((1, 2), dtype="int32", device="cpu:3", backend="numpy")], lay)
+
+
+def test_edge_shapes_and_dtypes(four: None) -> None:
+    """0-d, empty and length-1 tensors, bfloat16, complex and wrapping int8 partial sums, and a
+    change of layout onto another mesh over the same devices in another order."""
+    m = _m()
+    x = md.asarray(np.float32(3.5), backend="numpy")
+    for lay in (md.Layout(m), md.Layout(m, (), partial="a")):
+        y = md.to(x, lay)
+        assert [p.shape for p in y.shards] == [()] * 4 and float(md.to_host(y)) == 3.5
+        assert float(md.to_numpy(md.to(y, "cpu:2"))) == 3.5
+    empty = md.to(md.asarray(np.zeros((0, 3), np.float32), backend="numpy"), md.Layout(m, ("a", "b")))
+    assert [p.shape for p in empty.shards] == [(0, 2), (0, 1), (0, 2), (0, 1)] and md.to_host(empty).shape == (0, 3)
+    one = md.to(md.asarray(np.array([7.0]), backend="numpy"), md.Layout(m, (("a", "b"),)))
+    assert [p.shape for p in one.shards] == [(1,), (0,), (0,), (0,)]
+    assert md.to_numpy(md.to(one, "cpu:3")).tolist() == [7.0]
+    if "bfloat16" in md.backend("numpy").capabilities.dtypes:
+        bf = md.asarray(np.arange(8.0, dtype=np.float32).reshape(4, 2), dtype="bfloat16", backend="numpy")
+        y = md.to(bf, md.Layout(m, ("a",), partial="b"))
+        assert md.to_host(y).dtype.name == "bfloat16"
+        assert md.to_host(md.to(y, md.Layout(m, (None, "b")))).astype(np.float32).ravel().tolist() == list(range(8))
+    c = md.asarray(np.arange(4.0) + 1j, dtype="complex64", backend="numpy")
+    np.testing.assert_array_equal(md.to_host(md.to(c, md.Layout(m, (), partial=("a", "b")))), np.arange(4.0) + 1j)
+    i8 = md.asarray(np.array([100, -100], np.int8), backend="numpy")
+    part = md.to(i8, md.Layout(m, (), partial="a"))
+    assert md.to_host(md.to(part, md.Layout(m))).tolist() == [100, -100]
+    other = md.Mesh((4,), ("z",), [md.cpu(i) for i in (3, 1, 0, 2)])
+    ref = np.arange(12.0).reshape(6, 2)
+    y = md.to(md.asarray(ref, backend="numpy"), md.Layout(m, ("a",), partial="b"))
+    for lay in (md.Layout(other, ("z",)), md.Layout(other, (), partial="z")):
+        z = md.to(y, lay)
+        assert [md.device_of(p) for p in z.shards] == list(other.devices)
+        np.testing.assert_array_equal(md.to_host(z), ref)

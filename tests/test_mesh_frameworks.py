@@ -93,6 +93,22 @@ def test_torch_device_mesh_in_a_process_group_of_one() -> None:
         x = torch.arange(12.).reshape(3, 4)
         y = md.to(x, md.Layout(m, ("dp", "tp")))
         assert isinstance(y, md.ShardedTensor) and torch.equal(y.shards[0], x) and y.shards[0] is not x
+        try:
+            import jax
+        except ImportError:
+            jax = None
+        if jax is not None:  # JAX pieces to torch pieces and back, piece by piece (torch has one CPU device)
+            mesh1 = md.make_mesh((1, 1), ("dp", "tp"), backend="jax")
+            lay = md.Layout(mesh1, ("dp",), partial="tp")
+            j = md.to(md.asarray(np.arange(6.0, dtype=np.float32).reshape(3, 2), backend="jax"), lay)
+            t = md.convert(j, "torch")
+            assert isinstance(t, md.ShardedTensor) and t.backend == "torch" and t.layout == lay
+            assert isinstance(t.shards[0], torch.Tensor)
+            back = md.convert(t, "jax")
+            assert isinstance(back, md.ShardedTensor) and back.layout == lay
+            assert np.array_equal(md.to_host(md.to(back, md.Layout(mesh1, ("dp",)))), np.arange(6.0).reshape(3, 2))
+            one = md.to(md.asarray(np.ones(2, np.float32), backend="jax"), md.Layout(mesh1))
+            assert isinstance(md.convert(one, "torch"), torch.Tensor)  # one device: the one tensor it is
         dist.destroy_process_group()
         print("ok")
     """)
