@@ -607,22 +607,36 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     with a ``NamedSharding``; elsewhere a :class:`~multidev.ShardedTensor`; see
     :func:`multidev.sharding.place`). A sharded ``x`` sent to a device comes back whole there.
     """
-    cls = x.__class__
-    if device.__class__ is Layout or cls is ShardedTensor:
-        if non_blocking:
+    if non_blocking:
+        if device.__class__ is Layout or x.__class__ is ShardedTensor:
             raise InvalidArgumentError("to: non_blocking=True is for moves to one device; placement by a layout "
                                        "is asynchronous where the framework is (JAX) and returns the tensor")
-        return place(x, device) if device.__class__ is Layout else unshard(x, device)
-    if non_blocking:
         return start_to(x, device)
+    cls = x.__class__
     if cls is tuple or cls is list or cls is dict:  # (data, target) already there: no walk
+        if device.__class__ is Layout:
+            raise InvalidArgumentError("to(x, layout) takes one tensor: place each tensor of a structure by its "
+                                       "own layout")
         dev = device if device.__class__ is Device else as_device(device)
         if resident_container(x, dev):  # (trees.resident_container)
             return x if cls is tuple else cls(x)  # (a list or dict: a new one, as tree_map gives)
-    b = owner_or_structure(x)
+    try:  # (the layouts and sharded tensors of multidev.sharding are dispatched where they raise: no cost here)
+        b = owner_or_structure(x)
+    except UnsupportedTensorError:
+        if cls is not ShardedTensor:
+            raise
+        return place(x, device) if device.__class__ is Layout else unshard(x, device)
     if b is None:
+        if device.__class__ is Layout:
+            raise InvalidArgumentError("to(x, layout) takes one tensor: place each tensor of a structure by its "
+                                       "own layout")
         return _structure_to(x, device)
-    dev = device if device.__class__ is Device else as_device(device)
+    try:
+        dev = device if device.__class__ is Device else as_device(device)
+    except InvalidDeviceError:
+        if device.__class__ is not Layout:
+            raise
+        return place(x, device)
     try:
         here = b.device_of(x)
     except DeviceMismatchError:  # a framework's sharded tensor (JAX NamedSharding): gathered onto dev

@@ -235,6 +235,9 @@ def test_bad_placements_are_refused_and_change_nothing(four: None) -> None:
         md.to(x, md.Layout(md.Mesh((2,), ("a",), [md.cpu(0), md.cpu(9)]), ("a",)))
     with pytest.raises(md.InvalidArgumentError, match="non_blocking"):
         md.to(x, md.Layout(m, ("a",)), non_blocking=True)
+    for structure in ([x], {"w": x}):
+        with pytest.raises(md.InvalidArgumentError, match="takes one tensor"):
+            md.to(structure, md.Layout(m, ("a",)))
     np.testing.assert_array_equal(x, ref)
     y = md.to(x, md.Layout(m, ("a",)))
     with pytest.raises(md.InvalidArgumentError, match="keeps its mesh"):
