@@ -6,7 +6,7 @@ loaded when a call first needs it (by backend name or by a tensor's type).
 Layers, bottom up (each imports only those below it): ``errors``, ``_device`` and ``dtypes``;
 ``protocol`` and ``adapter`` (the public API for adapter authors); ``registry``; ``placement`` and
 ``validate``; ``transfer`` and ``exchange``; ``api``, ``collectives`` and ``compilation``;
-``distributed``; ``training``; ``cli``.
+``distributed``; ``training`` and ``data_parallel``; ``cli``.
 """
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ from .collectives import (
                   split_batch,
 )
 from .compilation import Compiled, compile
+from .data_parallel import DataParallel, broadcast_state, data_parallel
 from .dtypes import canonical_dtype
 from .errors import (
                   AdapterError,
@@ -68,6 +69,7 @@ from .errors import (
                   InvalidDtypeError,
                   MultidevError,
                   OutOfMemoryError,
+                  ReplicaMismatchError,
                   ScopeError,
                   UnsupportedTensorError,
 )
@@ -84,14 +86,15 @@ __version__ = "0.2.0"
 
 __all__ = [
     "AdapterError", "Backend", "BackendError", "BackendNotAvailableError", "Capabilities", "CapabilityError",
-    "CollectiveInputError", "CollectiveMismatchError", "Compiled", "Device", "DeviceMismatchError",
+    "CollectiveInputError", "CollectiveMismatchError", "Compiled", "DataParallel", "Device", "DeviceMismatchError",
     "DeviceNotFoundError", "DistributedError", "DistributedSetupError", "DistributedTimeoutError",
     "InvalidArgumentError", "InvalidDeviceError",
-    "InvalidDtypeError", "Layout", "Mesh", "MultidevError", "OutOfMemoryError", "ScopeError", "ShardedTensor",
-    "Transfer", "UnsupportedTensorError",
+    "InvalidDtypeError", "Layout", "Mesh", "MultidevError", "OutOfMemoryError", "ReplicaMismatchError",
+    "ScopeError", "ShardedTensor", "Transfer", "UnsupportedTensorError",
     "all_to_all", "all_to_all_along", "allgather", "allgather_along", "allreduce", "allreduce_along",
     "arange", "asarray", "backend", "backend_of",
-    "backends", "broadcast", "canonical_dtype", "compile", "convert", "copy", "cpu", "default_device", "device",
+    "backends", "broadcast", "broadcast_state", "canonical_dtype", "compile", "convert", "copy", "cpu",
+    "data_parallel", "default_device", "device",
     "device_of", "device_scope", "devices", "distributed", "dtype_of", "empty", "from_native_mesh", "from_shards",
     "full", "gather",
     "get_default_backend", "gpu", "layout_of", "make_mesh", "native_device", "num_gpus", "ones", "rand", "reduce",

@@ -20,7 +20,9 @@ What :class:`BaseBackend` supplies for the core protocol (override any of them):
 
 The optional capabilities are protocols an adapter declares by inheriting them
 (:data:`CAPABILITY_PROTOCOLS`: :class:`SupportsNonBlocking`, :class:`SupportsDLPack`,
-:class:`SupportsNativeCollectives`, :class:`SupportsTraining`, :class:`SupportsCompile`), with
+:class:`SupportsNativeCollectives`, :class:`SupportsTraining`, :class:`SupportsCompile`,
+:class:`SupportsModels`, :class:`SupportsDeviceScope`, :class:`SupportsDataParallel`, whose
+:class:`Replica` base class supplies the data-parallel defaults), with
 shared implementations to inherit where they fit: :class:`ArrayApiDLPack` (the array-API
 ``__dlpack__`` route) and :class:`TrainingDefaults` (parameters without autograd state, SGD with the
 tensors' own operators). :func:`check_adapter` checks what is declared when the adapter loads.
@@ -84,6 +86,7 @@ from .protocol import (
     Backend,
     Capabilities,
     SupportsCompile,
+    SupportsDataParallel,
     SupportsDeviceScope,
     SupportsDLPack,
     SupportsMesh,
@@ -94,6 +97,7 @@ from .protocol import (
     SupportsTraining,
     protocol_methods,
 )
+from .replicas import Ready, Replica
 from .staging import StagingPlan, parallel_put, staged_upload
 
 __all__ = [
@@ -130,9 +134,12 @@ __all__ = [
     "Mesh",
     "MultidevError",
     "NonBlockingMoves",
+    "Ready",
+    "Replica",
     "StagingPlan",
     "SupportsCompile",
     "SupportsDLPack",
+    "SupportsDataParallel",
     "SupportsDeviceScope",
     "SupportsMesh",
     "SupportsModels",

@@ -6,7 +6,7 @@ import contextvars
 import numbers
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import numpy as np
 
@@ -53,6 +53,11 @@ from .validate import (
     range_length,
     translate_errors,
 )
+
+if TYPE_CHECKING:
+    from .transfer import Transfer
+
+_T = TypeVar("_T")
 
 __all__ = [
     "arange", "asarray", "backend", "backends", "copy", "cpu", "default_device", "device", "device_of",
@@ -594,6 +599,16 @@ def dtype_of(x: Any) -> str:
     return (b if b is not None else backend_of(x)).dtype_of(x)
 
 
+@overload
+def to(x: Any, device: Layout, *, non_blocking: Literal[False] = False) -> Any: ...
+@overload
+def to(x: ShardedTensor, device: DeviceLike, *, non_blocking: Literal[False] = False) -> Any: ...
+@overload
+def to(x: _T, device: DeviceLike, *, non_blocking: Literal[False] = False) -> _T: ...
+@overload
+def to(x: _T, device: DeviceLike, *, non_blocking: Literal[True]) -> Transfer[_T]: ...
+@overload
+def to(x: _T, device: DeviceLike, *, non_blocking: bool) -> _T | Transfer[_T]: ...
 def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     """``x`` on ``device``: ``x`` itself when it is already there (no-op, D2L's ``as_in_ctx``),
     else a copy on the target device. Asynchronous where the framework is, but always safe to read.
@@ -663,7 +678,7 @@ def _structure_to(x: Any, device: DeviceLike) -> Any:
     return tree_map(lambda t: to(t, dev), x, "to", module=move_module, check=lambda b: resolve(b, dev))
 
 
-def copy(x: Any, device: DeviceLike | None = None) -> Any:
+def copy(x: _T, device: DeviceLike | None = None) -> _T:
     """A new, independent buffer holding ``x`` on ``device`` (x's own device when None): D2L's
     ``copyto``. Always copies, even on the same device. A structure is copied tensor by tensor
     (a model into a new, independent model)."""
@@ -694,7 +709,9 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
     """Wait for queued work and raise any asynchronous error it produced.
 
     - ``synchronize()``: every device of every loaded backend (or of ``backend``).
-    - ``synchronize(device)``: that device, on ``backend`` or on every loaded backend that has it.
+    - ``synchronize(device)``: that device, on ``backend`` or on every loaded asynchronous backend
+      that has it (the sum of their waits: JAX's queues a marker computation; ``backend=`` waits
+      on one framework only, the cheap path where you know which one queued the work).
     - ``synchronize(tensor)``: until that tensor is computed (every piece of a ShardedTensor).
 
     A framework error raised by the wait (an asynchronous failure) comes as its MultidevError.

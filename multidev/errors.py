@@ -23,6 +23,7 @@ __all__ = [
     "InvalidDtypeError",
     "MultidevError",
     "OutOfMemoryError",
+    "ReplicaMismatchError",
     "ScopeError",
     "UnsupportedTensorError",
 ]
@@ -104,6 +105,12 @@ class DistributedSetupError(DistributedError, InvalidArgumentError):
     launcher's variable that is no integer or out of range, variables left by a launcher that did not
     start this process, a rendezvous port already taken. Raised at once, before anything waits,
     naming the setting and the fix; a ``ValueError`` as well as a ``DistributedError``."""
+
+
+class ReplicaMismatchError(MultidevError, RuntimeError):
+    """Data-parallel replicas that should be bitwise equal are not (``data_parallel(verify=True)``,
+    :meth:`multidev.DataParallel.verify`): the message names the first parameter or buffer that
+    differs and the devices or ranks holding the two values."""
 
 
 class ScopeError(MultidevError, RuntimeError, ValueError):

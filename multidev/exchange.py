@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from ._device import DeviceLike
 from .dlpack import DLPackCapsule, DLPackInfo, dlpack_info
@@ -33,6 +33,16 @@ from .registry import backend_of, cached_owner, get_backend, require, tie_cache
 from .sharding import ShardedTensor, is_sharded, map_shards
 from .trees import is_structure, tree_map
 from .validate import translate_errors
+
+if TYPE_CHECKING:  # the result types of convert(); never imported at run time
+    import cupy
+    import jax
+    import mxnet
+    import numpy as np
+    import tensorflow as tf
+    import torch
+
+_K = TypeVar("_K")
 
 __all__ = ["CExchangeAPI", "DLPackCapsule", "DLPackInfo", "c_exchange_api", "convert", "dlpack_info", "exportable",
            "peek"]
@@ -305,6 +315,40 @@ def _c_import(to: CExchangeAPI, ptr: int, cap: Any, dst: Backend, src: str) -> A
     return _steal(res.value)
 
 
+# The result's type follows ``backend`` for a tensor and the container for a structure (its leaves
+# become the other framework's tensors: typed Any).
+@overload
+def convert(x: ShardedTensor, backend: str, copy: bool | None = None, *,
+            device: DeviceLike | None = None) -> Any: ...
+@overload
+def convert(x: list[Any], backend: str, copy: bool | None = None, *,
+            device: DeviceLike | None = None) -> list[Any]: ...
+@overload
+def convert(x: tuple[Any, ...], backend: str, copy: bool | None = None, *,
+            device: DeviceLike | None = None) -> tuple[Any, ...]: ...
+@overload
+def convert(x: dict[_K, Any], backend: str, copy: bool | None = None, *,
+            device: DeviceLike | None = None) -> dict[_K, Any]: ...
+@overload
+def convert(x: Any, backend: Literal["numpy"], copy: bool | None = None, *,
+            device: DeviceLike | None = None) -> np.ndarray: ...
+@overload
+def convert(x: Any, backend: Literal["torch"], copy: bool | None = None, *,
+            device: DeviceLike | None = None) -> torch.Tensor: ...
+@overload
+def convert(x: Any, backend: Literal["jax"], copy: bool | None = None, *,
+            device: DeviceLike | None = None) -> jax.Array: ...
+@overload
+def convert(x: Any, backend: Literal["tensorflow"], copy: bool | None = None, *,
+            device: DeviceLike | None = None) -> tf.Tensor: ...
+@overload
+def convert(x: Any, backend: Literal["cupy"], copy: bool | None = None, *,
+            device: DeviceLike | None = None) -> cupy.ndarray: ...
+@overload
+def convert(x: Any, backend: Literal["mxnet"], copy: bool | None = None, *,
+            device: DeviceLike | None = None) -> mxnet.nd.NDArray: ...
+@overload
+def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLike | None = None) -> Any: ...
 def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLike | None = None) -> Any:
     """``x`` as a tensor of another framework, on the same device, same shape, dtype and values.
 

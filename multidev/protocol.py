@@ -24,7 +24,9 @@ inheriting it** and implements whole:
 - :class:`SupportsMesh`: the framework's own device mesh (``jax.sharding.Mesh``, torch's
   ``DeviceMesh``, ``tf.dtensor``'s and Keras's meshes) and its hardware-aware device order;
 - :class:`SupportsSharding`: the framework's own sharded tensor (a ``jax.Array`` with a
-  ``NamedSharding``), for ``multidev.to(x, layout)``; without it multidev keeps managed shards.
+  ``NamedSharding``), for ``multidev.to(x, layout)``; without it multidev keeps managed shards;
+- :class:`SupportsDataParallel`: the user's model and optimizer as a data-parallel replica
+  (``data_parallel_replica``), for ``multidev.data_parallel``.
 
 The registry checks every adapter when it loads (:func:`multidev.adapter.check_adapter`): each core
 method present, each declared protocol implemented whole (no method left at the protocol's stub),
@@ -54,10 +56,25 @@ import numpy as np
 
 from ._device import Device
 
-__all__ = ["CAPABILITY_PROTOCOLS", "OPTIONAL_METHODS", "PROTOCOL_METHODS", "REDUCE_OPS", "Backend", "Capabilities",
-           "SupportsCompile", "SupportsDLPack", "SupportsDeviceScope", "SupportsMesh", "SupportsModels",
-           "SupportsNativeCollectives", "SupportsNonBlocking", "SupportsSharding", "SupportsTraining",
-           "protocol_methods"]
+__all__ = [
+    "CAPABILITY_PROTOCOLS",
+    "OPTIONAL_METHODS",
+    "PROTOCOL_METHODS",
+    "REDUCE_OPS",
+    "Backend",
+    "Capabilities",
+    "SupportsCompile",
+    "SupportsDLPack",
+    "SupportsDataParallel",
+    "SupportsDeviceScope",
+    "SupportsMesh",
+    "SupportsModels",
+    "SupportsNativeCollectives",
+    "SupportsNonBlocking",
+    "SupportsSharding",
+    "SupportsTraining",
+    "protocol_methods",
+]
 
 #: Elementwise reductions every adapter's :meth:`Backend.combine` supports.
 REDUCE_OPS = ("sum", "max", "min", "prod")
@@ -402,6 +419,22 @@ class SupportsModels(Protocol):
 
 
 @runtime_checkable
+class SupportsDataParallel(Protocol):
+    """The framework's models and optimizers for :func:`multidev.data_parallel` and
+    :func:`multidev.broadcast_state`: a :class:`~multidev.adapter.Replica` over the user's own
+    model and the framework's own optimizer. The core does the buckets, the collectives across
+    processes, the broadcast and the replica check."""
+
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        """A :class:`~multidev.adapter.Replica` of ``model`` (this framework's model, or a tree of its
+        tensors) and ``optimizer`` (the framework's own, or None) on ``devices`` (validated, at
+        least one; several: the framework's one-process data parallelism over them). None where
+        ``model`` is no structure of this framework; InvalidArgumentError for an optimizer that
+        does not fit the model; CapabilityError for a mode the framework cannot run, saying why."""
+        ...
+
+
+@runtime_checkable
 class SupportsDeviceScope(Protocol):
     """The framework's own default-device scope, entered by ``multidev.device_scope(dev,
     backend=...)`` so framework code inside the block lands on ``dev`` (torch's device context,
@@ -492,7 +525,7 @@ class SupportsSharding(Protocol):
 #: The optional capability protocols, in the order the adapter files and docs follow.
 CAPABILITY_PROTOCOLS: tuple[type, ...] = (SupportsNonBlocking, SupportsDLPack, SupportsNativeCollectives,
                                           SupportsTraining, SupportsCompile, SupportsModels, SupportsDeviceScope,
-                                          SupportsMesh, SupportsSharding)
+                                          SupportsMesh, SupportsSharding, SupportsDataParallel)
 
 
 def protocol_methods(protocol: type) -> tuple[str, ...]:

@@ -6,7 +6,7 @@
 #   fast       .venv-fast  numpy + rich + test/lint/docs tools: ruff, mypy, the docs site (mkdocs
 #                          --strict), the tests with no framework installed (what must work, or skip
 #                          saying why, on NumPy alone), the conformance suite on NumPy and array-api-strict
-#   modern     .venv       numpy 2, torch 2.13.0 (CPU wheel), JAX, TensorFlow, array-api-strict, mpi4py with
+#   modern     .venv       numpy 2, torch 2.13.0 (CPU wheel), JAX with flax and optax, TensorFlow, array-api-strict, mpi4py with
 #                          Open MPI: every test, the suite on torch, JAX and TensorFlow (NumPy and
 #                          array-api-strict are partners there), multidev.distributed on its three engines,
 #                          the mutation catalogue
@@ -14,15 +14,16 @@
 #                          else: MXNet's tests and suite, and the NumPy and JAX adapters on NumPy 1.26 and
 #                          JAX 0.7.1 (their suite, their adapter tests, the tests that take every backend)
 # Each thing is tested once, in the environment that adds information. The jobs run side by side
-# (JOBS at a time, default 3: many of them wait on child processes), each into build/ci/NAME.log,
-# printed whole when it fails and as its last lines when it passes; each job's and each
-# environment's time is printed, then one closing line adding up every pytest run.
+# (JOBS at a time, default 2, the longest first), each into build/ci/NAME.log with its JUnit XML
+# beside it (per-test times), printed whole when it fails and as its last lines when it passes;
+# each job's and each environment's time is printed, then one closing line adding up every pytest
+# run. The multi-process jobs, whose fault checks time time-outs, run after them, one at a time.
 #   MULTIDEV_LANES=fast,modern,mx picks environments (default all three); JOBS=N; PYTHON=python3.11.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 LANES=",${MULTIDEV_LANES:-fast,modern,mx},"
-JOBS=${JOBS:-3}
+JOBS=${JOBS:-2}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore::DeprecationWarning TF_CPP_MIN_LOG_LEVEL=2
 export MULTIDEV_CACHE_DIR="$PWD/build/cache"  # the devices cache stays in the clone
 start=$(date +%s)
@@ -53,16 +54,16 @@ t0=$(date +%s)
 stamp "environments (uv: ${UV:-no, pip})"
 pids=()
 if [[ $LANES == *,fast,* ]]; then
-  (TORCH=0 setup .venv-fast -e ".[test,lint,docs]" pytest-xdist >build/ci/setup-fast.log 2>&1; echo $? >build/ci/setup-fast.rc) &
+  (TORCH=0 setup .venv-fast -e ".[test,lint,docs]" >build/ci/setup-fast.log 2>&1; echo $? >build/ci/setup-fast.rc) &
   pids+=($!)
 fi
 if [[ $LANES == *,modern,* ]]; then
-  (setup .venv jax tensorflow-cpu mpi4py openmpi pytest-xdist -e ".[all,mpi,test]" >build/ci/setup-modern.log 2>&1
+  (setup .venv jax tensorflow-cpu mpi4py openmpi flax optax -e ".[all,mpi,test]" >build/ci/setup-modern.log 2>&1
    echo $? >build/ci/setup-modern.rc) &
   pids+=($!)
 fi
 if [[ $LANES == *,mx,* ]]; then
-  (setup .venv-mx tensorflow-cpu==2.21.0 jax==0.7.1 jaxlib==0.7.1 mxnet==1.9.1 numpy==1.26.4 pytest-xdist \
+  (setup .venv-mx tensorflow-cpu==2.21.0 jax==0.7.1 jaxlib==0.7.1 mxnet==1.9.1 numpy==1.26.4 \
      -e ".[all,mxnet,test]" >build/ci/setup-mx.log 2>&1; echo $? >build/ci/setup-mx.rc) &
   pids+=($!)
 fi
@@ -77,30 +78,47 @@ stamp "environments ready in $(( $(date +%s) - t0 )) s"
 # Two phases: first the jobs that time nothing (side by side, JOBS at a time), then the multi-process
 # jobs, whose fault checks measure time-outs, one at a time on a quiet machine.
 names=(); cmds=(); phases=()
-job() { names+=("$2"); cmds+=("$3"); phases+=("$1"); }
+job() {  # job PHASE NAME COMMAND; a pytest command also writes build/ci/NAME.xml (JUnit: per-test times)
+  names+=("$2"); cmds+=("${3/\/bin\/pytest /\/bin\/pytest --junitxml=build/ci/$2.xml }"); phases+=("$1"); }
 conformance() {  # conformance VENV BACKENDS [extra args]: the suite, its matrix as JSON in build/
   local venv=$1 backends=$2; shift 2
   echo "$venv/bin/multidev conformance --backend $backends --json build/conformance-$(basename "$venv")-${backends//[,:]/_}-\$RANDOM.json $*"
 }
-if [[ $LANES == *,fast,* ]]; then
-  job 1 fast-lint ".venv-fast/bin/ruff check . && .venv-fast/bin/mypy && .venv-fast/bin/mkdocs build --strict -q"
-  job 1 fast-tests ".venv-fast/bin/pytest -q -n 2 -m 'not multiprocess'"
-  job 1 fast-suite "$(conformance .venv-fast numpy,array_api:array_api_strict)"
-fi
+# Phase 1 is listed longest first (a job starts when one of the JOBS before it ends). The tests that
+# run a whole suite in a child process form their own job, so that the two halves of the modern
+# tests run side by side.
+HEAVY="tests/adversarial tests/test_author_path.py tests/test_cli.py tests/test_adapter_api.py \
+tests/test_adapter_array_api.py tests/test_adapter_cupy.py tests/test_certification.py"
+IGNORE_HEAVY="--ignore=tests/test_mutation_catalogue.py $(for f in $HEAVY; do printf -- '--ignore=%s ' "$f"; done)"
 if [[ $LANES == *,modern,* ]]; then
-  job 1 modern-tests ".venv/bin/pytest -q -n 2 --durations=15 -m 'not multiprocess' --ignore=tests/test_mutation_catalogue.py"
-  job 1 modern-catalogue ".venv/bin/pytest -q tests/test_mutation_catalogue.py"
-  for b in torch jax tensorflow; do job 1 "modern-suite-$b" "$(conformance .venv $b)"; done
-  job 2 modern-multiprocess ".venv/bin/pytest -q --durations=10 -m multiprocess --ignore=tests/test_mutation_catalogue.py"
-  job 2 modern-suite-multiprocess "$(conformance .venv numpy,torch,jax,tensorflow --multiprocess -- -m multiprocess)"
+  job 1 modern-tests ".venv/bin/pytest -q --durations=15 -m 'not multiprocess' $IGNORE_HEAVY"
+  job 1 modern-tests-children ".venv/bin/pytest -q --durations=15 -m 'not multiprocess' $HEAVY"
 fi
 if [[ $LANES == *,mx,* ]]; then
   # What differs here: MXNet, and the NumPy and JAX adapters on NumPy 1.26 and JAX 0.7.1 (every test
   # that names one of them, MXNet's and JAX's adapter tests whole); the modern lane runs the rest.
-  job 1 mx-tests ".venv-mx/bin/pytest -q -n 2 --durations=10 -m 'not multiprocess' -k 'mxnet or jax or numpy' \
+  job 1 mx-tests ".venv-mx/bin/pytest -q --durations=10 -m 'not multiprocess' -k 'mxnet or jax or numpy' \
 --ignore=tests/test_mutation_catalogue.py"
+fi
+if [[ $LANES == *,modern,* ]]; then
+  job 1 modern-catalogue ".venv/bin/pytest -q tests/test_mutation_catalogue.py"
+  for b in jax tensorflow torch; do job 1 "modern-suite-$b" "$(conformance .venv $b)"; done
+fi
+if [[ $LANES == *,fast,* ]]; then
+  job 1 fast-tests ".venv-fast/bin/pytest -q -m 'not multiprocess'"
+  job 1 fast-suite "$(conformance .venv-fast numpy,array_api:array_api_strict)"
+  job 1 fast-lint ".venv-fast/bin/ruff check . && .venv-fast/bin/mypy && .venv-fast/bin/mkdocs build --strict -q"
+fi
+if [[ $LANES == *,mx,* ]]; then
   job 1 mx-suite "$(conformance .venv-mx mxnet,numpy,jax)"
+fi
+if [[ $LANES == *,modern,* ]]; then
+  job 2 modern-multiprocess ".venv/bin/pytest -q --durations=10 -m multiprocess --ignore=tests/test_mutation_catalogue.py"
+  job 2 modern-suite-multiprocess "$(conformance .venv numpy,torch,jax,tensorflow --multiprocess -- -m multiprocess)"
+fi
+if [[ $LANES == *,mx,* ]]; then
   # the JAX engine of JAX 0.7.1 with JAX's and MXNet's tensors (the modern lane runs every engine)
+  job 2 mx-data-parallel ".venv-mx/bin/pytest -q -m multiprocess tests/test_data_parallel_processes.py -k mxnet"
   job 2 mx-multiprocess "MULTIDEV_DISTRIBUTED_ENGINES='jax=jax+mxnet' $(conformance .venv-mx mxnet,jax --multiprocess \
 -- -m multiprocess)"
 fi
@@ -117,6 +135,7 @@ for phase in 1 2; do
   running=0
   for i in "${!names[@]}"; do
     [ "${phases[$i]}" = $phase ] || continue
+    if [ "$limit" = 1 ]; then stamp "start ${names[$i]}: ${cmds[$i]}"; run_job "$i"; continue; fi  # alone
     if [ "$running" -ge "$limit" ]; then wait -n; running=$((running - 1)); fi
     stamp "start ${names[$i]}: ${cmds[$i]}"
     run_job "$i" &
@@ -141,8 +160,8 @@ for name in "${names[@]}"; do
     failed=1
   fi
   line=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "build/ci/$name.log" | tail -n 1)
-  p=$(sed -nE 's/.* ?([0-9]+) passed.*/\1/p' <<<"$line"); f=$(sed -nE 's/.* ?([0-9]+) failed.*/\1/p' <<<"$line")
-  s=$(sed -nE 's/.* ([0-9]+) skipped.*/\1/p' <<<"$line")
+  p=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+'); f=$(grep -oE '[0-9]+ failed' <<<"$line" | grep -oE '[0-9]+')
+  s=$(grep -oE '[0-9]+ skipped' <<<"$line" | grep -oE '[0-9]+')
   passed=$((passed + ${p:-0})); nfailed=$((nfailed + ${f:-0})); skipped=$((skipped + ${s:-0}))
 done
 echo

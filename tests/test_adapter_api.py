@@ -36,7 +36,7 @@ API_0_2 = {
 ADDED_0_3 = {
     "API_VERSION", "CAPABILITY_PROTOCOLS", "ArrayApiDLPack", "NonBlockingMoves", "SupportsCompile", "SupportsDLPack",
     "SupportsNativeCollectives", "SupportsNonBlocking", "SupportsTraining", "TrainingDefaults", "protocol_methods",
-    "SupportsModels", "SupportsDeviceScope",
+    "SupportsModels", "SupportsDeviceScope", "SupportsDataParallel", "Replica", "Ready",
     "start_move",
     "SupportsMesh", "SupportsSharding", "Mesh", "Layout",  # the device mesh and layouts (issue 34)
 }

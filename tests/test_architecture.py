@@ -227,8 +227,15 @@ def test_adapters_import_only_public_api(path: Path) -> None:
 
 
 def _names_in(path: Path) -> list[tuple[str, int]]:
+    """Backend names as string constants, except inside ``Literal[...]`` (a typed overload's key, for
+    type checkers only: ``convert(x, "torch")``'s result type)."""
+    tree = ast.parse(path.read_text())
+    typed = {id(c) for node in ast.walk(tree) if isinstance(node, ast.Subscript) and _is_name(node.value, "Literal")
+             for c in ast.walk(node.slice)}
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        if id(node) in typed:
+            continue
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in BACKEND_NAMES:
             found.append((node.value, node.lineno))
     return found
@@ -300,7 +307,8 @@ _PROVIDERS = {"SupportsNonBlocking": {"SupportsNonBlocking", "NonBlockingMoves"}
               "SupportsModels": {"SupportsModels"},
               "SupportsDeviceScope": {"SupportsDeviceScope"},
               "SupportsMesh": {"SupportsMesh"},
-              "SupportsSharding": {"SupportsSharding"}}
+              "SupportsSharding": {"SupportsSharding"},
+              "SupportsDataParallel": {"SupportsDataParallel"}}
 
 
 def test_the_protocol_is_split_and_every_adapter_declares_what_it_implements() -> None:
@@ -343,7 +351,7 @@ ADAPTER_FILE_LINES = 420
 CONCERN_FILES = {"core.py": None, "transfers.py": "SupportsNonBlocking", "dlpack.py": "SupportsDLPack",
                  "collectives.py": "SupportsNativeCollectives", "training.py": "SupportsTraining",
                  "compile.py": "SupportsCompile", "models.py": "SupportsModels", "scope.py": "SupportsDeviceScope",
-                 "mesh.py": "SupportsMesh", "sharding.py": "SupportsSharding"}
+                 "mesh.py": "SupportsMesh", "sharding.py": "SupportsSharding", "parallel.py": "SupportsDataParallel"}
 #: Beside the concern files: the composed adapter (__init__.py) and what several files share.
 ADAPTER_FOLDER_FILES = {"__init__.py", "_common.py", *CONCERN_FILES}
 #: Folders of backends/ that are not adapters.

@@ -11,6 +11,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from multidev.adapters.torch.dlpack import HostProducer, OwnDeviceProducer, TorchDLPack
 
 
@@ -104,12 +106,31 @@ def test_host_tensors_go_out_through_torchs_c_export() -> None:
     assert isinstance(out, HostProducer)
     assert out.dtype == t.dtype and out.shape == t.shape and out.device is t.device
     assert out.__dlpack_device__() == (1, 0)
-    assert out.__dlpack__() == "c-capsule" and out.__dlpack__(max_version=(1, 0), dl_device=(1, 0)) == "c-capsule"
+    assert out.__dlpack__() == "c-capsule" and out.__dlpack__(dl_device=(1, 0)) == "c-capsule"
     assert t.exported == [], "no Python-level export where torch's C export does"
-    # a copy, another device or a stream goes to the tensor's own __dlpack__ (torch's rules)
+    # a copy, another device, a stream or a versioned request (its read-only flag matters to NumPy)
+    # goes to the tensor's own __dlpack__ (torch's rules)
     assert out.__dlpack__(copy=True) == "capsule" and out.__dlpack__(stream=5) == "capsule"
-    assert [k for _, k in t.exported] == [{"stream": None, "dl_device": None, "copy": True},
-                                          {"stream": 5, "dl_device": None, "copy": None}]
+    assert out.__dlpack__(max_version=(1, 0)) == "capsule"
+    assert [k for _, k in t.exported][:2] == [{"stream": None, "dl_device": None, "copy": True},
+                                              {"stream": 5, "dl_device": None, "copy": None}]
+    assert len(t.exported) == 3
+
+
+def test_torch_host_memory_reaches_numpy_writable_and_shared() -> None:
+    """NumPy 2 asks for a versioned capsule and honours its read-only flag: torch's writable host
+    memory must arrive writable (the MPI engine's zero-copy path depends on it)."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    import multidev as md
+
+    if np.lib.NumpyVersion(np.__version__) < "2.1.0":
+        pytest.skip("NumPy before 2.1 imports every DLPack capsule read-only (no versioned capsules, no flag)")
+    x = torch.ones(5)
+    y = md.convert(x, "numpy", copy=False)
+    y[0] = 7
+    assert x[0].item() == 7.0
 
 
 def test_several_gpus_export_under_the_tensors_own_device() -> None:

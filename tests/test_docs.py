@@ -8,7 +8,8 @@ A snippet runs the way the HTML comment right above its fence says:
   this machine needs); ``<!-- run: python -m multidev.distributed.launch -n 2 --engine jax -->``:
   under multidev's local launcher. Several ``run`` markers above one snippet run it under each;
 - ``<!-- needs: gpu -->`` (or ``gpus=2``): skipped, with that reason, without so many GPUs;
-- no comment: ``python snippet.py``.
+- no comment, or ``<!-- run: python -->`` beside launcher markers (the same script alone too):
+  ``python snippet.py``.
 
 A snippet that names a framework (``import torch``, ``backend="jax"``) is skipped, with the reason,
 where that framework is not installed (the fast lane has NumPy only). Virtual CPU devices: 2 per
@@ -31,7 +32,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FRAMEWORKS = ("torch", "jax", "tensorflow", "mxnet", "cupy", "array_api_strict")
+FRAMEWORKS = ("torch", "jax", "tensorflow", "mxnet", "cupy", "array_api_strict", "flax", "optax", "equinox")
 _FENCE = re.compile(r"^```python\s*$")
 _MARK = re.compile(r"^<!--\s*(run|needs)\s*:\s*(.*?)\s*-->\s*$")
 
@@ -139,7 +140,7 @@ def test_snippet_runs_as_written(snip: Snippet, run: str | None, tmp_path: Path)
     for var in ("MULTIDEV_JAX_CPU_DEVICES", "MULTIDEV_TF_CPU_DEVICES", "MULTIDEV_NUMPY_DEVICES",
                 "MULTIDEV_MXNET_CPU_DEVICES"):
         env.setdefault(var, "2")
-    if run is None:
+    if run is None or run == "python":
         cmd = [sys.executable, str(script)]
     else:
         words = run.split()
@@ -156,7 +157,7 @@ def test_snippet_runs_as_written(snip: Snippet, run: str | None, tmp_path: Path)
             _need_engine(snip, words[words.index("--engine") + 1])
             cmd = [*launch, *words[3:], str(script)]
         else:
-            pytest.fail(f"{snip.id}: unknown marker 'run: {run}' (torchrun ARGS, mpiexec -n N, "
+            pytest.fail(f"{snip.id}: unknown marker 'run: {run}' (python, torchrun ARGS, mpiexec -n N, "
                         "python -m multidev.distributed.launch ARGS)")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
     assert p.returncode == 0, f"{snip.id} failed ({' '.join(cmd[1:3])}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -173,6 +174,19 @@ def _scenarios(tmp: Path, silent: Listener) -> dict[str, tuple[list[str], dict[s
     return out
 
 
+def _results(text: str) -> list[dict[str, Any]]:
+    """Every ``RESULT {...}`` object in ``text``, read object by object: ranks share one pipe, so
+    another rank's output can follow an object on its line."""
+    dec = json.JSONDecoder()
+    rows = []
+    for m in re.finditer(r"RESULT (?=\{)", text):
+        try:
+            rows.append(dec.raw_decode(text, m.end())[0])
+        except ValueError:
+            continue
+    return rows
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Every scenario, started at once; name -> (return code, RESULT dicts, stdout+stderr)."""
@@ -190,7 +204,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             p.kill()
             text, _ = p.communicate()
             text += "\n[HUNG: killed by the test after 240 s]"
-        rows = [json.loads(line[7:]) for line in text.splitlines() if line.startswith("RESULT ")]
+        rows = _results(text)
         out[name] = (p.returncode, rows, text)
     silent.s.close()
     yield out

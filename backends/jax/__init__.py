@@ -26,7 +26,8 @@ protocol), ``transfers.py`` (non-blocking moves, pinned host copies, staged uplo
 ``collectives.py`` (``shard_map``), ``training.py`` (``jax.value_and_grad``), ``compile.py``
 (``jax.jit``), ``models.py`` (pytree nodes as trees), ``scope.py`` (``jax.default_device``),
 ``mesh.py`` (``jax.sharding.Mesh``, ``jax.make_mesh``'s device order), ``sharding.py``
-(``NamedSharding``: the native type of ``multidev.to(x, layout)``);
+(``NamedSharding``: the native type of ``multidev.to(x, layout)``), ``parallel.py``
+(parameters with optax, or a flax ``TrainState``, data-parallel);
 ``_common.py`` holds what several of them share.
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .core import JaxCore
 from .dlpack import JaxDLPack
 from .mesh import JaxMesh
 from .models import JaxModels
+from .parallel import JaxParallel
 from .scope import JaxScope
 from .sharding import JaxSharding
 from .training import JaxTraining
@@ -46,5 +48,5 @@ __all__ = ["JaxBackend"]
 
 
 class JaxBackend(JaxCore, JaxTransfers, JaxDLPack, JaxCollectives, JaxTraining, JaxCompile, JaxModels, JaxScope,
-                 JaxMesh, JaxSharding):
+                 JaxMesh, JaxSharding, JaxParallel):
     """The JAX backend (see the package docstring)."""

@@ -32,8 +32,8 @@ module's tests check that ``synchronize()`` raises.
 The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
 protocol), ``transfers.py`` (non-blocking moves), ``dlpack.py``, ``collectives.py`` (KVStore),
 ``training.py`` (``autograd``, ``attach_grad``), ``compile.py`` (``hybridize``), ``models.py``
-(Gluon blocks moved in place), ``scope.py`` (the default context); ``_common.py`` holds what
-several of them share.
+(Gluon blocks moved in place), ``scope.py`` (the default context), ``parallel.py`` (a block and
+its Trainer, data-parallel); ``_common.py`` holds what several of them share.
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ from .compile import MxnetCompile
 from .core import MxnetCore
 from .dlpack import MxnetDLPack
 from .models import MxnetModels
+from .parallel import MxnetParallel
 from .scope import MxnetScope
 from .training import MxnetTraining
 from .transfers import MxnetTransfers
@@ -50,5 +51,5 @@ __all__ = ["MxnetBackend"]
 
 
 class MxnetBackend(MxnetCore, MxnetTransfers, MxnetDLPack, MxnetCollectives, MxnetTraining, MxnetCompile, MxnetModels,
-                   MxnetScope):
+                   MxnetScope, MxnetParallel):
     """The MXNet backend (see the package docstring)."""

@@ -62,7 +62,10 @@ class HostProducer:
 
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
                    copy: bool | None = None) -> Any:
-        if stream is not None or copy or (dl_device is not None and tuple(dl_device) != (1, 0)):
+        # A consumer that takes versioned capsules (NumPy 2) reads their read-only flag: the legacy
+        # capsule would make it import torch's writable memory read-only, so it gets torch's own.
+        if stream is not None or copy or max_version is not None or (
+                dl_device is not None and tuple(dl_device) != (1, 0)):
             kw: dict[str, Any] = {"dl_device": dl_device, "copy": copy}
             if max_version is not None:
                 kw["max_version"] = max_version

@@ -24,7 +24,7 @@ from ..validate import translate_errors
 from .engine import missing_ranks_error
 from .group import Group, current
 from .handles import Work
-from .hangs import classify
+from .hangs import classify_lost
 
 __all__ = ["MAX_DIMS", "Call", "agree", "set_checks"]
 
@@ -162,8 +162,7 @@ def _exchange_calls(g: Group, kind: str, local: Callable[[], Call]) -> list[Call
     try:
         rows = g.engine.exchange(call.seq, call.encode(), g.timeout)
     except Exception as e:  # noqa: BLE001 - classified, the group marked unusable, and raised
-        fail = classify(e, f"{what} (call #{call.seq}, consistency exchange) on rank {g.rank}", g.timeout)
-        fail.__cause__ = e
+        fail = classify_lost(e, f"{what} (call #{call.seq}, consistency exchange) on rank {g.rank}", g)
         g.fail(str(fail))
         raise PeerFailure(fail) from None
     if any(row is None for row in rows):

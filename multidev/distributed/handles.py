@@ -10,7 +10,7 @@ from ..errors import DistributedError, MultidevError
 from ..validate import translate_errors
 from .engine import Handle
 from .group import Group
-from .hangs import classify, wait_for
+from .hangs import classify_lost, wait_for
 
 __all__ = ["Work", "run"]
 
@@ -68,8 +68,7 @@ class Work:
                 except MultidevError as e:  # converting the result back failed: this rank's own
                     self._error = e
                 except Exception as e:  # noqa: BLE001 - the engine's own, classified; the group is unusable
-                    err = classify(e, f"{self._what} on rank {g.rank}", g.timeout)
-                    err.__cause__ = e
+                    err = classify_lost(e, f"{self._what} on rank {g.rank}", g)
                     g.fail(str(err))
                     self._error = err
                 self._done = True
@@ -89,7 +88,7 @@ def run(g: Group, what: str, start: Callable[[], tuple[Handle, Callable[[Any], A
     try:
         h, finish = start()
     except Exception as e:
-        err = e if isinstance(e, MultidevError) else classify(e, f"{what} on rank {g.rank}", g.timeout)
+        err = e if isinstance(e, MultidevError) else classify_lost(e, f"{what} on rank {g.rank}", g)
         g.fail(f"{what} could not start on rank {g.rank}: {err}")
         if err is e:
             raise

@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import DistributedError, DistributedTimeoutError, MultidevError
 from .engine import Handle
 
-__all__ = ["PROBE_SEQ", "classify", "wait_for"]
+__all__ = ["PROBE_SEQ", "classify", "classify_lost", "wait_for"]
 
 
 #: The exchange call number of the probe that names the absent ranks after a primitive timed out.
@@ -71,3 +71,18 @@ def classify(e: BaseException, what: str, timeout: float) -> DistributedError:
         return DistributedTimeoutError(
             f"{what}: another rank died, hung or never arrived (timeout {timeout:g} s): {type(e).__name__}: {msg}")
     return DistributedError(f"{what} failed in the engine: {type(e).__name__}: {msg}")
+
+
+def classify_lost(e: BaseException, what: str, g: Any) -> DistributedError:
+    """:func:`classify` for a failure inside a collective of group ``g``; when it reads as a lost
+    peer (a runtime's "connection closed" rather than a time-out), the ranks that answer the probe
+    exchange name the ones that never arrived, as a time-out's error does."""
+    err = classify(e, what, g.timeout)
+    if err is e:
+        return err
+    if isinstance(err, DistributedTimeoutError):
+        absent = _absent(g)
+        if absent:
+            err = DistributedTimeoutError(f"{err}{absent}")
+    err.__cause__ = e
+    return err

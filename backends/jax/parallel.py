@@ -1,0 +1,296 @@
+"""Data parallelism for JAX (:class:`~multidev.adapter.SupportsDataParallel`): a parameter pytree
+with any optax ``GradientTransformation``, or a flax ``TrainState`` (which carries its optimizer).
+
+Arrays are immutable, so the replica holds the current tree and rebinds it each step (``dp.model``
+is always the latest). The gradient is one jitted ``jax.value_and_grad`` of the loss function, the
+optimizer's update one jitted call; across processes the core averages the gradients between the
+two (flattened into buckets by jitted concatenations).
+
+Several devices of one process are JAX's own data parallelism: one ``Mesh`` over them, the batch
+sharded along its first axis (``NamedSharding(mesh, P("batch"))``), the parameters and optimizer
+state replicated, and the same jitted functions, for which XLA inserts the gradient's all-reduce.
+The replicated outputs are one value on every device. Rows must divide evenly over the devices.
+"""
+from __future__ import annotations
+
+import weakref
+import zlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from multidev.adapter import Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+
+
+def _is_train_state(obj: Any) -> bool:
+    return all(hasattr(obj, a) for a in ("params", "opt_state", "tx", "apply_gradients", "replace"))
+
+
+class JaxParallel(SupportsDataParallel):
+    """Parameter pytrees with optax, and flax ``TrainState``s."""
+
+    _jax: Any
+    _jnp: Any
+
+    if TYPE_CHECKING:  # the core's
+        def to_native_device(self, device: Device) -> Any: ...
+
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        jax = self._jax
+        state = _is_train_state(model)
+        params = model.params if state else model
+        arrays = jax.tree_util.tree_leaves(params)
+        if not arrays or not all(isinstance(a, jax.Array) for a in arrays):
+            return None
+        if state and optimizer is not None:
+            raise InvalidArgumentError("data_parallel: a TrainState carries its own optimizer (its tx): "
+                                       "pass data_parallel(state)")
+        if not state and not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update",
+                                                                                               None))):
+            raise InvalidArgumentError(f"data_parallel: JAX parameters train with an optax GradientTransformation "
+                                       f"(init and update), got {type(optimizer).__name__}")
+        return JaxReplica(self, jax, model if state else None, params, optimizer, list(devices))
+
+
+class JaxReplica(Replica):
+    """The current parameters and optimizer state (or TrainState), rebound every step."""
+
+    def __init__(self, backend: Any, jax: Any, state: Any, params: Any, tx: Any, devices: list[Device]) -> None:
+        self.backend, self._jax, self._jnp, self.devices = backend, jax, backend._jnp, devices
+        self.optimizer = tx if state is None else state.tx
+        self._state = state
+        self._params = params
+        tu = jax.tree_util
+        self._names = [tu.keystr(path) for path, _ in tu.tree_flatten_with_path(params)[0]]
+        self._treedef = tu.tree_structure(params)
+        self._acc: Any = None
+        self._grad_fns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._step_fns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._splits: dict[Any, Any] = {}
+        self._replicated = self._sharded = None
+        if len(devices) > 1:
+            self.processes_refusal = (
+                "JAX over several devices of each of several processes: run one process per device, or "
+                "one process over all of them")
+            from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+            mesh = Mesh(np.array([backend.to_native_device(d) for d in devices]), ("batch",))
+            self._replicated = NamedSharding(mesh, PartitionSpec())
+            self._sharded = NamedSharding(mesh, PartitionSpec("batch"))
+        else:
+            from jax.sharding import SingleDeviceSharding
+
+            self._one = backend.to_native_device(devices[0])
+            self._one_sharding = SingleDeviceSharding(self._one)
+        if state is None:
+            self._opt_state = tx.init(params)
+        self._place()
+        self._update = jax.jit(self._update_fn)
+        self._add = jax.jit(lambda a, b: jax.tree_util.tree_map(lambda x, y: x + y, a, b))
+
+    # -- the current trees ------------------------------------------------------------------------
+    @property
+    def model(self) -> Any:
+        return self._params if self._state is None else self._state
+
+    @property
+    def opt_state(self) -> Any:
+        """The optimizer's state now (a TrainState's own ``opt_state``)."""
+        return self._opt_state if self._state is None else self._state.opt_state
+
+    def _place(self) -> None:
+        """The trees on the replica's devices: replicated over several, committed to one."""
+        where = self._replicated if self._replicated is not None else self._one
+        if self._state is not None:
+            self._state = self._jax.device_put(self._state, where)
+            self._params = self._state.params
+        else:
+            self._params = self._jax.device_put(self._params, where)
+            self._opt_state = self._jax.device_put(self._opt_state, where)
+
+    def _set_params(self, params: Any) -> None:
+        self._params = params
+        if self._state is not None:
+            self._state = self._state.replace(params=params)
+
+    # -- Replica --------------------------------------------------------------------------------------
+    def parameters(self) -> list[tuple[str, Any]]:
+        return list(zip(self._names, self._jax.tree_util.tree_leaves(self._params)))
+
+    def buffers(self) -> list[tuple[str, Any]]:
+        stats = getattr(self._state, "batch_stats", None) if self._state is not None else None
+        if stats is None:
+            return []
+        tu = self._jax.tree_util
+        return [(".batch_stats" + tu.keystr(p), x) for p, x in tu.tree_flatten_with_path(stats)[0]]
+
+    def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
+        tu = self._jax.tree_util
+        if params is not None:
+            self._set_params(tu.tree_unflatten(self._treedef, list(params)))
+        if buffers is not None and self._state is not None:
+            stats = self._state.batch_stats
+            self._state = self._state.replace(batch_stats=tu.tree_unflatten(tu.tree_structure(stats), list(buffers)))
+        self._place()
+
+    def optimizer_state(self) -> Any:
+        leaves = self._jax.tree_util.tree_leaves(self.opt_state)
+        step = None if self._state is None else np.asarray(self._state.step)
+        return {"leaves": [np.asarray(x) for x in leaves], "step": step}
+
+    def load_optimizer_state(self, state: Any) -> None:
+        tu = self._jax.tree_util
+        tree = tu.tree_unflatten(tu.tree_structure(self.opt_state), [self._jnp.asarray(x) for x in state["leaves"]])
+        if self._state is None:
+            self._opt_state = tree
+        else:
+            step = state["step"]
+            self._state = self._state.replace(opt_state=tree, step=self._jnp.asarray(step) if step is not None
+                                              else self._state.step)
+        self._place()
+
+    def _grad_fn(self, loss_fn: Callable[..., Any]) -> Any:
+        try:
+            fn = self._grad_fns.get(loss_fn)
+        except TypeError:
+            fn = None
+        if fn is None:
+            vg = self._jax.value_and_grad(loss_fn)
+            if self._replicated is not None:
+                fn = self._jax.jit(vg, out_shardings=(self._replicated, self._replicated))
+            else:
+                fn = self._jax.jit(vg)
+            try:
+                self._grad_fns[loss_fn] = fn
+            except TypeError:
+                pass
+        return fn
+
+    def _place_batch(self, batch: Any) -> Any:
+        jax = self._jax
+        target = self._sharded if self._sharded is not None else self._one_sharding
+        leaves = jax.tree_util.tree_leaves(batch)
+        if leaves and all(isinstance(x, jax.Array) and x.sharding == target for x in leaves):
+            return batch  # already there (device_put of resident arrays costs ~45 us a step)
+        if self._sharded is None:
+            return jax.device_put(batch, self._one)
+        n = len(self.devices)
+        for x in jax.tree_util.tree_leaves(batch):
+            rows = x.shape[0] if getattr(x, "ndim", 0) else 0
+            if rows % n:
+                raise InvalidArgumentError(f"DataParallel.step: a batch of {rows} rows over {n} devices: JAX shards "
+                                           f"the rows evenly, so give it a multiple of {n}")
+        return jax.device_put(batch, self._sharded)
+
+    def backward(self, batch: Any, loss_fn: Callable[..., Any], ready: Ready | None) -> Any:
+        loss, grads = self._grad_fn(loss_fn)(self._params, self._place_batch(batch))
+        if getattr(loss, "shape", None) != ():
+            raise InvalidArgumentError(f"DataParallel.step: loss_fn must return a scalar, got shape "
+                                       f"{getattr(loss, 'shape', type(loss).__name__)}")
+        self._acc = grads if self._acc is None else self._add(self._acc, grads)
+        if ready is not None:
+            gs = self._jax.tree_util.tree_leaves(self._acc)
+            for i in range(len(gs) - 1, -1, -1):  # last layers first: the first buckets fill first
+                ready(i, gs[i])
+        return loss
+
+    def local_step(self, batch: Any, loss_fn: Callable[..., Any]) -> Any:
+        """The gradient and the optimizer's update in one jitted call (one dispatch, as a JAX
+        user's own ``train_step``), where no gradients were accumulated before."""
+        if self._acc is not None:
+            return super().local_step(batch, loss_fn)
+        loss, params, opt_state = self._step_fn(loss_fn)(self._params, self.opt_state, self._place_batch(batch))
+        if getattr(loss, "shape", None) != ():
+            raise InvalidArgumentError(f"DataParallel.step: loss_fn must return a scalar, got shape "
+                                       f"{getattr(loss, 'shape', type(loss).__name__)}")
+        if self._state is None:
+            self._params, self._opt_state = params, opt_state
+        else:
+            self._state = self._state.replace(params=params, opt_state=opt_state, step=self._state.step + 1)
+            self._params = params
+        return loss
+
+    def _step_fn(self, loss_fn: Callable[..., Any]) -> Any:
+        try:
+            fn = self._step_fns.get(loss_fn)
+        except TypeError:
+            fn = None
+        if fn is None:
+            vg = self._jax.value_and_grad(loss_fn)
+
+            def fused(params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, Any]:
+                loss, grads = vg(params, batch)
+                return (loss, *self._update_fn(params, opt_state, grads))
+
+            if self._replicated is not None:
+                fn = self._jax.jit(fused, out_shardings=(self._replicated,) * 3)
+            else:
+                fn = self._jax.jit(fused)
+            try:
+                self._step_fns[loss_fn] = fn
+            except TypeError:
+                pass
+        return fn
+
+    def _update_fn(self, params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any]:
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        new = self._jax.tree_util.tree_map(lambda p, u: (p + u).astype(p.dtype), params, updates)
+        return new, opt_state
+
+    def apply(self, grads: Sequence[Any | None] | None) -> None:
+        tree = self._acc if grads is None else self._jax.tree_util.tree_unflatten(self._treedef, list(grads))
+        self._acc = None
+        if tree is None:
+            return
+        if self._state is None:
+            self._params, self._opt_state = self._update(self._params, self._opt_state, tree)
+        else:
+            params, opt_state = self._update(self._state.params, self._state.opt_state, tree)
+            self._state = self._state.replace(params=params, opt_state=opt_state, step=self._state.step + 1)
+            self._params = params
+
+    def zeros_like(self, x: Any) -> Any:
+        return self._jnp.zeros_like(x)
+
+    def flatten(self, tensors: Sequence[Any], dtype: str | None) -> Any:
+        key = ("flat", dtype)
+        fn = self._splits.get(key)
+        if fn is None:
+            jnp = self._jnp
+            to = None if dtype is None else self.backend.to_native_dtype(dtype)
+
+            def flat(ts: list[Any]) -> Any:
+                out = jnp.concatenate([t.reshape(-1) for t in ts])
+                return out if to is None else out.astype(to)
+            fn = self._splits[key] = self._jax.jit(flat)
+        return fn(list(tensors))
+
+    def unflatten(self, flat: Any, like: Sequence[Any], scale: float | None) -> list[Any]:
+        shapes = tuple(tuple(t.shape) for t in like)
+        key = (shapes, str(like[0].dtype), scale)
+        fn = self._splits.get(key)
+        if fn is None:
+            dtype = like[0].dtype
+            sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+
+            def cut(f: Any) -> list[Any]:
+                f = f.astype(dtype) if scale is None else (f.astype(dtype) * scale).astype(dtype)
+                out, at = [], 0
+                for s, n in zip(shapes, sizes):
+                    out.append(f[at:at + n].reshape(s))
+                    at += n
+                return out
+            fn = self._splits[key] = self._jax.jit(cut)
+        return list(fn(flat))
+
+    def fingerprints(self) -> list[list[int]]:
+        tensors = [t for _, t in [*self.parameters(), *self.buffers()]]
+        rows: list[list[int]] = [[] for _ in self.devices]
+        native = [self.backend.to_native_device(d) for d in self.devices]
+        for t in tensors:
+            by_device = {s.device: s.data for s in t.addressable_shards}
+            for row, dev in zip(rows, native):
+                data = by_device.get(dev, t)
+                row.append(zlib.crc32(np.ascontiguousarray(np.asarray(data)).tobytes()) & 0x7FFFFFFF)
+        return rows

@@ -1,0 +1,211 @@
+"""Data parallelism for MXNet (:class:`~multidev.adapter.SupportsDataParallel`): a Gluon ``Block``
+and its ``gluon.Trainer``, trained in place.
+
+Several devices of one process are Gluon's own way (D2L 12.6's concise MXNet program): the
+parameters on every context (``collect_params().reset_ctx(ctxs)``), the batch split over them
+(``gluon.utils.split_and_load``), one ``autograd.backward`` over every context's loss (each weighted
+by its share of the rows), and the Trainer's step, whose kvstore sums the contexts' gradients and
+updates every copy alike. BatchNorm's running statistics (parameters with ``grad_req="null"``)
+are the first context's, copied to the others after each step.
+
+Gradients accumulate (``grad_req="add"``, cleared after each step), so ``no_sync`` works; across
+processes the core averages the contexts' summed gradients, which go back into the first context's
+buffers (zeros in the others) before the Trainer's step. The Trainer's ``step(1)``: the loss
+function returns a mean, not the D2L sum that ``step(batch_size)`` rescales.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import zlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from multidev.adapter import Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+
+
+class MxnetParallel(SupportsDataParallel):
+    """Gluon blocks with Gluon Trainers."""
+
+    _mx: Any
+
+    if TYPE_CHECKING:  # the core's
+        def to_native_device(self, device: Device) -> Any: ...
+
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        mx = self._mx
+        if not isinstance(model, mx.gluon.Block):
+            return None
+        if optimizer is not None and not isinstance(optimizer, mx.gluon.Trainer):
+            raise InvalidArgumentError(f"data_parallel: a Gluon block trains with a gluon.Trainer, got "
+                                       f"{type(optimizer).__name__}")
+        params = list(model.collect_params().values())
+        if any(getattr(p, "_data", None) is None for p in params):
+            raise InvalidArgumentError("data_parallel: initialize the block's parameters first (net.initialize(), "
+                                       "then one forward for deferred shapes)")
+        mine = {id(p) for p in params}
+        if optimizer is not None and any(id(p) not in mine for p in optimizer._params):
+            raise InvalidArgumentError("data_parallel: the Trainer holds parameters that are not the block's (build "
+                                       "the Trainer on net.collect_params())")
+        ctxs = [self.to_native_device(d) for d in devices]
+        if any(p.list_ctx() != ctxs for p in params):
+            if optimizer is not None and optimizer._kv_initialized:
+                raise InvalidArgumentError("data_parallel: the Trainer has stepped on other contexts than "
+                                           f"{ctxs}: initialize the block there first, then build the Trainer")
+            model.collect_params().reset_ctx(ctxs)  # Gluon's one-process data parallelism: a copy per context
+            if optimizer is not None:  # the Trainer read its contexts when it was built: read them again
+                optimizer._contexts = optimizer._check_contexts()
+                optimizer._updaters = [mx.optimizer.get_updater(optimizer._optimizer) for _ in optimizer._contexts]
+                optimizer._reset_kvstore()
+        return MxnetReplica(self, mx, model, optimizer, list(devices), ctxs)
+
+
+class MxnetReplica(Replica):
+    """The block on its contexts, and its Trainer."""
+
+    def __init__(self, backend: Any, mx: Any, model: Any, trainer: Any, devices: list[Device], ctxs: list[Any]) -> None:
+        self.backend, self._mx, self.model, self.optimizer, self.devices = backend, mx, model, trainer, devices
+        self._ctxs = ctxs
+        items = list(model.collect_params().items())
+        self._trained = [(n, p) for n, p in items if p.grad_req != "null"]
+        self._buffers = [(n, p) for n, p in items if p.grad_req == "null"]
+        for _, p in self._trained:
+            p.grad_req = "add"  # accumulate (no_sync); cleared after every step
+        self._zero()
+        self._pending = False
+
+    def _zero(self) -> None:
+        for _, p in self._trained:
+            for g in p.list_grad():
+                g[:] = 0
+
+    def parameters(self) -> list[tuple[str, Any]]:
+        return [(n, p.data(self._ctxs[0])) for n, p in self._trained]
+
+    def buffers(self) -> list[tuple[str, Any]]:
+        return [(n, p.data(self._ctxs[0])) for n, p in self._buffers]
+
+    def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
+        for (_, p), v in zip(self._trained, params or ()):
+            p.set_data(v)
+        for (_, p), v in zip(self._buffers if buffers is not None else (), buffers or ()):
+            p.set_data(v)
+
+    def optimizer_state(self) -> Any:
+        if self.optimizer is None:
+            return None
+        fd, path = tempfile.mkstemp(suffix=".states")
+        os.close(fd)
+        try:
+            self.optimizer.save_states(path)
+            with open(path, "rb") as f:
+                return f.read()
+        finally:
+            os.unlink(path)
+
+    def load_optimizer_state(self, state: Any) -> None:
+        fd, path = tempfile.mkstemp(suffix=".states")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(state)
+            self.optimizer.load_states(path)
+        finally:
+            os.unlink(path)
+
+    def _rows(self, batch: Any) -> int:
+        first = batch
+        while isinstance(first, (tuple, list)) and first:
+            first = first[0]
+        shape = getattr(first, "shape", None)
+        return int(shape[0]) if shape else 0
+
+    def _split(self, batch: Any, sizes: list[int]) -> list[Any]:
+        mx = self._mx
+        if isinstance(batch, (tuple, list)):
+            return [type(batch)(z) for z in zip(*(self._split(x, sizes) for x in batch))]
+        x = batch if isinstance(batch, mx.nd.NDArray) else mx.nd.array(batch, ctx=self._ctxs[0],
+                                                                          dtype=getattr(batch, "dtype", None))
+        out, at = [], 0
+        for n, ctx in zip(sizes, self._ctxs):
+            out.append(x[at:at + n].as_in_context(ctx))
+            at += n
+        return out
+
+    def backward(self, batch: Any, loss_fn: Callable[..., Any], ready: Ready | None) -> Any:
+        mx = self._mx
+        if self.optimizer is None:
+            raise InvalidArgumentError("DataParallel.step needs the optimizer: data_parallel(model, trainer)")
+        n = self._rows(batch)
+        if n < len(self._ctxs):
+            raise InvalidArgumentError(f"DataParallel.step: a batch of {n} rows cannot give each of "
+                                       f"{len(self._ctxs)} devices a row")
+        sizes = [len(p) for p in np.array_split(np.empty(n, dtype=np.int8), len(self._ctxs))]
+        parts = self._split(batch, sizes)
+        with mx.autograd.record():
+            losses = []
+            for part, rows in zip(parts, sizes):
+                loss = loss_fn(self.model, part)
+                if loss.size != 1:
+                    raise InvalidArgumentError(f"DataParallel.step: loss_fn must return a scalar, got shape "
+                                               f"{loss.shape}")
+                losses.append(loss * (rows / n) if len(parts) > 1 else loss)
+        mx.autograd.backward(losses)
+        self._pending = True
+        if ready is not None:
+            for i in range(len(self._trained) - 1, -1, -1):
+                ready(i, self._summed(self._trained[i][1]))
+        total = losses[0].reshape((1,))  # MXNet's scalars are 1-element arrays
+        for extra in losses[1:]:
+            total = total + extra.reshape((1,)).as_in_context(self._ctxs[0])
+        return total
+
+    def _summed(self, p: Any) -> Any:
+        gs = p.list_grad()
+        total = gs[0].copy()
+        for g in gs[1:]:
+            total += g.as_in_context(self._ctxs[0])
+        return total
+
+    def apply(self, grads: Sequence[Any | None] | None) -> None:
+        if grads is not None:
+            for (_, p), g in zip(self._trained, grads):
+                gs = p.list_grad()
+                gs[0][:] = g if g is not None else 0
+                for other in gs[1:]:
+                    other[:] = 0  # the Trainer sums the contexts: the average once
+        if self._pending:
+            self.optimizer.step(1)
+        self._pending = False
+        self._zero()
+        for _, p in self._buffers:  # the first context's statistics on every context
+            if len(self._ctxs) > 1:
+                p.set_data(p.data(self._ctxs[0]))
+
+    def zeros_like(self, x: Any) -> Any:
+        return self._mx.nd.zeros_like(x)
+
+    def flatten(self, tensors: Sequence[Any], dtype: str | None) -> Any:
+        flat = self._mx.nd.concat(*[t.reshape(-1) for t in tensors], dim=0)
+        return flat if dtype is None else flat.astype(self.backend.to_native_dtype(dtype))
+
+    def unflatten(self, flat: Any, like: Sequence[Any], scale: float | None) -> list[Any]:
+        if flat.dtype != like[0].dtype:
+            flat = flat.astype(like[0].dtype)
+        if scale is not None and scale != 1.0:
+            flat = flat * scale
+        out, at = [], 0
+        for t in like:
+            n = int(np.prod(t.shape, dtype=np.int64))
+            out.append(flat[at:at + n].reshape(t.shape))
+            at += n
+        return out
+
+    def fingerprints(self) -> list[list[int]]:
+        ps = [p for _, p in [*self._trained, *self._buffers]]
+        return [[zlib.crc32(np.ascontiguousarray(p.data(ctx).asnumpy()).tobytes()) & 0x7FFFFFFF for p in ps]
+                for ctx in self._ctxs]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)

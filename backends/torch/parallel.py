@@ -1,0 +1,249 @@
+"""Data parallelism for PyTorch (:class:`~multidev.adapter.SupportsDataParallel`): an ``nn.Module``
+and any ``torch.optim`` optimizer, trained in place.
+
+One device per process: the module itself is the replica (no copy, no wrapper, so its
+``state_dict`` has no prefix). Its gradients reach the core's buckets from a
+``register_post_accumulate_grad_hook`` per parameter, so a bucket's collective starts while the
+backward pass goes on, and an autograd-engine callback at the end of the pass writes the averaged
+gradients into ``.grad``: ``loss.backward(); optimizer.step()`` written by hand works as with
+DistributedDataParallel. A forward pre-hook takes rank 0's buffers before each training forward.
+
+Several devices of one process (GPUs): ``nn.DataParallel``'s scheme without its re-replication
+each step: a copy of the module per further device, the batch split by rows, each copy's gradients
+added into the first's (weighted by its rows), the optimizer's step on the first, its parameters and
+buffers copied back out. torch has one CPU device, so this mode needs GPUs.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from multidev.adapter import Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+
+
+class TorchParallel(SupportsDataParallel):
+    """``nn.Module`` + ``torch.optim.Optimizer`` replicas."""
+
+    _torch: Any
+
+    if TYPE_CHECKING:  # the core's
+        def to_native_device(self, device: Device) -> Any: ...
+        def from_native_device(self, obj: Any) -> Device | None: ...
+
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        torch = self._torch
+        if not isinstance(model, torch.nn.Module):
+            return None
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise InvalidArgumentError(f"data_parallel: a torch module trains with a torch.optim.Optimizer, got "
+                                       f"{type(optimizer).__name__}")
+        mine = {id(p) for p in model.parameters()}
+        if optimizer is not None:
+            stray = [i for i, g in enumerate(optimizer.param_groups) for p in g["params"] if id(p) not in mine]
+            if stray:
+                raise InvalidArgumentError(f"data_parallel: the optimizer holds {len(stray)} tensor(s) that are not "
+                                           "parameters of the model (build the optimizer on this model's "
+                                           "parameters, after moving the model)")
+        where = {self.from_native_device(t.device) for t in (*model.parameters(), *model.buffers())}
+        if where - {devices[0]}:
+            raise InvalidArgumentError(f"data_parallel: the model's tensors are on {sorted(map(str, where))}, not on "
+                                       f"{devices[0]}: move it there first (md.to(model, dev)), then build the "
+                                       "optimizer")
+        if len(devices) == 1:
+            return TorchReplica(self, torch, model, optimizer, list(devices))
+        return TorchDevicesReplica(self, torch, model, optimizer, list(devices))
+
+
+class TorchReplica(Replica):
+    """The module itself on its one device."""
+
+    def __init__(self, backend: Any, torch: Any, model: Any, optimizer: Any, devices: list[Device]) -> None:
+        self.backend, self._torch, self.model, self.optimizer, self.devices = backend, torch, model, optimizer, devices
+        self._named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._params = [p for _, p in self._named]
+        self._handles: list[Any] = []
+        model.zero_grad(set_to_none=True)  # the step averages what accumulates from now on
+
+    def parameters(self) -> list[tuple[str, Any]]:
+        return list(self._named)
+
+    def buffers(self) -> list[tuple[str, Any]]:
+        return list(self.model.named_buffers())
+
+    def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
+        with self._torch.no_grad():
+            for p, v in zip(self._params, params or ()):
+                p.copy_(v)
+            for (_, b), v in zip(self.model.named_buffers() if buffers is not None else (), buffers or ()):
+                b.copy_(v)
+
+    def optimizer_state(self) -> Any:
+        return None if self.optimizer is None else self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: Any) -> None:
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state)
+
+    def _loss(self, model: Any, batch: Any, loss_fn: Callable[..., Any]) -> Any:
+        if self.optimizer is None:
+            raise InvalidArgumentError("DataParallel.step needs the optimizer: data_parallel(model, optimizer)")
+        loss = loss_fn(model, batch)
+        if not isinstance(loss, self._torch.Tensor) or loss.numel() != 1:
+            raise InvalidArgumentError(f"DataParallel.step: loss_fn must return a scalar tensor, got "
+                                       f"{getattr(loss, 'shape', type(loss).__name__)}")
+        return loss
+
+    def backward(self, batch: Any, loss_fn: Callable[..., Any], ready: Ready | None) -> Any:
+        loss = self._loss(self.model, batch, loss_fn)
+        loss.backward()
+        if ready is not None:
+            for i, p in enumerate(self._params):
+                if p.grad is not None:
+                    ready(i, p.grad)
+        return loss.detach()
+
+    def apply(self, grads: Sequence[Any | None] | None) -> None:
+        if grads is not None:
+            for p, g in zip(self._params, grads):
+                p.grad = g
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def attach(self, sync: Any) -> bool:
+        torch = self._torch
+        queued = [False]
+
+        def finish() -> None:  # the end of the backward pass: the averaged gradients into .grad
+            queued[0] = False
+            for p, g in zip(self._params, sync.finish()):
+                p.grad = g
+
+        def hook_for(i: int) -> Callable[[Any], None]:
+            def hook(p: Any) -> None:
+                if not sync.active:
+                    return
+                if not queued[0]:
+                    queued[0] = True
+                    torch.autograd.Variable._execution_engine.queue_callback(finish)
+                sync.ready(i, p.grad)
+            return hook
+
+        def before(module: Any, args: Any) -> None:
+            if module.training and torch.is_grad_enabled():
+                sync.before_forward()
+
+        self._handles = [p.register_post_accumulate_grad_hook(hook_for(i)) for i, p in enumerate(self._params)]
+        self._handles.append(self.model.register_forward_pre_hook(before))
+        return True
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def zeros_like(self, x: Any) -> Any:
+        return self._torch.zeros_like(x)
+
+    def flatten(self, tensors: Sequence[Any], dtype: str | None) -> Any:
+        flat = self._torch.cat([t.reshape(-1) for t in tensors])
+        return flat if dtype is None else flat.to(self.backend.to_native_dtype(dtype))
+
+    def unflatten(self, flat: Any, like: Sequence[Any], scale: float | None) -> list[Any]:
+        if flat.dtype != like[0].dtype:
+            flat = flat.to(like[0].dtype)
+        if scale is not None and scale != 1.0:
+            flat = flat.mul_(scale)
+        parts = self._torch.split(flat, [t.numel() for t in like])
+        return [p.view(t.shape) for p, t in zip(parts, like)]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+
+class TorchDevicesReplica(TorchReplica):
+    """The module on the first device and a copy on each further one, kept equal after each step."""
+
+    def __init__(self, backend: Any, torch: Any, model: Any, optimizer: Any, devices: list[Device]) -> None:
+        super().__init__(backend, torch, model, optimizer, devices)
+        self._copies = [copy.deepcopy(model).to(backend.to_native_device(d)) for d in devices[1:]]
+        self._copy_params = [[p for _, p in c.named_parameters() if p.requires_grad] for c in self._copies]
+
+    def _shard(self, batch: Any, sizes: list[int]) -> list[Any]:
+        torch = self._torch
+        if isinstance(batch, torch.Tensor):
+            return [part.to(self.backend.to_native_device(d), non_blocking=True)
+                    for part, d in zip(torch.split(batch, sizes), self.devices)]
+        if isinstance(batch, (tuple, list)):
+            return [type(batch)(z) for z in zip(*(self._shard(x, sizes) for x in batch))]
+        if isinstance(batch, dict):
+            cols = {k: self._shard(v, sizes) for k, v in batch.items()}
+            return [{k: cols[k][d] for k in batch} for d in range(len(self.devices))]
+        raise InvalidArgumentError(f"DataParallel.step: a batch is a tensor, or a tuple, list or dict of tensors; got "
+                                   f"{type(batch).__name__}")
+
+    def _rows(self, batch: Any) -> int:
+        torch = self._torch
+        if isinstance(batch, torch.Tensor):
+            return int(batch.shape[0]) if batch.ndim else 0
+        first = next(iter(batch.values() if isinstance(batch, dict) else batch), None)
+        return 0 if first is None else self._rows(first)
+
+    def backward(self, batch: Any, loss_fn: Callable[..., Any], ready: Ready | None) -> Any:
+        n = self._rows(batch)
+        if n < len(self.devices):
+            raise InvalidArgumentError(f"DataParallel.step: a batch of {n} rows cannot give each of "
+                                       f"{len(self.devices)} devices a row")
+        sizes = [len(p) for p in np.array_split(np.empty(n, dtype=np.int8), len(self.devices))]
+        dev0 = self.backend.to_native_device(self.devices[0])
+        total = None
+        for m, shard, rows in zip([self.model, *self._copies], self._shard(batch, sizes), sizes):
+            loss = self._loss(m, shard, loss_fn) * (rows / n)
+            loss.backward()
+            total = loss.detach().to(dev0) if total is None else total + loss.detach().to(dev0)
+        with self._torch.no_grad():  # the copies' gradients added into the first's
+            for i, p in enumerate(self._params):
+                for ps in self._copy_params:
+                    g = ps[i].grad
+                    if g is not None:
+                        p.grad = g.to(dev0) if p.grad is None else p.grad.add_(g.to(dev0))
+                        ps[i].grad = None
+                if ready is not None and p.grad is not None:
+                    ready(i, p.grad)
+        return total
+
+    def apply(self, grads: Sequence[Any | None] | None) -> None:
+        super().apply(grads)
+        with self._torch.no_grad():
+            for c, ps in zip(self._copies, self._copy_params):
+                for p, q in zip(self._params, ps):
+                    q.copy_(p, non_blocking=True)
+                for (_, b), (_, cb) in zip(self.model.named_buffers(), c.named_buffers()):
+                    cb.copy_(b, non_blocking=True)
+
+    def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
+        super().load(params, buffers)
+        with self._torch.no_grad():
+            for c, ps in zip(self._copies, self._copy_params):
+                for p, q in zip(self._params, ps):
+                    q.copy_(p)
+                for (_, b), (_, cb) in zip(self.model.named_buffers(), c.named_buffers()):
+                    cb.copy_(b)
+
+    def attach(self, sync: Any) -> bool:
+        return False  # the hooks of the first copy would fire before the others' gradients exist
+
+    def fingerprints(self) -> list[list[int]]:
+        import zlib
+
+        rows = []
+        for m, ps in zip([self.model, *self._copies], [self._params, *self._copy_params]):
+            ts = [*ps, *(b for _, b in m.named_buffers())]
+            rows.append([zlib.crc32(t.detach().cpu().contiguous().view(-1).view(self._torch.uint8).numpy().tobytes())
+                         & 0x7FFFFFFF for t in ts])
+        return rows
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)

@@ -1,0 +1,528 @@
+"""Data parallelism over the user's own model and the framework's own optimizer: one API for one
+process over several devices and for one process per device under :mod:`multidev.distributed`.
+
+::
+
+    dp = md.data_parallel(model, optimizer)        # torch: nn.Module + torch.optim; JAX: params + optax, ...
+    for X, y in loader:
+        loss = dp.step(dp.shard((X, y)), loss_fn)  # loss_fn(model, batch) -> scalar mean loss
+
+What it does across processes (a group of more than one rank, :func:`multidev.distributed.init`):
+
+- at the start, every rank takes rank 0's parameters, buffers and optimizer state
+  (:func:`broadcast_state`, also usable alone, e.g. after loading a checkpoint on rank 0);
+- each step the gradients are averaged over the ranks in buckets (several parameters flattened into
+  one tensor, one collective per bucket), started as soon as a bucket's gradients are final: during
+  the backward pass where the framework has gradient hooks (torch), after it elsewhere; one
+  consistency exchange per step, not one per collective; ``grad_dtype`` exchanges them in
+  bfloat16 or float16 (half the bytes, about 3 significant digits);
+- buffers (BatchNorm's running statistics) are rank 0's (``buffers="broadcast"``): after each
+  :meth:`DataParallel.step`'s backward pass, so every replica ends the step bitwise equal, and
+  before each training forward of a loop that calls the model itself (DistributedDataParallel's
+  policy); or each rank's own (``"local"``). Each rank normalises with its own batch's
+  statistics (no synchronised BatchNorm);
+- a parameter that received no gradient on this rank raises naming it (``unused="error"``), or
+  counts as a zero gradient (``"zero"``: models whose branches differ by rank);
+- :meth:`DataParallel.no_sync` accumulates gradients without communicating; the first step after
+  it averages the sum;
+- ``verify=True`` checks after every step that every device and rank holds bitwise the same
+  parameters and buffers (one small gather of checksums), naming the first that differs.
+
+In one process over several devices (``devices=[...]``) the adapter runs its framework's own way
+(JAX: one jitted step over the devices, the batch sharded; MXNet: the parameters on every context
+and the Trainer's reduction; torch on GPUs: a replica per device, its gradients reduced onto the
+first and the parameters copied back), behind the same ``step``. Gradients are means: a loss
+function returns its batch's mean, and the step averages over devices and ranks (weighted by rows
+within a process, equal across ranks: give every rank batches of one size).
+"""
+from __future__ import annotations
+
+import contextlib
+import pickle
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._device import Device, DeviceLike
+from .errors import CapabilityError, InvalidArgumentError, MultidevError, ReplicaMismatchError, UnsupportedTensorError
+from .placement import device_list
+from .protocol import SupportsDataParallel
+from .registry import backend_of, require
+from .replicas import Replica
+from .trees import leaves, structure_owner
+
+__all__ = ["DataParallel", "broadcast_state", "data_parallel"]
+
+#: Gradient bytes per bucket (one collective each), as DistributedDataParallel's default.
+DEFAULT_BUCKET_MB = 25.0
+#: The reduced-precision dtypes gradients may travel in (``grad_dtype``).
+EXCHANGE_DTYPES = ("bfloat16", "float16")
+BUFFER_POLICIES = ("broadcast", "local")
+UNUSED_POLICIES = ("error", "zero")
+CHECK_POLICIES = ("step", "start")
+
+
+# -- the group ------------------------------------------------------------------------------------
+def _group() -> Any:
+    """The process group when one of more than one rank is initialised, else None (a program that
+    never imported multidev.distributed has none)."""
+    running = sys.modules.get(f"{__package__}.distributed")
+    if running is None or not running.is_initialized() or running.world_size() < 2:
+        return None
+    from .distributed.group import current
+    return current()
+
+
+@contextlib.contextmanager
+def _checked(g: Any, on: bool) -> Iterator[None]:
+    """The group's consistency checks for the calls inside: as set (``on``), or off."""
+    old = g.check
+    g.check = old and on
+    try:
+        yield
+    finally:
+        g.check = old
+
+
+def _dist() -> Any:
+    from . import distributed
+    return distributed
+
+
+def _carried(dtype: str, device: Device, b: Any) -> bool:
+    try:
+        return bool(_dist().carries(dtype, device, backend=b.name))
+    except MultidevError:
+        return False
+
+
+def _broadcast_flat(flat: Any, src: int, g: Any, check: bool) -> Any:
+    """Rank ``src``'s ``flat`` (a 1-D tensor) on every rank; dtypes the engine cannot carry (int64
+    on JAX's engine without x64) travel as their bytes."""
+    b = backend_of(flat)
+    dtype, dev = b.dtype_of(flat), b.device_of(flat)
+    with _checked(g, check):
+        if _carried(dtype, dev, b):
+            return _dist().broadcast(flat, src)
+        host = np.ascontiguousarray(b.to_numpy(flat))
+        raw = _dist().broadcast(host.view(np.uint8), src)
+        return b.asarray(np.asarray(raw).view(host.dtype), dtype, dev)
+
+
+def _broadcast_object(obj: Any, src: int, g: Any) -> Any:
+    """Rank ``src``'s picklable ``obj`` on every rank (its length, then its bytes)."""
+    data = pickle.dumps(obj) if g.rank == src else b""
+    n = int(np.asarray(_dist().broadcast(np.array([len(data)], dtype=np.int32), src))[0])
+    buf = np.frombuffer(data, dtype=np.uint8).copy() if g.rank == src else np.zeros(n, dtype=np.uint8)
+    with _checked(g, False):
+        raw = np.asarray(_dist().broadcast(buf, src)) if n else buf
+    return obj if g.rank == src else pickle.loads(raw.tobytes())
+
+
+# -- buckets --------------------------------------------------------------------------------------
+def _nbytes(b: Any, x: Any) -> int:
+    return int(np.prod(b.shape_of(x), dtype=np.int64)) * np.dtype(_np_name(b.dtype_of(x))).itemsize
+
+
+def _np_name(dtype: str) -> str:
+    return "uint16" if dtype == "bfloat16" else dtype
+
+
+def plan_buckets(replica: Replica, tensors: Sequence[Any], cap_bytes: float, reverse: bool) -> list[list[int]]:
+    """Indices of ``tensors`` grouped into buckets of one dtype and device, each up to ``cap_bytes``
+    (a larger tensor alone), in reverse order where gradients come last-layer first."""
+    b = replica.backend
+    order = range(len(tensors) - 1, -1, -1) if reverse else range(len(tensors))
+    buckets: list[list[int]] = []
+    open_: dict[tuple[str, Device], tuple[int, float]] = {}  # (dtype, device) -> (its open bucket, bytes)
+    for i in order:
+        t = tensors[i]
+        key = (b.dtype_of(t), b.device_of(t))
+        size = _nbytes(b, t)
+        at = open_.get(key)
+        if at is None or (at[1] + size > cap_bytes and at[1] > 0):
+            buckets.append([])
+            at = (len(buckets) - 1, 0.0)
+        buckets[at[0]].append(i)
+        open_[key] = (at[0], at[1] + size)
+    return buckets
+
+
+class GradientSync:
+    """The gradient averaging of one data-parallel model across the ranks: :meth:`ready` takes each
+    gradient as it is final, a full bucket starts its collective (in bucket order, the same on every
+    rank), :meth:`finish` waits and gives the averaged gradients. Adapters with gradient hooks call
+    these from the framework's backward pass (:meth:`Replica.attach`)."""
+
+    def __init__(self, dp: DataParallel) -> None:
+        self._dp = dp
+        rep = dp.replica
+        self.names = [n for n, _ in rep.parameters()]
+        params = [p for _, p in rep.parameters()]
+        self._like = params
+        self.buckets = plan_buckets(rep, params, dp.bucket_bytes, reverse=True)
+        self._bucket_of = {i: k for k, bucket in enumerate(self.buckets) for i in bucket}
+        self._inplace = bool(rep.backend.capabilities.mutable)
+        self.active = True
+        self.in_step = False
+        self._grads: list[Any] | None = None
+        self._filled: list[int] = []
+        self._works: list[Any] = []
+        self._next = 0
+        self._checked = False
+        self.collectives = 0  # bucket collectives started so far (tests count them)
+
+    def _start_round(self) -> None:
+        self._grads = [None] * len(self._like)
+        self._filled = [0] * len(self.buckets)
+        self._works = [None] * len(self.buckets)
+        self._next = 0
+        self._checked = False
+
+    def reset(self) -> None:
+        """Forget a round left unfinished (a backward pass that raised)."""
+        self._grads = None
+
+    def ready(self, i: int, g: Any) -> None:
+        """Parameter ``i``'s gradient ``g`` is final for this step."""
+        if self._grads is None:
+            self._start_round()
+        assert self._grads is not None
+        if self._grads[i] is None:
+            self._filled[self._bucket_of[i]] += 1
+        self._grads[i] = g
+        self._launch_full()
+
+    def _launch_full(self) -> None:
+        while self._next < len(self.buckets) and self._filled[self._next] == len(self.buckets[self._next]):
+            self._launch(self._next)
+            self._next += 1
+
+    def _launch(self, k: int) -> None:
+        dp, g = self._dp, self._dp.group
+        assert self._grads is not None
+        flat = dp.replica.flatten([self._grads[i] for i in self.buckets[k]], dp.grad_dtype)
+        first = not self._checked and dp.checks == "step"  # the step's first collective carries the exchange
+        with _checked(g, first):  # in place where the framework writes in place: the bucket is ours
+            self._works[k] = _dist().allreduce(flat, "sum", inplace=self._inplace, async_op=True)
+        self._checked = True
+        self.collectives += 1
+
+    def finish(self) -> list[Any]:
+        """Wait for every bucket and return the averaged gradients (one per parameter, on the first
+        device), ending the step's round. A parameter without a gradient: ``unused="zero"`` counts
+        it as zeros, ``"error"`` raises naming it."""
+        if self._grads is None:
+            self._start_round()
+        grads = self._grads
+        assert grads is not None
+        missing = [i for i, gr in enumerate(grads) if gr is None]
+        if missing and self._dp.unused == "error":
+            self._grads = None
+            names = ", ".join(self.names[i] for i in missing[:8]) + (" ..." if len(missing) > 8 else "")
+            raise InvalidArgumentError(
+                f"data_parallel: {len(missing)} parameter(s) received no gradient on rank {self._dp.rank} this step: "
+                f"{names}. Every rank must give every parameter a gradient (the other ranks wait for this one's "
+                "buckets): pass data_parallel(..., unused='zero') to count them as zeros, or leave them out of the "
+                "trained parameters (requires_grad=False / a frozen subtree)")
+        for i in missing:
+            self.ready(i, self._dp.replica.zeros_like(self._like[i]))
+        self._launch_full()
+        out: list[Any] = [None] * len(grads)
+        scale = 1.0 / self._dp.world_size
+        try:
+            for k, bucket in enumerate(self.buckets):
+                summed = self._works[k].wait()
+                for i, v in zip(bucket, self._dp.replica.unflatten(summed, [self._like[i] for i in bucket], scale)):
+                    out[i] = v
+        finally:
+            self._grads = None
+        return out
+
+    def before_forward(self) -> None:
+        """Rank 0's buffers, before a training forward outside :meth:`DataParallel.step`
+        (``buffers="broadcast"``; the step takes them after its backward pass instead)."""
+        if self._dp.buffers == "broadcast" and not self.in_step:
+            self._dp.sync_buffers()
+
+
+# -- the API --------------------------------------------------------------------------------------
+def _replica_for(model: Any, optimizer: Any, devices: Sequence[DeviceLike] | None, what: str) -> Replica:
+    found = structure_owner(model)
+    if found is not None:
+        b = found[0]
+    else:
+        try:
+            first = next(iter(leaves(model, what)), None)
+        except (UnsupportedTensorError, InvalidArgumentError) as e:
+            raise InvalidArgumentError(f"{what} takes a model (a framework's module, or a tree of its tensors); "
+                                       f"got {type(model).__name__}: {e}") from None
+        if first is None:
+            raise InvalidArgumentError(f"{what}: the model holds no tensor")
+        b = backend_of(first[1])
+    require(b, SupportsDataParallel, what, "its framework's models cannot be wrapped")
+    if devices is None:
+        from .api import device_of
+        devs = [device_of(model)]
+    else:
+        devs = device_list(b, devices, what)
+    rep = b.data_parallel_replica(model, optimizer, devs)  # type: ignore[attr-defined]
+    if rep is None:
+        raise InvalidArgumentError(f"{what}: the {b.name} backend does not take a {type(model).__name__} as a model")
+    return rep
+
+
+def _broadcast(rep: Replica, g: Any, src: int, optimizer: bool = True) -> None:
+    """Rank ``src``'s parameters, buffers and optimizer state into ``rep`` on every rank, in buckets
+    (one collective per dtype and bucket)."""
+    if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < g.world_size:
+        raise InvalidArgumentError(f"broadcast_state: src must be a rank in [0, {g.world_size}), got {src!r:.40}")
+    first = True
+    for part in ("parameters", "buffers"):
+        named = rep.parameters() if part == "parameters" else rep.buffers()
+        tensors = [t for _, t in named]
+        if not tensors:
+            continue
+        new: list[Any] = [None] * len(tensors)
+        for bucket in plan_buckets(rep, tensors, DEFAULT_BUCKET_MB * 2**20, reverse=False):
+            like = [tensors[i] for i in bucket]
+            flat = _broadcast_flat(rep.flatten(like, None), src, g, first)
+            first = False
+            for i, v in zip(bucket, rep.unflatten(flat, like, None)):
+                new[i] = v
+        if g.rank != src:
+            rep.load(new if part == "parameters" else None, new if part == "buffers" else None)
+    if optimizer:
+        state = _broadcast_object(rep.optimizer_state(), src, g)
+        if g.rank != src and state is not None:
+            rep.load_optimizer_state(state)
+
+
+def broadcast_state(model: Any, optimizer: Any = None, *, src: int = 0) -> Any:
+    """Rank ``src``'s parameters, buffers and optimizer state on every rank of the process group
+    (a collective: every rank calls it); what :func:`data_parallel` does at the start, for use
+    alone, e.g. after loading a checkpoint on one rank. Returns the model: the same object, updated
+    in place (torch, MXNet, Keras), or a new tree (JAX: ``params = md.broadcast_state(params)``).
+    The optimizer (torch) is updated in place; a flax ``TrainState`` carries its own. Without a
+    group of more than one rank, a no-op returning ``model``."""
+    g = _group()
+    if g is None:
+        return model
+    rep = _replica_for(model, optimizer, None, "broadcast_state")
+    _broadcast(rep, g, src)
+    return rep.model
+
+
+class DataParallel:
+    """A model and its optimizer trained data-parallel (made by :func:`data_parallel`): the same
+    code on one device, several devices of one process, and one process per device."""
+
+    def __init__(self, replica: Replica, group: Any, *, bucket_mb: float, grad_dtype: str | None, buffers: str,
+                 unused: str, verify: bool, checks: str = "step") -> None:
+        self.replica = replica
+        self.group = group
+        self.rank = 0 if group is None else group.rank
+        self.world_size = 1 if group is None else group.world_size
+        self.bucket_bytes = float(bucket_mb) * 2**20
+        self.grad_dtype = grad_dtype
+        self.buffers = buffers
+        self.unused = unused
+        self.verify_each_step = verify
+        self.checks = checks
+        self._no_sync = False
+        self.sync: GradientSync | None = None
+        self._attached = False
+        if group is not None:
+            _broadcast(replica, group, 0)
+            self.sync = GradientSync(self)
+            self._attached = replica.attach(self.sync)
+
+    @property
+    def model(self) -> Any:
+        """The model now: the object given (torch, MXNet, Keras; trained in place) or the current
+        tree (JAX: the parameters, or the ``TrainState``). Its state is the plain model's: a
+        checkpoint of it loads without the wrapper."""
+        return self.replica.model
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer given (JAX: the optax transformation; the state is ``replica.opt_state``)."""
+        return self.replica.optimizer
+
+    @property
+    def devices(self) -> list[Device]:
+        """This process's devices."""
+        return list(self.replica.devices)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's forward (torch, Keras, Gluon models)."""
+        return self.replica.forward(*args, **kwargs)
+
+    def shard(self, batch: Any) -> Any:
+        """This rank's rows of a global batch (a tensor, or a tuple, list or dict of tensors with one
+        batch axis): rank ``r`` of ``n`` takes ``numpy.array_split``'s part ``r``; the batch itself
+        with one rank. A view or slice, no copy where the framework slices without one."""
+        if self.world_size == 1:
+            return batch
+        if isinstance(batch, (tuple, list)):
+            return type(batch)(self.shard(x) for x in batch)
+        if isinstance(batch, dict):
+            return {k: self.shard(v) for k, v in batch.items()}
+        b = backend_of(batch)
+        n = b.shape_of(batch)[0] if b.shape_of(batch) else 0
+        if n < self.world_size:
+            raise InvalidArgumentError(f"DataParallel.shard: a batch of {n} rows cannot give each of "
+                                       f"{self.world_size} ranks a row")
+        sizes = [len(p) for p in np.array_split(np.empty(n, dtype=np.int8), self.world_size)]
+        return b.split(batch, sizes, 0)[self.rank]
+
+    def step(self, batch: Any, loss_fn: Callable[..., Any]) -> Any:
+        """One training step: ``loss_fn(model, batch)`` (JAX: ``loss_fn(params, batch)``) on this
+        process's batch, its gradients averaged over every device and rank, one step of the
+        optimizer. Inside :meth:`no_sync` the gradients only accumulate (no communication, no
+        optimizer step); the next step outside it averages their sum. Returns this process's loss,
+        a scalar of the framework (not synchronised: read it when you need it)."""
+        if not callable(loss_fn):
+            raise InvalidArgumentError(f"DataParallel.step: loss_fn must be callable, got {type(loss_fn).__name__}")
+        rep, sync = self.replica, self.sync
+        if self._no_sync:
+            loss = rep.backward(batch, loss_fn, None)
+        elif sync is None:
+            loss = rep.local_step(batch, loss_fn)
+        else:
+            sync.in_step = True  # the buffers follow the backward pass, not a forward hook
+            sync.reset()
+            try:
+                if self._attached:
+                    loss = rep.backward(batch, loss_fn, None)  # the hooks averaged the gradients in place
+                    grads = None
+                else:
+                    loss = rep.backward(batch, loss_fn, sync.ready)
+                    grads = sync.finish()
+            finally:
+                sync.in_step = False
+            if self.buffers == "broadcast":
+                self.sync_buffers()  # rank 0's statistics, updated by its forward, everywhere
+            rep.apply(grads)
+        if self.verify_each_step and not self._no_sync:
+            self.verify()
+        return loss
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradients accumulate locally inside the block (no collective, no optimizer step from
+        :meth:`step`); the first step after it averages the accumulated sum, as
+        DistributedDataParallel's ``no_sync``."""
+        old = self._no_sync
+        self._no_sync = True
+        if self.sync is not None:
+            self.sync.active = False
+        try:
+            yield
+        finally:
+            self._no_sync = old
+            if self.sync is not None:
+                self.sync.active = not old
+
+    def sync_buffers(self) -> None:
+        """Rank 0's buffers on every rank now (a collective; a no-op without buffers or a group)."""
+        g = self.group
+        named = self.replica.buffers()
+        if g is None or not named:
+            return
+        tensors = [t for _, t in named]
+        new: list[Any] = [None] * len(tensors)
+        for bucket in plan_buckets(self.replica, tensors, self.bucket_bytes, reverse=False):
+            like = [tensors[i] for i in bucket]
+            flat = _broadcast_flat(self.replica.flatten(like, None), 0, g, False)
+            for i, v in zip(bucket, self.replica.unflatten(flat, like, None)):
+                new[i] = v
+        if g.rank != 0:
+            self.replica.load(None, new)
+
+    def broadcast_state(self, src: int = 0) -> None:
+        """Rank ``src``'s parameters, buffers and optimizer state on every rank (a collective), e.g.
+        after loading a checkpoint on one rank."""
+        if self.group is not None:
+            _broadcast(self.replica, self.group, src)
+
+    def verify(self) -> None:
+        """Check that every device and rank holds bitwise the same parameters (and buffers, with
+        ``buffers="broadcast"``) now (a
+        collective where there is a group: one gather of a checksum per tensor); ReplicaMismatchError
+        on every rank, naming the first tensor that differs and where, otherwise."""
+        rep = self.replica
+        names = [n for n, _ in rep.parameters()]
+        if self.buffers == "broadcast":
+            names += [n for n, _ in rep.buffers()]
+        rows = [row[:len(names)] for row in rep.fingerprints()]
+        for d, row in enumerate(rows[1:], 1):
+            if row != rows[0]:
+                i = next(j for j, (a, c) in enumerate(zip(rows[0], row)) if a != c)
+                raise ReplicaMismatchError(f"data_parallel: {names[i]} differs between {rep.devices[0]} and "
+                                           f"{rep.devices[d]} (rank {self.rank})")
+        if self.group is None:
+            return
+        with _checked(self.group, True):
+            every = np.asarray(_dist().allgather(np.array([rows[0]], dtype=np.int32), 0))
+        for r in range(1, every.shape[0]):
+            diff = np.nonzero(every[r] != every[0])[0]
+            if diff.size:
+                raise ReplicaMismatchError(f"data_parallel: {names[int(diff[0])]} differs between rank 0 and rank {r} "
+                                           f"({diff.size} of {len(names)} tensors differ)")
+
+    def close(self) -> None:
+        """Remove the hooks the wrapper installed in the model (the model trains alone again)."""
+        self.replica.detach()
+        self._attached = False
+
+
+def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[DeviceLike] | None = None,
+                  bucket_mb: float = DEFAULT_BUCKET_MB, grad_dtype: str | None = None, buffers: str = "broadcast",
+                  unused: str = "error", verify: bool = False, checks: str = "step") -> DataParallel:
+    """Train ``model`` with ``optimizer`` data-parallel (see the module's doc for what it does).
+
+    - ``model``: the framework's own: a torch ``nn.Module``, a JAX parameter tree or flax
+      ``TrainState``, a Keras model, a Gluon ``Block``; ``optimizer``: the framework's own
+      (``torch.optim``, an optax transformation, a Gluon ``Trainer``, a Keras optimizer; None for
+      a ``TrainState``, which carries its own).
+    - ``devices``: this process's devices; several: the framework's one-process data parallelism
+      over them (the model is replicated there); default: the model's one device.
+    - Under a process group of more than one rank (:func:`multidev.distributed.init`), every rank
+      calls it (it broadcasts rank 0's state) and every step averages across ranks too.
+    - ``bucket_mb``: gradient megabytes per collective; ``grad_dtype``: ``"bfloat16"`` or
+      ``"float16"`` to exchange gradients in half the bytes (None: their own dtype);
+      ``buffers``: ``"broadcast"`` (rank 0's before each step) or ``"local"``; ``unused``:
+      ``"error"`` or ``"zero"`` for a parameter without a gradient; ``verify``: check after every
+      step that all replicas are bitwise equal (a debugging aid); ``checks``: where the group's
+      consistency checks run, ``"step"`` (one exchange per step) or ``"start"`` (at the start
+      only: the steps' collectives unchecked, as DistributedDataParallel's).
+
+    The model is used in place where the framework's tensors are mutable: no copy, no wrapper
+    prefix in its state; a gradient hook per parameter where the framework has them
+    (:meth:`DataParallel.close` removes them). Gradients accumulated before wrapping are cleared.
+    """
+    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
+        raise InvalidArgumentError(f"data_parallel: bucket_mb must be a positive number, got {bucket_mb!r:.40}")
+    if grad_dtype is not None and grad_dtype not in EXCHANGE_DTYPES:
+        raise InvalidArgumentError(f"data_parallel: grad_dtype must be None or one of {EXCHANGE_DTYPES}, "
+                                   f"got {grad_dtype!r:.40}")
+    if buffers not in BUFFER_POLICIES:
+        raise InvalidArgumentError(f"data_parallel: buffers must be one of {BUFFER_POLICIES}, got {buffers!r:.40}")
+    if unused not in UNUSED_POLICIES:
+        raise InvalidArgumentError(f"data_parallel: unused must be one of {UNUSED_POLICIES}, got {unused!r:.40}")
+    if checks not in CHECK_POLICIES:
+        raise InvalidArgumentError(f"data_parallel: checks must be one of {CHECK_POLICIES}, got {checks!r:.40}")
+    if not isinstance(verify, bool):
+        raise InvalidArgumentError(f"data_parallel: verify must be True or False, got {verify!r:.40}")
+    rep = _replica_for(model, optimizer, devices, "data_parallel")
+    g = _group()
+    if g is not None and rep.processes_refusal:
+        raise CapabilityError(f"data_parallel: {rep.processes_refusal}")
+    if g is not None and grad_dtype is not None and not _carried(grad_dtype, rep.devices[0], rep.backend):
+        raise CapabilityError(f"data_parallel(grad_dtype={grad_dtype!r}): the {g.info.engine} engine cannot carry "
+                              f"{grad_dtype} tensors of this backend")
+    return DataParallel(rep, g, bucket_mb=float(bucket_mb), grad_dtype=grad_dtype, buffers=buffers, unused=unused,
+                        verify=verify, checks=checks)
