@@ -21,7 +21,8 @@ What :class:`BaseBackend` supplies for the core protocol (override any of them):
 The optional capabilities are protocols an adapter declares by inheriting them
 (:data:`CAPABILITY_PROTOCOLS`: :class:`SupportsNonBlocking`, :class:`SupportsDLPack`,
 :class:`SupportsNativeCollectives`, :class:`SupportsTraining`, :class:`SupportsCompile`,
-:class:`SupportsModels`, :class:`SupportsDeviceScope`, :class:`SupportsDataParallel`, whose
+:class:`SupportsModels`, :class:`SupportsDeviceScope`, :class:`SupportsDataParallel` and
+:class:`SupportsShardedTraining`, whose
 :class:`Replica` base class supplies the data-parallel defaults), with
 shared implementations to inherit where they fit: :class:`ArrayApiDLPack` (the array-API
 ``__dlpack__`` route) and :class:`TrainingDefaults` (parameters without autograd state, SGD with the
@@ -93,6 +94,7 @@ from .protocol import (
     SupportsModels,
     SupportsNativeCollectives,
     SupportsNonBlocking,
+    SupportsShardedTraining,
     SupportsSharding,
     SupportsTraining,
     protocol_methods,
@@ -145,6 +147,7 @@ __all__ = [
     "SupportsModels",
     "SupportsNativeCollectives",
     "SupportsNonBlocking",
+    "SupportsShardedTraining",
     "SupportsSharding",
     "SupportsTraining",
     "TrainingDefaults",

@@ -26,7 +26,9 @@ inheriting it** and implements whole:
 - :class:`SupportsSharding`: the framework's own sharded tensor (a ``jax.Array`` with a
   ``NamedSharding``), for ``multidev.to(x, layout)``; without it multidev keeps managed shards;
 - :class:`SupportsDataParallel`: the user's model and optimizer as a data-parallel replica
-  (``data_parallel_replica``), for ``multidev.data_parallel``.
+  (``data_parallel_replica``), for ``multidev.data_parallel``;
+- :class:`SupportsShardedTraining`: the same over a device mesh, the batch cut along one mesh axis
+  and the parameters along another (``sharded_replica``), for ``multidev.data_parallel(mesh=...)``.
 
 The registry checks every adapter when it loads (:func:`multidev.adapter.check_adapter`): each core
 method present, each declared protocol implemented whole (no method left at the protocol's stub),
@@ -71,6 +73,7 @@ __all__ = [
     "SupportsModels",
     "SupportsNativeCollectives",
     "SupportsNonBlocking",
+    "SupportsShardedTraining",
     "SupportsSharding",
     "SupportsTraining",
     "protocol_methods",
@@ -435,6 +438,25 @@ class SupportsDataParallel(Protocol):
 
 
 @runtime_checkable
+class SupportsShardedTraining(Protocol):
+    """The framework's models and optimizers trained over a :class:`~multidev.Mesh` of one process's
+    devices (FSDP/ZeRO-style), for ``multidev.data_parallel(model, optimizer, mesh=...)``: the batch
+    cut along the data axes, each parameter and its optimizer state cut along the parameter axes,
+    the framework's compiler inserting the collectives. The core validates the mesh and axes."""
+
+    def sharded_replica(self, model: Any, optimizer: Any, mesh: Any, data_axes: tuple[str, ...],
+                        layout_for: Any) -> Any:
+        """A :class:`~multidev.adapter.Replica` of ``model`` and ``optimizer`` laid out on ``mesh``
+        (a :class:`~multidev.Mesh` of this backend's devices): a batch's rows cut along
+        ``data_axes``; each parameter and each optimizer-state tensor of shape ``s`` laid out as
+        ``layout_for(s)`` (a :class:`~multidev.Layout` on ``mesh``: the core's rule), never whole on
+        one device on the way. None where ``model`` is no structure of this framework;
+        InvalidArgumentError for an optimizer that does not fit; CapabilityError for a model or mode
+        it cannot shard, saying why."""
+        ...
+
+
+@runtime_checkable
 class SupportsDeviceScope(Protocol):
     """The framework's own default-device scope, entered by ``multidev.device_scope(dev,
     backend=...)`` so framework code inside the block lands on ``dev`` (torch's device context,
@@ -525,7 +547,8 @@ class SupportsSharding(Protocol):
 #: The optional capability protocols, in the order the adapter files and docs follow.
 CAPABILITY_PROTOCOLS: tuple[type, ...] = (SupportsNonBlocking, SupportsDLPack, SupportsNativeCollectives,
                                           SupportsTraining, SupportsCompile, SupportsModels, SupportsDeviceScope,
-                                          SupportsMesh, SupportsSharding, SupportsDataParallel)
+                                          SupportsMesh, SupportsSharding, SupportsDataParallel,
+                                          SupportsShardedTraining)
 
 
 def protocol_methods(protocol: type) -> tuple[str, ...]:

@@ -39,6 +39,7 @@ ADDED_0_3 = {
     "SupportsModels", "SupportsDeviceScope", "SupportsDataParallel", "Replica", "Ready",
     "start_move",
     "SupportsMesh", "SupportsSharding", "Mesh", "Layout",  # the device mesh and layouts (issue 34)
+    "SupportsShardedTraining",  # training over a mesh, parameters sharded (issue 34)
 }
 
 

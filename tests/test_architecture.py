@@ -308,7 +308,8 @@ _PROVIDERS = {"SupportsNonBlocking": {"SupportsNonBlocking", "NonBlockingMoves"}
               "SupportsDeviceScope": {"SupportsDeviceScope"},
               "SupportsMesh": {"SupportsMesh"},
               "SupportsSharding": {"SupportsSharding"},
-              "SupportsDataParallel": {"SupportsDataParallel"}}
+              "SupportsDataParallel": {"SupportsDataParallel"},
+              "SupportsShardedTraining": {"SupportsShardedTraining"}}
 
 
 def test_the_protocol_is_split_and_every_adapter_declares_what_it_implements() -> None:
@@ -351,7 +352,8 @@ ADAPTER_FILE_LINES = 420
 CONCERN_FILES = {"core.py": None, "transfers.py": "SupportsNonBlocking", "dlpack.py": "SupportsDLPack",
                  "collectives.py": "SupportsNativeCollectives", "training.py": "SupportsTraining",
                  "compile.py": "SupportsCompile", "models.py": "SupportsModels", "scope.py": "SupportsDeviceScope",
-                 "mesh.py": "SupportsMesh", "sharding.py": "SupportsSharding", "parallel.py": "SupportsDataParallel"}
+                 "mesh.py": "SupportsMesh", "sharding.py": "SupportsSharding", "parallel.py": "SupportsDataParallel",
+                 "sharded_training.py": "SupportsShardedTraining"}
 #: Beside the concern files: the composed adapter (__init__.py) and what several files share.
 ADAPTER_FOLDER_FILES = {"__init__.py", "_common.py", *CONCERN_FILES}
 #: Folders of backends/ that are not adapters.

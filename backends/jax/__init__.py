@@ -27,7 +27,8 @@ protocol), ``transfers.py`` (non-blocking moves, pinned host copies, staged uplo
 (``jax.jit``), ``models.py`` (pytree nodes as trees), ``scope.py`` (``jax.default_device``),
 ``mesh.py`` (``jax.sharding.Mesh``, ``jax.make_mesh``'s device order), ``sharding.py``
 (``NamedSharding``: the native type of ``multidev.to(x, layout)``), ``parallel.py``
-(parameters with optax, or a flax ``TrainState``, data-parallel);
+(parameters with optax, or a flax ``TrainState``, data-parallel), ``sharded_training.py`` (the same on
+a mesh, each parameter and its optimizer state a ``NamedSharding``);
 ``_common.py`` holds what several of them share.
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ from .mesh import JaxMesh
 from .models import JaxModels
 from .parallel import JaxParallel
 from .scope import JaxScope
+from .sharded_training import JaxShardedTraining
 from .sharding import JaxSharding
 from .training import JaxTraining
 from .transfers import JaxTransfers
@@ -48,5 +50,5 @@ __all__ = ["JaxBackend"]
 
 
 class JaxBackend(JaxCore, JaxTransfers, JaxDLPack, JaxCollectives, JaxTraining, JaxCompile, JaxModels, JaxScope,
-                 JaxMesh, JaxSharding, JaxParallel):
+                 JaxMesh, JaxSharding, JaxParallel, JaxShardedTraining):
     """The JAX backend (see the package docstring)."""
