@@ -130,12 +130,23 @@ JAX_CASE = """
         dp.step(bs[1], loss_fn)
     np.testing.assert_allclose(np.asarray(a.model["w1"]), np.asarray(b.model["w1"]), rtol=1e-5, atol=1e-6)
     a.verify()
+
+    # a flax TrainState carries its optimizer: its moments sharded, its step count whole
+    from flax.training.train_state import TrainState
+
+    st = TrainState.create(apply_fn=None, params=params, tx=optax.adam(1e-2))
+    ts = md.data_parallel(st, mesh=mesh)
+    losses = [float(ts.step(b, loss_fn)) for b in batches()]
+    np.testing.assert_allclose(losses, ref, rtol=2e-5)
+    assert int(ts.model.step) == 6 and md.layout_of(ts.model.step) == md.Layout(mesh, ())
+    assert ts.model.opt_state[0].mu["w1"].sharding == ts.model.params["w1"].sharding
+    assert md.layout_of(ts.model.params["w1"]) == md.Layout(mesh, ("model", None))
     print("OK")
 """
 
 
 def test_jax_on_a_2x2_mesh_matches_one_device() -> None:
-    for module in ("jax", "optax"):
+    for module in ("jax", "optax", "flax"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -143,3 +154,12 @@ def test_jax_on_a_2x2_mesh_matches_one_device() -> None:
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(JAX_CASE)], capture_output=True, text=True,
                        timeout=300, env=env)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), f"stdout:\n{r.stdout}\nstderr:\n{r.stderr[-4000:]}"
+
+
+def test_a_mesh_under_a_process_group_is_refused_before_anything(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multidev.data_parallel as dpm
+
+    monkeypatch.setattr(dpm, "_group", lambda: object())  # a group of more than one rank
+    params = {"w": md.asarray(np.ones((2, 2)), backend="numpy")}
+    with pytest.raises(md.CapabilityError, match="across processes are not supported yet"):
+        md.data_parallel(params, None, mesh=_mesh())
