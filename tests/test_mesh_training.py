@@ -157,8 +157,7 @@ def test_jax_on_a_2x2_mesh_matches_one_device() -> None:
 
 
 def test_a_mesh_under_a_process_group_is_refused_before_anything(monkeypatch: pytest.MonkeyPatch) -> None:
-    import multidev.data_parallel as dpm
-
+    dpm = sys.modules["multidev.data_parallel"]  # (the package's data_parallel attribute is the function)
     monkeypatch.setattr(dpm, "_group", lambda: object())  # a group of more than one rank
     params = {"w": md.asarray(np.ones((2, 2)), backend="numpy")}
     with pytest.raises(md.CapabilityError, match="across processes are not supported yet"):
