@@ -3,7 +3,8 @@
 # about 2 minutes: the mesh conformance checks for torch and JAX, scripts/gpu/mesh_probe.py (a mesh of
 # every GPU: placement, JAX<->torch piece by piece, collectives along axes, md.to against
 # jax.device_put), and `multidev bench --suite mesh` (GPUs where there are two or more, else 4 virtual
-# CPU devices). Writes log.txt and mesh.md into $OUT.
+# CPU devices), and scripts/gpu/mesh_training.py (training on a mesh of every GPU against one GPU).
+# Writes log.txt and mesh.md into $OUT.
 #   OUT=/path/to/out bash scripts/gpu/mesh.sh
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,3 +19,4 @@ timeout 300 "$PY" -m multidev.cli conformance --backend torch,jax -- -q -k "test
 timeout 200 "$PY" scripts/gpu/mesh_probe.py || echo "probe exit $?"
 timeout 300 "$PY" -m multidev.cli bench --backend jax,torch --suite mesh --cpu-devices 4 --reps 20 --budget 2 \
   --markdown "$OUT/mesh.md" --no-progress || echo "bench exit $?"
+timeout 300 "$PY" scripts/gpu/mesh_training.py || echo "mesh training exit $?"
