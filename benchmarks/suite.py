@@ -26,7 +26,7 @@ SUITES = {"overhead": "overhead", "asynchronous": "async", "autoparallel": "auto
           "compilation": "compile", "models": "models"}
 #: Suite modules loaded for ``--suite NAME`` and ``--list`` but not run by default (slow, or
 #: about the machine rather than the calls): start-up times in fresh interpreters.
-OPT_IN = {"startup": "startup"}
+OPT_IN = {"startup": "startup", "mesh": "mesh"}
 
 
 @dataclass(frozen=True)

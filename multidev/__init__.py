@@ -38,7 +38,17 @@ from .api import (
                   try_gpu,
                   zeros,
 )
-from .collectives import allgather, allreduce, broadcast, gather, reduce, reduce_scatter, scatter, split_batch
+from .collectives import (
+                  all_to_all,
+                  allgather,
+                  allreduce,
+                  broadcast,
+                  gather,
+                  reduce,
+                  reduce_scatter,
+                  scatter,
+                  split_batch,
+)
 from .compilation import Compiled, compile
 from .data_parallel import DataParallel, broadcast_state, data_parallel
 from .dtypes import canonical_dtype
@@ -64,8 +74,11 @@ from .errors import (
                   UnsupportedTensorError,
 )
 from .exchange import convert
+from .mesh import Layout, Mesh
+from .mesh_collectives import all_to_all_along, allgather_along, allreduce_along, reduce_scatter_along
 from .protocol import Backend, Capabilities
 from .registry import backend_of, get_default_backend, register_backend, registered_backends, set_default_backend
+from .sharding import ShardedTensor, from_native_mesh, from_shards, layout_of, make_mesh, shards_of, to_native_mesh
 from .training import replicate, train_batch
 from .transfer import Transfer, to_host
 
@@ -76,16 +89,19 @@ __all__ = [
     "CollectiveInputError", "CollectiveMismatchError", "Compiled", "DataParallel", "Device", "DeviceMismatchError",
     "DeviceNotFoundError", "DistributedError", "DistributedSetupError", "DistributedTimeoutError",
     "InvalidArgumentError", "InvalidDeviceError",
-    "InvalidDtypeError", "MultidevError", "OutOfMemoryError", "ReplicaMismatchError", "ScopeError", "Transfer",
-    "UnsupportedTensorError",
-    "allgather", "allreduce", "arange", "asarray", "backend", "backend_of",
+    "InvalidDtypeError", "Layout", "Mesh", "MultidevError", "OutOfMemoryError", "ReplicaMismatchError",
+    "ScopeError", "ShardedTensor", "Transfer", "UnsupportedTensorError",
+    "all_to_all", "all_to_all_along", "allgather", "allgather_along", "allreduce", "allreduce_along",
+    "arange", "asarray", "backend", "backend_of",
     "backends", "broadcast", "broadcast_state", "canonical_dtype", "compile", "convert", "copy", "cpu",
     "data_parallel", "default_device", "device",
-    "device_of", "device_scope", "devices", "distributed", "dtype_of", "empty", "full", "gather",
-    "get_default_backend", "gpu", "native_device", "num_gpus", "ones", "rand", "reduce", "reduce_scatter",
+    "device_of", "device_scope", "devices", "distributed", "dtype_of", "empty", "from_native_mesh", "from_shards",
+    "full", "gather",
+    "get_default_backend", "gpu", "layout_of", "make_mesh", "native_device", "num_gpus", "ones", "rand", "reduce",
+    "reduce_scatter", "reduce_scatter_along",
     "register_backend",
-    "registered_backends", "replicate", "scatter", "set_default_backend", "split_batch", "synchronize", "to",
-    "to_host", "to_numpy", "train_batch", "try_all_gpus", "try_gpu", "zeros",
+    "registered_backends", "replicate", "scatter", "set_default_backend", "shards_of", "split_batch", "synchronize",
+    "to", "to_host", "to_native_mesh", "to_numpy", "train_batch", "try_all_gpus", "try_gpu", "zeros",
 ]
 
 

@@ -21,7 +21,8 @@ What :class:`BaseBackend` supplies for the core protocol (override any of them):
 The optional capabilities are protocols an adapter declares by inheriting them
 (:data:`CAPABILITY_PROTOCOLS`: :class:`SupportsNonBlocking`, :class:`SupportsDLPack`,
 :class:`SupportsNativeCollectives`, :class:`SupportsTraining`, :class:`SupportsCompile`,
-:class:`SupportsModels`, :class:`SupportsDeviceScope`, :class:`SupportsDataParallel`, whose
+:class:`SupportsModels`, :class:`SupportsDeviceScope`, :class:`SupportsDataParallel` and
+:class:`SupportsShardedTraining`, whose
 :class:`Replica` base class supplies the data-parallel defaults), with
 shared implementations to inherit where they fit: :class:`ArrayApiDLPack` (the array-API
 ``__dlpack__`` route) and :class:`TrainingDefaults` (parameters without autograd state, SGD with the
@@ -77,6 +78,7 @@ from .errors import (
     MultidevError,
     UnsupportedTensorError,
 )
+from .mesh import Layout, Mesh
 from .protocol import (
     CAPABILITY_PROTOCOLS,
     OPTIONAL_METHODS,
@@ -88,9 +90,12 @@ from .protocol import (
     SupportsDataParallel,
     SupportsDeviceScope,
     SupportsDLPack,
+    SupportsMesh,
     SupportsModels,
     SupportsNativeCollectives,
     SupportsNonBlocking,
+    SupportsShardedTraining,
+    SupportsSharding,
     SupportsTraining,
     protocol_methods,
 )
@@ -127,6 +132,8 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidDeviceError",
     "InvalidDtypeError",
+    "Layout",
+    "Mesh",
     "MultidevError",
     "NonBlockingMoves",
     "Ready",
@@ -136,9 +143,12 @@ __all__ = [
     "SupportsDLPack",
     "SupportsDataParallel",
     "SupportsDeviceScope",
+    "SupportsMesh",
     "SupportsModels",
     "SupportsNativeCollectives",
     "SupportsNonBlocking",
+    "SupportsShardedTraining",
+    "SupportsSharding",
     "SupportsTraining",
     "TrainingDefaults",
     "UnsupportedTensorError",

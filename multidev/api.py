@@ -21,6 +21,7 @@ from .errors import (
     ScopeError,
     UnsupportedTensorError,
 )
+from .mesh import Layout
 from .placement import as_device, resolve, scope_backend, scope_device
 from .placement import default_device as default_device
 from .protocol import Backend, SupportsDeviceScope
@@ -37,6 +38,7 @@ from .registry import (
     tie_cache,
     waiter_of,
 )
+from .sharding import ShardedTensor, is_sharded, place, sharded_device, unshard
 from .transfer import start_to
 from .trees import is_structure, leaves, owner_or_structure, resident_container, tree_map
 from .validate import (
@@ -580,7 +582,12 @@ def device_of(x: Any) -> Device:
     """The device tensor ``x`` lives on; for a structure (lists, tuples, named tuples, dicts, a
     framework's trees and models), the one device of all its tensors, else DeviceMismatchError
     saying where they are. Never copies or waits."""
-    b = owner_or_structure(x)
+    try:
+        b = owner_or_structure(x)
+    except UnsupportedTensorError:
+        if x.__class__ is ShardedTensor:
+            return sharded_device(x)
+        raise
     if b is None:
         return _structure_device(x)
     return b.device_of(x)
@@ -609,6 +616,10 @@ def dtype_of(x: Any) -> str:
 
 
 @overload
+def to(x: Any, device: Layout, *, non_blocking: Literal[False] = False) -> Any: ...
+@overload
+def to(x: ShardedTensor, device: DeviceLike, *, non_blocking: Literal[False] = False) -> Any: ...
+@overload
 def to(x: _T, device: DeviceLike, *, non_blocking: Literal[False] = False) -> _T: ...
 @overload
 def to(x: _T, device: DeviceLike, *, non_blocking: Literal[True]) -> Transfer[_T]: ...
@@ -632,19 +643,48 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
     gives the tensor once the copy has landed. Host targets use pinned buffers where they exist,
     and the copy starts as soon as the work producing ``x`` is done, so it overlaps with work
     queued afterwards.
+
+    ``device`` may be a :class:`~multidev.Layout`: ``x`` laid out on its mesh (JAX: a ``jax.Array``
+    with a ``NamedSharding``; elsewhere a :class:`~multidev.ShardedTensor`; see
+    :func:`multidev.sharding.place`). A sharded ``x`` sent to a device comes back whole there.
     """
     if non_blocking:
+        if device.__class__ is Layout or x.__class__ is ShardedTensor:
+            raise InvalidArgumentError("to: non_blocking=True is for moves to one device; placement by a layout "
+                                       "is asynchronous where the framework is (JAX) and returns the tensor")
         return start_to(x, device)
     cls = x.__class__
     if cls is tuple or cls is list or cls is dict:  # (data, target) already there: no walk
+        if device.__class__ is Layout:
+            raise InvalidArgumentError("to(x, layout) takes one tensor: place each tensor of a structure by its "
+                                       "own layout")
         dev = device if device.__class__ is Device else as_device(device)
         if resident_container(x, dev):  # (trees.resident_container)
             return x if cls is tuple else cls(x)  # (a list or dict: a new one, as tree_map gives)
-    b = owner_or_structure(x)
+    try:  # (the layouts and sharded tensors of multidev.sharding are dispatched where they raise: no cost here)
+        b = owner_or_structure(x)
+    except UnsupportedTensorError:
+        if cls is not ShardedTensor:
+            raise
+        return place(x, device) if device.__class__ is Layout else unshard(x, device)
     if b is None:
+        if device.__class__ is Layout:
+            raise InvalidArgumentError("to(x, layout) takes one tensor: place each tensor of a structure by its "
+                                       "own layout")
         return _structure_to(x, device)
-    dev = device if device.__class__ is Device else as_device(device)
-    if b.device_of(x) is dev:  # the no-op path (Devices are interned): no enumeration, no validation
+    try:
+        dev = device if device.__class__ is Device else as_device(device)
+    except InvalidDeviceError:
+        if device.__class__ is not Layout:
+            raise
+        return place(x, device)
+    try:
+        here = b.device_of(x)
+    except DeviceMismatchError:  # a framework's sharded tensor (JAX NamedSharding): gathered onto dev
+        if not is_sharded(x):
+            raise
+        return unshard(x, dev)
+    if here is dev:  # the no-op path (Devices are interned): no enumeration, no validation
         commit = getattr(b, "commit_resident", None)
         return x if commit is None else commit(x)
     target = resolve(b, dev)
@@ -703,7 +743,7 @@ def synchronize(target: Any = None, *, backend: str | None = None) -> None:
     - ``synchronize(device)``: that device, on ``backend`` or on every loaded asynchronous backend
       that has it (the sum of their waits: JAX's queues a marker computation; ``backend=`` waits
       on one framework only, the cheap path where you know which one queued the work).
-    - ``synchronize(tensor)``: until that tensor is computed.
+    - ``synchronize(tensor)``: until that tensor is computed (every piece of a ShardedTensor).
 
     A framework error raised by the wait (an asynchronous failure) comes as its MultidevError.
     """
@@ -785,6 +825,10 @@ def _synchronize(target: Any, backend: str | None) -> None:
         try:
             dev = as_device(target)  # a native device object
         except MultidevError:
+            if target.__class__ is ShardedTensor:  # every piece
+                for t in target.shards:
+                    waiter_of(t)(t)
+                return
             if is_structure(target):  # every tensor of a structure (a model's parameters too)
                 for _, t in leaves(target, "synchronize"):
                     waiter_of(t)(t)

@@ -62,7 +62,8 @@ from .structured import rebuild, structure_leaves
 from .trees import owner_or_structure
 from .validate import OPS, check_axis, check_op, check_writable, translate_errors
 
-__all__ = ["ALGORITHMS", "AUTO_TREE_MAX_BYTES", "OPS", "allgather", "allreduce", "broadcast", "choose_algorithm",
+__all__ = ["ALGORITHMS", "AUTO_TREE_MAX_BYTES", "OPS", "all_to_all", "allgather", "allreduce", "broadcast",
+           "choose_algorithm",
            "cost_model", "gather", "measured_algorithms", "reduce", "reduce_scatter", "scatter", "split_batch",
            "split_sizes"]
 
@@ -592,3 +593,21 @@ def split_batch(X: Any, y: Any, devices: Sequence[DeviceLike]) -> tuple[list[Any
                                    "devices an example; use a larger batch or fewer devices")
     return scatter(X, devs), scatter(y, devs)
 
+
+
+@translate_errors()
+def all_to_all(tensors: Sequence[Any], split_axis: int = 0, concat_axis: int = 0) -> list[Any]:
+    """Device ``i`` cuts its tensor along ``split_axis`` into ``len(tensors)`` pieces
+    (``numpy.array_split``'s sizes) and sends piece ``j`` to device ``j``; device ``j`` gets the
+    pieces it receives joined along ``concat_axis``, in list order (MPI's ``Alltoall``,
+    ``jax.lax.all_to_all``, torch's ``all_to_all``). The tensors share one shape and dtype. New
+    tensors, result ``j`` on input ``j``'s device; deterministic (no arithmetic)."""
+    b, xs, devs = _validate(tensors, "all_to_all")
+    shape = b.shape_of(xs[0])
+    sa = check_axis(split_axis, len(shape), "all_to_all")
+    ca = check_axis(concat_axis, len(shape), "all_to_all")
+    n = len(xs)
+    if n == 1:
+        return [b.copy(xs[0], devs[0])]
+    pieces = [b.split(x, split_sizes(shape[sa], n), sa) for x in xs]
+    return [_fresh(b, b.concat([_on(b, pieces[i][j], d) for i in range(n)], ca), xs, d) for j, d in enumerate(devs)]

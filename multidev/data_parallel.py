@@ -50,7 +50,7 @@ from ._device import Device, DeviceLike
 from .buckets import DEFAULT_BUCKET_MB
 from .errors import CapabilityError, InvalidArgumentError, MultidevError, ReplicaMismatchError, UnsupportedTensorError
 from .placement import device_list
-from .protocol import SupportsDataParallel
+from .protocol import Backend, SupportsDataParallel
 from .registry import backend_of, require
 from .replicas import Replica
 from .trees import leaves, structure_owner
@@ -228,7 +228,7 @@ class GradientSync:
 
 
 # -- the API --------------------------------------------------------------------------------------
-def _replica_for(model: Any, optimizer: Any, devices: Sequence[DeviceLike] | None, what: str) -> Replica:
+def _model_backend(model: Any, what: str) -> Backend:
     found = structure_owner(model)
     if found is not None:
         b = found[0]
@@ -241,6 +241,11 @@ def _replica_for(model: Any, optimizer: Any, devices: Sequence[DeviceLike] | Non
         if first is None:
             raise InvalidArgumentError(f"{what}: the model holds no tensor")
         b = backend_of(first[1])
+    return b
+
+
+def _replica_for(model: Any, optimizer: Any, devices: Sequence[DeviceLike] | None, what: str) -> Replica:
+    b = _model_backend(model, what)
     require(b, SupportsDataParallel, what, "its framework's models cannot be wrapped")
     if devices is None:
         from .api import device_of
@@ -460,7 +465,8 @@ class DataParallel:
 
 def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[DeviceLike] | None = None,
                   bucket_mb: float = DEFAULT_BUCKET_MB, grad_dtype: str | None = None, buffers: str = "broadcast",
-                  unused: str = "error", verify: bool = False, checks: str = "step") -> DataParallel:
+                  unused: str = "error", verify: bool = False, checks: str = "step", mesh: Any = None,
+                  data_axis: Any = None, param_axis: Any = None) -> DataParallel:
     """Train ``model`` with ``optimizer`` data-parallel (see the module's doc for what it does).
 
     - ``model``: the framework's own: a torch ``nn.Module``, a JAX parameter tree or flax
@@ -478,6 +484,13 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
       step that all replicas are bitwise equal (a debugging aid); ``checks``: where the group's
       consistency checks run, ``"step"`` (one exchange per step) or ``"start"`` (at the start
       only: the steps' collectives unchecked, as DistributedDataParallel's).
+    - ``mesh``: a :class:`~multidev.Mesh` of this process's devices instead of ``devices``
+      (:mod:`multidev.sharded_training`): the batch's rows cut along ``data_axis`` (an axis name or
+      a tuple of them; default the mesh's first axis), each parameter and its optimizer state cut
+      along ``param_axis`` (default every other axis; ``()``: replicated) on its first dimension
+      that divides evenly (:func:`~multidev.sharded_training.param_layout`), the collectives
+      inserted by the framework's compiler. JAX only so far (``SupportsShardedTraining``), one
+      process: CapabilityError elsewhere and under a process group of more than one rank.
 
     The model is used in place where the framework's tensors are mutable: no copy, no wrapper
     prefix in its state; a gradient hook per parameter where the framework has them
@@ -496,8 +509,21 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
         raise InvalidArgumentError(f"data_parallel: checks must be one of {CHECK_POLICIES}, got {checks!r:.40}")
     if not isinstance(verify, bool):
         raise InvalidArgumentError(f"data_parallel: verify must be True or False, got {verify!r:.40}")
-    rep = _replica_for(model, optimizer, devices, "data_parallel")
     g = _group()
+    if mesh is not None:
+        if devices is not None:
+            raise InvalidArgumentError("data_parallel: give devices or mesh, not both (a mesh names its devices)")
+        if g is not None:
+            raise CapabilityError("data_parallel(mesh=...): parameters sharded over a mesh across processes are not "
+                                  "supported yet; run one process over the mesh's devices")
+        from .sharded_training import sharded_replica
+        rep = sharded_replica(_model_backend(model, "data_parallel"), model, optimizer, mesh, data_axis, param_axis,
+                              "data_parallel")
+        return DataParallel(rep, None, bucket_mb=float(bucket_mb), grad_dtype=grad_dtype, buffers=buffers,
+                            unused=unused, verify=verify, checks=checks)
+    if data_axis is not None or param_axis is not None:
+        raise InvalidArgumentError("data_parallel: data_axis and param_axis name axes of a mesh: pass mesh=")
+    rep = _replica_for(model, optimizer, devices, "data_parallel")
     if g is not None and rep.processes_refusal:
         raise CapabilityError(f"data_parallel: {rep.processes_refusal}")
     if g is not None and grad_dtype is not None and not _carried(grad_dtype, rep.devices[0], rep.backend):

@@ -30,6 +30,7 @@ from .errors import (
 from .placement import as_device
 from .protocol import Backend, SupportsDLPack
 from .registry import backend_of, cached_owner, get_backend, require, tie_cache
+from .sharding import ShardedTensor, is_sharded, map_shards
 from .trees import is_structure, tree_map
 from .validate import translate_errors
 
@@ -317,6 +318,9 @@ def _c_import(to: CExchangeAPI, ptr: int, cap: Any, dst: Backend, src: str) -> A
 # The result's type follows ``backend`` for a tensor and the container for a structure (its leaves
 # become the other framework's tensors: typed Any).
 @overload
+def convert(x: ShardedTensor, backend: str, copy: bool | None = None, *,
+            device: DeviceLike | None = None) -> Any: ...
+@overload
 def convert(x: list[Any], backend: str, copy: bool | None = None, *,
             device: DeviceLike | None = None) -> list[Any]: ...
 @overload
@@ -356,7 +360,9 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
     - ``copy=True``: always a new buffer, landed before it is returned.
 
     A structure (lists, tuples, named tuples, dicts, a framework's trees) is converted tensor by
-    tensor, its structure kept; a model is refused (a model belongs to its framework).
+    tensor, its structure kept; a model is refused (a model belongs to its framework). A sharded
+    tensor is converted piece by piece on its devices, its layout kept (the consumer's own sharded
+    tensor where it has one, else a :class:`~multidev.ShardedTensor`): no gather.
 
     ``device``: where the result lives, x's own device by default. A host tensor may be labelled
     with any CPU device of the consumer (virtual CPU devices share host memory, so this copies
@@ -371,13 +377,30 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
     try:
         return _convert(x, backend, copy, device)
     except UnsupportedTensorError:  # a structure: every tensor converted, the structure kept
+        if x.__class__ is ShardedTensor:
+            return _convert_sharded(x, backend, copy, device)
         if not is_structure(x):
             raise
         try:
             return tree_map(lambda t: _convert(t, backend, copy, device), x, f"convert to {backend}")
         except Exception as e:  # noqa: BLE001 - translated by reraise
             translate_errors(lambda: f"convert to {backend}").reraise(e)
+    except DeviceMismatchError:  # a framework's own sharded tensor: converted piece by piece
+        if not is_sharded(x):
+            raise
+        return _convert_sharded(x, backend, copy, device)
     except Exception as e:  # noqa: BLE001 - translated by reraise (a try costs nothing until something raises)
+        translate_errors(lambda: f"convert to {backend}").reraise(e)
+
+
+def _convert_sharded(x: Any, backend: str, copy: bool | None, device: DeviceLike | None) -> Any:
+    """convert of a sharded tensor: each piece converted on its device, the layout kept (the
+    consumer's own sharded tensor where it expresses the layout, else a ShardedTensor); no gather."""
+    if device is not None:
+        raise InvalidArgumentError("convert: a sharded tensor keeps its mesh; device= is for tensors on one device")
+    try:
+        return map_shards(x, lambda t: _convert(t, backend, copy, None))
+    except Exception as e:  # noqa: BLE001 - translated by reraise
         translate_errors(lambda: f"convert to {backend}").reraise(e)
 
 

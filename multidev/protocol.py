@@ -21,8 +21,14 @@ inheriting it** and implements whole:
   Gluon blocks, Keras models) for ``to``, ``copy``, ``device_of`` and the rest;
 - :class:`SupportsDeviceScope`: the framework's own default-device scope, for
   ``multidev.device_scope``;
+- :class:`SupportsMesh`: the framework's own device mesh (``jax.sharding.Mesh``, torch's
+  ``DeviceMesh``, ``tf.dtensor``'s and Keras's meshes) and its hardware-aware device order;
+- :class:`SupportsSharding`: the framework's own sharded tensor (a ``jax.Array`` with a
+  ``NamedSharding``), for ``multidev.to(x, layout)``; without it multidev keeps managed shards;
 - :class:`SupportsDataParallel`: the user's model and optimizer as a data-parallel replica
-  (``data_parallel_replica``), for ``multidev.data_parallel``.
+  (``data_parallel_replica``), for ``multidev.data_parallel``;
+- :class:`SupportsShardedTraining`: the same over a device mesh, the batch cut along one mesh axis
+  and the parameters along another (``sharded_replica``), for ``multidev.data_parallel(mesh=...)``.
 
 The registry checks every adapter when it loads (:func:`multidev.adapter.check_adapter`): each core
 method present, each declared protocol implemented whole (no method left at the protocol's stub),
@@ -63,9 +69,12 @@ __all__ = [
     "SupportsDLPack",
     "SupportsDataParallel",
     "SupportsDeviceScope",
+    "SupportsMesh",
     "SupportsModels",
     "SupportsNativeCollectives",
     "SupportsNonBlocking",
+    "SupportsShardedTraining",
+    "SupportsSharding",
     "SupportsTraining",
     "protocol_methods",
 ]
@@ -435,6 +444,25 @@ class SupportsDataParallel(Protocol):
 
 
 @runtime_checkable
+class SupportsShardedTraining(Protocol):
+    """The framework's models and optimizers trained over a :class:`~multidev.Mesh` of one process's
+    devices (FSDP/ZeRO-style), for ``multidev.data_parallel(model, optimizer, mesh=...)``: the batch
+    cut along the data axes, each parameter and its optimizer state cut along the parameter axes,
+    the framework's compiler inserting the collectives. The core validates the mesh and axes."""
+
+    def sharded_replica(self, model: Any, optimizer: Any, mesh: Any, data_axes: tuple[str, ...],
+                        layout_for: Any) -> Any:
+        """A :class:`~multidev.adapter.Replica` of ``model`` and ``optimizer`` laid out on ``mesh``
+        (a :class:`~multidev.Mesh` of this backend's devices): a batch's rows cut along
+        ``data_axes``; each parameter and each optimizer-state tensor of shape ``s`` laid out as
+        ``layout_for(s)`` (a :class:`~multidev.Layout` on ``mesh``: the core's rule), never whole on
+        one device on the way. None where ``model`` is no structure of this framework;
+        InvalidArgumentError for an optimizer that does not fit; CapabilityError for a model or mode
+        it cannot shard, saying why."""
+        ...
+
+
+@runtime_checkable
 class SupportsDeviceScope(Protocol):
     """The framework's own default-device scope, entered by ``multidev.device_scope(dev,
     backend=...)`` so framework code inside the block lands on ``dev`` (torch's device context,
@@ -452,10 +480,81 @@ class SupportsDeviceScope(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsMesh(Protocol):
+    """The framework's own device mesh, for :func:`multidev.make_mesh` (its device order) and
+    :func:`multidev.to_native_mesh` / :func:`multidev.from_native_mesh`. Meshes are
+    :class:`multidev.Mesh` values (``multidev.adapter.Mesh``)."""
+
+    def mesh_device_order(self, shape: tuple[int, ...], devices: Sequence[Device]) -> list[Device]:
+        """``devices`` (as many as the mesh has) in the row-major order the framework's own mesh
+        factory would give a mesh of ``shape`` (``jax.make_mesh``: the hardware's topology, the last
+        axis over the closest devices); the same devices, each once."""
+        ...
+
+    def native_mesh_kinds(self) -> tuple[str, ...]:
+        """The kinds of native mesh :meth:`to_native_mesh` makes, the default first (``("jax",)``,
+        ``("dtensor", "keras")``)."""
+        ...
+
+    def to_native_mesh(self, mesh: Any, kind: str) -> Any:
+        """The framework's own mesh of ``kind`` (one of :meth:`native_mesh_kinds`) with ``mesh``'s
+        shape, axis names and devices, in order. CapabilityError where the framework cannot make it
+        here, saying why (torch's ``DeviceMesh`` needs a process group with one rank per device)."""
+        ...
+
+    def from_native_mesh(self, obj: Any) -> Any:
+        """The :class:`multidev.Mesh` of one of the framework's own meshes (shape, names, devices in
+        order), or None where ``obj`` is none of them. Never imports a framework."""
+        ...
+
+
+@runtime_checkable
+class SupportsSharding(Protocol):
+    """The framework's own sharded tensor type (a ``jax.Array`` with a ``NamedSharding``): what
+    ``multidev.to(x, layout)`` gives where the framework can express the layout. Layouts are
+    :class:`multidev.Layout` values; shards are listed in the layout's mesh order."""
+
+    def sharding_for(self, layout: Any, shape: tuple[int, ...]) -> Any:
+        """The framework's placement object for a tensor of ``shape`` laid out as ``layout`` (a
+        ``NamedSharding``), or None where its sharded type cannot express the layout (partial sums):
+        multidev then keeps managed shards. CapabilityError where it can express it but not for this
+        shape (JAX needs pieces of equal size), saying why."""
+        ...
+
+    def layout_of(self, x: Any) -> Any:
+        """The :class:`multidev.Layout` of a native sharded tensor, or None where ``x`` lives on one
+        device the ordinary way. Never copies or waits."""
+        ...
+
+    def shards_of(self, x: Any) -> list[Any]:
+        """The per-device pieces of a native sharded tensor (``layout_of(x)`` is not None), one native
+        single-device tensor per device of the layout's mesh, in mesh order; no copy where the
+        framework hands them out (JAX's ``addressable_shards``)."""
+        ...
+
+    def place_sharded(self, x: Any, sharding: Any) -> Any:
+        """``x`` (a tensor on one device, or a native sharded one) placed by ``sharding`` (from
+        :meth:`sharding_for`): a new native sharded tensor, asynchronous where the framework is."""
+        ...
+
+    def unshard(self, x: Any, device: Device) -> Any:
+        """The whole of a native sharded tensor as one new tensor on ``device`` (``jax.device_put(x,
+        device)``), asynchronous where the framework is: ``multidev.to(x, device)``."""
+        ...
+
+    def assemble(self, shards: Sequence[Any], sharding: Any, shape: tuple[int, ...]) -> Any:
+        """The native sharded tensor of ``shape`` made of ``shards`` (one per device of the mesh, in
+        mesh order, each on its device with its piece's shape and the same dtype), without copying
+        where the framework allows (``jax.make_array_from_single_device_arrays``)."""
+        ...
+
+
 #: The optional capability protocols, in the order the adapter files and docs follow.
 CAPABILITY_PROTOCOLS: tuple[type, ...] = (SupportsNonBlocking, SupportsDLPack, SupportsNativeCollectives,
                                           SupportsTraining, SupportsCompile, SupportsModels, SupportsDeviceScope,
-                                          SupportsDataParallel)
+                                          SupportsMesh, SupportsSharding, SupportsDataParallel,
+                                          SupportsShardedTraining)
 
 
 def protocol_methods(protocol: type) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from .errors import InvalidArgumentError, InvalidDeviceError, UnsupportedTensorE
 from .placement import as_device, resolve
 from .protocol import SupportsNonBlocking
 from .registry import backend_of, cached_owner, supports
+from .sharding import ShardedTensor, sharded_to_host
 from .trees import is_structure, owner_or_structure, tree_map
 from .validate import translate_errors
 
@@ -164,8 +165,12 @@ def to_host(xs: Any, non_blocking: bool = False) -> Any:
     tensor (into pinned host buffers where the backend has them), so the copies of early results run
     while later ones are computed. Blocking: returns the arrays. ``non_blocking=True``: returns a
     :class:`Transfer` whose ``wait()`` gives them. Arrays of CPU tensors may share their memory. A
-    model is refused: pass its tensors (its state as a dict).
+    model is refused: pass its tensors (its state as a dict). A sharded tensor (a
+    :class:`~multidev.ShardedTensor`, or JAX's) comes back as one array of the whole tensor.
     """
+    if xs.__class__ is ShardedTensor:
+        host = sharded_to_host(xs)
+        return Transfer(host, None) if non_blocking else host
     if isinstance(xs, (str, bytes)) or not (hasattr(xs, "__iter__") or is_structure(xs) or _is_tensor(xs)):
         raise InvalidArgumentError(f"to_host takes a tensor, a structure or an iterable of tensors, got "
                                    f"{type(xs).__name__}")

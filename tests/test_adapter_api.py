@@ -38,6 +38,8 @@ ADDED_0_3 = {
     "SupportsNativeCollectives", "SupportsNonBlocking", "SupportsTraining", "TrainingDefaults", "protocol_methods",
     "SupportsModels", "SupportsDeviceScope", "SupportsDataParallel", "Replica", "Ready",
     "start_move",
+    "SupportsMesh", "SupportsSharding", "Mesh", "Layout",  # the device mesh and layouts (issue 34)
+    "SupportsShardedTraining",  # training over a mesh, parameters sharded (issue 34)
 }
 
 

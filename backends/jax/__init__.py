@@ -26,8 +26,11 @@ requested virtual CPU device.
 The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
 protocol), ``transfers.py`` (non-blocking moves, pinned host copies, staged uploads), ``dlpack.py``,
 ``collectives.py`` (``shard_map``), ``training.py`` (``jax.value_and_grad``), ``compile.py``
-(``jax.jit``), ``models.py`` (pytree nodes as trees), ``scope.py`` (``jax.default_device``), ``parallel.py``
-(parameters with optax, or a flax ``TrainState``, data-parallel);
+(``jax.jit``), ``models.py`` (pytree nodes as trees), ``scope.py`` (``jax.default_device``),
+``mesh.py`` (``jax.sharding.Mesh``, ``jax.make_mesh``'s device order), ``sharding.py``
+(``NamedSharding``: the native type of ``multidev.to(x, layout)``), ``parallel.py``
+(parameters with optax, or a flax ``TrainState``, data-parallel), ``sharded_training.py`` (the same on
+a mesh, each parameter and its optimizer state a ``NamedSharding``);
 ``_common.py`` holds what several of them share.
 """
 from __future__ import annotations
@@ -36,9 +39,12 @@ from .collectives import JaxCollectives
 from .compile import JaxCompile
 from .core import JaxCore
 from .dlpack import JaxDLPack
+from .mesh import JaxMesh
 from .models import JaxModels
 from .parallel import JaxParallel
 from .scope import JaxScope
+from .sharded_training import JaxShardedTraining
+from .sharding import JaxSharding
 from .training import JaxTraining
 from .transfers import JaxTransfers
 
@@ -46,5 +52,5 @@ __all__ = ["JaxBackend"]
 
 
 class JaxBackend(JaxCore, JaxTransfers, JaxDLPack, JaxCollectives, JaxTraining, JaxCompile, JaxModels, JaxScope,
-                 JaxParallel):
+                 JaxMesh, JaxSharding, JaxParallel, JaxShardedTraining):
     """The JAX backend (see the package docstring)."""

@@ -24,8 +24,8 @@ The files, one per concern (the same names in every adapter folder): ``core.py``
 protocol), ``transfers.py`` (non-blocking moves), ``dlpack.py``, ``collectives.py``
 (``CollectiveReduceV2``), ``training.py`` (``tf.GradientTape``, Variables), ``compile.py``
 (``tf.function``), ``models.py`` (Keras models and ``tf.Module``: variables stay where they were
-made), ``scope.py`` (``tf.device``), ``parallel.py`` (a Keras model and its optimizer,
-data-parallel); ``_common.py`` holds what several of them share.
+made), ``scope.py`` (``tf.device``), ``mesh.py`` (DTensor and Keras meshes), ``parallel.py`` (a
+Keras model and its optimizer, data-parallel); ``_common.py`` holds what several of them share.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from .collectives import TensorflowCollectives
 from .compile import TensorflowCompile
 from .core import TensorflowCore
 from .dlpack import TensorflowDLPack
+from .mesh import TensorflowMesh
 from .models import TensorflowModels
 from .parallel import TensorflowParallel
 from .scope import TensorflowScope
@@ -44,5 +45,5 @@ __all__ = ["TensorflowBackend"]
 
 class TensorflowBackend(TensorflowCore, TensorflowTransfers, TensorflowDLPack, TensorflowCollectives,
                         TensorflowTraining, TensorflowCompile, TensorflowModels, TensorflowScope,
-                        TensorflowParallel):
+                        TensorflowMesh, TensorflowParallel):
     """The TensorFlow adapter (see the package docstring)."""

@@ -18,7 +18,8 @@ The files, one per concern (the same names in every adapter folder): ``core.py``
 protocol), ``transfers.py`` (non-blocking moves, copy streams, pinned buffers, staged uploads),
 ``dlpack.py``, ``collectives.py`` (NCCL), ``training.py`` (autograd), ``compile.py``
 (TorchScript, ``torch.compile``), ``models.py`` (``nn.Module`` moved in place), ``scope.py``
-(torch's default-device context), ``parallel.py`` (a module and its optimizer, data-parallel).
+(torch's default-device context), ``mesh.py`` (``DeviceMesh``, in a process group of world size 1),
+``parallel.py`` (a module and its optimizer, data-parallel).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .collectives import TorchCollectives
 from .compile import TorchCompile
 from .core import TorchCore
 from .dlpack import TorchDLPack
+from .mesh import TorchMesh
 from .models import TorchModels
 from .parallel import TorchParallel
 from .scope import TorchScope
@@ -36,5 +38,5 @@ __all__ = ["TorchBackend"]
 
 
 class TorchBackend(TorchCore, TorchTransfers, TorchDLPack, TorchCollectives, TorchTraining, TorchCompile,
-                   TorchModels, TorchScope, TorchParallel):
+                   TorchModels, TorchScope, TorchMesh, TorchParallel):
     """The PyTorch backend (see the package docstring)."""

@@ -319,3 +319,15 @@ class JaxNative(Native):
             value, box[0] = update(box[0], X, y)
             return float(value)
         return train_step, (X, y), "device_put(X); jit(value_and_grad + update)(ps, X, y); float()"
+
+    def op_place_sharded(self, x: Any, layout: Any) -> Call:
+        """``jax.device_put`` with the ``NamedSharding`` of a multidev layout (suite ``mesh``), the
+        sharding built here, outside the timed call."""
+        import numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        devs = np.empty(layout.mesh.size, dtype=object)
+        devs[:] = [self.dev(d) for d in layout.mesh.devices]
+        spec = PartitionSpec(*[None if not e else e[0] if len(e) == 1 else tuple(e) for e in layout.spec])
+        sharding = NamedSharding(Mesh(devs.reshape(layout.mesh.shape), layout.mesh.axis_names), spec)
+        return self.jax.device_put, (x, sharding), "jax.device_put(x, NamedSharding(mesh, P(...)))"

@@ -85,6 +85,16 @@ from .group import (
 )
 from .handles import Work
 from .hangs import classify as _translate  # noqa: F401 - the old name, kept for callers that classified errors
+from .mesh import (
+    ProcessMesh,
+    all_to_all,
+    all_to_all_along,
+    allgather_along,
+    allreduce_along,
+    process_mesh,
+    reduce_scatter_along,
+    sendrecv,
+)
 from .transport import transport_path
 
 __all__ = [
@@ -97,9 +107,14 @@ __all__ = [
     "DistributedTimeoutError",
     "Engine",
     "GroupInfo",
+    "ProcessMesh",
     "Work",
+    "all_to_all",
+    "all_to_all_along",
     "allgather",
+    "allgather_along",
     "allreduce",
+    "allreduce_along",
     "backend_name",
     "barrier",
     "broadcast",
@@ -114,11 +129,14 @@ __all__ = [
     "is_initialized",
     "launched",
     "local_rank",
+    "process_mesh",
     "rank",
     "reduce",
     "reduce_scatter",
+    "reduce_scatter_along",
     "register_engine",
     "scatter",
+    "sendrecv",
     "set_checks",
     "set_timeout",
     "shutdown",

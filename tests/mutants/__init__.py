@@ -1,6 +1,6 @@
 """The mutation catalogue (a package, one module per adapter: ``of_numpy``, ``of_torch``, ``of_jax``,
-``of_cupy``, ``generic``, ``engines``; every class re-exported here, so ``mutants:ClassName`` names
-any of them): one-method defects of the NumPy, torch and JAX adapters and of the
+``of_cupy``, ``generic``, ``engines``, and ``of_mesh`` for JAX's mesh and sharded arrays; every
+class re-exported here, so ``mutants:ClassName`` names any of them): one-method defects of the NumPy, torch and JAX adapters and of the
 generic pieces every adapter relies on (BaseBackend's defaults), each the kind of bug an adapter
 author writes. ``tests/test_mutation_catalogue.py`` runs the conformance suite against each one
 (``multidev conformance --backend mutants:ClassName``) and requires it to fail.
@@ -32,6 +32,7 @@ from .engines import *  # noqa: F403
 from .generic import *  # noqa: F403
 from .of_cupy import *  # noqa: F403
 from .of_jax import *  # noqa: F403
+from .of_mesh import *  # noqa: F403
 from .of_numpy import *  # noqa: F403
 from .of_torch import *  # noqa: F403
 

@@ -1,0 +1,73 @@
+"""torch's own mesh (:class:`~multidev.adapter.SupportsMesh`): ``torch.distributed``'s
+``DeviceMesh``. A ``DeviceMesh`` is a grid of ranks, one device per rank, and exists only inside a
+process group: in one process (world size 1) it holds one device, so a mesh of several devices of
+one process has no torch counterpart (CapabilityError saying so; multidev then keeps managed shards,
+``multidev.to(x, layout)``). torch has no topology-aware mesh factory (``init_device_mesh`` lays the
+ranks out in order), so the device order is the one given."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from multidev.adapter import CapabilityError, Device, Mesh, SupportsMesh
+
+_TYPE_OF_KIND = {"cpu": "cpu", "gpu": "cuda", "mps": "mps"}
+
+
+class TorchMesh(SupportsMesh):
+    """``DeviceMesh`` both ways, for a process group of world size 1."""
+
+    _torch: Any
+
+    if TYPE_CHECKING:  # the core protocol (core.TorchCore)
+        def from_native_device(self, obj: Any) -> Device | None: ...
+
+    def mesh_device_order(self, shape: tuple[int, ...], devices: Sequence[Device]) -> list[Device]:
+        return list(devices)
+
+    def native_mesh_kinds(self) -> tuple[str, ...]:
+        return ("torch",)
+
+    def _world(self) -> int:
+        dist = self._torch.distributed
+        if not dist.is_available() or not dist.is_initialized():
+            return 0
+        return int(dist.get_world_size())
+
+    def to_native_mesh(self, mesh: Any, kind: str) -> Any:
+        if kind != "torch":
+            raise CapabilityError(f"torch backend makes meshes of kind 'torch', not {kind!r}")
+        world = self._world()
+        if mesh.size != 1 or world != 1:
+            raise CapabilityError(
+                f"torch backend: a DeviceMesh is a grid of torch.distributed ranks, one device per rank; this "
+                f"process {'has no process group' if not world else f'is one of {world} ranks'}, and a mesh of "
+                f"{mesh.size} devices of one process has no DeviceMesh (multidev keeps managed shards for it). "
+                "In one process only a one-device mesh converts, after torch.distributed.init_process_group with "
+                "world_size=1")
+        dev = mesh.devices[0]
+        if dev.kind == "gpu" and dev.index != self._torch.cuda.current_device():
+            raise CapabilityError(f"torch backend: rank 0 of this process group uses cuda:"
+                                  f"{self._torch.cuda.current_device()}, not {dev}; torch.cuda.set_device({dev.index})")
+        from torch.distributed.device_mesh import DeviceMesh
+
+        ranks = self._torch.zeros(mesh.shape, dtype=self._torch.int64)
+        return DeviceMesh(_TYPE_OF_KIND[dev.kind], ranks, mesh_dim_names=mesh.axis_names)
+
+    def from_native_mesh(self, obj: Any) -> Any:
+        dm = sys.modules.get("torch.distributed.device_mesh")
+        if dm is None or not isinstance(obj, dm.DeviceMesh):
+            return None
+        if obj.size() != 1 or self._world() != 1:
+            raise CapabilityError(f"torch backend: this DeviceMesh spans {obj.size()} ranks; multidev reads the mesh "
+                                  "of one process (world size 1), whose one rank is one device")
+        kind = obj.device_type
+        if kind == "cuda":
+            dev = self.from_native_device(self._torch.device("cuda", self._torch.cuda.current_device()))
+        else:
+            dev = self.from_native_device(self._torch.device(kind))
+        if dev is None:
+            raise CapabilityError(f"torch backend: this DeviceMesh's device type {kind!r} is none of multidev's")
+        names = obj.mesh_dim_names or tuple(f"dim{i}" for i in range(obj.ndim))
+        return Mesh(tuple(obj.mesh.shape), tuple(names), [dev])

@@ -1,0 +1,285 @@
+"""A mesh of the processes of a ``multidev.distributed`` group, and collectives along its axes.
+
+:func:`process_mesh` lays the group's ranks out on a grid with named axes, row-major (rank ``r`` at
+the ``r``-th place: the last axis over neighbouring ranks, which launchers put on one machine). The
+subgroups along some axes are the ranks that differ only there (:meth:`ProcessMesh.groups`); the
+collectives along axes reduce, gather, scatter or exchange within each subgroup at once, every rank
+of the group taking part (as ``jax.lax.psum(x, "data")`` inside ``shard_map``, or torch's
+``all_reduce(t, group=mesh.get_group("data"))`` called on every rank). :func:`all_to_all` and the
+ring :func:`sendrecv` act on the whole group.
+
+How: every call is one small checked exchange, then one :func:`multidev.distributed.allgather`
+(its consistency checks, timeouts and typed errors), and each rank computes its own part of the
+result locally, in a fixed order (deterministic, the same on every engine). The exchange carries
+each rank's record of the call (which collective, the mesh, the axes, the op and axes of the
+tensor, its length along the gathered axis): ranks that disagree raise CollectiveMismatchError on
+every rank, naming them, before anything else moves. The cost: every rank receives every rank's
+tensor, ``world_size`` times the tensor's bytes, where a subgroup collective of the engine would
+move ``len(group)`` times; fine for the meshes of one machine, the first thing to replace with the
+engines' own subgroups (torch's ``new_group``, MPI's ``Comm.Split``, a JAX mesh axis) for large
+ones.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._device import Device
+from ..errors import (
+    CapabilityError,
+    CollectiveInputError,
+    CollectiveMismatchError,
+    InvalidArgumentError,
+    UnsupportedTensorError,
+)
+from ..mesh import AxisNames, check_axis_names, mesh_shape
+from ..registry import backend_of, get_backend
+from ..validate import check_axis, check_op
+from .collectives import allgather
+from .group import current
+
+_HOST = Device("cpu", 0)
+
+__all__ = ["ProcessMesh", "all_to_all", "all_to_all_along", "allgather_along", "allreduce_along", "process_mesh",
+           "reduce_scatter_along", "sendrecv"]
+
+
+@dataclass(frozen=True)
+class ProcessMesh:
+    """The ranks of a group on a grid with named axes, row-major. Frozen, hashable, equal by value."""
+
+    shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        """The number of ranks."""
+        return math.prod(self.shape)
+
+    def _axis(self, name: str) -> int:
+        if name not in self.axis_names:
+            raise InvalidArgumentError(f"process mesh has no axis {name!r:.40}; its axes: {', '.join(self.axis_names)}")
+        return self.axis_names.index(name)
+
+    def coords(self, rank: int) -> tuple[int, ...]:
+        """The grid position of ``rank``."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.size:
+            raise InvalidArgumentError(f"rank {rank!r:.40} is not on a process mesh of {self.size} ranks")
+        out = []
+        for s in reversed(self.shape):
+            rank, r = divmod(rank, s)
+            out.append(r)
+        return tuple(reversed(out))
+
+    def groups(self, axes: AxisNames) -> tuple[tuple[int, ...], ...]:
+        """The subgroups along ``axes``: ranks that differ only there, each ordered row-major over
+        ``axes`` in the order given, the groups row-major over the other axes."""
+        names = check_axis_names(axes)
+        if len(set(names)) != len(names):
+            raise InvalidArgumentError(f"groups: an axis is named twice in {names}")
+        along = [self._axis(n) for n in names]
+        rest = [a for a in range(len(self.shape)) if a not in along]
+        out = []
+        for fixed in itertools.product(*(range(self.shape[a]) for a in rest)):
+            group = []
+            for moving in itertools.product(*(range(self.shape[a]) for a in along)):
+                c = [0] * len(self.shape)
+                for a, i in zip(rest, fixed):
+                    c[a] = i
+                for a, i in zip(along, moving):
+                    c[a] = i
+                flat = 0
+                for i, s in zip(c, self.shape):
+                    flat = flat * s + i
+                group.append(flat)
+            out.append(tuple(group))
+        return tuple(out)
+
+    def group_of(self, rank: int, axes: AxisNames) -> tuple[int, ...]:
+        """The subgroup along ``axes`` that ``rank`` belongs to."""
+        return next(g for g in self.groups(axes) if rank in g)
+
+
+def process_mesh(shape: int | Sequence[int], axis_names: AxisNames) -> ProcessMesh:
+    """The current group's ranks on a grid of ``shape`` (``prod(shape) == world_size``) with
+    ``axis_names``; InvalidArgumentError where the sizes do not fit the world."""
+    shp = mesh_shape(shape)
+    names = check_axis_names(axis_names)
+    if len(names) != len(shp) or len(set(names)) != len(names):
+        raise InvalidArgumentError(f"process_mesh: {len(shp)} axis sizes {shp} need as many distinct names, "
+                                   f"got {names}")
+    n = current().world_size
+    if math.prod(shp) != n:
+        raise InvalidArgumentError(f"process_mesh: a grid of {shp} holds {math.prod(shp)} ranks, the group has {n}")
+    return ProcessMesh(shp, names)
+
+
+# -- the agreed call -------------------------------------------------------------------------------
+def _fingerprint(*parts: Any) -> int:
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+def _agree(what: str, check: Callable[[], tuple[tuple[Any, ...], int]]) -> list[int]:
+    """This rank's checks (``check()`` gives its record of the call and its length along the
+    gathered axis), then every rank's record compared: a rank whose own checks failed raises its
+    error and the others CollectiveMismatchError naming it; ranks that called differently raise
+    CollectiveMismatchError on every rank. Returns every rank's length."""
+    g = current()
+    refused: Exception | None = None
+    try:
+        record, length = check()
+    except (CollectiveInputError, InvalidArgumentError, CapabilityError, UnsupportedTensorError) as e:
+        refused, record, length = e, ("refused", type(e).__name__), -1
+    mine = get_backend("numpy").asarray(np.array([[_fingerprint(what, *record), length]], dtype=np.int32), None,
+                                        _HOST)
+    rows = np.asarray(get_backend("numpy").to_numpy(allgather(mine, 0))).reshape(-1, 2)
+    if refused is not None:
+        raise refused
+    if any(int(r[1]) < 0 for r in rows):
+        bad = [r for r in range(len(rows)) if int(rows[r][1]) < 0]
+        raise CollectiveMismatchError(f"{what}: rank(s) {bad} refused their own input (see their error); nothing "
+                                      "was exchanged")
+    prints = [int(r[0]) for r in rows]
+    if len(set(prints)) > 1:
+        other = [r for r, p in enumerate(prints) if p != prints[g.rank]]
+        raise CollectiveMismatchError(f"{what}: the ranks called it differently (the mesh, axes, op, shape or "
+                                      f"dtype differ): ranks {other} disagree with rank {g.rank}'s {record}")
+    return [int(r[1]) for r in rows]
+
+
+def _everyone(x: Any) -> tuple[Any, list[Any]]:
+    """Every rank's ``x`` (same shape), on this rank: ``(backend, [x of rank 0, ...])``."""
+    b = backend_of(x)
+    shape = b.shape_of(x)
+    stacked = allgather(b.reshape(x, (1, *shape)), 0)
+    return b, [b.reshape(p, shape) for p in b.split(stacked, [1] * current().world_size, 0)]
+
+
+def _fold(b: Any, parts: Sequence[Any], op: str) -> Any:
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = b.combine("sum" if op == "mean" else op, acc, p)
+    if len(parts) == 1:
+        acc = b.copy(acc, b.device_of(acc))
+    return b.divide(acc, len(parts)) if op == "mean" else acc
+
+
+def _checked(x: Any, what: str) -> tuple[Any, tuple[int, ...]]:
+    try:
+        b = backend_of(x)
+    except UnsupportedTensorError as e:
+        raise CollectiveInputError(f"{what} takes a tensor: {e}") from None
+    return b, b.shape_of(x)
+
+
+def _sizes(length: int, n: int) -> list[int]:
+    q, r = divmod(length, n)
+    return [q + 1] * r + [q] * (n - r)
+
+
+# -- collectives along axes ------------------------------------------------------------------------
+def allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum") -> Any:
+    """The reduction (``op``: sum, mean, max, min, prod) of ``x`` over this rank's subgroup along
+    ``axes``, reduced in group order; a new tensor of x's backend on x's device."""
+    what = "distributed.allreduce_along"
+    found: dict[str, Any] = {}
+
+    def check() -> tuple[tuple[Any, ...], int]:
+        b, shape = _checked(x, what)
+        check_op(op, b.dtype_of(x), what)
+        found["group"] = mesh.group_of(current().rank, axes)
+        return (mesh, check_axis_names(axes), op, shape, b.dtype_of(x)), 0
+
+    _agree(what, check)
+    b, parts = _everyone(x)
+    return _fold(b, [parts[r] for r in found["group"]], op)
+
+
+def allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) -> Any:
+    """The concatenation along ``axis`` of the subgroup's tensors, in group order (lengths along
+    ``axis`` may differ); a new tensor on x's device."""
+    what = "distributed.allgather_along"
+    found: dict[str, Any] = {}
+
+    def check() -> tuple[tuple[Any, ...], int]:
+        b, shape = _checked(x, what)
+        found["axis"] = ax = check_axis(axis, len(shape), what)
+        found["group"] = mesh.group_of(current().rank, axes)
+        return (mesh, check_axis_names(axes), ax, len(shape), b.dtype_of(x)), shape[ax]
+
+    lengths = _agree(what, check)
+    b, ax, group = backend_of(x), found["axis"], found["group"]
+    pieces = b.split(allgather(x, ax), lengths, ax)
+    out = b.concat([pieces[r] for r in group], ax)
+    return b.copy(out, b.device_of(out)) if len(group) == 1 else out
+
+
+def reduce_scatter_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum", axis: int = 0) -> Any:
+    """Piece ``k`` (``numpy.array_split`` sizes along ``axis``) of the subgroup's reduction, on the
+    subgroup's ``k``-th rank."""
+    what = "distributed.reduce_scatter_along"
+    found: dict[str, Any] = {}
+
+    def check() -> tuple[tuple[Any, ...], int]:
+        b, shape = _checked(x, what)
+        check_op(op, b.dtype_of(x), what)
+        found.update(axis=check_axis(axis, len(shape), what), group=mesh.group_of(current().rank, axes), shape=shape)
+        return (mesh, check_axis_names(axes), op, found["axis"], shape, b.dtype_of(x)), 0
+
+    _agree(what, check)
+    group, ax = found["group"], found["axis"]
+    b, parts = _everyone(x)
+    total = _fold(b, [parts[r] for r in group], op)
+    piece = b.split(total, _sizes(found["shape"][ax], len(group)), ax)[group.index(current().rank)]
+    return b.copy(piece, b.device_of(total))
+
+
+def all_to_all_along(x: Any, mesh: ProcessMesh, axes: AxisNames, split_axis: int = 0, concat_axis: int = 0) -> Any:
+    """Within the subgroup along ``axes``: rank ``k`` gets piece ``k`` (``numpy.array_split`` sizes
+    along ``split_axis``) of every member's tensor, joined along ``concat_axis`` in group order."""
+    what = "distributed.all_to_all_along"
+    found: dict[str, Any] = {}
+
+    def check() -> tuple[tuple[Any, ...], int]:
+        b, shape = _checked(x, what)
+        found.update(sa=check_axis(split_axis, len(shape), what), ca=check_axis(concat_axis, len(shape), what),
+                     group=mesh.group_of(current().rank, axes), shape=shape)
+        return (mesh, check_axis_names(axes), found["sa"], found["ca"], shape, b.dtype_of(x)), 0
+
+    _agree(what, check)
+    group, sa, ca = found["group"], found["sa"], found["ca"]
+    b, parts = _everyone(x)
+    sizes, k = _sizes(found["shape"][sa], len(group)), group.index(current().rank)
+    out = b.concat([b.split(parts[r], sizes, sa)[k] for r in group], ca)
+    return b.copy(out, b.device_of(out)) if len(group) == 1 else out
+
+
+def all_to_all(x: Any, split_axis: int = 0, concat_axis: int = 0) -> Any:
+    """Over the whole group: rank ``r`` gets piece ``r`` of every rank's tensor (``numpy.array_split``
+    sizes along ``split_axis``), joined along ``concat_axis`` in rank order."""
+    n = current().world_size
+    return all_to_all_along(x, ProcessMesh((n,), ("world",)), "world", split_axis, concat_axis)
+
+
+def sendrecv(x: Any, shift: int = 1) -> Any:
+    """The ring exchange: rank ``r`` sends ``x`` to rank ``(r + shift) % world_size`` and returns
+    the tensor rank ``(r - shift) % world_size`` sent (same shape and dtype on every rank)."""
+    what = "distributed.sendrecv"
+    g = current()
+
+    def check() -> tuple[tuple[Any, ...], int]:
+        if isinstance(shift, bool) or not isinstance(shift, int):
+            raise CollectiveInputError(f"{what}: shift must be an int, got {shift!r:.40}")
+        b, shape = _checked(x, what)
+        return (shift % g.world_size, shape, b.dtype_of(x)), 0
+
+    _agree(what, check)
+    b, parts = _everyone(x)
+    src = parts[(g.rank - shift) % g.world_size]
+    return b.copy(src, b.device_of(src))

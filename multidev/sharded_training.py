@@ -1,0 +1,70 @@
+"""Training over a device mesh, parameters sharded (issue 34, first form): what
+``multidev.data_parallel(model, optimizer, mesh=m, data_axis="data", param_axis="model")`` adds to
+data parallelism. One process over the mesh's devices: a batch's rows are cut along the data axes,
+each parameter and its optimizer state along the parameter axes (FSDP/ZeRO-style: each device holds
+its piece), and the framework's compiler inserts the collectives (JAX: ``jit`` over
+``NamedSharding``s). The rule for a tensor's layout is here, once, framework-free:
+:func:`param_layout`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import InvalidArgumentError
+from .mesh import Layout, Mesh
+from .placement import device_list
+from .protocol import SupportsShardedTraining
+from .registry import require
+
+__all__ = ["mesh_axes", "param_layout", "sharded_replica"]
+
+
+def mesh_axes(mesh: Mesh, axes: Any, what: str, arg: str) -> tuple[str, ...]:
+    """``axes`` (a mesh axis name or a tuple or list of them) as a tuple of distinct axis
+    names of ``mesh``; InvalidArgumentError otherwise."""
+    names = (axes,) if isinstance(axes, str) else axes
+    if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
+        raise InvalidArgumentError(f"{what}: {arg} must be a mesh axis name or a tuple of them, got {axes!r:.60}")
+    bad = [n for n in names if n not in mesh.axis_names]
+    if bad or len(set(names)) != len(names):
+        raise InvalidArgumentError(f"{what}: {arg}={tuple(names)!r} must name distinct axes of the mesh "
+                                   f"{mesh.axis_names} (unknown: {bad})")
+    return tuple(names)
+
+
+def param_layout(mesh: Mesh, shape: tuple[int, ...], param_axes: tuple[str, ...]) -> Layout:
+    """The layout of a parameter (or optimizer-state tensor) of ``shape``: its first dimension that
+    the parameter axes' size divides evenly, cut along them; whole on every device where no
+    dimension divides (biases of odd sizes, scalars such as a step count) or ``param_axes`` is
+    empty."""
+    n = math.prod(mesh.sizes[a] for a in param_axes) if param_axes else 1
+    spec: list[Any] = [None] * len(shape)
+    if n > 1:
+        for d, size in enumerate(shape):
+            if size >= n and size % n == 0:
+                spec[d] = param_axes[0] if len(param_axes) == 1 else param_axes
+                break
+    return Layout(mesh, tuple(spec))
+
+
+def sharded_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_axis: Any, param_axis: Any,
+                    what: str) -> Any:
+    """The replica of ``model`` on backend ``b`` laid out on ``mesh`` (arguments checked first,
+    nothing moved before): ``data_axis`` the batch's axes (default: the mesh's first axis),
+    ``param_axis`` the parameters' (None: every other axis; ``()``: replicated)."""
+    if not isinstance(mesh, Mesh):
+        raise InvalidArgumentError(f"{what}: mesh must be a multidev.Mesh (md.make_mesh), got {type(mesh).__name__}")
+    data = mesh_axes(mesh, mesh.axis_names[0] if data_axis is None else data_axis, what, "data_axis")
+    if not data:
+        raise InvalidArgumentError(f"{what}: data_axis names no mesh axis (the batch is cut along it)")
+    params = (tuple(a for a in mesh.axis_names if a not in data) if param_axis is None
+              else mesh_axes(mesh, param_axis, what, "param_axis"))
+    require(b, SupportsShardedTraining, f"{what}(mesh=...)",
+            "training with parameters sharded over a mesh is not supported for this framework yet "
+            "(supported: jax); data_parallel(devices=...) replicates them")
+    device_list(b, list(mesh.devices), what)  # the mesh's devices are this backend's
+    rep = b.sharded_replica(model, optimizer, mesh, data, lambda shape: param_layout(mesh, tuple(shape), params))
+    if rep is None:
+        raise InvalidArgumentError(f"{what}: the {b.name} backend does not take a {type(model).__name__} as a model")
+    return rep

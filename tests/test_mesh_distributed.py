@@ -1,0 +1,132 @@
+"""Process meshes and the collectives along their axes (multidev/distributed/mesh.py) with 4
+processes (a 2x2 mesh) on every engine installed here, launched by ``multidev.distributed.launch``:
+allreduce, allgather (uneven lengths), reduce_scatter and all_to_all along each axis and both,
+the ring sendrecv and the world all_to_all, each against the values every rank can work out; ranks
+that call with other axes get CollectiveMismatchError on every rank; a rank that refuses its own
+input raises its error and the others CollectiveMismatchError, and the group stays usable. Each
+engine runs with its own tensors (torch tensors on the torch engine, JAX arrays on the JAX engine,
+NumPy on MPI). One rank alone (no launcher) runs in process."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import multidev as md
+
+WORKER = '''
+import sys
+import numpy as np
+import multidev as md
+from multidev import distributed as dist
+
+NAME = sys.argv[1]
+dist.init()
+r, n = dist.rank(), dist.world_size()
+shape = {1: (1, 1), 2: (2, 1), 4: (2, 2)}[n]
+pm = dist.process_mesh(shape, ("a", "b"))
+
+def t(a):
+    return md.asarray(a, backend=NAME)
+
+def host(y):
+    return np.asarray(md.to_numpy(y))
+
+x = t(np.full((6, 2), r + 1, np.float32))
+for axes in (("a",), ("b",), ("a", "b"), ("b", "a")):
+    g = pm.group_of(r, axes)
+    k = g.index(r)
+    y = dist.allreduce_along(x, pm, axes)
+    assert md.backend_of(y).name == NAME and (host(y) == sum(q + 1 for q in g)).all(), (axes, host(y))
+    assert (host(dist.allreduce_along(x, pm, axes, "max")) == max(g) + 1).all()
+    z = dist.allgather_along(t(np.full((r + 1, 2), r, np.float32)), pm, axes)
+    assert host(z)[:, 0].tolist() == [float(q) for q in g for _ in range(q + 1)], (axes, host(z))
+    s = dist.reduce_scatter_along(x, pm, axes)
+    sizes = [len(p) for p in np.array_split(np.arange(6), len(g))]
+    assert host(s).shape == (sizes[k], 2) and (host(s) == sum(q + 1 for q in g)).all()
+    a = dist.all_to_all_along(t(np.arange(6, dtype=np.float32) + 10 * r), pm, axes)
+    want = np.concatenate([np.array_split(np.arange(6) + 10 * q, len(g))[k] for q in g])
+    assert np.array_equal(host(a), want), (axes, host(a), want)
+ring = dist.sendrecv(t(np.array([r], np.int32)), shift=1)
+assert int(host(ring)[0]) == (r - 1) % n
+world = dist.all_to_all(t(np.arange(8, dtype=np.float32) + 100 * r))
+assert np.array_equal(host(world), np.concatenate([np.array_split(np.arange(8) + 100 * q, n)[r] for q in range(n)]))
+outcome = []
+try:
+    dist.allreduce_along(x, pm, ("a",) if r == 0 else ("b",))
+    outcome.append("agreed")
+except md.CollectiveMismatchError:
+    outcome.append("mismatch")
+try:
+    dist.allreduce_along(t(np.ones(2, np.int32)) if r == 0 else x, pm, ("a", "b"), op="mean")
+    outcome.append("agreed")
+except md.CollectiveMismatchError:
+    outcome.append("mismatch")
+except md.CollectiveInputError:
+    outcome.append("refused")
+assert (host(dist.allreduce_along(x, pm, ("a", "b"))) == n * (n + 1) / 2).all()  # still usable
+print(f"MDMESH rank {r}: {' '.join(outcome)}")
+dist.shutdown()
+'''
+
+ENGINES = {"torch": "torch", "jax": "jax", "mpi": "numpy"}
+
+
+def _missing(engine: str) -> str | None:
+    from multidev.distributed.engine import engine_class
+
+    return engine_class(engine).missing()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_collectives_along_a_process_mesh(engine: str, tmp_path: Path) -> None:
+    why = _missing(engine)
+    if why:
+        pytest.skip(f"the {engine} engine is not available here: {why}")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, MULTIDEV_JAX_CPU_DEVICES="1", TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+    p = subprocess.run([sys.executable, "-m", "multidev.distributed.launch", "-n", "4", "--engine", engine,
+                        str(script), ENGINES[engine]], capture_output=True, text=True, timeout=400, env=env,
+                       cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
+    word = "(mismatch|refused|agreed)"  # (the ranks' lines may interleave)
+    found = sorted(re.findall(rf"MDMESH rank (\d): {word} {word}", p.stdout))
+    assert found == [("0", "mismatch", "refused")] + [(str(i), "mismatch", "mismatch") for i in (1, 2, 3)], \
+        p.stdout[-3000:]
+
+
+def test_one_rank_without_a_launcher() -> None:
+    from multidev import distributed as dist
+
+    dist.init()
+    try:
+        pm = dist.process_mesh((1, 1), ("a", "b"))
+        assert pm.groups("a") == ((0,),) and pm.coords(0) == (0, 0)
+        x = md.asarray(np.arange(4.0), backend="numpy")
+        y = dist.allreduce_along(x, pm, ("a", "b"))
+        assert np.array_equal(md.to_numpy(y), np.arange(4.0)) and not np.shares_memory(md.to_numpy(y), x)
+        with pytest.raises(md.InvalidArgumentError, match="holds 4 ranks"):
+            dist.process_mesh((2, 2), ("a", "b"))
+        with pytest.raises(md.InvalidArgumentError, match="no axis 'c'"):
+            dist.allreduce_along(x, pm, "c")
+        with pytest.raises(md.CollectiveInputError):
+            dist.sendrecv(x, shift=1.5)  # type: ignore[arg-type]
+        assert np.array_equal(md.to_numpy(dist.sendrecv(x)), np.arange(4.0))
+    finally:
+        dist.shutdown()
+
+
+def test_process_mesh_groups() -> None:
+    from multidev.distributed import ProcessMesh
+
+    pm = ProcessMesh((2, 3), ("x", "y"))
+    assert pm.groups("y") == ((0, 1, 2), (3, 4, 5)) and pm.groups("x") == ((0, 3), (1, 4), (2, 5))
+    assert pm.groups(("y", "x"))[0] == (0, 3, 1, 4, 2, 5) and pm.group_of(4, "x") == (1, 4)
+    assert pm.coords(5) == (1, 2) and pm.size == 6 and hash(pm) == hash(ProcessMesh((2, 3), ("x", "y")))
