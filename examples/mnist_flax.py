@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train_and_evaluate(args: argparse.Namespace) -> int:
-    import multidev as md                                             # md
-    from multidev import distributed as dist                          # md
+    import multidev as md  # md
+    from multidev import distributed as dist  # md
 
     dist.init()                                                       # md: JAX's coordinator, or 1 process
     import jax
@@ -51,7 +51,10 @@ def train_and_evaluate(args: argparse.Namespace) -> int:
     from flax import linen as nn
     from flax.training import train_state
 
-    from multidev.examples.mnist_data import global_batches, load, mean_over_ranks
+    if __package__:  # python -m multidev.examples.mnist_flax
+        from .mnist_data import global_batches, load, mean_over_ranks
+    else:  # python examples/mnist_flax.py
+        from multidev.examples.mnist_data import global_batches, load, mean_over_ranks  # type: ignore[import-not-found,no-redef]
 
     class CNN(nn.Module):
         """A simple CNN model."""

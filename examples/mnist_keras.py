@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.devices > 1:  # TensorFlow's logical CPU devices are fixed when it starts
         os.environ.setdefault("MULTIDEV_TF_CPU_DEVICES", str(args.devices))
 
-    import multidev as md                                                 # md
-    from multidev import distributed as dist                              # md
+    import multidev as md  # md
+    from multidev import distributed as dist  # md
 
     dist.init()                                                           # md: mpiexec's ranks, or 1 process
     md.backend("tensorflow")                                              # md: its devices before TF starts
@@ -44,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
     from keras import layers
 
-    from multidev.examples.mnist_data import global_batches, load, mean_over_ranks
+    if __package__:  # python -m multidev.examples.mnist_keras
+        from .mnist_data import global_batches, load, mean_over_ranks
+    else:  # python examples/mnist_keras.py
+        from multidev.examples.mnist_data import global_batches, load, mean_over_ranks  # type: ignore[import-not-found,no-redef]
 
     num_classes, input_shape = 10, (28, 28, 1)
     x_train, y_train, x_test, y_test, source = load(args.data, limit=args.limit)

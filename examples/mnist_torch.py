@@ -25,9 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim.lr_scheduler import StepLR
 
-import multidev as md                                 # md
-from multidev import distributed as dist              # md
-from multidev.examples.mnist_data import global_batches, load, mean_over_ranks
+import multidev as md  # md
+from multidev import distributed as dist  # md
+
+if __package__:  # python -m multidev.examples.mnist_torch
+    from .mnist_data import global_batches, load, mean_over_ranks
+else:  # python examples/mnist_torch.py
+    from multidev.examples.mnist_data import global_batches, load, mean_over_ranks  # type: ignore[import-not-found,no-redef]
 
 MEAN, STD = 0.1307, 0.3081  # MNIST's pixel statistics, as the original normalises
 
