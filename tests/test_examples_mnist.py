@@ -24,7 +24,7 @@ from multidev.conformance.test_distributed import engine_unavailable, worker_env
 ROOT = Path(__file__).resolve().parents[1]
 LOSS_RTOL = 1e-4
 ACCURACY_TOLERANCE = 0.02  # a test image or two may flip with the summation order
-QUICK = ["--epochs", "1", "--steps", "3", "--batch-size", "32", "--limit", "320"]
+QUICK = ["--epochs", "1", "--steps", "3", "--batch-size", "32", "--limit", "192"]
 
 
 def _need(*mods: str) -> None:
