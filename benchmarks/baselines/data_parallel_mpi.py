@@ -21,7 +21,7 @@ import statistics
 import time
 from typing import Any
 
-from .data_parallel_ddp import _models
+from .data_parallel_ddp import torch_models
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         v["opt"].step()
 
     rows = []
-    for name, make in _models(torch).items():
+    for name, make in torch_models(torch).items():
         variants: dict[str, dict[str, Any]] = {}
         for label in ("md", "md (checks at start)", "native"):
             torch.manual_seed(0)
