@@ -107,3 +107,22 @@ def test_the_docs_diff_is_the_programs(program: str) -> None:
     for line in removed:
         if line:
             assert line not in code, f"{program}: the docs remove {line!r}, which the program still has"
+
+
+def test_the_data_is_mnist_shaped_and_a_real_npz_is_read(tmp_path: Path) -> None:
+    """Without --data: the digits, 28x28 in [0, 1], 10 classes; with it: Keras's mnist.npz layout, uint8 scaled."""
+    from multidev.examples.mnist_data import global_batches, load
+
+    xtr, ytr, xte, yte, source = load()
+    assert xtr.shape[1:] == xte.shape[1:] == (28, 28) and xtr.dtype == np.float32 and ytr.dtype == np.int64
+    assert xtr.min() >= 0.0 and xtr.max() <= 1.0 and set(np.unique(ytr)) == set(range(10)), source
+    rng = np.random.default_rng(0)
+    npz = tmp_path / "mnist.npz"
+    np.savez(npz, x_train=rng.integers(0, 256, (50, 28, 28), dtype=np.uint8), y_train=rng.integers(0, 10, 50),
+             x_test=np.full((7, 28, 28), 255, np.uint8), y_test=np.arange(7))
+    xtr, ytr, xte, yte, source = load(str(npz), limit=40)
+    assert xtr.shape == (40, 28, 28) and xte.shape == (7, 28, 28) and float(xte.max()) == 1.0
+    assert list(yte) == list(range(7)) and str(npz) in source
+    epoch = list(global_batches(40, 16, epoch=1))
+    assert len(epoch) == 2 and len(set(np.concatenate(epoch))) == 32   # whole batches, no row twice
+    assert [list(b) for b in epoch] == [list(b) for b in global_batches(40, 16, epoch=1)]  # the same on every rank
