@@ -1,0 +1,237 @@
+"""Data parallelism (``SupportsDataParallel``, :func:`multidev.data_parallel`): a model trained over
+several devices of one process follows one device on the same batches within float tolerance;
+its replicas stay bitwise equal after every step (the replica's fingerprints, ``dp.verify()``);
+every replica starts from the model given, and a replica's ``load`` (what the broadcast of rank 0's
+state writes on the other ranks) reaches every device it spans.
+
+The model is the framework's own, made the way the framework makes one, found by what it exposes
+(never by the backend's name): a module with ``nn.Linear`` and ``optim.SGD`` (torch's idiom), a
+Keras ``Dense`` layer with a Keras optimizer, else a tree of the backend's tensors with a plain
+SGD transformation (``init``/``update``, optax's interface). A tiny linear model, a few steps: the
+whole suite runs on every backend in CI."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+import multidev as md
+from multidev import Device
+
+from ._helpers import as_f64, need_devices, ordered
+
+pytestmark = [pytest.mark.md_feature("data_parallel"), pytest.mark.md_requires("SupportsDataParallel")]
+
+#: Steps each check trains, rows of each batch (a multiple of every device count used: JAX shards
+#: rows evenly), the learning rate of the plain SGD every idiom uses.
+STEPS, ROWS, LR = 3, 8, 0.1
+#: Devices the several-device checks use at most (the suite's virtual CPU devices give 4).
+MAX_DEVICES = 4
+#: float32 parameters after a few steps over differently split batches: sums in another order.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+@dataclass
+class Model:
+    """A framework's own linear model (3 inputs, 2 outputs), its optimizer and a mean-squared-error
+    loss ``loss_fn(model, (X, y))``, made by one of the idioms below."""
+
+    model: Any
+    optimizer: Any
+    loss_fn: Callable[..., Any]
+    idiom: str
+
+
+def _weights(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    g = np.random.default_rng(seed)
+    return g.standard_normal((3, 2)).astype(np.float32), g.standard_normal(2).astype(np.float32)
+
+
+def _torch_like(fw: Any, b: Any, dev: Device, seed: int) -> Model | None:
+    nn, optim = getattr(fw, "nn", None), getattr(fw, "optim", None)
+    if not (hasattr(nn, "Linear") and hasattr(optim, "SGD") and hasattr(fw, "no_grad")):
+        return None
+    W, bias = _weights(seed)
+    net = nn.Linear(3, 2)
+    with fw.no_grad():
+        net.weight.copy_(fw.as_tensor(W.T.copy()))
+        net.bias.copy_(fw.as_tensor(bias))
+    net = md.to(net, dev)
+
+    def loss_fn(m: Any, batch: Any) -> Any:
+        d = m(batch[0]) - batch[1]
+        return (d * d).mean()
+
+    return Model(net, optim.SGD(net.parameters(), lr=LR), loss_fn, "nn.Module + optim.SGD")
+
+
+def _keras_like(fw: Any, b: Any, dev: Device, seed: int) -> Model | None:
+    keras = sys.modules.get("keras") or getattr(fw, "keras", None)
+    if not (hasattr(getattr(keras, "layers", None), "Dense") and hasattr(fw, "GradientTape")
+            and hasattr(fw, "device") and hasattr(fw, "reduce_mean")):
+        return None
+    W, bias = _weights(seed)
+    with fw.device(b.to_native_device(dev)):
+        net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        net.set_weights([W, bias])
+        opt = keras.optimizers.SGD(learning_rate=LR)
+
+    def loss_fn(m: Any, batch: Any) -> Any:
+        d = m(batch[0]) - batch[1]
+        return fw.reduce_mean(d * d)
+
+    return Model(net, opt, loss_fn, "Keras Dense + keras.optimizers.SGD")
+
+
+class PlainSGD:
+    """``p - lr * g`` as an optax-style transformation (``init``/``update``) over a dict of tensors."""
+
+    def __init__(self, lr: float) -> None:
+        self.lr = lr
+
+    def init(self, params: Any) -> tuple[()]:
+        return ()
+
+    def update(self, grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        return {k: g * -self.lr for k, g in grads.items()}, state
+
+
+def _tree_like(fw: Any, b: Any, dev: Device, seed: int) -> Model | None:
+    W, bias = _weights(seed)
+    params = {"b": md.asarray(bias, device=dev, backend=b.name), "w": md.asarray(W, device=dev, backend=b.name)}
+
+    def loss_fn(p: Any, batch: Any) -> Any:
+        d = batch[0] @ p["w"] + p["b"] - batch[1]
+        return (d * d).mean()
+
+    return Model(params, PlainSGD(LR), loss_fn, "a tree of tensors + an init/update SGD")
+
+
+def make_model(b: Any, dev: Device, seed: int = 0) -> Model:
+    """The framework's own model on ``dev``, or skip where the suite knows no idiom of it that
+    ``data_parallel`` takes."""
+    fw = sys.modules.get(b.framework)
+    for idiom in (_torch_like, _keras_like, _tree_like):
+        m = idiom(fw, b, dev, seed)
+        if m is not None and b.data_parallel_replica(m.model, m.optimizer, [dev]) is not None:
+            return m
+    pytest.skip(f"{b.name}: the suite knows no way to make a {b.framework} model that data_parallel takes "
+                "(a torch-like module, a Keras model, a tree of tensors with an init/update optimizer)")
+
+
+def batch(b: Any, dev: Device, step: int) -> tuple[Any, Any]:
+    g = np.random.default_rng(100 + step)
+    X = g.standard_normal((ROWS, 3)).astype(np.float32)
+    y = g.standard_normal((ROWS, 2)).astype(np.float32)
+    return md.asarray(X, device=dev, backend=b.name), md.asarray(y, device=dev, backend=b.name)
+
+
+def params_of(b: Any, dp: Any) -> list[tuple[str, np.ndarray]]:
+    """The replica's parameters now (its first device's), as float64 host copies."""
+    return [(n, as_f64(b, t)) for n, t in dp.replica.parameters()]
+
+
+def several(md_devices: list) -> list[Device]:
+    """2 to MAX_DEVICES devices of the backend (accelerators first), or skip."""
+    devs = ordered(md_devices)
+    need_devices(devs, 2)
+    return devs[:MAX_DEVICES]
+
+
+def assert_replicas_equal(dp: Any, n: int, when: str) -> None:
+    rows = dp.replica.fingerprints()
+    assert len(rows) == n, f"{when}: the replica over {n} devices gives {len(rows)} fingerprint rows (one per device)"
+    for d, row in enumerate(rows[1:], 1):
+        diff = [name for (name, _), a, c in zip(dp.replica.parameters(), rows[0], row) if a != c]
+        assert row == rows[0], (f"{when}: the replica on {dp.devices[d]} differs bitwise from the one on "
+                                f"{dp.devices[0]} ({', '.join(diff) or 'buffers'})")
+    dp.verify()
+
+
+# -- several devices of one process ---------------------------------------------------------------
+def test_data_parallel_over_devices_matches_one_device(md_backend: Any, md_devices: list) -> None:
+    """K steps over N devices on batch B give one device's parameters on batch B (within float
+    tolerance: the gradient is averaged over the devices, weighted by rows), and the loss is the
+    whole batch's; the parameters moved (the steps did something)."""
+    b = md_backend
+    devs = several(md_devices)
+    one_m, many_m = make_model(b, devs[0]), make_model(b, devs[0])
+    one = md.data_parallel(one_m.model, one_m.optimizer)
+    many = md.data_parallel(many_m.model, many_m.optimizer, devices=devs)
+    start = params_of(b, one)
+    for k in range(STEPS):
+        X, y = batch(b, devs[0], k)
+        l1 = as_f64(b, one.step((X, y), one_m.loss_fn))
+        ln = as_f64(b, many.step((X, y), many_m.loss_fn))
+        np.testing.assert_allclose(ln, l1, rtol=RTOL, atol=ATOL,
+                                   err_msg=f"step {k}: the loss over {len(devs)} devices is not the batch's")
+        for (name, p1), (_, pn) in zip(params_of(b, one), params_of(b, many)):
+            np.testing.assert_allclose(pn, p1, rtol=RTOL, atol=ATOL, err_msg=(
+                f"step {k} ({many_m.idiom}): {name} over {len(devs)} devices is not one device's on the same batch "
+                "(the gradients are not averaged over the devices)"))
+    moved = [name for (name, p0), (_, p1) in zip(start, params_of(b, one)) if not np.array_equal(p0, p1)]
+    assert moved, f"{STEPS} steps left every parameter as it was"
+
+
+def test_data_parallel_replicas_stay_bitwise_equal(md_backend: Any, md_devices: list) -> None:
+    """After every step every device's replica holds bitwise the same parameters (one fingerprint
+    row per device, all equal; ``dp.verify()`` passes), and with ``verify=True`` the step checks it
+    itself."""
+    b = md_backend
+    devs = several(md_devices)
+    m = make_model(b, devs[0])
+    dp = md.data_parallel(m.model, m.optimizer, devices=devs, verify=True)
+    assert_replicas_equal(dp, len(devs), "before the first step")
+    for k in range(STEPS):
+        dp.step(batch(b, devs[0], k), m.loss_fn)
+        assert_replicas_equal(dp, len(devs), f"after step {k}")
+
+
+# -- the start, and what the broadcast writes -------------------------------------------------------
+def _devices_for_start(md_devices: list) -> list[Device]:
+    devs = ordered(md_devices)
+    return devs[:min(MAX_DEVICES, len(devs))]
+
+
+def test_data_parallel_replicas_start_from_the_model_given(md_backend: Any, md_devices: list) -> None:
+    """Every device's replica starts with the parameters of the model given (bitwise), before any
+    step: nothing re-initialised, nothing left at another value on a further device."""
+    b = md_backend
+    devs = _devices_for_start(md_devices)
+    m = make_model(b, devs[0], seed=3)
+    W, bias = _weights(3)
+    dp = md.data_parallel(m.model, m.optimizer, devices=devs)
+    got = sorted((sorted(p.shape), p.ravel().tolist()) for _, p in params_of(b, dp))
+    want = sorted((sorted(a.shape), a.ravel().tolist()) for a in (W, bias))
+    want_t = sorted((sorted(a.shape), a.ravel().tolist()) for a in (W.T.copy(), bias))
+    assert got in (want, want_t), f"the replica's parameters are not the model's ({m.idiom})"
+    assert_replicas_equal(dp, len(devs), "after data_parallel()")
+
+
+def test_data_parallel_load_reaches_every_device(md_backend: Any, md_devices: list) -> None:
+    """``Replica.load`` (what the broadcast of rank 0's state, and ``broadcast_state``, write on
+    the other ranks) makes the given values the parameters on every device of the replica; the next
+    step starts from them (one device given the same values steps the same)."""
+    b = md_backend
+    devs = _devices_for_start(md_devices)
+    m, ref_m = make_model(b, devs[0], seed=1), make_model(b, devs[0], seed=2)
+    dp = md.data_parallel(m.model, m.optimizer, devices=devs)
+    ref = md.data_parallel(ref_m.model, ref_m.optimizer)  # seed 2: other values
+    new = [t for _, t in ref.replica.parameters()]
+    want = [as_f64(b, t) for t in new]
+    assert any(not np.array_equal(a, c) for (_, a), c in zip(params_of(b, dp), want)), "seeds 1 and 2 gave one model"
+    dp.replica.load(new, None)
+    for (name, got), w in zip(params_of(b, dp), want):
+        np.testing.assert_array_equal(got, w, err_msg=f"after load, {name} is not the value loaded ({m.idiom})")
+    assert_replicas_equal(dp, len(devs), "after load")
+    X, y = batch(b, devs[0], 0)
+    dp.step((X, y), m.loss_fn)
+    ref.step((X, y), ref_m.loss_fn)
+    for (name, got), (_, w) in zip(params_of(b, dp), params_of(b, ref)):
+        np.testing.assert_allclose(got, w, rtol=RTOL, atol=ATOL, err_msg=f"the step after load did not start from "
+                                   f"the loaded {name}")
+    assert_replicas_equal(dp, len(devs), "after a step from the loaded values")
