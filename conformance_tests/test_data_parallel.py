@@ -52,7 +52,8 @@ def _weights(seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _torch_like(fw: Any, b: Any, dev: Device, seed: int) -> Model | None:
-    nn, optim = getattr(fw, "nn", None), getattr(fw, "optim", None)
+    nn: Any = getattr(fw, "nn", None)
+    optim: Any = getattr(fw, "optim", None)
     if not (hasattr(nn, "Linear") and hasattr(optim, "SGD") and hasattr(fw, "no_grad")):
         return None
     W, bias = _weights(seed)
@@ -70,7 +71,7 @@ def _torch_like(fw: Any, b: Any, dev: Device, seed: int) -> Model | None:
 
 
 def _keras_like(fw: Any, b: Any, dev: Device, seed: int) -> Model | None:
-    keras = sys.modules.get("keras") or getattr(fw, "keras", None)
+    keras: Any = sys.modules.get("keras") or getattr(fw, "keras", None)
     if not (hasattr(getattr(keras, "layers", None), "Dense") and hasattr(fw, "GradientTape")
             and hasattr(fw, "device") and hasattr(fw, "reduce_mean")):
         return None
