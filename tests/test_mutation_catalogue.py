@@ -191,6 +191,9 @@ def test_catalogue_is_complete_and_documented() -> None:
         assert mutants.control_of(m.cls) in mutants.CONTROLS
         # (typing.Protocol gives every class deriving from a capability protocol its own __subclasshook__)
         assert mutants.broken_method(m.cls) == m.method  # exactly one method (ValueError otherwise)
+        if m.replica is not None:  # the adapter hands back a replica that breaks exactly one method
+            assert m.method == "data_parallel_replica", m
+            mutants.broken_method(m.replica)
 
 
 def _live(cls: type, method: str) -> tuple[type, Any]:
@@ -220,10 +223,18 @@ def test_every_mutant_breaks_a_live_method_with_its_signature(entry: Any) -> Non
     mine = vars(entry.cls)[method]
     assert isinstance(mine, property) == isinstance(live, property), (
         f"{entry.cls.__name__}.{method}: a {type(mine).__name__} over {owner.__name__}'s {type(live).__name__}")
-    if isinstance(live, property):
-        return
-    assert _shape(mine) == _shape(live), (f"{entry.cls.__name__}.{method}{inspect.signature(mine)} no longer matches "
-                                          f"{owner.__module__}.{owner.__qualname__}.{method}{inspect.signature(live)}")
+    if not isinstance(live, property):
+        assert _shape(mine) == _shape(live), (
+            f"{entry.cls.__name__}.{method}{inspect.signature(mine)} no longer matches "
+            f"{owner.__module__}.{owner.__qualname__}.{method}{inspect.signature(live)}")
+    replica = getattr(entry, "replica", None)
+    if replica is not None:  # a data-parallel mutant: its replica breaks one live method of the adapter's replica
+        r_method = mutants.broken_method(replica)
+        r_owner, r_live = _live(replica, r_method)
+        assert r_owner.__module__.startswith("multidev."), f"{replica.__name__} derives {r_method} from {r_owner}"
+        assert _shape(vars(replica)[r_method]) == _shape(r_live), (
+            f"{replica.__name__}.{r_method} no longer matches {r_owner.__qualname__}.{r_method}"
+            f"{inspect.signature(r_live)}")
 
 
 def test_the_live_method_check_finds_drift() -> None:

@@ -13,8 +13,9 @@ from multidev.adapter import (
     Device,
 )
 from multidev.adapters.torch import TorchBackend
+from multidev.adapters.torch.parallel import TorchReplica
 
-from ._base import _HOST, mutant
+from ._base import _HOST, mutant, swap_replica
 
 
 # == torch ===========================================================================================
@@ -376,3 +377,21 @@ class TorchCopyFromStorage(TorchBackend):
             return super().copy(x, device)
         flat = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage(), 0, (x.numel(),))
         return super().copy(flat.reshape(x.shape), device)
+
+
+# == torch data parallelism (the replica of data_parallel_replica) ==================================
+class _TorchReplicaLoadNoop(TorchReplica):
+    """``load`` (what the broadcast of rank 0's state writes) does nothing."""
+
+    def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
+        return None
+
+
+@mutant("torch", "the data-parallel replica's load (the initial broadcast of rank 0's parameters, broadcast_state) "
+        "is a no-op: every rank keeps its own start", ["test_data_parallel_load_reaches_every_device"],
+        replica=_TorchReplicaLoadNoop)
+class TorchDataParallelLoadNoop(TorchBackend):
+    name = "torch_dp_load_noop"
+
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _TorchReplicaLoadNoop)
