@@ -11,6 +11,9 @@ SGD transformation (``init``/``update``, optax's interface). A tiny linear model
 whole suite runs on every backend in CI."""
 from __future__ import annotations
 
+import functools
+import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,7 +54,7 @@ def _weights(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return g.standard_normal((3, 2)).astype(np.float32), g.standard_normal(2).astype(np.float32)
 
 
-def _torch_like(fw: Any, b: Any, dev: Device, seed: int) -> Model | None:
+def _torch_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float) -> Model | None:
     nn: Any = getattr(fw, "nn", None)
     optim: Any = getattr(fw, "optim", None)
     if not (hasattr(nn, "Linear") and hasattr(optim, "SGD") and hasattr(fw, "no_grad")):
@@ -67,10 +70,10 @@ def _torch_like(fw: Any, b: Any, dev: Device, seed: int) -> Model | None:
         d = m(batch[0]) - batch[1]
         return (d * d).mean()
 
-    return Model(net, optim.SGD(net.parameters(), lr=LR), loss_fn, "nn.Module + optim.SGD")
+    return Model(net, optim.SGD(net.parameters(), lr=LR, momentum=momentum), loss_fn, "nn.Module + optim.SGD")
 
 
-def _keras_like(fw: Any, b: Any, dev: Device, seed: int) -> Model | None:
+def _keras_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float) -> Model | None:
     keras: Any = sys.modules.get("keras") or getattr(fw, "keras", None)
     if not (hasattr(getattr(keras, "layers", None), "Dense") and hasattr(fw, "GradientTape")
             and hasattr(fw, "device") and hasattr(fw, "reduce_mean")):
@@ -79,7 +82,7 @@ def _keras_like(fw: Any, b: Any, dev: Device, seed: int) -> Model | None:
     with fw.device(b.to_native_device(dev)):
         net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
         net.set_weights([W, bias])
-        opt = keras.optimizers.SGD(learning_rate=LR)
+        opt = keras.optimizers.SGD(learning_rate=LR, momentum=momentum)
 
     def loss_fn(m: Any, batch: Any) -> Any:
         d = m(batch[0]) - batch[1]
@@ -89,19 +92,21 @@ def _keras_like(fw: Any, b: Any, dev: Device, seed: int) -> Model | None:
 
 
 class PlainSGD:
-    """``p - lr * g`` as an optax-style transformation (``init``/``update``) over a dict of tensors."""
+    """SGD with momentum (``v = momentum * v + g``, ``p - lr * v``) as an optax-style
+    transformation (``init``/``update``) over a dict of tensors; its state is ``v``."""
 
-    def __init__(self, lr: float) -> None:
-        self.lr = lr
+    def __init__(self, lr: float, momentum: float) -> None:
+        self.lr, self.momentum = lr, momentum
 
-    def init(self, params: Any) -> tuple[()]:
-        return ()
+    def init(self, params: Any) -> Any:
+        return {k: p * 0 for k, p in params.items()}
 
     def update(self, grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
-        return {k: g * -self.lr for k, g in grads.items()}, state
+        v = {k: state[k] * self.momentum + g for k, g in grads.items()}
+        return {k: u * -self.lr for k, u in v.items()}, v
 
 
-def _tree_like(fw: Any, b: Any, dev: Device, seed: int) -> Model | None:
+def _tree_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float) -> Model | None:
     W, bias = _weights(seed)
     params = {"b": md.asarray(bias, device=dev, backend=b.name), "w": md.asarray(W, device=dev, backend=b.name)}
 
@@ -109,15 +114,15 @@ def _tree_like(fw: Any, b: Any, dev: Device, seed: int) -> Model | None:
         d = batch[0] @ p["w"] + p["b"] - batch[1]
         return (d * d).mean()
 
-    return Model(params, PlainSGD(LR), loss_fn, "a tree of tensors + an init/update SGD")
+    return Model(params, PlainSGD(LR, momentum), loss_fn, "a tree of tensors + an init/update SGD")
 
 
-def make_model(b: Any, dev: Device, seed: int = 0) -> Model:
-    """The framework's own model on ``dev``, or skip where the suite knows no idiom of it that
-    ``data_parallel`` takes."""
+def make_model(b: Any, dev: Device, seed: int = 0, momentum: float = 0.0) -> Model:
+    """The framework's own model on ``dev`` (SGD with ``momentum``), or skip where the suite knows
+    no idiom of it that ``data_parallel`` takes."""
     fw = sys.modules.get(b.framework)
     for idiom in (_torch_like, _keras_like, _tree_like):
-        m = idiom(fw, b, dev, seed)
+        m = idiom(fw, b, dev, seed, momentum)
         if m is not None and b.data_parallel_replica(m.model, m.optimizer, [dev]) is not None:
             return m
     pytest.skip(f"{b.name}: the suite knows no way to make a {b.framework} model that data_parallel takes "
@@ -236,3 +241,134 @@ def test_data_parallel_load_reaches_every_device(md_backend: Any, md_devices: li
         np.testing.assert_allclose(got, w, rtol=RTOL, atol=ATOL, err_msg=f"the step after load did not start from "
                                    f"the loaded {name}")
     assert_replicas_equal(dp, len(devs), "after a step from the loaded values")
+
+
+# -- one process per device (with --multiprocess) --------------------------------------------------
+#: The engine the cross-process checks run on (gloo: every machine has it), the ranks, and the
+#: seconds the workers' rendezvous and collectives may take.
+ENGINE, WORLD, WORKER_TIMEOUT = "torch", 2, 20.0
+#: The momentum of the cross-process checks' SGD: its state must be rank 0's too (broadcast).
+MOMENTUM = 0.9
+
+
+def _host_lists(b: Any, dp: Any) -> list[list[float]]:
+    return [p.ravel().tolist() for _, p in params_of(b, dp)]
+
+
+@functools.cache
+def _processes(backend: str) -> list[dict[str, Any]]:
+    """One launch of ``WORLD`` ranks on the torch engine: each makes the model from its own seed
+    (its rank) and, past rank 0, trains it a step alone first (its optimizer state apart too),
+    then ``data_parallel`` and ``STEPS`` steps on its share of the same global batches; each
+    reports its parameters and fingerprints after ``data_parallel()`` and after every step."""
+    from .plugin import imports_of, spec_of
+    from .test_distributed import launch_group, worker_env
+
+    extra = {"MULTIDEV_CONFORMANCE_IMPORT": ",".join(imports_of()), "MULTIDEV_JAX_CPU_DEVICES": "2"}
+    argv = [sys.executable, "-m", "multidev.conformance.test_data_parallel", spec_of(backend), str(WORKER_TIMEOUT)]
+    return launch_group(ENGINE, WORLD, argv, env=worker_env(**extra), what=f"{backend}/data_parallel")
+
+
+def _across(b: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The ranks' reports, and what one process on one device does from rank 0's model and
+    optimizer state on the whole batches (``start``, then ``steps``: parameters after each)."""
+    from .test_distributed import _assert_ok, need_engine
+
+    need_engine(ENGINE, b.name)
+    dev = b.devices()[0]
+    m = make_model(b, dev, seed=0, momentum=MOMENTUM)
+    ref = md.data_parallel(m.model, m.optimizer)
+    want: dict[str, Any] = {"start": _host_lists(b, ref), "steps": []}
+    for k in range(STEPS):
+        ref.step(batch(b, dev, k), m.loss_fn)
+        want["steps"].append(_host_lists(b, ref))
+    reports = _processes(b.name)
+    _assert_ok(reports)
+    return reports, want
+
+
+@pytest.mark.multiprocess
+def test_data_parallel_across_processes_starts_from_rank_0(md_backend: Any) -> None:
+    """Ranks that made their models from different seeds (and stepped them apart) hold rank 0's
+    parameters, bitwise, once ``data_parallel()`` returns: the initial broadcast reached them."""
+    reports, want = _across(md_backend)
+    for rep in reports:
+        assert rep["start"] == want["start"], (
+            f"rank {rep['rank']}'s parameters after data_parallel() are not rank 0's (the initial broadcast did not "
+            f"reach them): {rep['start']} vs {want['start']}")
+        assert rep["start_fingerprint"] == reports[0]["start_fingerprint"], f"rank {rep['rank']} after data_parallel()"
+
+
+@pytest.mark.multiprocess
+def test_data_parallel_across_processes_averages_gradients(md_backend: Any) -> None:
+    """Each of ``WORLD`` ranks stepping on its share of a batch gives, after every step, what one
+    process does on the whole batch (within float tolerance): the gradients are averaged over the
+    ranks, with rank 0's optimizer state."""
+    reports, want = _across(md_backend)
+    for rep in reports:
+        for k, (got, expect) in enumerate(zip(rep["steps"], want["steps"])):
+            for i, (g, e) in enumerate(zip(got, expect)):
+                np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL, err_msg=(
+                    f"rank {rep['rank']}, step {k}: parameter {i} is not one process's on the whole batch (the "
+                    "gradients are not the mean over the ranks)"))
+
+
+@pytest.mark.multiprocess
+def test_data_parallel_across_processes_keeps_ranks_bitwise_equal(md_backend: Any) -> None:
+    """After every step every rank holds bitwise rank 0's parameters (equal fingerprints), and
+    ``dp.verify()`` on every rank agrees."""
+    reports, _ = _across(md_backend)
+    for rep in reports[1:]:
+        for k, (mine, first) in enumerate(zip(rep["fingerprints"], reports[0]["fingerprints"])):
+            assert mine == first, f"after step {k} rank {rep['rank']}'s replica differs bitwise from rank 0's"
+    for rep in reports:
+        assert rep["verify"] == "ok", f"rank {rep['rank']}: dp.verify() after the steps: {rep['verify']}"
+
+
+def _worker(spec: str, timeout: float) -> int:
+    """A rank of :func:`_processes`."""
+    import importlib
+
+    from multidev import distributed as dist
+    from multidev.registry import prefer
+
+    for mod in filter(None, os.environ.get("MULTIDEV_CONFORMANCE_IMPORT", "").split(",")):
+        importlib.import_module(mod)
+    dist.init(timeout=timeout)
+    r = dist.rank()
+    b = md.backend(spec)
+    out: dict[str, Any] = {"rank": r}
+    with prefer(b.name):
+        dev = b.devices()[0]
+        m = make_model(b, dev, seed=r, momentum=MOMENTUM)
+        if r:  # apart on purpose: other parameters, and an optimizer state of its own
+            alone = b.data_parallel_replica(m.model, m.optimizer, [dev])
+            alone.backward(batch(b, dev, 50 + r), m.loss_fn, None)
+            alone.apply(None)
+            m.model = alone.model
+        dp = md.data_parallel(m.model, m.optimizer)
+        out.update(start=_host_lists(b, dp), start_fingerprint=dp.replica.fingerprints()[0], steps=[],
+                   fingerprints=[])
+        for k in range(STEPS):
+            dp.step(dp.shard(batch(b, dev, k)), m.loss_fn)
+            out["steps"].append(_host_lists(b, dp))
+            out["fingerprints"].append(dp.replica.fingerprints()[0])
+        try:
+            dp.verify()
+            out["verify"] = "ok"
+        except md.ReplicaMismatchError as e:
+            out["verify"] = str(e)
+    dist.shutdown()
+    print("MDREPORT " + json.dumps({**out, "ok": True}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    rc = 1
+    try:
+        rc = _worker(sys.argv[1], float(sys.argv[2]))
+    finally:
+        from multidev.conformance.test_distributed import _launcher_rank
+
+        print(f"MDDONE {_launcher_rank()} {rc}", flush=True)
+    sys.exit(rc)
