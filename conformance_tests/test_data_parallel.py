@@ -336,7 +336,7 @@ def _worker(spec: str, timeout: float) -> int:
         importlib.import_module(mod)
     dist.init(timeout=timeout)
     r = dist.rank()
-    b = md.backend(spec)
+    b: Any = md.backend(spec)
     out: dict[str, Any] = {"rank": r}
     with prefer(b.name):
         dev = b.devices()[0]
@@ -368,7 +368,7 @@ if __name__ == "__main__":
     try:
         rc = _worker(sys.argv[1], float(sys.argv[2]))
     finally:
-        from multidev.conformance.test_distributed import _launcher_rank
+        from .test_distributed import _launcher_rank
 
         print(f"MDDONE {_launcher_rank()} {rc}", flush=True)
     sys.exit(rc)
