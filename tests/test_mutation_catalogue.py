@@ -95,7 +95,9 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     controls = [c for c in mutants.CONTROLS if c.framework == fw]
     out = tmp_path_factory.mktemp(f"catalogue-{fw}") / "matrix.json"
     specs = [f"mutants:{c.__name__}" for c in controls] + [m.spec for m in runnable]
-    cli = ("--import", "fake_cupy") if fw == "cupy" and _fake_cupy() else ()
+    cli: tuple[str, ...] = ("--import", "fake_cupy") if fw == "cupy" and _fake_cupy() else ()
+    if any(m.multiprocess for m in runnable):  # their checks launch ranks (the selection keeps only theirs)
+        cli += ("--multiprocess",)
     p = _conformance(specs, out, "-p", "mutants", f"--multidev-partner={','.join(partners)}", "-q",
                      env=_env(MULTIDEV_CATALOGUE_SELECT="1"), cli=cli)
     assert out.exists(), f"the {fw} catalogue run wrote no matrix:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"

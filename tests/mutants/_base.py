@@ -37,6 +37,9 @@ class Mutant:
     replica: type | None = None
     """For a mutant of the data-parallel replica (the adapter's ``data_parallel_replica`` hands one
     back): the :class:`~multidev.adapter.Replica` subclass that breaks exactly one of its methods."""
+    multiprocess: bool = False
+    """Its checks launch processes (``@pytest.mark.multiprocess``): the catalogue run of its
+    framework passes ``--multiprocess``."""
     known: str = ""
     """Non-empty for a known survivor: why no check of the suite can catch it yet. The catalogue run
     fails on a survivor not marked so, and on a marked one that is caught (the mark must go)."""
@@ -59,9 +62,10 @@ CATALOGUE: list[Mutant] = []
 
 
 def mutant(base: str, defect: str, select: Sequence[str], gpus: int = 0,
-           why_gpu: str = "", known: str = "", replica: type | None = None) -> Callable[[type], type]:
+           why_gpu: str = "", known: str = "", replica: type | None = None,
+           multiprocess: bool = False) -> Callable[[type], type]:
     def deco(cls: type) -> type:
-        CATALOGUE.append(Mutant(cls, base, defect, tuple(select), gpus, why_gpu, replica, known))
+        CATALOGUE.append(Mutant(cls, base, defect, tuple(select), gpus, why_gpu, replica, multiprocess, known))
         return cls
     return deco
 
