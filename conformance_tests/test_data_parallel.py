@@ -129,6 +129,15 @@ def make_model(b: Any, dev: Device, seed: int = 0, momentum: float = 0.0) -> Mod
                 "(a torch-like module, a Keras model, a tree of tensors with an init/update optimizer)")
 
 
+def wrap(b: Any, m: Model, **kwargs: Any) -> Any:
+    """``md.data_parallel`` of ``m``, its replica made by the adapter under test (another loaded
+    adapter of the framework must not take the model for its own)."""
+    dp = md.data_parallel(m.model, m.optimizer, **kwargs)
+    owner = dp.replica.backend
+    assert owner.name == b.name, f"data_parallel took the {m.idiom} model for {owner.name}'s, not {b.name}'s"
+    return dp
+
+
 def batch(b: Any, dev: Device, step: int) -> tuple[Any, Any]:
     g = np.random.default_rng(100 + step)
     X = g.standard_normal((ROWS, 3)).astype(np.float32)
@@ -166,8 +175,8 @@ def test_data_parallel_over_devices_matches_one_device(md_backend: Any, md_devic
     b = md_backend
     devs = several(md_devices)
     one_m, many_m = make_model(b, devs[0]), make_model(b, devs[0])
-    one = md.data_parallel(one_m.model, one_m.optimizer)
-    many = md.data_parallel(many_m.model, many_m.optimizer, devices=devs)
+    one = wrap(b, one_m)
+    many = wrap(b, many_m, devices=devs)
     start = params_of(b, one)
     for k in range(STEPS):
         X, y = batch(b, devs[0], k)
@@ -190,7 +199,7 @@ def test_data_parallel_replicas_stay_bitwise_equal(md_backend: Any, md_devices: 
     b = md_backend
     devs = several(md_devices)
     m = make_model(b, devs[0])
-    dp = md.data_parallel(m.model, m.optimizer, devices=devs, verify=True)
+    dp = wrap(b, m, devices=devs, verify=True)
     assert_replicas_equal(dp, len(devs), "before the first step")
     for k in range(STEPS):
         dp.step(batch(b, devs[0], k), m.loss_fn)
@@ -210,7 +219,7 @@ def test_data_parallel_replicas_start_from_the_model_given(md_backend: Any, md_d
     devs = _devices_for_start(md_devices)
     m = make_model(b, devs[0], seed=3)
     W, bias = _weights(3)
-    dp = md.data_parallel(m.model, m.optimizer, devices=devs)
+    dp = wrap(b, m, devices=devs)
     got = sorted((sorted(p.shape), p.ravel().tolist()) for _, p in params_of(b, dp))
     want = sorted((sorted(a.shape), a.ravel().tolist()) for a in (W, bias))
     want_t = sorted((sorted(a.shape), a.ravel().tolist()) for a in (W.T.copy(), bias))
@@ -225,8 +234,8 @@ def test_data_parallel_load_reaches_every_device(md_backend: Any, md_devices: li
     b = md_backend
     devs = _devices_for_start(md_devices)
     m, ref_m = make_model(b, devs[0], seed=1), make_model(b, devs[0], seed=2)
-    dp = md.data_parallel(m.model, m.optimizer, devices=devs)
-    ref = md.data_parallel(ref_m.model, ref_m.optimizer)  # seed 2: other values
+    dp = wrap(b, m, devices=devs)
+    ref = wrap(b, ref_m)  # seed 2: other values
     new = [t for _, t in ref.replica.parameters()]
     want = [as_f64(b, t) for t in new]
     assert any(not np.array_equal(a, c) for (_, a), c in zip(params_of(b, dp), want)), "seeds 1 and 2 gave one model"
@@ -277,7 +286,7 @@ def _across(b: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     need_engine(ENGINE, b.name)
     dev = b.devices()[0]
     m = make_model(b, dev, seed=0, momentum=MOMENTUM)
-    ref = md.data_parallel(m.model, m.optimizer)
+    ref = wrap(b, m)
     want: dict[str, Any] = {"start": _host_lists(b, ref), "steps": []}
     for k in range(STEPS):
         ref.step(batch(b, dev, k), m.loss_fn)
@@ -346,7 +355,7 @@ def _worker(spec: str, timeout: float) -> int:
             alone.backward(batch(b, dev, 50 + r), m.loss_fn, None)
             alone.apply(None)
             m.model = alone.model
-        dp = md.data_parallel(m.model, m.optimizer)
+        dp = wrap(b, m)
         out.update(start=_host_lists(b, dp), start_fingerprint=dp.replica.fingerprints()[0], steps=[],
                    fingerprints=[])
         for k in range(STEPS):
