@@ -253,11 +253,20 @@ def test_data_parallel_load_reaches_every_device(md_backend: Any, md_devices: li
 
 
 # -- one process per device (with --multiprocess) --------------------------------------------------
-#: The engine the cross-process checks run on (gloo: every machine has it), the ranks, and the
-#: seconds the workers' rendezvous and collectives may take.
-ENGINE, WORLD, WORKER_TIMEOUT = "torch", 2, 20.0
+#: The ranks of the cross-process checks, and the seconds their rendezvous and collectives may take.
+WORLD, WORKER_TIMEOUT = 2, 20.0
 #: The momentum of the cross-process checks' SGD: its state must be rank 0's too (broadcast).
 MOMENTUM = 0.9
+
+
+@functools.cache
+def engine() -> str:
+    """The engine the cross-process checks run on: the one plain ``init()`` has served since before
+    engines were pluggable (gloo, on every machine), one launch per backend rather than one per
+    engine (the collectives themselves are the distributed checks')."""
+    from multidev.distributed.engine import legacy_engine
+
+    return legacy_engine()
 
 
 def _host_lists(b: Any, dp: Any) -> list[list[float]]:
@@ -266,7 +275,7 @@ def _host_lists(b: Any, dp: Any) -> list[list[float]]:
 
 @functools.cache
 def _processes(backend: str) -> list[dict[str, Any]]:
-    """One launch of ``WORLD`` ranks on the torch engine: each makes the model from its own seed
+    """One launch of ``WORLD`` ranks on :func:`engine`: each makes the model from its own seed
     (its rank) and, past rank 0, trains it a step alone first (its optimizer state apart too),
     then ``data_parallel`` and ``STEPS`` steps on its share of the same global batches; each
     reports its parameters and fingerprints after ``data_parallel()`` and after every step."""
@@ -275,15 +284,15 @@ def _processes(backend: str) -> list[dict[str, Any]]:
 
     extra = {"MULTIDEV_CONFORMANCE_IMPORT": ",".join(imports_of()), "MULTIDEV_JAX_CPU_DEVICES": "2"}
     argv = [sys.executable, "-m", "multidev.conformance.test_data_parallel", spec_of(backend), str(WORKER_TIMEOUT)]
-    return launch_group(ENGINE, WORLD, argv, env=worker_env(**extra), what=f"{backend}/data_parallel")
+    return launch_group(engine(), WORLD, argv, env=worker_env(**extra), what=f"{backend}/data_parallel")
 
 
 def _across(b: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The ranks' reports, and what one process on one device does from rank 0's model and
     optimizer state on the whole batches (``start``, then ``steps``: parameters after each)."""
-    from .test_distributed import _assert_ok, need_engine
+    from .test_distributed import need_engine
 
-    need_engine(ENGINE, b.name)
+    need_engine(engine(), b.name)
     dev = b.devices()[0]
     m = make_model(b, dev, seed=0, momentum=MOMENTUM)
     ref = wrap(b, m)
@@ -292,7 +301,10 @@ def _across(b: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         ref.step(batch(b, dev, k), m.loss_fn)
         want["steps"].append(_host_lists(b, ref))
     reports = _processes(b.name)
-    _assert_ok(reports)
+    for rep in reports:
+        if rep["rc"] != 0 or not rep.get("ok"):
+            pytest.fail(f"rank {rep['rank']} of the data-parallel launch exited with {rep['rc']}:\n"
+                        f"{rep.get('err', '')[-4000:]}")
     return reports, want
 
 
@@ -377,7 +389,8 @@ if __name__ == "__main__":
     try:
         rc = _worker(sys.argv[1], float(sys.argv[2]))
     finally:
-        from .test_distributed import _launcher_rank
+        from multidev.distributed import detect_launch
 
-        print(f"MDDONE {_launcher_rank()} {rc}", flush=True)
+        found = detect_launch()
+        print(f"MDDONE {int(found[0].rank or 0) if found else 0} {rc}", flush=True)
     sys.exit(rc)
