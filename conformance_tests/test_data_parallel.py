@@ -2,13 +2,15 @@
 several devices of one process follows one device on the same batches within float tolerance;
 its replicas stay bitwise equal after every step (the replica's fingerprints, ``dp.verify()``);
 every replica starts from the model given, and a replica's ``load`` (what the broadcast of rank 0's
-state writes on the other ranks) reaches every device it spans.
+state writes on the other ranks) reaches every device it spans. With ``--multiprocess``: 2 ranks
+seeded apart hold rank 0's state after ``data_parallel()``, follow one process on the whole batch
+and stay bitwise equal.
 
 The model is the framework's own, made the way the framework makes one, found by what it exposes
 (never by the backend's name): a module with ``nn.Linear`` and ``optim.SGD`` (torch's idiom), a
-Keras ``Dense`` layer with a Keras optimizer, else a tree of the backend's tensors with a plain
-SGD transformation (``init``/``update``, optax's interface). A tiny linear model, a few steps: the
-whole suite runs on every backend in CI."""
+Keras ``Dense`` layer with a Keras optimizer, a Gluon ``Dense`` block with its ``Trainer``, else a
+tree of the backend's tensors with a plain SGD transformation (``init``/``update``, optax's
+interface). A tiny linear model, a few steps: the whole suite runs on every backend in CI."""
 from __future__ import annotations
 
 import functools
@@ -91,6 +93,25 @@ def _keras_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float) -> Mod
     return Model(net, opt, loss_fn, "Keras Dense + keras.optimizers.SGD")
 
 
+def _gluon_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float) -> Model | None:
+    gluon: Any = getattr(fw, "gluon", None)
+    if not (hasattr(getattr(gluon, "nn", None), "Dense") and hasattr(gluon, "Trainer") and hasattr(fw, "nd")):
+        return None
+    W, bias = _weights(seed)
+    ctx = b.to_native_device(dev)
+    net = gluon.nn.Dense(2, in_units=3)
+    net.initialize(ctx=ctx)
+    net.weight.set_data(fw.nd.array(W.T.copy(), ctx=ctx))
+    net.bias.set_data(fw.nd.array(bias, ctx=ctx))
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": LR, "momentum": momentum})
+
+    def loss_fn(m: Any, batch: Any) -> Any:
+        d = m(batch[0]) - batch[1]
+        return (d * d).mean()
+
+    return Model(net, trainer, loss_fn, "Gluon Dense + gluon.Trainer")
+
+
 class PlainSGD:
     """SGD with momentum (``v = momentum * v + g``, ``p - lr * v``) as an optax-style
     transformation (``init``/``update``) over a dict of tensors; its state is ``v``."""
@@ -121,12 +142,12 @@ def make_model(b: Any, dev: Device, seed: int = 0, momentum: float = 0.0) -> Mod
     """The framework's own model on ``dev`` (SGD with ``momentum``), or skip where the suite knows
     no idiom of it that ``data_parallel`` takes."""
     fw = sys.modules.get(b.framework)
-    for idiom in (_torch_like, _keras_like, _tree_like):
+    for idiom in (_torch_like, _keras_like, _gluon_like, _tree_like):
         m = idiom(fw, b, dev, seed, momentum)
         if m is not None and b.data_parallel_replica(m.model, m.optimizer, [dev]) is not None:
             return m
     pytest.skip(f"{b.name}: the suite knows no way to make a {b.framework} model that data_parallel takes "
-                "(a torch-like module, a Keras model, a tree of tensors with an init/update optimizer)")
+                "(a torch-like module, a Keras model, a Gluon block, a tree of tensors with an init/update optimizer)")
 
 
 def wrap(b: Any, m: Model, **kwargs: Any) -> Any:
