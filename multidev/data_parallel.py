@@ -229,7 +229,9 @@ class GradientSync:
 
 # -- the API --------------------------------------------------------------------------------------
 def _model_backend(model: Any, what: str) -> Backend:
-    found = structure_owner(model)
+    # a plain container's framework is its tensors' (no adapter owns a list, tuple or dict: one that
+    # claims them would take another framework's model, or a renamed copy's, for its own)
+    found = None if type(model) in (list, tuple, dict) else structure_owner(model)
     if found is not None:
         b = found[0]
     else:

@@ -95,7 +95,9 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     controls = [c for c in mutants.CONTROLS if c.framework == fw]
     out = tmp_path_factory.mktemp(f"catalogue-{fw}") / "matrix.json"
     specs = [f"mutants:{c.__name__}" for c in controls] + [m.spec for m in runnable]
-    cli = ("--import", "fake_cupy") if fw == "cupy" and _fake_cupy() else ()
+    cli: tuple[str, ...] = ("--import", "fake_cupy") if fw == "cupy" and _fake_cupy() else ()
+    if any(m.multiprocess for m in runnable):  # their checks launch ranks (the selection keeps only theirs)
+        cli += ("--multiprocess",)
     p = _conformance(specs, out, "-p", "mutants", f"--multidev-partner={','.join(partners)}", "-q",
                      env=_env(MULTIDEV_CATALOGUE_SELECT="1"), cli=cli)
     assert out.exists(), f"the {fw} catalogue run wrote no matrix:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
@@ -191,6 +193,9 @@ def test_catalogue_is_complete_and_documented() -> None:
         assert mutants.control_of(m.cls) in mutants.CONTROLS
         # (typing.Protocol gives every class deriving from a capability protocol its own __subclasshook__)
         assert mutants.broken_method(m.cls) == m.method  # exactly one method (ValueError otherwise)
+        if m.replica is not None:  # the adapter hands back a replica that breaks exactly one method
+            assert m.method == "data_parallel_replica", m
+            mutants.broken_method(m.replica)
 
 
 def _live(cls: type, method: str) -> tuple[type, Any]:
@@ -220,10 +225,18 @@ def test_every_mutant_breaks_a_live_method_with_its_signature(entry: Any) -> Non
     mine = vars(entry.cls)[method]
     assert isinstance(mine, property) == isinstance(live, property), (
         f"{entry.cls.__name__}.{method}: a {type(mine).__name__} over {owner.__name__}'s {type(live).__name__}")
-    if isinstance(live, property):
-        return
-    assert _shape(mine) == _shape(live), (f"{entry.cls.__name__}.{method}{inspect.signature(mine)} no longer matches "
-                                          f"{owner.__module__}.{owner.__qualname__}.{method}{inspect.signature(live)}")
+    if not isinstance(live, property):
+        assert _shape(mine) == _shape(live), (
+            f"{entry.cls.__name__}.{method}{inspect.signature(mine)} no longer matches "
+            f"{owner.__module__}.{owner.__qualname__}.{method}{inspect.signature(live)}")
+    replica = getattr(entry, "replica", None)
+    if replica is not None:  # a data-parallel mutant: its replica breaks one live method of the adapter's replica
+        r_method = mutants.broken_method(replica)
+        r_owner, r_live = _live(replica, r_method)
+        assert r_owner.__module__.startswith("multidev."), f"{replica.__name__} derives {r_method} from {r_owner}"
+        assert _shape(vars(replica)[r_method]) == _shape(r_live), (
+            f"{replica.__name__}.{r_method} no longer matches {r_owner.__qualname__}.{r_method}"
+            f"{inspect.signature(r_live)}")
 
 
 def test_the_live_method_check_finds_drift() -> None:

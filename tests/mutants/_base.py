@@ -34,6 +34,12 @@ class Mutant:
     """GPUs needed for the defect to show (0: it fails on any machine)."""
     why_gpu: str = ""
     """For ``gpus`` > 0: why a CPU-only machine cannot show it, and which check catches it there."""
+    replica: type | None = None
+    """For a mutant of the data-parallel replica (the adapter's ``data_parallel_replica`` hands one
+    back): the :class:`~multidev.adapter.Replica` subclass that breaks exactly one of its methods."""
+    multiprocess: bool = False
+    """Its checks launch processes (``@pytest.mark.multiprocess``): the catalogue run of its
+    framework passes ``--multiprocess``."""
     known: str = ""
     """Non-empty for a known survivor: why no check of the suite can catch it yet. The catalogue run
     fails on a survivor not marked so, and on a marked one that is caught (the mark must go)."""
@@ -56,11 +62,20 @@ CATALOGUE: list[Mutant] = []
 
 
 def mutant(base: str, defect: str, select: Sequence[str], gpus: int = 0,
-           why_gpu: str = "", known: str = "") -> Callable[[type], type]:
+           why_gpu: str = "", known: str = "", replica: type | None = None,
+           multiprocess: bool = False) -> Callable[[type], type]:
     def deco(cls: type) -> type:
-        CATALOGUE.append(Mutant(cls, base, defect, tuple(select), gpus, why_gpu, known))
+        CATALOGUE.append(Mutant(cls, base, defect, tuple(select), gpus, why_gpu, replica, multiprocess, known))
         return cls
     return deco
+
+
+def swap_replica(rep: Any, broken: type) -> Any:
+    """``rep`` (a replica of the adapter's, or None) as an instance of its one-method broken
+    subclass ``broken``, where ``rep`` is of ``broken``'s base class exactly."""
+    if rep is not None and type(rep) is broken.__mro__[1]:
+        rep.__class__ = broken
+    return rep
 
 
 def broken_method(cls: type) -> str:

@@ -66,6 +66,14 @@ class TorchEngineTimeoutUnnamed(TorchEngine):
         return rows
 
 
+@engine_mutant("exchange never reports a missing rank: at its deadline it fills the absent ranks' slots with this "
+               "rank's own row, so the call goes on into a collective with a dead peer and its error cannot name it",
+               ["test_killed_rank_gives_the_others_a_timeout_error"])
+class TorchEngineHidesMissingRanks(TorchEngine):
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        return [list(row) if r is None else r for r in super().exchange(seq, row, timeout)]
+
+
 def _install_engine_mutant() -> None:
     """Put the engine class ``$MULTIDEV_ENGINE_MUTANT`` names in place of its engine (this module
     is imported by the suite run and, through ``--import mutants``, by every worker)."""

@@ -15,8 +15,9 @@ from multidev.adapter import (
 from multidev.adapters.jax import JaxBackend
 from multidev.adapters.jax._common import X64_DTYPES, x64_hint
 from multidev.adapters.jax.dlpack import _DL_X64, _Producer
+from multidev.adapters.jax.parallel import JaxReplica
 
-from ._base import mutant
+from ._base import mutant, swap_replica
 
 
 # == JAX =============================================================================================
@@ -348,3 +349,69 @@ class JaxCompileCachedByName(JaxBackend):
         if key not in cache:
             cache[key] = super().compile(fn, route, args)
         return cache[key]
+
+
+# == JAX data parallelism (the replica of data_parallel_replica) ====================================
+class _JaxReplicaLocalRows(JaxReplica):
+    """Each step's gradient is the first device's rows' only: the other devices' never averaged in."""
+
+    def _place_batch(self, batch: Any) -> Any:
+        if self._sharded is None:
+            return super()._place_batch(batch)
+        n = len(self.devices)
+        local = self._jax.tree_util.tree_map(lambda x: x[:x.shape[0] // n], batch)
+        return self._jax.device_put(local, self._replicated)
+
+
+@mutant("jax", "data parallelism over several devices steps with the first device's gradient only (its share of "
+        "the batch; the others' gradients are never averaged in)",
+        ["test_data_parallel_over_devices_matches_one_device"], replica=_JaxReplicaLocalRows)
+class JaxDataParallelLocalGradient(JaxBackend):
+    name = "jax_dp_local_gradient"
+
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _JaxReplicaLocalRows)
+
+
+class _JaxReplicaDrifts(JaxReplica):
+    """The optimizer's step leaves the last device's copy of every parameter one ulp off."""
+
+    def apply(self, grads: Sequence[Any | None] | None) -> None:
+        super().apply(grads)
+        if self._replicated is None:
+            return
+        jax, jnp = self._jax, self._jnp
+        last = self.backend.to_native_device(self.devices[-1])
+
+        def drift(x: Any) -> Any:
+            shards = [jnp.nextafter(s.data, jnp.inf) if s.device == last else s.data for s in x.addressable_shards]
+            return jax.make_array_from_single_device_arrays(x.shape, x.sharding, shards)
+
+        self._set_params(jax.tree_util.tree_map(drift, self._params))
+
+
+@mutant("jax", "data parallelism over several devices lets the replicas drift: after each step the last device's "
+        "parameters are one ulp off the others' (numerically the same model, bitwise not)",
+        ["test_data_parallel_replicas_stay_bitwise_equal"], replica=_JaxReplicaDrifts)
+class JaxDataParallelDrift(JaxBackend):
+    name = "jax_dp_drift"
+
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _JaxReplicaDrifts)
+
+
+class _JaxReplicaLoadNoop(JaxReplica):
+    """``load`` (what the broadcast of rank 0's state writes) does nothing."""
+
+    def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
+        return None
+
+
+@mutant("jax", "the data-parallel replica's load (the initial broadcast of rank 0's parameters, broadcast_state) "
+        "is a no-op: every rank keeps its own start", ["test_data_parallel_load_reaches_every_device"],
+        replica=_JaxReplicaLoadNoop)
+class JaxDataParallelLoadNoop(JaxBackend):
+    name = "jax_dp_load_noop"
+
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _JaxReplicaLoadNoop)

@@ -13,8 +13,9 @@ from multidev.adapter import (
     Device,
 )
 from multidev.adapters.torch import TorchBackend
+from multidev.adapters.torch.parallel import TorchReplica
 
-from ._base import _HOST, mutant
+from ._base import _HOST, mutant, swap_replica
 
 
 # == torch ===========================================================================================
@@ -376,3 +377,58 @@ class TorchCopyFromStorage(TorchBackend):
             return super().copy(x, device)
         flat = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage(), 0, (x.numel(),))
         return super().copy(flat.reshape(x.shape), device)
+
+
+# == torch data parallelism (the replica of data_parallel_replica) ==================================
+class _TorchReplicaLoadNoop(TorchReplica):
+    """``load`` (what the broadcast of rank 0's state writes) does nothing."""
+
+    def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
+        return None
+
+
+@mutant("torch", "the data-parallel replica's load (the initial broadcast of rank 0's parameters, broadcast_state) "
+        "is a no-op: every rank keeps its own start",
+        ["test_data_parallel_load_reaches_every_device", "test_data_parallel_across_processes_starts_from_rank_0"],
+        replica=_TorchReplicaLoadNoop, multiprocess=True)
+class TorchDataParallelLoadNoop(TorchBackend):
+    name = "torch_dp_load_noop"
+
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _TorchReplicaLoadNoop)
+
+
+class _TorchReplicaUnscaled(TorchReplica):
+    """The averaged buckets come back unscaled: the gradients are the ranks' sum, not their mean."""
+
+    def unflatten(self, flat: Any, like: Sequence[Any], scale: float | None) -> list[Any]:
+        return super().unflatten(flat, like, None)
+
+
+@mutant("torch", "data parallelism across processes forgets the 1/world_size of the gradient average (the bucket's "
+        "unflatten ignores its scale): every step takes the ranks' summed gradient",
+        ["test_data_parallel_across_processes_averages_gradients"], replica=_TorchReplicaUnscaled, multiprocess=True)
+class TorchDataParallelUnscaled(TorchBackend):
+    name = "torch_dp_unscaled"
+
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _TorchReplicaUnscaled)
+
+
+class _TorchReplicaKeepsOptimizerState(TorchReplica):
+    """Rank 0's optimizer state is received but never loaded: each rank keeps its own momentum."""
+
+    def load_optimizer_state(self, state: Any) -> None:
+        return None
+
+
+@mutant("torch", "data parallelism across processes broadcasts rank 0's optimizer state but never loads it: a rank "
+        "that stepped before keeps its own momentum, and the ranks' parameters drift apart",
+        ["test_data_parallel_across_processes_keeps_ranks_bitwise_equal"], replica=_TorchReplicaKeepsOptimizerState,
+        multiprocess=True)
+class TorchDataParallelOptimizerStateKept(TorchBackend):
+    name = "torch_dp_opt_state_kept"
+
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices),
+                            _TorchReplicaKeepsOptimizerState)
