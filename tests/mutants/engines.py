@@ -74,6 +74,14 @@ class TorchEngineHidesMissingRanks(TorchEngine):
         return [list(row) if r is None else r for r in super().exchange(seq, row, timeout)]
 
 
+@engine_mutant("the group's timeout is not honoured: the consistency exchange waits ten times as long for an absent "
+               "rank, so a survivor's error comes long after the timeout it asked for",
+               ["test_killed_rank_gives_the_others_a_timeout_error"])
+class TorchEngineTimeoutIgnored(TorchEngine):
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        return super().exchange(seq, row, timeout * 10)
+
+
 def _install_engine_mutant() -> None:
     """Put the engine class ``$MULTIDEV_ENGINE_MUTANT`` names in place of its engine (this module
     is imported by the suite run and, through ``--import mutants``, by every worker)."""
