@@ -34,10 +34,15 @@ EVEN, UNEVEN = (4, 8), (5, 3)
 
 
 def _mesh(b: Any) -> md.Mesh:
+    """A 2x2 mesh (2x1, 1x1 where fewer) over the backend's devices of one kind: the kind it has
+    most of (GPUs on a tie), named explicitly (``make_mesh`` alone takes the accelerators, which a
+    machine with one GPU and virtual CPU devices has too few of)."""
     devs = b.devices()
-    n = len([d for d in devs if d.kind == devs[0].kind])
+    kinds = {k: [d for d in devs if d.kind == k] for k in {d.kind for d in devs}}
+    pool = max(kinds.values(), key=lambda ds: (len(ds), ds[0].is_gpu))
+    n = len(pool)
     shape = (2, 2) if n >= 4 else (2, 1) if n >= 2 else (1, 1)
-    return md.make_mesh(shape, ("a", "b"), backend=b.name)
+    return md.make_mesh(shape, ("a", "b"), devices=pool[:shape[0] * shape[1]], backend=b.name)
 
 
 def _whole(b: Any, ref: np.ndarray, dtype: str) -> Any:
