@@ -24,6 +24,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 LANES=",${MULTIDEV_LANES:-fast,modern,mx},"
 JOBS=${JOBS:-2}
+[[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "JOBS must be a positive integer, got $JOBS" >&2; exit 2; }
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore::DeprecationWarning TF_CPP_MIN_LOG_LEVEL=2
 export MULTIDEV_CACHE_DIR="$PWD/build/cache"  # the devices cache stays in the clone
 start=$(date +%s)
@@ -165,10 +166,11 @@ for name in "${names[@]}"; do
     cat "build/ci/$name.log"
     failed=1
   fi
-  line=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "build/ci/$name.log" | tail -n 1)
+  line=$(grep -E '^(=+ )?[0-9]+ (passed|failed|errors?)' "build/ci/$name.log" | tail -n 1)
   p=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+'); f=$(grep -oE '[0-9]+ failed' <<<"$line" | grep -oE '[0-9]+')
   s=$(grep -oE '[0-9]+ skipped' <<<"$line" | grep -oE '[0-9]+')
-  passed=$((passed + ${p:-0})); nfailed=$((nfailed + ${f:-0})); skipped=$((skipped + ${s:-0}))
+  e=$(grep -oE '[0-9]+ errors?' <<<"$line" | grep -oE '[0-9]+')
+  passed=$((passed + ${p:-0})); nfailed=$((nfailed + ${f:-0} + ${e:-0})); skipped=$((skipped + ${s:-0}))
 done
 echo
 for lane in fast modern mx; do

@@ -193,6 +193,19 @@ JAX_DEVICES = textwrap.dedent("""
     st = md.data_parallel(train_state.TrainState.create(apply_fn=None, params=p0, tx=optax.adam(1e-2)), devices=devs)
     st.step(batch(0), loss)
     assert int(st.model.step) == 1 and len(st.model.params["w"].sharding.device_set) == 4
+    class Model:  # a loss given as a bound method (a new object at every attribute read)
+        traces = 0
+        def loss(self, p, b):
+            Model.traces += 1  # runs when jit traces, not on a cached call
+            return loss(p, b)
+    m = Model()
+    for k in range(3):
+        one.step(batch(k), m.loss)
+    assert Model.traces == 1, f"a bound-method loss was traced {Model.traces} times in 3 steps"
+    for k in range(20):  # micro-batches without waiting: several CPU all-reduces must not be in flight
+        with four.no_sync():
+            four.step(batch(k % 3), loss)
+    four.step(batch(0), loss)
     try:
         four.step((batch(0)[0][:6], batch(0)[1][:6]), loss)
         raise SystemExit("6 rows over 4 devices were not refused")

@@ -251,17 +251,18 @@ class TorchEngine(Engine):
 
     def stop(self, healthy: bool) -> None:
         tdist = getattr(self, "tdist", None)
+        was_up = tdist is not None and getattr(self, "group_up", False)
         with contextlib.suppress(Exception):  # a broken group may fail to tear down; it is gone either way
-            if tdist is not None and getattr(self, "group_up", False) and tdist.is_initialized():
+            if was_up and tdist is not None and tdist.is_initialized():
                 tdist.destroy_process_group()
-                if "gloo" in getattr(self, "pg", ""):
-                    # gloo's worker threads release a finished collective's tensors just after its
-                    # wait() returns, taking the GIL to do it. Where the group outlives
-                    # destroy_process_group (creating a torch.optim optimizer while it is up keeps a
-                    # reference, torch 2.13), a release that lands in the interpreter's exit aborts
-                    # the process ("terminate called without an active exception", 1 in 24
-                    # torchrun runs of the data-parallel docs snippet): give it the time here.
-                    time.sleep(0.05)
+        if was_up and "gloo" in getattr(self, "pg", ""):
+            # gloo's worker threads release a finished collective's tensors just after its wait()
+            # returns, taking the GIL to do it. Where the group outlives destroy_process_group
+            # (creating a torch.optim optimizer while it is up keeps a reference, torch 2.13), a
+            # release that lands in the interpreter's exit aborts the process ("terminate called
+            # without an active exception", 1 in 24 torchrun runs of the data-parallel docs
+            # snippet): give it the time here, whether or not the teardown succeeded.
+            time.sleep(0.05)
         self.group_up = False
         self.store = self.xstore = None
 

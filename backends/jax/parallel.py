@@ -13,7 +13,6 @@ The replicated outputs are one value on every device. Rows must divide evenly ov
 """
 from __future__ import annotations
 
-import weakref
 import zlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from multidev.adapter import Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+
+from ._common import LossCache
 
 
 def _is_train_state(obj: Any) -> bool:
@@ -65,10 +66,10 @@ class JaxReplica(Replica):
         self._names = [tu.keystr(path) for path, _ in tu.tree_flatten_with_path(params)[0]]
         self._treedef = tu.tree_structure(params)
         self._acc: Any = None
-        self._grad_fns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._step_fns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._grad_fns, self._step_fns = LossCache(), LossCache()
         self._splits: dict[Any, Any] = {}
         self._replicated = self._sharded = None
+        self._cpu_collectives = len(devices) > 1 and all(d.kind == "cpu" for d in devices)
         if len(devices) > 1:
             self.processes_refusal = (
                 "JAX over several devices of each of several processes: run one process per device, or "
@@ -151,20 +152,14 @@ class JaxReplica(Replica):
         self._place()
 
     def _grad_fn(self, loss_fn: Callable[..., Any]) -> Any:
-        try:
-            fn = self._grad_fns.get(loss_fn)
-        except TypeError:
-            fn = None
+        fn = self._grad_fns.get(loss_fn)
         if fn is None:
             vg = self._jax.value_and_grad(loss_fn)
             if self._replicated is not None:
                 fn = self._jax.jit(vg, out_shardings=(self._replicated, self._replicated))
             else:
                 fn = self._jax.jit(vg)
-            try:
-                self._grad_fns[loss_fn] = fn
-            except TypeError:
-                pass
+            self._grad_fns.put(loss_fn, fn)
         return fn
 
     def _place_batch(self, batch: Any) -> Any:
@@ -189,6 +184,11 @@ class JaxReplica(Replica):
             raise InvalidArgumentError(f"DataParallel.step: loss_fn must return a scalar, got shape "
                                        f"{getattr(loss, 'shape', type(loss).__name__)}")
         self._acc = grads if self._acc is None else self._add(self._acc, grads)
+        if self._cpu_collectives:
+            # Micro-batches' gradients (no_sync) do not wait for each other: on several CPU devices
+            # their all-reduces would be in flight together, which deadlocks XLA:CPU (see
+            # collectives.py). One at a time there.
+            self._jax.block_until_ready(self._acc)
         if ready is not None:
             gs = self._jax.tree_util.tree_leaves(self._acc)
             for i in range(len(gs) - 1, -1, -1):  # last layers first: the first buckets fill first
@@ -212,10 +212,7 @@ class JaxReplica(Replica):
         return loss
 
     def _step_fn(self, loss_fn: Callable[..., Any]) -> Any:
-        try:
-            fn = self._step_fns.get(loss_fn)
-        except TypeError:
-            fn = None
+        fn = self._step_fns.get(loss_fn)
         if fn is None:
             vg = self._jax.value_and_grad(loss_fn)
 
@@ -227,10 +224,7 @@ class JaxReplica(Replica):
                 fn = self._jax.jit(fused, out_shardings=(self._replicated,) * 3)
             else:
                 fn = self._jax.jit(fused)
-            try:
-                self._step_fns[loss_fn] = fn
-            except TypeError:
-                pass
+            self._step_fns.put(loss_fn, fn)
         return fn
 
     def _update_fn(self, params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any]:

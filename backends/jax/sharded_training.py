@@ -8,7 +8,6 @@ made sharded (``jit(tx.init)`` with the shardings as outputs), never whole on on
 from __future__ import annotations
 
 import math
-import weakref
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ import numpy as np
 
 from multidev.adapter import Device, InvalidArgumentError, SupportsShardedTraining
 
+from ._common import LossCache
 from .parallel import JaxReplica
 
 
@@ -62,6 +62,7 @@ class JaxMeshReplica(JaxReplica):
 
         self.backend, self._jax, self._jnp = backend, jax, backend._jnp
         self.devices: list[Device] = list(mesh.devices)
+        self._cpu_collectives = len(self.devices) > 1 and all(d.kind == "cpu" for d in self.devices)
         self.mesh = mesh
         self.optimizer = tx if state is None else state.tx
         self._state, self._params = state, params
@@ -69,8 +70,7 @@ class JaxMeshReplica(JaxReplica):
         self._names = [tu.keystr(path) for path, _ in tu.tree_flatten_with_path(params)[0]]
         self._treedef = tu.tree_structure(params)
         self._acc = None
-        self._grad_fns = weakref.WeakKeyDictionary()
-        self._step_fns = weakref.WeakKeyDictionary()
+        self._grad_fns, self._step_fns = LossCache(), LossCache()
         self._splits = {}
         native = backend.to_native_mesh(mesh, "jax")
         self._replicated = NamedSharding(native, PartitionSpec())
@@ -108,8 +108,8 @@ class JaxMeshReplica(JaxReplica):
     def _grad_fn(self, loss_fn: Callable[..., Any]) -> Any:
         fn = self._grad_fns.get(loss_fn)
         if fn is None:
-            fn = self._grad_fns[loss_fn] = self._jax.jit(self._jax.value_and_grad(loss_fn),
-                                                         out_shardings=(self._replicated, self._p_sh))
+            fn = self._grad_fns.put(loss_fn, self._jax.jit(self._jax.value_and_grad(loss_fn),
+                                                           out_shardings=(self._replicated, self._p_sh)))
         return fn
 
     def _step_fn(self, loss_fn: Callable[..., Any]) -> Any:
@@ -121,8 +121,8 @@ class JaxMeshReplica(JaxReplica):
                 loss, grads = vg(params, batch)
                 return (loss, *self._update_fn(params, opt_state, grads))
 
-            fn = self._step_fns[loss_fn] = self._jax.jit(
-                fused, out_shardings=(self._replicated, self._p_sh, self._o_sh))
+            fn = self._step_fns.put(loss_fn, self._jax.jit(
+                fused, out_shardings=(self._replicated, self._p_sh, self._o_sh)))
         return fn
 
     def _place_batch(self, batch: Any) -> Any:

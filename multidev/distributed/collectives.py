@@ -138,13 +138,21 @@ def _working(x: Any, g: Group, inplace: bool) -> tuple[Any, Origin, bool, bool]:
     return t, origin, shared, through
 
 
-def _result(res: Any, t: Any, origin: Origin, x: Any, inplace: bool, shared: bool, through: bool) -> Any:
+def _landing(res: Any, t: Any, origin: Origin, x: Any, inplace: bool, shared: bool,
+             through: bool) -> tuple[Any, Any]:
+    """(what the caller gets, the value still to write into ``x``: None when nothing is)."""
     if not inplace:
-        return from_transport(res, origin)
+        return from_transport(res, origin), None
     if shared and through and res is t:
-        return x  # the primitive wrote into x's own memory
-    origin.backend.assign(x, from_transport(res, origin))
-    return x
+        return x, None  # the primitive wrote into x's own memory
+    return x, from_transport(res, origin)
+
+
+def _result(res: Any, t: Any, origin: Origin, x: Any, inplace: bool, shared: bool, through: bool) -> Any:
+    out, pending = _landing(res, t, origin, x, inplace, shared, through)
+    if pending is not None:
+        origin.backend.assign(x, pending)
+    return out
 
 
 def _mean(res: Any, op: str, n: int) -> Any:
@@ -258,17 +266,25 @@ def _tree_run(g: Group, kind: str, x: Any, lv: Leaves, inplace: bool, async_op: 
             sent.append((idx, t, origin, shared, through))
 
         def finish(results: Any) -> Any:
+            # Every bucket converted back before the first write into x: a conversion that fails
+            # leaves x as it was (where the transport did not write into x's memory itself).
             out: list[Any] = [None] * len(xs)
+            writes: list[tuple[Any, Any, Any]] = []
             for (idx, t, origin, shared, through), res in zip(sent, results):
                 res = post(res)
                 if len(idx) == 1:
-                    out[idx[0]] = _result(res, t, origin, xs[idx[0]], inplace, shared, through)
+                    i = idx[0]
+                    out[i], pending = _landing(res, t, origin, xs[i], inplace, shared, through)
+                    if pending is not None:
+                        writes.append((origin.backend, xs[i], pending))
                     continue
                 pieces = unflatten(origin.backend, from_transport(res, origin), [lv.shapes[i] for i in idx])
                 for i, p in zip(idx, pieces):
                     if inplace:
-                        origin.backend.assign(xs[i], p)
+                        writes.append((origin.backend, xs[i], p))
                     out[i] = xs[i] if inplace else p
+            for backend, dst, value in writes:
+                backend.assign(dst, value)
             return x if inplace else rebuild(x, lv, out, what)
 
         return _Many(handles), finish

@@ -10,7 +10,7 @@ from ..errors import DistributedError, MultidevError
 from ..validate import translate_errors
 from .engine import Handle
 from .group import Group
-from .hangs import classify_lost, wait_for
+from .hangs import classify, classify_lost, wait_for
 
 __all__ = ["Work", "run"]
 
@@ -88,7 +88,7 @@ def run(g: Group, what: str, start: Callable[[], tuple[Handle, Callable[[Any], A
     try:
         h, finish = start()
     except Exception as e:
-        err = e if isinstance(e, MultidevError) else classify_lost(e, f"{what} on rank {g.rank}", g)
+        err = e if isinstance(e, MultidevError) else classify(e, f"{what} on rank {g.rank}", g.timeout)
         g.fail(f"{what} could not start on rank {g.rank}: {err}")
         if err is e:
             raise
