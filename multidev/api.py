@@ -610,8 +610,10 @@ def _structure_device(x: Any) -> Device:
 def dtype_of(x: Any) -> str:
     """The canonical dtype name of tensor ``x`` ("float32", "bfloat16", "int64", "bool", ...: the
     same name on every framework). No copy, no wait. UnsupportedTensorError where ``x`` is no
-    tensor of a loaded backend."""
+    tensor of a loaded backend. A :class:`ShardedTensor`: its pieces' dtype."""
     b = cached_owner(type(x))
+    if b is None and x.__class__ is ShardedTensor:
+        return x.dtype
     return (b if b is not None else backend_of(x)).dtype_of(x)
 
 

@@ -204,6 +204,7 @@ def test_the_container_is_frozen_and_reports_itself(four: None) -> None:
     y = md.to(x, lay)
     assert isinstance(y, md.ShardedTensor) and (y.shape, y.dtype, y.backend, y.ndim) == ((4, 6), "float32", "numpy", 2)
     assert md.layout_of(y) == lay and md.shards_of(y) == list(y.shards) and y.devices == lay.mesh.devices
+    assert md.dtype_of(y) == "float32"  # the public query answers for the container as device_of does
     assert y.shard("cpu:3") is y.shards[3]
     assert repr(y).startswith("ShardedTensor(numpy float32[4, 6], Layout(")
     with pytest.raises(AttributeError, match="frozen"):

@@ -724,8 +724,14 @@ def _view_cases(desc0: str, x: Any, ref: np.ndarray | None, read_only: bool, tar
         y = outcome(f"{desc0} convert -> {dst}", lambda dst=dst: md.convert(x, dst), values(ref))
         if y is None:
             continue
-        # arithmetic that reads every element (TF aborted here on an unaligned buffer)
-        outcome(f"{desc0} convert -> {dst}, then combine", lambda y=y, db=db: md.to_numpy(db.combine("sum", y, y)))
+        if isinstance(y, md.ShardedTensor):
+            # a sharded source keeps its layout: the target's managed pieces (docs/mesh.md), each
+            # one of its native tensors: read every element of every piece
+            outcome(f"{desc0} convert -> {dst}, then combine each piece",
+                    lambda y=y, db=db: [md.to_numpy(db.combine("sum", p, p)) for p in md.shards_of(y)])
+        else:
+            # arithmetic that reads every element (TF aborted here on an unaligned buffer)
+            outcome(f"{desc0} convert -> {dst}, then combine", lambda y=y, db=db: md.to_numpy(db.combine("sum", y, y)))
         outcome(f"{desc0} convert -> {dst}, then to_numpy", lambda y=y: md.to_numpy(y), values(ref))
         outcome(f"{desc0} convert -> {dst} (copy=True)", lambda dst=dst: md.convert(x, dst, copy=True), values(ref))
         if read_only and ref is not None and db.capabilities.mutable and md.dtype_of(y) not in ("bool",):
