@@ -374,12 +374,13 @@ class JaxDataParallelLocalGradient(JaxBackend):
 
 
 class _JaxReplicaDrifts(JaxReplica):
-    """The optimizer's step leaves the last device's copy of every parameter one ulp off."""
+    """The training step (``local_step``: the gradient and the optimizer's update in one jitted
+    call) leaves the last device's copy of every parameter one ulp off."""
 
-    def apply(self, grads: Sequence[Any | None] | None) -> None:
-        super().apply(grads)
+    def local_step(self, batch: Any, loss_fn: Callable[..., Any]) -> Any:
+        loss = super().local_step(batch, loss_fn)
         if self._replicated is None:
-            return
+            return loss
         jax, jnp = self._jax, self._jnp
         last = self.backend.to_native_device(self.devices[-1])
 
@@ -388,6 +389,7 @@ class _JaxReplicaDrifts(JaxReplica):
             return jax.make_array_from_single_device_arrays(x.shape, x.sharding, shards)
 
         self._set_params(jax.tree_util.tree_map(drift, self._params))
+        return loss
 
 
 @mutant("jax", "data parallelism over several devices lets the replicas drift: after each step the last device's "
