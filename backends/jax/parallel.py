@@ -220,12 +220,15 @@ class JaxReplica(Replica):
                 loss, grads = vg(params, batch)
                 return (loss, *self._update_fn(params, opt_state, grads))
 
-            if self._replicated is not None:
-                fn = self._jax.jit(fused, out_shardings=(self._replicated,) * 3)
-            else:
-                fn = self._jax.jit(fused)
-            self._step_fns.put(loss_fn, fn)
+            outs = self._step_out_shardings()
+            fn = self._step_fns.put(loss_fn, self._jax.jit(fused) if outs is None else
+                                    self._jax.jit(fused, out_shardings=outs))
         return fn
+
+    def _step_out_shardings(self) -> Any:
+        """The fused step's output shardings (loss, parameters, optimizer state): replicated over
+        several devices, JAX's own choice (None) on one."""
+        return None if self._replicated is None else (self._replicated,) * 3
 
     def _update_fn(self, params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any]:
         updates, opt_state = self.optimizer.update(grads, opt_state, params)

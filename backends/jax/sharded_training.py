@@ -112,18 +112,8 @@ class JaxMeshReplica(JaxReplica):
                                                            out_shardings=(self._replicated, self._p_sh)))
         return fn
 
-    def _step_fn(self, loss_fn: Callable[..., Any]) -> Any:
-        fn = self._step_fns.get(loss_fn)
-        if fn is None:
-            vg = self._jax.value_and_grad(loss_fn)
-
-            def fused(params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, Any]:
-                loss, grads = vg(params, batch)
-                return (loss, *self._update_fn(params, opt_state, grads))
-
-            fn = self._step_fns.put(loss_fn, self._jax.jit(
-                fused, out_shardings=(self._replicated, self._p_sh, self._o_sh)))
-        return fn
+    def _step_out_shardings(self) -> Any:
+        return (self._replicated, self._p_sh, self._o_sh)
 
     def _place_batch(self, batch: Any) -> Any:
         jax = self._jax
