@@ -30,11 +30,13 @@ from multidev.adapter import (
     BaseBackend,
     Capabilities,
     CapabilityError,
+    Concern,
     Device,
     InvalidDeviceError,
     SupportsCompile,
     SupportsDLPack,
     canonical_dtype,
+    concern,
     host_aligned,
     numpy_dtype,
     same_device,
@@ -201,12 +203,36 @@ class VirtualDeviceArray(np.ndarray):
         return f"{np.array_repr(self.view(np.ndarray))[:-1]}, device='{self._md_device}')"
 
 
-class NumpyBackend(BaseBackend, SupportsDLPack, SupportsCompile):
+class NumpyDLPack(Concern, SupportsDLPack):
+    """DLPack for host arrays: the array itself out, ``numpy.from_dlpack`` in, tagged with its virtual device."""
+
+    def export_dlpack(self, x: Any) -> Any:
+        return _plain(x)  # ndarray has __dlpack__, strided layouts included
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        if device.kind != "cpu":
+            raise CapabilityError(f"numpy backend holds host memory only; cannot take a {device} buffer")
+        return _tag(np.from_dlpack(obj), device)  # a view: tagging the virtual device copies nothing
+
+
+class NumpyCompile(Concern, SupportsCompile):
+    """NumPy has no compiler: one route, ``identity``, runs the function as it is."""
+
+    def compile_routes(self, fn: Any) -> dict[str, bool]:
+        return {"identity": True}
+
+    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
+        return fn
+
+
+class NumpyBackend(BaseBackend):
     """The NumPy reference backend (see module docstring)."""
 
     name: ClassVar[str] = "numpy"
     framework: ClassVar[str] = "numpy"
     virtual_devices_env: ClassVar[str | None] = _ENV
+    dlpack = concern(NumpyDLPack)
+    compiler = concern(NumpyCompile)
 
     @classmethod
     def configure_devices(cls, count: int, strict: bool = False) -> bool:
@@ -356,20 +382,3 @@ class NumpyBackend(BaseBackend, SupportsDLPack, SupportsCompile):
     def assign(self, dst: Any, src: Any) -> None:
         _common_device("assign", dst, src)
         np.copyto(_plain(dst), _plain(src))
-
-    # -- interchange ------------------------------------------------------------------------
-    def export_dlpack(self, x: Any) -> Any:
-        return _plain(x)  # ndarray has __dlpack__, strided layouts included
-
-    def import_dlpack(self, obj: Any, device: Device) -> Any:
-        if device.kind != "cpu":
-            raise CapabilityError(f"numpy backend holds host memory only; cannot take a {device} buffer")
-        return _tag(np.from_dlpack(obj), device)  # a view: tagging the virtual device copies nothing
-
-
-    # -- optional extensions: training and compilation --------------------------------------
-    def compile_routes(self, fn: Any) -> dict[str, bool]:
-        return {"identity": True}  # NumPy has no compiler: fn runs as it is
-
-    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
-        return fn

@@ -139,7 +139,7 @@ def test_dlpack_flag_matches_behaviour(md_backend: Any, md_devices: list) -> Non
             x = md.asarray(src, device=dev, backend=b.name)
             md.synchronize(x)
             try:
-                y = b.import_dlpack(exportable(b, x), dev)
+                y = b.dlpack.import_dlpack(exportable(b, x), dev)
             except CapabilityError as e:
                 # DLPack names every host buffer cpu:0: a backend may be unable to label one with
                 # another (virtual) CPU device; cpu:0 and accelerators must round-trip.
@@ -182,7 +182,7 @@ def test_native_allreduce_flag_matches_behaviour(md_backend: Any, md_devices: li
         assert not declared, f"{b.name} declares a native allreduce without implementing SupportsNativeCollectives"
         return  # no native path at all, as declared
     try:
-        out = b.native_allreduce(xs, "sum")
+        out = b.collectives.native_allreduce(xs, "sum")
     except CapabilityError as e:
         found(b, "native_allreduce", False)
         assert not declared, f"{b.name} declares a native allreduce, but it refused float32 sum on {devs}: {e}"

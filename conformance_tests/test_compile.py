@@ -44,7 +44,7 @@ def _measured_routes(b: Any, fn: Callable[..., Any]) -> list[str]:
     """The routes ``auto`` would measure for ``fn``, or skip where the backend compiles no plain
     function."""
     try:
-        routes = b.compile_routes(fn)
+        routes = b.compiler.compile_routes(fn)
     except CapabilityError as e:
         pytest.skip(f"{b.name} compiles only its framework's own module objects, not a plain function: {e}")
     return [r for r, measured in routes.items() if measured]

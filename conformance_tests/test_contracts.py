@@ -408,7 +408,7 @@ def test_native_allreduce_every_op_and_dtype(md_backend: Any, md_devices: list, 
     arrays = [sample(dtype, (3, 4), seed=20 + i, low=low, high=3) for i in range(len(devs))]
     xs = [md.asarray(a, dtype=dtype, device=d, backend=b.name) for a, d in zip(arrays, devs)]
     try:
-        out = b.native_allreduce(xs, op)
+        out = b.collectives.native_allreduce(xs, op)
     except CapabilityError as e:
         pytest.skip(f"{b.name}'s native allreduce refuses {op} on {dtype}: {str(e).splitlines()[0]}")
     assert isinstance(out, list) and len(out) == len(xs), "one result per input"
@@ -433,7 +433,7 @@ def test_native_allreduce_mean_is_the_mean_or_refused(md_backend: Any, md_device
     arrays = [np.full((2, 3), 2.0 * (i + 1), dtype=np.float32) for i in range(len(devs))]
     xs = [md.asarray(a, device=d, backend=b.name) for a, d in zip(arrays, devs)]
     try:
-        out = b.native_allreduce(xs, "mean")
+        out = b.collectives.native_allreduce(xs, "mean")
     except CapabilityError:
         found(b, "native_mean", "refused")
         return  # a refusal is the other allowed answer

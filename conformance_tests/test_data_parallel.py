@@ -144,7 +144,7 @@ def make_model(b: Any, dev: Device, seed: int = 0, momentum: float = 0.0) -> Mod
     fw = sys.modules.get(b.framework)
     for idiom in (_torch_like, _keras_like, _gluon_like, _tree_like):
         m = idiom(fw, b, dev, seed, momentum)
-        if m is not None and b.data_parallel_replica(m.model, m.optimizer, [dev]) is not None:
+        if m is not None and b.parallel.data_parallel_replica(m.model, m.optimizer, [dev]) is not None:
             return m
     pytest.skip(f"{b.name}: the suite knows no way to make a {b.framework} model that data_parallel takes "
                 "(a torch-like module, a Keras model, a Gluon block, a tree of tensors with an init/update optimizer)")
@@ -384,7 +384,7 @@ def _worker(spec: str, timeout: float) -> int:
         dev = b.devices()[0]
         m = make_model(b, dev, seed=r, momentum=MOMENTUM)
         if r:  # apart on purpose: other parameters, and an optimizer state of its own
-            alone = b.data_parallel_replica(m.model, m.optimizer, [dev])
+            alone = b.parallel.data_parallel_replica(m.model, m.optimizer, [dev])
             alone.backward(batch(b, dev, 50 + r), m.loss_fn, None)
             alone.apply(None)
             m.model = alone.model

@@ -111,7 +111,7 @@ def _labels_host_memory(c: Any, dev: Device) -> bool:
     producer) the device ``dev`` without copying: every host buffer can then be shared there."""
     host = aligned_copy(np.arange(4, dtype=np.float32))
     try:
-        y = c.import_dlpack(host, dev)
+        y = c.dlpack.import_dlpack(host, dev)
     except CapabilityError:
         return False
     return bool(md.device_of(y) == dev and _address(c, y) == host.ctypes.data)
@@ -177,7 +177,7 @@ def test_import_dlpack_lands_on_the_requested_device(md_backend: Any, md_devices
         x = md.asarray(np.arange(6, dtype=np.float32) + dev.index, device=dev, backend=b.name)
         md.synchronize(x)
         try:
-            y = b.import_dlpack(exportable(b, x), dev)
+            y = b.dlpack.import_dlpack(exportable(b, x), dev)
         except CapabilityError:
             assert dev.kind == "cpu" and dev.index > 0, f"{b.name} cannot import its own export on {dev}"
             continue  # refused on a virtual CPU device: allowed, and the core then copies
@@ -199,7 +199,7 @@ def test_import_dlpack_from_partner_lands_on_the_requested_device(md_backend: An
         x = md.asarray(np.arange(6, dtype=np.float32) * (dev.index + 1), device=dev, backend=p.name)
         md.synchronize(x)
         try:
-            y = b.import_dlpack(exportable(p, x), dev)
+            y = b.dlpack.import_dlpack(exportable(p, x), dev)
         except CapabilityError:
             assert dev.kind == "cpu" and dev.index > 0, f"{b.name} cannot import {p.name}'s buffer on {dev}"
             continue  # refused on a virtual CPU device: allowed, and the core then copies

@@ -99,7 +99,7 @@ def test_make_mesh_uses_distinct_devices_of_the_backend(md_backend: Any) -> None
 def test_native_mesh_round_trip(md_backend: Any) -> None:
     b = md_backend
     m = _mesh(b)
-    for kind in b.native_mesh_kinds():
+    for kind in b.mesh.native_mesh_kinds():
         try:
             native = md.to_native_mesh(m, b.name, kind=kind)
         except CapabilityError as e:

@@ -65,7 +65,7 @@ def test_model_kind_claims_no_tensor_and_no_plain_container(md_backend: Any, md_
     b = md_backend
     x = md.ones(2, device=md_device, backend=b.name)
     for obj in (x, [x], (x,), {"a": x}, Pair(x, x), 1.5, "s", None, np.ones(2)):
-        assert b.model_kind(obj) is None, f"{b.name}.model_kind claims {type(obj).__name__}"
+        assert b.models.model_kind(obj) is None, f"{b.name}.model_kind claims {type(obj).__name__}"
 
 
 @pytest.mark.md_requires("SupportsDeviceScope")
@@ -74,20 +74,21 @@ def test_the_framework_default_device_follows_the_scope(md_backend: Any, md_devi
     (``current_device``), for every device; a nested scope wins and its exit restores the outer one;
     the exit of the outer scope restores what was there; another thread keeps its own default."""
     b = md_backend
-    before = b.current_device()
+    before = b.scope.current_device()
     for dev in md_devices:
         with md.device_scope(dev, backend=b.name):
-            assert b.current_device() == dev, f"inside device_scope({dev}) {b.name}'s default is {b.current_device()}"
+            now = b.scope.current_device()
+            assert now == dev, f"inside device_scope({dev}) {b.name}'s default is {now}"
             for inner in [d for d in md_devices if d != dev][:1]:
                 with md.device_scope(inner, backend=b.name):
-                    assert b.current_device() == inner
-                assert b.current_device() == dev, "leaving a nested scope restores the outer one"
+                    assert b.scope.current_device() == inner
+                assert b.scope.current_device() == dev, "leaving a nested scope restores the outer one"
                 seen: list[Any] = []
-                t = threading.Thread(target=lambda out=seen: out.append(b.current_device()))
+                t = threading.Thread(target=lambda out=seen: out.append(b.scope.current_device()))
                 t.start()
                 t.join()
                 assert seen == [before], f"another thread saw {seen}: a scope is per thread"
-        assert b.current_device() == before, "leaving the scope restores the default it replaced"
+        assert b.scope.current_device() == before, "leaving the scope restores the default it replaced"
 
 
 # -- the framework's own modules: moved in place, copied whole, buffers included ----------------------
@@ -247,8 +248,8 @@ def test_user_subclasses_and_scripted_modules_are_models(md_backend: Any, md_dev
     for what, obj in kinds.items():
         if obj is None:
             continue
-        assert b.model_kind(obj) == "module", f"{b.name}.model_kind of {what} ({type(obj).__name__}) is " \
-                                              f"{b.model_kind(obj)!r}, not 'module'"
+        assert b.models.model_kind(obj) == "module", f"{b.name}.model_kind of {what} ({type(obj).__name__}) is " \
+                                              f"{b.models.model_kind(obj)!r}, not 'module'"
         obj = md.to(obj, dev)
         assert md.to(obj, dev) is obj and md.device_of(obj) == dev, what
         c = md.copy(obj)
@@ -323,7 +324,7 @@ def test_registered_tree_nodes_are_rebuilt_from_their_new_children(md_backend: A
     for how, make in _node_makers(fw):
         w = md.asarray(np.arange(6, dtype=np.float32).reshape(2, 3), device=home, backend=b.name)
         node = make(w, md.ones(3, device=home, backend=b.name), "layer", 2.5)
-        assert b.model_kind(node) == "tree", f"{how}: model_kind is {b.model_kind(node)!r}"
+        assert b.models.model_kind(node) == "tree", f"{how}: model_kind is {b.models.model_kind(node)!r}"
         for target in md_devices:
             for what, out in (("to", md.to({"net": [node]}, target)["net"][0]),
                               ("copy", md.copy({"net": [node]}, target)["net"][0])):

@@ -161,7 +161,7 @@ def test_replicas_are_trainable_in_the_frameworks_idiom(md_backend: Any, md_devi
             assert g is not None, f"the framework's own gradient of the replica on {d} is None (not a parameter)"
             np.testing.assert_array_equal(_values(b, g), [6.0], err_msg=f"d(r*r)/dr of the replica on {d}")
         X = _vec(b, [1.0], d)
-        _, (vg,) = b.value_and_grad(_square_loss, [r], (X,))
+        _, (vg,) = b.training.value_and_grad(_square_loss, [r], (X,))
         np.testing.assert_array_equal(_values(b, vg), [6.0], err_msg=f"value_and_grad of the replica on {d}")
     after = _grad_state(src)
     assert (src_grad is None) == (after is None) and (after is None or np.array_equal(after, src_grad)), (
@@ -193,7 +193,7 @@ def test_value_and_grad_of_a_known_function(md_backend: Any, md_devices: list) -
     def loss(ps: list[Any], X: Any) -> Any:  # elementwise: its sum is the loss
         return ps[0] * ps[0] * X + 3.0 * ps[1]
 
-    value, grads = b.value_and_grad(loss, params, (X,))
+    value, grads = b.training.value_and_grad(loss, params, (X,))
     w, c, Xn = (np.array(v) for v in (w0, c0, X0))
     np.testing.assert_allclose(float(_values(b, value).sum()), float(np.sum(w * w * Xn + 3 * c)), rtol=1e-6,
                                err_msg="the loss value")
@@ -228,7 +228,7 @@ def test_two_losses_give_their_own_gradients(md_backend: Any, md_devices: list) 
     ]
     for order in (losses, losses[::-1]):
         for i, (fn, expect) in enumerate(order):
-            _, (g,) = b.value_and_grad(fn, [w], (X,))
+            _, (g,) = b.training.value_and_grad(fn, [w], (X,))
             np.testing.assert_allclose(_values(b, g), [expect], rtol=1e-6,
                                        err_msg=f"loss {i} got another loss's gradient")
     # through train_batch (its losses wrapped alike: one name, one code object), from the same start

@@ -14,8 +14,7 @@ import pytest
 
 import multidev as md
 from multidev import Device
-from multidev.adapter import StagingPlan, SupportsNonBlocking, start_to_numpy
-from multidev.registry import supports
+from multidev.adapter import StagingPlan, start_to_numpy
 
 from ._helpers import as_f64
 
@@ -107,7 +106,7 @@ def test_start_to_numpy_gives_what_to_numpy_gives(md_backend: Any, md_device: De
     """The adapter's fast path to host arrays (SupportsNonBlocking), or the core's way without it
     (start_move, then to_numpy), gives exactly what to_numpy gives: the path to_host takes."""
     b = md_backend
-    start = b.start_to_numpy if supports(b, SupportsNonBlocking) else (lambda x: start_to_numpy(b, x))
+    start = b.transfers.start_to_numpy if b.transfers is not None else (lambda x: start_to_numpy(b, x))
     if dtype not in b.capabilities.dtypes_on(md_device):
         pytest.skip(f"{b.name} cannot hold {dtype} on {md_device} (capabilities)")
     src = (np.arange(12).reshape(3, 4) % 3).astype(np.float32)

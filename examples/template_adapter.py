@@ -32,12 +32,25 @@ from multidev.adapter import (
     CapabilityError,
     Device,
     canonical_dtype,
+    concern,
     host_aligned,
     numpy_dtype,
 )
 
 
-class TemplateBackend(BaseBackend, ArrayApiDLPack):
+class TemplateDLPack(ArrayApiDLPack):
+    """Zero-copy interchange (the ``dlpack`` concern): export is ArrayApiDLPack's (the array itself:
+    it has ``__dlpack__``); import labels the view with the device asked for (DLPack calls every host
+    buffer cpu:0). A concern reaches the adapter as ``self.core``."""
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        try:
+            return self.core._xp.from_dlpack(obj, device=self.core._native[device], copy=False)
+        except (TypeError, ValueError, BufferError, RuntimeError) as e:
+            raise CapabilityError(f"template backend cannot import this DLPack tensor: {e}") from e
+
+
+class TemplateBackend(BaseBackend):
     """array-api-strict through every protocol method (see the module docstring)."""
 
     #: The name ``backend=`` arguments and ``--backend`` take.
@@ -45,6 +58,8 @@ class TemplateBackend(BaseBackend, ArrayApiDLPack):
     #: The framework's top-level module: the registry asks this adapter about a tensor only once
     #: the module is imported (no tensor of it can exist before).
     framework: ClassVar[str] = "array_api_strict"
+    #: The capabilities it has, each a concern object made from the adapter (the others stay None).
+    dlpack = concern(TemplateDLPack)
 
     def __init__(self) -> None:
         import array_api_strict as xp  # the framework is imported here, never at module import
@@ -180,18 +195,7 @@ class TemplateBackend(BaseBackend, ArrayApiDLPack):
         self.same_device("assign", (dst, src))
         dst[...] = src
 
-    # -- interchange ------------------------------------------------------------------------
-    # export_dlpack(): ArrayApiDLPack's (the array itself: it has __dlpack__).
-
-    def import_dlpack(self, obj: Any, device: Device) -> Any:
-        # DLPack calls every host buffer cpu:0: the view is labelled with the device asked for.
-        try:
-            return self._xp.from_dlpack(obj, device=self._native[device], copy=False)
-        except (TypeError, ValueError, BufferError, RuntimeError) as e:
-            raise CapabilityError(f"template backend cannot import this DLPack tensor: {e}") from e
-
-    # native_allreduce(): not declared (SupportsNativeCollectives): the portable algorithms serve it.
-
-    # Training and compilation (SupportsTraining, SupportsCompile) are not declared: replicas are
-    # plain copies, train_batch takes a hand-written grad= and updates with p - lr * g, and
-    # md.compile refuses with CapabilityError. Inherit them (and implement every method) to add them.
+    # No collectives, training or compile concern (they stay None): the portable allreduce serves it,
+    # replicas are plain copies, train_batch takes a hand-written grad= and updates with p - lr * g,
+    # and md.compile refuses with CapabilityError. Add one as a Concern subclass declaring its
+    # protocol (every method), set as ``collectives = concern(MyCollectives)``.

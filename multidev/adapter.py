@@ -43,10 +43,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import types
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
 import numpy as np
 
@@ -81,6 +80,7 @@ from .errors import (
 from .mesh import Layout, Mesh
 from .protocol import (
     CAPABILITY_PROTOCOLS,
+    CONCERNS,
     OPTIONAL_METHODS,
     PROTOCOL_METHODS,
     REDUCE_OPS,
@@ -106,6 +106,7 @@ __all__ = [
     "API_VERSION",
     "CAPABILITY_PROTOCOLS",
     "COMPLEX_DTYPES",
+    "CONCERNS",
     "DTYPES",
     "FLOAT_DTYPES",
     "HOST_ALIGNMENT",
@@ -124,6 +125,7 @@ __all__ = [
     "Capabilities",
     "CapabilityError",
     "CollectiveInputError",
+    "Concern",
     "DLPackCapsule",
     "DLPackInfo",
     "Device",
@@ -155,6 +157,7 @@ __all__ = [
     "aligned_empty",
     "canonical_dtype",
     "check_adapter",
+    "concern",
     "dlpack_info",
     "host_aligned",
     "is_complex",
@@ -171,7 +174,7 @@ __all__ = [
 
 #: The adapter API's version (major, minor): what ``__all__`` exports, with the contracts of the
 #: protocols, is stable within a minor release and deprecated one minor release before removal.
-API_VERSION = (0, 3)
+API_VERSION = (0, 4)
 
 
 _HOST = Device("cpu", 0)
@@ -206,7 +209,8 @@ def start_to_numpy(b: Any, x: Any) -> Callable[[], np.ndarray]:
     for a host tensor), and a callable that waits and gives ``b.to_numpy`` of the landed tensor."""
     if b.device_of(x) == _HOST:
         return lambda: b.to_numpy(x)
-    y, waiter = b.start_move(x, _HOST) if isinstance(b, SupportsNonBlocking) else start_move(b, x, _HOST)
+    moves = getattr(b, "transfers", None)
+    y, waiter = moves.start_move(x, _HOST) if moves is not None else start_move(b, x, _HOST)
 
     def land() -> np.ndarray:
         landed = waiter() if waiter is not None else None
@@ -216,7 +220,7 @@ def start_to_numpy(b: Any, x: Any) -> Callable[[], np.ndarray]:
 
 
 def start_move(b: Any, x: Any, device: Device) -> tuple[Any, Callable[[], Any] | None]:
-    """The core's way to start a move for an adapter without :class:`SupportsNonBlocking`: ``b.move``,
+    """The core's way to start a move for an adapter without a ``transfers`` concern: ``b.move``,
     then a waiter that waits for the target on an asynchronous backend (None on a synchronous one)."""
     y = b.move(x, device)
     if not b.capabilities.async_execution:
@@ -224,9 +228,71 @@ def start_move(b: Any, x: Any, device: Device) -> tuple[Any, Callable[[], Any] |
     return y, lambda: b.wait(y)
 
 
+class Concern:
+    """The base of an adapter's concern objects (one capability protocol each): made from the
+    adapter, which it keeps as ``core`` and calls for everything outside its concern
+    (``self.core.device_of(x)``). An adapter is its own core (``BaseBackend.core`` is the adapter), so a
+    shared implementation written over ``self.core`` (:class:`ArrayApiDLPack`) also serves an adapter
+    written the 0.3 way, which inherits it."""
+
+    core: Any
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+
+
+C = TypeVar("C", covariant=True)
+
+
+class concern(Generic[C]):
+    """A concern attribute of an adapter class: ``dlpack = concern(TorchDLPack)`` gives each adapter
+    instance its own ``TorchDLPack(adapter)``, made on first access and kept. BaseBackend sets every
+    concern attribute (:data:`CONCERNS`) to None: the framework lacks it."""
+
+    def __init__(self, cls: Callable[[Any], C]) -> None:
+        self.cls = cls
+        self.attr = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.attr = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> concern[C]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> C: ...
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        made = self.cls(obj)
+        out = obj.__dict__.setdefault(self.attr, made)  # one object per adapter, whichever thread wins
+        return out
+
+
 class BaseBackend:
     """Shared defaults for adapters (see the module docstring). Subclasses set ``name`` and
-    ``framework`` and implement the rest of the protocol."""
+    ``framework``, implement the rest of the core protocol, and set the concern attributes of the
+    capabilities they have (``dlpack = concern(MyDLPack)``); the others stay None."""
+
+    #: The concerns (:data:`CONCERNS`): None here, each set by an adapter that has it.
+    transfers: Any = None
+    dlpack: Any = None
+    collectives: Any = None
+    training: Any = None
+    compiler: Any = None
+    models: Any = None
+    scope: Any = None
+    mesh: Any = None
+    sharding: Any = None
+    parallel: Any = None
+    sharded_training: Any = None
+
+    def __init__(self) -> None:
+        """Nothing to set up here; an adapter's own ``__init__`` imports its framework."""
+
+    @property
+    def core(self) -> Any:
+        """The adapter itself: what its concerns call ``self.core`` (see :class:`Concern`)."""
+        return self
 
     name: ClassVar[str]
     framework: ClassVar[str]
@@ -314,13 +380,6 @@ class BaseBackend:
         return method in self.__dict__ or getattr(type(self), method) is not getattr(cls, method)
 
     def tensor_wait_fn(self) -> Callable[[Any], Any]:
-        legacy = self.__dict__.get("wait_fn") or getattr(type(self), "wait_fn", None)
-        if legacy is not None:  # the 0.2 spelling: an attribute (or property) named wait_fn
-            warnings.warn(f"adapter {self.name!r}: the wait_fn attribute is deprecated since 0.3 and will be "
-                          "ignored in 0.4; define tensor_wait_fn() instead", DeprecationWarning, stacklevel=2)
-            fn = getattr(self, "wait_fn", None)
-            if callable(fn):
-                return fn
         return self.wait
 
     def writable(self, x: Any) -> bool | None:
@@ -346,50 +405,53 @@ class BaseBackend:
         return dev
 
 
-class ArrayApiDLPack(SupportsDLPack):
+class ArrayApiDLPack(Concern, SupportsDLPack):
     """:class:`SupportsDLPack` through the array API: ``x`` itself out (it has ``__dlpack__``),
     ``framework_module.from_dlpack`` in, the result checked to land on the producer's device. Refused
-    with CapabilityError where ``capabilities.dlpack`` is False."""
-
-    name: ClassVar[str]
-    framework: ClassVar[str]
-
-    if TYPE_CHECKING:
-        @property
-        def capabilities(self) -> Capabilities: ...
-        def device_of(self, x: Any) -> Device: ...
+    with CapabilityError where the core's ``capabilities.dlpack`` is False."""
 
     def export_dlpack(self, x: Any) -> Any:
-        if not self.capabilities.dlpack:
-            raise CapabilityError(f"{self.name} backend has no DLPack support (capabilities.dlpack)")
+        core = self.core
+        if not core.capabilities.dlpack:
+            raise CapabilityError(f"{core.name} backend has no DLPack support (capabilities.dlpack)")
         if not hasattr(x, "__dlpack__"):
-            raise CapabilityError(f"{self.name} backend: {type(x).__name__} has no __dlpack__")
+            raise CapabilityError(f"{core.name} backend: {type(x).__name__} has no __dlpack__")
         return x
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:
-        if not self.capabilities.dlpack:
-            raise CapabilityError(f"{self.name} backend has no DLPack support (capabilities.dlpack)")
-        mod = sys.modules.get(self.framework)
+        core = self.core
+        if not core.capabilities.dlpack:
+            raise CapabilityError(f"{core.name} backend has no DLPack support (capabilities.dlpack)")
+        mod = sys.modules.get(core.framework)
         fn = getattr(mod, "from_dlpack", None)
         if fn is None:
-            raise CapabilityError(f"{self.name} backend: {self.framework}.from_dlpack does not exist")
+            raise CapabilityError(f"{core.name} backend: {core.framework}.from_dlpack does not exist")
         try:
             y = fn(obj)
         except (TypeError, ValueError, BufferError, RuntimeError) as e:
-            raise CapabilityError(f"{self.name} backend cannot import this DLPack tensor: {e}") from e
-        got = self.device_of(y)
+            raise CapabilityError(f"{core.name} backend cannot import this DLPack tensor: {e}") from e
+        got = core.device_of(y)
         if got != device:
-            raise CapabilityError(f"{self.name} backend: a DLPack buffer of {device} arrived on {got}")
+            raise CapabilityError(f"{core.name} backend: a DLPack buffer of {device} arrived on {got}")
         return y
 
 
-class NonBlockingMoves(SupportsNonBlocking):
+class NonBlockingMoves(Concern, SupportsNonBlocking):
     """The part of :class:`SupportsNonBlocking` written over ``start_move``: ``start_to_numpy`` starts
     a move to ``cpu:0`` and gives a callable that waits and returns ``to_numpy`` of the landed tensor
-    (:func:`start_to_numpy`). The adapter supplies ``start_move``."""
+    (:func:`start_to_numpy`). The concern supplies ``start_move``."""
 
     def start_to_numpy(self, x: Any) -> Callable[[], np.ndarray]:
-        return start_to_numpy(self, x)
+        core = self.core
+        if core.device_of(x) == _HOST:
+            return lambda: core.to_numpy(x)
+        y, waiter = self.start_move(x, _HOST)
+
+        def land() -> np.ndarray:
+            landed = waiter() if waiter is not None else None
+            out: np.ndarray = core.to_numpy(y if landed is None else landed)
+            return out
+        return land
 
 
 def default_parameter_like(src: Any, y: Any) -> Any:
@@ -411,10 +473,10 @@ def default_sgd_update(params: Sequence[Any], grads: Sequence[Any], lr: float) -
     return out
 
 
-class TrainingDefaults(SupportsTraining):
+class TrainingDefaults(Concern, SupportsTraining):
     """The parts of :class:`SupportsTraining` that frameworks whose tensors carry no autograd state
     share: ``parameter_like`` returns the copy unchanged, ``sgd_update`` computes ``p - lr * g`` out
-    of place. The adapter supplies ``value_and_grad``."""
+    of place. The concern supplies ``value_and_grad``."""
 
     def parameter_like(self, src: Any, y: Any) -> Any:
         return default_parameter_like(src, y)
@@ -423,19 +485,15 @@ class TrainingDefaults(SupportsTraining):
         return default_sgd_update(params, grads, lr)
 
 
-#: The shared implementations an adapter written against 0.2 got from BaseBackend without declaring a
-#: protocol: filled in at load, with a DeprecationWarning, for one minor release.
-_LEGACY_DEFAULTS: dict[type, dict[str, Any]] = {
-    SupportsDLPack: {"export_dlpack": ArrayApiDLPack.export_dlpack, "import_dlpack": ArrayApiDLPack.import_dlpack},
-    SupportsNonBlocking: {"start_move": lambda self, x, device: start_move(self, x, device),
-                          "start_to_numpy": lambda self, x: start_to_numpy(self, x)},
-    SupportsTraining: {"parameter_like": TrainingDefaults.parameter_like, "sgd_update": TrainingDefaults.sgd_update},
-}
-
-
 def declares(obj: Any, protocol: type) -> bool:
-    """Whether adapter ``obj`` declares ``protocol`` (inherits it)."""
+    """Whether ``obj`` (a concern object, or an adapter written the 0.3 way) declares ``protocol``
+    (inherits it)."""
     return protocol in type(obj).__mro__
+
+
+def concern_of(b: Any, attr: str) -> Any:
+    """Adapter ``b``'s concern object ``attr`` (a key of :data:`CONCERNS`), or None where it has none."""
+    return getattr(b, attr, None)
 
 
 def _stubbed(obj: Any, protocol: type) -> list[str]:
@@ -450,39 +508,48 @@ def _stubbed(obj: Any, protocol: type) -> list[str]:
     return out
 
 
-def complete_legacy(obj: Any, spec: str) -> list[str]:
-    """For an adapter written against 0.2 (capability methods without a declared protocol, relying on
-    BaseBackend's defaults for the rest): bind the shared defaults it relied on to the instance,
-    with one DeprecationWarning naming what to declare. Returns the protocols filled in."""
-    filled = []
-    caps = getattr(obj, "capabilities", None)
-    for protocol in CAPABILITY_PROTOCOLS:
-        if declares(obj, protocol):
-            continue
-        names = protocol_methods(protocol)
-        have = [m for m in names if callable(getattr(obj, m, None))]
-        defaults = _LEGACY_DEFAULTS.get(protocol, {})
-        wanted = bool(have) or (protocol is SupportsDLPack and isinstance(caps, Capabilities) and caps.dlpack)
-        missing = [m for m in names if m not in have]
-        if not wanted or not missing or not set(missing) <= set(defaults):
-            continue
-        for m in missing:
-            setattr(obj, m, types.MethodType(defaults[m], obj))
-        filled.append(protocol.__name__)
-    undeclared = [p for p in CAPABILITY_PROTOCOLS if not declares(obj, p) and isinstance(obj, p)]
-    if undeclared:
-        inherit = [_SHARED.get(p.__name__, p.__name__) if p.__name__ in filled else p.__name__ for p in undeclared]
-        warnings.warn(f"adapter {spec!r} implements {', '.join(p.__name__ for p in undeclared)} without declaring "
-                      f"it: inherit {' and '.join(f'multidev.adapter.{n}' for n in inherit)} (undeclared capability "
-                      "methods and BaseBackend's 0.2 defaults are deprecated since 0.3 and will be ignored in 0.4)"
-                      + (f"; filled in from the shared defaults for now: {', '.join(filled)}" if filled else ""),
-                      DeprecationWarning, stacklevel=4)
-    return filled
+#: Optional methods a concern object may have beside its protocol's (SupportsModels' scalar leaves).
+_EXTRA_METHODS = {"models": ("tree_scalar", "put_scalar")}
 
 
-#: The shared implementation to inherit in place of the 0.2 defaults, per protocol.
-_SHARED = {"SupportsDLPack": "ArrayApiDLPack", "SupportsNonBlocking": "NonBlockingMoves",
-           "SupportsTraining": "TrainingDefaults"}
+class _FlatConcern:
+    """The concern object of an adapter written the 0.3 way (a capability's methods on the adapter
+    class itself): each of the protocol's methods is the adapter's own, looked up at each call."""
+
+    def __init__(self, core: Any, attr: str, protocol: type) -> None:
+        self.core = core
+        self._names = frozenset(protocol_methods(protocol)) | frozenset(_EXTRA_METHODS.get(attr, ()))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in self._names:
+            raise AttributeError(name)
+        return getattr(self.core, name)
+
+
+def flat_concerns(obj: Any) -> list[str]:
+    """The concern attributes an adapter written the 0.3 way provides through methods on its own class
+    (it declares the protocol by inheriting it, and its concern attribute is None)."""
+    return [attr for attr, protocol in CONCERNS.items()
+            if concern_of(obj, attr) is None and declares(obj, protocol)]
+
+
+def attach_concerns(obj: Any, spec: str) -> list[str]:
+    """Give an adapter written against API 0.3 its concern attributes: each capability it declares on
+    the adapter class is wrapped into a concern object, the rest set to None (an adapter that is no
+    BaseBackend), with one DeprecationWarning naming the adapter. Returns the attributes wrapped."""
+    flat = flat_concerns(obj)
+    for attr, protocol in CONCERNS.items():
+        if attr in flat:
+            setattr(obj, attr, _FlatConcern(obj, attr, protocol))
+        elif not hasattr(obj, attr):
+            setattr(obj, attr, None)
+    if flat:
+        wanted = ", ".join(f"{a} = concern(...)" for a in flat)
+        warnings.warn(f"adapter {spec!r} is written against the adapter API 0.3: capability methods on the adapter "
+                      f"class ({', '.join(CONCERNS[a].__name__ for a in flat)}) are deprecated since 0.4 and will be "
+                      f"ignored in 0.5; give it concern objects instead ({wanted}, "
+                      "see docs/writing-an-adapter.md)", DeprecationWarning, stacklevel=4)
+    return flat
 
 
 def check_adapter(obj: Any) -> list[str]:
@@ -502,12 +569,26 @@ def check_adapter(obj: Any) -> list[str]:
             problems.append(f"method {m}() is missing")
         elif not callable(fn):
             problems.append(f"{m} must be a method, got {type(fn).__name__}")
-    for protocol in CAPABILITY_PROTOCOLS:
-        if declares(obj, protocol):
-            left = _stubbed(obj, protocol)
-            if left:
-                problems.append(f"it declares {protocol.__name__} but leaves {', '.join(m + '()' for m in left)} "
-                                "unimplemented")
+    has: dict[str, bool] = {}
+    for attr, protocol in CONCERNS.items():
+        try:
+            c = concern_of(obj, attr)
+        except Exception as e:  # noqa: BLE001 - reported, not raised
+            problems.append(f"its {attr} concern could not be made: {type(e).__name__}: {e}")
+            continue
+        if isinstance(c, _FlatConcern) or (c is None and declares(obj, protocol)):
+            c = obj  # written the 0.3 way: the methods are the adapter's own
+        has[attr] = c is not None
+        if c is None:
+            continue
+        if c is not obj and not declares(c, protocol):
+            problems.append(f"its {attr} concern ({type(c).__name__}) does not declare {protocol.__name__}: "
+                            f"inherit it (or a shared implementation of it)")
+        left = _stubbed(c, protocol)
+        if left:
+            where = "it declares" if c is obj else f"its {attr} concern ({type(c).__name__}) declares"
+            problems.append(f"{where} {protocol.__name__} but leaves {', '.join(m + '()' for m in left)} "
+                            "unimplemented")
     try:
         caps = obj.capabilities
     except Exception as e:  # noqa: BLE001 - reported, not raised
@@ -532,13 +613,13 @@ def check_adapter(obj: Any) -> list[str]:
         extra = sorted(set(caps.native_collectives) - {"allreduce"})
         if extra:
             problems.append(f"capabilities.native_collectives names unknown collectives {extra}")
-        if caps.dlpack and not isinstance(obj, SupportsDLPack):
-            problems.append("capabilities.dlpack is True but it does not implement SupportsDLPack (inherit "
-                            "multidev.adapter.ArrayApiDLPack for the array-API route, or implement export_dlpack "
-                            "and import_dlpack)")
-        if caps.native_collectives and not isinstance(obj, SupportsNativeCollectives):
-            problems.append("capabilities.native_collectives is not empty but it does not implement "
-                            "SupportsNativeCollectives (native_allreduce)")
+        if caps.dlpack and not has.get("dlpack"):
+            problems.append("capabilities.dlpack is True but it has no dlpack concern (dlpack = "
+                            "concern(multidev.adapter.ArrayApiDLPack) for the array-API route, or a SupportsDLPack "
+                            "of its own)")
+        if caps.native_collectives and not has.get("collectives"):
+            problems.append("capabilities.native_collectives is not empty but it has no collectives concern "
+                            "(a SupportsNativeCollectives: native_allreduce)")
     tt = getattr(obj, "tensor_types", None)
     if callable(tt):
         try:
@@ -552,12 +633,13 @@ def check_adapter(obj: Any) -> list[str]:
 
 def validate_adapter(obj: Any, spec: str) -> None:
     """Raise AdapterError listing every protocol problem of ``obj`` (registered as ``spec``), after
-    filling in what an adapter written against 0.2 relied on (:func:`complete_legacy`)."""
-    complete_legacy(obj, spec)
+    wrapping what an adapter written against API 0.3 has on its class into concern objects
+    (:func:`attach_concerns`)."""
     problems = check_adapter(obj)
+    if not problems:
+        attach_concerns(obj, spec)
     if problems:
         raise AdapterError(f"adapter {spec!r} does not follow the multidev protocol:\n  - "
                            + "\n  - ".join(problems)
                            + "\nSee multidev.protocol.Backend (help(multidev.protocol.Backend) lists the "
                            "methods in order) and docs/writing-an-adapter.md.")
-

@@ -24,7 +24,7 @@ from .errors import (
 from .mesh import Layout
 from .placement import as_device, resolve, scope_backend, scope_device
 from .placement import default_device as default_device
-from .protocol import Backend, SupportsDeviceScope
+from .protocol import Backend, SupportsModels
 from .registry import (
     available_backends,
     backend_of,
@@ -34,7 +34,7 @@ from .registry import (
     device_wait,
     get_backend,
     loaded_backends,
-    supports,
+    require,
     tie_cache,
     waiter_of,
 )
@@ -188,8 +188,10 @@ class _DeviceScope:
         if self.state != "new":
             raise ScopeError(f"{self.name} was entered already; make a new device_scope for each with-block")
         b = self.b
-        if b is not None and supports(b, SupportsDeviceScope):
-            cm = b.device_scope(self.target)  # type: ignore[attr-defined]
+        target = self.target
+        scope = None if b is None or target is None else b.scope
+        if b is not None and scope is not None and target is not None:
+            cm = scope.device_scope(target)
             with translate_errors(lambda: f"{b.name} {self.name}"):
                 cm.__enter__()
             self.framework = cm
@@ -703,9 +705,9 @@ def _structure_to(x: Any, device: DeviceLike) -> Any:
 
     def move_module(b: Backend, m: Any) -> Any:
         with translate_errors(lambda: f"{b.name} to({dev}) of a model"):
-            return b.move_module(m, resolve(b, dev))  # type: ignore[attr-defined]
+            return require(b, SupportsModels, "to").move_module(m, resolve(b, dev))
     return tree_map(lambda t: to(t, dev), x, "to", module=move_module, check=lambda b: resolve(b, dev),
-                    scalar=lambda b, v: b.put_scalar(v, resolve(b, dev)))  # type: ignore[attr-defined]
+                    scalar=lambda b, v: require(b, SupportsModels, "to").put_scalar(v, resolve(b, dev)))
 
 
 def copy(x: _T, device: DeviceLike | None = None) -> _T:
@@ -725,10 +727,11 @@ def _structure_copy(x: Any, device: DeviceLike | None) -> Any:
     def copy_module(b: Backend, m: Any) -> Any:
         dev = device_of(m) if device is None else resolve(b, device)
         with translate_errors(lambda: f"{b.name} copy of a model"):
-            return b.copy_module(m, dev)  # type: ignore[attr-defined]
+            return require(b, SupportsModels, "copy").copy_module(m, dev)
     check = None if device is None else (lambda b: resolve(b, device))
     return tree_map(lambda t: copy(t, device), x, "copy", module=copy_module, check=check,
-                    scalar=lambda b, v: b.put_scalar(v, None if device is None else resolve(b, device)))  # type: ignore[attr-defined]
+                    scalar=lambda b, v: require(b, SupportsModels, "copy").put_scalar(
+                        v, None if device is None else resolve(b, device)))
 
 
 def to_numpy(x: Any) -> np.ndarray:

@@ -56,8 +56,8 @@ from .buckets import DEFAULT_BUCKET_MB, flatten, plan_buckets, unflatten
 from .dtypes import ITEMSIZE
 from .errors import CapabilityError, CollectiveInputError, MultidevError, UnsupportedTensorError
 from .placement import check_distinct, device_list, resolve
-from .protocol import Backend, SupportsNativeCollectives, SupportsTraining
-from .registry import backend_of, require, supports
+from .protocol import Backend, SupportsNativeCollectives
+from .registry import backend_of, require
 from .structured import rebuild, structure_leaves
 from .trees import owner_or_structure
 from .validate import OPS, check_axis, check_op, check_writable, translate_errors
@@ -495,9 +495,10 @@ def broadcast(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
     devs = device_list(b, devices, "broadcast")
     src = b.device_of(x)
     out = [b.copy(x, d) if d == src else b.move(x, d) for d in devs]
-    if not supports(b, SupportsTraining):  # tensors without autograd state: the copies as they are
+    training = b.training
+    if training is None:  # tensors without autograd state: the copies as they are
         return out
-    return [b.parameter_like(x, y) for y in out]  # type: ignore[attr-defined]
+    return [training.parameter_like(x, y) for y in out]
 
 
 @translate_errors()

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import CapabilityError, InvalidArgumentError, UnsupportedTensorError
-from .protocol import Backend, SupportsCompile
-from .registry import backend_of, get_backend, supports
+from .protocol import Backend
+from .registry import backend_of, get_backend
 
 __all__ = ["MEASURE_BUDGET_S", "Compiled", "compile"]
 
@@ -84,10 +84,11 @@ class Compiled:
         return f"<multidev.Compiled {name} backend={self.backend} route={self.route or self._wanted}>"
 
     def _bind(self, b: Backend) -> None:
-        if not supports(b, SupportsCompile):
-            raise CapabilityError(f"{b.name} backend has no compiler (it does not implement SupportsCompile); "
+        compiler = b.compiler
+        if compiler is None:
+            raise CapabilityError(f"{b.name} backend has no compiler (its compiler concern is None); "
                                   "call the function as it is")
-        self.routes = dict(b.compile_routes(self.fn))  # type: ignore[attr-defined]
+        self.routes = dict(compiler.compile_routes(self.fn))
         if self._wanted != "auto" and self._wanted not in self.routes:
             raise InvalidArgumentError(f"compile: {b.name} has no route {self._wanted!r} for this function; "
                                        f"its routes: {', '.join(self.routes)} (or 'auto')")
@@ -111,7 +112,7 @@ class Compiled:
         b = self._b
         assert b is not None
         if self._wanted != "auto":
-            self._call = b.compile(self.fn, self._wanted, args)
+            self._call = b.compiler.compile(self.fn, self._wanted, args)
             self.route = self._wanted
             return
         candidates = [r for r, measured in self.routes.items() if measured]
@@ -119,7 +120,7 @@ class Compiled:
             raise CapabilityError(f"{b.name} backend marks no route of {', '.join(self.routes)} for "
                                   "measuring; pass route= explicitly")
         if len(candidates) == 1:
-            self._call = b.compile(self.fn, candidates[0], args)
+            self._call = b.compiler.compile(self.fn, candidates[0], args)
             self.route = candidates[0]
             return
         compiled: dict[str, Callable[..., Any]] = {}
@@ -127,7 +128,7 @@ class Compiled:
         applied = None  # the last route that reconfigured fn itself (hybridize)
         for r in candidates:
             try:
-                f = b.compile(self.fn, r, args)
+                f = b.compiler.compile(self.fn, r, args)
                 if f is self.fn:
                     applied = r
                 self.timings[r] = _time(b, f, args, kwargs)
@@ -151,7 +152,7 @@ class Compiled:
         best = min(compiled, key=lambda r: self.timings[r])
         f = compiled[best]
         if f is self.fn and applied != best:
-            f = b.compile(self.fn, best, args)  # reapply the chosen configuration
+            f = b.compiler.compile(self.fn, best, args)  # reapply the chosen configuration
         self.route = best
         self._call = f
 

@@ -248,13 +248,13 @@ def _model_backend(model: Any, what: str) -> Backend:
 
 def _replica_for(model: Any, optimizer: Any, devices: Sequence[DeviceLike] | None, what: str) -> Replica:
     b = _model_backend(model, what)
-    require(b, SupportsDataParallel, what, "its framework's models cannot be wrapped")
+    parallel = require(b, SupportsDataParallel, what, "its framework's models cannot be wrapped")
     if devices is None:
         from .api import device_of
         devs = [device_of(model)]
     else:
         devs = device_list(b, devices, what)
-    rep = b.data_parallel_replica(model, optimizer, devs)  # type: ignore[attr-defined]
+    rep = parallel.data_parallel_replica(model, optimizer, devs)
     if rep is None:
         raise InvalidArgumentError(f"{what}: the {b.name} backend does not take a {type(model).__name__} as a model")
     return rep

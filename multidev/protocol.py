@@ -60,6 +60,7 @@ from ._device import Device
 
 __all__ = [
     "CAPABILITY_PROTOCOLS",
+    "CONCERNS",
     "OPTIONAL_METHODS",
     "PROTOCOL_METHODS",
     "REDUCE_OPS",
@@ -137,6 +138,19 @@ class Backend(Protocol):
     #: The top-level module of the framework, e.g. ``"torch"``. The registry instantiates an adapter
     #: to identify a tensor only once this module is in ``sys.modules`` (no tensor can exist before).
     framework: ClassVar[str]
+
+    # -- concerns (:data:`CONCERNS`): each capability's object, or None where the framework lacks it
+    transfers: SupportsNonBlocking | None
+    dlpack: SupportsDLPack | None
+    collectives: SupportsNativeCollectives | None
+    training: SupportsTraining | None
+    compiler: SupportsCompile | None
+    models: SupportsModels | None
+    scope: SupportsDeviceScope | None
+    mesh: SupportsMesh | None
+    sharding: SupportsSharding | None
+    parallel: SupportsDataParallel | None
+    sharded_training: SupportsShardedTraining | None
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -557,6 +571,17 @@ CAPABILITY_PROTOCOLS: tuple[type, ...] = (SupportsNonBlocking, SupportsDLPack, S
                                           SupportsShardedTraining)
 
 
+#: Each capability protocol's concern attribute on an adapter, in the same order: ``b.dlpack`` is the
+#: adapter's :class:`SupportsDLPack` object, or None where the framework has none. The attribute is the
+#: truth about a capability: the core calls a capability's methods through it
+#: (``b.collectives.native_allreduce(...)``) and asks whether it is None, nothing else.
+CONCERNS: dict[str, type] = {"transfers": SupportsNonBlocking, "dlpack": SupportsDLPack,
+                             "collectives": SupportsNativeCollectives, "training": SupportsTraining,
+                             "compiler": SupportsCompile, "models": SupportsModels, "scope": SupportsDeviceScope,
+                             "mesh": SupportsMesh, "sharding": SupportsSharding, "parallel": SupportsDataParallel,
+                             "sharded_training": SupportsShardedTraining}
+
+
 def protocol_methods(protocol: type) -> tuple[str, ...]:
     """The methods (and properties) a protocol declares, in order."""
     names = []
@@ -588,17 +613,3 @@ def _ordered_doc(protocol: type, title: str) -> str:
 Backend.__doc__ = (Backend.__doc__ or "") + "\n" + _ordered_doc(Backend, "The core protocol, in order:")
 for _p in CAPABILITY_PROTOCOLS:
     _p.__doc__ = (_p.__doc__ or "") + "\n" + _ordered_doc(_p, "Its methods:")
-
-
-def __getattr__(name: str) -> Any:
-    """Names this module no longer defines, kept for one minor release (see the adapter API policy)."""
-    if name == "same_device":
-        import warnings
-
-        from ._device import same_device
-
-        warnings.warn("multidev.protocol.same_device is deprecated since 0.2 and will be removed in 0.4; "
-                      "use multidev.adapter.same_device (or BaseBackend.same_device)", DeprecationWarning,
-                      stacklevel=2)
-        return same_device
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

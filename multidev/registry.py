@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ._device import Device
 from .adapter import validate_adapter
 from .errors import AdapterError, BackendNotAvailableError, CapabilityError, MultidevError, UnsupportedTensorError
-from .protocol import Backend
+from .protocol import CONCERNS, Backend
 
 if TYPE_CHECKING:
     from importlib import metadata  # (imported when the entry points are first read: it costs a
@@ -101,7 +101,6 @@ class _State:
         #: the zero-argument wait of ``synchronize(device)``}: its hot path.
         self.device_wait_cache: dict[str | None, dict[Any, Callable[[], Any]]] = {}
         self.wait_generation = 0  # counts the clearings, so an entry built across one is not kept
-        self.supports: dict[tuple[int, type], bool] = {}  # (id(adapter), protocol) -> implements it
         self.claims: dict[type, list[str]] = {}  # tensor class -> adapters claiming it, in creation order
         self.preferred: list[str] = []  # a stack: the adapter that wins a shared tensor class
         self.entry_points_read = False
@@ -190,9 +189,6 @@ def unregister_backend(name: str) -> None:
 
 def _forget(name: str) -> None:
     old = _s.instances.pop(name, None)
-    if old is not None:
-        for key in [k for k in _s.supports if k[0] == id(old)]:
-            del _s.supports[key]
     _s.failures.pop(name, None)
     _s.frameworks.pop(name, None)
     for t in [t for t, n in _s.type_cache.items() if n == name]:
@@ -690,26 +686,23 @@ def waiter_of(x: Any) -> Callable[[Any], Any]:
 
 
 def require(b: Backend, protocol: type, what: str, hint: str = "") -> Any:
-    """``b`` itself where it implements capability protocol ``protocol`` (see :func:`supports`), for
-    calling that protocol's methods; else CapabilityError naming the backend, ``what`` needed it and
-    the protocol it lacks."""
-    if supports(b, protocol):
-        return b
+    """``b``'s concern object for capability protocol ``protocol`` (its attribute of
+    :data:`~multidev.protocol.CONCERNS`), for calling that protocol's methods; CapabilityError naming
+    the backend, ``what`` needed it and the protocol it lacks where the attribute is None."""
+    c = getattr(b, _ATTR[protocol], None)
+    if c is not None:
+        return c
     raise CapabilityError(f"{what}: the {b.name} backend does not implement {protocol.__name__} "
-                          f"(multidev.adapter.{protocol.__name__}){'; ' + hint if hint else ''}")
+                          f"(its {_ATTR[protocol]} concern is None){'; ' + hint if hint else ''}")
 
 
 def supports(b: Backend, protocol: type) -> bool:
-    """Whether adapter ``b`` implements capability protocol ``protocol`` (declared, or for an adapter
-    written against 0.2, every method present), cached per adapter."""
-    key = (id(b), protocol)
-    hit = _s.supports.get(key)
-    if hit is None:
-        hit = isinstance(b, protocol)
-        with _s.lock:
-            if len(_s.supports) < 4096:
-                _s.supports[key] = hit
-    return hit
+    """Whether adapter ``b`` has capability protocol ``protocol``: its concern attribute is not None."""
+    return getattr(b, _ATTR[protocol], None) is not None
+
+
+#: Each capability protocol's concern attribute.
+_ATTR = {p: a for a, p in CONCERNS.items()}
 
 
 def _family_member_for(x: Any, names: list[str], broken: list[str]) -> Backend | None:

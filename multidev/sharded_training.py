@@ -60,11 +60,11 @@ def sharded_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_axis: An
         raise InvalidArgumentError(f"{what}: data_axis names no mesh axis (the batch is cut along it)")
     params = (tuple(a for a in mesh.axis_names if a not in data) if param_axis is None
               else mesh_axes(mesh, param_axis, what, "param_axis"))
-    require(b, SupportsShardedTraining, f"{what}(mesh=...)",
+    sharded = require(b, SupportsShardedTraining, f"{what}(mesh=...)",
             "training with parameters sharded over a mesh is not supported for this framework yet "
             "(supported: jax); data_parallel(devices=...) replicates them")
     device_list(b, list(mesh.devices), what)  # the mesh's devices are this backend's
-    rep = b.sharded_replica(model, optimizer, mesh, data, lambda shape: param_layout(mesh, tuple(shape), params))
+    rep = sharded.sharded_replica(model, optimizer, mesh, data, lambda shape: param_layout(mesh, tuple(shape), params))
     if rep is None:
         raise InvalidArgumentError(f"{what}: the {b.name} backend does not take a {type(model).__name__} as a model")
     return rep

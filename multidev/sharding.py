@@ -36,8 +36,8 @@ from .errors import (
 )
 from .mesh import AxisNames, Layout, Mesh, check_axis_names, mesh_shape
 from .placement import resolve, scope_backend
-from .protocol import Backend, SupportsMesh, SupportsSharding
-from .registry import backend_of, get_backend, loaded_backends, supports, tie_cache
+from .protocol import Backend, SupportsSharding
+from .registry import backend_of, get_backend, loaded_backends, require, tie_cache
 from .validate import translate_errors
 
 __all__ = [
@@ -93,8 +93,8 @@ def make_mesh(shape: int | Sequence[int], axis_names: AxisNames, devices: Sequen
             raise InvalidArgumentError(f"a mesh of shape {shp} needs {n} devices, got {len(devs)}")
         if len(set(devs)) != n:
             raise InvalidArgumentError(f"mesh devices must be distinct, got {', '.join(map(str, devs))}")
-    if supports(b, SupportsMesh):
-        ordered = list(b.mesh_device_order(shp, devs))  # type: ignore[attr-defined]
+    if b.mesh is not None:
+        ordered = list(b.mesh.mesh_device_order(shp, devs))
         if sorted(ordered) != sorted(devs):
             raise CapabilityError(f"{b.name}'s mesh_device_order changed the devices ({ordered} from {devs})")
         devs = ordered
@@ -115,17 +115,18 @@ def to_native_mesh(mesh: Mesh, backend: str | None = None, kind: str | None = No
     if not isinstance(mesh, Mesh):
         raise InvalidArgumentError(f"to_native_mesh takes a multidev Mesh, got {type(mesh).__name__}")
     b = _mesh_backend(backend)
-    if not supports(b, SupportsMesh):
+    native = b.mesh
+    if native is None:
         raise CapabilityError(f"{b.name} has no mesh type of its own (SupportsMesh); its sharded tensors are "
                               "multidev's managed shards (multidev.to(x, layout))")
-    kinds = tuple(b.native_mesh_kinds())  # type: ignore[attr-defined]
+    kinds = tuple(native.native_mesh_kinds())
     k = kinds[0] if kind is None else kind
     if k not in kinds:
         raise InvalidArgumentError(f"to_native_mesh: {b.name} makes meshes of kind {', '.join(kinds)}, "
                                    f"not {kind!r:.40}")
     for d in mesh.devices:
         resolve(b, d)
-    return b.to_native_mesh(mesh, k)  # type: ignore[attr-defined]
+    return native.to_native_mesh(mesh, k)
 
 
 @translate_errors()
@@ -139,8 +140,8 @@ def from_native_mesh(obj: Any, backend: str | None = None) -> Mesh:
         return obj
     cands = [get_backend(backend)] if backend is not None else list(loaded_backends())
     for b in cands:
-        if supports(b, SupportsMesh):
-            m = b.from_native_mesh(obj)  # type: ignore[attr-defined]
+        if b.mesh is not None:
+            m = b.mesh.from_native_mesh(obj)
             if m is not None:
                 return m
     found = _duck_mesh(obj)
@@ -233,12 +234,12 @@ class _Source:
     @property
     def shards(self) -> list[Any]:
         if self._shards is None:
-            self._shards = list(self.b.shards_of(self.x))  # type: ignore[attr-defined]
+            self._shards = list(require(self.b, SupportsSharding, "shards_of").shards_of(self.x))
         return self._shards
 
 
 def _native_layout(b: Backend, x: Any) -> Layout | None:
-    return b.layout_of(x) if supports(b, SupportsSharding) else None  # type: ignore[attr-defined]
+    return None if b.sharding is None else b.sharding.layout_of(x)
 
 
 def _source(x: Any, what: str) -> _Source:
@@ -416,8 +417,8 @@ def _check_target(b: Backend, layout: Layout, shape: tuple[int, ...], dtype: str
             _CHECKED[key] = caps
     if layout.partial and dtype == "bool":
         raise InvalidArgumentError(f"{what}: partial sums of bool tensors are undefined; lay it out without partial")
-    if supports(b, SupportsSharding):
-        return b.sharding_for(layout, shape)  # type: ignore[attr-defined]
+    if b.sharding is not None:
+        return b.sharding.sharding_for(layout, shape)
     return None
 
 
@@ -435,10 +436,10 @@ def place(x: Any, layout: Layout) -> Any:
     if src.layout == layout:
         return x
     if sharding is not None and (src.layout is None or src.native):  # (a native layout has no partial sums)
-        return b.place_sharded(x, sharding)  # type: ignore[attr-defined]
+        return require(b, SupportsSharding, "to(layout)").place_sharded(x, sharding)
     shards = _relayout(src, layout)
     if sharding is not None:
-        return b.assemble(shards, sharding, src.shape)  # type: ignore[attr-defined]
+        return require(b, SupportsSharding, "to(layout)").assemble(shards, sharding, src.shape)
     return ShardedTensor(layout, src.shape, src.dtype, b.name, shards)
 
 
@@ -449,7 +450,7 @@ def unshard(x: Any, device: DeviceLike) -> Any:
     src = _source(x, "to(device)")
     dev = resolve(src.b, device)
     if src.native:  # the framework's own gather (jax.device_put(x, device))
-        return src.b.unshard(x, dev)  # type: ignore[attr-defined]
+        return require(src.b, SupportsSharding, "to(device)").unshard(x, dev)
     one = Layout(Mesh((1,), ("_",), (dev,)))
     return _relayout(src, one)[0]
 
@@ -536,7 +537,7 @@ def from_shards(shards: Sequence[Any], layout: Layout, shape: Sequence[int] | No
         raise InvalidArgumentError(f"from_shards: {'; '.join(bad[:4])}")
     sharding = _check_target(b, layout, shp, dtype, "from_shards")
     if sharding is not None:
-        return b.assemble(xs, sharding, shp)  # type: ignore[attr-defined]
+        return require(b, SupportsSharding, "from_shards").assemble(xs, sharding, shp)
     return ShardedTensor(layout, shp, dtype, b.name, xs)
 
 

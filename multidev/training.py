@@ -23,8 +23,8 @@ from .adapter import default_sgd_update
 from .collectives import NONE_GRADIENT_HINT, allreduce, broadcast, reduce, split_batch
 from .errors import CollectiveInputError, InvalidArgumentError, UnsupportedTensorError
 from .placement import device_list
-from .protocol import SupportsDeviceScope, SupportsTraining
-from .registry import backend_of, require, supports
+from .protocol import SupportsTraining
+from .registry import backend_of, require
 from .validate import translate_errors
 
 __all__ = ["replicate", "train_batch"]
@@ -129,14 +129,14 @@ def train_batch(X: Any, y: Any, replicas: list[list[Any]], devices: Sequence[Dev
             total = dist.allreduce(summed[i][0], "sum")  # the local sum, on the first device
             summed[i] = broadcast(total, devs) if len(devs) > 1 else [total]
     step = float(lr) / int(batch_size)
-    if supports(b, SupportsTraining):
+    training, scope = b.training, b.scope
+    if training is not None:
         for d, ps in enumerate(replicas):
-            ps[:] = b.sgd_update(ps, [s[d] for s in summed], step)  # type: ignore[attr-defined]
+            ps[:] = training.sgd_update(ps, [s[d] for s in summed], step)
     else:  # the shared update with the tensors' own operators, run where each replica lives (CuPy
         # computes on its current device, not its operands')
-        scoped = supports(b, SupportsDeviceScope) and len(devs) > 1
         for d, ps in enumerate(replicas):
-            with b.device_scope(devs[d]) if scoped else contextlib.nullcontext():  # type: ignore[attr-defined]
+            with scope.device_scope(devs[d]) if scope is not None and len(devs) > 1 else contextlib.nullcontext():
                 ps[:] = default_sgd_update(ps, [s[d] for s in summed], step)
     value = _loss_sum(losses, devs)
     if distributed:

@@ -11,8 +11,8 @@ from ._device import DeviceLike
 from .adapter import start_move, start_to_numpy
 from .errors import InvalidArgumentError, InvalidDeviceError, UnsupportedTensorError
 from .placement import as_device, resolve
-from .protocol import SupportsNonBlocking
-from .registry import backend_of, cached_owner, supports
+from .protocol import SupportsModels
+from .registry import backend_of, cached_owner, require
 from .sharding import ShardedTensor, sharded_to_host
 from .trees import is_structure, owner_or_structure, tree_map
 from .validate import translate_errors
@@ -21,6 +21,10 @@ __all__ = ["Transfer", "start_to", "to_host"]
 
 T = TypeVar("T")
 
+
+
+def _models(b: Any) -> Any:
+    return require(b, SupportsModels, "to")
 
 
 class Transfer(Generic[T]):
@@ -78,7 +82,8 @@ def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
         commit = getattr(b, "commit_resident", None)
         return Transfer(x if commit is None else commit(x), None)
     with translate_errors(lambda: f"{b.name} to({dev}, non_blocking=True)"):
-        y, waiter = b.start_move(x, dev) if supports(b, SupportsNonBlocking) else start_move(b, x, dev)  # type: ignore[attr-defined]
+        moves = b.transfers
+        y, waiter = moves.start_move(x, dev) if moves is not None else start_move(b, x, dev)
     return Transfer(y, waiter)
 
 
@@ -98,9 +103,9 @@ def _start_structure(x: Any, device: DeviceLike) -> Transfer[Any]:
 
     def move_module(b: Any, m: Any) -> Any:
         with translate_errors(lambda: f"{b.name} to({dev}) of a model"):
-            return _Done(b.move_module(m, resolve(b, dev)))
+            return _Done(b.models.move_module(m, resolve(b, dev)))
     pending = tree_map(lambda t: start_to(t, dev), x, "to", module=move_module, check=lambda b: resolve(b, dev),
-                       scalar=lambda b, v: Transfer(b.put_scalar(v, resolve(b, dev)), None))  # type: ignore[attr-defined]
+                       scalar=lambda b, v: Transfer(_models(b).put_scalar(v, resolve(b, dev)), None))
     handles = _is_handle
 
     def land() -> Any:
@@ -139,8 +144,8 @@ class _Landing:
 def _start_host_copy(x: Any, where: str) -> _Landing:
     b = backend_of(x)
     with translate_errors(lambda: f"to_host: {where}"):
-        return _Landing(b.start_to_numpy(x) if supports(b, SupportsNonBlocking)  # type: ignore[attr-defined]
-                        else start_to_numpy(b, x))
+        moves = b.transfers
+        return _Landing(moves.start_to_numpy(x) if moves is not None else start_to_numpy(b, x))
 
 
 @overload

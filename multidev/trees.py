@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError, UnsupportedTensorError
 from .protocol import Backend, SupportsModels
-from .registry import backend_of, cached_owner, loaded_backends, preferred_backends, supports
+from .registry import backend_of, cached_owner, loaded_backends, preferred_backends, require
 
 __all__ = ["is_structure", "leaves", "structure_owner", "tree_map"]
 
@@ -45,8 +45,9 @@ def structure_owner(obj: Any) -> tuple[Backend, str] | None:
     if first:
         backends = tuple(sorted(backends, key=lambda b: first.index(b.name) if b.name in first else len(first)))
     for b in backends:
-        if supports(b, SupportsModels):
-            kind = b.model_kind(obj)  # type: ignore[attr-defined]
+        models = b.models
+        if models is not None:
+            kind = models.model_kind(obj)
             if kind is not None:
                 return b, kind
     return None
@@ -129,7 +130,7 @@ _NO_TREE = (_NONE, _LEAF, _MODULE, _SCALAR, _KEPT)
 def _tree_scalar(b: Backend | None, x: Any) -> bool:
     """Whether ``x`` (no tensor, inside a tree of ``b``'s framework) is a value that framework's own
     transfer makes an array of (the optional ``SupportsModels.tree_scalar``)."""
-    fn = getattr(b, "tree_scalar", None)
+    fn = getattr(getattr(b, "models", None), "tree_scalar", None)
     return fn is not None and bool(fn(x))
 
 
@@ -270,7 +271,7 @@ def _classify(x: Any, path: tuple[Any, ...], what: str, modules: bool, is_leaf: 
     if owner is not None:
         b, kind = owner
         if kind == "tree":
-            parts, rebuild = b.flatten_tree(x)  # type: ignore[attr-defined]
+            parts, rebuild = require(b, SupportsModels, "a tree").flatten_tree(x)
             kids.extend((c, (*path, i), b) for i, c in enumerate(parts))
             return _TREE, rebuild
         if not modules:
@@ -342,10 +343,10 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
                                              f"{type(x).__qualname__}, not a tensor or a structure of tensors")
             b, kind = owner
             if kind == "tree":
-                parts, _ = b.flatten_tree(x)  # type: ignore[attr-defined]
+                parts, _ = require(b, SupportsModels, "a tree").flatten_tree(x)
                 kids = [(c, (*path, i), True) for i, c in enumerate(parts)]
             else:
-                for i, t in enumerate(b.module_tensors(x)):  # type: ignore[attr-defined]
+                for i, t in enumerate(require(b, SupportsModels, "a model").module_tensors(x)):
                     add((*path, f"<{b.name} tensor {i}>"), t)
         stack.extend(reversed(kids))  # popped in order: the tensors come in the structure's order
     return iter(found)

@@ -1,7 +1,8 @@
 """The adapter API's stability promise (docs/writing-an-adapter.md, "Stability: the adapter API"):
-``multidev.adapter`` exports exactly the list below for API 0.3; nothing 0.2 exported is gone; a
-deprecated name keeps working with a DeprecationWarning naming its replacement; and the 0.2
-template adapter, unchanged, loads with one DeprecationWarning and passes the conformance suite."""
+``multidev.adapter`` exports exactly the list below for API 0.4; nothing 0.2 or 0.3 exported is gone;
+the 0.3 template adapter (capability methods on the adapter class), unchanged, loads with one
+DeprecationWarning and passes the conformance suite; what 0.3 deprecated (0.2's undeclared
+capabilities and BaseBackend defaults, ``wait_fn``, ``multidev.protocol.same_device``) is gone."""
 from __future__ import annotations
 
 import json
@@ -41,66 +42,99 @@ ADDED_0_3 = {
     "SupportsMesh", "SupportsSharding", "Mesh", "Layout",  # the device mesh and layouts (issue 34)
     "SupportsShardedTraining",  # training over a mesh, parameters sharded (issue 34)
 }
+#: What 0.4 adds: capabilities as concern objects (issue 31).
+ADDED_0_4 = {"CONCERNS", "Concern", "concern"}
 
 
 def test_the_exported_names_are_the_documented_api() -> None:
-    assert api.API_VERSION == (0, 3)
-    assert set(api.__all__) == API_0_2 | ADDED_0_3, (
-        f"multidev.adapter.__all__ changed: added {sorted(set(api.__all__) - API_0_2 - ADDED_0_3)}, removed "
-        f"{sorted((API_0_2 | ADDED_0_3) - set(api.__all__))}. Update this list deliberately, and deprecate a "
+    assert api.API_VERSION == (0, 4)
+    every = API_0_2 | ADDED_0_3 | ADDED_0_4
+    assert set(api.__all__) == every, (
+        f"multidev.adapter.__all__ changed: added {sorted(set(api.__all__) - every)}, removed "
+        f"{sorted(every - set(api.__all__))}. Update this list deliberately, and deprecate a "
         "removed name for one minor release first (docs/writing-an-adapter.md)")
     for name in api.__all__:
         assert hasattr(api, name), name
     assert len(api.__all__) == len(set(api.__all__))
 
 
-def test_protocol_same_device_is_deprecated_and_still_works() -> None:
-    """An adapter written against 0.1 imports ``multidev.protocol.same_device`` (0.2 removed it)."""
+def test_what_0_3_deprecated_is_gone_in_0_4() -> None:
+    """0.2's spellings were deprecated in 0.3 "and ignored in 0.4": ``multidev.protocol.same_device``
+    (use ``multidev.adapter.same_device``), the ``wait_fn`` attribute (``tensor_wait_fn()``), and
+    capability methods an adapter neither declared nor had whole (BaseBackend's 0.2 defaults)."""
     import multidev.protocol as protocol
 
-    with pytest.warns(DeprecationWarning, match=r"multidev\.protocol\.same_device is deprecated.*multidev\.adapter"):
-        fn = protocol.same_device
-    cpu0 = md.Device("cpu", 0)
-    assert fn("x", "concat", [cpu0, cpu0]) == cpu0
-    with pytest.raises(md.DeviceMismatchError, match="cpu:0, cpu:1"):
-        fn("x", "concat", [cpu0, md.Device("cpu", 1)])
     with pytest.raises(AttributeError):
-        protocol.no_such_name  # noqa: B018
+        protocol.same_device  # noqa: B018
 
-
-def test_a_0_2_adapter_relying_on_basebackend_defaults_loads_with_a_deprecation_warning() -> None:
-    """0.2's BaseBackend gave every adapter export_dlpack/import_dlpack, start_move/start_to_numpy and
-    the training defaults; an adapter that relied on them (here: dlpack=True with no export_dlpack of
-    its own, and a value_and_grad without the other training methods) gets them filled in at load,
-    with one DeprecationWarning saying what to inherit."""
     class Old(NumpyBackend):
+        name: ClassVar[str] = "old_wait_fn"
+        wait_fn = staticmethod(print)
+
+    assert Old().tensor_wait_fn() is not print  # the 0.2 attribute is not consulted
+
+    class Undeclared(NumpyBackend):  # 0.2: value_and_grad alone, relying on BaseBackend's other two
         name: ClassVar[str] = "old_0_2"
-        export_dlpack = None  # type: ignore[assignment]  # 0.2: BaseBackend's default
+
+        def value_and_grad(self, fn: Any, params: Any, args: tuple) -> tuple[Any, list[Any]]:
+            return fn(list(params), *args), [np.zeros_like(p) for p in params]
+
+    old = Undeclared()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        api.validate_adapter(old, "old_0_2")  # loads without a warning: nothing is filled in
+    assert old.training is None
+
+
+def test_a_0_3_adapter_with_capability_methods_on_its_class_loads_with_one_warning() -> None:
+    """An adapter written against 0.3 declares a capability by inheriting its protocol and has its
+    methods on the adapter class: at load each becomes a concern object calling them, with one
+    DeprecationWarning naming the adapter and what to write instead."""
+    class Old(NumpyBackend, api.TrainingDefaults):
+        name: ClassVar[str] = "old_0_3"
 
         def value_and_grad(self, fn: Any, params: Any, args: tuple) -> tuple[Any, list[Any]]:
             return fn(list(params), *args), [np.zeros_like(p) for p in params]
 
     old = Old()
-    del Old.export_dlpack  # the class relies on the base for it, as a 0.2 adapter did on BaseBackend
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        api.validate_adapter(old, "old_0_2")
+        api.validate_adapter(old, "old_0_3")
     msgs = [str(w.message) for w in seen if issubclass(w.category, DeprecationWarning)]
     assert len(msgs) == 1, msgs
-    assert "SupportsTraining" in msgs[0] and "multidev.adapter.TrainingDefaults" in msgs[0], msgs[0]
-    assert isinstance(old, api.SupportsTraining) and old.sgd_update([np.ones(2)], [np.ones(2)], 0.5)[0][0] == 0.5
-    assert old.parameter_like(None, "y") == "y"
+    assert "'old_0_3'" in msgs[0] and "SupportsTraining" in msgs[0] and "training = concern(" in msgs[0], msgs[0]
+    assert old.training is not None and old.collectives is None
+    assert old.training.sgd_update([np.ones(2)], [np.ones(2)], 0.5)[0][0] == 0.5
+    assert old.training.parameter_like(None, "y") == "y"
+    loss, grads = old.training.value_and_grad(lambda ps, k: ps[0].sum() * k, [np.ones(3)], (2,))
+    assert loss == 6 and grads[0].shape == (3,)
 
 
 def test_a_declared_protocol_left_incomplete_is_refused_at_load() -> None:
-    class Half(NumpyBackend, api.TrainingDefaults):
+    class Half(NumpyBackend):
         name: ClassVar[str] = "half_training"
+        training = api.concern(api.TrainingDefaults)
 
     problems = api.check_adapter(Half())
-    assert problems == ["it declares SupportsTraining but leaves value_and_grad() unimplemented"], problems
+    assert problems == ["its training concern (TrainingDefaults) declares SupportsTraining but leaves "
+                        "value_and_grad() unimplemented"], problems
     md.register_backend("half_training", Half, replace=True)
     with pytest.raises(md.AdapterError, match="declares SupportsTraining but leaves value_and_grad"):
         md.backend("half_training")
+
+    class Flat(NumpyBackend, api.TrainingDefaults):  # the 0.3 way, incomplete
+        name: ClassVar[str] = "half_training_0_3"
+
+    assert api.check_adapter(Flat()) == ["it declares SupportsTraining but leaves value_and_grad() unimplemented"]
+
+    class Undeclared(NumpyBackend):
+        name: ClassVar[str] = "undeclared_concern"
+        dlpack = api.concern(api.Concern)
+
+    assert api.check_adapter(Undeclared()) == [
+        "its dlpack concern (Concern) does not declare SupportsDLPack: inherit it (or a shared implementation of it)",
+        "its dlpack concern (Concern) declares SupportsDLPack but leaves export_dlpack(), import_dlpack() "
+        "unimplemented"]
 
 
 def test_a_dlpack_flag_without_its_protocol_is_refused_at_load() -> None:
@@ -114,22 +148,39 @@ def test_a_dlpack_flag_without_its_protocol_is_refused_at_load() -> None:
                                     dtypes=frozenset({"float32"}), native_collectives=frozenset({"allreduce"}))
 
     problems = api.check_adapter(NoDLPack())
-    assert any(p.startswith("capabilities.dlpack is True but it does not implement SupportsDLPack") for p in problems)
-    assert any(p.startswith("capabilities.native_collectives is not empty but it does not implement "
-                            "SupportsNativeCollectives") for p in problems), problems
-    # a declared protocol whose stub is left in place is named too
+    assert any(p.startswith("capabilities.dlpack is True but it has no dlpack concern") for p in problems)
+    assert any(p.startswith("capabilities.native_collectives is not empty but it has no collectives concern")
+               for p in problems), problems
+    # a concern whose stubs are left in place is named too
+    class Stubbed(api.Concern, api.SupportsDLPack):
+        pass
+
     class Declared(NumpyBackend):
         name: ClassVar[str] = "declared_dlpack"
+        dlpack = api.concern(Stubbed)
 
-    for m in ("export_dlpack", "import_dlpack"):
-        setattr(Declared, m, api.SupportsDLPack.__dict__[m])
     assert api.check_adapter(Declared()) == [
-        "it declares SupportsDLPack but leaves export_dlpack(), import_dlpack() unimplemented"]
+        "its dlpack concern (Stubbed) declares SupportsDLPack but leaves export_dlpack(), import_dlpack() "
+        "unimplemented"]
+
+
+def test_the_0_2_template_adapter_is_refused_saying_what_to_write() -> None:
+    """0.2's template relied on BaseBackend's DLPack (dlpack=True, no export_dlpack): deprecated in 0.3,
+    ignored in 0.4, so it no longer loads, and the error says what to write."""
+    pytest.importorskip("array_api_strict", reason="the 0.2 template adapts array-api-strict")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("template_adapter_0_2", LEGACY / "template_adapter_0_2.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(md.AdapterError, match=r"capabilities\.dlpack is True but it has no dlpack concern"):
+        api.validate_adapter(mod.TemplateBackend(), "template_adapter_0_2")
 
 
 @pytest.mark.slow
-def test_the_0_2_template_adapter_loads_with_one_warning_and_passes_the_suite(tmp_path: Path) -> None:
-    pytest.importorskip("array_api_strict", reason="the 0.2 template adapts array-api-strict")
+def test_the_0_3_template_adapter_loads_with_one_warning_and_passes_the_suite(tmp_path: Path) -> None:
+    pytest.importorskip("array_api_strict", reason="the 0.3 template adapts array-api-strict")
     if int(np.__version__.split(".")[0]) < 2:
         pytest.skip("the template needs NumPy 2 (array-api-strict's DLPack there)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(LEGACY), os.environ.get("PYTHONPATH", "")]),
@@ -138,15 +189,15 @@ def test_the_0_2_template_adapter_loads_with_one_warning_and_passes_the_suite(tm
         "import warnings, multidev as md\n"
         "with warnings.catch_warnings(record=True) as seen:\n"
         "    warnings.simplefilter('always')\n"
-        "    b = md.backend('template_adapter_0_2:TemplateBackend')\n"
+        "    b = md.backend('template_adapter_0_3:TemplateBackend')\n"
         "print([str(w.message) for w in seen if issubclass(w.category, DeprecationWarning)])\n")],
         capture_output=True, text=True, env=env, timeout=120)
     assert probe.returncode == 0, probe.stderr[-2000:]
     msgs = eval(probe.stdout.strip().splitlines()[-1])  # a printed list of strings
-    assert len(msgs) == 1 and "SupportsDLPack" in msgs[0] and "ArrayApiDLPack" in msgs[0], msgs
+    assert len(msgs) == 1 and "SupportsDLPack" in msgs[0] and "dlpack = concern(" in msgs[0], msgs
     out = tmp_path / "m.json"
     r = subprocess.run([sys.executable, "-m", "multidev.cli", "conformance", "--backend",
-                        "template_adapter_0_2:TemplateBackend", "--json", str(out), "--", "-q", "-p", "no:warnings"],
+                        "template_adapter_0_3:TemplateBackend", "--json", str(out), "--", "-q", "-p", "no:warnings"],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     m = json.loads(out.read_text())["matrix"]["template"]

@@ -114,7 +114,7 @@ with cp.Device(0):  # CuPy's current device must not decide where results go
     assert [md.device_of(t) for t in s] == [md.gpu(0), md.gpu(1)]
 a = md.to_numpy(g)
 assert type(a) is np.ndarray and a.tolist() == [0, 1, 2, 3, 4, 5]
-y, waiter = b.start_move(g, md.cpu())
+y, waiter = b.transfers.start_move(g, md.cpu())
 assert any(any(o is y.base for o in objs) for _, objs in b._inflight), 'the buffers of a copy in flight are held'
 waiter()
 for dtype, op in (('bool', 'max'), ('bool', 'min'), ('int16', 'sum'), ('uint16', 'prod'), ('complex64', 'sum'), ('bfloat16', 'max')):
@@ -125,7 +125,7 @@ for dtype, op in (('bool', 'max'), ('bool', 'min'), ('int16', 'sum'), ('uint16',
         continue
     vals = [np.array([[1, 0], [3, 2]]) , np.array([[2, 1], [0, 2]])]
     xs = [md.asarray(v, dtype=dtype, device=f'gpu:{i}', backend='cupy') for i, v in enumerate(vals)]
-    out = b.native_allreduce(xs, op)
+    out = b.collectives.native_allreduce(xs, op)
     ref = {'sum': np.add, 'prod': np.multiply, 'max': np.maximum, 'min': np.minimum}[op](*[v.astype(np.float64) for v in vals])
     if dtype == 'bool':
         ref = ref.astype(bool)
@@ -134,7 +134,7 @@ for dtype, op in (('bool', 'max'), ('bool', 'min'), ('int16', 'sum'), ('uint16',
         got = md.to_numpy(t)
         assert np.array_equal(got, np.asarray(ref).astype(got.dtype)), (dtype, op, got)
 try:
-    b.native_allreduce(xs[:1] + [h[:4].reshape(2, 2).astype('float32')], 'sum')
+    b.collectives.native_allreduce(xs[:1] + [h[:4].reshape(2, 2).astype('float32')], 'sum')
 except md.CapabilityError as e:
     assert 'GPU arrays' in str(e)
 else:
@@ -196,13 +196,13 @@ def test_registry_finds_cupy_arrays_and_host_arrays(cp: Any) -> None:
 def test_downloads_land_in_pinned_memory(cp: Any) -> None:
     b = md.backend("cupy")
     x = cp.arange(1 << 20, dtype=cp.float32) * 2
-    y, waiter = b.start_move(x, md.cpu())
+    y, waiter = b.transfers.start_move(x, md.cpu())
     assert waiter is not None
     waiter()
     attrs = cp.cuda.runtime.pointerGetAttributes(y.ctypes.data)
     assert attrs.type == cp.cuda.runtime.memoryTypeHost, f"not page-locked: {attrs.type}"
     np.testing.assert_array_equal(np.asarray(y)[:4], [0, 2, 4, 6])
-    u, up_wait = b.start_move(np.arange(8, dtype=np.float32), md.gpu(0))
+    u, up_wait = b.transfers.start_move(np.arange(8, dtype=np.float32), md.gpu(0))
     up_wait()
     np.testing.assert_array_equal(u.get(), np.arange(8))
 
@@ -244,7 +244,7 @@ def test_nccl_path_on_every_gpu(cp: Any, dtype: str) -> None:
     vals = [(np.arange(6).reshape(2, 3) % 3 + k) for k in range(n)]
     xs = [md.asarray(v, dtype=dtype, device=md.gpu(k), backend="cupy") for k, v in enumerate(vals)]
     op = "max" if dtype == "bool" else "sum"
-    out = b.native_allreduce(xs, op)
+    out = b.collectives.native_allreduce(xs, op)
     ref = np.sum(np.stack(vals), axis=0) if op == "sum" else np.max(np.stack(vals), axis=0).astype(bool)
     for k, y in enumerate(out):
         assert md.device_of(y) == md.gpu(k) and md.dtype_of(y) == dtype

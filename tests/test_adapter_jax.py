@@ -233,7 +233,7 @@ def test_start_move_returns_a_waiter():
         from multidev import Device
         b = md.backend("jax")
         x = md.ones((64, 64), device="cpu:0", backend="jax")
-        y, waiter = b.start_move(x, Device("cpu", 3))
+        y, waiter = b.transfers.start_move(x, Device("cpu", 3))
         assert callable(waiter) and waiter() is None
         assert md.device_of(y) == Device("cpu", 3) and y.committed
         print("ok")
@@ -256,7 +256,7 @@ def test_sharded_array_has_no_single_device():
         except DeviceMismatchError as e:
             assert "sharded" in str(e) and "cpu:0, cpu:1" in str(e), e
         try:
-            b.export_dlpack(g)
+            b.dlpack.export_dlpack(g)
             raise SystemExit("export_dlpack did not raise")
         except DeviceMismatchError:
             pass
@@ -280,7 +280,7 @@ def _aligned(n: int, offset: int = 0) -> np.ndarray:
 
 def test_import_bare_capsule_shares_memory(jb, x64_off):
     a = _aligned(16)
-    y = jb.import_dlpack(a.__dlpack__(), CPU0)
+    y = jb.dlpack.import_dlpack(a.__dlpack__(), CPU0)
     assert y.unsafe_buffer_pointer() == a.ctypes.data
     np.testing.assert_array_equal(np.asarray(y), np.arange(16, dtype=np.float32))
     assert md.device_of(y) == CPU0
@@ -288,15 +288,15 @@ def test_import_bare_capsule_shares_memory(jb, x64_off):
 
 def test_import_refuses_silent_copies(jb, x64_off):
     with pytest.raises(CapabilityError, match="aligned"):
-        jb.import_dlpack(_aligned(16, offset=4), CPU0)  # JAX would copy an unaligned CPU buffer
+        jb.dlpack.import_dlpack(_aligned(16, offset=4), CPU0)  # JAX would copy an unaligned CPU buffer
     with pytest.raises(CapabilityError, match="x64"):
-        jb.import_dlpack(np.arange(4, dtype=np.int64), CPU0)  # would become an int32 copy
+        jb.dlpack.import_dlpack(np.arange(4, dtype=np.int64), CPU0)  # would become an int32 copy
     with pytest.raises(CapabilityError, match="x64"):
-        jb.import_dlpack(np.arange(4, dtype=np.float64).__dlpack__(), CPU0)
+        jb.dlpack.import_dlpack(np.arange(4, dtype=np.float64).__dlpack__(), CPU0)
     cap = _aligned(4).__dlpack__()
-    jb.import_dlpack(cap, CPU0)
+    jb.dlpack.import_dlpack(cap, CPU0)
     with pytest.raises(CapabilityError, match="consumed"):
-        jb.import_dlpack(cap, CPU0)
+        jb.dlpack.import_dlpack(cap, CPU0)
 
 
 def test_import_places_views_on_virtual_cpu_devices():
@@ -308,7 +308,7 @@ def test_import_places_views_on_virtual_cpu_devices():
         start = (-raw.ctypes.data) % 64
         a = raw[start:start + 64].view(np.float32)
         a[:] = np.arange(16)
-        y = b.import_dlpack(a, Device("cpu", 2))  # DLPack says (kDLCPU, 0) for every host buffer
+        y = b.dlpack.import_dlpack(a, Device("cpu", 2))  # DLPack says (kDLCPU, 0) for every host buffer
         assert md.device_of(y) == Device("cpu", 2) and y.committed
         assert y.unsafe_buffer_pointer() == a.ctypes.data  # a view, not a copy
         a[0] = 42.0
@@ -320,12 +320,12 @@ def test_import_places_views_on_virtual_cpu_devices():
 @pytest.mark.skipif(np.lib.NumpyVersion(np.__version__) < "2.1.0", reason="needs versioned DLPack")
 def test_import_versioned_capsule_is_refused_clearly(jb):
     with pytest.raises(CapabilityError, match="dltensor"):
-        jb.import_dlpack(_aligned(4).__dlpack__(max_version=(1, 0)), CPU0)
+        jb.dlpack.import_dlpack(_aligned(4).__dlpack__(max_version=(1, 0)), CPU0)
 
 
 def test_export_round_trips_through_numpy(jb):
     x = jb.arange(0, 6, 1, "float32", CPU0)
-    np.testing.assert_array_equal(np.from_dlpack(jb.export_dlpack(x)), np.arange(6, dtype=np.float32))
+    np.testing.assert_array_equal(np.from_dlpack(jb.dlpack.export_dlpack(x)), np.arange(6, dtype=np.float32))
 
 
 # -- native allreduce ---------------------------------------------------------------------------------
@@ -341,22 +341,22 @@ def test_native_allreduce_over_virtual_devices():
         ref = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}
         for op, f in ref.items():
             xs = [md.asarray(a, device=d, backend="jax") for a, d in zip(arrays, devs)]
-            ys = b.native_allreduce(xs, op)
+            ys = b.collectives.native_allreduce(xs, op)
             for x, y, d in zip(xs, ys, devs):
                 assert md.device_of(y) == d and y.committed and y.dtype == np.int32
                 assert y.unsafe_buffer_pointer() != x.unsafe_buffer_pointer()
                 np.testing.assert_array_equal(np.asarray(y), f(np.stack(arrays), axis=0), err_msg=op)
         n = len(b._allreduce_cache)
-        b.native_allreduce(xs, "sum")
+        b.collectives.native_allreduce(xs, "sum")
         assert len(b._allreduce_cache) == n, "the compiled function is reused"
         bools = [md.asarray(np.array([True, False, i == 0]), device=d, backend="jax") for i, d in enumerate(devs)]
         for op, want in (("sum", [1, 0, 1]), ("max", [1, 0, 1]), ("min", [1, 0, 0]), ("prod", [1, 0, 0])):
-            got = [np.asarray(y).tolist() for y in b.native_allreduce(bools, op)]
+            got = [np.asarray(y).tolist() for y in b.collectives.native_allreduce(bools, op)]
             assert got == [[bool(v) for v in want]] * 3, (op, got)
         cs = [md.asarray(np.array([1 + 1j * i, 2 - 1j * i], np.complex64), device=d, backend="jax")
               for i, d in enumerate(devs)]
         for op in ("sum", "prod"):  # prod: an ordered fold over all_gather (there is no pprod)
-            nat = [np.asarray(y) for y in b.native_allreduce(cs, op)]
+            nat = [np.asarray(y) for y in b.collectives.native_allreduce(cs, op)]
             nai = [np.asarray(y) for y in md.allreduce(cs, op, algorithm="naive")]
             np.testing.assert_array_equal(np.stack(nat), np.stack(nai), err_msg=op)
         s = [md.full((), i + 2.0, device=d, backend="jax") for i, d in enumerate(devs)]
@@ -393,7 +393,7 @@ def test_native_allreduce_waits_for_an_input_still_being_computed():
 
 def test_native_allreduce_single_device_does_not_alias(jb):
     x = jb.arange(0, 32, 1, "float32", CPU0)
-    (y,) = jb.native_allreduce([x], "sum")
+    (y,) = jb.collectives.native_allreduce([x], "sum")
     assert y.unsafe_buffer_pointer() != x.unsafe_buffer_pointer()
     np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
 
@@ -408,7 +408,7 @@ def test_a_host_memory_array_lands_as_an_ordinary_cpu_array(jb):
     assert y.sharding.memory_kind == jax.devices("cpu")[0].default_memory().kind
     np.testing.assert_array_equal(np.asarray(y + x), 2 * np.arange(8, dtype=np.float32))
     assert md.device_of(y) == CPU0
-    landed, wait = jb.start_move(z, CPU0)
+    landed, wait = jb.transfers.start_move(z, CPU0)
     landed = (wait() if wait is not None else None) or landed
     np.testing.assert_array_equal(np.asarray(landed + x), 2 * np.arange(8, dtype=np.float32))
 

@@ -261,7 +261,7 @@ def test_kvstore_allreduce_on_three_cpus(b3: Any, mx: Any, monkeypatch: pytest.M
     monkeypatch.setattr(mx.kv, "create", spy)
     for dtype in ("float32", "int64", "float16"):
         xs = [b3.full((2, 3), i + 1, dtype, Device("cpu", i)) for i in range(3)]
-        out = b3.native_allreduce(xs, "sum")
+        out = b3.collectives.native_allreduce(xs, "sum")
         assert [o.context for o in out] == [mx.cpu(0), mx.cpu(1), mx.cpu(2)]
         for o in out:
             assert b3.dtype_of(o) == dtype
@@ -281,12 +281,12 @@ def test_native_max_min_prod_and_mean(b3: Any) -> None:
     stack = np.stack(vals)
     for op, ref in (("max", stack.max(0)), ("min", stack.min(0)), ("prod", stack.prod(0)),
                     ("mean", stack.mean(0))):
-        out = b3.native_allreduce(xs, op)
+        out = b3.collectives.native_allreduce(xs, op)
         for i, o in enumerate(out):
             assert b3.device_of(o) == Device("cpu", i)
             np.testing.assert_allclose(o.asnumpy(), ref, rtol=1e-12)
     with pytest.raises(CapabilityError, match="mxnet"):
-        b3.native_allreduce(xs, "median")
+        b3.collectives.native_allreduce(xs, "median")
 
 
 # -- asynchronous errors ----------------------------------------------------------------------------
@@ -329,27 +329,27 @@ def test_async_error_is_reported_once(b: Any, mx: Any) -> None:
 def test_dlpack_with_torch(b: Any, mx: Any) -> None:
     torch = pytest.importorskip("torch")
     x = md.arange(0, 6, dtype="float32", device="cpu:1", backend="mxnet")
-    t = torch.from_dlpack(b.export_dlpack(x))
+    t = torch.from_dlpack(b.dlpack.export_dlpack(x))
     b.assign(x, md.full(6, 7.0, device="cpu:1", backend="mxnet"))
     md.synchronize(x)
     assert t.tolist() == [7.0] * 6, "export shares memory"
     src = torch.arange(4, dtype=torch.float32)
-    y = b.import_dlpack(src, md.cpu(0))
+    y = b.dlpack.import_dlpack(src, md.cpu(0))
     src += 1
     assert y.asnumpy().tolist() == [1.0, 2.0, 3.0, 4.0], "import shares memory"
     assert md.device_of(y) == Device("cpu", 0)  # MXNet's FromDLPack: every CPU tensor on cpu(0)
     with pytest.raises(CapabilityError, match="compact"):
-        b.import_dlpack(torch.arange(6.0).reshape(2, 3).T, md.cpu(0))
+        b.dlpack.import_dlpack(torch.arange(6.0).reshape(2, 3).T, md.cpu(0))
     with pytest.raises(CapabilityError, match="mxnet"):
-        b.import_dlpack(torch.ones(2, dtype=torch.bfloat16), md.cpu(0))
+        b.dlpack.import_dlpack(torch.ones(2, dtype=torch.bfloat16), md.cpu(0))
     with pytest.raises(CapabilityError, match="mxnet"):
-        b.import_dlpack(torch.ones(2, dtype=torch.bool), md.cpu(0))
+        b.dlpack.import_dlpack(torch.ones(2, dtype=torch.bool), md.cpu(0))
 
 
 def test_dlpack_export_refuses_bool_and_takes_views(b: Any, mx: Any) -> None:
     with pytest.raises(CapabilityError, match="bool"):
-        b.export_dlpack(md.ones(2, dtype="bool", backend="mxnet"))
+        b.dlpack.export_dlpack(md.ones(2, dtype="bool", backend="mxnet"))
     base = md.asarray(np.arange(12, dtype=np.float32).reshape(4, 3), backend="mxnet")
     view = base[1:3]  # an axis-0 slice is a compact view in MXNet
-    back = mx.nd.from_dlpack(b.export_dlpack(view))
+    back = mx.nd.from_dlpack(b.dlpack.export_dlpack(view))
     np.testing.assert_array_equal(back.asnumpy(), np.arange(3, 9).reshape(2, 3))

@@ -139,10 +139,10 @@ def test_copy_is_a_new_buffer_where_identity_aliases(tb):
 
 def test_dlpack_refuses_variables_and_strided_sources(tb):
     with pytest.raises(CapabilityError, match="Variable"):
-        tb.export_dlpack(tf.Variable([1.0]))
+        tb.dlpack.export_dlpack(tf.Variable([1.0]))
     with pytest.raises(CapabilityError, match="contiguous"):
-        tb.import_dlpack(np.arange(8.0)[::2], md.cpu(0))
-    b = tb.import_dlpack(tb.export_dlpack(md.asarray([True, False], backend="tensorflow")), md.cpu(0))
+        tb.dlpack.import_dlpack(np.arange(8.0)[::2], md.cpu(0))
+    b = tb.dlpack.import_dlpack(tb.dlpack.export_dlpack(md.asarray([True, False], backend="tensorflow")), md.cpu(0))
     assert md.dtype_of(b) == "bool" and b.numpy().tolist() == [True, False]
 
 

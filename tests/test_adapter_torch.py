@@ -240,7 +240,7 @@ def test_divide_keeps_dtype(tb):
 # -- interchange ------------------------------------------------------------------------------------
 def test_export_dlpack_requires_grad_and_zero_copy(tb):
     x = torch.arange(4.0, requires_grad=True)
-    n = np.from_dlpack(tb.export_dlpack(x))
+    n = np.from_dlpack(tb.dlpack.export_dlpack(x))
     assert n.tolist() == [0, 1, 2, 3]
     with torch.no_grad():
         x[0] = 9
@@ -249,19 +249,19 @@ def test_export_dlpack_requires_grad_and_zero_copy(tb):
 
 def test_export_dlpack_conj_view_refused(tb):
     with pytest.raises(CapabilityError, match="resolve_conj"):
-        tb.export_dlpack(torch.tensor([1j]).conj())
+        tb.dlpack.export_dlpack(torch.tensor([1j]).conj())
 
 
 def test_import_dlpack_object_and_capsule_share_memory(tb):
     a = np.arange(3, dtype=np.int64)
-    t = tb.import_dlpack(a, md.cpu(0))
+    t = tb.dlpack.import_dlpack(a, md.cpu(0))
     a[0] = 7
     assert t[0].item() == 7
     src = torch.arange(3)
-    t2 = tb.import_dlpack(src.__dlpack__(), md.cpu(0))
+    t2 = tb.dlpack.import_dlpack(src.__dlpack__(), md.cpu(0))
     assert t2.data_ptr() == src.data_ptr()
     with pytest.raises(CapabilityError):
-        tb.import_dlpack(object(), md.cpu(0))
+        tb.dlpack.import_dlpack(object(), md.cpu(0))
 
 
 # -- native fast paths ------------------------------------------------------------------------------
@@ -271,7 +271,7 @@ def test_native_allreduce_advertised_only_with_two_gpus(tb):
 
 def test_native_allreduce_refuses_cpu_tensors(tb):
     with pytest.raises(CapabilityError, match="CUDA"):
-        tb.native_allreduce([torch.ones(2)], "sum")
+        tb.collectives.native_allreduce([torch.ones(2)], "sum")
 
 
 # -- CUDA -------------------------------------------------------------------------------------------
@@ -309,12 +309,12 @@ def test_cuda_move_copy_to_numpy(tb):
 @needs_cuda
 def test_cuda_start_move_both_ways(tb):
     x = torch.arange(1 << 20, dtype=torch.float32)
-    g, wait_h2d = tb.start_move(x, Device("gpu", 0))
+    g, wait_h2d = tb.transfers.start_move(x, Device("gpu", 0))
     assert wait_h2d is not None and g.device == torch.device("cuda", 0)
     x.zero_()  # the source was snapshotted into a pinned buffer before start_move returned
     wait_h2d()
     assert g[5].item() == 5
-    h, wait_d2h = tb.start_move(g * 2, Device("cpu", 0))
+    h, wait_d2h = tb.transfers.start_move(g * 2, Device("cpu", 0))
     assert wait_d2h is not None and h.device.type == "cpu" and h.is_pinned()
     wait_d2h()
     assert h[5].item() == 10 and h[-1].item() == 2 * ((1 << 20) - 1)
@@ -360,7 +360,7 @@ def test_native_allreduce_matches_naive(tb, dtype, op):
         pytest.skip("mean is refused on integer dtypes by the core")
     if dtype.startswith("complex") and op in ("max", "min", "prod"):
         with pytest.raises(CapabilityError):
-            tb.native_allreduce([torch.ones(2, dtype=torch.complex64, device=f"cuda:{i}")
+            tb.collectives.native_allreduce([torch.ones(2, dtype=torch.complex64, device=f"cuda:{i}")
                                  for i in range(N_CUDA)], op)
         return
     gen = torch.Generator().manual_seed(0)
@@ -390,5 +390,5 @@ def test_native_allreduce_unsupported_dtype(tb):
         pytest.skip("this torch has uint16 arithmetic")
     xs = [torch.zeros(2, dtype=torch.uint16, device=f"cuda:{i}") for i in range(2)]
     with pytest.raises(CapabilityError):
-        tb.native_allreduce(xs, "sum")
+        tb.collectives.native_allreduce(xs, "sum")
 

@@ -330,15 +330,19 @@ def test_the_protocol_is_split_and_every_adapter_declares_what_it_implements() -
     bad = []
     for path in sorted((ROOT / "backends").rglob("*.py")) + [ROOT / "examples" / "template_adapter.py"]:
         for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.ClassDef) or not node.name.endswith("Backend"):
+            if not isinstance(node, ast.ClassDef):
                 continue
             bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
             for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name in owner:
-                    need = owner[item.name]
-                    if not bases & _PROVIDERS[need] and not bases - {"BaseBackend", "object"} - set().union(
-                            *_PROVIDERS.values()):
-                        bad.append(f"{path.relative_to(ROOT)}:{item.lineno}: {node.name}.{item.name} without {need}")
+                if not (isinstance(item, ast.FunctionDef) and item.name in owner):
+                    continue
+                need = owner[item.name]
+                if node.name.endswith("Backend") or "BaseBackend" in bases:
+                    bad.append(f"{path.relative_to(ROOT)}:{item.lineno}: {node.name}.{item.name}: capability methods "
+                               f"live on the adapter's {need} concern object, not the adapter class")
+                elif not bases & _PROVIDERS[need] and not bases - {"Concern", "object"} - set().union(
+                        *_PROVIDERS.values()):
+                    bad.append(f"{path.relative_to(ROOT)}:{item.lineno}: {node.name}.{item.name} without {need}")
     assert not bad, "\n".join(bad)
     core_src = "".join(p.read_text() for p in CORE)
     assert "adapter_hook" not in core_src and "type(b).__mro__" not in core_src  # hooks are found by name
@@ -409,75 +413,105 @@ def test_adapter_folders_use_the_shared_file_names(folder: Path) -> None:
     assert not odd, f"{folder.name}/ has files outside the shared names {sorted(ADAPTER_FOLDER_FILES)}: {odd}"
 
 
+#: Each concern file's attribute on the adapter (multidev.protocol.CONCERNS).
+CONCERN_ATTRS = {"transfers.py": "transfers", "dlpack.py": "dlpack", "collectives.py": "collectives",
+                 "training.py": "training", "compile.py": "compiler", "models.py": "models", "scope.py": "scope",
+                 "mesh.py": "mesh", "sharding.py": "sharding", "parallel.py": "parallel",
+                 "sharded_training.py": "sharded_training"}
+
+
+def _stub_blocks(tree: ast.AST) -> list[int]:
+    """Lines of ``if TYPE_CHECKING:`` blocks inside classes (declarations of another class's methods)."""
+    return [item.lineno for node in ast.walk(tree) if isinstance(node, ast.ClassDef) for item in node.body
+            if isinstance(item, ast.If) and "TYPE_CHECKING" in ast.unparse(item.test)]
+
+
 @pytest.mark.parametrize("folder", _adapter_folders(), ids=lambda p: p.name)
 def test_each_concern_file_declares_its_protocol(folder: Path) -> None:
     """core.py's class is a BaseBackend declaring no capability; the class of every other concern file
-    declares that file's protocol (or its shared implementation) and no other, and no file defines a
-    method of another file's protocol. __init__.py's adapter class is composed of the folder's concern
-    classes alone and declares exactly what they declare."""
+    is a Concern declaring that file's protocol (or its shared implementation) and no other, built from
+    the core (no mixin of the adapter class, no stub declarations of the core's methods), and no file
+    defines a method of another file's protocol. __init__.py's adapter class is the core class with
+    its concern attributes, each ``concern(Class)`` of the file of that name, and nothing else."""
     from multidev import protocol
 
     owner = {m: p.__name__ for p in protocol.CAPABILITY_PROTOCOLS for m in protocol.protocol_methods(p)}
-    providers = set().union(*_PROVIDERS.values())
-    concern_classes: dict[str, str] = {}  # class name -> the protocol it declares (None: core)
+    concern_classes: dict[str, str] = {}  # class name -> its file
+    core_class = ""
     bad = []
     for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        bad += [f"{folder.name}/{path.name}:{line}: a TYPE_CHECKING block in a class (a stub)"
+                for line in _stub_blocks(tree)]
         if path.name not in CONCERN_FILES:
             continue
         want = CONCERN_FILES[path.name]
-        classes = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)]
-        for node in classes:
+        for node in [n for n in tree.body if isinstance(n, ast.ClassDef)]:
             declared = {p for p, names in _PROVIDERS.items() if _bases(node) & names}
             defined = {owner[f.name] for f in _methods(node) if f.name in owner}
             if not declared and not defined and "BaseBackend" not in _bases(node):
-                continue  # a helper class (a DLPack producer, a context manager)
+                continue  # a helper class (a DLPack producer, a context manager, a replica)
             where = f"{folder.name}/{path.name}:{node.lineno}: {node.name}"
             if path.name == "core.py":
                 if "BaseBackend" not in _bases(node) or declared or defined:
                     bad.append(f"{where} must be a BaseBackend declaring no capability ({sorted(declared | defined)})")
+                core_class = node.name
             elif declared != {want} or not defined <= {want}:
                 bad.append(f"{where} declares {sorted(declared)} and defines methods of {sorted(defined)}; "
                            f"{path.name} holds {want} alone")
-            concern_classes[node.name] = want or ""
-    if not any(v == "" for v in concern_classes.values()):
+            else:
+                concern_classes[node.name] = path.name
+    if not core_class:
         bad.append(f"{folder.name}/core.py has no BaseBackend class")
     init = ast.parse((folder / "__init__.py").read_text())
     composed = [n for n in init.body if isinstance(n, ast.ClassDef) and n.name.endswith("Backend")]
     assert composed, f"{folder.name}/__init__.py defines no adapter class"
     for node in composed:
-        foreign = _bases(node) - set(concern_classes)
-        if foreign or _methods(node):
-            bad.append(f"{folder.name}/__init__.py: {node.name} must be composed of the concern classes alone "
-                       f"(other bases: {sorted(foreign)}, methods: {[f.name for f in _methods(node)]})")
-        if providers & _bases(node):
-            bad.append(f"{folder.name}/__init__.py: {node.name} declares a protocol itself; its concern classes do")
+        if _bases(node) != {core_class} or _methods(node):
+            bad.append(f"{folder.name}/__init__.py: {node.name} must be {core_class} with its concerns alone "
+                       f"(bases: {sorted(_bases(node))}, methods: {[f.name for f in _methods(node)]})")
+        for item in node.body:
+            if not isinstance(item, ast.Assign):
+                continue
+            target = ast.unparse(item.targets[0])
+            made = ast.unparse(item.value)
+            cls = made.removeprefix("concern(").removesuffix(")")
+            if not made.startswith("concern(") or CONCERN_ATTRS.get(concern_classes.get(cls, "")) != target:
+                bad.append(f"{folder.name}/__init__.py: {node.name}.{target} = {made}: a concern attribute is "
+                           "concern(C) with C the class of the concern file of that name")
     assert not bad, "\n".join(bad)
 
 
-def test_composed_adapters_declare_what_their_concerns_declare() -> None:
-    """Imported (no framework starts): each folder's adapter class declares the union of its concern
-    classes' protocols, and its core class comes first in the MRO, before BaseBackend's defaults and
-    every protocol's stubs."""
+def test_composed_adapters_have_their_concerns_and_nothing_else() -> None:
+    """Imported (no framework starts): each folder's adapter class is its core class with concern
+    attributes, declares no capability protocol itself (no mixins), and each concern attribute is a
+    ``concern`` of a Concern class declaring the attribute's protocol; the core module imports no
+    concern file of its folder (no arrow back up: the concerns import the core)."""
     import importlib
 
     from multidev import protocol
-    from multidev.adapter import BaseBackend
+    from multidev.adapter import BaseBackend, Concern, concern
 
     for folder in _adapter_folders():
         mod = importlib.import_module(f"multidev.adapters.{folder.name}")
         for cls in [v for v in vars(mod).values() if isinstance(v, type) and v.__module__ == mod.__name__
                     and issubclass(v, BaseBackend)]:
-            parts = [b for b in cls.__bases__ if b.__module__.startswith(mod.__name__ + ".")]
-            assert parts == list(cls.__bases__), f"{cls.__name__}: bases from outside {folder.name}/"
-            assert cls.__bases__[0].__module__ == f"{mod.__name__}.core", f"{cls.__name__}: core first"
-            mro = cls.__mro__
-            assert mro.index(cls.__bases__[0]) < mro.index(BaseBackend), cls.__name__
+            assert len(cls.__bases__) == 1 and cls.__bases__[0].__module__ == f"{mod.__name__}.core", cls.__name__
             for p in protocol.CAPABILITY_PROTOCOLS:
-                declared_by = [b for b in parts if issubclass(b, p)]
-                assert issubclass(cls, p) == bool(declared_by), (cls.__name__, p.__name__)
-                for m in protocol.protocol_methods(p) if declared_by else ():
-                    impl = next(k for k in mro if m in vars(k))
-                    assert impl is not p, f"{cls.__name__}.{m} resolves to the protocol's stub"
+                assert not issubclass(cls, p), f"{cls.__name__} declares {p.__name__} itself: a concern does"
+            for attr, p in protocol.CONCERNS.items():
+                made = cls.__dict__.get(attr)
+                if made is None:
+                    continue
+                assert isinstance(made, concern), (cls.__name__, attr)
+                assert issubclass(made.cls, Concern) and issubclass(made.cls, p), (cls.__name__, attr, made.cls)
+                for m in protocol.protocol_methods(p):
+                    impl = next(k for k in made.cls.__mro__ if m in vars(k))
+                    assert impl is not p, f"{made.cls.__name__}.{m} resolves to the protocol's stub"
+        core = ast.parse((folder / "core.py").read_text())
+        for node in ast.walk(core):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                assert node.module == "_common", f"{folder.name}/core.py imports .{node.module}: an arrow back up"
 
 
 def _prose(tree: ast.AST) -> set[int]:

@@ -109,7 +109,7 @@ def test_the_several_device_path_matches_one_device() -> None:
     a, ref = _net(bn=False), _net(bn=False)
     oa = torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9)
     oref = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    rep = b.data_parallel_replica(a, oa, [cpu, cpu])
+    rep = b.parallel.data_parallel_replica(a, oa, [cpu, cpu])
     dp = DataParallel(rep, None, bucket_mb=25, grad_dtype=None, buffers="broadcast", unused="error", verify=True)
     for k in range(3):
         batch = _batch(k, n=13)  # uneven: 7 + 6 rows, weighted by rows

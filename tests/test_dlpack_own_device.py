@@ -89,20 +89,20 @@ def _adapter(n_cuda: int) -> tuple[Any, _Cuda]:
         pass
 
     b = Adapter()
-    b._torch, b._n_cuda = Torch, n_cuda
+    b.torch, b._n_cuda = Torch, n_cuda
     return b, cuda
 
 
 def test_one_gpu_exports_the_tensor_itself() -> None:
     b, cuda = _adapter(1)
     t = _Tensor(cuda, _Device("cuda", 0))
-    assert b.export_dlpack(t) is t  # zero cost: with one device it is always torch's current one
+    assert b.dlpack.export_dlpack(t) is t  # zero cost: with one device it is always torch's current one
 
 
 def test_host_tensors_go_out_through_torchs_c_export() -> None:
     b, cuda = _adapter(2)
     t = _Tensor(cuda, _Device("cpu", None))
-    out = b.export_dlpack(t)
+    out = b.dlpack.export_dlpack(t)
     assert isinstance(out, HostProducer)
     assert out.dtype == t.dtype and out.shape == t.shape and out.device is t.device
     assert out.__dlpack_device__() == (1, 0)
@@ -136,7 +136,7 @@ def test_torch_host_memory_reaches_numpy_writable_and_shared() -> None:
 def test_several_gpus_export_under_the_tensors_own_device() -> None:
     b, cuda = _adapter(2)
     t = _Tensor(cuda, _Device("cuda", 1))
-    out = b.export_dlpack(t)
+    out = b.dlpack.export_dlpack(t)
     assert isinstance(out, OwnDeviceProducer)
     assert out.dtype == t.dtype and out.shape == t.shape and out.device is t.device  # read as the tensor's
     assert out.__dlpack_device__() == (2, 1)
@@ -144,5 +144,5 @@ def test_several_gpus_export_under_the_tensors_own_device() -> None:
     assert t.exported == [(1, {"stream": 7, "max_version": (1, 0)})], "exported while cuda:1 was current"
     assert cuda.current == 0, "the consumer's current device is restored"
     t0 = _Tensor(cuda, _Device("cuda", 0))
-    b.export_dlpack(t0).__dlpack__(stream=3)
+    b.dlpack.export_dlpack(t0).__dlpack__(stream=3)
     assert t0.exported == [(0, {"stream": 3})] and cuda.switches == 1, "no switch where it is current already"

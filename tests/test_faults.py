@@ -39,8 +39,8 @@ def test_a_bad_leaf_anywhere_leaves_every_model_unmoved(monkeypatch: pytest.Monk
 
     b = md.backend("torch")
     moved: list[Any] = []
-    real = type(b).move_module
-    monkeypatch.setattr(type(b), "move_module", lambda self, m, d: moved.append(m) or real(self, m, d))
+    real = type(b.models).move_module
+    monkeypatch.setattr(type(b.models), "move_module", lambda self, m, d: moved.append(m) or real(self, m, d))
     net = torch.nn.Linear(2, 2)
     for bad in ([net, "bad"], {"model": net, "rest": [md.ones(2), object()]}, (net, [net, 3.0])):
         with pytest.raises(md.UnsupportedTensorError):
@@ -82,7 +82,7 @@ def test_a_failing_model_move_says_which_models_were_moved(monkeypatch: pytest.M
         if m is second:
             raise RuntimeError("cannot move the second")
         return m
-    monkeypatch.setattr(type(b), "move_module", move)
+    monkeypatch.setattr(type(b.models), "move_module", move)
     with pytest.raises(md.MultidevError) as e:
         md.to([first, md.ones(1, backend="torch"), second], "cpu:0")
     assert calls == [first, second]
@@ -211,7 +211,7 @@ def scope_misuse(backend: str) -> None:
     b = md.backend(backend)
     devs = md.devices(backend=backend)
     d1, d2 = devs[-1], devs[0]
-    current = getattr(b, "current_device", lambda: None)  # NumPy has no framework scope
+    current = b.scope.current_device if b.scope is not None else (lambda: None)  # NumPy has no framework scope
     before = (scope_device.get(), scope_backend.get(), current())
 
     def state() -> tuple[Any, Any, Any]:

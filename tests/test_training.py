@@ -169,7 +169,7 @@ def value_and_grad_zeros_for_unused_parameters():
     ps = [make(W, devs[0]), make(np.ones(3, np.float32), devs[0])]
     X = md.asarray(Xh, device=devs[0], backend=NAME)
     y = md.asarray(yh, device=devs[0], backend=NAME)
-    value, gs = b.value_and_grad(lambda ps, X, y: loss([ps[0], ps[0][0] * 0], X, y), ps, (X, y))
+    value, gs = b.training.value_and_grad(lambda ps, X, y: loss([ps[0], ps[0][0] * 0], X, y), ps, (X, y))
     assert np.allclose(host(gs[1]), 0) and host(gs[1]).shape == (3,)
     assert md.device_of(gs[0]) == devs[0] and md.device_of(gs[1]) == devs[0]
     r = Xh @ W - yh

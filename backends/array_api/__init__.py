@@ -44,7 +44,7 @@ import re
 import threading
 from typing import Any
 
-from multidev.adapter import BackendNotAvailableError
+from multidev.adapter import BackendNotAvailableError, concern
 
 from .core import DEFAULT_LIBRARY, ArrayApiCore
 from .dlpack import ArrayApiStandardDLPack
@@ -52,8 +52,10 @@ from .dlpack import ArrayApiStandardDLPack
 __all__ = ["DEFAULT_LIBRARY", "ArrayApiBackend", "ArrayApiFamily", "adapter_for"]
 
 
-class ArrayApiBackend(ArrayApiCore, ArrayApiStandardDLPack):
+class ArrayApiBackend(ArrayApiCore):
     """The array-API adapter for one library; made per library by :func:`adapter_for`."""
+
+    dlpack = concern(ArrayApiStandardDLPack)
 
 
 _LIB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

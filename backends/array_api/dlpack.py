@@ -3,50 +3,46 @@ standard's ``__dlpack__`` out (behind a producer that falls back to an unversion
 ``from_dlpack(obj, device=, copy=False)`` in."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any
 
-from multidev.adapter import Capabilities, CapabilityError, Device, SupportsDLPack
+from multidev.adapter import CapabilityError, Concern, Device, SupportsDLPack
+
+from .core import ArrayApiCore
 
 
-class ArrayApiStandardDLPack(SupportsDLPack):
+class ArrayApiStandardDLPack(Concern, SupportsDLPack):
     """The standard's DLPack, with the 2023.12 keywords where the library has them (named apart
     from :class:`multidev.adapter.ArrayApiDLPack`, the shared route without them)."""
 
-    name: ClassVar[str]
-    library: ClassVar[str]
-    _xp: Any
-    _caps: Capabilities
-
-    if TYPE_CHECKING:  # the core protocol (core.ArrayApiCore)
-        def to_native_device(self, device: Device) -> Any: ...
-        def device_of(self, x: Any) -> Device: ...
+    core: ArrayApiCore
 
     def export_dlpack(self, x: Any) -> Any:
         """``x`` behind a thin producer that answers ``max_version`` with an unversioned capsule
         where the library cannot make a versioned one (array-api-strict on NumPy 1.x raises),
         as the DLPack standard allows; no copy either way."""
-        if not self._caps.dlpack:
-            raise CapabilityError(f"{self.name}: {self.library} has no DLPack support")
+        if not self.core._caps.dlpack:
+            raise CapabilityError(f"{self.core.name}: {self.core.library} has no DLPack support")
         return _Producer(x)
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:
         """A view of a DLPack producer on ``device`` (``from_dlpack(obj, device=, copy=False)``):
         host buffers are labelled with the virtual CPU device asked for."""
-        if not self._caps.dlpack:
-            raise CapabilityError(f"{self.name}: {self.library} has no DLPack support")
-        nd = self.to_native_device(device)
+        if not self.core._caps.dlpack:
+            raise CapabilityError(f"{self.core.name}: {self.core.library} has no DLPack support")
+        nd = self.core.to_native_device(device)
         errors = (TypeError, ValueError, BufferError, RuntimeError, NotImplementedError)
         try:
             try:
-                y = self._xp.from_dlpack(obj, device=nd, copy=False)
+                y = self.core._xp.from_dlpack(obj, device=nd, copy=False)
             except errors:
                 # a namespace older than the 2023.12 keywords, or a producer refusing dl_device
                 # (TensorFlow): the library's own placement, checked below
-                y = self._xp.from_dlpack(obj)
+                y = self.core._xp.from_dlpack(obj)
         except errors as e:
-            raise CapabilityError(f"{self.name} cannot import {type(obj).__name__} through DLPack: {e}") from e
-        if self.device_of(y) != device:
-            raise CapabilityError(f"{self.name}: a DLPack buffer of {device} arrived on {self.device_of(y)}")
+            raise CapabilityError(f"{self.core.name} cannot import {type(obj).__name__} through DLPack: {e}") from e
+        if self.core.device_of(y) != device:
+            raise CapabilityError(f"{self.core.name}: a DLPack buffer of {device} arrived on "
+                                  f"{self.core.device_of(y)}")
         return y
 
 

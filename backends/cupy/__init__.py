@@ -41,6 +41,8 @@ several of them share (the host array type).
 """
 from __future__ import annotations
 
+from multidev.adapter import concern
+
 from ._common import CupyHostArray
 from .collectives import CupyCollectives
 from .core import CupyCore
@@ -51,5 +53,10 @@ from .transfers import CupyTransfers
 __all__ = ["CupyBackend", "CupyHostArray"]
 
 
-class CupyBackend(CupyCore, CupyTransfers, CupyDLPack, CupyCollectives, CupyScope):
+class CupyBackend(CupyCore):
     """The CuPy backend (see the package docstring)."""
+
+    transfers = concern(CupyTransfers)
+    dlpack = concern(CupyDLPack)
+    collectives = concern(CupyCollectives)
+    scope = concern(CupyScope)

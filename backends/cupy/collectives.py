@@ -2,13 +2,14 @@
 ``cupy.cuda.nccl``."""
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from multidev.adapter import CapabilityError, Device, SupportsNativeCollectives
+from multidev.adapter import CapabilityError, Concern, SupportsNativeCollectives
+
+from .core import CupyCore
 
 # ncclDataType_t (nccl.h) and ncclRedOp_t values.
 _NCCL_DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5, "float16": 6,
@@ -18,22 +19,11 @@ _NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3}
 _NCCL_VIA = {"int16": "int32", "uint16": "uint32", "bool": "uint8"}
 
 
-class CupyCollectives(SupportsNativeCollectives):
+class CupyCollectives(Concern, SupportsNativeCollectives):
     """One NCCL communicator per device list (``initAll``), grouped ``allReduce`` calls on each
     device's current stream."""
 
-    _cp: Any
-    _gpus: tuple[Device, ...]
-    _cdev: tuple[Any, ...]
-    _comms: dict[tuple[int, ...], list[Any]]
-    _lock: threading.Lock
-    _bf16: Any
-
-    if TYPE_CHECKING:  # the core protocol (core.CupyCore)
-        def device_of(self, x: Any) -> Device: ...
-        def dtype_of(self, x: Any) -> str: ...
-        def _gpu(self, device: Device) -> Any: ...
-        def _is_gpu(self, x: Any) -> bool: ...
+    core: CupyCore
 
     def _nccl(self) -> Any:
         try:
@@ -47,10 +37,10 @@ class CupyCollectives(SupportsNativeCollectives):
         device's current stream (asynchronous). Non-contiguous inputs are first copied; bool
         reduces as uint8 (or/and), int16/uint16 through 32 bits (exact modulo 2**16), complex sums
         as pairs of reals."""
-        cp = self._cp
+        cp = self.core._cp
         xs = list(xs)
-        if not all(self._is_gpu(x) for x in xs):
-            where = ", ".join(str(self.device_of(x)) for x in xs)
+        if not all(self.core._is_gpu(x) for x in xs):
+            where = ", ".join(str(self.core.device_of(x)) for x in xs)
             raise CapabilityError(f"cupy backend: the native allreduce (NCCL) takes GPU arrays on distinct GPUs; "
                                   f"got arrays on {where}. Use algorithm='naive' or 'auto'.")
         nccl = self._nccl()
@@ -58,7 +48,7 @@ class CupyCollectives(SupportsNativeCollectives):
             raise CapabilityError("cupy backend: NCCL is not available to CuPy here; use algorithm='ring'")
         if op not in _NCCL_OPS:
             raise CapabilityError(f"cupy backend: native allreduce has no op {op!r}; use sum, max, min or prod")
-        dtype = self.dtype_of(xs[0])
+        dtype = self.core.dtype_of(xs[0])
         cplx = dtype.startswith("complex")
         if cplx and op != "sum":
             raise CapabilityError(f"cupy backend: {op} is not defined for complex arrays")
@@ -69,14 +59,14 @@ class CupyCollectives(SupportsNativeCollectives):
         if dtype == "bool":  # or/and as max/min of 0/1 bytes
             code = _NCCL_OPS["max"] if op in ("sum", "max") else _NCCL_OPS["min"]
         ids = tuple(int(x.data.device_id) for x in xs)
-        with self._lock:
-            comms = self._comms.get(ids)
+        with self.core._lock:
+            comms = self.core._comms.get(ids)
             if comms is None:
-                comms = self._comms[ids] = list(nccl.NcclCommunicator.initAll(list(ids)))
-        work_dt = np.dtype(base) if base != "bfloat16" else self._bf16
+                comms = self.core._comms[ids] = list(nccl.NcclCommunicator.initAll(list(ids)))
+        work_dt = np.dtype(base) if base != "bfloat16" else self.core._bf16
         sends, recvs = [], []
         for x, i in zip(xs, ids):
-            with self._gpu(self._gpus[i]):
+            with self.core._gpu(self.core._gpus[i]):
                 s = x.astype(x.dtype if cplx else work_dt, order="C", copy=False).reshape(-1)
                 if cplx:
                     s = s.view(work_dt)  # (re, im) pairs
@@ -86,14 +76,14 @@ class CupyCollectives(SupportsNativeCollectives):
             nccl.groupStart()
             try:
                 for c, s, r, i in zip(comms, sends, recvs, ids):
-                    with self._cdev[i]:
+                    with self.core._cdev[i]:
                         c.allReduce(s.data.ptr, r.data.ptr, s.size, _NCCL_DTYPES[base], code,
                                     cp.cuda.get_current_stream().ptr)
             finally:
                 nccl.groupEnd()
         out = []
         for x, r, i in zip(xs, recvs, ids):
-            with self._cdev[i]:
+            with self.core._cdev[i]:
                 if cplx:
                     y = r.view(x.dtype).reshape(x.shape)
                 else:

@@ -11,7 +11,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -58,11 +58,6 @@ class CupyCore(BaseBackend):
                     "`pip install cupy-cuda13x` (or `cupy-cuda12x`, to match the CUDA driver).")
         return "Install the wheel that matches the CUDA driver: `pip install cupy-cuda13x` (or `cupy-cuda12x`)."
 
-    if TYPE_CHECKING:  # the transfer machinery (transfers.CupyTransfers) and NCCL (collectives.CupyCollectives)
-        def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]: ...
-        def _upload(self, a: np.ndarray, device: Device) -> Any: ...
-        def _nccl(self) -> Any: ...
-
     def __init__(self) -> None:
         import cupy
         import cupyx
@@ -95,7 +90,7 @@ class CupyCore(BaseBackend):
 
             self._bf16 = np.dtype(ml_dtypes.bfloat16)
             dtypes.add("bfloat16")
-        nccl = self._nccl()
+        nccl = self.collectives._nccl()
         peer = False
         if self._n > 1:
             try:
@@ -198,7 +193,7 @@ class CupyCore(BaseBackend):
         if device.kind == "cpu" or dtype in ("bfloat16", "float16", "complex64", "complex128"):
             # NumPy's values exactly (CuPy's arange kernels cover the real int and float types)
             ref = np.arange(start, stop, step, dtype=np.float64 if dtype == "bfloat16" else dt).astype(dt)
-            return host_array(ref) if device.kind == "cpu" else self._upload(ref, device)
+            return host_array(ref) if device.kind == "cpu" else self.transfers._upload(ref, device)
         with self._gpu(device):
             return self._cp.arange(start, stop, step, dtype=dt)
 
@@ -214,7 +209,7 @@ class CupyCore(BaseBackend):
         if device.kind == "cpu":
             return host_array(np.array(src, dtype=dt, copy=True))
         # for). That copy made large uploads several times slower than cupy.asarray's.
-        return self._upload(np.asarray(src, dtype=dt), device)
+        return self.transfers._upload(np.asarray(src, dtype=dt), device)
 
     def _on(self, y: Any, device: Device) -> Any:
         """GPU array ``y`` (a fresh buffer) on ``device``: itself when it is there."""
@@ -237,7 +232,7 @@ class CupyCore(BaseBackend):
         return HOST
 
     def move(self, x: Any, device: Device) -> Any:
-        y, waiter = self.start_move(x, device)
+        y, waiter = self.transfers.start_move(x, device)
         if waiter is not None and device.kind == "cpu":
             waiter()  # a host result is read by the host at once: it must have landed
         return y
@@ -255,7 +250,7 @@ class CupyCore(BaseBackend):
     def to_numpy(self, x: Any) -> np.ndarray:
         if not self._is_gpu(x):
             return np.asarray(x).view(np.ndarray)
-        y, waiter = self.start_move(x, HOST)
+        y, waiter = self.transfers.start_move(x, HOST)
         if waiter is not None:
             waiter()
         return y.view(np.ndarray)

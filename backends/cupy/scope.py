@@ -6,22 +6,24 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from multidev.adapter import Device, SupportsDeviceScope
+from multidev.adapter import Concern, Device, SupportsDeviceScope
+
+from .core import CupyCore
 
 
-class CupyScope(SupportsDeviceScope):
+class CupyScope(Concern, SupportsDeviceScope):
     """``with cupy.cuda.Device(i):``."""
 
-    _cp: Any
+    core: CupyCore
 
     def device_scope(self, device: Device) -> Any:
-        return _Scope(self._cp.cuda.Device(device.index) if device.kind == "gpu" else None)
+        return _Scope(self.core._cp.cuda.Device(device.index) if device.kind == "gpu" else None)
 
     def current_device(self) -> Device:
         stack = getattr(_SCOPES, "stack", None)
         if stack and stack[-1] is None:
             return Device("cpu", 0)
-        return Device("gpu", int(self._cp.cuda.Device().id))
+        return Device("gpu", int(self.core._cp.cuda.Device().id))
 
 
 _SCOPES = threading.local()  # per thread: the open scopes, innermost last (None for cpu:0)

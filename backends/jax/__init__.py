@@ -35,6 +35,8 @@ a mesh, each parameter and its optimizer state a ``NamedSharding``);
 """
 from __future__ import annotations
 
+from multidev.adapter import concern
+
 from .collectives import JaxCollectives
 from .compile import JaxCompile
 from .core import JaxCore
@@ -51,6 +53,17 @@ from .transfers import JaxTransfers
 __all__ = ["JaxBackend"]
 
 
-class JaxBackend(JaxCore, JaxTransfers, JaxDLPack, JaxCollectives, JaxTraining, JaxCompile, JaxModels, JaxScope,
-                 JaxMesh, JaxSharding, JaxParallel, JaxShardedTraining):
+class JaxBackend(JaxCore):
     """The JAX backend (see the package docstring)."""
+
+    transfers = concern(JaxTransfers)
+    dlpack = concern(JaxDLPack)
+    collectives = concern(JaxCollectives)
+    training = concern(JaxTraining)
+    compiler = concern(JaxCompile)
+    models = concern(JaxModels)
+    scope = concern(JaxScope)
+    mesh = concern(JaxMesh)
+    sharding = concern(JaxSharding)
+    parallel = concern(JaxParallel)
+    sharded_training = concern(JaxShardedTraining)

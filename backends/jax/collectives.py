@@ -2,13 +2,14 @@
 ``pmax``, ``pmin`` (or an ordered fold over ``all_gather``) under ``jax.shard_map``."""
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from multidev.adapter import CapabilityError, SupportsNativeCollectives, canonical_dtype
+from multidev.adapter import CapabilityError, Concern, SupportsNativeCollectives, canonical_dtype
+
+from .core import JaxCore
 
 _ALLREDUCE_OPS = ("sum", "max", "min", "prod")
 _CACHE_MAX = 256
@@ -19,25 +20,18 @@ def _reducer(prim: Callable[[Any, str], Any]) -> Callable[[Any], Any]:
     return lambda a: prim(a, "i")
 
 
-class JaxCollectives(SupportsNativeCollectives):
+class JaxCollectives(Concern, SupportsNativeCollectives):
     """A compiled ``shard_map`` per (devices, shape, dtype, op), over exactly the inputs' devices."""
 
-    _jax: Any
-    _jnp: Any
-    _lock: threading.RLock
-    _allreduce_cache: dict[tuple, tuple[Callable[[Any], Any], Any]]
-
-    if TYPE_CHECKING:  # the core protocol (core.JaxCore)
-        def combine(self, op: str, a: Any, b: Any) -> Any: ...
-        def _native_of(self, x: Any) -> Any: ...
+    core: JaxCore
 
     def _allreduce_fn(self, natives: tuple, block: tuple[int, ...], dtype: Any, op: str) -> tuple:
         """A compiled shard_map over ``natives`` reducing one ``block``-shaped shard per device."""
         key = (natives, block, str(dtype), op)
-        hit = self._allreduce_cache.get(key)
+        hit = self.core._allreduce_cache.get(key)
         if hit is not None:
             return hit
-        jax, jnp = self._jax, self._jnp
+        jax, jnp = self.core._jax, self.core._jnp
         lax = jax.lax
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -69,10 +63,10 @@ class JaxCollectives(SupportsNativeCollectives):
                              out_specs=PartitionSpec("i"))
         gshape = (block[0] * n,) + tuple(block[1:])
         compiled = jax.jit(smap).lower(jax.ShapeDtypeStruct(gshape, dtype, sharding=sharding)).compile()
-        with self._lock:
-            if len(self._allreduce_cache) >= _CACHE_MAX:
-                self._allreduce_cache.clear()
-            self._allreduce_cache[key] = (compiled, sharding)
+        with self.core._lock:
+            if len(self.core._allreduce_cache) >= _CACHE_MAX:
+                self.core._allreduce_cache.clear()
+            self.core._allreduce_cache[key] = (compiled, sharding)
         return compiled, sharding
 
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
@@ -85,15 +79,15 @@ class JaxCollectives(SupportsNativeCollectives):
         share one mesh: each platform reduces natively, the partial results are combined on the
         first input's device and copied back out.
         """
-        jax = self._jax
+        jax = self.core._jax
         xs = list(xs)
         if op not in _ALLREDUCE_OPS:
             raise CapabilityError(f"jax backend: native allreduce has no op {op!r}; use one of "
                                   f"{', '.join(_ALLREDUCE_OPS)}")
-        natives = tuple(self._native_of(x) for x in xs)
+        natives = tuple(self.core._native_of(x) for x in xs)
         shape, dtype = tuple(xs[0].shape), xs[0].dtype
         if 0 in shape:  # nothing to reduce (and XLA lays out empty shards unpredictably)
-            return [self._jnp.empty(shape, dtype=dtype, device=nd) for nd in natives]
+            return [self.core._jnp.empty(shape, dtype=dtype, device=nd) for nd in natives]
         groups: dict[str, list[int]] = {}
         for i, nd in enumerate(natives):
             groups.setdefault(nd.platform, []).append(i)
@@ -104,7 +98,7 @@ class JaxCollectives(SupportsNativeCollectives):
         for idx in groups.values():
             part = self._mesh_allreduce([xs[i] for i in idx], tuple(natives[i] for i in idx), op)[0]
             part = part if part.devices() == {home} else jax.device_put(part, home)
-            acc = part if acc is None else self.combine(op, acc, part)
+            acc = part if acc is None else self.core.combine(op, acc, part)
         return [acc if nd == home else jax.device_put(acc, nd) for nd in natives]
 
     def _mesh_allreduce(self, xs: list[Any], natives: tuple, op: str) -> list[Any]:
@@ -122,7 +116,7 @@ class JaxCollectives(SupportsNativeCollectives):
             for x in pieces:
                 x.block_until_ready()
         gshape = (block[0] * len(xs),) + tuple(block[1:])
-        glob = self._jax.make_array_from_single_device_arrays(gshape, sharding, pieces)
+        glob = self.core._jax.make_array_from_single_device_arrays(gshape, sharding, pieces)
         out = compiled(glob)
         if natives[0].platform == "cpu":
             # Several collectives in flight deadlock XLA:CPU's device threads (each run's

@@ -4,13 +4,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from multidev.adapter import CapabilityError, SupportsCompile
+from multidev.adapter import CapabilityError, Concern, SupportsCompile
+
+from .core import JaxCore
 
 
-class JaxCompile(SupportsCompile):
+class JaxCompile(Concern, SupportsCompile):
     """``jax.jit`` (traced with the first call's arguments, so an untraceable function fails then) and eager."""
 
-    _jax: Any
+    core: JaxCore
 
     def compile_routes(self, fn: Any) -> dict[str, bool]:
         return {"jax.jit": True, "eager": True}
@@ -18,7 +20,7 @@ class JaxCompile(SupportsCompile):
     def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
         if route == "eager":
             return fn
-        jitted = self._jax.jit(fn)
+        jitted = self.core._jax.jit(fn)
         try:
             jitted.lower(*args)  # trace now: a function jit cannot trace fails here, typed
         except TypeError as e:  # jax.errors.ConcretizationTypeError and the other tracing errors

@@ -13,7 +13,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -58,12 +58,6 @@ class JaxCore(BaseBackend):
     name: ClassVar[str] = "jax"
     framework: ClassVar[str] = "jax"
     virtual_devices_env: ClassVar[str | None] = _ENV_CPU
-
-    if TYPE_CHECKING:  # the transfer machinery (transfers.JaxTransfers) the blocking moves use
-        def _staged_put(self, arr: np.ndarray, native: Any) -> Any: ...
-        def _staged_from_host(self, x: Any, device: Device, native: Any) -> Any: ...
-        def _pinned(self, x: Any) -> Any: ...
-        def _land(self, z: Any, x: Any, native: Any) -> Any: ...
 
     def __init__(self) -> None:
         n = _cpu_count_from_env()
@@ -217,7 +211,7 @@ class JaxCore(BaseBackend):
             # Not to a CPU device: there it may share the caller's aligned buffer (may_alias=False or
             # not), and asarray always copies.
             if obj.nbytes >= self.staging.threshold and obj.ndim and obj.flags.c_contiguous:
-                x = self._staged_put(obj, native)
+                x = self.transfers._staged_put(obj, native)
             else:
                 x = self._jax.device_put(obj, native)
             return self._finish(x, native, x.dtype if nd is None else nd)
@@ -300,12 +294,12 @@ class JaxCore(BaseBackend):
         ``device_put``."""
         native = self.to_native_device(device)
         if device.kind == "cpu":
-            z = self._pinned(x)
+            z = self.transfers._pinned(x)
             if z is not None:
-                return self._land(z, x, native)
+                return self.transfers._land(z, x, native)
             if getattr(x.sharding, "memory_kind", None) not in (None, "device"):  # a host-memory array
-                return self._land(x, x, native)
-        staged = self._staged_from_host(x, device, native)
+                return self.transfers._land(x, x, native)
+        staged = self.transfers._staged_from_host(x, device, native)
         return staged if staged is not None else self._jax.device_put(x, native)
 
     def copy(self, x: Any, device: Device) -> Any:
@@ -316,7 +310,7 @@ class JaxCore(BaseBackend):
         """Waits. Zero-copy and read-only for CPU arrays; for accelerator arrays a read-only view of a
         fresh copy in pinned host memory (PCIe speed), never np.asarray's cached host copy (which goes
         stale when the buffer is shared through DLPack and written by its producer)."""
-        z = self._pinned(x)
+        z = self.transfers._pinned(x)
         if z is not None:
             return np.asarray(z)
         ds = x.sharding.device_set

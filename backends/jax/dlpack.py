@@ -3,11 +3,12 @@ CapabilityError, a host buffer relabelled with the virtual CPU device asked for.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from multidev.adapter import CapabilityError, Device, SupportsDLPack, canonical_dtype, dlpack_info
+from multidev.adapter import CapabilityError, Concern, Device, SupportsDLPack, canonical_dtype, dlpack_info
 
 from ._common import X64_DTYPES, x64_hint
+from .core import JaxCore
 
 # DLPack (code, bits) pairs of the 64-bit dtypes JAX holds only under x64 (dlpack.h DLDataTypeCode).
 _DL_X64 = {(0, 64), (1, 64), (2, 64), (5, 128)}
@@ -58,33 +59,25 @@ class _Producer:
         return (kind, idx)
 
 
-class JaxDLPack(SupportsDLPack):
+class JaxDLPack(Concern, SupportsDLPack):
     """``jax.Array`` out as it is; in through ``jax.dlpack.from_dlpack``, refused where JAX would copy."""
 
-    _jax: Any
-    _dlpack_dtypes: set[Any]
-
-    if TYPE_CHECKING:  # the core protocol (core.JaxCore)
-        def version(self) -> str: ...
-        def dtype_of(self, x: Any) -> str: ...
-        def to_native_device(self, device: Device) -> Any: ...
-        def device_of(self, x: Any) -> Device: ...
-        def _native_of(self, x: Any) -> Any: ...
+    core: JaxCore
 
     def export_dlpack(self, x: Any) -> Any:
         if len(x.sharding.device_set) != 1:
-            self._native_of(x)  # a multi-device array has no single buffer: DeviceMismatchError
-        if x.dtype not in self._dlpack_dtypes:
-            if not self._jax.dlpack.is_supported_dtype(x.dtype):
+            self.core._native_of(x)  # a multi-device array has no single buffer: DeviceMismatchError
+        if x.dtype not in self.core._dlpack_dtypes:
+            if not self.core._jax.dlpack.is_supported_dtype(x.dtype):
                 raise CapabilityError(f"jax backend: DLPack cannot carry dtype {x.dtype}")
-            self._dlpack_dtypes.add(x.dtype)
+            self.core._dlpack_dtypes.add(x.dtype)
         return x  # jax.Array has __dlpack__ and __dlpack_device__
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:
         """Zero-copy or CapabilityError: JAX copies CPU buffers that are not 64-byte aligned and
         turns 64-bit tensors into 32-bit copies without x64; both are refused here. A host buffer
         becomes a view on the virtual CPU device ``device``."""
-        jax = self._jax
+        jax = self.core._jax
         x64 = bool(jax.config.jax_enable_x64)
         src = None
         if type(obj).__name__ != "PyCapsule":
@@ -95,7 +88,7 @@ class JaxDLPack(SupportsDLPack):
             if not x64 and src in X64_DTYPES:
                 raise CapabilityError(f"jax backend: cannot import a {src} tensor without x64 (it "
                                       f"would become a 32-bit copy); {x64_hint(src)}")
-        native = self.to_native_device(device)
+        native = self.core.to_native_device(device)
         if device.kind != "cpu" and not self._strides_read_as_row_major and hasattr(obj, "__dlpack__"):
             return self._import_accelerator(obj, device)
         cpu_id = getattr(native, "local_hardware_id", None) if device.kind == "cpu" else None
@@ -118,9 +111,9 @@ class JaxDLPack(SupportsDLPack):
             raise CapabilityError(
                 "jax backend: JAX copied this DLPack buffer instead of sharing it (JAX needs 64-byte "
                 "aligned CPU buffers); use multidev.asarray for an explicit copy")
-        if self.device_of(y) != device:
+        if self.core.device_of(y) != device:
             raise CapabilityError(f"jax backend: a DLPack buffer of {device} arrived on "
-                                  f"{self.device_of(y)}; moving it would copy, so JAX cannot share it there")
+                                  f"{self.core.device_of(y)}; moving it would copy, so JAX cannot share it there")
         return y
 
     def _import_host(self, obj: Any, device: Device, cpu_id: int | None, src: str) -> Any:
@@ -129,7 +122,7 @@ class JaxDLPack(SupportsDLPack):
         is refused), so the capsule's header is not read a second time; the dtype and the device of
         the result are checked (JAX without x64 narrows 64-bit types, refused above)."""
         try:
-            y = self._jax.dlpack.from_dlpack(_Producer(obj, cpu_id, inspect=False), copy=False)
+            y = self.core._jax.dlpack.from_dlpack(_Producer(obj, cpu_id, inspect=False), copy=False)
         except ValueError as e:
             if "copy" in str(e):
                 raise CapabilityError(
@@ -138,19 +131,19 @@ class JaxDLPack(SupportsDLPack):
             raise CapabilityError(f"jax backend cannot import this DLPack tensor ({type(obj).__name__}): {e}") from e
         except (TypeError, BufferError, RuntimeError) as e:
             raise CapabilityError(f"jax backend cannot import this DLPack tensor ({type(obj).__name__}): {e}") from e
-        if self.dtype_of(y) != src:
+        if self.core.dtype_of(y) != src:
             raise CapabilityError(f"jax backend: a {src} DLPack buffer arrived as {y.dtype} (a copy); "
                                   f"{x64_hint(src)}")
-        if self.device_of(y) != device:
+        if self.core.device_of(y) != device:
             raise CapabilityError(f"jax backend: a DLPack buffer of {device} arrived on "
-                                  f"{self.device_of(y)}; moving it would copy, so JAX cannot share it there")
+                                  f"{self.core.device_of(y)}; moving it would copy, so JAX cannot share it there")
         return y
 
     def _import_accelerator(self, obj: Any, device: Device) -> Any:
         """The accelerator path of import_dlpack: JAX passes its stream to the producer (ordered on
         the device, no host wait) and places the view on the producer's device; no header reads."""
         try:
-            y = self._jax.dlpack.from_dlpack(obj)
+            y = self.core._jax.dlpack.from_dlpack(obj)
         except (TypeError, ValueError, BufferError, RuntimeError) as e:
             raise CapabilityError(f"jax backend cannot import this DLPack tensor ({type(obj).__name__}): {e}") from e
         return y
@@ -159,6 +152,6 @@ class JaxDLPack(SupportsDLPack):
     def _strides_read_as_row_major(self) -> bool:
         """jax < 0.8 reads a strided DLPack buffer as if it were row-major: headers must be checked."""
         try:
-            return tuple(int(p) for p in self.version().split(".")[:2]) < (0, 8)
+            return tuple(int(p) for p in self.core.version().split(".")[:2]) < (0, 8)
         except ValueError:
             return True

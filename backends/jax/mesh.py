@@ -4,26 +4,24 @@ TPUs and GPUs, the devices' order on CPUs)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from multidev.adapter import CapabilityError, Device, Mesh, SupportsMesh
+from multidev.adapter import CapabilityError, Concern, Device, Mesh, SupportsMesh
+
+from .core import JaxCore
 
 
-class JaxMesh(SupportsMesh):
+class JaxMesh(Concern, SupportsMesh):
     """``jax.sharding.Mesh`` both ways; the order of ``mesh_utils.create_device_mesh``."""
 
-    _jax: Any
-
-    if TYPE_CHECKING:  # the core protocol (core.JaxCore)
-        def to_native_device(self, device: Device) -> Any: ...
-        def from_native_device(self, obj: Any) -> Device | None: ...
+    core: JaxCore
 
     def mesh_device_order(self, shape: tuple[int, ...], devices: Sequence[Device]) -> list[Device]:
         from jax.experimental import mesh_utils
 
-        natives = [self.to_native_device(d) for d in devices]
+        natives = [self.core.to_native_device(d) for d in devices]
         if len({nd.platform for nd in natives}) > 1:  # create_device_mesh wants one kind
             return list(devices)
         grid = mesh_utils.create_device_mesh(tuple(shape), natives)
@@ -37,15 +35,15 @@ class JaxMesh(SupportsMesh):
         if kind != "jax":
             raise CapabilityError(f"jax backend makes meshes of kind 'jax', not {kind!r}")
         natives = np.empty(len(mesh.devices), dtype=object)
-        natives[:] = [self.to_native_device(d) for d in mesh.devices]
-        return self._jax.sharding.Mesh(natives.reshape(mesh.shape), mesh.axis_names)
+        natives[:] = [self.core.to_native_device(d) for d in mesh.devices]
+        return self.core._jax.sharding.Mesh(natives.reshape(mesh.shape), mesh.axis_names)
 
     def from_native_mesh(self, obj: Any) -> Any:
-        if not isinstance(obj, self._jax.sharding.Mesh):
+        if not isinstance(obj, self.core._jax.sharding.Mesh):
             return None
         devs = []
         for nd in np.asarray(obj.devices, dtype=object).reshape(-1):
-            d = self.from_native_device(nd)
+            d = self.core.from_native_device(nd)
             if d is None:
                 raise CapabilityError(f"jax backend: the mesh holds {nd}, which is not one of this process's "
                                       "devices (a mesh over several processes is multidev.distributed's)")

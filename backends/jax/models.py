@@ -12,20 +12,19 @@ are. JAX has no models that move in place.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from multidev.adapter import CapabilityError, Device, SupportsModels
+from multidev.adapter import CapabilityError, Concern, Device, SupportsModels
+
+from .core import JaxCore
 
 
-class JaxModels(SupportsModels):
+class JaxModels(Concern, SupportsModels):
     """Registered pytree nodes as ``"tree"``s."""
 
-    _jax: Any
-
-    if TYPE_CHECKING:  # the core protocol (core.JaxCore)
-        def to_native_device(self, device: Device) -> Any: ...
+    core: JaxCore
 
     def model_kind(self, obj: Any) -> str | None:
         if obj is None or isinstance(obj, (str, bytes, int, float, complex)):
@@ -33,7 +32,7 @@ class JaxModels(SupportsModels):
         if isinstance(obj, (list, tuple, dict)) and (
                 type(obj).__module__ in ("builtins", "collections") or hasattr(type(obj), "_fields")):
             return None  # Python's containers (named tuples, OrderedDict, defaultdict too) are the core's
-        tu = self._jax.tree_util
+        tu = self.core._jax.tree_util
         try:
             children, treedef = tu.tree_flatten(obj, is_leaf=lambda x: x is not obj)
         except Exception:  # noqa: BLE001 - a node whose flatten raises is none of ours to take apart
@@ -43,7 +42,7 @@ class JaxModels(SupportsModels):
         return "tree"
 
     def flatten_tree(self, obj: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
-        tu = self._jax.tree_util
+        tu = self.core._jax.tree_util
         children, treedef = tu.tree_flatten(obj, is_leaf=lambda x: x is not obj)
         return list(children), lambda new: tu.tree_unflatten(treedef, new)
 
@@ -55,8 +54,8 @@ class JaxModels(SupportsModels):
     def put_scalar(self, obj: Any, device: Device | None) -> Any:
         """Scalar ``obj`` as ``jax.device_put(obj, device)`` makes it: a weakly typed (Python scalars)
         array committed to ``device``; uncommitted on JAX's default device where ``device`` is None."""
-        jax = self._jax
-        return jax.device_put(obj) if device is None else jax.device_put(obj, self.to_native_device(device))
+        jax = self.core._jax
+        return jax.device_put(obj) if device is None else jax.device_put(obj, self.core.to_native_device(device))
 
     def module_tensors(self, obj: Any) -> list[Any]:
         raise CapabilityError("jax backend: JAX has no models that move in place, only trees")

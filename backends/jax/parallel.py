@@ -15,30 +15,27 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from multidev.adapter import Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+from multidev.adapter import Concern, Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
 
 from ._common import LossCache
+from .core import JaxCore
 
 
 def _is_train_state(obj: Any) -> bool:
     return all(hasattr(obj, a) for a in ("params", "opt_state", "tx", "apply_gradients", "replace"))
 
 
-class JaxParallel(SupportsDataParallel):
+class JaxParallel(Concern, SupportsDataParallel):
     """Parameter pytrees with optax, and flax ``TrainState``s."""
 
-    _jax: Any
-    _jnp: Any
-
-    if TYPE_CHECKING:  # the core's
-        def to_native_device(self, device: Device) -> Any: ...
+    core: JaxCore
 
     def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
-        jax = self._jax
+        jax = self.core._jax
         state = _is_train_state(model)
         params = model.params if state else model
         arrays = jax.tree_util.tree_leaves(params)
@@ -51,7 +48,7 @@ class JaxParallel(SupportsDataParallel):
                                                                                                None))):
             raise InvalidArgumentError(f"data_parallel: JAX parameters train with an optax GradientTransformation "
                                        f"(init and update), got {type(optimizer).__name__}")
-        return JaxReplica(self, jax, model if state else None, params, optimizer, list(devices))
+        return JaxReplica(self.core, jax, model if state else None, params, optimizer, list(devices))
 
 
 class JaxReplica(Replica):

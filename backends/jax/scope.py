@@ -3,29 +3,27 @@ so ``jnp.ones(2)`` inside ``md.device_scope(dev, backend="jax")`` lands on ``dev
 configuration context: per thread, nested as JAX nests it."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from multidev.adapter import Device, SupportsDeviceScope
+from multidev.adapter import Concern, Device, SupportsDeviceScope
+
+from .core import JaxCore
 
 
-class JaxScope(SupportsDeviceScope):
+class JaxScope(Concern, SupportsDeviceScope):
     """``with jax.default_device(d):``."""
 
-    _jax: Any
-
-    if TYPE_CHECKING:  # the core's
-        def to_native_device(self, device: Device) -> Any: ...
-        def from_native_device(self, obj: Any) -> Device | None: ...
+    core: JaxCore
 
     def device_scope(self, device: Device) -> Any:
-        return self._jax.default_device(self.to_native_device(device))
+        return self.core._jax.default_device(self.core.to_native_device(device))
 
     def current_device(self) -> Device:
-        jax = self._jax
+        jax = self.core._jax
         native = jax.config.jax_default_device
         if native is None:
             native = jax.devices()[0]  # JAX's own default: the first device of the default platform
         elif isinstance(native, str):
             native = jax.devices(native)[0]
-        dev = self.from_native_device(native)
+        dev = self.core.from_native_device(native)
         return dev if dev is not None else Device("cpu", 0)

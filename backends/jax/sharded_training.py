@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from multidev.adapter import Device, InvalidArgumentError, SupportsShardedTraining
+from multidev.adapter import Concern, Device, InvalidArgumentError, SupportsShardedTraining
 
 from ._common import LossCache
+from .core import JaxCore
 from .parallel import JaxReplica
 
 
@@ -24,18 +25,14 @@ def _is_train_state(obj: Any) -> bool:  # (parallel.py's test: a flax TrainState
     return all(hasattr(obj, a) for a in ("params", "opt_state", "tx", "apply_gradients", "replace"))
 
 
-class JaxShardedTraining(SupportsShardedTraining):
+class JaxShardedTraining(Concern, SupportsShardedTraining):
     """Parameter pytrees with optax, and flax ``TrainState``s, on a mesh."""
 
-    _jax: Any
-
-    if TYPE_CHECKING:  # the mesh's and the sharding's (mesh.JaxMesh, sharding.JaxSharding)
-        def to_native_mesh(self, mesh: Any, kind: str) -> Any: ...
-        def sharding_for(self, layout: Any, shape: tuple[int, ...]) -> Any: ...
+    core: JaxCore
 
     def sharded_replica(self, model: Any, optimizer: Any, mesh: Any, data_axes: tuple[str, ...],
                         layout_for: Any) -> Any:
-        jax = self._jax
+        jax = self.core._jax
         state = _is_train_state(model)
         params = model.params if state else model
         arrays = jax.tree_util.tree_leaves(params)
@@ -48,7 +45,7 @@ class JaxShardedTraining(SupportsShardedTraining):
                                                                                                None))):
             raise InvalidArgumentError(f"data_parallel: JAX parameters train with an optax GradientTransformation "
                                        f"(init and update), got {type(optimizer).__name__}")
-        return JaxMeshReplica(self, jax, model if state else None, params, optimizer, mesh, data_axes, layout_for)
+        return JaxMeshReplica(self.core, jax, model if state else None, params, optimizer, mesh, data_axes, layout_for)
 
 
 class JaxMeshReplica(JaxReplica):

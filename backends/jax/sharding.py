@@ -5,23 +5,17 @@ uneven shapes raise CapabilityError, partial layouts are left to multidev's mana
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from multidev.adapter import CapabilityError, Device, Layout, SupportsSharding
+from multidev.adapter import CapabilityError, Concern, Device, Layout, SupportsSharding
+
+from .core import JaxCore
 
 
-class JaxSharding(SupportsSharding):
+class JaxSharding(Concern, SupportsSharding):
     """``NamedSharding`` both ways; ``device_put``; ``make_array_from_single_device_arrays``."""
 
-    _jax: Any
-    _shardings: dict[Any, Any]  # multidev Layout -> NamedSharding
-    _layouts: dict[Any, tuple[Any]]
-
-    if TYPE_CHECKING:  # the core protocol (core.JaxCore) and the mesh (mesh.JaxMesh)
-        def to_native_mesh(self, mesh: Any, kind: str) -> Any: ...
-        def from_native_mesh(self, obj: Any) -> Any: ...
-        def from_native_device(self, obj: Any) -> Device | None: ...
-        def to_native_device(self, device: Device) -> Any: ...
+    core: JaxCore
 
     def sharding_for(self, layout: Any, shape: tuple[int, ...]) -> Any:
         if layout.partial:
@@ -33,12 +27,12 @@ class JaxSharding(SupportsSharding):
                                   f"dimension {d} of shape {tuple(shape)} has {n} elements for {k} pieces "
                                   f"(layout {layout.spec_text()}); pad it to a multiple of {k}, or use a backend "
                                   "with managed shards, which follow numpy.array_split")
-        cache = self._shardings  # layout -> its NamedSharding (one object: JAX's own caches key by it)
+        cache = self.core._shardings  # layout -> its NamedSharding (one object: JAX's own caches key by it)
         hit = cache.get(layout)
         if hit is None:
-            P = self._jax.sharding.PartitionSpec
+            P = self.core._jax.sharding.PartitionSpec
             spec = P(*[None if not e else e[0] if len(e) == 1 else tuple(e) for e in layout.spec])
-            hit = self._jax.sharding.NamedSharding(self.to_native_mesh(layout.mesh, "jax"), spec)
+            hit = self.core._jax.sharding.NamedSharding(self.core.mesh.to_native_mesh(layout.mesh, "jax"), spec)
             if len(cache) < 1024:
                 cache[layout] = hit
         return hit
@@ -46,35 +40,35 @@ class JaxSharding(SupportsSharding):
     def layout_of(self, x: Any) -> Any:
         sh = getattr(x, "sharding", None)
         try:
-            hit = self._layouts.get(sh)
+            hit = self.core._layouts.get(sh)
         except TypeError:  # an unhashable sharding: read it the long way
             hit = None
         if hit is not None:
             return hit[0]
-        if sh is None or (len(sh.device_set) == 1 and not isinstance(sh, self._jax.sharding.NamedSharding)):
-            if sh is not None and len(self._layouts) < 1024:
-                self._layouts[sh] = (None,)
+        if sh is None or (len(sh.device_set) == 1 and not isinstance(sh, self.core._jax.sharding.NamedSharding)):
+            if sh is not None and len(self.core._layouts) < 1024:
+                self.core._layouts[sh] = (None,)
             return None
-        if not isinstance(sh, self._jax.sharding.NamedSharding):
+        if not isinstance(sh, self.core._jax.sharding.NamedSharding):
             raise CapabilityError(f"jax backend: this array's {type(sh).__name__} is no NamedSharding; multidev "
                                   "reads layouts of NamedShardings (jax.device_put(x, NamedSharding(...)) first)")
-        mesh = self.from_native_mesh(sh.mesh)
+        mesh = self.core.mesh.from_native_mesh(sh.mesh)
         spec = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in sh.spec]
         lay = Layout(mesh, spec)
-        if len(self._layouts) < 1024:
-            self._layouts[sh] = (lay,)
+        if len(self.core._layouts) < 1024:
+            self.core._layouts[sh] = (lay,)
         return lay
 
     def shards_of(self, x: Any) -> list[Any]:
         mesh = self.layout_of(x).mesh
-        by_dev = {self.from_native_device(s.device): s.data for s in x.addressable_shards}
+        by_dev = {self.core.from_native_device(s.device): s.data for s in x.addressable_shards}
         return [by_dev[d] for d in mesh.devices]
 
     def place_sharded(self, x: Any, sharding: Any) -> Any:
-        return self._jax.device_put(x, sharding)
+        return self.core._jax.device_put(x, sharding)
 
     def unshard(self, x: Any, device: Device) -> Any:
-        return self._jax.device_put(x, self.to_native_device(device))
+        return self.core._jax.device_put(x, self.core.to_native_device(device))
 
     def assemble(self, shards: Sequence[Any], sharding: Any, shape: tuple[int, ...]) -> Any:
-        return self._jax.make_array_from_single_device_arrays(tuple(shape), sharding, list(shards))
+        return self.core._jax.make_array_from_single_device_arrays(tuple(shape), sharding, list(shards))

@@ -8,6 +8,8 @@ from typing import Any
 
 from multidev.adapter import TrainingDefaults
 
+from .core import JaxCore
+
 
 class JaxTraining(TrainingDefaults):
     """Gradients by ``jax.value_and_grad`` (jitted, op by op where the loss has data-dependent Python
@@ -15,31 +17,29 @@ class JaxTraining(TrainingDefaults):
     ``p - lr * g`` for every parameter is one jitted call (out of place, each parameter's dtype and
     device kept), not one dispatch per array."""
 
-    _jax: Any
-    _jnp: Any
-    _grad_fns: weakref.WeakKeyDictionary
+    core: JaxCore
 
     def sgd_update(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
-        step = self.__dict__.get("_sgd_step")
+        step = self.core.__dict__.get("_sgd_step")
         if step is None:
-            jax = self._jax
+            jax = self.core._jax
 
             def update(ps: list[Any], gs: list[Any], lr: Any) -> list[Any]:
                 return [p - lr * g for p, g in zip(ps, gs)]  # lr: a weakly typed scalar, p's dtype kept
 
-            step = self.__dict__["_sgd_step"] = jax.jit(update)
+            step = self.core.__dict__["_sgd_step"] = jax.jit(update)
         try:
             return list(step(list(params), list(grads), float(lr)))
         except ValueError:  # parameters on several devices: one jitted call cannot span them
             return super().sgd_update(params, grads, lr)
 
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
-        jax = self._jax
-        vg = self._grad_fns.get(fn) if _weakrefable(fn) else None
+        jax = self.core._jax
+        vg = self.core._grad_fns.get(fn) if _weakrefable(fn) else None
         if vg is None:
             # The cached function holds fn weakly, so the cache entry goes when fn does.
             ref: Callable[[], Any] = weakref.ref(fn) if _weakrefable(fn) else (lambda: fn)
-            vg = jax.value_and_grad(lambda ps, *a: self._jnp.sum(ref()(list(ps), *a)))
+            vg = jax.value_and_grad(lambda ps, *a: self.core._jnp.sum(ref()(list(ps), *a)))
             try:
                 jitted = jax.jit(vg)
                 value, grads = jitted(list(params), *args)  # runs where its committed inputs live
@@ -47,7 +47,7 @@ class JaxTraining(TrainingDefaults):
                 jitted = vg  # data-dependent Python control flow: differentiate op by op
                 value, grads = vg(list(params), *args)
             if _weakrefable(fn):
-                self._grad_fns[fn] = jitted
+                self.core._grad_fns[fn] = jitted
             return value, list(grads)
         value, grads = vg(list(params), *args)
         return value, list(grads)

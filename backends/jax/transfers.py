@@ -6,32 +6,27 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from multidev.adapter import Device, StagingPlan, SupportsNonBlocking, parallel_put
+from multidev.adapter import Concern, Device, SupportsNonBlocking, parallel_put
+
+from .core import JaxCore
 
 
-class JaxTransfers(SupportsNonBlocking):
+class JaxTransfers(Concern, SupportsNonBlocking):
     """``start_move`` and ``start_to_numpy`` dispatched, not awaited; the pinned copies and staged
     uploads that the core's ``move``, ``asarray`` and ``to_numpy`` use too."""
 
-    _jax: Any
-    _jnp: Any
-    _pinned_kinds: dict[Any, bool]
-    staging: StagingPlan
-
-    if TYPE_CHECKING:  # the core protocol (core.JaxCore)
-        def to_native_device(self, device: Device) -> Any: ...
-        def to_numpy(self, x: Any) -> np.ndarray: ...
+    core: JaxCore
 
     def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], Any] | None]:
         """Dispatched, not awaited. To the host: the copy into pinned host memory is dispatched now
         (it runs once x is computed, overlapping with later work); the CPU array is made from it when
         the waiter runs, which returns it (handing the pinned buffer to the CPU device would wait for
         the copy, stalling the caller's dispatch)."""
-        native = self.to_native_device(device)
+        native = self.core.to_native_device(device)
         # Staged only when x is computed already: staging reads x now, which would wait for it.
         staged = self._staged_from_host(x, device, native) if x.is_ready() else None
         if staged is not None:
@@ -46,7 +41,7 @@ class JaxTransfers(SupportsNonBlocking):
         if device.kind == "cpu" and getattr(x.sharding, "memory_kind", None) not in (None, "device"):
             y = self._land(x, x, native)
         else:
-            y = self._jax.device_put(x, native)
+            y = self.core._jax.device_put(x, native)
 
         def waiter() -> None:
             y.block_until_ready()
@@ -58,7 +53,7 @@ class JaxTransfers(SupportsNonBlocking):
         computed); the callable waits and gives a read-only NumPy view of that fresh copy."""
         z = self._pinned(x)
         if z is None:
-            return lambda: self.to_numpy(x)
+            return lambda: self.core.to_numpy(x)
         return lambda: np.asarray(z)
 
     def _land(self, z: Any, x: Any, native: Any) -> Any:
@@ -71,14 +66,15 @@ class JaxTransfers(SupportsNonBlocking):
         try:
             host = np.asarray(z)
         except (ValueError, TypeError, RuntimeError):
-            return self._jax.device_put(x, native)
-        return self._jax.device_put(host, native)
+            return self.core._jax.device_put(x, native)
+        return self.core._jax.device_put(host, native)
 
     def _staged_from_host(self, x: Any, device: Device, native: Any) -> Any:
         """A large host array ``x`` (on a CPU device) put on accelerator ``device`` through the staged
         upload (read before this returns), or None where the plain ``device_put`` applies."""
-        if device.kind == "cpu" or x.nbytes < self.staging.threshold or x.ndim == 0 \
-                or self._jax.dtypes.issubdtype(x.dtype, self._jax.dtypes.extended):  # PRNG keys: no NumPy view
+        jax = self.core._jax
+        if device.kind == "cpu" or x.nbytes < self.core.staging.threshold or x.ndim == 0 \
+                or jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):  # PRNG keys: no NumPy view
             return None
         ds = x.sharding.device_set
         if len(ds) != 1 or next(iter(ds)).platform != "cpu":
@@ -98,16 +94,16 @@ class JaxTransfers(SupportsNonBlocking):
             return None
         if getattr(sh, "memory_kind", None) == "pinned_host":
             return x
-        return self._jax.device_put(x, sh.with_memory_kind("pinned_host"))
+        return self.core._jax.device_put(x, sh.with_memory_kind("pinned_host"))
 
     def _has_pinned(self, nd: Any) -> bool:
-        hit = self._pinned_kinds.get(nd)
+        hit = self.core._pinned_kinds.get(nd)
         if hit is None:
             try:
                 hit = any(m.kind == "pinned_host" for m in nd.addressable_memories())
             except Exception:  # noqa: BLE001 - memory kinds are not implemented on every plugin
                 hit = False
-            self._pinned_kinds[nd] = hit
+            self.core._pinned_kinds[nd] = hit
         return hit
 
     def _staged_put(self, arr: np.ndarray, native: Any) -> Any:
@@ -115,14 +111,14 @@ class JaxTransfers(SupportsNonBlocking):
         threads (JAX reads pageable memory faster so), joined on the device. Synchronous for the
         source; the join compiles once per shape and dtype and holds the array twice for a moment
         (where the device has no room for that, one ``device_put`` instead)."""
-        jax = self._jax
+        jax = self.core._jax
         try:
-            parts = parallel_put(arr, lambda p: jax.device_put(p, native), self.staging)
+            parts = parallel_put(arr, lambda p: jax.device_put(p, native), self.core.staging)
             return self._join(tuple(parts), arr.shape)
         except (RuntimeError, MemoryError):  # the join needs the array twice: no room, so one put
             return jax.device_put(arr, native)
 
     @functools.cached_property
     def _join(self) -> Callable[[tuple, tuple[int, ...]], Any]:
-        jnp = self._jnp
-        return self._jax.jit(lambda parts, shape: jnp.concatenate(parts).reshape(shape), static_argnums=1)
+        jnp = self.core._jnp
+        return self.core._jax.jit(lambda parts, shape: jnp.concatenate(parts).reshape(shape), static_argnums=1)

@@ -37,6 +37,8 @@ its Trainer, data-parallel); ``_common.py`` holds what several of them share.
 """
 from __future__ import annotations
 
+from multidev.adapter import concern
+
 from .collectives import MxnetCollectives
 from .compile import MxnetCompile
 from .core import MxnetCore
@@ -50,6 +52,14 @@ from .transfers import MxnetTransfers
 __all__ = ["MxnetBackend"]
 
 
-class MxnetBackend(MxnetCore, MxnetTransfers, MxnetDLPack, MxnetCollectives, MxnetTraining, MxnetCompile, MxnetModels,
-                   MxnetScope, MxnetParallel):
+class MxnetBackend(MxnetCore):
     """The MXNet backend (see the package docstring)."""
+
+    transfers = concern(MxnetTransfers)
+    dlpack = concern(MxnetDLPack)
+    collectives = concern(MxnetCollectives)
+    training = concern(MxnetTraining)
+    compiler = concern(MxnetCompile)
+    models = concern(MxnetModels)
+    scope = concern(MxnetScope)
+    parallel = concern(MxnetParallel)

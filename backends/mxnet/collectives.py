@@ -2,34 +2,22 @@
 through a KVStore, the other ops on MXNet's engine."""
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from multidev.adapter import CapabilityError, Device, SupportsNativeCollectives
+from multidev.adapter import CapabilityError, Concern, SupportsNativeCollectives
 
 from ._common import FLOATS
+from .core import MxnetCore
 
 #: KVStores kept for native_allreduce, one per (devices, shape, dtype), least recently used dropped.
 _KVSTORES = 16
 
 
-class MxnetCollectives(SupportsNativeCollectives):
+class MxnetCollectives(Concern, SupportsNativeCollectives):
     """KVStores kept per (contexts, shape, dtype) for sums, pairwise folds for max/min/prod."""
 
-    _mx: Any
-    _kv: OrderedDict[tuple[Any, ...], Any]
-    _kv_lock: threading.Lock
-
-    if TYPE_CHECKING:  # the core protocol (core.MxnetCore)
-        def device_of(self, x: Any) -> Device: ...
-        def dtype_of(self, x: Any) -> str: ...
-        def divide(self, x: Any, n: int) -> Any: ...
-        def _scope(self) -> Any: ...
-        def _nd(self, x: Any) -> Any: ...
-        def _like(self, y: Any, x: Any) -> Any: ...
-        def _binary(self, op: str) -> Any: ...
+    core: MxnetCore
 
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         """MXNet's own allreduce, out of place (inputs untouched, results never alias them).
@@ -43,20 +31,20 @@ class MxnetCollectives(SupportsNativeCollectives):
             raise CapabilityError(f"mxnet backend: native allreduce has no op {op!r}; "
                                   "use sum, mean, max, min or prod")
         xs = list(xs)
-        dtype = self.dtype_of(xs[0])
+        dtype = self.core.dtype_of(xs[0])
         if op == "mean" and dtype not in FLOATS:
             raise CapabilityError(f"mxnet backend: mean of {dtype} tensors is refused; cast to a "
                                   "floating dtype first")
         if dtype == "bool":
             op = {"sum": "max", "prod": "min"}.get(op, op)  # NumPy: bool + is "or", bool * is "and"
-        with self._scope():
-            ns = [self._nd(x) for x in xs]
+        with self.core._scope():
+            ns = [self.core._nd(x) for x in xs]
             if dtype == "bool":  # KVStore and arithmetic refuse bool (KVStore fails asynchronously)
                 ns = [n.astype("int32") for n in ns]
             if op in ("sum", "mean"):
-                outs = self._kvstore_sum(ns, any(self.device_of(x).is_gpu for x in xs))
+                outs = self._kvstore_sum(ns, any(self.core.device_of(x).is_gpu for x in xs))
             else:
-                fn = self._binary(op)
+                fn = self.core._binary(op)
                 acc = ns[0]
                 for n in ns[1:]:
                     acc = fn(acc, n.as_in_context(ns[0].context))
@@ -66,8 +54,8 @@ class MxnetCollectives(SupportsNativeCollectives):
             if dtype == "bool":
                 outs = [o.astype("bool") for o in outs]
             if op == "mean":
-                outs = [self.divide(o, len(xs)) for o in outs]
-            return [self._like(o, x) for o, x in zip(outs, xs)]
+                outs = [self.core.divide(o, len(xs)) for o in outs]
+            return [self.core._like(o, x) for o, x in zip(outs, xs)]
 
     def _kvstore_sum(self, ns: list[Any], gpu: bool) -> list[Any]:
         """Sum legacy NDArrays on distinct contexts through a KVStore; new outputs.
@@ -76,30 +64,30 @@ class MxnetCollectives(SupportsNativeCollectives):
         its own: a store created per call and dropped while its push/pull was still queued
         crashed MXNet's engine in long loops (SIGFPE, SIGSEGV, heap corruption). A store is only
         ever dropped (least recently used, beyond _KVSTORES, or at exit) after ``waitall``."""
-        mx = self._mx
+        mx = self.core._mx
         shape, mdt = tuple(ns[0].shape), ns[0].dtype
         key = (gpu, tuple((n.context.device_typeid, n.context.device_id) for n in ns), shape, str(mdt))
-        with self._kv_lock:
-            kv = self._kv.get(key)
+        with self.core._kv_lock:
+            kv = self.core._kv.get(key)
             if kv is None:
-                if len(self._kv) >= _KVSTORES:
+                if len(self.core._kv) >= _KVSTORES:
                     mx.nd.waitall()
-                    self._kv.popitem(last=False)
+                    self.core._kv.popitem(last=False)
                 kv = mx.kv.create("device" if gpu else "local")
                 kv.init(0, mx.nd.zeros(shape, ctx=ns[0].context, dtype=mdt))
-                self._kv[key] = kv
+                self.core._kv[key] = kv
             else:
-                self._kv.move_to_end(key)
+                self.core._kv.move_to_end(key)
             outs = [mx.nd.empty(shape, ctx=n.context, dtype=mdt) for n in ns]
             kv.pushpull(0, ns, out=outs)
         return outs
 
     def _drop_kvstores(self) -> None:
         """At exit (before MXNet's own shutdown hook): drain the engine, then drop the stores."""
-        with self._kv_lock:
-            if self._kv:
+        with self.core._kv_lock:
+            if self.core._kv:
                 try:
-                    self._mx.nd.waitall()
+                    self.core._mx.nd.waitall()
                 except Exception:  # noqa: BLE001 - a pending async error must not break exit
                     pass
-                self._kv.clear()
+                self.core._kv.clear()

@@ -4,17 +4,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from multidev.adapter import CapabilityError, SupportsCompile
+from multidev.adapter import CapabilityError, Concern, SupportsCompile
+
+from .core import MxnetCore
 
 
-class MxnetCompile(SupportsCompile):
+class MxnetCompile(Concern, SupportsCompile):
     """``hybridize`` (static or not) and eager, for Gluon ``HybridBlock``s; the block itself is
     reconfigured."""
 
-    _mx: Any
+    core: MxnetCore
 
     def compile_routes(self, fn: Any) -> dict[str, bool]:
-        if not isinstance(fn, self._mx.gluon.HybridBlock):
+        if not isinstance(fn, self.core._mx.gluon.HybridBlock):
             raise CapabilityError("mxnet backend compiles Gluon HybridBlocks (hybridize); MXNet has no compiler "
                                   f"for a plain {type(fn).__name__}: build the model from gluon.nn layers "
                                   "(nn.HybridSequential) or call the function as it is")

@@ -10,7 +10,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -69,9 +69,6 @@ class MxnetCore(BaseBackend):
     framework: ClassVar[str] = "mxnet"
     virtual_devices_env: ClassVar[str | None] = _ENV_CPUS
 
-    if TYPE_CHECKING:  # collectives.MxnetCollectives: drains its KVStores at exit
-        def _drop_kvstores(self) -> None: ...
-
     def __init__(self) -> None:
         import importlib.util
 
@@ -118,7 +115,7 @@ class MxnetCore(BaseBackend):
         # native_allreduce's KVStores (see _kvstore_sum), and the exit hook that drains them
         self._kv: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._kv_lock = threading.Lock()
-        atexit.register(self._drop_kvstores)
+        atexit.register(self.collectives._drop_kvstores)
         self._caps = Capabilities(mutable=True, async_execution=True, pinned_memory=n_gpu > 0,
                                   dlpack=True, native_collectives=frozenset({"allreduce"}),
                                   dtypes=MX_DTYPES, raises_on_mixed_devices=False)

@@ -2,36 +2,29 @@
 compact tensors of MXNet's dtypes in (host buffers on ``cpu:0`` only)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from multidev.adapter import CapabilityError, Device, SupportsDLPack
+from multidev.adapter import CapabilityError, Concern, Device, SupportsDLPack
 
 from ._common import MX_DTYPES
+from .core import MxnetCore
 
 
-class MxnetDLPack(SupportsDLPack):
+class MxnetDLPack(Concern, SupportsDLPack):
     """``mx.nd.to_dlpack_for_read`` out, ``mx.nd.from_dlpack`` in, refused where MXNet cannot
     compute with the result or label it with the device asked for."""
 
-    _mx: Any
-    _error: Any
-
-    if TYPE_CHECKING:  # the core protocol (core.MxnetCore)
-        def device_of(self, x: Any) -> Device: ...
-        def dtype_of(self, x: Any) -> str: ...
-        def _scope(self) -> Any: ...
-        def _nd(self, x: Any) -> Any: ...
-        def _made(self, y: Any) -> Any: ...
+    core: MxnetCore
 
     def export_dlpack(self, x: Any) -> Any:
         """A legacy DLPack capsule (``mx.nd.to_dlpack_for_read``: MXNet arrays have no
         ``__dlpack__``). MXNet arrays are always compact, views included. bool cannot be exported."""
-        if self.dtype_of(x) == "bool":
+        if self.core.dtype_of(x) == "bool":
             raise CapabilityError("mxnet backend: MXNet cannot export bool arrays through DLPack; "
                                   "cast first (x.astype('uint8')) or go through multidev.to_numpy")
-        return self._mx.nd.to_dlpack_for_read(self._nd(x))
+        return self.core._mx.nd.to_dlpack_for_read(self.core._nd(x))
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:
         """An array sharing memory with ``obj`` (an object with ``__dlpack__`` or a legacy capsule): an
@@ -41,9 +34,9 @@ class MxnetDLPack(SupportsDLPack):
         context (convert then copies)."""
         capsule = obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
         try:
-            with self._scope():
-                y = self._mx.nd.from_dlpack(capsule)
-        except self._error as e:
+            with self.core._scope():
+                y = self.core._mx.nd.from_dlpack(capsule)
+        except self.core._error as e:
             msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise CapabilityError(
                 f"mxnet backend cannot import this DLPack tensor ({msg}). MXNet takes only compact "
@@ -55,8 +48,8 @@ class MxnetDLPack(SupportsDLPack):
             # bfloat16 arrives as a structured uint16 dtype that no MXNet op computes with.
             raise CapabilityError(f"mxnet backend: DLPack tensor of dtype {dt} cannot be used by MXNet "
                                   f"1.9.1; cast it to one of {', '.join(sorted(MX_DTYPES))} first")
-        if self.device_of(y) != device:
+        if self.core.device_of(y) != device:
             raise CapabilityError(f"mxnet backend: a DLPack buffer of {device} arrived on "
-                                  f"{self.device_of(y)}; MXNet cannot label foreign memory with another "
+                                  f"{self.core.device_of(y)}; MXNet cannot label foreign memory with another "
                                   "CPU context, so sharing works on cpu:0 only")
-        return self._made(y)
+        return self.core._made(y)

@@ -8,21 +8,20 @@ then moved.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from multidev.adapter import CapabilityError, Device, SupportsModels
+from multidev.adapter import CapabilityError, Concern, Device, SupportsModels
+
+from .core import MxnetCore
 
 
-class MxnetModels(SupportsModels):
+class MxnetModels(Concern, SupportsModels):
     """Gluon blocks as ``"module"``\\s."""
 
-    _mx: Any
-
-    if TYPE_CHECKING:  # the core's
-        def to_native_device(self, device: Device) -> Any: ...
+    core: MxnetCore
 
     def model_kind(self, obj: Any) -> str | None:
-        return "module" if isinstance(obj, self._mx.gluon.Block) else None
+        return "module" if isinstance(obj, self.core._mx.gluon.Block) else None
 
     def flatten_tree(self, obj: Any) -> tuple[list[Any], Any]:
         raise CapabilityError("mxnet backend: a Gluon Block is a model, not a tree")
@@ -36,7 +35,7 @@ class MxnetModels(SupportsModels):
         return out
 
     def move_module(self, obj: Any, device: Device) -> Any:
-        ctx = self.to_native_device(device)
+        ctx = self.core.to_native_device(device)
         params = obj.collect_params()
         if all(p.list_ctx() == [ctx] for p in params.values() if getattr(p, "_data", None) is not None) \
                 and all(getattr(p, "_data", None) is not None for p in params.values()):

@@ -19,23 +19,22 @@ import os
 import tempfile
 import zlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from multidev.adapter import Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+from multidev.adapter import Concern, Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+
+from .core import MxnetCore
 
 
-class MxnetParallel(SupportsDataParallel):
+class MxnetParallel(Concern, SupportsDataParallel):
     """Gluon blocks with Gluon Trainers."""
 
-    _mx: Any
-
-    if TYPE_CHECKING:  # the core's
-        def to_native_device(self, device: Device) -> Any: ...
+    core: MxnetCore
 
     def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
-        mx = self._mx
+        mx = self.core._mx
         if not isinstance(model, mx.gluon.Block):
             return None
         if optimizer is not None and not isinstance(optimizer, mx.gluon.Trainer):
@@ -49,7 +48,7 @@ class MxnetParallel(SupportsDataParallel):
         if optimizer is not None and any(id(p) not in mine for p in optimizer._params):
             raise InvalidArgumentError("data_parallel: the Trainer holds parameters that are not the block's (build "
                                        "the Trainer on net.collect_params())")
-        ctxs = [self.to_native_device(d) for d in devices]
+        ctxs = [self.core.to_native_device(d) for d in devices]
         if any(p.list_ctx() != ctxs for p in params):
             if optimizer is not None and optimizer._kv_initialized:
                 raise InvalidArgumentError("data_parallel: the Trainer has stepped on other contexts than "
@@ -59,7 +58,7 @@ class MxnetParallel(SupportsDataParallel):
                 optimizer._contexts = optimizer._check_contexts()
                 optimizer._updaters = [mx.optimizer.get_updater(optimizer._optimizer) for _ in optimizer._contexts]
                 optimizer._reset_kvstore()
-        return MxnetReplica(self, mx, model, optimizer, list(devices), ctxs)
+        return MxnetReplica(self.core, mx, model, optimizer, list(devices), ctxs)
 
 
 class MxnetReplica(Replica):

@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from multidev.adapter import SupportsTraining
+from multidev.adapter import Concern, SupportsTraining
+
+from .core import MxnetCore
 
 
-class MxnetTraining(SupportsTraining):
+class MxnetTraining(Concern, SupportsTraining):
     """A replica of an array with a gradient buffer gets its own; gradients by ``autograd.record``
     on private copies; SGD in place."""
 
-    _mx: Any
+    core: MxnetCore
 
     def parameter_like(self, src: Any, y: Any) -> Any:
         if src.grad is not None:  # D2L's attach_grad: the replica gets its own gradient buffer
@@ -23,7 +25,7 @@ class MxnetTraining(SupportsTraining):
         ps = [p.copy() for p in params]  # private copies with fresh (zero) buffers: params' .grad untouched
         for q in ps:
             q.attach_grad()
-        with self._mx.autograd.record():
+        with self.core._mx.autograd.record():
             out = fn(ps, *args)
         out.backward()  # the gradient of out's sum
         return out.sum(), [q.grad for q in ps]

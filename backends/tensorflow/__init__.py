@@ -29,6 +29,8 @@ Keras model and its optimizer, data-parallel); ``_common.py`` holds what several
 """
 from __future__ import annotations
 
+from multidev.adapter import concern
+
 from .collectives import TensorflowCollectives
 from .compile import TensorflowCompile
 from .core import TensorflowCore
@@ -43,7 +45,15 @@ from .transfers import TensorflowTransfers
 __all__ = ["TensorflowBackend"]
 
 
-class TensorflowBackend(TensorflowCore, TensorflowTransfers, TensorflowDLPack, TensorflowCollectives,
-                        TensorflowTraining, TensorflowCompile, TensorflowModels, TensorflowScope,
-                        TensorflowMesh, TensorflowParallel):
+class TensorflowBackend(TensorflowCore):
     """The TensorFlow adapter (see the package docstring)."""
+
+    transfers = concern(TensorflowTransfers)
+    dlpack = concern(TensorflowDLPack)
+    collectives = concern(TensorflowCollectives)
+    training = concern(TensorflowTraining)
+    compiler = concern(TensorflowCompile)
+    models = concern(TensorflowModels)
+    scope = concern(TensorflowScope)
+    mesh = concern(TensorflowMesh)
+    parallel = concern(TensorflowParallel)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from multidev.adapter import CapabilityError, Device, SupportsNativeCollectives
+from multidev.adapter import CapabilityError, Concern, Device, SupportsNativeCollectives
+
+from .core import TensorflowCore
 
 # CollectiveReduceV2 computes in these dtypes. Narrower integers and bool are widened (cast);
 # complex sums reduce as (real, imag) pairs and uint64 as int64 (bitcast, exact; for max/min with
@@ -22,26 +24,10 @@ _MERGE_OP = {"sum": "Add", "mean": "Add", "prod": "Mul", "max": "Max", "min": "M
 _GROUP_KEY_BASE = 0x4D440000
 
 
-class TensorflowCollectives(SupportsNativeCollectives):
+class TensorflowCollectives(Concern, SupportsNativeCollectives):
     """TF's collective all-reduce over the inputs' devices, one traced function per (devices, op, dtype)."""
 
-    _tf: Any
-    _lock: threading.Lock
-    _tokens: dict[Device, Any]
-    _groups: dict[tuple[Device, ...], int]
-    _fns: dict[tuple[Any, ...], Any]
-    _group_locks: dict[tuple[Device, ...], threading.Lock]
-    _instance_keys: dict[tuple[Any, ...], Any]
-
-    if TYPE_CHECKING:  # the core protocol (core.TensorflowCore)
-        def to_native_device(self, device: Device) -> Any: ...
-        def device_of(self, x: Any) -> Device: ...
-        def dtype_of(self, x: Any) -> str: ...
-        def to_native_dtype(self, dtype: str) -> Any: ...
-        def shape_of(self, x: Any) -> tuple[int, ...]: ...
-        def copy(self, x: Any, device: Device) -> Any: ...
-        def _placed(self, y: Any, device: Device, what: str) -> Any: ...
-        def _read(self, x: Any) -> Any: ...
+    core: TensorflowCore
 
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         """TF's collective all-reduce (``CollectiveReduceV2``, one op per device launched together in
@@ -53,15 +39,15 @@ class TensorflowCollectives(SupportsNativeCollectives):
         as int64 (bitcasts); complex prod raises CapabilityError. Devices must be all CPUs or all
         GPUs.
         """
-        tf = self._tf
+        tf = self.core._tf
         xs = list(xs)
         if op not in _MERGE_OP:
             raise CapabilityError(f"tensorflow native_allreduce has no op {op!r}; use one of {', '.join(_MERGE_OP)}")
-        devs = tuple(self.device_of(x) for x in xs)
+        devs = tuple(self.core.device_of(x) for x in xs)
         if len({d.kind for d in devs}) > 1:
             raise CapabilityError("tensorflow native_allreduce cannot mix CPU and GPU devices in one "
                                   "collective group; use algorithm='naive'")
-        dtype = self.dtype_of(xs[0])
+        dtype = self.core.dtype_of(xs[0])
         wide = _COLLECTIVE_WIDEN.get(dtype)
         bitcast = None
         if dtype in _COLLECTIVE_BITCAST:
@@ -73,18 +59,18 @@ class TensorflowCollectives(SupportsNativeCollectives):
         elif dtype not in _COLLECTIVE_NATIVE and wide is None:
             raise CapabilityError(f"tensorflow native_allreduce cannot reduce {dtype} tensors; use "
                                   "algorithm='naive'")
-        if len(xs) == 1 or 0 in self.shape_of(xs[0]):
+        if len(xs) == 1 or 0 in self.core.shape_of(xs[0]):
             # A group of one would forward the input buffer (results never alias inputs), and
             # CollectiveReduceV2 segfaults on tensors with no elements: both reduce to a copy.
-            return [self.copy(x, d) for x, d in zip(xs, devs)]
+            return [self.core.copy(x, d) for x, d in zip(xs, devs)]
         merge, final = _MERGE_OP[op], ("Div" if op == "mean" else "Id")
         if dtype == "bool":  # over {0, 1}: or = max, and = min
             merge = "Max" if op in ("sum", "max") else "Min"
         flip = dtype == "uint64" and op in ("max", "min")
         ins = []
         for x, d in zip(xs, devs):
-            with tf.device(self.to_native_device(d)):
-                v = self._read(x)
+            with tf.device(self.core.to_native_device(d)):
+                v = self.core._read(x)
                 if wide:
                     v = tf.cast(v, wide)
                 elif bitcast:
@@ -98,20 +84,20 @@ class TensorflowCollectives(SupportsNativeCollectives):
         # sees, so a fresh key per call grew the process's memory with every call; and one key
         # reused for another shape or dtype aborts that collective and every later one. Calls of one
         # group are serialized so that no two share a key concurrently.
-        sig = (devs, tuple(self.shape_of(ins[0])), ins[0].dtype.name, merge, final)
-        with self._lock:
-            group_lock = self._group_locks.setdefault(devs, threading.Lock())
-            instance = self._instance_keys.get(sig)
+        sig = (devs, tuple(self.core.shape_of(ins[0])), ins[0].dtype.name, merge, final)
+        with self.core._lock:
+            group_lock = self.core._group_locks.setdefault(devs, threading.Lock())
+            instance = self.core._instance_keys.get(sig)
             if instance is None:
-                with tf.device(self.to_native_device(Device("cpu", 0))):
-                    instance = tf.constant(len(self._instance_keys) % (2**31 - 2) + 1, dtype=tf.int32)
-                self._instance_keys[sig] = instance
+                with tf.device(self.core.to_native_device(Device("cpu", 0))):
+                    instance = tf.constant(len(self.core._instance_keys) % (2**31 - 2) + 1, dtype=tf.int32)
+                self.core._instance_keys[sig] = instance
         with group_lock:
             outs = fn(ins, instance)
-        nd = self.to_native_dtype(dtype)
+        nd = self.core.to_native_dtype(dtype)
         res = []
         for y, d in zip(outs, devs):
-            with tf.device(self.to_native_device(d)):
+            with tf.device(self.core.to_native_device(d)):
                 # A tf.function's host-memory outputs come back labelled CPU:0 (TF reports the host
                 # device for them): tf.identity in the device's scope relabels without copying.
                 if wide:
@@ -122,28 +108,28 @@ class TensorflowCollectives(SupportsNativeCollectives):
                     y = tf.bitcast(y, nd)
                 else:
                     y = tf.identity(y)
-            res.append(self._placed(y, d, "native_allreduce"))
+            res.append(self.core._placed(y, d, "native_allreduce"))
         return res
 
     def _collective_fn(self, devs: tuple[Device, ...], merge: str, final: str, dtype: Any) -> Any:
         """A cached tf.function launching one CollectiveReduceV2 per device, concurrently; traced
         once per (devices, op, dtype), for every shape."""
-        tf = self._tf
-        with self._lock:
+        tf = self.core._tf
+        with self.core._lock:
             fkey = (devs, merge, final, dtype)
-            fn = self._fns.get(fkey)
+            fn = self.core._fns.get(fkey)
             if fn is not None:
                 return fn
-            group = self._groups.setdefault(devs, _GROUP_KEY_BASE + len(self._groups))
+            group = self.core._groups.setdefault(devs, _GROUP_KEY_BASE + len(self.core._groups))
             tokens = []
             for d in devs:
-                if d not in self._tokens:
+                if d not in self.core._tokens:
                     # Collectives are stateful: without a per-device ordering token, tf.function's
                     # automatic control dependencies run them one after another, and they deadlock.
-                    with tf.init_scope(), tf.device(self.to_native_device(d)):
-                        self._tokens[d] = tf.Variable(0.0, trainable=False)
-                tokens.append(self._tokens[d])
-            names = [self.to_native_device(d) for d in devs]
+                    with tf.init_scope(), tf.device(self.core.to_native_device(d)):
+                        self.core._tokens[d] = tf.Variable(0.0, trainable=False)
+                tokens.append(self.core._tokens[d])
+            names = [self.core.to_native_device(d) for d in devs]
             hint = "nccl" if devs[0].is_gpu else "auto"
 
             sig = [[tf.TensorSpec(None, dtype) for _ in devs], tf.TensorSpec([], tf.int32)]
@@ -162,5 +148,5 @@ class TensorflowCollectives(SupportsNativeCollectives):
             # Each group's function traces once, but all share one code object, which TF's retracing
             # detector counts together: silence its "excessive retracing" warning for them.
             allreduce._omit_frequent_tracing_warning = True
-            self._fns[fkey] = allreduce
+            self.core._fns[fkey] = allreduce
             return allreduce

@@ -2,30 +2,28 @@
 compact row-major and aligned buffers in."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from multidev.adapter import CapabilityError, Device, SupportsDLPack, dlpack_info
+from multidev.adapter import CapabilityError, Concern, Device, SupportsDLPack, dlpack_info
+
+from .core import TensorflowCore
 
 # Eigen's alignment (EIGEN_MAX_ALIGN_BYTES): TF checks every buffer it computes on against it, and
 # aborts the interpreter on a host buffer that misses it (Check failed: IsAligned()).
 _ALIGN = 64
 
 
-class TensorflowDLPack(SupportsDLPack):
+class TensorflowDLPack(Concern, SupportsDLPack):
     """Eager tensors export themselves (Variables are refused); imports are checked for TF's layout
     and alignment rules before TF sees the buffer."""
 
-    _tf: Any
-
-    if TYPE_CHECKING:  # the core protocol (core.TensorflowCore)
-        def to_native_device(self, device: Device) -> Any: ...
-        def device_of(self, x: Any) -> Device: ...
+    core: TensorflowCore
 
     def export_dlpack(self, x: Any) -> Any:
         """The eager tensor itself (it has ``__dlpack__``/``__dlpack_device__``). Every TF dtype
         exports, bool and bfloat16 included (NumPy cannot import bfloat16; torch can). A tf.Variable
         is refused: its buffer is replaced on assign, so no export can share memory with it."""
-        tf = self._tf
+        tf = self.core._tf
         if isinstance(x, tf.Variable):
             raise CapabilityError(
                 "tensorflow backend: a tf.Variable cannot be exported through DLPack (TF swaps its "
@@ -38,7 +36,7 @@ class TensorflowDLPack(SupportsDLPack):
         """A tf.Tensor sharing memory with ``obj`` (an object with ``__dlpack__``, or a legacy
         ``"dltensor"`` capsule). TF takes only compact row-major tensors and unversioned capsules;
         anything else raises CapabilityError."""
-        tf = self._tf
+        tf = self.core._tf
         cap = obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
         info = dlpack_info(cap)  # reads the header only; the capsule stays unconsumed
         if not info.aligned(_ALIGN) or not info.row_major:
@@ -55,10 +53,10 @@ class TensorflowDLPack(SupportsDLPack):
                 f"tensorflow backend cannot import this DLPack tensor: {str(e).splitlines()[0]}. TF "
                 "takes compact row-major tensors through legacy 'dltensor' capsules; make the source "
                 "contiguous first (np.ascontiguousarray, tensor.contiguous()).") from e
-        got = self.device_of(y)
+        got = self.core.device_of(y)
         if got == device:
             return y
         if got.kind == device.kind == "cpu":
-            with tf.device(self.to_native_device(device)):
+            with tf.device(self.core.to_native_device(device)):
                 return tf.identity(y)  # between logical CPUs identity relabels, it does not copy
         raise CapabilityError(f"tensorflow backend: a DLPack buffer of {device} arrived on {got}")

@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from multidev.adapter import CapabilityError, Device, Mesh, SupportsMesh
+from multidev.adapter import CapabilityError, Concern, Device, Mesh, SupportsMesh
+
+from .core import TensorflowCore
 
 _TF_KIND = {"cpu": "CPU", "gpu": "GPU"}
 
 
-class TensorflowMesh(SupportsMesh):
+class TensorflowMesh(Concern, SupportsMesh):
     """DTensor and Keras meshes both ways."""
 
-    _tf: Any
-
-    if TYPE_CHECKING:  # the core protocol (core.TensorflowCore)
-        def from_native_device(self, obj: Any) -> Device | None: ...
+    core: TensorflowCore
 
     def mesh_device_order(self, shape: tuple[int, ...], devices: Sequence[Device]) -> list[Device]:
         return list(devices)
@@ -56,7 +55,7 @@ class TensorflowMesh(SupportsMesh):
                                       "the mesh of one process")
             devs = []
             for name in obj.local_devices():
-                d = self.from_native_device(name)
+                d = self.core.from_native_device(name)
                 if d is None:
                     raise CapabilityError(f"tensorflow backend: the mesh holds {name}, which is none of multidev's")
                 devs.append(d)

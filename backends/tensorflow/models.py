@@ -16,22 +16,20 @@ TensorFlow places a variable on a device when the variable is created and never 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from multidev.adapter import CapabilityError, Device, SupportsModels
+from multidev.adapter import CapabilityError, Concern, Device, SupportsModels
+
+from .core import TensorflowCore
 
 
-class TensorflowModels(SupportsModels):
+class TensorflowModels(Concern, SupportsModels):
     """Keras models and layers, and ``tf.Module``, as ``"module"``\\s that cannot move."""
 
-    _tf: Any
-
-    if TYPE_CHECKING:  # the core's
-        def to_native_device(self, device: Device) -> Any: ...
-        def device_of(self, x: Any) -> Device: ...
+    core: TensorflowCore
 
     def model_kind(self, obj: Any) -> str | None:
-        if isinstance(obj, self._tf.Module):
+        if isinstance(obj, self.core._tf.Module):
             return "module"
         keras = sys.modules.get("keras")
         layers = getattr(keras, "layers", None)
@@ -42,7 +40,7 @@ class TensorflowModels(SupportsModels):
         raise CapabilityError("tensorflow backend: a Keras model or tf.Module is a model, not a tree")
 
     def module_tensors(self, obj: Any) -> list[Any]:
-        tf = self._tf
+        tf = self.core._tf
         found = getattr(obj, "weights", None)
         if found is None:
             found = obj.variables
@@ -55,7 +53,7 @@ class TensorflowModels(SupportsModels):
         return list(out.values())
 
     def move_module(self, obj: Any, device: Device) -> Any:
-        where = sorted({str(self.device_of(t)) for t in self.module_tensors(obj)})
+        where = sorted({str(self.core.device_of(t)) for t in self.module_tensors(obj)})
         if not where or where == [str(device)]:
             return obj  # resident (or no variables yet): nothing to move
         raise CapabilityError(
@@ -67,12 +65,12 @@ class TensorflowModels(SupportsModels):
     def copy_module(self, obj: Any, device: Device) -> Any:
         keras = sys.modules.get("keras")
         models = getattr(keras, "models", None)
-        if models is None or (isinstance(obj, self._tf.Module) and not hasattr(obj, "get_weights")):
+        if models is None or (isinstance(obj, self.core._tf.Module) and not hasattr(obj, "get_weights")):
             raise CapabilityError(f"tensorflow backend: TensorFlow has no way to copy a {type(obj).__name__} "
                                   "(only Keras functional and Sequential models can be cloned); build a second "
                                   "one under md.device_scope(device, backend='tensorflow') and assign its weights")
         try:
-            with self._tf.device(self.to_native_device(device)):
+            with self.core._tf.device(self.core.to_native_device(device)):
                 clone = models.clone_model(obj)
                 clone.set_weights(obj.get_weights())
         except (ValueError, TypeError, NotImplementedError) as e:

@@ -19,27 +19,24 @@ from __future__ import annotations
 import sys
 import zlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from multidev.adapter import Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+from multidev.adapter import Concern, Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+
+from .core import TensorflowCore
 
 
-class TensorflowParallel(SupportsDataParallel):
+class TensorflowParallel(Concern, SupportsDataParallel):
     """Keras models with Keras optimizers."""
 
-    _tf: Any
-
-    if TYPE_CHECKING:  # the core's and the models'
-        def to_native_device(self, device: Device) -> Any: ...
-        def copy_module(self, obj: Any, device: Device) -> Any: ...
-        def model_kind(self, obj: Any) -> str | None: ...
+    core: TensorflowCore
 
     def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
         keras = sys.modules.get("keras")
         if keras is None or not isinstance(model, keras.Model):
-            if self.model_kind(model) == "module":
+            if self.core.models.model_kind(model) == "module":
                 raise InvalidArgumentError(f"data_parallel: TensorFlow models are Keras models; got "
                                            f"{type(model).__name__}")
             return None
@@ -49,8 +46,8 @@ class TensorflowParallel(SupportsDataParallel):
         if not model.built:
             raise InvalidArgumentError("data_parallel: build the Keras model first (call it once, or give it an "
                                        "Input), so its variables exist")
-        copies = [self.copy_module(model, d) for d in devices[1:]]
-        return TensorflowReplica(self, self._tf, model, optimizer, list(devices), copies)
+        copies = [self.core.models.copy_module(model, d) for d in devices[1:]]
+        return TensorflowReplica(self.core, self.core._tf, model, optimizer, list(devices), copies)
 
 
 class TensorflowReplica(Replica):

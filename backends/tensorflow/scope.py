@@ -3,24 +3,22 @@ ops and variables created inside ``md.device_scope(dev, backend="tensorflow")`` 
 Per thread, nested as TensorFlow nests it."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from multidev.adapter import Device, SupportsDeviceScope
+from multidev.adapter import Concern, Device, SupportsDeviceScope
+
+from .core import TensorflowCore
 
 
-class TensorflowScope(SupportsDeviceScope):
+class TensorflowScope(Concern, SupportsDeviceScope):
     """``with tf.device(name):``."""
 
-    _tf: Any
-
-    if TYPE_CHECKING:  # the core's
-        def to_native_device(self, device: Device) -> Any: ...
-        def device_of(self, x: Any) -> Device: ...
+    core: TensorflowCore
 
     def device_scope(self, device: Device) -> Any:
-        return self._tf.device(self.to_native_device(device))
+        return self.core._tf.device(self.core.to_native_device(device))
 
     def current_device(self) -> Device:
         # TF resolves the scope (and, without one, its own placement) only when an op runs: a
         # scalar made where an op made now would land.
-        return self.device_of(self._tf.constant(0.0))
+        return self.core.device_of(self.core._tf.constant(0.0))

@@ -23,6 +23,8 @@ protocol), ``transfers.py`` (non-blocking moves, copy streams, pinned buffers, s
 """
 from __future__ import annotations
 
+from multidev.adapter import concern
+
 from .collectives import TorchCollectives
 from .compile import TorchCompile
 from .core import TorchCore
@@ -37,6 +39,15 @@ from .transfers import TorchTransfers
 __all__ = ["TorchBackend"]
 
 
-class TorchBackend(TorchCore, TorchTransfers, TorchDLPack, TorchCollectives, TorchTraining, TorchCompile,
-                   TorchModels, TorchScope, TorchMesh, TorchParallel):
+class TorchBackend(TorchCore):
     """The PyTorch backend (see the package docstring)."""
+
+    transfers = concern(TorchTransfers)
+    dlpack = concern(TorchDLPack)
+    collectives = concern(TorchCollectives)
+    training = concern(TorchTraining)
+    compiler = concern(TorchCompile)
+    models = concern(TorchModels)
+    scope = concern(TorchScope)
+    mesh = concern(TorchMesh)
+    parallel = concern(TorchParallel)

@@ -3,9 +3,11 @@ through ``torch.cuda.nccl``, ``torch.cuda.comm`` for sums where torch has no NCC
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from multidev.adapter import CapabilityError, SupportsNativeCollectives
+from multidev.adapter import CapabilityError, Concern, SupportsNativeCollectives
+
+from .core import TorchCore
 
 # ncclRedOp_t values (nccl.h: ncclSum=0, ncclProd=1, ncclMax=2, ncclMin=3); torch.cuda.nccl only
 # exports SUM and passes the int straight through to NCCL.
@@ -15,13 +17,10 @@ _NCCL_DTYPES = ("bool", "int8", "uint8", "int32", "int64", "float16", "bfloat16"
                 "float64")
 
 
-class TorchCollectives(SupportsNativeCollectives):
+class TorchCollectives(Concern, SupportsNativeCollectives):
     """NCCL allreduce over one CUDA tensor per GPU."""
 
-    _torch: Any
-
-    if TYPE_CHECKING:  # the core protocol (core.TorchCore)
-        def dtype_of(self, x: Any) -> str: ...
+    core: TorchCore
 
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         """NCCL allreduce over one CUDA tensor per GPU (``torch.cuda.comm`` for sums without NCCL).
@@ -31,7 +30,7 @@ class TorchCollectives(SupportsNativeCollectives):
         are first copied into private buffers that NCCL reduces in place. bool reduces as or/and (sum/prod),
         int16 through int32 (exact modulo 2**16), complex sums as pairs of reals.
         """
-        torch = self._torch
+        torch = self.core.torch
         xs = list(xs)
         if any(x.device.type != "cuda" for x in xs):
             where = ", ".join(str(x.device) for x in xs)
@@ -41,7 +40,7 @@ class TorchCollectives(SupportsNativeCollectives):
         idx = [x.device.index for x in xs]
         if op not in _NCCL_OPS:
             raise CapabilityError(f"torch backend: native allreduce has no op {op!r}; use sum, max, min or prod")
-        dtype = self.dtype_of(xs[0])
+        dtype = self.core.dtype_of(xs[0])
         base = op
         complex_ = dtype.startswith("complex")
         if complex_ and base != "sum":

@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from multidev.adapter import CapabilityError, SupportsCompile
+from multidev.adapter import CapabilityError, Concern, SupportsCompile
+
+from .core import TorchCore
 
 
-class TorchCompile(SupportsCompile):
+class TorchCompile(Concern, SupportsCompile):
     """``torch.jit.script``, ``torch.jit.trace`` (refused where it would freeze data-dependent
     control flow), ``torch.compile`` and its modes, and eager."""
 
-    _torch: Any
+    core: TorchCore
 
     def compile_routes(self, fn: Any) -> dict[str, bool]:
         # script < trace < eager < torch.compile in the D2L 12.1 measurements (benchmarks/results/,
@@ -23,7 +25,7 @@ class TorchCompile(SupportsCompile):
     def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
         import warnings
 
-        torch = self._torch
+        torch = self.core.torch
         if route == "eager":
             return fn
         if route.startswith("torch.compile"):

@@ -11,7 +11,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -59,16 +59,10 @@ class TorchCore(BaseBackend):
                     "`pip install torch` on Linux downloads the multi-GB CUDA build).")
         return None
 
-    if TYPE_CHECKING:  # the transfer machinery (transfers.TorchTransfers) the blocking moves use
-        def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]: ...
-        def _start_download(self, x: Any) -> tuple[Any, Callable[[], None]]: ...
-        def _stageable(self, x: Any) -> bool: ...
-        def _upload(self, arr: np.ndarray, dt: Any, device: Device) -> Any: ...
-
     def __init__(self) -> None:
         import torch
 
-        self._torch = torch
+        self.torch = torch
         self._devof: dict[Any, Device] = {}  # torch.device -> Device, so device_of allocates nothing
         self._targets: dict[tuple[str, Device], tuple[Any, Any]] = {}  # (dtype, Device) -> torch's pair
         self._to_torch = {n: getattr(torch, n) for n in _TORCH_DTYPE_NAMES if hasattr(torch, n)}
@@ -106,7 +100,7 @@ class TorchCore(BaseBackend):
     def _unsigned_usable(self, name: str) -> bool:
         """Whether this torch can do the arithmetic multidev needs on ``name`` (torch >= 2.3 has
         uint16/32/64 as storage-only "shell" dtypes: no add, maximum, minimum or arange on CPU)."""
-        torch = self._torch
+        torch = self.torch
         dt = self._to_torch[name]
         try:
             a = torch.full((2,), 3, dtype=dt)
@@ -118,7 +112,7 @@ class TorchCore(BaseBackend):
             return False
 
     def _make_native_device(self, device: Device) -> Any:
-        torch = self._torch
+        torch = self.torch
         if device.kind == "cpu":
             return torch.device("cpu")
         if device.kind == "gpu":
@@ -131,7 +125,7 @@ class TorchCore(BaseBackend):
         return self._caps
 
     def tensor_types(self) -> tuple[type, ...]:
-        return (self._torch.Tensor,)
+        return (self.torch.Tensor,)
 
     # -- devices ----------------------------------------------------------------------------
     def devices(self) -> list[Device]:
@@ -142,7 +136,7 @@ class TorchCore(BaseBackend):
         return nd if nd is not None else self._make_native_device(device)
 
     def from_native_device(self, obj: Any) -> Device | None:
-        torch = self._torch
+        torch = self.torch
         if not isinstance(obj, torch.device):
             return None
         if obj.type == "cpu":
@@ -196,16 +190,16 @@ class TorchCore(BaseBackend):
         dt, dev = self._targets.get((dtype, device)) or self._target(dtype, device)
         if value.__class__ in _REAL and (value == 1 or (value == 0 and math.copysign(1.0, value) > 0)):
             # torch's own zeros/ones: the same bits (a +0), without torch.full's fill path
-            return (self._torch.ones if value == 1 else self._torch.zeros)(shape, dtype=dt, device=dev)
-        return self._torch.full(shape, value, dtype=dt, device=dev)
+            return (self.torch.ones if value == 1 else self.torch.zeros)(shape, dtype=dt, device=dev)
+        return self.torch.full(shape, value, dtype=dt, device=dev)
 
     def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
         dt, dev = self._target(dtype, device)
-        return self._torch.empty(shape, dtype=dt, device=dev)
+        return self.torch.empty(shape, dtype=dt, device=dev)
 
     def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
         dt, dev = self._target(dtype, device)
-        torch = self._torch
+        torch = self.torch
         if step != 0 and (stop - start) / step <= 0:
             # torch.arange raises on an empty range whose bounds disagree with step's sign.
             return torch.empty((0,), dtype=dt, device=dev)
@@ -216,7 +210,7 @@ class TorchCore(BaseBackend):
             return self.asarray(np.arange(start, stop, step, dtype=numpy_dtype(dtype)), dtype, device)
 
     def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
-        torch = self._torch
+        torch = self.torch
         dt = None if dtype is None else self._target(dtype, device)[0]
         dev = self.to_native_device(device)
         if isinstance(obj, torch.Tensor):
@@ -228,15 +222,15 @@ class TorchCore(BaseBackend):
             return torch.tensor(obj, dtype=dt, device=dev)  # torch's own inference for sequences
         if dt is None:
             dt = self._target(self.dtype_of(src), device)[0]
-        if device.kind == "gpu" and src.device.type == "cpu" and src.dtype == dt and self._stageable(src):
-            return self._upload(src.numpy(), dt, device)  # a large pageable upload: pipelined, pinned
+        if device.kind == "gpu" and src.device.type == "cpu" and src.dtype == dt and self.transfers.stageable(src):
+            return self.transfers.upload(src.numpy(), dt, device)  # a large pageable upload: pipelined, pinned
         if src.device != dev and src.dtype == dt:
             return src.to(dev)  # another device: .to copies (the framework's own upload)
         return src.to(device=dev, dtype=dt, copy=True)
 
     def _from_numpy(self, arr: np.ndarray) -> Any:
         """A CPU tensor viewing ``arr`` (or a native-order, contiguous copy of it)."""
-        torch = self._torch
+        torch = self.torch
         bf16 = arr.dtype.name == "bfloat16"
         if bf16:  # ml_dtypes.bfloat16: torch.from_numpy does not know it; carry the bits as int16
             arr = arr.view(np.int16)
@@ -254,7 +248,7 @@ class TorchCore(BaseBackend):
 
     def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
         dt, dev = self._target(dtype, device)
-        torch = self._torch
+        torch = self.torch
         gen = None
         if seed is not None:
             gen = torch.Generator(device=dev)
@@ -283,13 +277,13 @@ class TorchCore(BaseBackend):
         if x.device.type == "cuda" and device.kind == "cpu":
             # Pageable device-to-host copies are many times slower than pinned ones (docs/transfers.md):
             # go through a pinned buffer and wait for it, never reading it early (pytorch#86264).
-            y, waiter = self.start_move(x, device)
+            y, waiter = self.transfers.start_move(x, device)
             if waiter is not None:
                 waiter()
             return y
         self._target(self.dtype_of(x), device)
-        if x.device.type == "cpu" and device.kind == "gpu" and self._stageable(x):
-            return self._upload(x.detach().numpy(), x.dtype, device)
+        if x.device.type == "cpu" and device.kind == "gpu" and self.transfers.stageable(x):
+            return self.transfers.upload(x.detach().numpy(), x.dtype, device)
         return x.to(self.to_native_device(device))
 
     def copy(self, x: Any, device: Device) -> Any:
@@ -297,10 +291,10 @@ class TorchCore(BaseBackend):
         return x.to(self.to_native_device(device), copy=True)
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        torch = self._torch
+        torch = self.torch
         t = x.detach()
         if t.device.type == "cuda":
-            host, waiter = self._start_download(t)  # through pinned memory, far faster than pageable
+            host, waiter = self.transfers.start_download(t)  # through pinned memory, far faster than pageable
             waiter()
             t = host
         elif t.device.type != "cpu":
@@ -317,7 +311,7 @@ class TorchCore(BaseBackend):
         return t.numpy()
 
     def synchronize(self, device: Device | None) -> None:
-        torch = self._torch
+        torch = self.torch
         if device is None:
             if self._n_cuda and torch.cuda.is_initialized():  # no CUDA work exists before init
                 has_ctx = (None if torch.version.hip  # HIP contexts differ: sync every device
@@ -339,7 +333,7 @@ class TorchCore(BaseBackend):
         on the CPU, where torch's operations finish before they return)."""
         if self._redefines("synchronize", TorchCore):
             return super().device_wait_fn(device)
-        torch = self._torch
+        torch = self.torch
         if device.kind == "gpu":
             return functools.partial(torch.cuda.synchronize, device.index)
         return torch.mps.synchronize if device.kind == "mps" else None
@@ -350,7 +344,7 @@ class TorchCore(BaseBackend):
         they returned; without a GPU, a function that returns at once."""
         if self._redefines("wait", TorchCore) or self._redefines("synchronize", TorchCore):
             return super().tensor_wait_fn()  # (the inherited wait calls synchronize)
-        torch = self._torch
+        torch = self.torch
         if not self._n_cuda and not self._has_mps:
             return _finished
         cuda_sync, mps = torch.cuda.synchronize, self._has_mps
@@ -365,7 +359,7 @@ class TorchCore(BaseBackend):
     # -- arithmetic for collectives ---------------------------------------------------------
     def combine(self, op: str, a: Any, b: Any) -> Any:
         self.same_device(op, (a, b))
-        torch = self._torch
+        torch = self.torch
         if op in ("max", "min") and (a.is_complex() or b.is_complex()):
             raise CapabilityError(f"torch backend: {op} is not defined for complex tensors in torch")
         fn = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum, "prod": torch.mul}[op]
@@ -378,7 +372,7 @@ class TorchCore(BaseBackend):
     def divide(self, x: Any, n: int) -> Any:
         if x.is_floating_point() or x.is_complex():
             return x / n  # a Python scalar divisor keeps float16/bfloat16/complex64
-        return self._torch.div(x, n, rounding_mode="trunc").to(x.dtype)
+        return self.torch.div(x, n, rounding_mode="trunc").to(x.dtype)
 
     def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
         return x.reshape(shape)
@@ -386,12 +380,12 @@ class TorchCore(BaseBackend):
     def concat(self, xs: Sequence[Any], axis: int) -> Any:
         xs = list(xs)
         self.same_device("concat", xs)
-        return self._torch.cat(xs, dim=axis)
+        return self.torch.cat(xs, dim=axis)
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
-        return list(self._torch.split(x, [int(s) for s in sizes], dim=axis))
+        return list(self.torch.split(x, [int(s) for s in sizes], dim=axis))
 
     def assign(self, dst: Any, src: Any) -> None:
         self.same_device("assign", (dst, src))
-        with self._torch.no_grad():  # autograd refuses in-place writes into leaves (parameters)
+        with self.torch.no_grad():  # autograd refuses in-place writes into leaves (parameters)
             dst.copy_(src)

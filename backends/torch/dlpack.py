@@ -8,9 +8,11 @@ device (or none) the tensor itself goes out.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from multidev.adapter import CapabilityError, Device, SupportsDLPack
+from multidev.adapter import CapabilityError, Concern, Device, SupportsDLPack
+
+from .core import TorchCore
 
 
 class OwnDeviceProducer:
@@ -88,24 +90,21 @@ class HostProducer:
         return self._t.device
 
 
-class TorchDLPack(SupportsDLPack):
+class TorchDLPack(Concern, SupportsDLPack):
     """Exports dense tensors without copying (see the module docstring for CUDA tensors on a
     machine with several GPUs); imports through ``torch.from_dlpack``, checked to land on the
     producer's device."""
 
-    _torch: Any
-    _n_cuda: int
+    core: TorchCore
+
     #: import_dlpack is torch.from_dlpack and nothing more (it takes bare capsules too), so
     #: multidev's convert may hand host buffers to torch as capsules, or through the DLPack C
     #: exchange API of torch.Tensor (DLPack 1.3), instead of through ``__dlpack__`` in Python.
     dlpack_c_exchange = True
 
-    if TYPE_CHECKING:  # the core protocol (core.TorchCore)
-        def device_of(self, x: Any) -> Device: ...
-
     def export_dlpack(self, x: Any) -> Any:
         t = x.detach() if x.requires_grad else x  # __dlpack__ refuses tensors that require grad
-        if t.layout is not self._torch.strided:
+        if t.layout is not self.core.torch.strided:
             raise CapabilityError(f"torch backend: DLPack takes dense tensors only, not {t.layout}; "
                                   "convert with x.to_dense()")
         if t.is_conj() or t.is_neg():
@@ -113,18 +112,18 @@ class TorchDLPack(SupportsDLPack):
                                   "without a copy; call x.resolve_conj().resolve_neg() first")
         kind = t.device.type
         if kind == "cpu":
-            return HostProducer(t, self._torch.utils.dlpack.to_dlpack)
-        if self._n_cuda > 1 and kind == "cuda":
-            return OwnDeviceProducer(t, self._torch.cuda)
+            return HostProducer(t, self.core.torch.utils.dlpack.to_dlpack)
+        if self.core._n_cuda > 1 and kind == "cuda":
+            return OwnDeviceProducer(t, self.core.torch.cuda)
         return t  # torch.Tensor has __dlpack__/__dlpack_device__, strided layouts included
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:
         try:
-            y = self._torch.from_dlpack(obj)
+            y = self.core.torch.from_dlpack(obj)
         except (RuntimeError, TypeError, BufferError, ValueError, AttributeError) as e:
             raise CapabilityError(
                 f"torch backend cannot import {type(obj).__name__} through DLPack: {e}") from e
-        if self.device_of(y) != device:
+        if self.core.device_of(y) != device:
             raise CapabilityError(f"torch backend: a DLPack buffer of {device} arrived on "
-                                  f"{self.device_of(y)}; torch has no {device} to share it on")
+                                  f"{self.core.device_of(y)}; torch has no {device} to share it on")
         return y

@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from multidev.adapter import CapabilityError, Device, Mesh, SupportsMesh
+from multidev.adapter import CapabilityError, Concern, Device, Mesh, SupportsMesh
+
+from .core import TorchCore
 
 _TYPE_OF_KIND = {"cpu": "cpu", "gpu": "cuda", "mps": "mps"}
 
 
-class TorchMesh(SupportsMesh):
+class TorchMesh(Concern, SupportsMesh):
     """``DeviceMesh`` both ways, for a process group of world size 1."""
 
-    _torch: Any
-
-    if TYPE_CHECKING:  # the core protocol (core.TorchCore)
-        def from_native_device(self, obj: Any) -> Device | None: ...
+    core: TorchCore
 
     def mesh_device_order(self, shape: tuple[int, ...], devices: Sequence[Device]) -> list[Device]:
         return list(devices)
@@ -30,7 +29,7 @@ class TorchMesh(SupportsMesh):
         return ("torch",)
 
     def _world(self) -> int:
-        dist = self._torch.distributed
+        dist = self.core.torch.distributed
         if not dist.is_available() or not dist.is_initialized():
             return 0
         return int(dist.get_world_size())
@@ -47,12 +46,13 @@ class TorchMesh(SupportsMesh):
                 "In one process only a one-device mesh converts, after torch.distributed.init_process_group with "
                 "world_size=1")
         dev = mesh.devices[0]
-        if dev.kind == "gpu" and dev.index != self._torch.cuda.current_device():
-            raise CapabilityError(f"torch backend: rank 0 of this process group uses cuda:"
-                                  f"{self._torch.cuda.current_device()}, not {dev}; torch.cuda.set_device({dev.index})")
+        current = self.core.torch.cuda.current_device() if dev.kind == "gpu" else None
+        if dev.kind == "gpu" and dev.index != current:
+            raise CapabilityError(f"torch backend: rank 0 of this process group uses cuda:{current}, not {dev}; "
+                                  f"torch.cuda.set_device({dev.index})")
         from torch.distributed.device_mesh import DeviceMesh
 
-        ranks = self._torch.zeros(mesh.shape, dtype=self._torch.int64)
+        ranks = self.core.torch.zeros(mesh.shape, dtype=self.core.torch.int64)
         return DeviceMesh(_TYPE_OF_KIND[dev.kind], ranks, mesh_dim_names=mesh.axis_names)
 
     def from_native_mesh(self, obj: Any) -> Any:
@@ -64,9 +64,9 @@ class TorchMesh(SupportsMesh):
                                   "of one process (world size 1), whose one rank is one device")
         kind = obj.device_type
         if kind == "cuda":
-            dev = self.from_native_device(self._torch.device("cuda", self._torch.cuda.current_device()))
+            dev = self.core.from_native_device(self.core.torch.device("cuda", self.core.torch.cuda.current_device()))
         else:
-            dev = self.from_native_device(self._torch.device(kind))
+            dev = self.core.from_native_device(self.core.torch.device(kind))
         if dev is None:
             raise CapabilityError(f"torch backend: this DeviceMesh's device type {kind!r} is none of multidev's")
         names = obj.mesh_dim_names or tuple(f"dim{i}" for i in range(obj.ndim))

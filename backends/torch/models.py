@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from multidev.adapter import CapabilityError, Device, SupportsModels
+from multidev.adapter import CapabilityError, Concern, Device, SupportsModels
+
+from .core import TorchCore
 
 
-class TorchModels(SupportsModels):
+class TorchModels(Concern, SupportsModels):
     """``nn.Module`` as a ``"module"``: moved in place, copied by ``copy.deepcopy``."""
 
-    _torch: Any
-
-    if TYPE_CHECKING:  # the core's
-        def to_native_device(self, device: Device) -> Any: ...
+    core: TorchCore
 
     def model_kind(self, obj: Any) -> str | None:
         nn = sys.modules.get("torch.nn")
@@ -39,11 +38,11 @@ class TorchModels(SupportsModels):
         return list(seen.values())
 
     def move_module(self, obj: Any, device: Device) -> Any:
-        dev = self.to_native_device(device)
+        dev = self.core.to_native_device(device)
         tensors = self.module_tensors(obj)
         if all(t.device == dev for t in tensors):
             return obj  # resident: nothing moves (as_in_ctx)
         return obj.to(dev)  # in place: the same module, its Parameters kept
 
     def copy_module(self, obj: Any, device: Device) -> Any:
-        return copy.deepcopy(obj).to(self.to_native_device(device))
+        return copy.deepcopy(obj).to(self.core.to_native_device(device))

@@ -17,24 +17,22 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from multidev.adapter import Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+from multidev.adapter import Concern, Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+
+from .core import TorchCore
 
 
-class TorchParallel(SupportsDataParallel):
+class TorchParallel(Concern, SupportsDataParallel):
     """``nn.Module`` + ``torch.optim.Optimizer`` replicas."""
 
-    _torch: Any
-
-    if TYPE_CHECKING:  # the core's
-        def to_native_device(self, device: Device) -> Any: ...
-        def from_native_device(self, obj: Any) -> Device | None: ...
+    core: TorchCore
 
     def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
-        torch = self._torch
+        torch = self.core.torch
         if not isinstance(model, torch.nn.Module):
             return None
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -47,21 +45,21 @@ class TorchParallel(SupportsDataParallel):
                 raise InvalidArgumentError(f"data_parallel: the optimizer holds {len(stray)} tensor(s) that are not "
                                            "parameters of the model (build the optimizer on this model's "
                                            "parameters, after moving the model)")
-        where = {self.from_native_device(t.device) for t in (*model.parameters(), *model.buffers())}
+        where = {self.core.from_native_device(t.device) for t in (*model.parameters(), *model.buffers())}
         if where - {devices[0]}:
             raise InvalidArgumentError(f"data_parallel: the model's tensors are on {sorted(map(str, where))}, not on "
                                        f"{devices[0]}: move it there first (md.to(model, dev)), then build the "
                                        "optimizer")
         if len(devices) == 1:
-            return TorchReplica(self, torch, model, optimizer, list(devices))
-        return TorchDevicesReplica(self, torch, model, optimizer, list(devices))
+            return TorchReplica(self.core, torch, model, optimizer, list(devices))
+        return TorchDevicesReplica(self.core, torch, model, optimizer, list(devices))
 
 
 class TorchReplica(Replica):
     """The module itself on its one device."""
 
     def __init__(self, backend: Any, torch: Any, model: Any, optimizer: Any, devices: list[Device]) -> None:
-        self.backend, self._torch, self.model, self.optimizer, self.devices = backend, torch, model, optimizer, devices
+        self.backend, self.torch, self.model, self.optimizer, self.devices = backend, torch, model, optimizer, devices
         self._named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._params = [p for _, p in self._named]
         self._handles: list[Any] = []
@@ -74,7 +72,7 @@ class TorchReplica(Replica):
         return list(self.model.named_buffers())
 
     def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
-        with self._torch.no_grad():
+        with self.torch.no_grad():
             for p, v in zip(self._params, params or ()):
                 p.copy_(v)
             for (_, b), v in zip(self.model.named_buffers() if buffers is not None else (), buffers or ()):
@@ -91,7 +89,7 @@ class TorchReplica(Replica):
         if self.optimizer is None:
             raise InvalidArgumentError("DataParallel.step needs the optimizer: data_parallel(model, optimizer)")
         loss = loss_fn(model, batch)
-        if not isinstance(loss, self._torch.Tensor) or loss.numel() != 1:
+        if not isinstance(loss, self.torch.Tensor) or loss.numel() != 1:
             raise InvalidArgumentError(f"DataParallel.step: loss_fn must return a scalar tensor, got "
                                        f"{getattr(loss, 'shape', type(loss).__name__)}")
         return loss
@@ -113,7 +111,7 @@ class TorchReplica(Replica):
         self.optimizer.zero_grad(set_to_none=True)
 
     def attach(self, sync: Any) -> bool:
-        torch = self._torch
+        torch = self.torch
         queued = [False]
 
         def finish() -> None:  # the end of the backward pass: the averaged gradients into .grad
@@ -145,10 +143,10 @@ class TorchReplica(Replica):
         self._handles = []
 
     def zeros_like(self, x: Any) -> Any:
-        return self._torch.zeros_like(x)
+        return self.torch.zeros_like(x)
 
     def flatten(self, tensors: Sequence[Any], dtype: str | None) -> Any:
-        flat = self._torch.cat([t.reshape(-1) for t in tensors])
+        flat = self.torch.cat([t.reshape(-1) for t in tensors])
         return flat if dtype is None else flat.to(self.backend.to_native_dtype(dtype))
 
     def unflatten(self, flat: Any, like: Sequence[Any], scale: float | None) -> list[Any]:
@@ -156,7 +154,7 @@ class TorchReplica(Replica):
             flat = flat.to(like[0].dtype)
         if scale is not None and scale != 1.0:
             flat = flat.mul_(scale)
-        parts = self._torch.split(flat, [t.numel() for t in like])
+        parts = self.torch.split(flat, [t.numel() for t in like])
         return [p.view(t.shape) for p, t in zip(parts, like)]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -172,7 +170,7 @@ class TorchDevicesReplica(TorchReplica):
         self._copy_params = [[p for _, p in c.named_parameters() if p.requires_grad] for c in self._copies]
 
     def _shard(self, batch: Any, sizes: list[int]) -> list[Any]:
-        torch = self._torch
+        torch = self.torch
         if isinstance(batch, torch.Tensor):
             return [part.to(self.backend.to_native_device(d), non_blocking=True)
                     for part, d in zip(torch.split(batch, sizes), self.devices)]
@@ -185,7 +183,7 @@ class TorchDevicesReplica(TorchReplica):
                                    f"{type(batch).__name__}")
 
     def _rows(self, batch: Any) -> int:
-        torch = self._torch
+        torch = self.torch
         if isinstance(batch, torch.Tensor):
             return int(batch.shape[0]) if batch.ndim else 0
         first = next(iter(batch.values() if isinstance(batch, dict) else batch), None)
@@ -203,7 +201,7 @@ class TorchDevicesReplica(TorchReplica):
             loss = self._loss(m, shard, loss_fn) * (rows / n)
             loss.backward()
             total = loss.detach().to(dev0) if total is None else total + loss.detach().to(dev0)
-        with self._torch.no_grad():  # the copies' gradients added into the first's
+        with self.torch.no_grad():  # the copies' gradients added into the first's
             for i, p in enumerate(self._params):
                 for ps in self._copy_params:
                     g = ps[i].grad
@@ -216,7 +214,7 @@ class TorchDevicesReplica(TorchReplica):
 
     def apply(self, grads: Sequence[Any | None] | None) -> None:
         super().apply(grads)
-        with self._torch.no_grad():
+        with self.torch.no_grad():
             for c, ps in zip(self._copies, self._copy_params):
                 for p, q in zip(self._params, ps):
                     q.copy_(p, non_blocking=True)
@@ -225,7 +223,7 @@ class TorchDevicesReplica(TorchReplica):
 
     def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
         super().load(params, buffers)
-        with self._torch.no_grad():
+        with self.torch.no_grad():
             for c, ps in zip(self._copies, self._copy_params):
                 for p, q in zip(self._params, ps):
                     q.copy_(p)
@@ -241,7 +239,7 @@ class TorchDevicesReplica(TorchReplica):
         rows = []
         for m, ps in zip([self.model, *self._copies], [self._params, *self._copy_params]):
             ts = [*ps, *(b for _, b in m.named_buffers())]
-            rows.append([zlib.crc32(t.detach().cpu().contiguous().view(-1).view(self._torch.uint8).numpy().tobytes())
+            rows.append([zlib.crc32(t.detach().cpu().contiguous().view(-1).view(self.torch.uint8).numpy().tobytes())
                          & 0x7FFFFFFF for t in ts])
         return rows
 

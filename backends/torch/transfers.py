@@ -4,13 +4,14 @@ pageable uploads staged through pinned chunks (:func:`multidev.adapter.staged_up
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from multidev.adapter import Device, NonBlockingMoves, StagingPlan, staged_upload
+from multidev.adapter import Device, NonBlockingMoves, staged_upload
+
+from .core import TorchCore
 
 
 class TorchTransfers(NonBlockingMoves):
@@ -18,37 +19,26 @@ class TorchTransfers(NonBlockingMoves):
     streams, pinned downloads and staged uploads that the core's ``move``, ``asarray`` and
     ``to_numpy`` use too."""
 
-    _torch: Any
-    _n_cuda: int
-    _copy_streams: dict[int, Any]
-    _stream_lock: threading.Lock
-    _plain_dtypes: set[Any]
-    staging: StagingPlan
-
-    if TYPE_CHECKING:  # the core protocol (core.TorchCore)
-        def to_native_device(self, device: Device) -> Any: ...
-        def dtype_of(self, x: Any) -> str: ...
-        def move(self, x: Any, device: Device) -> Any: ...
-        def _target(self, dtype: str, device: Device) -> tuple[Any, Any]: ...
+    core: TorchCore
 
     def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
         """Device to host: on a copy stream of the source GPU, into a pinned buffer (torch's caching
         host allocator), starting once the work queued so far on x's stream is done, so later work
         overlaps with the copy. Host to device: pinned (large pageable sources through the staging
         pipeline), then an asynchronous copy ordered before later work on the target's stream."""
-        torch = self._torch
+        torch = self.core.torch
         src = x.device
         if src.type != "cuda" and device.kind != "gpu":
             # No CUDA involved: the copy is synchronous (MPS work is drained by the waiter).
-            y = self.move(x, device)
+            y = self.core.move(x, device)
             return y, (torch.mps.synchronize if "mps" in (src.type, device.kind) else None)
-        self._target(self.dtype_of(x), device)
-        dev = self.to_native_device(device)
+        self.core._target(self.core.dtype_of(x), device)
+        dev = self.core.to_native_device(device)
         if device.kind == "cpu":
-            return self._start_download(x)
+            return self.start_download(x)
         if src.type == "cpu":
-            if self._stageable(x):
-                y = self._upload(x.detach().numpy(), x.dtype, device)
+            if self.stageable(x):
+                y = self.upload(x.detach().numpy(), x.dtype, device)
             else:
                 if not x.requires_grad and not x.is_pinned():
                     x = x.pin_memory()  # a pinned snapshot makes the host-to-device copy asynchronous
@@ -61,16 +51,16 @@ class TorchTransfers(NonBlockingMoves):
 
     def _copy_stream(self, dev: Any) -> Any:
         """The dedicated copy stream of a GPU (made once)."""
-        s = self._copy_streams.get(dev.index)
+        s = self.core._copy_streams.get(dev.index)
         if s is None:
-            with self._stream_lock:
-                s = self._copy_streams.get(dev.index)
+            with self.core._stream_lock:
+                s = self.core._copy_streams.get(dev.index)
                 if s is None:
-                    s = self._copy_streams[dev.index] = self._torch.cuda.Stream(dev)
+                    s = self.core._copy_streams[dev.index] = self.core.torch.cuda.Stream(dev)
         return s
 
-    def _start_download(self, x: Any) -> tuple[Any, Callable[[], None]]:
-        torch = self._torch
+    def start_download(self, x: Any) -> tuple[Any, Callable[[], None]]:
+        torch = self.core.torch
         dev = x.device
         producer = torch.cuda.current_stream(dev)
         cs = self._copy_stream(dev)
@@ -92,18 +82,18 @@ class TorchTransfers(NonBlockingMoves):
         keep = [t]  # the handle holds the source until the copy has landed
         return host, waiter
 
-    def _stageable(self, x: Any) -> bool:
+    def stageable(self, x: Any) -> bool:
         # The size first: is_pinned() asks the CUDA driver about the pointer.
-        return (self._n_cuda > 0 and x.numel() * x.element_size() >= self.staging.threshold
-                and not x.requires_grad and x.is_contiguous() and x.dtype in self._plain_dtypes
+        return (self.core._n_cuda > 0 and x.numel() * x.element_size() >= self.core.staging.threshold
+                and not x.requires_grad and x.is_contiguous() and x.dtype in self.core._plain_dtypes
                 and not x.is_conj() and not x.is_neg() and not x.is_pinned())
 
-    def _upload(self, arr: np.ndarray, dt: Any, device: Device) -> Any:
+    def upload(self, arr: np.ndarray, dt: Any, device: Device) -> Any:
         """A new tensor on ``device`` holding pageable ``arr`` (C-contiguous), uploaded through the
         staging pipeline (multidev.adapter.staged_upload) on the GPU's copy stream; ordered before
         later work on the device's current stream."""
-        torch = self._torch
-        dev = self.to_native_device(device)
+        torch = self.core.torch
+        dev = self.core.to_native_device(device)
         out = torch.empty(arr.shape, dtype=dt, device=dev)
         cs = self._copy_stream(dev)
         cur = torch.cuda.current_stream(dev)
@@ -121,7 +111,7 @@ class TorchTransfers(NonBlockingMoves):
             ev.record(cs)
             return ev
 
-        staged_upload(np.ascontiguousarray(arr), alloc, submit, lambda ev: ev.synchronize(), self.staging)
+        staged_upload(np.ascontiguousarray(arr), alloc, submit, lambda ev: ev.synchronize(), self.core.staging)
         cur.wait_stream(cs)  # later work on the device sees the whole upload
         out.record_stream(cs)  # and out's memory outlives the copies into it
         return out

@@ -178,16 +178,16 @@ def _convert_steps(n: int = 2000) -> list[dict[str, Any]]:
     src: Any = md.backend_of(t)
     dst: Any = md.backend("jax")
     here = src.device_of(t)
-    obj = src.export_dlpack(t)
+    obj = src.dlpack.export_dlpack(t)
     steps: dict[str, Callable[[], Any]] = {
         "md.convert(t, 'jax')": lambda: md.convert(t, "jax"),
         "jax.dlpack.from_dlpack(t)": lambda: jax.dlpack.from_dlpack(t),
         "jax.dlpack.from_dlpack(t.detach())": lambda: jax.dlpack.from_dlpack(t.detach()),
-        "dst.import_dlpack(obj, dev)": lambda: dst.import_dlpack(obj, here),
+        "dst.dlpack.import_dlpack(obj, dev)": lambda: dst.dlpack.import_dlpack(obj, here),
         "dst._import_accelerator(obj, dev)": lambda: getattr(dst, "_import_accelerator")(obj, here),  # noqa: B009
         "backend_of(t)": lambda: md.backend_of(t),
         "src.device_of(t)": lambda: src.device_of(t),
-        "src.export_dlpack(t)": lambda: src.export_dlpack(t),
+        "src.dlpack.export_dlpack(t)": lambda: src.dlpack.export_dlpack(t),
         "dst.capabilities.dtypes_on(dev)": lambda: dst.capabilities.dtypes_on(here),
         "here in dst.devices()": lambda: here in dst.devices(),
         "torch.cuda.current_device()": torch.cuda.current_device,

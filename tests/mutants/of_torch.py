@@ -24,7 +24,7 @@ class TorchCopyDowncasts(TorchBackend):
     name = "torch_copy_downcasts"
 
     def copy(self, x: Any, device: Device) -> Any:
-        dt = self._torch.float32 if x.dtype == self._torch.float64 else x.dtype
+        dt = self.torch.float32 if x.dtype == self.torch.float64 else x.dtype
         return x.to(self.to_native_device(device), dtype=dt, copy=True)
 
 
@@ -34,7 +34,7 @@ class TorchAsarrayShares(TorchBackend):
 
     def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
         if isinstance(obj, np.ndarray) and obj.dtype.name != "bfloat16" and device == _HOST:
-            t = self._torch.from_numpy(obj)
+            t = self.torch.from_numpy(obj)
             return t if dtype is None else t.to(self.to_native_dtype(dtype))
         return super().asarray(obj, dtype, device)
 
@@ -52,7 +52,7 @@ class TorchDtypeOfBf16(TorchBackend):
     name = "torch_dtype_of_bf16"
 
     def dtype_of(self, x: Any) -> str:
-        return "float16" if x.dtype == self._torch.bfloat16 else super().dtype_of(x)
+        return "float16" if x.dtype == self.torch.bfloat16 else super().dtype_of(x)
 
 
 @mutant("torch", "combine's table maps prod to torch.add", ["test_combine_matches_numpy"])
@@ -69,7 +69,7 @@ class TorchDivideUpcasts(TorchBackend):
     name = "torch_divide_upcasts"
 
     def divide(self, x: Any, n: int) -> Any:
-        if x.dtype in (self._torch.float16, self._torch.bfloat16):
+        if x.dtype in (self.torch.float16, self.torch.bfloat16):
             return x.float() / n
         return super().divide(x, n)
 
@@ -115,7 +115,7 @@ class TorchSplitChunks(TorchBackend):
     name = "torch_split_chunks"
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
-        return list(self._torch.chunk(x, len(sizes), dim=axis))
+        return list(self.torch.chunk(x, len(sizes), dim=axis))
 
 
 @mutant("torch", "concat always joins along axis 0", ["test_reshape_concat_split"])
@@ -149,7 +149,7 @@ class TorchGradOfMean(TorchBackend):
     name = "torch_grad_of_mean"
 
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
-        torch = self._torch
+        torch = self.torch
         ps = [p.detach().requires_grad_(True) for p in params]
         with torch.enable_grad():
             out = fn(ps, *args)
@@ -166,7 +166,7 @@ class TorchTraceIgnoresWarning(TorchBackend):
     def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
         import warnings
 
-        torch = self._torch
+        torch = self.torch
         if route == "eager":
             return fn
         if route.startswith("torch.compile"):
@@ -250,7 +250,7 @@ class TorchToNumpyNoWait(TorchBackend):
     name = "torch_to_numpy_no_wait"
 
     def to_numpy(self, x: Any) -> Any:
-        if x.device.type == "cuda" and x.dtype != self._torch.bfloat16:
+        if x.device.type == "cuda" and x.dtype != self.torch.bfloat16:
             return x.detach().to("cpu", non_blocking=True).numpy()
         return super().to_numpy(x)
 
@@ -353,7 +353,7 @@ class TorchModelKindBuiltinOnly(TorchBackend):
     name = "torch_model_kind_builtin_only"
 
     def model_kind(self, obj: Any) -> str | None:
-        nn = self._torch.nn
+        nn = self.torch.nn
         return "module" if isinstance(obj, nn.Module) and type(obj).__module__.startswith("torch.nn") else None
 
 
@@ -372,7 +372,7 @@ class TorchCopyFromStorage(TorchBackend):
     name = "torch_copy_from_storage"
 
     def copy(self, x: Any, device: Device) -> Any:
-        torch = self._torch
+        torch = self.torch
         if x.is_contiguous() and x.storage_offset() == 0:
             return super().copy(x, device)
         flat = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage(), 0, (x.numel(),))
