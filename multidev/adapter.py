@@ -1,15 +1,21 @@
 """The public API for adapter authors: everything an adapter (built-in or third-party) imports.
 
-An adapter is one class, usually a :class:`BaseBackend` subclass, implementing
-:class:`~multidev.protocol.Backend` in the protocol's order (:data:`PROTOCOL_METHODS`). It imports
-its framework in ``__init__``, never at module import. Register it through the ``multidev.backends``
-entry-point group (or :func:`multidev.register_backend`) and test it with
+An adapter is a core class, usually a :class:`BaseBackend` subclass, implementing
+:class:`~multidev.protocol.Backend` in the protocol's order (:data:`PROTOCOL_METHODS`), and one small
+*concern* object per capability its framework has, a :class:`Concern` made from the adapter
+(``self.core``) and declaring its protocol, set on the class as ``dlpack = concern(MyDLPack)``
+(:data:`CONCERNS` names the attributes; BaseBackend sets them all to None). It imports its framework
+in ``__init__``, never at module import. Register it through the ``multidev.backends`` entry-point
+group (or :func:`multidev.register_backend`) and test it with
 ``multidev conformance --backend mypkg.module:MyBackend``. ``docs/writing-an-adapter.md`` walks
 through a complete adapter.
 
 What :class:`BaseBackend` supplies for the core protocol (override any of them):
 
 - ``version()``: the framework module's ``__version__``;
+- ``full``, ``empty``, ``arange``, ``rand``: NumPy's on the host, placed by the adapter's ``asarray``;
+- ``move`` and ``copy``: through the host (``asarray(to_numpy(x), dtype_of(x), device)``): correct
+  everywhere, synchronous; an accelerator's adapter overrides them with the framework's own copies;
 - ``wait(x)``: ``synchronize(device_of(x))``;
 - ``device_wait_fn(device)`` and ``tensor_wait_fn()``: ``synchronize`` and ``wait`` bound (the hooks
   ``multidev.synchronize`` caches; override them together with ``synchronize`` and ``wait``);
@@ -18,15 +24,17 @@ What :class:`BaseBackend` supplies for the core protocol (override any of them):
 - ``configure_devices(n)`` (class method): ask for ``n`` virtual CPU devices before the framework
   starts, through the environment variable named by ``virtual_devices_env``.
 
-The optional capabilities are protocols an adapter declares by inheriting them
-(:data:`CAPABILITY_PROTOCOLS`: :class:`SupportsNonBlocking`, :class:`SupportsDLPack`,
+The capabilities (:data:`CAPABILITY_PROTOCOLS`: :class:`SupportsNonBlocking`, :class:`SupportsDLPack`,
 :class:`SupportsNativeCollectives`, :class:`SupportsTraining`, :class:`SupportsCompile`,
-:class:`SupportsModels`, :class:`SupportsDeviceScope`, :class:`SupportsDataParallel` and
-:class:`SupportsShardedTraining`, whose
-:class:`Replica` base class supplies the data-parallel defaults), with
-shared implementations to inherit where they fit: :class:`ArrayApiDLPack` (the array-API
-``__dlpack__`` route) and :class:`TrainingDefaults` (parameters without autograd state, SGD with the
-tensors' own operators). :func:`check_adapter` checks what is declared when the adapter loads.
+:class:`SupportsModels`, :class:`SupportsDeviceScope`, :class:`SupportsMesh`,
+:class:`SupportsSharding`, :class:`SupportsDataParallel` and :class:`SupportsShardedTraining`, whose
+:class:`Replica` base class supplies the data-parallel defaults) have shared concern classes to use
+or subclass where they fit: :class:`ArrayApiDLPack` (the array-API ``__dlpack__`` route),
+:class:`NonBlockingMoves` (``start_to_numpy`` over ``start_move``) and :class:`TrainingDefaults`
+(parameters without autograd state, SGD with the tensors' own operators). :func:`check_adapter`
+checks the concerns when the adapter loads. An adapter written against API 0.3 (a capability's
+methods on the adapter class, its protocol inherited) is wrapped into concern objects at load, with
+one DeprecationWarning.
 
 Stability: this module's ``__all__`` is the adapter API (:data:`API_VERSION`). A name removed or
 renamed keeps working for one minor release with a DeprecationWarning naming its replacement
@@ -317,7 +325,8 @@ class BaseBackend:
         @property
         def capabilities(self) -> Capabilities: ...
         def device_of(self, x: Any) -> Device: ...
-        def move(self, x: Any, device: Device) -> Any: ...
+        def dtype_of(self, x: Any) -> str: ...
+        def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any: ...
         def to_numpy(self, x: Any) -> np.ndarray: ...
         def synchronize(self, device: Device | None) -> None: ...
 
@@ -366,7 +375,34 @@ class BaseBackend:
         mod = sys.modules.get(self.framework)
         return str(getattr(mod, "__version__", "unknown"))
 
+    # -- creation: through asarray of NumPy values made on the host ---------------------------
+    def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
+        """``asarray`` of ``numpy.full``: made on the host, then placed (a copy)."""
+        return self.asarray(np.full(shape, value, dtype=numpy_dtype(dtype)), dtype, device)
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
+        """``full`` with zeros (the contents of ``empty`` are unspecified)."""
+        return self.full(shape, 0, dtype, device)
+
+    def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
+        """``asarray`` of ``numpy.arange``: made on the host, then placed."""
+        return self.asarray(np.arange(start, stop, step, dtype=numpy_dtype(dtype)), dtype, device)
+
+    def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
+        """NumPy's generator (``default_rng(seed)``) on the host, cast and placed: the same seed gives
+        the same values."""
+        return self.asarray(np.random.default_rng(seed).random(shape).astype(numpy_dtype(dtype)), dtype, device)
+
     # -- placement --------------------------------------------------------------------------
+    def move(self, x: Any, device: Device) -> Any:
+        """Through the host: ``asarray(to_numpy(x), dtype_of(x), device)`` (synchronous; a framework
+        with a direct device-to-device copy overrides it)."""
+        return self.asarray(self.to_numpy(x), self.dtype_of(x), device)
+
+    def copy(self, x: Any, device: Device) -> Any:
+        """Through the host, as ``move`` (``asarray`` always copies), on x's own device too."""
+        return self.asarray(self.to_numpy(x), self.dtype_of(x), device)
+
     def wait(self, x: Any) -> None:
         self.synchronize(self.device_of(x))
 

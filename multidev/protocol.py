@@ -4,8 +4,9 @@ and the :class:`Capabilities` record.
 An adapter implements :class:`Backend`, the core every backend has (identity, devices, dtypes,
 creation, placement, synchronize, host copies and the arithmetic the portable collectives are built
 from), usually as a subclass of :class:`multidev.adapter.BaseBackend` (which supplies the shared
-defaults). Each optional capability is a small protocol of its own, which an adapter **declares by
-inheriting it** and implements whole:
+defaults). Each optional capability is a small protocol of its own, implemented whole by a
+**concern object** the adapter has as an attribute (:data:`CONCERNS`: ``b.transfers``,
+``b.dlpack``, ...), None where the framework lacks it:
 
 - :class:`SupportsNonBlocking`: non-blocking moves and host copies on streams (``start_move``,
   ``start_to_numpy``); without it the core moves, then waits;
@@ -31,8 +32,8 @@ inheriting it** and implements whole:
   and the parameters along another (``sharded_replica``), for ``multidev.data_parallel(mesh=...)``.
 
 The registry checks every adapter when it loads (:func:`multidev.adapter.check_adapter`): each core
-method present, each declared protocol implemented whole (no method left at the protocol's stub),
-and the capability flags consistent with the protocols. The conformance suite has a section per
+method present, each concern declaring its protocol and implementing it whole (no method left at the
+protocol's stub), and the capability flags consistent with the concerns. The conformance suite has a section per
 protocol. The core (placement, collectives, conformance suite, benchmarks) is written once over
 these protocols.
 

@@ -217,6 +217,7 @@ class _Fake:
     def __init__(self, routes: dict[str, bool]) -> None:
         self.routes = routes
         self.compiled: list[str] = []
+        self.compiler = self  # its own compile concern
 
     def tensor_types(self) -> tuple[type, ...]:
         return (np.ndarray,)
@@ -327,7 +328,14 @@ def test_goal_against_the_fastest_of_a_prefix() -> None:
 
 
 def test_an_adapter_without_the_extensions_is_valid_and_says_what_it_lacks() -> None:
-    from multidev.adapter import OPTIONAL_METHODS, PROTOCOL_METHODS, Capabilities, check_adapter
+    from multidev.adapter import (
+        CONCERNS,
+        OPTIONAL_METHODS,
+        PROTOCOL_METHODS,
+        Capabilities,
+        check_adapter,
+        validate_adapter,
+    )
 
     attrs: dict[str, Any] = {m: (lambda self, *a: None) for m in PROTOCOL_METHODS
                              if m not in OPTIONAL_METHODS and m != "capabilities"}
@@ -336,6 +344,8 @@ def test_an_adapter_without_the_extensions_is_valid_and_says_what_it_lacks() -> 
                                                                  dtypes=frozenset({"float32"}))))
     bare = type("Bare", (), attrs)()
     assert check_adapter(bare) == []
+    validate_adapter(bare, "bare")  # no BaseBackend: every concern attribute is set to None
+    assert all(getattr(bare, a) is None for a in CONCERNS)
     c = mc.Compiled(len, "auto")
-    with pytest.raises(CapabilityError, match="bare backend has no compiler .it does not implement SupportsCompile"):
+    with pytest.raises(CapabilityError, match="bare backend has no compiler .its compiler concern is None"):
         c._bind(bare)  # type: ignore[arg-type]

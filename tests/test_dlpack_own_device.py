@@ -85,12 +85,13 @@ def _adapter(n_cuda: int) -> tuple[Any, _Cuda]:
     Torch.cuda = cuda  # type: ignore[attr-defined]
     Torch.utils = _Utils  # type: ignore[attr-defined]
 
-    class Adapter(TorchDLPack):
-        pass
+    class Core:  # the parts of the core the dlpack concern reads
+        torch, _n_cuda = Torch, n_cuda
 
-    b = Adapter()
-    b.torch, b._n_cuda = Torch, n_cuda
-    return b, cuda
+    class Adapter:
+        dlpack = TorchDLPack(Core())
+
+    return Adapter(), cuda
 
 
 def test_one_gpu_exports_the_tensor_itself() -> None:

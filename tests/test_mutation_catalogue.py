@@ -221,8 +221,9 @@ def test_every_mutant_breaks_a_live_method_with_its_signature(entry: Any) -> Non
     defaults): a renamed or re-signed method fails here instead of leaving a mutant that tests
     nothing the code still has (issue 31)."""
     method = mutants.broken_method(entry.cls)
-    owner, live = _live(entry.cls, method)
-    mine = vars(entry.cls)[method]
+    holder = mutants.broken_class(entry.cls)  # the mutant, or the concern class it installs
+    owner, live = _live(holder, method)
+    mine = vars(holder)[method]
     assert isinstance(mine, property) == isinstance(live, property), (
         f"{entry.cls.__name__}.{method}: a {type(mine).__name__} over {owner.__name__}'s {type(live).__name__}")
     if not isinstance(live, property):

@@ -12,6 +12,7 @@ from multidev.adapter import (
     ArrayApiDLPack,
     BaseBackend,
     Device,
+    concern,
 )
 from multidev.adapters.cupy import CupyBackend
 from multidev.adapters.jax import JaxBackend
@@ -78,14 +79,30 @@ def swap_replica(rep: Any, broken: type) -> Any:
     return rep
 
 
+def broken_class(cls: type) -> type:
+    """The class holding the one method mutant ``cls`` breaks: ``cls`` itself (a core method), or the
+    concern class it installs (``dlpack = concern(BrokenDLPack)``: a capability's method)."""
+    installed = [v.cls for v in vars(cls).values() if isinstance(v, concern)]
+    if installed:
+        if len(installed) != 1:
+            raise ValueError(f"{cls.__name__} installs {len(installed)} concerns: a mutant changes exactly one method")
+        return installed[0]
+    return cls
+
+
 def broken_method(cls: type) -> str:
-    """The name of the one method (or property) ``cls`` defines itself (not ``name``, not dunders);
-    ValueError unless there is exactly one."""
-    own = sorted(k for k, v in vars(cls).items()
+    """The name of the one method (or property) ``cls`` defines itself (not ``name``, not dunders), or
+    for a mutant that installs a concern the one method of that concern class; ValueError unless there
+    is exactly one."""
+    holder = broken_class(cls)
+    if holder is not cls and [k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")
+                              and not isinstance(v, concern)]:
+        raise ValueError(f"{cls.__name__} installs a concern and defines a method: a mutant changes exactly one")
+    own = sorted(k for k, v in vars(holder).items()
                  if (callable(v) or isinstance(v, (property, classmethod, staticmethod))) and not k.startswith("__")
-                 and k != "name")
+                 and k != "name" and not isinstance(v, concern))
     if len(own) != 1:
-        raise ValueError(f"{cls.__name__} defines {own}: a mutant changes exactly one method")
+        raise ValueError(f"{holder.__name__} defines {own}: a mutant changes exactly one method")
     return own[0]
 
 
@@ -112,8 +129,7 @@ class GenericControl(NumpyBackend):
     name = "generic_control"
     wait = BaseBackend.wait
     shape_of = BaseBackend.shape_of
-    export_dlpack = ArrayApiDLPack.export_dlpack
-    import_dlpack = ArrayApiDLPack.import_dlpack
+    dlpack = concern(ArrayApiDLPack)
 
 
 class TorchControl(TorchBackend):

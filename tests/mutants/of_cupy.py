@@ -8,23 +8,21 @@ import numpy as np
 
 from multidev.adapter import (
     Device,
+    concern,
     staged_upload,
 )
 from multidev.adapters.cupy import CupyBackend
+from multidev.adapters.cupy.transfers import CupyTransfers
 
 from ._base import mutant
 
 
 # == CuPy (on tests/fake_cupy.py without a GPU) =======================================================
-@mutant("cupy", "staged uploads write every chunk at offset 0 of the destination (shows from the staging threshold "
-        "up, 32 MiB by default)", ["test_staged_transfers_are_exact"])
-class CupyStagedAtOffsetZero(CupyBackend):
-    name = "cupy_staged_at_offset_zero"
-
+class _CupyStagedAtOffsetZeroTransfers(CupyTransfers):
     def _upload(self, a: np.ndarray, device: Device) -> Any:
-        cp = self._cp
-        with self._gpu(device):
-            if (a.nbytes < self.staging.threshold or not a.flags.c_contiguous or a.ndim == 0
+        cp = self.core._cp
+        with self.core._gpu(device):
+            if (a.nbytes < self.core.staging.threshold or not a.flags.c_contiguous or a.ndim == 0
                     or a.dtype.kind not in "biufc"):
                 return cp.array(a if a.flags.c_contiguous else a.copy(order="C"), copy=True)
             out = cp.empty(a.shape, dtype=a.dtype)
@@ -32,7 +30,7 @@ class CupyStagedAtOffsetZero(CupyBackend):
             stream = cp.cuda.get_current_stream()
 
             def alloc(n: int) -> tuple[Any, np.ndarray]:
-                buf = self._cpx.empty_pinned((n,), dtype=np.uint8)
+                buf = self.core._cpx.empty_pinned((n,), dtype=np.uint8)
                 return buf, buf
 
             def submit(buf: Any, n: int, off: int) -> Any:
@@ -41,9 +39,31 @@ class CupyStagedAtOffsetZero(CupyBackend):
                 ev.record(stream)
                 return ev
 
-            staged_upload(a, alloc, submit, lambda ev: ev.synchronize(), self.staging)
+            staged_upload(a, alloc, submit, lambda ev: ev.synchronize(), self.core.staging)
             stream.synchronize()
         return out
+
+
+@mutant("cupy", "staged uploads write every chunk at offset 0 of the destination (shows from the staging threshold "
+        "up, 32 MiB by default)", ["test_staged_transfers_are_exact"])
+class CupyStagedAtOffsetZero(CupyBackend):
+    name = "cupy_staged_at_offset_zero"
+    transfers = concern(_CupyStagedAtOffsetZeroTransfers)
+
+
+class _CupyUploadDropsSnapshotTransfers(CupyTransfers):
+    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
+        if self.core._is_gpu(x) or device.kind == "cpu" or x.size == 0:
+            return super().start_move(x, device)
+        a = np.asarray(x).view(np.ndarray)
+        pin = self.core._cpx.empty_pinned(a.shape, dtype=x.dtype)
+        np.copyto(pin, a)
+        with self.core._gpu(device):
+            y = self.core._cp.empty(a.shape, dtype=x.dtype)
+            y.set(pin)
+            done = self.core._cp.cuda.Event(disable_timing=True)
+            done.record()
+        return y, done.synchronize  # the defect: pin goes back to the pool while the copy is queued
 
 
 @mutant("cupy", "start_move to a GPU does not keep its pinned snapshot alive until the copy lands (the pool hands "
@@ -52,18 +72,6 @@ class CupyStagedAtOffsetZero(CupyBackend):
         "queued behind work land as [4, 4, 4, 4] (test_nonblocking_moves_survive_their_dropped_sources)")
 class CupyUploadDropsSnapshot(CupyBackend):
     name = "cupy_upload_drops_snapshot"
-
-    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
-        if self._is_gpu(x) or device.kind == "cpu" or x.size == 0:
-            return super().start_move(x, device)
-        a = np.asarray(x).view(np.ndarray)
-        pin = self._cpx.empty_pinned(a.shape, dtype=x.dtype)
-        np.copyto(pin, a)
-        with self._gpu(device):
-            y = self._cp.empty(a.shape, dtype=x.dtype)
-            y.set(pin)
-            done = self._cp.cuda.Event(disable_timing=True)
-            done.record()
-        return y, done.synchronize  # the defect: pin goes back to the pool while the copy is queued
+    transfers = concern(_CupyUploadDropsSnapshotTransfers)
 
 

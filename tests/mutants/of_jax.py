@@ -11,11 +11,17 @@ from multidev.adapter import (
     CapabilityError,
     Device,
     canonical_dtype,
+    concern,
 )
 from multidev.adapters.jax import JaxBackend
 from multidev.adapters.jax._common import X64_DTYPES, x64_hint
-from multidev.adapters.jax.dlpack import _DL_X64, _Producer
-from multidev.adapters.jax.parallel import JaxReplica
+from multidev.adapters.jax.collectives import JaxCollectives
+from multidev.adapters.jax.compile import JaxCompile
+from multidev.adapters.jax.dlpack import _DL_X64, JaxDLPack, _Producer
+from multidev.adapters.jax.models import JaxModels
+from multidev.adapters.jax.parallel import JaxParallel, JaxReplica
+from multidev.adapters.jax.scope import JaxScope
+from multidev.adapters.jax.training import JaxTraining
 
 from ._base import mutant, swap_replica
 
@@ -79,59 +85,77 @@ class JaxSynchronizeSwallows(JaxBackend):
             pass
 
 
+class _JaxNativeSortedCollectives(JaxCollectives):
+    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
+        return sorted(super().native_allreduce(xs, op), key=lambda y: self.core.device_of(y))
+
+
 @mutant("jax", "native_allreduce returns the results in ascending device order, not input order",
         ["test_allreduce_device_order", "test_native_allreduce_every_op_and_dtype"])
 class JaxNativeSorted(JaxBackend):
     name = "jax_native_sorted"
+    collectives = concern(_JaxNativeSortedCollectives)
 
+
+class _JaxNativeProdSumsCollectives(JaxCollectives):
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
-        return sorted(super().native_allreduce(xs, op), key=lambda y: self.device_of(y))
+        return super().native_allreduce(xs, "sum" if op == "prod" else op)
 
 
 @mutant("jax", "native_allreduce computes prod with psum", ["test_native_allreduce_every_op_and_dtype"])
 class JaxNativeProdSums(JaxBackend):
     name = "jax_native_prod_sums"
+    collectives = concern(_JaxNativeProdSumsCollectives)
 
+
+class _JaxNativeMeanSumsCollectives(JaxCollectives):
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
-        return super().native_allreduce(xs, "sum" if op == "prod" else op)
+        return super().native_allreduce(xs, "sum" if op == "mean" else op)
 
 
 @mutant("jax", "native_allreduce takes mean and returns the sum", ["test_native_allreduce_mean_is_the_mean"])
 class JaxNativeMeanSums(JaxBackend):
     name = "jax_native_mean_sums"
+    collectives = concern(_JaxNativeMeanSumsCollectives)
 
-    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
-        return super().native_allreduce(xs, "sum" if op == "mean" else op)
+
+class _JaxImportOnHostDlpack(JaxDLPack):
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        return self.core._jax.dlpack.from_dlpack(obj)
 
 
 @mutant("jax", "import_dlpack leaves a host buffer on cpu:0 (no relabelling, no placement check)",
         ["test_import_dlpack_lands_on_the_requested_device"])
 class JaxImportOnHost(JaxBackend):
     name = "jax_import_on_host"
+    dlpack = concern(_JaxImportOnHostDlpack)
 
+
+class _JaxImportForeignOnHostDlpack(JaxDLPack):
     def import_dlpack(self, obj: Any, device: Device) -> Any:
-        return self._jax.dlpack.from_dlpack(obj)
+        if isinstance(obj, self.core._jax.Array):
+            return super().import_dlpack(obj, device)
+        return self.core._jax.dlpack.from_dlpack(obj)
 
 
 @mutant("jax", "import_dlpack places its own arrays but leaves other frameworks' host buffers on cpu:0",
         ["test_import_dlpack_from_partner_lands_on_the_requested_device"])
 class JaxImportForeignOnHost(JaxBackend):
     name = "jax_import_foreign_on_host"
+    dlpack = concern(_JaxImportForeignOnHostDlpack)
 
+
+class _JaxImportCopiesDlpack(JaxDLPack):
     def import_dlpack(self, obj: Any, device: Device) -> Any:
-        if isinstance(obj, self._jax.Array):
+        if device.kind != "cpu":
             return super().import_dlpack(obj, device)
-        return self._jax.dlpack.from_dlpack(obj)
+        return self.core._jax.device_put(np.array(np.from_dlpack(obj)), self.core.to_native_device(device))
 
 
 @mutant("jax", "import_dlpack copies through NumPy", ["test_convert_shares_memory_wherever_both_sides_can"])
 class JaxImportCopies(JaxBackend):
     name = "jax_import_copies"
-
-    def import_dlpack(self, obj: Any, device: Device) -> Any:
-        if device.kind != "cpu":
-            return super().import_dlpack(obj, device)
-        return self._jax.device_put(np.array(np.from_dlpack(obj)), self.to_native_device(device))
+    dlpack = concern(_JaxImportCopiesDlpack)
 
 
 @mutant("jax", "capabilities claim async_execution=False", ["test_async_execution_flag_matches_behaviour"])
@@ -196,13 +220,9 @@ class JaxCombineRefusesInt8(JaxBackend):
         return super().combine(op, a, b)
 
 
-@mutant("jax", "value_and_grad caches its jitted gradient by the loss function's __name__ (every lambda shares one)",
-        ["test_two_losses_give_their_own_gradients"])
-class JaxGradCachedByName(JaxBackend):
-    name = "jax_grad_cached_by_name"
-
+class _JaxGradCachedByNameTraining(JaxTraining):
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
-        jax, jnp = self._jax, self._jnp
+        jax, jnp = self.core._jax, self.core._jnp
         cache = self.__dict__.setdefault("_by_name", {})
         key = getattr(fn, "__name__", None)
         vg = cache.get(key)
@@ -212,15 +232,18 @@ class JaxGradCachedByName(JaxBackend):
         return value, list(grads)
 
 
-@mutant("jax", "compile's jax.jit donates its first argument (donate_argnums=0): the caller's input is deleted",
-        ["test_compiled_function_leaves_its_inputs_readable_and_unchanged"])
-class JaxCompileDonates(JaxBackend):
-    name = "jax_compile_donates"
+@mutant("jax", "value_and_grad caches its jitted gradient by the loss function's __name__ (every lambda shares one)",
+        ["test_two_losses_give_their_own_gradients"])
+class JaxGradCachedByName(JaxBackend):
+    name = "jax_grad_cached_by_name"
+    training = concern(_JaxGradCachedByNameTraining)
 
+
+class _JaxCompileDonatesCompiler(JaxCompile):
     def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
         if route == "eager":
             return fn
-        jitted = self._jax.jit(fn, donate_argnums=0)
+        jitted = self.core._jax.jit(fn, donate_argnums=0)
         try:
             jitted.lower(*args)
         except TypeError as e:
@@ -228,13 +251,16 @@ class JaxCompileDonates(JaxBackend):
         return jitted
 
 
-@mutant("jax", "import_dlpack accepts JAX's silent copy of a host buffer that is not 64-byte aligned "
-        "(no check of the imported address)", ["test_convert_copy_false_never_copies"])
-class JaxImportAcceptsCopy(JaxBackend):
-    name = "jax_import_accepts_copy"
+@mutant("jax", "compile's jax.jit donates its first argument (donate_argnums=0): the caller's input is deleted",
+        ["test_compiled_function_leaves_its_inputs_readable_and_unchanged"])
+class JaxCompileDonates(JaxBackend):
+    name = "jax_compile_donates"
+    compiler = concern(_JaxCompileDonatesCompiler)
 
+
+class _JaxImportAcceptsCopyDlpack(JaxDLPack):
     def import_dlpack(self, obj: Any, device: Device) -> Any:
-        jax = self._jax
+        jax = self.core._jax
         x64 = bool(jax.config.jax_enable_x64)
         if not x64 and type(obj).__name__ != "PyCapsule":
             try:
@@ -243,7 +269,7 @@ class JaxImportAcceptsCopy(JaxBackend):
                 src = None
             if src in X64_DTYPES:
                 raise CapabilityError(f"jax backend: cannot import a {src} tensor without x64; {x64_hint(src)}")
-        native = self.to_native_device(device)
+        native = self.core.to_native_device(device)
         if device.kind != "cpu" and not self._strides_read_as_row_major and hasattr(obj, "__dlpack__"):
             return self._import_accelerator(obj, device)
         cpu_id = getattr(native, "local_hardware_id", None) if device.kind == "cpu" else None
@@ -256,9 +282,16 @@ class JaxImportAcceptsCopy(JaxBackend):
             raise CapabilityError(f"jax backend cannot import this DLPack tensor: {e}") from e
         if not prod.row_major:
             raise CapabilityError("jax backend: JAX shares only row-major DLPack buffers")
-        if self.device_of(y) != device:
-            raise CapabilityError(f"jax backend: a DLPack buffer of {device} arrived on {self.device_of(y)}")
+        if self.core.device_of(y) != device:
+            raise CapabilityError(f"jax backend: a DLPack buffer of {device} arrived on {self.core.device_of(y)}")
         return y
+
+
+@mutant("jax", "import_dlpack accepts JAX's silent copy of a host buffer that is not 64-byte aligned "
+        "(no check of the imported address)", ["test_convert_copy_false_never_copies"])
+class JaxImportAcceptsCopy(JaxBackend):
+    name = "jax_import_accepts_copy"
+    dlpack = concern(_JaxImportAcceptsCopyDlpack)
 
 
 @mutant("jax", "synchronize waits for the live arrays only (as before issue 21): work whose results were dropped is "
@@ -280,51 +313,55 @@ class JaxSynchronizeLiveOnly(JaxBackend):
 
 
 # == models and scopes (SupportsModels, SupportsDeviceScope) ======================================
-@mutant("jax", "model_kind claims every pytree node, Python's named tuples and None included, as a JAX tree",
-        ["test_model_kind_claims_no_tensor_and_no_plain_container"])
-class JaxModelKindClaimsContainers(JaxBackend):
-    name = "jax_model_kind_greedy"
-
+class _JaxModelKindClaimsContainersModels(JaxModels):
     def model_kind(self, obj: Any) -> str | None:
-        tu = self._jax.tree_util
+        tu = self.core._jax.tree_util
         children, treedef = tu.tree_flatten(obj, is_leaf=lambda x: x is not obj)
         leaf = treedef.num_nodes == 1 and treedef.num_leaves == 1 and len(children) == 1 and children[0] is obj
         return None if leaf else "tree"
 
 
-@mutant("jax", "device_scope gives a scope that changes nothing (JAX's default device stays where it was)",
-        ["test_the_framework_default_device_follows_the_scope"])
-class JaxDeviceScopeInert(JaxBackend):
-    name = "jax_device_scope_inert"
+@mutant("jax", "model_kind claims every pytree node, Python's named tuples and None included, as a JAX tree",
+        ["test_model_kind_claims_no_tensor_and_no_plain_container"])
+class JaxModelKindClaimsContainers(JaxBackend):
+    name = "jax_model_kind_greedy"
+    models = concern(_JaxModelKindClaimsContainersModels)
 
+
+class _JaxDeviceScopeInertScope(JaxScope):
     def device_scope(self, device: Device) -> Any:
         import contextlib
 
         return contextlib.nullcontext()
 
 
+@mutant("jax", "device_scope gives a scope that changes nothing (JAX's default device stays where it was)",
+        ["test_the_framework_default_device_follows_the_scope"])
+class JaxDeviceScopeInert(JaxBackend):
+    name = "jax_device_scope_inert"
+    scope = concern(_JaxDeviceScopeInertScope)
+
+
 # == trees, native collectives at size, compile caches: issue 35 ======================================
+class _JaxTreeRebuiltFromOldChildrenModels(JaxModels):
+    def flatten_tree(self, obj: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+        tu = self.core._jax.tree_util
+        children, treedef = tu.tree_flatten(obj, is_leaf=lambda x: x is not obj)
+        return list(children), lambda new: tu.tree_unflatten(treedef, children)
+
+
 @mutant("jax", "flatten_tree's rebuild unflattens the node's OLD children (the new ones ignored): a moved node keeps "
         "its leaves where they were", ["test_registered_tree_nodes_are_rebuilt_from_their_new_children"])
 class JaxTreeRebuiltFromOldChildren(JaxBackend):
     name = "jax_tree_old_children"
-
-    def flatten_tree(self, obj: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
-        tu = self._jax.tree_util
-        children, treedef = tu.tree_flatten(obj, is_leaf=lambda x: x is not obj)
-        return list(children), lambda new: tu.tree_unflatten(treedef, children)
+    models = concern(_JaxTreeRebuiltFromOldChildrenModels)
 
 
 #: The chunk of the mutant below: 2**18 elements (1 MiB of float32).
 _CHUNK = 2 ** 18
 
 
-@mutant("jax", "native_allreduce reduces whole chunks of 2**18 elements and drops the tail of a larger array (its "
-        "last numel % 2**18 elements keep each device's own values)",
-        ["test_allreduce_at_sizes_around_every_boundary"])
-class JaxNativeDropsTail(JaxBackend):
-    name = "jax_native_drops_tail"
-
+class _JaxNativeDropsTailCollectives(JaxCollectives):
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         shape = tuple(xs[0].shape)
         numel = int(np.prod(shape))
@@ -333,14 +370,18 @@ class JaxNativeDropsTail(JaxBackend):
         k = numel // _CHUNK * _CHUNK
         flat = [x.reshape(-1) for x in xs]
         head = super().native_allreduce([f[:k] for f in flat], op)
-        return [self._jnp.concatenate([h, f[k:]]).reshape(shape) for h, f in zip(head, flat)]
+        return [self.core._jnp.concatenate([h, f[k:]]).reshape(shape) for h, f in zip(head, flat)]
 
 
-@mutant("jax", "compile caches its jax.jit by the function's __name__: two functions of one name share the first "
-        "one's executable", ["test_functions_of_one_name_get_their_own_executables"])
-class JaxCompileCachedByName(JaxBackend):
-    name = "jax_compile_cached_by_name"
+@mutant("jax", "native_allreduce reduces whole chunks of 2**18 elements and drops the tail of a larger array (its "
+        "last numel % 2**18 elements keep each device's own values)",
+        ["test_allreduce_at_sizes_around_every_boundary"])
+class JaxNativeDropsTail(JaxBackend):
+    name = "jax_native_drops_tail"
+    collectives = concern(_JaxNativeDropsTailCollectives)
 
+
+class _JaxCompileCachedByNameCompiler(JaxCompile):
     def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
         if route == "eager":
             return fn
@@ -349,6 +390,13 @@ class JaxCompileCachedByName(JaxBackend):
         if key not in cache:
             cache[key] = super().compile(fn, route, args)
         return cache[key]
+
+
+@mutant("jax", "compile caches its jax.jit by the function's __name__: two functions of one name share the first "
+        "one's executable", ["test_functions_of_one_name_get_their_own_executables"])
+class JaxCompileCachedByName(JaxBackend):
+    name = "jax_compile_cached_by_name"
+    compiler = concern(_JaxCompileCachedByNameCompiler)
 
 
 # == JAX data parallelism (the replica of data_parallel_replica) ====================================
@@ -363,14 +411,17 @@ class _JaxReplicaLocalRows(JaxReplica):
         return self._jax.device_put(local, self._replicated)
 
 
+class _JaxDataParallelLocalGradientParallel(JaxParallel):
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _JaxReplicaLocalRows)
+
+
 @mutant("jax", "data parallelism over several devices steps with the first device's gradient only (its share of "
         "the batch; the others' gradients are never averaged in)",
         ["test_data_parallel_over_devices_matches_one_device"], replica=_JaxReplicaLocalRows)
 class JaxDataParallelLocalGradient(JaxBackend):
     name = "jax_dp_local_gradient"
-
-    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
-        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _JaxReplicaLocalRows)
+    parallel = concern(_JaxDataParallelLocalGradientParallel)
 
 
 class _JaxReplicaDrifts(JaxReplica):
@@ -392,14 +443,17 @@ class _JaxReplicaDrifts(JaxReplica):
         return loss
 
 
+class _JaxDataParallelDriftParallel(JaxParallel):
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _JaxReplicaDrifts)
+
+
 @mutant("jax", "data parallelism over several devices lets the replicas drift: after each step the last device's "
         "parameters are one ulp off the others' (numerically the same model, bitwise not)",
         ["test_data_parallel_replicas_stay_bitwise_equal"], replica=_JaxReplicaDrifts)
 class JaxDataParallelDrift(JaxBackend):
     name = "jax_dp_drift"
-
-    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
-        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _JaxReplicaDrifts)
+    parallel = concern(_JaxDataParallelDriftParallel)
 
 
 class _JaxReplicaLoadNoop(JaxReplica):
@@ -409,11 +463,14 @@ class _JaxReplicaLoadNoop(JaxReplica):
         return None
 
 
+class _JaxDataParallelLoadNoopParallel(JaxParallel):
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _JaxReplicaLoadNoop)
+
+
 @mutant("jax", "the data-parallel replica's load (the initial broadcast of rank 0's parameters, broadcast_state) "
         "is a no-op: every rank keeps its own start", ["test_data_parallel_load_reaches_every_device"],
         replica=_JaxReplicaLoadNoop)
 class JaxDataParallelLoadNoop(JaxBackend):
     name = "jax_dp_load_noop"
-
-    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
-        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _JaxReplicaLoadNoop)
+    parallel = concern(_JaxDataParallelLoadNoopParallel)

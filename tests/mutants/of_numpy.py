@@ -11,8 +11,9 @@ from multidev.adapter import (
     CapabilityError,
     Device,
     SupportsNativeCollectives,
+    concern,
 )
-from multidev.adapters.numpy import NumpyBackend
+from multidev.adapters.numpy import NumpyBackend, NumpyDLPack
 
 from ._base import _HOST, _plain, _tag, mutant
 
@@ -166,22 +167,28 @@ class NumpyAssignNoDeviceCheck(NumpyBackend):
         np.copyto(_plain(dst), _plain(src))
 
 
+class _NumpyImportOnHostDlpack(NumpyDLPack):
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        return _tag(np.from_dlpack(obj), _HOST)
+
+
 @mutant("numpy", "import_dlpack tags every buffer cpu:0, whatever device was asked for",
         ["test_import_dlpack_lands_on_the_requested_device"])
 class NumpyImportOnHost(NumpyBackend):
     name = "numpy_import_on_host"
+    dlpack = concern(_NumpyImportOnHostDlpack)
 
-    def import_dlpack(self, obj: Any, device: Device) -> Any:
-        return _tag(np.from_dlpack(obj), _HOST)
+
+class _NumpyExportCopiesDlpack(NumpyDLPack):
+    def export_dlpack(self, x: Any) -> Any:
+        return np.array(_plain(x), copy=True)
 
 
 @mutant("numpy", "export_dlpack exports a copy, so nothing is shared",
         ["test_convert_shares_memory_wherever_both_sides_can"])
 class NumpyExportCopies(NumpyBackend):
     name = "numpy_export_copies"
-
-    def export_dlpack(self, x: Any) -> Any:
-        return np.array(_plain(x), copy=True)
+    dlpack = concern(_NumpyExportCopiesDlpack)
 
 
 @mutant("numpy", "capabilities claim dlpack=False (its arrays still export)", ["test_dlpack_flag_matches_behaviour"])

@@ -11,9 +11,16 @@ import numpy as np
 from multidev.adapter import (
     CapabilityError,
     Device,
+    concern,
 )
 from multidev.adapters.torch import TorchBackend
-from multidev.adapters.torch.parallel import TorchReplica
+from multidev.adapters.torch.collectives import TorchCollectives
+from multidev.adapters.torch.compile import TorchCompile
+from multidev.adapters.torch.dlpack import TorchDLPack
+from multidev.adapters.torch.models import TorchModels
+from multidev.adapters.torch.parallel import TorchParallel, TorchReplica
+from multidev.adapters.torch.training import TorchTraining
+from multidev.adapters.torch.transfers import TorchTransfers
 
 from ._base import _HOST, mutant, swap_replica
 
@@ -74,12 +81,15 @@ class TorchDivideUpcasts(TorchBackend):
         return super().divide(x, n)
 
 
+class _TorchExportClonesDlpack(TorchDLPack):
+    def export_dlpack(self, x: Any) -> Any:
+        return super().export_dlpack(x).clone()
+
+
 @mutant("torch", "export_dlpack exports a clone", ["test_convert_shares_memory_wherever_both_sides_can"])
 class TorchExportClones(TorchBackend):
     name = "torch_export_clones"
-
-    def export_dlpack(self, x: Any) -> Any:
-        return super().export_dlpack(x).clone()
+    dlpack = concern(_TorchExportClonesDlpack)
 
 
 @mutant("torch", "capabilities claim dlpack=False (tensors still export)", ["test_dlpack_flag_matches_behaviour"])
@@ -134,22 +144,21 @@ class TorchRandUnseeded(TorchBackend):
         return super().rand(shape, dtype, device, None)
 
 
-@mutant("torch", "parameter_like left at the default: a replica of a leaf that requires grad is a copy in its graph "
-        "(a non-leaf whose .grad stays None)", ["test_replicas_are_trainable_in_the_frameworks_idiom"])
-class TorchParameterLikeDefault(TorchBackend):
-    name = "torch_parameter_like_default"
-
+class _TorchParameterLikeDefaultTraining(TorchTraining):
     def parameter_like(self, src: Any, y: Any) -> Any:
         return y
 
 
-@mutant("torch", "value_and_grad reduces a tensor loss with mean(): the value and gradients of the mean, not the sum",
-        ["test_value_and_grad_of_a_known_function"])
-class TorchGradOfMean(TorchBackend):
-    name = "torch_grad_of_mean"
+@mutant("torch", "parameter_like left at the default: a replica of a leaf that requires grad is a copy in its graph "
+        "(a non-leaf whose .grad stays None)", ["test_replicas_are_trainable_in_the_frameworks_idiom"])
+class TorchParameterLikeDefault(TorchBackend):
+    name = "torch_parameter_like_default"
+    training = concern(_TorchParameterLikeDefaultTraining)
 
+
+class _TorchGradOfMeanTraining(TorchTraining):
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
-        torch = self.torch
+        torch = self.core.torch
         ps = [p.detach().requires_grad_(True) for p in params]
         with torch.enable_grad():
             out = fn(ps, *args)
@@ -158,15 +167,18 @@ class TorchGradOfMean(TorchBackend):
         return total.detach(), [torch.zeros_like(p) if g is None else g for p, g in zip(ps, gs)]
 
 
-@mutant("torch", "torch.jit.trace accepted although tracing froze a data-dependent branch (its TracerWarning ignored)",
-        ["test_compiled_function_follows_a_data_dependent_branch"])
-class TorchTraceIgnoresWarning(TorchBackend):
-    name = "torch_trace_ignores_warning"
+@mutant("torch", "value_and_grad reduces a tensor loss with mean(): the value and gradients of the mean, not the sum",
+        ["test_value_and_grad_of_a_known_function"])
+class TorchGradOfMean(TorchBackend):
+    name = "torch_grad_of_mean"
+    training = concern(_TorchGradOfMeanTraining)
 
+
+class _TorchTraceIgnoresWarningCompiler(TorchCompile):
     def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
         import warnings
 
-        torch = self.torch
+        torch = self.core.torch
         if route == "eager":
             return fn
         if route.startswith("torch.compile"):
@@ -178,6 +190,13 @@ class TorchTraceIgnoresWarning(TorchBackend):
             except Exception as e:
                 raise CapabilityError(f"torch backend: {route} cannot compile this function: {e}") from e
         return out
+
+
+@mutant("torch", "torch.jit.trace accepted although tracing froze a data-dependent branch (its TracerWarning ignored)",
+        ["test_compiled_function_follows_a_data_dependent_branch"])
+class TorchTraceIgnoresWarning(TorchBackend):
+    name = "torch_trace_ignores_warning"
+    compiler = concern(_TorchTraceIgnoresWarningCompiler)
 
 
 class _StreamlessProducer:
@@ -193,6 +212,12 @@ class _StreamlessProducer:
         return self._t.__dlpack_device__()
 
 
+class _TorchDLPackDropsStreamDlpack(TorchDLPack):
+    def export_dlpack(self, x: Any) -> Any:
+        t = super().export_dlpack(x)
+        return _StreamlessProducer(x.detach()) if x.device.type == "cuda" else t
+
+
 @mutant("torch", "export_dlpack drops the consumer's stream (the DLPack stream hand-off), while dlpack_streams lets "
         "convert skip its host wait", ["test_convert_on_a_gpu_is_ordered_after_the_producers_kernels"], gpus=1,
         why_gpu="the stream hand-off orders CUDA streams: a CPU buffer has none; on a GPU the consumer's next "
@@ -200,10 +225,7 @@ class _StreamlessProducer:
         "(test_convert_on_a_gpu_is_ordered_after_the_producers_kernels[torch-jax-to partner])")
 class TorchDLPackDropsStream(TorchBackend):
     name = "torch_dlpack_drops_stream"
-
-    def export_dlpack(self, x: Any) -> Any:
-        t = super().export_dlpack(x)
-        return _StreamlessProducer(x.detach()) if x.device.type == "cuda" else t
+    dlpack = concern(_TorchDLPackDropsStreamDlpack)
 
 
 _ONE_CPU = "torch has a single CPU device, so without a GPU "
@@ -231,15 +253,18 @@ class TorchDeviceWaitNoop(TorchBackend):
         return lambda: None
 
 
+class _TorchStartMoveNoWaiterTransfers(TorchTransfers):
+    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
+        y, _ = super().start_move(x, device)
+        return y, None
+
+
 @mutant("torch", "start_move gives no waiter for CUDA copies", ["test_reads_and_transfers_wait_for_queued_work"],
         gpus=1, why_gpu="no CUDA copy exists on a CPU; on a GPU the pinned host buffer is read before the "
         "device-to-host copy lands (test_reads_and_transfers_wait_for_queued_work)")
 class TorchStartMoveNoWaiter(TorchBackend):
     name = "torch_start_move_no_wait"
-
-    def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
-        y, _ = super().start_move(x, device)
-        return y, None
+    transfers = concern(_TorchStartMoveNoWaiterTransfers)
 
 
 @mutant("torch", "to_numpy of a CUDA tensor copies non-blocking and does not wait",
@@ -278,24 +303,30 @@ class TorchClaimsSynchronous(TorchBackend):
         return dataclasses.replace(super().capabilities, async_execution=False)
 
 
+class _TorchNativeSortedCollectives(TorchCollectives):
+    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
+        return sorted(super().native_allreduce(xs, op), key=lambda y: y.device.index)
+
+
 @mutant("torch", "native_allreduce returns the results in ascending device order, not input order",
         ["test_allreduce_device_order", "test_native_allreduce_every_op_and_dtype"], gpus=2,
         why_gpu="torch declares its NCCL allreduce only with 2 or more GPUs (test_allreduce_device_order[native], "
         "test_native_allreduce_every_op_and_dtype: inputs in reversed order)")
 class TorchNativeSorted(TorchBackend):
     name = "torch_native_sorted"
+    collectives = concern(_TorchNativeSortedCollectives)
 
+
+class _TorchNativeOpTableCollectives(TorchCollectives):
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
-        return sorted(super().native_allreduce(xs, op), key=lambda y: y.device.index)
+        return super().native_allreduce(xs, {"prod": "max", "max": "prod"}.get(op, op))
 
 
 @mutant("torch", "native_allreduce's NCCL op table swaps prod and max", ["test_native_allreduce_every_op_and_dtype"],
         gpus=2, why_gpu="needs the NCCL path, which takes 2 or more GPUs (test_native_allreduce_every_op_and_dtype)")
 class TorchNativeOpTable(TorchBackend):
     name = "torch_native_op_table"
-
-    def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
-        return super().native_allreduce(xs, {"prod": "max", "max": "prod"}.get(op, op))
+    collectives = concern(_TorchNativeOpTableCollectives)
 
 
 @mutant("torch", "device_of reports gpu:0 for every CUDA tensor", ["test_move_keeps_values", "test_allreduce_matches"],
@@ -311,59 +342,77 @@ class TorchDeviceOfFirstGpu(TorchBackend):
 
 
 # == models (SupportsModels), compile modes: issue 35 ==================================================
+class _TorchMoveModuleCopiesModels(TorchModels):
+    def move_module(self, obj: Any, device: Device) -> Any:
+        return copy.deepcopy(obj).to(self.core.to_native_device(device))
+
+
 @mutant("torch", "move_module returns a deep copy moved there, not the same module moved in place (an optimizer built "
         "before the move updates dead tensors)", ["test_a_model_moves_in_place_and_its_optimizer_follows"])
 class TorchMoveModuleCopies(TorchBackend):
     name = "torch_move_module_copies"
+    models = concern(_TorchMoveModuleCopiesModels)
 
-    def move_module(self, obj: Any, device: Device) -> Any:
-        return copy.deepcopy(obj).to(self.to_native_device(device))
+
+class _TorchCopyModuleSharesModels(TorchModels):
+    def copy_module(self, obj: Any, device: Device) -> Any:
+        return copy.copy(obj)
 
 
 @mutant("torch", "copy_module makes a shallow copy: a new module sharing the original's Parameters and buffers",
         ["test_a_model_copy_shares_nothing_with_the_original"])
 class TorchCopyModuleShares(TorchBackend):
     name = "torch_copy_module_shares"
+    models = concern(_TorchCopyModuleSharesModels)
 
-    def copy_module(self, obj: Any, device: Device) -> Any:
-        return copy.copy(obj)
+
+class _TorchModuleTensorsParamsOnlyModels(TorchModels):
+    def module_tensors(self, obj: Any) -> list[Any]:
+        return list(obj.parameters())
 
 
 @mutant("torch", "module_tensors lists the parameters only: device_of a buffer-only model fails, and buffers are "
         "left out of to_host and synchronize", ["test_a_models_buffers_are_among_its_tensors"])
 class TorchModuleTensorsParamsOnly(TorchBackend):
     name = "torch_module_tensors_params_only"
+    models = concern(_TorchModuleTensorsParamsOnlyModels)
 
+
+class _TorchModuleTensorsStateDictModels(TorchModels):
     def module_tensors(self, obj: Any) -> list[Any]:
-        return list(obj.parameters())
+        return list({id(t): t for t in obj.state_dict(keep_vars=True).values()}.values())
 
 
 @mutant("torch", "module_tensors reads the state_dict, which leaves non-persistent buffers out",
         ["test_a_models_buffers_are_among_its_tensors"])
 class TorchModuleTensorsStateDict(TorchBackend):
     name = "torch_module_tensors_state_dict"
+    models = concern(_TorchModuleTensorsStateDictModels)
 
-    def module_tensors(self, obj: Any) -> list[Any]:
-        return list({id(t): t for t in obj.state_dict(keep_vars=True).values()}.values())
+
+class _TorchModelKindBuiltinOnlyModels(TorchModels):
+    def model_kind(self, obj: Any) -> str | None:
+        nn = self.core.torch.nn
+        return "module" if isinstance(obj, nn.Module) and type(obj).__module__.startswith("torch.nn") else None
 
 
 @mutant("torch", "model_kind claims the built-in layers only (classes defined in torch.nn): a user's subclass and "
         "a scripted module are refused as 'not a tensor'", ["test_user_subclasses_and_scripted_modules_are_models"])
 class TorchModelKindBuiltinOnly(TorchBackend):
     name = "torch_model_kind_builtin_only"
+    models = concern(_TorchModelKindBuiltinOnlyModels)
 
-    def model_kind(self, obj: Any) -> str | None:
-        nn = self.torch.nn
-        return "module" if isinstance(obj, nn.Module) and type(obj).__module__.startswith("torch.nn") else None
+
+class _TorchScriptRouteTracesCompiler(TorchCompile):
+    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
+        return super().compile(fn, "torch.jit.trace" if route == "torch.jit.script" else route, args)
 
 
 @mutant("torch", "compile's torch.jit.script route traces instead (refusing, past its TracerWarning, every function "
         "with a data-dependent branch that scripting compiles)", ["test_each_route_compiles_what_its_compiler_does"])
 class TorchScriptRouteTraces(TorchBackend):
     name = "torch_script_route_traces"
-
-    def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
-        return super().compile(fn, "torch.jit.trace" if route == "torch.jit.script" else route, args)
+    compiler = concern(_TorchScriptRouteTracesCompiler)
 
 
 @mutant("torch", "copy reads a view's storage from its start, ignoring the view's offset and strides (x[::2], x.T "
@@ -387,15 +436,18 @@ class _TorchReplicaLoadNoop(TorchReplica):
         return None
 
 
+class _TorchDataParallelLoadNoopParallel(TorchParallel):
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _TorchReplicaLoadNoop)
+
+
 @mutant("torch", "the data-parallel replica's load (the initial broadcast of rank 0's parameters, broadcast_state) "
         "is a no-op: every rank keeps its own start",
         ["test_data_parallel_load_reaches_every_device", "test_data_parallel_across_processes_starts_from_rank_0"],
         replica=_TorchReplicaLoadNoop, multiprocess=True)
 class TorchDataParallelLoadNoop(TorchBackend):
     name = "torch_dp_load_noop"
-
-    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
-        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _TorchReplicaLoadNoop)
+    parallel = concern(_TorchDataParallelLoadNoopParallel)
 
 
 class _TorchReplicaUnscaled(TorchReplica):
@@ -405,14 +457,17 @@ class _TorchReplicaUnscaled(TorchReplica):
         return super().unflatten(flat, like, None)
 
 
+class _TorchDataParallelUnscaledParallel(TorchParallel):
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _TorchReplicaUnscaled)
+
+
 @mutant("torch", "data parallelism across processes forgets the 1/world_size of the gradient average (the bucket's "
         "unflatten ignores its scale): every step takes the ranks' summed gradient",
         ["test_data_parallel_across_processes_averages_gradients"], replica=_TorchReplicaUnscaled, multiprocess=True)
 class TorchDataParallelUnscaled(TorchBackend):
     name = "torch_dp_unscaled"
-
-    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
-        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _TorchReplicaUnscaled)
+    parallel = concern(_TorchDataParallelUnscaledParallel)
 
 
 class _TorchReplicaKeepsOptimizerState(TorchReplica):
@@ -422,13 +477,16 @@ class _TorchReplicaKeepsOptimizerState(TorchReplica):
         return None
 
 
+class _TorchDataParallelOptimizerStateKeptParallel(TorchParallel):
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices),
+                            _TorchReplicaKeepsOptimizerState)
+
+
 @mutant("torch", "data parallelism across processes broadcasts rank 0's optimizer state but never loads it: a rank "
         "that stepped before keeps its own momentum, and the ranks' parameters drift apart",
         ["test_data_parallel_across_processes_keeps_ranks_bitwise_equal"], replica=_TorchReplicaKeepsOptimizerState,
         multiprocess=True)
 class TorchDataParallelOptimizerStateKept(TorchBackend):
     name = "torch_dp_opt_state_kept"
-
-    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
-        return swap_replica(super().data_parallel_replica(model, optimizer, devices),
-                            _TorchReplicaKeepsOptimizerState)
+    parallel = concern(_TorchDataParallelOptimizerStateKeptParallel)
