@@ -359,9 +359,10 @@ CONCERN_FILES = {"core.py": None, "transfers.py": "SupportsNonBlocking", "dlpack
                  "mesh.py": "SupportsMesh", "sharding.py": "SupportsSharding", "parallel.py": "SupportsDataParallel",
                  "sharded_training.py": "SupportsShardedTraining"}
 #: Beside the concern files: the composed adapter (__init__.py) and what several files share.
-ADAPTER_FOLDER_FILES = {"__init__.py", "_common.py", *CONCERN_FILES}
+ADAPTER_FOLDER_FILES = {"__init__.py", "_common.py", "engine.py", *CONCERN_FILES}
 #: Folders of backends/ that are not adapters.
-NOT_ADAPTERS = {"engines": "the engines of multidev.distributed, built on torch.distributed by design",
+NOT_ADAPTERS = {"engines": "the engine of multidev.distributed of no framework (MPI); the others are engine.py "
+                           "in their framework's folder",
                 "__pycache__": "bytecode"}
 #: The top-level modules of each framework an adapter serves (NumPy is every adapter's host array
 #: library, and the array-API adapter serves whichever library it is given: they own no names).

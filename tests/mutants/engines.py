@@ -9,8 +9,8 @@ from typing import Any
 from multidev.adapter import (
     Device,
 )
-from multidev.adapters.engines.torch import TorchEngine
 from multidev.adapters.numpy import NumpyBackend
+from multidev.adapters.torch.engine import TorchEngine
 from multidev.distributed.engine import register_engine
 from multidev.errors import DistributedTimeoutError
 
