@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import multidev as md
-from multidev.adapter import SupportsSharding
 from multidev.errors import CapabilityError, DeviceNotFoundError, InvalidArgumentError
 
 from ._helpers import as_f64, need_dtype, sample
@@ -72,7 +71,7 @@ def _check_pieces(b: Any, y: Any, layout: md.Layout, ref: np.ndarray) -> None:
 def _refuses_uneven(b: Any, layout: md.Layout, shape: tuple[int, ...]) -> bool:
     """Whether the backend's own sharded type would hold ``layout`` but not ``shape``'s uneven
     pieces: it must then refuse with CapabilityError (checked here, before anything moves)."""
-    if not (layout.uneven(shape) and not layout.partial and isinstance(b, SupportsSharding)):
+    if not (layout.uneven(shape) and not layout.partial and b.sharding is not None):
         return False
     x = _whole(b, sample("float32", shape), "float32")
     with pytest.raises(CapabilityError):

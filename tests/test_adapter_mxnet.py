@@ -38,7 +38,7 @@ def b() -> Any:
 
 @pytest.fixture(scope="module")
 def mx(b: Any) -> Any:
-    return b._mx
+    return b.mx
 
 
 @pytest.fixture

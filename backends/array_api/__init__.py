@@ -33,9 +33,11 @@ Mechanism:
   standard that the adapter probes for, by attribute (no library is imported or named in code).
 - No native collectives; ``split`` is slicing (views).
 
-The files, one per concern (the same names as in every adapter folder): ``core.py`` (the core
-protocol), ``dlpack.py`` (the standard's ``from_dlpack`` with ``device=`` and ``copy=``); the family
-and the per-library classes are made here.
+The files, one per concern (the same names in every adapter folder): ``core.py`` (the core protocol;
+the adapter class is the core's class with one attribute per other file, such as ``b.dlpack``, an
+object made from the core on first use, None for a concern the framework lacks), ``dlpack.py`` (the
+standard's ``from_dlpack`` with ``device=`` and ``copy=``); the family and the per-library classes
+are made here.
 """
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ class ArrayApiCore(BaseBackend):
             raise BackendNotAvailableError(
                 f"{self.name}: {self.library} is not an array-API namespace (it has no __array_namespace_info__; "
                 "for CuPy, PyTorch or Dask use their own adapter or array_api_compat's namespace)")
-        self._xp = xp
+        self.xp = xp
         self._info = info = info_fn()
         native = [d for d in info.devices() if d is not None]
         try:
@@ -135,7 +135,7 @@ class ArrayApiCore(BaseBackend):
 
     def version(self) -> str:
         top = importlib.import_module(self.framework)
-        return str(getattr(self._xp, "__version__", None) or getattr(top, "__version__", "unknown"))
+        return str(getattr(self.xp, "__version__", None) or getattr(top, "__version__", "unknown"))
 
     def tensor_types(self) -> tuple[type, ...]:
         return (self._array_type,)
@@ -198,33 +198,33 @@ class ArrayApiCore(BaseBackend):
         nd = self.to_native_device(device)
         try:
             # asarray(copy=False) wraps the buffer writable (NumPy 1.x marks DLPack imports read-only)
-            return self._xp.asarray(buf, device=nd, copy=False)
+            return self.xp.asarray(buf, device=nd, copy=False)
         except Exception:  # noqa: BLE001 - a library that cannot wrap it: DLPack, else its own buffer
             try:
-                return self._xp.from_dlpack(buf, device=nd)
+                return self.xp.from_dlpack(buf, device=nd)
             except Exception:  # noqa: BLE001
                 return y
 
     # -- creation ---------------------------------------------------------------------------
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
         dt, nd = self._place(dtype, device)
-        return self._host_aligned(self._xp.full(shape, value, dtype=dt, device=nd), device)
+        return self._host_aligned(self.xp.full(shape, value, dtype=dt, device=nd), device)
 
     def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
         dt, nd = self._place(dtype, device)
-        return self._host_aligned(self._xp.empty(shape, dtype=dt, device=nd), device)
+        return self._host_aligned(self.xp.empty(shape, dtype=dt, device=nd), device)
 
     def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
         dt, nd = self._place(dtype, device)
         if (stop - start) / step <= 0:
-            return self._xp.empty((0,), dtype=dt, device=nd)
-        return self._host_aligned(self._xp.arange(start, stop, step, dtype=dt, device=nd), device)
+            return self.xp.empty((0,), dtype=dt, device=nd)
+        return self._host_aligned(self.xp.arange(start, stop, step, dtype=dt, device=nd), device)
 
     def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
         nd = self.to_native_device(device)
         if dtype is None and not isinstance(obj, (np.ndarray, self._array_type)):
             # nested sequences and scalars: the library's own inference (int32 where int64 is missing)
-            return self._host_aligned(self._xp.asarray(obj, device=nd, copy=True), device)
+            return self._host_aligned(self.xp.asarray(obj, device=nd, copy=True), device)
         if isinstance(obj, self._array_type):
             src = obj
         else:
@@ -232,7 +232,7 @@ class ArrayApiCore(BaseBackend):
             if dtype is not None:
                 src = src.astype(numpy_dtype(dtype), copy=False)
         dt = self._place(dtype if dtype is not None else self.dtype_of(src), device)[0]
-        return self._host_aligned(self._xp.asarray(src, dtype=dt, device=nd, copy=True), device)
+        return self._host_aligned(self.xp.asarray(src, dtype=dt, device=nd, copy=True), device)
 
     def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
         """NumPy's generator (the standard has none), cast to ``dtype`` and placed on ``device``."""
@@ -255,7 +255,7 @@ class ArrayApiCore(BaseBackend):
 
     def move(self, x: Any, device: Device) -> Any:
         self._place(self.dtype_of(x), device)
-        y = self._xp.asarray(x, device=self.to_native_device(device), copy=True)
+        y = self.xp.asarray(x, device=self.to_native_device(device), copy=True)
         return self._host_aligned(y, device)
 
     def copy(self, x: Any, device: Device) -> Any:
@@ -269,7 +269,7 @@ class ArrayApiCore(BaseBackend):
             return np.from_dlpack(x, device="cpu", copy=True)
         except (TypeError, BufferError, ValueError, RuntimeError):
             # NumPy 1.x refuses read-only buffers and the device keyword: a copy through the default device
-            return np.asarray(self._xp.asarray(x, device=self._to_native[self._host], copy=True))
+            return np.asarray(self.xp.asarray(x, device=self._to_native[self._host], copy=True))
 
     def synchronize(self, device: Device | None) -> None:
         return None  # the standard has no queue to wait for; JAX arrays are waited for one by one
@@ -281,11 +281,11 @@ class ArrayApiCore(BaseBackend):
     # -- arithmetic for collectives ---------------------------------------------------------
     def _arr(self, y: Any) -> Any:
         """``y`` as an array (NumPy's namespace turns 0-d results into scalars)."""
-        return y if isinstance(y, self._array_type) else self._xp.asarray(y)
+        return y if isinstance(y, self._array_type) else self.xp.asarray(y)
 
     def combine(self, op: str, a: Any, b: Any) -> Any:
         self.same_device(op, (a, b))
-        xp = self._xp
+        xp = self.xp
         if self.dtype_of(a) == "bool":
             fn = xp.logical_or if op in ("sum", "max") else xp.logical_and
         elif op in ("max", "min") and self.dtype_of(a).startswith("complex"):
@@ -297,17 +297,17 @@ class ArrayApiCore(BaseBackend):
     def divide(self, x: Any, n: int) -> Any:
         if is_floating(self.dtype_of(x)):
             return self._arr(x / n)
-        xp = self._xp
+        xp = self.xp
         q = xp.abs(x) // n  # integer division truncating toward zero, in x's dtype
         return self._arr(xp.where(x < 0, -q, q))
 
     def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
-        return self._xp.reshape(x, shape)
+        return self.xp.reshape(x, shape)
 
     def concat(self, xs: Sequence[Any], axis: int) -> Any:
         xs = list(xs)
         self.same_device("concat", xs)
-        return self._xp.concat(xs, axis=axis)
+        return self.xp.concat(xs, axis=axis)
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
         out, at = [], 0

@@ -33,11 +33,11 @@ class ArrayApiStandardDLPack(Concern, SupportsDLPack):
         errors = (TypeError, ValueError, BufferError, RuntimeError, NotImplementedError)
         try:
             try:
-                y = self.core._xp.from_dlpack(obj, device=nd, copy=False)
+                y = self.core.xp.from_dlpack(obj, device=nd, copy=False)
             except errors:
                 # a namespace older than the 2023.12 keywords, or a producer refusing dl_device
                 # (TensorFlow): the library's own placement, checked below
-                y = self.core._xp.from_dlpack(obj)
+                y = self.core.xp.from_dlpack(obj)
         except errors as e:
             raise CapabilityError(f"{self.core.name} cannot import {type(obj).__name__} through DLPack: {e}") from e
         if self.core.device_of(y) != device:

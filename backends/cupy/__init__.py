@@ -34,10 +34,12 @@ Mechanism.
 On a machine without a CUDA device ``import cupy`` may still work; the adapter then raises
 BackendNotAvailableError saying so, and the registry reports cupy as unavailable.
 
-The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
-protocol), ``transfers.py`` (non-blocking moves, pinned buffers, staged uploads), ``dlpack.py``,
-``collectives.py`` (NCCL), ``scope.py`` (the current CUDA device); ``_common.py`` holds what
-several of them share (the host array type).
+The files, one per concern (the same names in every adapter folder): ``core.py`` (the core protocol;
+the adapter class is the core's class with one attribute per other file, such as ``b.dlpack``, an
+object made from the core on first use, None for a concern the framework lacks), ``transfers.py``
+(non-blocking moves, pinned buffers, staged uploads), ``dlpack.py``, ``collectives.py`` (NCCL),
+``scope.py`` (the current CUDA device); ``_common.py`` holds what several of them share (the host
+array type).
 """
 from __future__ import annotations
 

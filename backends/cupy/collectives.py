@@ -37,7 +37,7 @@ class CupyCollectives(Concern, SupportsNativeCollectives):
         device's current stream (asynchronous). Non-contiguous inputs are first copied; bool
         reduces as uint8 (or/and), int16/uint16 through 32 bits (exact modulo 2**16), complex sums
         as pairs of reals."""
-        cp = self.core._cp
+        cp = self.core.cp
         xs = list(xs)
         if not all(self.core._is_gpu(x) for x in xs):
             where = ", ".join(str(self.core.device_of(x)) for x in xs)

@@ -62,8 +62,8 @@ class CupyCore(BaseBackend):
         import cupy
         import cupyx
 
-        self._cp = cupy
-        self._cpx = cupyx
+        self.cp = cupy
+        self.cpx = cupyx
         if not cupy.cuda.is_available():
             why = ""
             try:
@@ -114,7 +114,7 @@ class CupyCore(BaseBackend):
             import ml_dtypes  # noqa: F401
         except ImportError:
             return False
-        major = int(str(self._cp.__version__).split(".")[0])
+        major = int(str(self.cp.__version__).split(".")[0])
         npv = tuple(int(p) for p in np.__version__.split(".")[:3] if p.isdigit())
         return major >= 14 and npv >= (2, 1, 2)
 
@@ -124,10 +124,10 @@ class CupyCore(BaseBackend):
         return self._caps
 
     def version(self) -> str:
-        return str(self._cp.__version__)
+        return str(self.cp.__version__)
 
     def tensor_types(self) -> tuple[type, ...]:
-        return (self._cp.ndarray, CupyHostArray)
+        return (self.cp.ndarray, CupyHostArray)
 
     # -- devices ----------------------------------------------------------------------------
     def devices(self) -> list[Device]:
@@ -141,7 +141,7 @@ class CupyCore(BaseBackend):
         raise InvalidDeviceError(f"cupy backend has no device {device}")
 
     def from_native_device(self, obj: Any) -> Device | None:
-        if isinstance(obj, self._cp.cuda.Device):
+        if isinstance(obj, self.cp.cuda.Device):
             i = int(obj.id)
             return self._gpus[i] if 0 <= i < self._n else Device("gpu", i)
         if obj.__class__ is Device and obj == HOST:
@@ -173,7 +173,7 @@ class CupyCore(BaseBackend):
             out = aligned_empty(shape, dt)
             out.fill(value)
             return out.view(CupyHostArray)
-        cp = self._cp
+        cp = self.cp
         with self._gpu(device):
             if dtype == "bfloat16":  # CuPy's bfloat16 support is minimal: fill in float32, cast
                 return cp.full(shape, value, dtype=np.float32).astype(dt)
@@ -186,7 +186,7 @@ class CupyCore(BaseBackend):
         if device.kind == "cpu":
             return aligned_empty(shape, dt).view(CupyHostArray)
         with self._gpu(device):
-            return self._cp.empty(shape, dtype=dt)
+            return self.cp.empty(shape, dtype=dt)
 
     def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
         dt = self.to_native_dtype(dtype)
@@ -195,7 +195,7 @@ class CupyCore(BaseBackend):
             ref = np.arange(start, stop, step, dtype=np.float64 if dtype == "bfloat16" else dt).astype(dt)
             return host_array(ref) if device.kind == "cpu" else self.transfers._upload(ref, device)
         with self._gpu(device):
-            return self._cp.arange(start, stop, step, dtype=dt)
+            return self.cp.arange(start, stop, step, dtype=dt)
 
     def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
         dt = None if dtype is None else self.to_native_dtype(dtype)
@@ -219,7 +219,7 @@ class CupyCore(BaseBackend):
         dt = self.to_native_dtype(dtype)
         if device.kind == "cpu":
             return host_array(np.random.default_rng(seed).random(shape).astype(dt))
-        cp = self._cp
+        cp = self.cp
         with self._gpu(device):
             gen = cp.random.default_rng(seed)
             sample = np.float64 if dtype in ("float64", "complex128") else np.float32
@@ -259,7 +259,7 @@ class CupyCore(BaseBackend):
         if device is None:
             ids = set(self._touched)
             try:
-                ids.add(int(self._cp.cuda.runtime.getDevice()))
+                ids.add(int(self.cp.cuda.runtime.getDevice()))
             except Exception:  # noqa: BLE001 - no current device yet: nothing queued there
                 pass
             for i in sorted(ids):
@@ -303,19 +303,19 @@ class CupyCore(BaseBackend):
         dtype = self.dtype_of(a)
         if op in ("max", "min") and dtype.startswith("complex"):
             raise CapabilityError(f"cupy backend: {op} is not defined for complex arrays")
-        xp = self._cp if self._is_gpu(a) else np
+        xp = self.cp if self._is_gpu(a) else np
         fn = {"sum": xp.add, "max": xp.maximum, "min": xp.minimum, "prod": xp.multiply}[op]
         if dtype == "bool":
             fn = xp.logical_or if op in ("sum", "max") else xp.logical_and
         with self._ctx(a):
-            if dtype == "bfloat16" and xp is self._cp:  # through float32, rounded back once
+            if dtype == "bfloat16" and xp is self.cp:  # through float32, rounded back once
                 return fn(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
             out = fn(a, b)
-        return out if xp is self._cp else host_array(np.asarray(out))
+        return out if xp is self.cp else host_array(np.asarray(out))
 
     def divide(self, x: Any, n: int) -> Any:
         gpu = self._is_gpu(x)
-        xp = self._cp if gpu else np
+        xp = self.cp if gpu else np
         dtype = self.dtype_of(x)
         with self._ctx(x):
             if is_floating(dtype):
@@ -335,7 +335,7 @@ class CupyCore(BaseBackend):
         if not self._is_gpu(xs[0]):
             return host_array(np.concatenate([np.asarray(x).view(np.ndarray) for x in xs], axis=axis))
         with self._ctx(xs[0]):
-            return self._cp.concatenate(xs, axis=axis)
+            return self.cp.concatenate(xs, axis=axis)
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
         out, at = [], 0

@@ -28,7 +28,7 @@ class CupyDLPack(Concern, SupportsDLPack):
             if device.kind == "cpu":
                 return np.from_dlpack(obj).view(CupyHostArray)
             with self.core._gpu(device):
-                y = self.core._cp.from_dlpack(obj)
+                y = self.core.cp.from_dlpack(obj)
         except (TypeError, ValueError, BufferError, RuntimeError, NotImplementedError, AttributeError) as e:
             raise CapabilityError(f"cupy backend cannot import {type(obj).__name__} through DLPack: {e}") from e
         if self.core.device_of(y) != device:

@@ -17,13 +17,13 @@ class CupyScope(Concern, SupportsDeviceScope):
     core: CupyCore
 
     def device_scope(self, device: Device) -> Any:
-        return _Scope(self.core._cp.cuda.Device(device.index) if device.kind == "gpu" else None)
+        return _Scope(self.core.cp.cuda.Device(device.index) if device.kind == "gpu" else None)
 
     def current_device(self) -> Device:
         stack = getattr(_SCOPES, "stack", None)
         if stack and stack[-1] is None:
             return Device("cpu", 0)
-        return Device("gpu", int(self.core._cp.cuda.Device().id))
+        return Device("gpu", int(self.core.cp.cuda.Device().id))
 
 
 _SCOPES = threading.local()  # per thread: the open scopes, innermost last (None for cpu:0)

@@ -28,7 +28,7 @@ class CupyTransfers(NonBlockingMoves):
         pipeline (multidev.adapter.staged_upload: pinned chunks filled by several threads while
         the copy engine drains the previous one, on the device's current stream); smaller and
         strided ones CuPy's own way."""
-        cp = self.core._cp
+        cp = self.core.cp
         with self.core._gpu(device):
             if (a.nbytes < self.core.staging.threshold or not a.flags.c_contiguous or a.ndim == 0
                     or a.dtype.kind not in "biufc"):  # (ml_dtypes' bfloat16 is kind V)
@@ -39,7 +39,7 @@ class CupyTransfers(NonBlockingMoves):
             stream = cp.cuda.get_current_stream()
 
             def alloc(n: int) -> tuple[Any, np.ndarray]:
-                buf = self.core._cpx.empty_pinned((n,), dtype=np.uint8)
+                buf = self.core.cpx.empty_pinned((n,), dtype=np.uint8)
                 return buf, buf
 
             def submit(buf: Any, n: int, off: int) -> Any:
@@ -59,7 +59,7 @@ class CupyTransfers(NonBlockingMoves):
             self.core._inflight.append((event, objs))
 
     def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
-        cp = self.core._cp
+        cp = self.core.cp
         dt = x.dtype
         if not self.core._is_gpu(x):  # host -> GPU, through a pinned snapshot
             if device.kind == "cpu":
@@ -67,7 +67,7 @@ class CupyTransfers(NonBlockingMoves):
             a = np.asarray(x).view(np.ndarray)
             if a.size == 0:
                 return self._upload(a, device), None
-            pin = self.core._cpx.empty_pinned(a.shape, dtype=dt)
+            pin = self.core.cpx.empty_pinned(a.shape, dtype=dt)
             np.copyto(pin, a)
             with self.core._gpu(device):
                 y = cp.empty(a.shape, dtype=dt)
@@ -81,7 +81,7 @@ class CupyTransfers(NonBlockingMoves):
             if x.size == 0:
                 return aligned_empty(tuple(x.shape), dt).view(CupyHostArray), None
             with self.core._gpu(src):
-                out = self.core._cpx.empty_pinned(tuple(x.shape), dtype=dt)
+                out = self.core.cpx.empty_pinned(tuple(x.shape), dtype=dt)
                 x.get(stream=cp.cuda.get_current_stream(), out=out, blocking=False)
                 done = cp.cuda.Event(disable_timing=True)
                 done.record()

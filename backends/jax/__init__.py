@@ -23,15 +23,18 @@ complex max/min as an ordered fold over ``all_gather``; CPUs and GPUs mixed: per
 combined). DLPack imports are zero-copy or CapabilityError; a host buffer becomes a view on the
 requested virtual CPU device.
 
-The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
-protocol), ``transfers.py`` (non-blocking moves, pinned host copies, staged uploads), ``dlpack.py``,
-``collectives.py`` (``shard_map``), ``training.py`` (``jax.value_and_grad``), ``compile.py``
-(``jax.jit``), ``models.py`` (pytree nodes as trees), ``scope.py`` (``jax.default_device``),
-``mesh.py`` (``jax.sharding.Mesh``, ``jax.make_mesh``'s device order), ``sharding.py``
-(``NamedSharding``: the native type of ``multidev.to(x, layout)``), ``parallel.py``
-(parameters with optax, or a flax ``TrainState``, data-parallel), ``sharded_training.py`` (the same on
-a mesh, each parameter and its optimizer state a ``NamedSharding``);
-``_common.py`` holds what several of them share.
+The files, one per concern (the same names in every adapter folder): ``core.py`` (the core protocol;
+the adapter class is the core's class with one attribute per other file, such as ``b.dlpack``, an
+object made from the core on first use, None for a concern the framework lacks), ``transfers.py``
+(non-blocking moves, pinned host copies, staged uploads), ``dlpack.py``, ``collectives.py``
+(``shard_map``), ``training.py`` (``jax.value_and_grad``), ``compile.py`` (``jax.jit``),
+``models.py`` (pytree nodes as trees), ``scope.py`` (``jax.default_device``), ``mesh.py``
+(``jax.sharding.Mesh``, ``jax.make_mesh``'s device order), ``sharding.py`` (``NamedSharding``: the
+native type of ``multidev.to(x, layout)``), ``parallel.py`` (parameters with optax, or a flax
+``TrainState``, data-parallel), ``sharded_training.py`` (the same on a mesh, each parameter and its
+optimizer state a ``NamedSharding``); ``_common.py`` holds what several of them share. ``engine.py``
+is the engine of :mod:`multidev.distributed` on this framework's runtime (an entry point of its own,
+not a concern of the adapter).
 """
 from __future__ import annotations
 

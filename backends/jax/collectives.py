@@ -31,7 +31,7 @@ class JaxCollectives(Concern, SupportsNativeCollectives):
         hit = self.core._allreduce_cache.get(key)
         if hit is not None:
             return hit
-        jax, jnp = self.core._jax, self.core._jnp
+        jax, jnp = self.core.jax, self.core.jnp
         lax = jax.lax
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -79,7 +79,7 @@ class JaxCollectives(Concern, SupportsNativeCollectives):
         share one mesh: each platform reduces natively, the partial results are combined on the
         first input's device and copied back out.
         """
-        jax = self.core._jax
+        jax = self.core.jax
         xs = list(xs)
         if op not in _ALLREDUCE_OPS:
             raise CapabilityError(f"jax backend: native allreduce has no op {op!r}; use one of "
@@ -87,7 +87,7 @@ class JaxCollectives(Concern, SupportsNativeCollectives):
         natives = tuple(self.core._native_of(x) for x in xs)
         shape, dtype = tuple(xs[0].shape), xs[0].dtype
         if 0 in shape:  # nothing to reduce (and XLA lays out empty shards unpredictably)
-            return [self.core._jnp.empty(shape, dtype=dtype, device=nd) for nd in natives]
+            return [self.core.jnp.empty(shape, dtype=dtype, device=nd) for nd in natives]
         groups: dict[str, list[int]] = {}
         for i, nd in enumerate(natives):
             groups.setdefault(nd.platform, []).append(i)
@@ -116,7 +116,7 @@ class JaxCollectives(Concern, SupportsNativeCollectives):
             for x in pieces:
                 x.block_until_ready()
         gshape = (block[0] * len(xs),) + tuple(block[1:])
-        glob = self.core._jax.make_array_from_single_device_arrays(gshape, sharding, pieces)
+        glob = self.core.jax.make_array_from_single_device_arrays(gshape, sharding, pieces)
         out = compiled(glob)
         if natives[0].platform == "cpu":
             # Several collectives in flight deadlock XLA:CPU's device threads (each run's

@@ -20,7 +20,7 @@ class JaxCompile(Concern, SupportsCompile):
     def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
         if route == "eager":
             return fn
-        jitted = self.core._jax.jit(fn)
+        jitted = self.core.jax.jit(fn)
         try:
             jitted.lower(*args)  # trace now: a function jit cannot trace fails here, typed
         except TypeError as e:  # jax.errors.ConcretizationTypeError and the other tracing errors

@@ -69,8 +69,8 @@ class JaxCore(BaseBackend):
         import jax
         import jax.numpy as jnp
 
-        self._jax = jax
-        self._jnp = jnp
+        self.jax = jax
+        self.jnp = jnp
         if n is not None and imported and _XLA_FLAG not in os.environ.get("XLA_FLAGS", ""):
             try:
                 if jax.config.jax_num_cpu_devices in (-1, None):  # never override the user's choice
@@ -100,7 +100,7 @@ class JaxCore(BaseBackend):
         with self._lock:
             if self._devs is not None:
                 return
-            jax = self._jax
+            jax = self.jax
             devs: list[Device] = []
             for platform, kind in (("cpu", "cpu"), ("gpu", "gpu")):
                 try:
@@ -119,7 +119,7 @@ class JaxCore(BaseBackend):
     @property
     def capabilities(self) -> Capabilities:
         """Recomputed when ``jax_enable_x64`` changes: without it 64-bit dtypes are not listed."""
-        x64 = bool(self._jax.config.jax_enable_x64)
+        x64 = bool(self.jax.config.jax_enable_x64)
         caps = self._caps.get(x64)
         if caps is None:
             self._enumerate()
@@ -138,7 +138,7 @@ class JaxCore(BaseBackend):
         return caps
 
     def tensor_types(self) -> tuple[type, ...]:
-        return (self._jax.Array,)
+        return (self.jax.Array,)
 
     # -- devices ----------------------------------------------------------------------------
     def devices(self) -> list[Device]:
@@ -157,7 +157,7 @@ class JaxCore(BaseBackend):
         return nd
 
     def from_native_device(self, obj: Any) -> Device | None:
-        if not isinstance(obj, self._jax.Device):
+        if not isinstance(obj, self.jax.Device):
             return None
         if self._devs is None:
             self._enumerate()
@@ -169,7 +169,7 @@ class JaxCore(BaseBackend):
             if dtype in X64_DTYPES:
                 raise CapabilityError(f"jax backend: dtype {dtype!r} needs 64-bit mode; {x64_hint(dtype)}")
             raise CapabilityError(f"jax backend: unsupported dtype {dtype!r}")
-        return self._jnp.dtype(numpy_dtype(dtype))
+        return self.jnp.dtype(numpy_dtype(dtype))
 
     def dtype_of(self, x: Any) -> str:
         dt = x.dtype
@@ -183,25 +183,25 @@ class JaxCore(BaseBackend):
         """``x`` committed to ``native`` with dtype ``nd``, or a CapabilityError."""
         sh = x.sharding
         if not (x.committed and len(sh.device_set) == 1 and native in sh.device_set):
-            x = self._jax.device_put(x, native)  # an uncommitted or misplaced result: commit it
+            x = self.jax.device_put(x, native)  # an uncommitted or misplaced result: commit it
         if x.dtype != nd:  # JAX canonicalizes 64-bit types away when x64 is off
             raise CapabilityError(f"jax backend produced {x.dtype}, not {nd}; {x64_hint()}")
         return x
 
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
         nd, native = self.to_native_dtype(dtype), self.to_native_device(device)
-        return self._finish(self._jnp.full(shape, value, dtype=nd, device=native), native, nd)
+        return self._finish(self.jnp.full(shape, value, dtype=nd, device=native), native, nd)
 
     def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
         nd, native = self.to_native_dtype(dtype), self.to_native_device(device)
-        return self._finish(self._jnp.empty(shape, dtype=nd, device=native), native, nd)
+        return self._finish(self.jnp.empty(shape, dtype=nd, device=native), native, nd)
 
     def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
         nd, native = self.to_native_dtype(dtype), self.to_native_device(device)
         # jnp.arange's values differ from NumPy's (jax 0.10: int dtype with float bounds gives
         # zeros; low-precision floats round differently): compute on the host with NumPy.
         host = np.arange(start, stop, step, dtype=numpy_dtype(dtype))
-        return self._finish(self._jax.device_put(host, native), native, nd)
+        return self._finish(self.jax.device_put(host, native), native, nd)
 
     def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
         native = self.to_native_device(device)
@@ -213,17 +213,17 @@ class JaxCore(BaseBackend):
             if obj.nbytes >= self.staging.threshold and obj.ndim and obj.flags.c_contiguous:
                 x = self.transfers._staged_put(obj, native)
             else:
-                x = self._jax.device_put(obj, native)
+                x = self.jax.device_put(obj, native)
             return self._finish(x, native, x.dtype if nd is None else nd)
-        x = self._jnp.array(obj, dtype=nd, copy=True, device=native)
+        x = self.jnp.array(obj, dtype=nd, copy=True, device=native)
         if nd is None:
             nd = x.dtype
             if x.weak_type:  # jnp.array(3.0) is weakly typed; give it a definite dtype
-                x = self._jnp.array(x, dtype=nd, copy=False, device=native)
+                x = self.jnp.array(x, dtype=nd, copy=False, device=native)
         return self._finish(x, native, nd)
 
     def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
-        jax = self._jax
+        jax = self.jax
         nd, native = self.to_native_dtype(dtype), self.to_native_device(device)
         if seed is None:
             seed = secrets.randbits(31)
@@ -285,7 +285,7 @@ class JaxCore(BaseBackend):
         too."""
         if x.committed:
             return x
-        return self._jax.device_put(x, self._native_of(x))
+        return self.jax.device_put(x, self._native_of(x))
 
     def move(self, x: Any, device: Device) -> Any:
         """Accelerator to host through pinned host memory (many times faster than a direct
@@ -300,11 +300,11 @@ class JaxCore(BaseBackend):
             if getattr(x.sharding, "memory_kind", None) not in (None, "device"):  # a host-memory array
                 return self.transfers._land(x, x, native)
         staged = self.transfers._staged_from_host(x, device, native)
-        return staged if staged is not None else self._jax.device_put(x, native)
+        return staged if staged is not None else self.jax.device_put(x, native)
 
     def copy(self, x: Any, device: Device) -> Any:
         # device_put to x's own device may return an alias of x's buffer; may_alias=False forces a copy.
-        return self._jax.device_put(x, self.to_native_device(device), may_alias=False)
+        return self.jax.device_put(x, self.to_native_device(device), may_alias=False)
 
     def to_numpy(self, x: Any) -> np.ndarray:
         """Waits. Zero-copy and read-only for CPU arrays; for accelerator arrays a read-only view of a
@@ -317,7 +317,7 @@ class JaxCore(BaseBackend):
         if len(ds) == 1:
             nd = next(iter(ds))
             if nd.platform != "cpu":  # an accelerator without a pinned memory kind: a fresh device copy
-                return np.asarray(self._jax.device_put(x, nd, may_alias=False))
+                return np.asarray(self.jax.device_put(x, nd, may_alias=False))
         return np.asarray(x)
 
     def synchronize(self, device: Device | None) -> None:
@@ -328,7 +328,7 @@ class JaxCore(BaseBackend):
         a program is loaded. Then every live array (on ``device`` when given), which raises the
         asynchronous errors they carry; ordered effects (``jax.effects_barrier``) too when
         ``device`` is None."""
-        jax = self._jax
+        jax = self.jax
         if self._devs is None:
             self._enumerate()
         target = None if device is None else self.to_native_device(device)
@@ -384,7 +384,7 @@ class JaxCore(BaseBackend):
     def _make_marker_inputs(self) -> tuple[Callable[[Any], Any], dict[Any, Any], Any]:
         """The markers' jitted function, a committed int32 scalar per native device, and an array
         split over the first two CPU devices (None with one CPU device)."""
-        jax = self._jax
+        jax = self.jax
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
         per_device = {nd: jax.device_put(np.zeros((), np.int32), nd) for nd in self._to_native.values()}
@@ -424,12 +424,12 @@ class JaxCore(BaseBackend):
         so JAX's backends are not started early)."""
         if self._redefines("wait", JaxCore):
             return super().tensor_wait_fn()
-        fn: Callable[[Any], Any] = type(self._jnp.zeros(())).block_until_ready
+        fn: Callable[[Any], Any] = type(self.jnp.zeros(())).block_until_ready
         return fn
 
     # -- arithmetic for collectives ---------------------------------------------------------
     def combine(self, op: str, a: Any, b: Any) -> Any:
-        jnp = self._jnp
+        jnp = self.jnp
         fn = {"sum": jnp.add, "max": jnp.maximum, "min": jnp.minimum, "prod": jnp.multiply}[op]
         self.same_device(op, (a, b))
         return fn(a, b)
@@ -438,16 +438,16 @@ class JaxCore(BaseBackend):
         return (x / n).astype(x.dtype)
 
     def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
-        return self._jnp.reshape(x, shape)  # JAX has no views: a new (immutable) array
+        return self.jnp.reshape(x, shape)  # JAX has no views: a new (immutable) array
 
     def concat(self, xs: Sequence[Any], axis: int) -> Any:
         xs = list(xs)
         self.same_device("concat", xs)
-        return self._jnp.concatenate(xs, axis=axis)
+        return self.jnp.concatenate(xs, axis=axis)
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
         cuts = np.cumsum([int(s) for s in sizes])[:-1].tolist()
-        return list(self._jnp.split(x, cuts, axis=axis))
+        return list(self.jnp.split(x, cuts, axis=axis))
 
     def assign(self, dst: Any, src: Any) -> None:
         raise CapabilityError(

@@ -68,7 +68,7 @@ class JaxDLPack(Concern, SupportsDLPack):
         if len(x.sharding.device_set) != 1:
             self.core._native_of(x)  # a multi-device array has no single buffer: DeviceMismatchError
         if x.dtype not in self.core._dlpack_dtypes:
-            if not self.core._jax.dlpack.is_supported_dtype(x.dtype):
+            if not self.core.jax.dlpack.is_supported_dtype(x.dtype):
                 raise CapabilityError(f"jax backend: DLPack cannot carry dtype {x.dtype}")
             self.core._dlpack_dtypes.add(x.dtype)
         return x  # jax.Array has __dlpack__ and __dlpack_device__
@@ -77,7 +77,7 @@ class JaxDLPack(Concern, SupportsDLPack):
         """Zero-copy or CapabilityError: JAX copies CPU buffers that are not 64-byte aligned and
         turns 64-bit tensors into 32-bit copies without x64; both are refused here. A host buffer
         becomes a view on the virtual CPU device ``device``."""
-        jax = self.core._jax
+        jax = self.core.jax
         x64 = bool(jax.config.jax_enable_x64)
         src = None
         if type(obj).__name__ != "PyCapsule":
@@ -122,7 +122,7 @@ class JaxDLPack(Concern, SupportsDLPack):
         is refused), so the capsule's header is not read a second time; the dtype and the device of
         the result are checked (JAX without x64 narrows 64-bit types, refused above)."""
         try:
-            y = self.core._jax.dlpack.from_dlpack(_Producer(obj, cpu_id, inspect=False), copy=False)
+            y = self.core.jax.dlpack.from_dlpack(_Producer(obj, cpu_id, inspect=False), copy=False)
         except ValueError as e:
             if "copy" in str(e):
                 raise CapabilityError(
@@ -143,7 +143,7 @@ class JaxDLPack(Concern, SupportsDLPack):
         """The accelerator path of import_dlpack: JAX passes its stream to the producer (ordered on
         the device, no host wait) and places the view on the producer's device; no header reads."""
         try:
-            y = self.core._jax.dlpack.from_dlpack(obj)
+            y = self.core.jax.dlpack.from_dlpack(obj)
         except (TypeError, ValueError, BufferError, RuntimeError) as e:
             raise CapabilityError(f"jax backend cannot import this DLPack tensor ({type(obj).__name__}): {e}") from e
         return y

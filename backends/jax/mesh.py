@@ -36,10 +36,10 @@ class JaxMesh(Concern, SupportsMesh):
             raise CapabilityError(f"jax backend makes meshes of kind 'jax', not {kind!r}")
         natives = np.empty(len(mesh.devices), dtype=object)
         natives[:] = [self.core.to_native_device(d) for d in mesh.devices]
-        return self.core._jax.sharding.Mesh(natives.reshape(mesh.shape), mesh.axis_names)
+        return self.core.jax.sharding.Mesh(natives.reshape(mesh.shape), mesh.axis_names)
 
     def from_native_mesh(self, obj: Any) -> Any:
-        if not isinstance(obj, self.core._jax.sharding.Mesh):
+        if not isinstance(obj, self.core.jax.sharding.Mesh):
             return None
         devs = []
         for nd in np.asarray(obj.devices, dtype=object).reshape(-1):

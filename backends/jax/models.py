@@ -32,7 +32,7 @@ class JaxModels(Concern, SupportsModels):
         if isinstance(obj, (list, tuple, dict)) and (
                 type(obj).__module__ in ("builtins", "collections") or hasattr(type(obj), "_fields")):
             return None  # Python's containers (named tuples, OrderedDict, defaultdict too) are the core's
-        tu = self.core._jax.tree_util
+        tu = self.core.jax.tree_util
         try:
             children, treedef = tu.tree_flatten(obj, is_leaf=lambda x: x is not obj)
         except Exception:  # noqa: BLE001 - a node whose flatten raises is none of ours to take apart
@@ -42,7 +42,7 @@ class JaxModels(Concern, SupportsModels):
         return "tree"
 
     def flatten_tree(self, obj: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
-        tu = self.core._jax.tree_util
+        tu = self.core.jax.tree_util
         children, treedef = tu.tree_flatten(obj, is_leaf=lambda x: x is not obj)
         return list(children), lambda new: tu.tree_unflatten(treedef, new)
 
@@ -54,7 +54,7 @@ class JaxModels(Concern, SupportsModels):
     def put_scalar(self, obj: Any, device: Device | None) -> Any:
         """Scalar ``obj`` as ``jax.device_put(obj, device)`` makes it: a weakly typed (Python scalars)
         array committed to ``device``; uncommitted on JAX's default device where ``device`` is None."""
-        jax = self.core._jax
+        jax = self.core.jax
         return jax.device_put(obj) if device is None else jax.device_put(obj, self.core.to_native_device(device))
 
     def module_tensors(self, obj: Any) -> list[Any]:

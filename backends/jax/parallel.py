@@ -35,7 +35,7 @@ class JaxParallel(Concern, SupportsDataParallel):
     core: JaxCore
 
     def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
-        jax = self.core._jax
+        jax = self.core.jax
         state = _is_train_state(model)
         params = model.params if state else model
         arrays = jax.tree_util.tree_leaves(params)
@@ -55,7 +55,7 @@ class JaxReplica(Replica):
     """The current parameters and optimizer state (or TrainState), rebound every step."""
 
     def __init__(self, backend: Any, jax: Any, state: Any, params: Any, tx: Any, devices: list[Device]) -> None:
-        self.backend, self._jax, self._jnp, self.devices = backend, jax, backend._jnp, devices
+        self.backend, self.jax, self.jnp, self.devices = backend, jax, backend.jnp, devices
         self.optimizer = tx if state is None else state.tx
         self._state = state
         self._params = params
@@ -101,11 +101,11 @@ class JaxReplica(Replica):
         """The trees on the replica's devices: replicated over several, committed to one."""
         where = self._replicated if self._replicated is not None else self._one
         if self._state is not None:
-            self._state = self._jax.device_put(self._state, where)
+            self._state = self.jax.device_put(self._state, where)
             self._params = self._state.params
         else:
-            self._params = self._jax.device_put(self._params, where)
-            self._opt_state = self._jax.device_put(self._opt_state, where)
+            self._params = self.jax.device_put(self._params, where)
+            self._opt_state = self.jax.device_put(self._opt_state, where)
 
     def _set_params(self, params: Any) -> None:
         self._params = params
@@ -114,17 +114,17 @@ class JaxReplica(Replica):
 
     # -- Replica --------------------------------------------------------------------------------------
     def parameters(self) -> list[tuple[str, Any]]:
-        return list(zip(self._names, self._jax.tree_util.tree_leaves(self._params)))
+        return list(zip(self._names, self.jax.tree_util.tree_leaves(self._params)))
 
     def buffers(self) -> list[tuple[str, Any]]:
         stats = getattr(self._state, "batch_stats", None) if self._state is not None else None
         if stats is None:
             return []
-        tu = self._jax.tree_util
+        tu = self.jax.tree_util
         return [(".batch_stats" + tu.keystr(p), x) for p, x in tu.tree_flatten_with_path(stats)[0]]
 
     def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
-        tu = self._jax.tree_util
+        tu = self.jax.tree_util
         if params is not None:
             self._set_params(tu.tree_unflatten(self._treedef, list(params)))
         if buffers is not None and self._state is not None:
@@ -133,34 +133,34 @@ class JaxReplica(Replica):
         self._place()
 
     def optimizer_state(self) -> Any:
-        leaves = self._jax.tree_util.tree_leaves(self.opt_state)
+        leaves = self.jax.tree_util.tree_leaves(self.opt_state)
         step = None if self._state is None else np.asarray(self._state.step)
         return {"leaves": [np.asarray(x) for x in leaves], "step": step}
 
     def load_optimizer_state(self, state: Any) -> None:
-        tu = self._jax.tree_util
-        tree = tu.tree_unflatten(tu.tree_structure(self.opt_state), [self._jnp.asarray(x) for x in state["leaves"]])
+        tu = self.jax.tree_util
+        tree = tu.tree_unflatten(tu.tree_structure(self.opt_state), [self.jnp.asarray(x) for x in state["leaves"]])
         if self._state is None:
             self._opt_state = tree
         else:
             step = state["step"]
-            self._state = self._state.replace(opt_state=tree, step=self._jnp.asarray(step) if step is not None
+            self._state = self._state.replace(opt_state=tree, step=self.jnp.asarray(step) if step is not None
                                               else self._state.step)
         self._place()
 
     def _grad_fn(self, loss_fn: Callable[..., Any]) -> Any:
         fn = self._grad_fns.get(loss_fn)
         if fn is None:
-            vg = self._jax.value_and_grad(loss_fn)
+            vg = self.jax.value_and_grad(loss_fn)
             if self._replicated is not None:
-                fn = self._jax.jit(vg, out_shardings=(self._replicated, self._replicated))
+                fn = self.jax.jit(vg, out_shardings=(self._replicated, self._replicated))
             else:
-                fn = self._jax.jit(vg)
+                fn = self.jax.jit(vg)
             self._grad_fns.put(loss_fn, fn)
         return fn
 
     def _place_batch(self, batch: Any) -> Any:
-        jax = self._jax
+        jax = self.jax
         target = self._sharded if self._sharded is not None else self._one_sharding
         leaves = jax.tree_util.tree_leaves(batch)
         if leaves and all(isinstance(x, jax.Array) and x.sharding == target for x in leaves):
@@ -185,9 +185,9 @@ class JaxReplica(Replica):
             # Micro-batches' gradients (no_sync) do not wait for each other: on several CPU devices
             # their all-reduces would be in flight together, which deadlocks XLA:CPU (see
             # collectives.py). One at a time there.
-            self._jax.block_until_ready(self._acc)
+            self.jax.block_until_ready(self._acc)
         if ready is not None:
-            gs = self._jax.tree_util.tree_leaves(self._acc)
+            gs = self.jax.tree_util.tree_leaves(self._acc)
             for i in range(len(gs) - 1, -1, -1):  # last layers first: the first buckets fill first
                 ready(i, gs[i])
         return loss
@@ -211,15 +211,15 @@ class JaxReplica(Replica):
     def _step_fn(self, loss_fn: Callable[..., Any]) -> Any:
         fn = self._step_fns.get(loss_fn)
         if fn is None:
-            vg = self._jax.value_and_grad(loss_fn)
+            vg = self.jax.value_and_grad(loss_fn)
 
             def fused(params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, Any]:
                 loss, grads = vg(params, batch)
                 return (loss, *self._update_fn(params, opt_state, grads))
 
             outs = self._step_out_shardings()
-            fn = self._step_fns.put(loss_fn, self._jax.jit(fused) if outs is None else
-                                    self._jax.jit(fused, out_shardings=outs))
+            fn = self._step_fns.put(loss_fn, self.jax.jit(fused) if outs is None else
+                                    self.jax.jit(fused, out_shardings=outs))
         return fn
 
     def _step_out_shardings(self) -> Any:
@@ -229,11 +229,11 @@ class JaxReplica(Replica):
 
     def _update_fn(self, params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any]:
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
-        new = self._jax.tree_util.tree_map(lambda p, u: (p + u).astype(p.dtype), params, updates)
+        new = self.jax.tree_util.tree_map(lambda p, u: (p + u).astype(p.dtype), params, updates)
         return new, opt_state
 
     def apply(self, grads: Sequence[Any | None] | None) -> None:
-        tree = self._acc if grads is None else self._jax.tree_util.tree_unflatten(self._treedef, list(grads))
+        tree = self._acc if grads is None else self.jax.tree_util.tree_unflatten(self._treedef, list(grads))
         self._acc = None
         if tree is None:
             return
@@ -245,19 +245,19 @@ class JaxReplica(Replica):
             self._params = params
 
     def zeros_like(self, x: Any) -> Any:
-        return self._jnp.zeros_like(x)
+        return self.jnp.zeros_like(x)
 
     def flatten(self, tensors: Sequence[Any], dtype: str | None) -> Any:
         key = ("flat", dtype)
         fn = self._splits.get(key)
         if fn is None:
-            jnp = self._jnp
+            jnp = self.jnp
             to = None if dtype is None else self.backend.to_native_dtype(dtype)
 
             def flat(ts: list[Any]) -> Any:
                 out = jnp.concatenate([t.reshape(-1) for t in ts])
                 return out if to is None else out.astype(to)
-            fn = self._splits[key] = self._jax.jit(flat)
+            fn = self._splits[key] = self.jax.jit(flat)
         return fn(list(tensors))
 
     def unflatten(self, flat: Any, like: Sequence[Any], scale: float | None) -> list[Any]:
@@ -275,7 +275,7 @@ class JaxReplica(Replica):
                     out.append(f[at:at + n].reshape(s))
                     at += n
                 return out
-            fn = self._splits[key] = self._jax.jit(cut)
+            fn = self._splits[key] = self.jax.jit(cut)
         return list(fn(flat))
 
     def fingerprints(self) -> list[list[int]]:

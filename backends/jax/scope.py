@@ -16,10 +16,10 @@ class JaxScope(Concern, SupportsDeviceScope):
     core: JaxCore
 
     def device_scope(self, device: Device) -> Any:
-        return self.core._jax.default_device(self.core.to_native_device(device))
+        return self.core.jax.default_device(self.core.to_native_device(device))
 
     def current_device(self) -> Device:
-        jax = self.core._jax
+        jax = self.core.jax
         native = jax.config.jax_default_device
         if native is None:
             native = jax.devices()[0]  # JAX's own default: the first device of the default platform

@@ -32,7 +32,7 @@ class JaxShardedTraining(Concern, SupportsShardedTraining):
 
     def sharded_replica(self, model: Any, optimizer: Any, mesh: Any, data_axes: tuple[str, ...],
                         layout_for: Any) -> Any:
-        jax = self.core._jax
+        jax = self.core.jax
         state = _is_train_state(model)
         params = model.params if state else model
         arrays = jax.tree_util.tree_leaves(params)
@@ -57,7 +57,7 @@ class JaxMeshReplica(JaxReplica):
                  data_axes: tuple[str, ...], layout_for: Callable[[tuple[int, ...]], Any]) -> None:
         from jax.sharding import NamedSharding, PartitionSpec
 
-        self.backend, self._jax, self._jnp = backend, jax, backend._jnp
+        self.backend, self.jax, self.jnp = backend, jax, backend.jnp
         self.devices: list[Device] = list(mesh.devices)
         self._cpu_collectives = len(self.devices) > 1 and all(d.kind == "cpu" for d in self.devices)
         self.mesh = mesh
@@ -69,14 +69,14 @@ class JaxMeshReplica(JaxReplica):
         self._acc = None
         self._grad_fns, self._step_fns = LossCache(), LossCache()
         self._splits = {}
-        native = backend.to_native_mesh(mesh, "jax")
+        native = backend.mesh.to_native_mesh(mesh, "jax")
         self._replicated = NamedSharding(native, PartitionSpec())
         self._sharded = NamedSharding(native, PartitionSpec(data_axes if len(data_axes) > 1 else data_axes[0]))
         self._rows = math.prod(mesh.sizes[a] for a in data_axes)
 
         def sharding(x: Any) -> Any:
             shape = tuple(x.shape)
-            return backend.sharding_for(layout_for(shape), shape)
+            return backend.sharding.sharding_for(layout_for(shape), shape)
 
         self._sharding = sharding
         self._p_sh = tu.tree_map(sharding, params)
@@ -90,7 +90,7 @@ class JaxMeshReplica(JaxReplica):
         self._add = jax.jit(lambda a, b: tu.tree_map(lambda x, y: x + y, a, b), out_shardings=self._p_sh)
 
     def _place(self) -> None:
-        jax = self._jax
+        jax = self.jax
         if self._state is not None:
             s = self._state
             rest = s.replace(params=None, opt_state=None)
@@ -105,7 +105,7 @@ class JaxMeshReplica(JaxReplica):
     def _grad_fn(self, loss_fn: Callable[..., Any]) -> Any:
         fn = self._grad_fns.get(loss_fn)
         if fn is None:
-            fn = self._grad_fns.put(loss_fn, self._jax.jit(self._jax.value_and_grad(loss_fn),
+            fn = self._grad_fns.put(loss_fn, self.jax.jit(self.jax.value_and_grad(loss_fn),
                                                            out_shardings=(self._replicated, self._p_sh)))
         return fn
 
@@ -113,7 +113,7 @@ class JaxMeshReplica(JaxReplica):
         return (self._replicated, self._p_sh, self._o_sh)
 
     def _place_batch(self, batch: Any) -> Any:
-        jax = self._jax
+        jax = self.jax
         leaves = jax.tree_util.tree_leaves(batch)
         if leaves and all(isinstance(x, jax.Array) and x.sharding == self._sharded for x in leaves):
             return batch

@@ -30,9 +30,9 @@ class JaxSharding(Concern, SupportsSharding):
         cache = self.core._shardings  # layout -> its NamedSharding (one object: JAX's own caches key by it)
         hit = cache.get(layout)
         if hit is None:
-            P = self.core._jax.sharding.PartitionSpec
+            P = self.core.jax.sharding.PartitionSpec
             spec = P(*[None if not e else e[0] if len(e) == 1 else tuple(e) for e in layout.spec])
-            hit = self.core._jax.sharding.NamedSharding(self.core.mesh.to_native_mesh(layout.mesh, "jax"), spec)
+            hit = self.core.jax.sharding.NamedSharding(self.core.mesh.to_native_mesh(layout.mesh, "jax"), spec)
             if len(cache) < 1024:
                 cache[layout] = hit
         return hit
@@ -45,11 +45,11 @@ class JaxSharding(Concern, SupportsSharding):
             hit = None
         if hit is not None:
             return hit[0]
-        if sh is None or (len(sh.device_set) == 1 and not isinstance(sh, self.core._jax.sharding.NamedSharding)):
+        if sh is None or (len(sh.device_set) == 1 and not isinstance(sh, self.core.jax.sharding.NamedSharding)):
             if sh is not None and len(self.core._layouts) < 1024:
                 self.core._layouts[sh] = (None,)
             return None
-        if not isinstance(sh, self.core._jax.sharding.NamedSharding):
+        if not isinstance(sh, self.core.jax.sharding.NamedSharding):
             raise CapabilityError(f"jax backend: this array's {type(sh).__name__} is no NamedSharding; multidev "
                                   "reads layouts of NamedShardings (jax.device_put(x, NamedSharding(...)) first)")
         mesh = self.core.mesh.from_native_mesh(sh.mesh)
@@ -65,10 +65,10 @@ class JaxSharding(Concern, SupportsSharding):
         return [by_dev[d] for d in mesh.devices]
 
     def place_sharded(self, x: Any, sharding: Any) -> Any:
-        return self.core._jax.device_put(x, sharding)
+        return self.core.jax.device_put(x, sharding)
 
     def unshard(self, x: Any, device: Device) -> Any:
-        return self.core._jax.device_put(x, self.core.to_native_device(device))
+        return self.core.jax.device_put(x, self.core.to_native_device(device))
 
     def assemble(self, shards: Sequence[Any], sharding: Any, shape: tuple[int, ...]) -> Any:
-        return self.core._jax.make_array_from_single_device_arrays(tuple(shape), sharding, list(shards))
+        return self.core.jax.make_array_from_single_device_arrays(tuple(shape), sharding, list(shards))

@@ -22,7 +22,7 @@ class JaxTraining(TrainingDefaults):
     def sgd_update(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
         step = self.core.__dict__.get("_sgd_step")
         if step is None:
-            jax = self.core._jax
+            jax = self.core.jax
 
             def update(ps: list[Any], gs: list[Any], lr: Any) -> list[Any]:
                 return [p - lr * g for p, g in zip(ps, gs)]  # lr: a weakly typed scalar, p's dtype kept
@@ -34,12 +34,12 @@ class JaxTraining(TrainingDefaults):
             return super().sgd_update(params, grads, lr)
 
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
-        jax = self.core._jax
+        jax = self.core.jax
         vg = self.core._grad_fns.get(fn) if _weakrefable(fn) else None
         if vg is None:
             # The cached function holds fn weakly, so the cache entry goes when fn does.
             ref: Callable[[], Any] = weakref.ref(fn) if _weakrefable(fn) else (lambda: fn)
-            vg = jax.value_and_grad(lambda ps, *a: self.core._jnp.sum(ref()(list(ps), *a)))
+            vg = jax.value_and_grad(lambda ps, *a: self.core.jnp.sum(ref()(list(ps), *a)))
             try:
                 jitted = jax.jit(vg)
                 value, grads = jitted(list(params), *args)  # runs where its committed inputs live

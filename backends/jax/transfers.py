@@ -41,7 +41,7 @@ class JaxTransfers(Concern, SupportsNonBlocking):
         if device.kind == "cpu" and getattr(x.sharding, "memory_kind", None) not in (None, "device"):
             y = self._land(x, x, native)
         else:
-            y = self.core._jax.device_put(x, native)
+            y = self.core.jax.device_put(x, native)
 
         def waiter() -> None:
             y.block_until_ready()
@@ -66,13 +66,13 @@ class JaxTransfers(Concern, SupportsNonBlocking):
         try:
             host = np.asarray(z)
         except (ValueError, TypeError, RuntimeError):
-            return self.core._jax.device_put(x, native)
-        return self.core._jax.device_put(host, native)
+            return self.core.jax.device_put(x, native)
+        return self.core.jax.device_put(host, native)
 
     def _staged_from_host(self, x: Any, device: Device, native: Any) -> Any:
         """A large host array ``x`` (on a CPU device) put on accelerator ``device`` through the staged
         upload (read before this returns), or None where the plain ``device_put`` applies."""
-        jax = self.core._jax
+        jax = self.core.jax
         if device.kind == "cpu" or x.nbytes < self.core.staging.threshold or x.ndim == 0 \
                 or jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):  # PRNG keys: no NumPy view
             return None
@@ -94,7 +94,7 @@ class JaxTransfers(Concern, SupportsNonBlocking):
             return None
         if getattr(sh, "memory_kind", None) == "pinned_host":
             return x
-        return self.core._jax.device_put(x, sh.with_memory_kind("pinned_host"))
+        return self.core.jax.device_put(x, sh.with_memory_kind("pinned_host"))
 
     def _has_pinned(self, nd: Any) -> bool:
         hit = self.core._pinned_kinds.get(nd)
@@ -111,7 +111,7 @@ class JaxTransfers(Concern, SupportsNonBlocking):
         threads (JAX reads pageable memory faster so), joined on the device. Synchronous for the
         source; the join compiles once per shape and dtype and holds the array twice for a moment
         (where the device has no room for that, one ``device_put`` instead)."""
-        jax = self.core._jax
+        jax = self.core.jax
         try:
             parts = parallel_put(arr, lambda p: jax.device_put(p, native), self.core.staging)
             return self._join(tuple(parts), arr.shape)
@@ -120,5 +120,5 @@ class JaxTransfers(Concern, SupportsNonBlocking):
 
     @functools.cached_property
     def _join(self) -> Callable[[tuple, tuple[int, ...]], Any]:
-        jnp = self.core._jnp
-        return self.core._jax.jit(lambda parts, shape: jnp.concatenate(parts).reshape(shape), static_argnums=1)
+        jnp = self.core.jnp
+        return self.core.jax.jit(lambda parts, shape: jnp.concatenate(parts).reshape(shape), static_argnums=1)

@@ -29,11 +29,13 @@ calls comes first raises it and clears it (and waitall clears every pending erro
 first one). mxnet#13234 ("waitall hides errors") was fixed by mxnet#14397 before 1.9.1; this
 module's tests check that ``synchronize()`` raises.
 
-The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
-protocol), ``transfers.py`` (non-blocking moves), ``dlpack.py``, ``collectives.py`` (KVStore),
-``training.py`` (``autograd``, ``attach_grad``), ``compile.py`` (``hybridize``), ``models.py``
-(Gluon blocks moved in place), ``scope.py`` (the default context), ``parallel.py`` (a block and
-its Trainer, data-parallel); ``_common.py`` holds what several of them share.
+The files, one per concern (the same names in every adapter folder): ``core.py`` (the core protocol;
+the adapter class is the core's class with one attribute per other file, such as ``b.dlpack``, an
+object made from the core on first use, None for a concern the framework lacks), ``transfers.py``
+(non-blocking moves), ``dlpack.py``, ``collectives.py`` (KVStore), ``training.py`` (``autograd``,
+``attach_grad``), ``compile.py`` (``hybridize``), ``models.py`` (Gluon blocks moved in place),
+``scope.py`` (the default context), ``parallel.py`` (a block and its Trainer, data-parallel);
+``_common.py`` holds what several of them share.
 """
 from __future__ import annotations
 

@@ -64,7 +64,7 @@ class MxnetCollectives(Concern, SupportsNativeCollectives):
         its own: a store created per call and dropped while its push/pull was still queued
         crashed MXNet's engine in long loops (SIGFPE, SIGSEGV, heap corruption). A store is only
         ever dropped (least recently used, beyond _KVSTORES, or at exit) after ``waitall``."""
-        mx = self.core._mx
+        mx = self.core.mx
         shape, mdt = tuple(ns[0].shape), ns[0].dtype
         key = (gpu, tuple((n.context.device_typeid, n.context.device_id) for n in ns), shape, str(mdt))
         with self.core._kv_lock:
@@ -87,7 +87,7 @@ class MxnetCollectives(Concern, SupportsNativeCollectives):
         with self.core._kv_lock:
             if self.core._kv:
                 try:
-                    self.core._mx.nd.waitall()
+                    self.core.mx.nd.waitall()
                 except Exception:  # noqa: BLE001 - a pending async error must not break exit
                     pass
                 self.core._kv.clear()

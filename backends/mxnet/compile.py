@@ -16,7 +16,7 @@ class MxnetCompile(Concern, SupportsCompile):
     core: MxnetCore
 
     def compile_routes(self, fn: Any) -> dict[str, bool]:
-        if not isinstance(fn, self.core._mx.gluon.HybridBlock):
+        if not isinstance(fn, self.core.mx.gluon.HybridBlock):
             raise CapabilityError("mxnet backend compiles Gluon HybridBlocks (hybridize); MXNet has no compiler "
                                   f"for a plain {type(fn).__name__}: build the model from gluon.nn layers "
                                   "(nn.HybridSequential) or call the function as it is")

@@ -103,7 +103,7 @@ class MxnetCore(BaseBackend):
                 f"backend 'mxnet' is not available: importing mxnet failed with {type(e).__name__}: {e}. "
                 f"The tested environment is: {_WITH_MXNET_ENV}."
             ) from e
-        self._mx = mx
+        self.mx = mx
         self._nd_type: Any = mx.nd.NDArray
         self._np_type: Any = mx.np.ndarray
         self._error: Any = mx.base.MXNetError
@@ -135,14 +135,14 @@ class MxnetCore(BaseBackend):
 
     def to_native_device(self, device: Device) -> Any:
         if device.kind == "cpu":
-            return self._mx.cpu(device.index)
+            return self.mx.cpu(device.index)
         if device.kind == "gpu":
-            return self._mx.gpu(device.index)
+            return self.mx.gpu(device.index)
         raise DeviceNotFoundError(f"mxnet backend has no {device.kind} devices; available: "
                                   f"{', '.join(map(str, self.devices()))}")
 
     def from_native_device(self, obj: Any) -> Device | None:
-        if not isinstance(obj, self._mx.Context):
+        if not isinstance(obj, self.mx.Context):
             return None
         kind = obj.device_type
         if kind == "gpu":
@@ -189,7 +189,7 @@ class MxnetCore(BaseBackend):
         return y.as_np_ndarray() if self._np_mode() else y
 
     def _np_mode(self) -> bool:
-        return bool(self._mx.util.is_np_array())
+        return bool(self.mx.util.is_np_array())
 
     def _full_nd(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
         nd = self.to_native_dtype(dtype)
@@ -203,11 +203,11 @@ class MxnetCore(BaseBackend):
             # (1.7976931348623157e+308 came back one ulp off), on the host instead.
             return self._asarray_nd(np.full(shape, value, dtype=nd), dtype, device)
         with self._scope():
-            return self._mx.nd.full(shape, value, ctx=self._ctx(device), dtype=nd)
+            return self.mx.nd.full(shape, value, ctx=self._ctx(device), dtype=nd)
 
     def _empty_nd(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
         with self._scope():
-            return self._mx.nd.empty(shape, ctx=self._ctx(device), dtype=self.to_native_dtype(dtype))
+            return self.mx.nd.empty(shape, ctx=self._ctx(device), dtype=self.to_native_dtype(dtype))
 
     def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
         # mx.nd.arange refuses empty ranges: NumPy computes the values, then one host copy.
@@ -215,7 +215,7 @@ class MxnetCore(BaseBackend):
         return self._made(self._asarray_nd(host, dtype, device))
 
     def _asarray_nd(self, obj: Any, dtype: str | None, device: Device) -> Any:
-        mx = self._mx
+        mx = self.mx
         ctx = self._ctx(device)
         with self._scope():
             if isinstance(obj, self._nd_type):
@@ -233,7 +233,7 @@ class MxnetCore(BaseBackend):
             return mx.nd.ndarray.array(host, ctx=ctx, dtype=nd)
 
     def _rand_nd(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
-        mx = self._mx
+        mx = self.mx
         ctx = self._ctx(device)
         nd = self.to_native_dtype(dtype)
         draw = dtype if dtype in FLOATS else "float32"
@@ -278,7 +278,7 @@ class MxnetCore(BaseBackend):
     def synchronize(self, device: Device | None) -> None:
         """``mx.nd.waitall()``: MXNet has no per-context wait, so every device is waited for (also
         when ``device`` is given). Raises the first pending asynchronous error (see the package docstring)."""
-        self._mx.nd.waitall()
+        self.mx.nd.waitall()
 
     def wait(self, x: Any) -> None:
         x.wait_to_read()
@@ -314,7 +314,7 @@ class MxnetCore(BaseBackend):
                 # NDArray.reshape reads 0 as "keep this dim"; an empty result has no data to share.
                 if int(np.prod(shape)) != int(np.prod(xn.shape)):
                     raise ValueError(f"mxnet backend: cannot reshape {xn.shape} into {shape}")
-                out = self._mx.nd.empty(shape, ctx=xn.context, dtype=xn.dtype)
+                out = self.mx.nd.empty(shape, ctx=xn.context, dtype=xn.dtype)
             else:
                 out = xn.reshape(shape)  # a view
             return self._like(out, x)
@@ -333,7 +333,7 @@ class MxnetCore(BaseBackend):
                 # Along the first axis: each piece copied into its slice of one new array (a view
                 # there). MXNet 1.9's concat kernel runs several times slower than its copies.
                 rows = [int(n_.shape[0]) for n_ in ns]
-                out = self._mx.nd.empty((sum(rows),) + tuple(ns[0].shape[1:]), ctx=ns[0].context,
+                out = self.mx.nd.empty((sum(rows),) + tuple(ns[0].shape[1:]), ctx=ns[0].context,
                                         dtype=ns[0].dtype)
                 at = 0
                 for n_, r in zip(ns, rows):
@@ -341,13 +341,13 @@ class MxnetCore(BaseBackend):
                         n_.copyto(out[at:at + r])
                     at += r
             else:
-                out = self._mx.nd.concat(*ns, dim=ax)
+                out = self.mx.nd.concat(*ns, dim=ax)
             if is_bool:
                 out = out.astype("bool")
             return self._like(out, xs[0])
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
-        mx = self._mx
+        mx = self.mx
         with self._scope():
             xn = self._nd(x)
             shape = tuple(int(s) for s in xn.shape)
@@ -385,7 +385,7 @@ class MxnetCore(BaseBackend):
     # -- internals ----------------------------------------------------------------------------
     def _scope(self) -> _NumpyShape:
         # Legacy NDArray ops reject () and 0-sized dims ("unknown" in legacy shape semantics).
-        return _NumpyShape(self._mx.base._LIB)
+        return _NumpyShape(self.mx.base._LIB)
 
     def _nd(self, x: Any) -> Any:
         """The legacy NDArray view of x (shares memory; legacy ops refuse mx.np arrays)."""
@@ -403,6 +403,6 @@ class MxnetCore(BaseBackend):
         return f" (MXNet would silently compute on {self.device_of(first)})"
 
     def _binary(self, op: str) -> Any:
-        nd = self._mx.nd
+        nd = self.mx.nd
         return {"sum": nd.broadcast_add, "max": nd.broadcast_maximum, "min": nd.broadcast_minimum,
                 "prod": nd.broadcast_mul}[op]

@@ -24,7 +24,7 @@ class MxnetDLPack(Concern, SupportsDLPack):
         if self.core.dtype_of(x) == "bool":
             raise CapabilityError("mxnet backend: MXNet cannot export bool arrays through DLPack; "
                                   "cast first (x.astype('uint8')) or go through multidev.to_numpy")
-        return self.core._mx.nd.to_dlpack_for_read(self.core._nd(x))
+        return self.core.mx.nd.to_dlpack_for_read(self.core._nd(x))
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:
         """An array sharing memory with ``obj`` (an object with ``__dlpack__`` or a legacy capsule): an
@@ -35,7 +35,7 @@ class MxnetDLPack(Concern, SupportsDLPack):
         capsule = obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
         try:
             with self.core._scope():
-                y = self.core._mx.nd.from_dlpack(capsule)
+                y = self.core.mx.nd.from_dlpack(capsule)
         except self.core._error as e:
             msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise CapabilityError(

@@ -21,7 +21,7 @@ class MxnetModels(Concern, SupportsModels):
     core: MxnetCore
 
     def model_kind(self, obj: Any) -> str | None:
-        return "module" if isinstance(obj, self.core._mx.gluon.Block) else None
+        return "module" if isinstance(obj, self.core.mx.gluon.Block) else None
 
     def flatten_tree(self, obj: Any) -> tuple[list[Any], Any]:
         raise CapabilityError("mxnet backend: a Gluon Block is a model, not a tree")

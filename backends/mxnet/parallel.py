@@ -34,7 +34,7 @@ class MxnetParallel(Concern, SupportsDataParallel):
     core: MxnetCore
 
     def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
-        mx = self.core._mx
+        mx = self.core.mx
         if not isinstance(model, mx.gluon.Block):
             return None
         if optimizer is not None and not isinstance(optimizer, mx.gluon.Trainer):
@@ -65,7 +65,7 @@ class MxnetReplica(Replica):
     """The block on its contexts, and its Trainer."""
 
     def __init__(self, backend: Any, mx: Any, model: Any, trainer: Any, devices: list[Device], ctxs: list[Any]) -> None:
-        self.backend, self._mx, self.model, self.optimizer, self.devices = backend, mx, model, trainer, devices
+        self.backend, self.mx, self.model, self.optimizer, self.devices = backend, mx, model, trainer, devices
         self._ctxs = ctxs
         items = list(model.collect_params().items())
         self._trained = [(n, p) for n, p in items if p.grad_req != "null"]
@@ -121,7 +121,7 @@ class MxnetReplica(Replica):
         return int(shape[0]) if shape else 0
 
     def _split(self, batch: Any, sizes: list[int]) -> list[Any]:
-        mx = self._mx
+        mx = self.mx
         if isinstance(batch, (tuple, list)):
             return [type(batch)(z) for z in zip(*(self._split(x, sizes) for x in batch))]
         x = batch if isinstance(batch, mx.nd.NDArray) else mx.nd.array(batch, ctx=self._ctxs[0],
@@ -133,7 +133,7 @@ class MxnetReplica(Replica):
         return out
 
     def backward(self, batch: Any, loss_fn: Callable[..., Any], ready: Ready | None) -> Any:
-        mx = self._mx
+        mx = self.mx
         if self.optimizer is None:
             raise InvalidArgumentError("DataParallel.step needs the optimizer: data_parallel(model, trainer)")
         n = self._rows(batch)
@@ -183,10 +183,10 @@ class MxnetReplica(Replica):
                 p.set_data(p.data(self._ctxs[0]))
 
     def zeros_like(self, x: Any) -> Any:
-        return self._mx.nd.zeros_like(x)
+        return self.mx.nd.zeros_like(x)
 
     def flatten(self, tensors: Sequence[Any], dtype: str | None) -> Any:
-        flat = self._mx.nd.concat(*[t.reshape(-1) for t in tensors], dim=0)
+        flat = self.mx.nd.concat(*[t.reshape(-1) for t in tensors], dim=0)
         return flat if dtype is None else flat.astype(self.backend.to_native_dtype(dtype))
 
     def unflatten(self, flat: Any, like: Sequence[Any], scale: float | None) -> list[Any]:

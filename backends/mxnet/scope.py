@@ -19,5 +19,5 @@ class MxnetScope(Concern, SupportsDeviceScope):
         return self.core.to_native_device(device)  # an mx.Context is its own context manager
 
     def current_device(self) -> Device:
-        dev = self.core.from_native_device(self.core._mx.context.current_context())
+        dev = self.core.from_native_device(self.core.mx.context.current_context())
         return dev if dev is not None else Device("cpu", 0)

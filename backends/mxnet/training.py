@@ -25,7 +25,7 @@ class MxnetTraining(Concern, SupportsTraining):
         ps = [p.copy() for p in params]  # private copies with fresh (zero) buffers: params' .grad untouched
         for q in ps:
             q.attach_grad()
-        with self.core._mx.autograd.record():
+        with self.core.mx.autograd.record():
             out = fn(ps, *args)
         out.backward()  # the gradient of out's sum
         return out.sum(), [q.grad for q in ps]

@@ -23,7 +23,7 @@ class MxnetTransfers(NonBlockingMoves):
         src = self.core.device_of(x)
         if src.is_gpu and device == Device("cpu", 0) and self.core._caps.pinned_memory:
             with self.core._scope():
-                y = x.copyto(self.core._mx.cpu_pinned(src.index))  # untested here: no CUDA build of MXNet
+                y = x.copyto(self.core.mx.cpu_pinned(src.index))  # untested here: no CUDA build of MXNet
         else:
             y = self.core.move(x, device)
         return y, y.wait_to_read

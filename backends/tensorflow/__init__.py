@@ -20,12 +20,14 @@ Execution is synchronous on CPUs unless ``tf.config.experimental.set_synchronous
 was called; GPU kernels are asynchronous. ``synchronize`` runs TF's ``SyncDevice`` op on each device
 and then ``async_wait``, which raises pending asynchronous errors.
 
-The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
-protocol), ``transfers.py`` (non-blocking moves), ``dlpack.py``, ``collectives.py``
-(``CollectiveReduceV2``), ``training.py`` (``tf.GradientTape``, Variables), ``compile.py``
-(``tf.function``), ``models.py`` (Keras models and ``tf.Module``: variables stay where they were
-made), ``scope.py`` (``tf.device``), ``mesh.py`` (DTensor and Keras meshes), ``parallel.py`` (a
-Keras model and its optimizer, data-parallel); ``_common.py`` holds what several of them share.
+The files, one per concern (the same names in every adapter folder): ``core.py`` (the core protocol;
+the adapter class is the core's class with one attribute per other file, such as ``b.dlpack``, an
+object made from the core on first use, None for a concern the framework lacks), ``transfers.py``
+(non-blocking moves), ``dlpack.py``, ``collectives.py`` (``CollectiveReduceV2``), ``training.py``
+(``tf.GradientTape``, Variables), ``compile.py`` (``tf.function``), ``models.py`` (Keras models and
+``tf.Module``: variables stay where they were made), ``scope.py`` (``tf.device``), ``mesh.py``
+(DTensor and Keras meshes), ``parallel.py`` (a Keras model and its optimizer, data-parallel);
+``_common.py`` holds what several of them share.
 """
 from __future__ import annotations
 

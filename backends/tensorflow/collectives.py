@@ -39,7 +39,7 @@ class TensorflowCollectives(Concern, SupportsNativeCollectives):
         as int64 (bitcasts); complex prod raises CapabilityError. Devices must be all CPUs or all
         GPUs.
         """
-        tf = self.core._tf
+        tf = self.core.tf
         xs = list(xs)
         if op not in _MERGE_OP:
             raise CapabilityError(f"tensorflow native_allreduce has no op {op!r}; use one of {', '.join(_MERGE_OP)}")
@@ -114,7 +114,7 @@ class TensorflowCollectives(Concern, SupportsNativeCollectives):
     def _collective_fn(self, devs: tuple[Device, ...], merge: str, final: str, dtype: Any) -> Any:
         """A cached tf.function launching one CollectiveReduceV2 per device, concurrently; traced
         once per (devices, op, dtype), for every shape."""
-        tf = self.core._tf
+        tf = self.core.tf
         with self.core._lock:
             fkey = (devs, merge, final, dtype)
             fn = self.core._fns.get(fkey)

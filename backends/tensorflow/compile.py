@@ -22,7 +22,7 @@ class TensorflowCompile(Concern, SupportsCompile):
         return {"tf.function": True, "tf.function:jit_compile": True, "eager": True}
 
     def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
-        tf = self.core._tf
+        tf = self.core.tf
         f = fn if route == "eager" else tf.function(fn, jit_compile=route.endswith(":jit_compile"))
         if route != "eager":
             try:

@@ -43,7 +43,7 @@ class TensorflowCore(BaseBackend):
         import tensorflow as tf
         from tensorflow.python.eager import context
 
-        self._tf = tf
+        self.tf = tf
         self._context = context
         self._configure_cpu_devices()
         devs: list[Device] = []
@@ -76,7 +76,7 @@ class TensorflowCore(BaseBackend):
 
     def _configure_cpu_devices(self) -> None:
         """Split the CPU into $MULTIDEV_TF_CPU_DEVICES logical devices, if still possible."""
-        tf = self._tf
+        tf = self.tf
         try:
             n = int(os.environ.get(_ENV_CPU, "0"))
         except ValueError:
@@ -98,7 +98,7 @@ class TensorflowCore(BaseBackend):
         return self._caps
 
     def tensor_types(self) -> tuple[type, ...]:
-        return (self._tf.Tensor, self._tf.Variable)
+        return (self.tf.Tensor, self.tf.Variable)
 
     # -- devices ----------------------------------------------------------------------------
     def devices(self) -> list[Device]:
@@ -118,7 +118,7 @@ class TensorflowCore(BaseBackend):
         the full ``/job:.../device:GPU:0`` form), ``tf.config.LogicalDevice``,
         ``tf.config.PhysicalDevice`` (its physical index) or ``tf.DeviceSpec``; None for anything else
         or for device types other than CPU/GPU."""
-        tf = self._tf
+        tf = self.tf
         if isinstance(obj, str):
             try:
                 obj = tf.DeviceSpec.from_string(obj)
@@ -140,7 +140,7 @@ class TensorflowCore(BaseBackend):
         if dtype not in self._caps.dtypes:
             raise CapabilityError(f"tensorflow backend: dtype {dtype!r} is not supported; use one of "
                                   f"{', '.join(sorted(self._caps.dtypes))}")
-        return self._tf.as_dtype(dtype)
+        return self.tf.as_dtype(dtype)
 
     def dtype_of(self, x: Any) -> str:
         try:
@@ -151,7 +151,7 @@ class TensorflowCore(BaseBackend):
 
     # -- creation ---------------------------------------------------------------------------
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
-        tf = self._tf
+        tf = self.tf
         nd = self.to_native_dtype(dtype)
         # tf.constant refuses lossy Python values (1.5 for int32); cast on the host as np.full does.
         host = np.asarray(value).astype(numpy_dtype(dtype))
@@ -160,13 +160,13 @@ class TensorflowCore(BaseBackend):
         return self._placed(y, device, "full")
 
     def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
-        tf = self._tf
+        tf = self.tf
         with tf.device(self.to_native_device(device)):
             y = tf.raw_ops.Empty(shape=list(shape), dtype=self.to_native_dtype(dtype), init=False)
         return self._placed(y, device, "empty")
 
     def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
-        tf = self._tf
+        tf = self.tf
         nd = self.to_native_dtype(dtype)
         with tf.device(self.to_native_device(device)):
             if dtype not in ("bfloat16", "float16", "float32", "float64", "int32", "int64"):
@@ -182,7 +182,7 @@ class TensorflowCore(BaseBackend):
         """Always a new buffer: TF values are deep-copied on ``device``; host data (lists, scalars,
         NumPy arrays, other frameworks' CPU tensors) is uploaded. ``dtype=None`` keeps a NumPy array's
         dtype and otherwise uses TF's inference (Python floats become float32, ints int32)."""
-        tf = self._tf
+        tf = self.tf
         nd = None if dtype is None else self.to_native_dtype(dtype)
         with tf.device(self.to_native_device(device)):
             if isinstance(obj, self.tensor_types()):
@@ -205,7 +205,7 @@ class TensorflowCore(BaseBackend):
         """Uniform [0, 1) drawn in ``dtype`` for floating dtypes (``stateless_uniform`` with a seed
         pair when seeded, ``tf.random.uniform`` otherwise); other dtypes draw float64 and cast, as
         the NumPy reference does."""
-        tf = self._tf
+        tf = self.tf
         nd = self.to_native_dtype(dtype)
         draw = nd if dtype in FLOAT_DTYPES else tf.float64  # TF's uniform takes only float dtypes
         with tf.device(self.to_native_device(device)):
@@ -229,7 +229,7 @@ class TensorflowCore(BaseBackend):
             raise UnsupportedTensorError(
                 "tensorflow backend: this tensor has no device (a symbolic tensor inside tf.function "
                 "or a graph). multidev works on eager tensors; call it outside tf.function.")
-        spec = self._tf.DeviceSpec.from_string(name)
+        spec = self.tf.DeviceSpec.from_string(name)
         kind = _KIND_OF_TF.get((spec.device_type or "").upper())
         if kind is None:
             raise UnsupportedTensorError(f"tensorflow backend: tensor on device {name!r}, which is "
@@ -242,7 +242,7 @@ class TensorflowCore(BaseBackend):
         """``x`` on ``device``; a Tensor stays a Tensor (tf.identity in a device scope, which may
         share memory between logical CPU devices: TF values are immutable), a Variable becomes a new
         Variable on ``device``."""
-        tf = self._tf
+        tf = self.tf
         with tf.device(self.to_native_device(device)):
             if isinstance(x, tf.Variable):
                 return self._new_variable(x, device, tf.identity(self._read(x)))
@@ -252,7 +252,7 @@ class TensorflowCore(BaseBackend):
     def copy(self, x: Any, device: Device) -> Any:
         """A distinct buffer on ``device`` (DeepCopy: tf.identity would alias on the same device and
         between logical CPUs). Keeps the type: a Variable gives a new, independent tf.Variable."""
-        tf = self._tf
+        tf = self.tf
         with tf.device(self.to_native_device(device)):
             y = self._deep_copy(self._read(x))
             if isinstance(x, tf.Variable):
@@ -267,7 +267,7 @@ class TensorflowCore(BaseBackend):
     def synchronize(self, device: Device | None) -> None:
         """Runs TF's SyncDevice op on each device (``device``, or all of them), then async_wait.
         TF has no per-device wait for its async eager queue: async_wait drains all of it."""
-        tf = self._tf
+        tf = self.tf
         if device is None and hasattr(tf.test.experimental, "sync_devices"):
             tf.test.experimental.sync_devices()  # TF >= 2.13: SyncDevice on every device + async_wait
             return
@@ -282,7 +282,7 @@ class TensorflowCore(BaseBackend):
         """Elementwise op on a's device; DeviceMismatchError when b is elsewhere (TF would copy it
         silently). bool follows NumPy (sum/max = or, prod/min = and); complex max/min compare
         lexicographically with NaN propagation, as np.maximum does."""
-        tf = self._tf
+        tf = self.tf
         dev = self.same_device(op, [a, b], SILENT)
         dtype = self.dtype_of(a)
         with tf.device(self.to_native_device(dev)):
@@ -297,7 +297,7 @@ class TensorflowCore(BaseBackend):
         return self._placed(y, dev, "combine")
 
     def divide(self, x: Any, n: int) -> Any:
-        tf = self._tf
+        tf = self.tf
         dev = self.device_of(x)
         with tf.device(self.to_native_device(dev)):
             v = self._read(x)
@@ -308,21 +308,21 @@ class TensorflowCore(BaseBackend):
         return self._placed(y, dev, "divide")
 
     def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
-        tf = self._tf
+        tf = self.tf
         dev = self.device_of(x)
         with tf.device(self.to_native_device(dev)):
             y = tf.reshape(self._read(x), list(shape))
         return self._placed(y, dev, "reshape")
 
     def concat(self, xs: Sequence[Any], axis: int) -> Any:
-        tf = self._tf
+        tf = self.tf
         dev = self.same_device("concat", list(xs), SILENT)
         with tf.device(self.to_native_device(dev)):
             y = tf.concat([self._read(x) for x in xs], axis=axis)
         return self._placed(y, dev, "concat")
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
-        tf = self._tf
+        tf = self.tf
         dev = self.device_of(x)
         with tf.device(self.to_native_device(dev)):
             parts = tf.split(self._read(x), [int(s) for s in sizes], axis=axis)
@@ -330,7 +330,7 @@ class TensorflowCore(BaseBackend):
 
     def assign(self, dst: Any, src: Any) -> None:
         """``dst.assign(src)`` for a tf.Variable on src's device; CapabilityError for a tf.Tensor."""
-        tf = self._tf
+        tf = self.tf
         if not isinstance(dst, tf.Variable):
             raise CapabilityError(
                 "tensorflow backend: tf.Tensor is immutable and cannot be written in place. Hold the "
@@ -345,7 +345,7 @@ class TensorflowCore(BaseBackend):
         """``y`` checked to be on ``device``; moved there once if TF placed it elsewhere."""
         if self.device_of(y) == device:
             return y
-        tf = self._tf
+        tf = self.tf
         # TF may keep some results in host memory (int32 on GPU, constants): copy them over.
         with tf.device(self.to_native_device(device)):
             y2 = tf.identity(y)
@@ -357,19 +357,19 @@ class TensorflowCore(BaseBackend):
     def _read(self, x: Any) -> Any:
         """A Variable's value read in the current device scope (TF would read it onto CPU:0
         otherwise), or a Tensor unchanged."""
-        if isinstance(x, self._tf.Variable):
+        if isinstance(x, self.tf.Variable):
             return x.read_value()
         return x
 
     def _deep_copy(self, v: Any) -> Any:
-        tf = self._tf
+        tf = self.tf
         try:
             return tf.raw_ops.DeepCopy(x=v)
         except tf.errors.NotFoundError:
             return tf.raw_ops.Snapshot(input=v)  # no DeepCopy kernel here: Snapshot copies a shared input
 
     def _new_variable(self, like: Any, device: Device, value: Any) -> Any:
-        tf = self._tf
+        tf = self.tf
         with tf.device(self.to_native_device(device)):
             v = tf.Variable(value, trainable=like.trainable, dtype=like.dtype)
         if self.device_of(v) != device:
@@ -378,7 +378,7 @@ class TensorflowCore(BaseBackend):
         return v
 
     def _complex_extreme(self, op: str, a: Any, b: Any) -> Any:
-        tf = self._tf
+        tf = self.tf
         ar, ai, br, bi = tf.math.real(a), tf.math.imag(a), tf.math.real(b), tf.math.imag(b)
         if op == "max":
             a_wins = (ar > br) | ((ar == br) & (ai >= bi))

@@ -23,7 +23,7 @@ class TensorflowDLPack(Concern, SupportsDLPack):
         """The eager tensor itself (it has ``__dlpack__``/``__dlpack_device__``). Every TF dtype
         exports, bool and bfloat16 included (NumPy cannot import bfloat16; torch can). A tf.Variable
         is refused: its buffer is replaced on assign, so no export can share memory with it."""
-        tf = self.core._tf
+        tf = self.core.tf
         if isinstance(x, tf.Variable):
             raise CapabilityError(
                 "tensorflow backend: a tf.Variable cannot be exported through DLPack (TF swaps its "
@@ -36,7 +36,7 @@ class TensorflowDLPack(Concern, SupportsDLPack):
         """A tf.Tensor sharing memory with ``obj`` (an object with ``__dlpack__``, or a legacy
         ``"dltensor"`` capsule). TF takes only compact row-major tensors and unversioned capsules;
         anything else raises CapabilityError."""
-        tf = self.core._tf
+        tf = self.core.tf
         cap = obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
         info = dlpack_info(cap)  # reads the header only; the capsule stays unconsumed
         if not info.aligned(_ALIGN) or not info.row_major:

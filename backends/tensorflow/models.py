@@ -29,7 +29,7 @@ class TensorflowModels(Concern, SupportsModels):
     core: TensorflowCore
 
     def model_kind(self, obj: Any) -> str | None:
-        if isinstance(obj, self.core._tf.Module):
+        if isinstance(obj, self.core.tf.Module):
             return "module"
         keras = sys.modules.get("keras")
         layers = getattr(keras, "layers", None)
@@ -40,7 +40,7 @@ class TensorflowModels(Concern, SupportsModels):
         raise CapabilityError("tensorflow backend: a Keras model or tf.Module is a model, not a tree")
 
     def module_tensors(self, obj: Any) -> list[Any]:
-        tf = self.core._tf
+        tf = self.core.tf
         found = getattr(obj, "weights", None)
         if found is None:
             found = obj.variables
@@ -65,12 +65,12 @@ class TensorflowModels(Concern, SupportsModels):
     def copy_module(self, obj: Any, device: Device) -> Any:
         keras = sys.modules.get("keras")
         models = getattr(keras, "models", None)
-        if models is None or (isinstance(obj, self.core._tf.Module) and not hasattr(obj, "get_weights")):
+        if models is None or (isinstance(obj, self.core.tf.Module) and not hasattr(obj, "get_weights")):
             raise CapabilityError(f"tensorflow backend: TensorFlow has no way to copy a {type(obj).__name__} "
                                   "(only Keras functional and Sequential models can be cloned); build a second "
                                   "one under md.device_scope(device, backend='tensorflow') and assign its weights")
         try:
-            with self.core._tf.device(self.core.to_native_device(device)):
+            with self.core.tf.device(self.core.to_native_device(device)):
                 clone = models.clone_model(obj)
                 clone.set_weights(obj.get_weights())
         except (ValueError, TypeError, NotImplementedError) as e:

@@ -47,7 +47,7 @@ class TensorflowParallel(Concern, SupportsDataParallel):
             raise InvalidArgumentError("data_parallel: build the Keras model first (call it once, or give it an "
                                        "Input), so its variables exist")
         copies = [self.core.models.copy_module(model, d) for d in devices[1:]]
-        return TensorflowReplica(self.core, self.core._tf, model, optimizer, list(devices), copies)
+        return TensorflowReplica(self.core, self.core.tf, model, optimizer, list(devices), copies)
 
 
 class TensorflowReplica(Replica):
@@ -55,7 +55,7 @@ class TensorflowReplica(Replica):
 
     def __init__(self, backend: Any, tf: Any, model: Any, optimizer: Any, devices: list[Device],
                  copies: list[Any]) -> None:
-        self.backend, self._tf, self.model, self.optimizer, self.devices = backend, tf, model, optimizer, devices
+        self.backend, self.tf, self.model, self.optimizer, self.devices = backend, tf, model, optimizer, devices
         self._copies = copies
         self._models = [model, *copies]
         self._acc: list[Any] | None = None
@@ -105,7 +105,7 @@ class TensorflowReplica(Replica):
         return int(shape[0]) if shape is not None and len(shape) else 0
 
     def _shards(self, batch: Any, sizes: list[int]) -> list[Any]:
-        tf = self._tf
+        tf = self.tf
         if isinstance(batch, (tuple, list)):
             return [type(batch)(z) for z in zip(*(self._shards(x, sizes) for x in batch))]
         if isinstance(batch, dict):
@@ -118,7 +118,7 @@ class TensorflowReplica(Replica):
         return out
 
     def backward(self, batch: Any, loss_fn: Callable[..., Any], ready: Ready | None) -> Any:
-        tf = self._tf
+        tf = self.tf
         if self.optimizer is None:
             raise InvalidArgumentError("DataParallel.step needs the optimizer: data_parallel(model, optimizer)")
         if len(self._models) == 1:
@@ -167,15 +167,15 @@ class TensorflowReplica(Replica):
         self._sync_copies()
 
     def zeros_like(self, x: Any) -> Any:
-        return self._tf.zeros_like(x)
+        return self.tf.zeros_like(x)
 
     def flatten(self, tensors: Sequence[Any], dtype: str | None) -> Any:
-        tf = self._tf
+        tf = self.tf
         flat = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
         return flat if dtype is None else tf.cast(flat, self.backend.to_native_dtype(dtype))
 
     def unflatten(self, flat: Any, like: Sequence[Any], scale: float | None) -> list[Any]:
-        tf = self._tf
+        tf = self.tf
         if flat.dtype != like[0].dtype:
             flat = tf.cast(flat, like[0].dtype)
         if scale is not None and scale != 1.0:

@@ -16,9 +16,9 @@ class TensorflowScope(Concern, SupportsDeviceScope):
     core: TensorflowCore
 
     def device_scope(self, device: Device) -> Any:
-        return self.core._tf.device(self.core.to_native_device(device))
+        return self.core.tf.device(self.core.to_native_device(device))
 
     def current_device(self) -> Device:
         # TF resolves the scope (and, without one, its own placement) only when an op runs: a
         # scalar made where an op made now would land.
-        return self.core.device_of(self.core._tf.constant(0.0))
+        return self.core.device_of(self.core.tf.constant(0.0))

@@ -18,13 +18,13 @@ class TensorflowTraining(Concern, SupportsTraining):
     core: TensorflowCore
 
     def parameter_like(self, src: Any, y: Any) -> Any:
-        tf = self.core._tf
+        tf = self.core.tf
         if isinstance(src, tf.Variable) and not isinstance(y, tf.Variable):
             return self.core._new_variable(src, self.core.device_of(y), y)
         return y  # move and copy keep Variables Variables already
 
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
-        tf = self.core._tf
+        tf = self.core.tf
         ps = list(params)
         dev = self.core.same_device("value_and_grad", ps, SILENT)
         with tf.device(self.core.to_native_device(dev)):  # eager TF would run the ops on its default device
@@ -37,7 +37,7 @@ class TensorflowTraining(Concern, SupportsTraining):
         return total, [self.core._placed(g, dev, "value_and_grad") for g in grads]
 
     def sgd_update(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
-        tf = self.core._tf
+        tf = self.core.tf
         out = []
         for p, g in zip(params, grads):
             with tf.device(p.device):

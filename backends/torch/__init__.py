@@ -14,12 +14,16 @@ tensor only while its device is torch's current one), so no consumer needs to kn
 The native allreduce is ``torch.cuda.nccl.all_reduce`` (``torch.cuda.comm`` for sums where torch
 has no NCCL) over one CUDA tensor per GPU.
 
-The files, one per concern (the same names in every adapter folder): ``core.py`` (the core
-protocol), ``transfers.py`` (non-blocking moves, copy streams, pinned buffers, staged uploads),
-``dlpack.py``, ``collectives.py`` (NCCL), ``training.py`` (autograd), ``compile.py``
-(TorchScript, ``torch.compile``), ``models.py`` (``nn.Module`` moved in place), ``scope.py``
-(torch's default-device context), ``mesh.py`` (``DeviceMesh``, in a process group of world size 1),
-``parallel.py`` (a module and its optimizer, data-parallel).
+The files, one per concern (the same names in every adapter folder): ``core.py`` (the core protocol;
+the adapter class is the core's class with one attribute per other file, such as ``b.dlpack``, an
+object made from the core on first use, None for a concern the framework lacks), ``transfers.py``
+(non-blocking moves, copy streams, pinned buffers, staged uploads), ``dlpack.py``,
+``collectives.py`` (NCCL), ``training.py`` (autograd), ``compile.py`` (TorchScript,
+``torch.compile``), ``models.py`` (``nn.Module`` moved in place), ``scope.py`` (torch's
+default-device context), ``mesh.py`` (``DeviceMesh``, in a process group of world size 1),
+``parallel.py`` (a module and its optimizer, data-parallel). ``engine.py`` is the engine of
+:mod:`multidev.distributed` on this framework's runtime (an entry point of its own, not a concern of
+the adapter).
 """
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -75,13 +74,8 @@ class TorchCore(BaseBackend):
             devs.append(Device("mps", 0))
         self._devices = tuple(devs)
         self._native_devs = {d: self._make_native_device(d) for d in self._devices}
-        self._copy_streams: dict[int, Any] = {}
-        self._stream_lock = threading.Lock()
         #: How large pageable uploads are staged (multidev.adapter.StagingPlan; see docs/transfers.md).
         self.staging = StagingPlan()
-        self._plain_dtypes = {getattr(torch, n) for n in ("bool", "int8", "uint8", "int16", "int32", "int64",
-                                                           "float16", "float32", "float64", "complex64",
-                                                           "complex128")}
         dtypes = {n for n in self._to_torch if n not in _UNSIGNED_WIDE}
         dtypes |= {n for n in _UNSIGNED_WIDE if n in self._to_torch and self._unsigned_usable(n)}
         self._caps = Capabilities(

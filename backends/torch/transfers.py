@@ -4,6 +4,7 @@ pageable uploads staged through pinned chunks (:func:`multidev.adapter.staged_up
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,15 @@ class TorchTransfers(NonBlockingMoves):
     ``to_numpy`` use too."""
 
     core: TorchCore
+
+    def __init__(self, core: TorchCore) -> None:
+        super().__init__(core)
+        torch = core.torch
+        self.copy_streams: dict[int, Any] = {}  # one per GPU, made on first use
+        self.stream_lock = threading.Lock()
+        #: dtypes a staged upload takes as plain bytes
+        self.plain_dtypes = {getattr(torch, n) for n in ("bool", "int8", "uint8", "int16", "int32", "int64", "float16",
+                                                         "float32", "float64", "complex64", "complex128")}
 
     def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
         """Device to host: on a copy stream of the source GPU, into a pinned buffer (torch's caching
@@ -51,12 +61,12 @@ class TorchTransfers(NonBlockingMoves):
 
     def _copy_stream(self, dev: Any) -> Any:
         """The dedicated copy stream of a GPU (made once)."""
-        s = self.core._copy_streams.get(dev.index)
+        s = self.copy_streams.get(dev.index)
         if s is None:
-            with self.core._stream_lock:
-                s = self.core._copy_streams.get(dev.index)
+            with self.stream_lock:
+                s = self.copy_streams.get(dev.index)
                 if s is None:
-                    s = self.core._copy_streams[dev.index] = self.core.torch.cuda.Stream(dev)
+                    s = self.copy_streams[dev.index] = self.core.torch.cuda.Stream(dev)
         return s
 
     def start_download(self, x: Any) -> tuple[Any, Callable[[], None]]:
@@ -85,7 +95,7 @@ class TorchTransfers(NonBlockingMoves):
     def stageable(self, x: Any) -> bool:
         # The size first: is_pinned() asks the CUDA driver about the pointer.
         return (self.core._n_cuda > 0 and x.numel() * x.element_size() >= self.core.staging.threshold
-                and not x.requires_grad and x.is_contiguous() and x.dtype in self.core._plain_dtypes
+                and not x.requires_grad and x.is_contiguous() and x.dtype in self.plain_dtypes
                 and not x.is_conj() and not x.is_neg() and not x.is_pinned())
 
     def upload(self, arr: np.ndarray, dt: Any, device: Device) -> Any:

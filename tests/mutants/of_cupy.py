@@ -20,7 +20,7 @@ from ._base import mutant
 # == CuPy (on tests/fake_cupy.py without a GPU) =======================================================
 class _CupyStagedAtOffsetZeroTransfers(CupyTransfers):
     def _upload(self, a: np.ndarray, device: Device) -> Any:
-        cp = self.core._cp
+        cp = self.core.cp
         with self.core._gpu(device):
             if (a.nbytes < self.core.staging.threshold or not a.flags.c_contiguous or a.ndim == 0
                     or a.dtype.kind not in "biufc"):
@@ -30,7 +30,7 @@ class _CupyStagedAtOffsetZeroTransfers(CupyTransfers):
             stream = cp.cuda.get_current_stream()
 
             def alloc(n: int) -> tuple[Any, np.ndarray]:
-                buf = self.core._cpx.empty_pinned((n,), dtype=np.uint8)
+                buf = self.core.cpx.empty_pinned((n,), dtype=np.uint8)
                 return buf, buf
 
             def submit(buf: Any, n: int, off: int) -> Any:
@@ -56,12 +56,12 @@ class _CupyUploadDropsSnapshotTransfers(CupyTransfers):
         if self.core._is_gpu(x) or device.kind == "cpu" or x.size == 0:
             return super().start_move(x, device)
         a = np.asarray(x).view(np.ndarray)
-        pin = self.core._cpx.empty_pinned(a.shape, dtype=x.dtype)
+        pin = self.core.cpx.empty_pinned(a.shape, dtype=x.dtype)
         np.copyto(pin, a)
         with self.core._gpu(device):
-            y = self.core._cp.empty(a.shape, dtype=x.dtype)
+            y = self.core.cp.empty(a.shape, dtype=x.dtype)
             y.set(pin)
-            done = self.core._cp.cuda.Event(disable_timing=True)
+            done = self.core.cp.cuda.Event(disable_timing=True)
             done.record()
         return y, done.synchronize  # the defect: pin goes back to the pool while the copy is queued
 

@@ -33,7 +33,7 @@ class JaxCopyUpcasts(JaxBackend):
 
     def copy(self, x: Any, device: Device) -> Any:
         if x.dtype.name in ("float16", "bfloat16"):
-            x = x.astype(self._jnp.float32)
+            x = x.astype(self.jnp.float32)
         return super().copy(x, device)
 
 
@@ -42,7 +42,7 @@ class JaxCopyAliases(JaxBackend):
     name = "jax_copy_aliases"
 
     def copy(self, x: Any, device: Device) -> Any:
-        return self._jax.device_put(x, self.to_native_device(device))
+        return self.jax.device_put(x, self.to_native_device(device))
 
 
 @mutant("jax", "asarray device_puts the caller's NumPy array (XLA aliases aligned host buffers)",
@@ -52,7 +52,7 @@ class JaxAsarrayShares(JaxBackend):
 
     def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
         if isinstance(obj, np.ndarray) and (dtype is None or dtype == obj.dtype.name):
-            return self._jax.device_put(obj, self.to_native_device(device))
+            return self.jax.device_put(obj, self.to_native_device(device))
         return super().asarray(obj, dtype, device)
 
 
@@ -121,7 +121,7 @@ class JaxNativeMeanSums(JaxBackend):
 
 class _JaxImportOnHostDlpack(JaxDLPack):
     def import_dlpack(self, obj: Any, device: Device) -> Any:
-        return self.core._jax.dlpack.from_dlpack(obj)
+        return self.core.jax.dlpack.from_dlpack(obj)
 
 
 @mutant("jax", "import_dlpack leaves a host buffer on cpu:0 (no relabelling, no placement check)",
@@ -133,9 +133,9 @@ class JaxImportOnHost(JaxBackend):
 
 class _JaxImportForeignOnHostDlpack(JaxDLPack):
     def import_dlpack(self, obj: Any, device: Device) -> Any:
-        if isinstance(obj, self.core._jax.Array):
+        if isinstance(obj, self.core.jax.Array):
             return super().import_dlpack(obj, device)
-        return self.core._jax.dlpack.from_dlpack(obj)
+        return self.core.jax.dlpack.from_dlpack(obj)
 
 
 @mutant("jax", "import_dlpack places its own arrays but leaves other frameworks' host buffers on cpu:0",
@@ -149,7 +149,7 @@ class _JaxImportCopiesDlpack(JaxDLPack):
     def import_dlpack(self, obj: Any, device: Device) -> Any:
         if device.kind != "cpu":
             return super().import_dlpack(obj, device)
-        return self.core._jax.device_put(np.array(np.from_dlpack(obj)), self.core.to_native_device(device))
+        return self.core.jax.device_put(np.array(np.from_dlpack(obj)), self.core.to_native_device(device))
 
 
 @mutant("jax", "import_dlpack copies through NumPy", ["test_convert_shares_memory_wherever_both_sides_can"])
@@ -199,7 +199,7 @@ class JaxFullDefaultDevice(JaxBackend):
     name = "jax_full_default_device"
 
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
-        return self._jnp.full(shape, value, dtype=self.to_native_dtype(dtype))
+        return self.jnp.full(shape, value, dtype=self.to_native_dtype(dtype))
 
 
 @mutant("jax", "split cuts equal pieces (jnp.array_split), ignoring the sizes", ["test_reshape_concat_split"])
@@ -207,7 +207,7 @@ class JaxSplitEqual(JaxBackend):
     name = "jax_split_equal"
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
-        return list(self._jnp.array_split(x, len(sizes), axis=axis))
+        return list(self.jnp.array_split(x, len(sizes), axis=axis))
 
 
 @mutant("jax", "combine raises CapabilityError for 8-bit integers", ["test_combine_matches_numpy"])
@@ -222,7 +222,7 @@ class JaxCombineRefusesInt8(JaxBackend):
 
 class _JaxGradCachedByNameTraining(JaxTraining):
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
-        jax, jnp = self.core._jax, self.core._jnp
+        jax, jnp = self.core.jax, self.core.jnp
         cache = self.__dict__.setdefault("_by_name", {})
         key = getattr(fn, "__name__", None)
         vg = cache.get(key)
@@ -243,7 +243,7 @@ class _JaxCompileDonatesCompiler(JaxCompile):
     def compile(self, fn: Any, route: str, args: tuple) -> Callable[..., Any]:
         if route == "eager":
             return fn
-        jitted = self.core._jax.jit(fn, donate_argnums=0)
+        jitted = self.core.jax.jit(fn, donate_argnums=0)
         try:
             jitted.lower(*args)
         except TypeError as e:
@@ -260,7 +260,7 @@ class JaxCompileDonates(JaxBackend):
 
 class _JaxImportAcceptsCopyDlpack(JaxDLPack):
     def import_dlpack(self, obj: Any, device: Device) -> Any:
-        jax = self.core._jax
+        jax = self.core.jax
         x64 = bool(jax.config.jax_enable_x64)
         if not x64 and type(obj).__name__ != "PyCapsule":
             try:
@@ -300,7 +300,7 @@ class JaxSynchronizeLiveOnly(JaxBackend):
     name = "jax_synchronize_live_only"
 
     def synchronize(self, device: Device | None) -> None:
-        jax = self._jax
+        jax = self.jax
         platforms = sorted({self.to_native_device(d).platform for d in self.devices()})
         target = None if device is None else self.to_native_device(device)
         if device is None:
@@ -315,7 +315,7 @@ class JaxSynchronizeLiveOnly(JaxBackend):
 # == models and scopes (SupportsModels, SupportsDeviceScope) ======================================
 class _JaxModelKindClaimsContainersModels(JaxModels):
     def model_kind(self, obj: Any) -> str | None:
-        tu = self.core._jax.tree_util
+        tu = self.core.jax.tree_util
         children, treedef = tu.tree_flatten(obj, is_leaf=lambda x: x is not obj)
         leaf = treedef.num_nodes == 1 and treedef.num_leaves == 1 and len(children) == 1 and children[0] is obj
         return None if leaf else "tree"
@@ -345,7 +345,7 @@ class JaxDeviceScopeInert(JaxBackend):
 # == trees, native collectives at size, compile caches: issue 35 ======================================
 class _JaxTreeRebuiltFromOldChildrenModels(JaxModels):
     def flatten_tree(self, obj: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
-        tu = self.core._jax.tree_util
+        tu = self.core.jax.tree_util
         children, treedef = tu.tree_flatten(obj, is_leaf=lambda x: x is not obj)
         return list(children), lambda new: tu.tree_unflatten(treedef, children)
 
@@ -370,7 +370,7 @@ class _JaxNativeDropsTailCollectives(JaxCollectives):
         k = numel // _CHUNK * _CHUNK
         flat = [x.reshape(-1) for x in xs]
         head = super().native_allreduce([f[:k] for f in flat], op)
-        return [self.core._jnp.concatenate([h, f[k:]]).reshape(shape) for h, f in zip(head, flat)]
+        return [self.core.jnp.concatenate([h, f[k:]]).reshape(shape) for h, f in zip(head, flat)]
 
 
 @mutant("jax", "native_allreduce reduces whole chunks of 2**18 elements and drops the tail of a larger array (its "
@@ -407,8 +407,8 @@ class _JaxReplicaLocalRows(JaxReplica):
         if self._sharded is None:
             return super()._place_batch(batch)
         n = len(self.devices)
-        local = self._jax.tree_util.tree_map(lambda x: x[:x.shape[0] // n], batch)
-        return self._jax.device_put(local, self._replicated)
+        local = self.jax.tree_util.tree_map(lambda x: x[:x.shape[0] // n], batch)
+        return self.jax.device_put(local, self._replicated)
 
 
 class _JaxDataParallelLocalGradientParallel(JaxParallel):
@@ -432,7 +432,7 @@ class _JaxReplicaDrifts(JaxReplica):
         loss = super().local_step(batch, loss_fn)
         if self._replicated is None:
             return loss
-        jax, jnp = self._jax, self._jnp
+        jax, jnp = self.jax, self.jnp
         last = self.backend.to_native_device(self.devices[-1])
 
         def drift(x: Any) -> Any:

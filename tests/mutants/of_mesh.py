@@ -33,7 +33,7 @@ class _JaxNativeMeshColumnMajorMesh(JaxMesh):
 
         natives = np.empty(len(mesh.devices), dtype=object)
         natives[:] = [self.core.to_native_device(d) for d in mesh.devices]
-        return self.core._jax.sharding.Mesh(natives.reshape(mesh.shape, order="F"), mesh.axis_names)
+        return self.core.jax.sharding.Mesh(natives.reshape(mesh.shape, order="F"), mesh.axis_names)
 
 
 @mutant("jax", "to_native_mesh fills the grid column-major (numpy order='F')", ["test_native_mesh_round_trip"])
@@ -57,7 +57,7 @@ class JaxShardsInJaxOrder(JaxBackend):
 class _JaxLayoutOfMultiAxisSharding(JaxSharding):
     def layout_of(self, x: Any) -> Any:
         sh = getattr(x, "sharding", None)
-        if sh is None or not isinstance(sh, self.core._jax.sharding.NamedSharding):
+        if sh is None or not isinstance(sh, self.core.jax.sharding.NamedSharding):
             return None
         spec = [() if e is None else (e if isinstance(e, str) else "+".join(e),) for e in sh.spec]
         return Layout(self.core.from_native_mesh(sh.mesh), spec)
@@ -103,9 +103,9 @@ class _JaxShardingTakesUnevenSharding(JaxSharding):
     def sharding_for(self, layout: Any, shape: tuple[int, ...]) -> Any:
         if layout.partial:
             return None
-        P = self.core._jax.sharding.PartitionSpec
+        P = self.core.jax.sharding.PartitionSpec
         spec = P(*[None if not e else e[0] if len(e) == 1 else tuple(e) for e in layout.spec])
-        return self.core._jax.sharding.NamedSharding(self.core.to_native_mesh(layout.mesh, "jax"), spec)
+        return self.core.jax.sharding.NamedSharding(self.core.to_native_mesh(layout.mesh, "jax"), spec)
 
 
 @mutant("jax", "sharding_for takes uneven shapes (device_put then fails with JAX's ValueError)",
@@ -117,9 +117,9 @@ class JaxShardingTakesUneven(JaxBackend):
 
 class _JaxAssembleConcatenatesSharding(JaxSharding):
     def assemble(self, shards: Sequence[Any], sharding: Any, shape: tuple[int, ...]) -> Any:
-        jax = self.core._jax
+        jax = self.core.jax
         host = [jax.device_put(s, jax.devices("cpu")[0]) for s in shards]
-        return jax.device_put(self.core._jnp.concatenate(host, axis=0)[: shape[0]], sharding)
+        return jax.device_put(self.core.jnp.concatenate(host, axis=0)[: shape[0]], sharding)
 
 
 @mutant("jax", "assemble concatenates the pieces along dimension 0 and device_puts the result",
@@ -131,7 +131,7 @@ class JaxAssembleConcatenates(JaxBackend):
 
 class _JaxShardsOnDefaultDeviceSharding(JaxSharding):
     def shards_of(self, x: Any) -> list[Any]:
-        return [self.core._jax.device_put(p, self.core._jax.devices("cpu")[0]) for p in super().shards_of(x)]
+        return [self.core.jax.device_put(p, self.core.jax.devices("cpu")[0]) for p in super().shards_of(x)]
 
 
 @mutant("jax", "shards_of copies each piece with jnp.asarray, onto JAX's default device",
@@ -145,7 +145,7 @@ class _JaxUnshardGivesAPieceSharding(JaxSharding):
     def unshard(self, x: Any, device: Device) -> Any:
         pieces = {self.core.from_native_device(s.device): s.data for s in x.addressable_shards}
         piece = pieces.get(device, next(iter(pieces.values())))
-        return self.core._jax.device_put(piece, self.core.to_native_device(device))
+        return self.core.jax.device_put(piece, self.core.to_native_device(device))
 
 
 @mutant("jax", "unshard gives the piece on the target device (or the first piece), not the whole tensor",
