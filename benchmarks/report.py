@@ -521,8 +521,8 @@ def _panels(doc: dict[str, Any]) -> list[tuple[str, Any]]:
             grouped(a, colors, ov, lambda r: r["ratio"]["value"], "md ÷ native (log)", True)
             a.axhline(1.0, color="k", lw=0.8)
             a.axhline(1.3, color="r", lw=0.8, ls=":", label="goal 1.3")
-        out.append(("thin calls: md ÷ the framework's own call (1 = native cost; goal ≤ 1.3 or ≤ 0.3 µs above)",
-                    draw_ov))
+        out.append(("overhead, thin calls: md ÷ the framework's own call (1 = native cost; goal ≤ 1.3 or "
+                     "≤ 0.3 µs above)", draw_ov))
     asy = [r for r in res if r["suite"] == "async" and r.get("variants")]
     if asy:
         arows = [{**r, "key": SHORT.get(v, v), "_m": _med(r, v)} for r in asy
@@ -620,9 +620,10 @@ def _panels(doc: dict[str, Any]) -> list[tuple[str, Any]]:
             a.set_xlabel("bytes per device")
             a.set_ylabel("busbw GB/s")
             _legend(a, fontsize=5, ncol=2)
-        out.append((("allreduce busbw: md's algorithms (solid) vs native and the framework's own (dashed) vs the "
-                     "memcpy bound (dotted)") if kind == "allreduce" else
-                    "broadcast / allgather / reduce_scatter busbw vs the memcpy bound (dotted)", draw_coll))
+        out.append((("collectives, allreduce busbw: md's algorithms (solid) vs native and the framework's own "
+                     "(dashed) vs the memcpy bound (dotted)") if kind == "allreduce" else
+                    "collectives, broadcast / allgather / reduce_scatter busbw vs the memcpy bound (dotted)",
+                    draw_coll))
     st = [r for r in res if r["suite"] == "startup" and r.get("variants")]
     if st:
         srows = [{**r, "key": f"{r.get('key') or r['case']} [{SHORT.get(v, v)}]", "_m": _med(r, v)} for r in st
@@ -630,8 +631,34 @@ def _panels(doc: dict[str, Any]) -> list[tuple[str, Any]]:
 
         def draw_st(a: Any, colors: dict[str, str]) -> None:
             grouped(a, colors, srows, lambda r: r["_m"], "seconds", False)
-        out.append(("start-up: md (import multidev, first call naming a backend) vs native (numpy, the framework's "
+        out.append(("startup: md (import multidev, first call naming a backend) vs native (numpy, the framework's "
                     "import)", draw_st))
+    drawn = {"overhead", "async", "autoparallel", "bandwidth", "collectives", "startup"}
+    for suite in dict.fromkeys(r["suite"] for r in res):  # every other suite run: one panel each
+        if suite in drawn:
+            continue
+        rest = [r for r in res if r["suite"] == suite and r.get("group") != "convert" and r.get("variants")]
+        ratios = [r for r in rest if (r.get("ratio") or {}).get("value") is not None]
+        if ratios:
+            goals = sorted({g["target"] for g in doc.get("goals", [])
+                            if g.get("target") and any(g.get("case") == r["case"] for r in ratios)})
+
+            def draw_ratio(a: Any, colors: dict[str, str], recs: list[dict[str, Any]] = ratios,
+                           goals: list[float] = goals) -> None:
+                grouped(a, colors, recs, lambda x: x["ratio"]["value"], "ratio (log)", True)
+                a.axhline(1.0, color="k", lw=0.8)
+                for t in goals:
+                    a.axhline(t, color="r", lw=0.8, ls=":", label=f"goal {t:g}")
+                _legend(a, fontsize=7)
+            of = " ÷ ".join(ratios[0]["ratio"].get("of") or ["md", "native"])
+            out.append((f"{suite}: {of} per case (1 = the same cost; dotted: the goals of these rows)", draw_ratio))
+        elif rest:
+            mrows = [{**r, "key": f"{r.get('key') or r['case']} [{SHORT.get(v, v)}]", "_m": _med(r, v)} for r in rest
+                     for v in r["variants"] if _med(r, v) is not None]
+
+            def draw_med(a: Any, colors: dict[str, str], recs: list[dict[str, Any]] = mrows) -> None:
+                grouped(a, colors, recs, lambda x: x["_m"], "seconds (log)", True)
+            out.append((f"{suite}: median time per variant", draw_med))
     return out
 
 

@@ -20,6 +20,7 @@ from .errors import (
     MultidevError,
     ScopeError,
     UnsupportedTensorError,
+    translate_errors,
 )
 from .mesh import Layout
 from .placement import as_device, resolve, scope_backend, scope_device
@@ -51,7 +52,6 @@ from .validate import (
     check_values,
     host_memory,
     range_length,
-    translate_errors,
 )
 
 if TYPE_CHECKING:

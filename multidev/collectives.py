@@ -54,13 +54,13 @@ from typing import Any
 from ._device import Device, DeviceLike
 from .buckets import DEFAULT_BUCKET_MB, flatten, plan_buckets, unflatten
 from .dtypes import ITEMSIZE
-from .errors import CapabilityError, CollectiveInputError, MultidevError, UnsupportedTensorError
+from .errors import CapabilityError, CollectiveInputError, MultidevError, UnsupportedTensorError, translate_errors
 from .placement import check_distinct, device_list, resolve
 from .protocol import Backend, SupportsNativeCollectives
 from .registry import backend_of, require
 from .structured import rebuild, structure_leaves
 from .trees import owner_or_structure
-from .validate import OPS, check_axis, check_op, check_writable, translate_errors
+from .validate import OPS, check_axis, check_op, check_writable
 
 __all__ = ["ALGORITHMS", "AUTO_TREE_MAX_BYTES", "OPS", "all_to_all", "allgather", "allreduce", "broadcast",
            "choose_algorithm",

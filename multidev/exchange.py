@@ -26,13 +26,13 @@ from .errors import (
     InvalidArgumentError,
     MultidevError,
     UnsupportedTensorError,
+    translate_errors,
 )
 from .placement import as_device
 from .protocol import Backend, SupportsDLPack
 from .registry import backend_of, cached_owner, get_backend, require, tie_cache
 from .sharding import ShardedTensor, is_sharded, map_shards
 from .trees import is_structure, tree_map
-from .validate import translate_errors
 
 if TYPE_CHECKING:  # the result types of convert(); never imported at run time
     import cupy

@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .collectives import all_to_all, allgather, allreduce, reduce_scatter
-from .errors import CollectiveInputError, UnsupportedTensorError
+from .errors import CollectiveInputError, UnsupportedTensorError, translate_errors
 from .mesh import AxisNames, Mesh
 from .registry import backend_of
-from .validate import check_axis, check_op, translate_errors
+from .validate import check_axis, check_op
 
 __all__ = ["all_to_all_along", "allgather_along", "allreduce_along", "reduce_scatter_along"]
 

@@ -33,12 +33,12 @@ from .errors import (
     DeviceNotFoundError,
     InvalidArgumentError,
     UnsupportedTensorError,
+    translate_errors,
 )
 from .mesh import AxisNames, Layout, Mesh, check_axis_names, mesh_shape
 from .placement import resolve, scope_backend
 from .protocol import Backend, SupportsSharding
 from .registry import backend_of, get_backend, loaded_backends, require, tie_cache
-from .validate import translate_errors
 
 __all__ = [
     "ShardedTensor",

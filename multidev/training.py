@@ -21,11 +21,10 @@ import numpy as np
 from ._device import DeviceLike
 from .adapter import default_sgd_update
 from .collectives import NONE_GRADIENT_HINT, allreduce, broadcast, reduce, split_batch
-from .errors import CollectiveInputError, InvalidArgumentError, UnsupportedTensorError
+from .errors import CollectiveInputError, InvalidArgumentError, UnsupportedTensorError, translate_errors
 from .placement import device_list
 from .protocol import SupportsTraining
 from .registry import backend_of, require
-from .validate import translate_errors
 
 __all__ = ["replicate", "train_batch"]
 

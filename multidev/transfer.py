@@ -9,13 +9,12 @@ import numpy as np
 
 from ._device import DeviceLike
 from .adapter import start_move, start_to_numpy
-from .errors import InvalidArgumentError, InvalidDeviceError, UnsupportedTensorError
+from .errors import InvalidArgumentError, InvalidDeviceError, UnsupportedTensorError, translate_errors
 from .placement import as_device, resolve
 from .protocol import SupportsModels
 from .registry import backend_of, cached_owner, require
 from .sharding import ShardedTensor, sharded_to_host
 from .trees import is_structure, owner_or_structure, tree_map
-from .validate import translate_errors
 
 __all__ = ["Transfer", "start_to", "to_host"]
 

@@ -4,28 +4,19 @@ is accepted, so every backend refuses the same inputs the same way.
 """
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 import os
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, NoReturn, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from .dtypes import ITEMSIZE, is_complex, is_floating
-from .errors import (
-    BackendError,
-    CapabilityError,
-    CollectiveInputError,
-    InvalidArgumentError,
-    MultidevError,
-    OutOfMemoryError,
-)
+from .errors import CapabilityError, CollectiveInputError, InvalidArgumentError, MultidevError, OutOfMemoryError
 
 __all__ = ["MAX_ELEMENTS", "MAX_NDIM", "OPS", "check_axis", "check_fill", "check_memory", "check_op", "check_range",
-           "check_seed", "check_shape", "check_values", "check_writable", "framework_error", "numel",
-           "range_length", "translate_errors"]
+           "check_seed", "check_shape", "check_values", "check_writable", "numel", "range_length"]
 
 #: Reductions accepted by the collectives (``mean`` is a sum and one division).
 OPS = ("sum", "max", "min", "prod", "mean")
@@ -308,97 +299,6 @@ def check_axis(axis: Any, ndim: int, what: str) -> int:
     if not -ndim <= axis < ndim:
         raise CollectiveInputError(f"{what}: axis {axis} is out of range for {ndim}-d tensors")
     return int(axis) % ndim
-
-
-# -- framework errors that escape an adapter -------------------------------------------------------
-_OOM_NAMES = {"ResourceExhaustedError", "OutOfMemoryError"}
-_OOM_TEXT = ("resource_exhausted", "out of memory", "can't allocate memory", "oom when allocating",
-             "failed to allocate", "cannot allocate memory", "std::bad_alloc")
-_ARGUMENT_NAMES = {"InvalidArgumentError", "OutOfRangeError"}  # TF's OpError classes (no ValueError base)
-_UNIMPLEMENTED_NAMES = {"UnimplementedError"}
-
-
-def framework_error(e: BaseException, what: str) -> MultidevError:
-    """The MultidevError for framework exception ``e`` that escaped an adapter during ``what``
-    (``e`` itself when it is one already): running out of memory is OutOfMemoryError, a refused
-    argument (ValueError, TypeError, IndexError, TF's InvalidArgumentError) InvalidArgumentError,
-    a missing kernel (NotImplementedError, TF's UnimplementedError) CapabilityError, anything else
-    BackendError. The message names the framework and keeps the framework's own; raise it ``from e``."""
-    if isinstance(e, MultidevError):
-        return e
-    names = {c.__name__ for c in type(e).__mro__}
-    framework = type(e).__module__.split(".")[0]
-    text = str(e).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    first = lines[0] if lines else ""
-    if first.startswith("Traceback") and len(lines) > 1:
-        first = lines[-1]  # MXNet's messages carry a C++ stack first; the reason is its last line
-    if len(first) > 400:
-        first = first[:397] + "..."
-    origin = type(e).__name__ if framework == "builtins" else f"{framework} {type(e).__name__}"
-    msg = f"{what}: {origin}: {first}" if first else f"{what}: {origin}"
-    low = text.lower()
-    if isinstance(e, MemoryError) or names & _OOM_NAMES or any(t in low for t in _OOM_TEXT):
-        return OutOfMemoryError(msg)
-    if isinstance(e, NotImplementedError) or names & _UNIMPLEMENTED_NAMES:
-        return CapabilityError(msg)
-    if isinstance(e, (ValueError, TypeError, IndexError, OverflowError)) or names & _ARGUMENT_NAMES:
-        return InvalidArgumentError(msg)
-    return BackendError(msg)
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class translate_errors:
-    """The one place where a framework exception escaping an adapter call becomes its
-    MultidevError (:func:`framework_error`, raised ``from`` the original): a MultidevError passes
-    as it is, and so do BaseExceptions that are not Exceptions (KeyboardInterrupt, SystemExit).
-
-    As a context manager, ``with translate_errors("torch move"):``; as a decorator,
-    ``@translate_errors("allreduce")`` (the function's name when ``what`` is omitted) or
-    ``translate_errors(what)(fn)`` for a function made at run time. ``what`` names the call in the
-    message; pass a zero-argument callable to build the name only when an error happens."""
-
-    __slots__ = ("what",)
-
-    def __init__(self, what: str | Callable[[], str] | None = None) -> None:
-        self.what = what
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, tp: Any, e: BaseException | None, tb: Any) -> Literal[False]:
-        if e is None or isinstance(e, MultidevError) or not isinstance(e, Exception):
-            return False
-        what = self.what
-        raise framework_error(e, what() if callable(what) else str(what)) from e
-
-    def reraise(self, e: BaseException) -> NoReturn:
-        """Raise ``e`` as this context manager would at its exit: a MultidevError (or a BaseException
-        that is no Exception) as it is, anything else as its MultidevError ``from e``.
-
-        For hot paths (a no-op ``to``, ``synchronize`` of an idle tensor): they call the framework
-        inside ``try: ... except Exception as e: T.reraise(e)``, which costs nothing until something
-        raises, where entering and leaving the context manager costs two method calls per call. The
-        translation itself stays here, in one place."""
-        if isinstance(e, MultidevError) or not isinstance(e, Exception):
-            raise e
-        what = self.what
-        raise framework_error(e, what() if callable(what) else str(what)) from e
-
-    def __call__(self, fn: F) -> F:
-        what = self.what if self.what is not None else getattr(fn, "__name__", "call")
-
-        @functools.wraps(fn)
-        def translated(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(*args, **kwargs)
-            except MultidevError:
-                raise
-            except Exception as e:
-                raise framework_error(e, what() if callable(what) else str(what)) from e
-        return translated  # type: ignore[return-value]
 
 
 def check_writable(b: Any, x: Any, what: str, src: Any = None) -> None:

@@ -27,6 +27,11 @@ JOBS=${JOBS:-2}
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "JOBS must be a positive integer, got $JOBS" >&2; exit 2; }
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore::DeprecationWarning TF_CPP_MIN_LOG_LEVEL=2
 export MULTIDEV_CACHE_DIR="$PWD/build/cache"  # the devices cache stays in the clone
+# Bytecode: the frameworks are compiled once at install (uv does not by default), and the interpreter
+# may cache the project's own (a machine that sets PYTHONDONTWRITEBYTECODE otherwise recompiles
+# TensorFlow, JAX and torch from source in every process: ~12 s of each child's start-up).
+export UV_COMPILE_BYTECODE=1
+unset PYTHONDONTWRITEBYTECODE
 start=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - start )) s] $*"; }
 mkdir -p build/ci && rm -f build/ci/*.log build/ci/*.rc build/ci/*.time

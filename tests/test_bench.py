@@ -372,3 +372,33 @@ def test_stability_marks_rows_it_cannot_stand_behind() -> None:
     report.mark_stability(doc)
     assert doc["results"][0]["unstable"]
     assert report.strict(doc) and not report.strict({"runs": [{"settings": {"stability": "warn"}}]})
+
+
+def test_the_plot_has_a_panel_for_every_suite_run(tmp_path: Path) -> None:
+    """Issue 31: the figure drew the overhead suite alone. Every suite that has rows gets a panel
+    whose title names it (or its dedicated panel's subject), and the figure is written."""
+    pytest.importorskip("matplotlib")
+    from multidev.benchmarks import report
+    from multidev.benchmarks.suite import OPT_IN, SUITES
+
+    def row(suite: str, case: str, ratio: bool) -> dict:
+        v = {"md": {"median_s": 2e-6}, "native": {"median_s": 1e-6}}
+        r = {"suite": suite, "benchmark": "b", "backend": "numpy", "case": case, "group": "g", "precision": None,
+             "variants": v, "run": 0, "devices": ["cpu:0"], "params": {}}
+        if ratio:
+            r["ratio"] = {"of": ["md", "native"], "value": 2.0}
+        return r
+
+    suites = [*SUITES.values(), *OPT_IN.values()]
+    rows = [row(s, f"{s} case", ratio=i % 2 == 0) for i, s in enumerate(suites) if s != "bandwidth"]
+    doc = {"created": "now", "results": rows, "goals": [],
+           "runs": [{"machine": {"cpu": "c", "cpu_count": 2, "python": "3.11", "numpy": "2"},
+                     "backends": {"numpy": {"version": "2", "devices": ["cpu:0"]}},
+                     "settings": {"precision": None, "quick": True}}]}
+    titles = [t for t, _ in report._panels(doc)]
+    for s in suites:
+        if s != "bandwidth":
+            assert any(t.startswith(s) for t in titles), (s, titles)
+    out = tmp_path / "fig.png"
+    report.plot(doc, str(out))
+    assert out.stat().st_size > 1000

@@ -18,13 +18,13 @@ from typing import Any
 from .._device import Device, DeviceLike
 from ..buckets import DEFAULT_BUCKET_MB, flatten, plan_buckets, unflatten
 from ..collectives import split_sizes
-from ..errors import CapabilityError, CollectiveInputError, MultidevError, UnsupportedTensorError
+from ..errors import CapabilityError, CollectiveInputError, MultidevError, UnsupportedTensorError, translate_errors
 from ..placement import resolve
 from ..protocol import Backend
 from ..registry import backend_of, get_backend
 from ..structured import Leaves, rebuild, structure_leaves
 from ..trees import owner_or_structure
-from ..validate import check_axis, check_op, check_writable, translate_errors
+from ..validate import check_axis, check_op, check_writable
 from .consistency import MAX_DIMS, Call, agree
 from .engine import Handle
 from .group import Group, current

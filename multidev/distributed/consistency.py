@@ -21,8 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._device import KINDS
-from ..errors import CollectiveMismatchError, DistributedError, MultidevError
-from ..validate import translate_errors
+from ..errors import CollectiveMismatchError, DistributedError, MultidevError, translate_errors
 from .engine import missing_ranks_error
 from .group import Group, current
 from .handles import Work

@@ -46,8 +46,9 @@ from ..errors import (
     DistributedSetupError,
     DistributedTimeoutError,
     MultidevError,
+    translate_errors,
 )
-from ..validate import check_writable, translate_errors
+from ..validate import check_writable
 
 __all__ = [
     "ENGINE_GROUP",

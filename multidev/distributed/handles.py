@@ -6,8 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import DistributedError, MultidevError
-from ..validate import translate_errors
+from ..errors import DistributedError, MultidevError, translate_errors
 from .engine import Handle
 from .group import Group
 from .hangs import classify, classify_lost, wait_for
