@@ -82,6 +82,16 @@ class TorchEngineTimeoutIgnored(TorchEngine):
         return super().exchange(seq, row, timeout * 10)
 
 
+@engine_mutant("exchange misnames a missing rank: the absent rank's slot is reported one rank lower (and the absent "
+               "rank's own slot filled with this rank's row), so the survivors' timeout error blames a rank that is alive",
+               ["test_killed_rank_gives_the_others_a_timeout_error"])
+class TorchEngineMisnamesRank(TorchEngine):
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        rows = super().exchange(seq, row, timeout)
+        n = len(rows)
+        return [None if rows[(i + 1) % n] is None else (list(row) if r is None else r) for i, r in enumerate(rows)]
+
+
 @engine_mutant("gloo's RuntimeError for a lost peer is not taken for one (lost() catches only TimeoutError and "
                "ConnectionError): it escapes the engine as the framework's own error (a BackendError after "
                "translation), so with the checks off a survivor of a killed rank gets no DistributedTimeoutError and "
