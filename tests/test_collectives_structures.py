@@ -1,7 +1,8 @@
-"""Collectives over structures (issue 32): ``md.allreduce`` of one structure per device (NumPy
+"""Collectives over structures (issue 32): every ``md`` collective of one structure per device (NumPy
 virtual devices, JAX virtual CPU devices in a child, torch's one CPU device), ``dist.allreduce`` /
-``dist.broadcast`` of a structure in a 1-process group (exchanges counted) and across 2 gloo
-processes on the torch engine (tests/structs_worker.py), and the shared bucket plan."""
+every ``dist`` collective of a structure in a 1-process group (exchanges counted), across 2 gloo
+processes on the torch engine (tests/structs_worker.py), and across 2 processes of every engine
+(tests/structs_engines_worker.py: torch, mpi, jax), and the shared bucket plan."""
 from __future__ import annotations
 
 import collections
@@ -353,7 +354,9 @@ def solo(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 def test_one_exchange_per_structure_call(solo: list[int]) -> None:
     s = {"w": np.ones((2, 3), np.float32), "b": [np.arange(3.0), None], "p": Pair(np.float32(2) * np.ones(1), None)}
     for call in (lambda: dist.allreduce(s), lambda: dist.allreduce(s, "mean", inplace=True),
-                 lambda: dist.broadcast(s, 0), lambda: dist.allreduce(s, async_op=True).wait()):
+                 lambda: dist.broadcast(s, 0), lambda: dist.allreduce(s, async_op=True).wait(),
+                 lambda: dist.reduce(s, 0), lambda: dist.allgather(s), lambda: dist.gather(s, 0, axis=-1),
+                 lambda: dist.reduce_scatter(s), lambda: dist.scatter(s, 0), lambda: dist.gather(s, async_op=True).wait()):
         before = len(solo)
         y = call()
         assert len(solo) - before == 1
@@ -376,10 +379,10 @@ def test_results_are_new_tensors_unless_inplace(solo: list[int]) -> None:
 def test_refusals_in_a_group(solo: list[int]) -> None:
     with pytest.raises(UnsupportedTensorError, match=r"\[1\]"):
         dist.allreduce([np.ones(2), "x"])
-    with pytest.raises(CollectiveInputError, match="not a structure"):
-        dist.allgather([np.ones(2)])
-    with pytest.raises(CollectiveInputError, match="not a structure"):
-        dist.reduce_scatter({"a": np.ones(2)})
+    with pytest.raises(CollectiveInputError, match="tensor 1 .*0-d"):
+        dist.allgather([np.ones(2), np.float64(1) * np.ones(())])
+    with pytest.raises(CollectiveInputError, match="axis must be an int"):
+        dist.reduce_scatter({"a": np.ones(2)}, axis="0")
     ro = np.ones(3)
     ro.setflags(write=False)
     w = np.zeros(2)
@@ -465,4 +468,27 @@ def test_structures_across_two_gloo_processes(tmp_path: Path) -> None:
         report = json.loads((tmp_path / f"report-{r}.json").read_text())
         assert len(report) >= 14
         bad = {k: v for k, v in report.items() if v != "OK" and not v.startswith("SKIP")}
+        assert not bad, f"rank {r}:\n" + "\n".join(f"{k}: {v}" for k, v in bad.items())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("engine", ["torch", "mpi", "jax"])
+def test_every_collective_over_structures_on_every_engine(engine: str, tmp_path: Path) -> None:
+    """tests/structs_engines_worker.py on 2 processes of ``engine`` (gloo for torch, mpiexec for mpi,
+    JAX's CPU collectives over gloo): reduce, allgather, gather, reduce_scatter, scatter, allreduce
+    and broadcast of structures, each against the per-tensor calls, one exchange per call."""
+    from multidev.conformance.test_distributed import engine_unavailable, worker_env
+
+    why = engine_unavailable(engine)
+    if why:
+        pytest.skip(why)
+    worker = str(Path(__file__).with_name("structs_engines_worker.py"))
+    cmd = [sys.executable, "-m", "multidev.distributed.launch", "-n", "2", "--engine", engine, "--grace", "10",
+           worker, str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=worker_env(JAX_PLATFORMS="cpu"))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    for r in range(2):
+        report = json.loads((tmp_path / f"report-{r}.json").read_text())
+        assert report.pop("engine") == engine and len(report) >= 9
+        bad = {k: v for k, v in report.items() if v != "OK"}
         assert not bad, f"rank {r}:\n" + "\n".join(f"{k}: {v}" for k, v in bad.items())
