@@ -211,6 +211,25 @@ JAX_DEVICES = textwrap.dedent("""
         raise SystemExit("6 rows over 4 devices were not refused")
     except md.InvalidArgumentError as e:
         assert "multiple of 4" in str(e), e
+    # one device that is not JAX's default: host batches (the jitted step copies them there), batches
+    # committed to another device (moved), resident ones (a sharding seen before), a non-scalar loss
+    cpu = jax.devices("cpu")
+    two, ref = md.data_parallel(p0, tx(), devices=["cpu:2"]), md.data_parallel(p0, tx(), devices=["cpu:2"])
+    for k in range(3):
+        host = tuple(np.asarray(a) for a in batch(k))
+        la = two.step(host if k != 1 else jax.device_put(batch(k), cpu[3]), loss)
+        lb = ref.step(jax.device_put(batch(k), cpu[2]), loss)
+        assert float(la) == float(lb), (k, float(la), float(lb))
+        assert all(np.array_equal(two.model[n], ref.model[n]) for n in p0), k
+        assert two.model["w"].devices() == {cpu[2]} and la.devices() == {cpu[2]}
+    before = {n: np.asarray(v) for n, v in two.model.items()}
+    for bad in (host, jax.device_put(batch(0), cpu[2])):
+        try:
+            two.step(bad, lambda p, b: b[0] @ p["w"])
+            raise SystemExit("a non-scalar loss was not refused")
+        except md.InvalidArgumentError as e:
+            assert "scalar" in str(e) and "(16, 3)" in str(e), e
+    assert all(np.array_equal(before[n], two.model[n]) for n in p0)
     print("OK")
 """)
 
