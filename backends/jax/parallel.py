@@ -82,6 +82,7 @@ class JaxReplica(Replica):
         self._splits: dict[Any, Any] = {}
         self._placed: dict[int, Any] = {}  # shardings seen equal to the batch's target, by id (kept alive)
         self._last: tuple[Any, Any] = (None, None)  # the last loss function and its fused step
+        self._leaves = jax.tree_util.tree_flatten  # (leaves, treedef): cheaper a step than tree_leaves
         self._replicated = self._sharded = None
         self._cpu_collectives = len(devices) > 1 and all(d.kind == "cpu" for d in devices)
         if len(devices) > 1:
@@ -177,11 +178,20 @@ class JaxReplica(Replica):
         return fn
 
     def _place_batch(self, batch: Any) -> Any:
-        jax = self._jax
-        leaves = jax.tree_util.tree_leaves(batch)
-        placed = self._placed
-        if leaves and all(id(getattr(x, "sharding", None)) in placed for x in leaves):
-            return batch  # already there: a sharding seen before (an identity lookup, no __eq__)
+        leaves = self._leaves(batch)[0]
+        placed, one = self._placed, self._sharded is None
+        for x in leaves:
+            if id(getattr(x, "sharding", None)) not in placed:
+                if one and type(x) is np.ndarray:
+                    continue  # a host array: the jitted step copies it to its parameters' device itself
+                break
+        else:
+            if leaves:
+                return batch  # already there: a sharding seen before (an identity lookup, no __eq__)
+        return self._place_new(batch, leaves)
+
+    def _place_new(self, batch: Any, leaves: list[Any]) -> Any:
+        jax, placed = self._jax, self._placed
         target = self._sharded if self._sharded is not None else self._one_sharding
         if leaves and all(isinstance(x, jax.Array) and x.sharding == target for x in leaves):
             if len(placed) >= 64:
@@ -195,7 +205,7 @@ class JaxReplica(Replica):
                 return batch
             return jax.device_put(batch, self._one)
         n = len(self.devices)
-        for x in jax.tree_util.tree_leaves(batch):
+        for x in leaves:
             rows = x.shape[0] if getattr(x, "ndim", 0) else 0
             if rows % n:
                 raise InvalidArgumentError(f"DataParallel.step: a batch of {rows} rows over {n} devices: JAX shards "
