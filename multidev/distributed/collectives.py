@@ -6,8 +6,10 @@ exchange (:mod:`.consistency`), then the engine's primitive on transport tensors
 What the engines do not do is done here, the same for all of them: ``mean`` (a sum and one
 division), uneven pieces (padded to equal blocks, cut back after), ``inplace=True`` (written
 through shared memory, or assigned), ``async_op`` (a :class:`Work`), structures of tensors
-(``allreduce`` and ``broadcast``: one consistency exchange for the whole structure, its tensors
-flattened into buckets of one dtype and device, one primitive per bucket).
+(every collective: the tensor collective leaf by leaf, one consistency exchange for the whole
+structure, its tensors flattened into buckets of one dtype and device, the same plan on every rank,
+one primitive per bucket; a gather's uneven lengths travel in the exchange, or for more than
+MAX_DIMS leaves in one more small allgather).
 """
 from __future__ import annotations
 
