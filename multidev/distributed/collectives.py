@@ -239,6 +239,9 @@ def _tree_agree(g: Group, kind: str, x: Any, op: str | None, root: int | None, i
         lengths = masked = None
         if gather:
             lengths = tuple(s[a] for s, a in zip(lv.shapes, axes))
+            if len(lengths) > MAX_DIMS and any(n >= 2**31 for n in lengths):  # _tree_lengths sends int32
+                raise CollectiveInputError(f"{what}: a structure of more than {MAX_DIMS} tensors joins lengths "
+                                           "below 2**31 along the axis only; gather the longest tensor alone")
             masked = [s[:a] + (-1,) + s[a + 1:] for s, a in zip(lv.shapes, axes)]
         return Call(kind, op=op, root=root, axis=axis, tkind=one.pop() if len(one) == 1 else None,
                     leaves=len(lv.tensors), sig=lv.signature(tkinds, shapes=masked),
