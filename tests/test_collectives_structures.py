@@ -319,6 +319,13 @@ def test_jax_pytrees_on_virtual_cpu_devices() -> None:
             md.allreduce(trees, inplace=True)
         except CapabilityError as e:
             print("REFUSED", "immutable" in str(e))
+        joined = md.gather(trees, devs[1])                   # leaf by leaf, on devs[1]
+        assert type(joined["b"]) is tuple and joined["b"][1] is None and md.device_of(joined["w"]) == devs[1]
+        assert np.array_equal(np.asarray(joined["w"]), np.concatenate([np.full((2, 3), 1.0), np.full((2, 3), 2.0)]))
+        parts = md.scatter(trees[1], devs)                    # rows split over the devices
+        assert [np.asarray(p["w"]).shape for p in parts] == [(1, 3), (1, 3)] and md.device_of(parts[0]["w"]) == devs[0]
+        pieces = md.reduce_scatter(trees, axis=-1)
+        assert np.array_equal(np.asarray(pieces[1]["b"][0]), (np.arange(3.0) * 3)[2:])
         print("OK")
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
