@@ -390,6 +390,8 @@ def test_refusals_in_a_group(solo: list[int]) -> None:
         dist.allgather([np.ones(2), np.float64(1) * np.ones(())])
     with pytest.raises(CollectiveInputError, match="axis must be an int"):
         dist.reduce_scatter({"a": np.ones(2)}, axis="0")
+    with pytest.raises(CollectiveInputError, match="own leaves' devices"):
+        dist.scatter({"a": np.ones(2)}, 0, device="cpu:0")
     ro = np.ones(3)
     ro.setflags(write=False)
     w = np.zeros(2)

@@ -201,18 +201,22 @@ class _Many(Handle):
 
 
 def _tree_agree(g: Group, kind: str, x: Any, op: str | None, root: int | None, inplace: bool,
-                async_op: bool, axis: Any = None) -> tuple[Leaves, list[int], list[Call] | None] | Work:
+                async_op: bool, axis: Any = None,
+                refuse: str | None = None) -> tuple[Leaves, list[int], list[Call] | None] | Work:
     """The one consistency exchange of a collective over structure ``x``: this rank's checks of
     every leaf (one backend, each dtype's op, what the group carries, writability for
     ``inplace``, ``axis`` for each leaf's rank), then its record: the leaf count and the signature
     of the leaves' dtypes, shapes (a gather's without the joined axis: its lengths travel in the
     record's shape, up to MAX_DIMS leaves) and devices (and the kind of device each travels on).
+    ``refuse``: an argument error of this rank's, raised (and told to the others) in the exchange.
     Returns ``(leaves, each leaf's axis, every rank's record)``, or a failed Work."""
     what = f"distributed.{kind}"
     gather = kind in ("allgather", "gather")
     mine: dict[str, Any] = {}  # this rank's leaves and axes, which local() finds for the code below
 
     def local() -> Call:
+        if refuse is not None:
+            raise CollectiveInputError(f"{what}: {refuse}")
         if root is not None:
             _check_rank(root, g, what, "dst" if kind in ("reduce", "gather") else "src")
         if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)
@@ -706,7 +710,10 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
     g = current()
     what = "distributed.scatter"
     if _is_tree(x):
-        tree = _tree_agree(g, "scatter", x, None, src, False, async_op, axis)
+        tree = _tree_agree(g, "scatter", x, None, src, False, async_op, axis,
+                           None if backend is None and device is None else
+                           "backend= and device= are for a tensor received where None was passed; a structure's "
+                           "pieces land on its own leaves' devices, of its backend")
         if isinstance(tree, Work):
             return tree
         lv, axes, _ = tree
