@@ -151,6 +151,13 @@ def _result(res: Any, t: Any, origin: Origin, x: Any, inplace: bool, shared: boo
     return out
 
 
+def _holding(finish: Callable[[Any], Any], *buffers: Any) -> Callable[[Any], Any]:
+    """``finish`` keeping ``buffers`` (what a primitive in flight reads) alive until its result is
+    taken: an engine's nonblocking call (MPI's) need not hold its send buffer itself, and a freed
+    one is memory the next allocation reuses while the engine still reads it."""
+    return lambda res: (buffers, finish(res))[1]
+
+
 def _mean(res: Any, op: str, n: int) -> Any:
     return backend_of(res).divide(res, n) if op == "mean" else res
 
@@ -557,7 +564,7 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
 
         def finish(res: Any) -> Any:
             return None if g.rank != dst else from_transport(_mean(res, op, g.world_size), origin)
-        return g.engine.reduce(t, dst, "sum" if op == "mean" else op), finish
+        return g.engine.reduce(t, dst, "sum" if op == "mean" else op), _holding(finish, t)
 
     return run(g, what, start, async_op)
 
@@ -626,7 +633,7 @@ def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
         send, origin = _padded_send(g, x, ax, lengths)
-        return g.engine.allgather(send), lambda parts: _joined(list(parts), lengths, ax, origin)
+        return g.engine.allgather(send), _holding(lambda parts: _joined(list(parts), lengths, ax, origin), send)
 
     return run(g, "distributed.allgather", start, async_op)
 
@@ -647,7 +654,7 @@ def gather(x: Any, dst: int = 0, axis: int = 0, *, async_op: bool = False) -> An
 
         def finish(parts: Any) -> Any:
             return None if g.rank != dst or parts is None else _joined(list(parts), lengths, ax, origin)
-        return g.engine.gather(send, dst), finish
+        return g.engine.gather(send, dst), _holding(finish, send)
 
     return run(g, "distributed.gather", start, async_op)
 
@@ -688,8 +695,10 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
     def start() -> tuple[Handle, Callable[[Any], Any]]:
         t, origin, _, _ = to_transport(x, g)
         sizes = split_sizes(shape[ax], g.world_size)
-        h = g.engine.reduce_scatter(_blocks(g, t, sizes, ax), "sum" if op == "mean" else op)
-        return h, lambda piece: from_transport(_narrow(_mean(piece, op, g.world_size), ax, sizes[g.rank]), origin)
+        blocks = _blocks(g, t, sizes, ax)
+        h = g.engine.reduce_scatter(blocks, "sum" if op == "mean" else op)
+        return h, _holding(lambda piece: from_transport(_narrow(_mean(piece, op, g.world_size), ax, sizes[g.rank]),
+                                                        origin), blocks)
 
     return run(g, what, start, async_op)
 
@@ -765,7 +774,7 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
             blocks = None
             like = tb.empty(tuple(piece), dtype, tdev)
         h = g.engine.scatter(blocks, g.engine.prepare(like)[0], src)
-        return h, lambda res: from_transport(_narrow(res, ax, sizes[g.rank]), origin)
+        return h, _holding(lambda res: from_transport(_narrow(res, ax, sizes[g.rank]), origin), blocks)
 
     return run(g, what, start, async_op)
 
