@@ -14,6 +14,7 @@ interface). A tiny linear model, a few steps: the whole suite runs on every back
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import sys
@@ -42,8 +43,9 @@ RTOL, ATOL = 1e-5, 1e-6
 
 @dataclass
 class Model:
-    """A framework's own linear model (3 inputs, 2 outputs), its optimizer and a mean-squared-error
-    loss ``loss_fn(model, (X, y))``, made by one of the idioms below."""
+    """A framework's own linear model (3 inputs, 2 outputs: one layer, or a stack of layers of
+    ``sizes``), its optimizer and a mean-squared-error loss ``loss_fn(model, (X, y))``, made by one
+    of the idioms below."""
 
     model: Any
     optimizer: Any
@@ -51,22 +53,35 @@ class Model:
     idiom: str
 
 
+#: The one layer of the default model (3 inputs, 2 outputs).
+ONE_LAYER = (3, 2)
+
+
 def _weights(seed: int) -> tuple[np.ndarray, np.ndarray]:
     g = np.random.default_rng(seed)
     return g.standard_normal((3, 2)).astype(np.float32), g.standard_normal(2).astype(np.float32)
 
 
-def _torch_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float) -> Model | None:
+def _layers(seed: int, sizes: tuple[int, ...]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each layer's weight (inputs x outputs) and bias: :func:`_weights` for the one-layer model."""
+    if tuple(sizes) == ONE_LAYER:
+        return [_weights(seed)]
+    g = np.random.default_rng(seed)
+    return [((g.standard_normal((a, c)) / np.sqrt(a)).astype(np.float32), g.standard_normal(c).astype(np.float32))
+            for a, c in itertools.pairwise(sizes)]
+
+
+def _torch_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float, sizes: tuple[int, ...]) -> Model | None:
     nn: Any = getattr(fw, "nn", None)
     optim: Any = getattr(fw, "optim", None)
-    if not (hasattr(nn, "Linear") and hasattr(optim, "SGD") and hasattr(fw, "no_grad")):
+    if not (hasattr(nn, "Linear") and hasattr(nn, "Sequential") and hasattr(optim, "SGD") and hasattr(fw, "no_grad")):
         return None
-    W, bias = _weights(seed)
-    net = nn.Linear(3, 2)
+    layers = [nn.Linear(W.shape[0], W.shape[1]) for W, _ in _layers(seed, sizes)]
     with fw.no_grad():
-        net.weight.copy_(fw.as_tensor(W.T.copy()))
-        net.bias.copy_(fw.as_tensor(bias))
-    net = md.to(net, dev)
+        for lin, (W, bias) in zip(layers, _layers(seed, sizes)):
+            lin.weight.copy_(fw.as_tensor(W.T.copy()))
+            lin.bias.copy_(fw.as_tensor(bias))
+    net = md.to(layers[0] if len(layers) == 1 else nn.Sequential(*layers), dev)
 
     def loss_fn(m: Any, batch: Any) -> Any:
         d = m(batch[0]) - batch[1]
@@ -75,15 +90,14 @@ def _torch_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float) -> Mod
     return Model(net, optim.SGD(net.parameters(), lr=LR, momentum=momentum), loss_fn, "nn.Module + optim.SGD")
 
 
-def _keras_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float) -> Model | None:
+def _keras_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float, sizes: tuple[int, ...]) -> Model | None:
     keras: Any = sys.modules.get("keras") or getattr(fw, "keras", None)
     if not (hasattr(getattr(keras, "layers", None), "Dense") and hasattr(fw, "GradientTape")
             and hasattr(fw, "device") and hasattr(fw, "reduce_mean")):
         return None
-    W, bias = _weights(seed)
     with fw.device(b.to_native_device(dev)):
-        net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-        net.set_weights([W, bias])
+        net = keras.Sequential([keras.Input((sizes[0],)), *(keras.layers.Dense(c) for c in sizes[1:])])
+        net.set_weights([a for layer in _layers(seed, sizes) for a in layer])
         opt = keras.optimizers.SGD(learning_rate=LR, momentum=momentum)
 
     def loss_fn(m: Any, batch: Any) -> Any:
@@ -93,16 +107,21 @@ def _keras_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float) -> Mod
     return Model(net, opt, loss_fn, "Keras Dense + keras.optimizers.SGD")
 
 
-def _gluon_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float) -> Model | None:
+def _gluon_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float, sizes: tuple[int, ...]) -> Model | None:
     gluon: Any = getattr(fw, "gluon", None)
     if not (hasattr(getattr(gluon, "nn", None), "Dense") and hasattr(gluon, "Trainer") and hasattr(fw, "nd")):
         return None
-    W, bias = _weights(seed)
     ctx = b.to_native_device(dev)
-    net = gluon.nn.Dense(2, in_units=3)
+    dense = [gluon.nn.Dense(W.shape[1], in_units=W.shape[0]) for W, _ in _layers(seed, sizes)]
+    if len(dense) == 1:
+        net = dense[0]
+    else:
+        net = gluon.nn.Sequential()
+        net.add(*dense)
     net.initialize(ctx=ctx)
-    net.weight.set_data(fw.nd.array(W.T.copy(), ctx=ctx))
-    net.bias.set_data(fw.nd.array(bias, ctx=ctx))
+    for layer, (W, bias) in zip(dense, _layers(seed, sizes)):
+        layer.weight.set_data(fw.nd.array(W.T.copy(), ctx=ctx))
+        layer.bias.set_data(fw.nd.array(bias, ctx=ctx))
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": LR, "momentum": momentum})
 
     def loss_fn(m: Any, batch: Any) -> Any:
@@ -127,23 +146,31 @@ class PlainSGD:
         return {k: u * -self.lr for k, u in v.items()}, v
 
 
-def _tree_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float) -> Model | None:
-    W, bias = _weights(seed)
-    params = {"b": md.asarray(bias, device=dev, backend=b.name), "w": md.asarray(W, device=dev, backend=b.name)}
+def _tree_like(fw: Any, b: Any, dev: Device, seed: int, momentum: float, sizes: tuple[int, ...]) -> Model | None:
+    layers = _layers(seed, sizes)
+    tags = [""] if len(layers) == 1 else [str(k) for k in range(len(layers))]
+    params = {}
+    for tag, (W, bias) in zip(tags, layers):
+        params[f"b{tag}"] = md.asarray(bias, device=dev, backend=b.name)
+        params[f"w{tag}"] = md.asarray(W, device=dev, backend=b.name)
 
     def loss_fn(p: Any, batch: Any) -> Any:
-        d = batch[0] @ p["w"] + p["b"] - batch[1]
+        h = batch[0]
+        for tag in tags:
+            h = h @ p[f"w{tag}"] + p[f"b{tag}"]
+        d = h - batch[1]
         return (d * d).mean()
 
     return Model(params, PlainSGD(LR, momentum), loss_fn, "a tree of tensors + an init/update SGD")
 
 
-def make_model(b: Any, dev: Device, seed: int = 0, momentum: float = 0.0) -> Model:
-    """The framework's own model on ``dev`` (SGD with ``momentum``), or skip where the suite knows
-    no idiom of it that ``data_parallel`` takes."""
+def make_model(b: Any, dev: Device, seed: int = 0, momentum: float = 0.0, sizes: tuple[int, ...] = ONE_LAYER) -> Model:
+    """The framework's own model on ``dev`` (SGD with ``momentum``; linear layers of ``sizes``, no
+    activation between them), or skip where the suite knows no idiom of it that ``data_parallel``
+    takes."""
     fw = sys.modules.get(b.framework)
     for idiom in (_torch_like, _keras_like, _gluon_like, _tree_like):
-        m = idiom(fw, b, dev, seed, momentum)
+        m = idiom(fw, b, dev, seed, momentum, tuple(sizes))
         if m is not None and b.parallel.data_parallel_replica(m.model, m.optimizer, [dev]) is not None:
             return m
     pytest.skip(f"{b.name}: the suite knows no way to make a {b.framework} model that data_parallel takes "
@@ -159,11 +186,33 @@ def wrap(b: Any, m: Model, **kwargs: Any) -> Any:
     return dp
 
 
-def batch(b: Any, dev: Device, step: int) -> tuple[Any, Any]:
+def _host_batch(step: int) -> tuple[np.ndarray, np.ndarray]:
     g = np.random.default_rng(100 + step)
-    X = g.standard_normal((ROWS, 3)).astype(np.float32)
-    y = g.standard_normal((ROWS, 2)).astype(np.float32)
+    return g.standard_normal((ROWS, 3)).astype(np.float32), g.standard_normal((ROWS, 2)).astype(np.float32)
+
+
+def batch(b: Any, dev: Device, step: int) -> tuple[Any, Any]:
+    X, y = _host_batch(step)
     return md.asarray(X, device=dev, backend=b.name), md.asarray(y, device=dev, backend=b.name)
+
+
+def concatenated(b: Any, dev: Device, steps: range) -> tuple[Any, Any]:
+    """The batches of ``steps`` as one batch (their rows one after another)."""
+    parts = [_host_batch(k) for k in steps]
+    return (md.asarray(np.concatenate([p[0] for p in parts]), device=dev, backend=b.name),
+            md.asarray(np.concatenate([p[1] for p in parts]), device=dev, backend=b.name))
+
+
+#: Micro-batches of an accumulated step (all but the last inside ``no_sync``), the batches they use,
+#: and the layers of the model the accumulation and bucket checks train (several parameters).
+MICRO, MICRO_BATCHES, LAYERS = 3, range(10, 13), (3, 5, 4, 2)
+
+
+def scaled(loss_fn: Callable[..., Any], k: int) -> Callable[..., Any]:
+    """``loss_fn`` divided by ``k``: ``k`` micro-batches' gradients add up to the mean over their rows."""
+    def micro_loss(model: Any, bt: Any) -> Any:
+        return loss_fn(model, bt) * (1.0 / k)
+    return micro_loss
 
 
 def params_of(b: Any, dp: Any) -> list[tuple[str, np.ndarray]]:
@@ -273,11 +322,43 @@ def test_data_parallel_load_reaches_every_device(md_backend: Any, md_devices: li
     assert_replicas_equal(dp, len(devs), "after a step from the loaded values")
 
 
+def test_data_parallel_accumulation_matches_one_step_on_the_concatenated_batch(md_backend: Any,
+                                                                              md_devices: list) -> None:
+    """``MICRO - 1`` steps inside ``dp.no_sync()`` leave the parameters as they are (the gradients
+    only accumulate); the step after the block, on the last micro-batch, gives what one step on
+    the micro-batches' rows together does (each micro-batch's loss divided by ``MICRO``), within
+    float tolerance, over the backend's devices (up to MAX_DEVICES; one where it has one)."""
+    b = md_backend
+    devs = _devices_for_start(md_devices)
+    m, ref_m = make_model(b, devs[0], sizes=LAYERS), make_model(b, devs[0], sizes=LAYERS)
+    dp = wrap(b, m, devices=devs)
+    ref = wrap(b, ref_m)
+    start = params_of(b, dp)
+    micro = scaled(m.loss_fn, MICRO)
+    with dp.no_sync():
+        for k in MICRO_BATCHES[:-1]:
+            dp.step(batch(b, devs[0], k), micro)
+    for (name, p0), (_, p1) in zip(start, params_of(b, dp)):
+        np.testing.assert_array_equal(p1, p0, err_msg=f"a step inside no_sync() changed {name} (it only accumulates)")
+    dp.step(batch(b, devs[0], MICRO_BATCHES[-1]), micro)
+    ref.step(concatenated(b, devs[0], MICRO_BATCHES), ref_m.loss_fn)
+    for (name, got), (_, want) in zip(params_of(b, dp), params_of(b, ref)):
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=(
+            f"{name} after {MICRO - 1} micro-batches in no_sync() and one step over {len(devs)} device(s) is not one "
+            f"step's on their rows together ({m.idiom}): the accumulated gradients are not their sum"))
+    assert_replicas_equal(dp, len(devs), "after the accumulated step")
+
+
 # -- one process per device (with --multiprocess) --------------------------------------------------
 #: The ranks of the cross-process checks, and the seconds their rendezvous and collectives may take.
 WORLD, WORKER_TIMEOUT = 2, 20.0
 #: The momentum of the cross-process checks' SGD: its state must be rank 0's too (broadcast).
 MOMENTUM = 0.9
+#: The gradient bucket of the bucket checks, in bytes: the float32 parameters of LAYERS (in a torch
+#: module's order 15, 5, 20, 4, 8 and 2 values, planned last layer first) fall into 4 buckets: 2 + 8
+#: + 4 values (a bucket of three parameters), 20 (one larger than a bucket, alone), 5, and an
+#: odd-sized last of 15 (a tree's sorted leaves give another plan of 4).
+BUCKET_BYTES = 64
 
 
 @functools.cache
@@ -299,7 +380,10 @@ def _processes(backend: str) -> list[dict[str, Any]]:
     """One launch of ``WORLD`` ranks on :func:`engine`: each makes the model from its own seed
     (its rank) and, past rank 0, trains it a step alone first (its optimizer state apart too),
     then ``data_parallel`` and ``STEPS`` steps on its share of the same global batches; each
-    reports its parameters and fingerprints after ``data_parallel()`` and after every step."""
+    reports its parameters and fingerprints after ``data_parallel()`` and after every step. Then
+    each trains a model of LAYERS with buckets of BUCKET_BYTES: ``STEPS`` steps, then ``MICRO - 1``
+    micro-batches inside ``no_sync()`` and one after it, reporting the bucket plan, the bucket
+    collectives each phase started (``dp.sync.collectives``) and the parameters after each."""
     from .plugin import imports_of, spec_of
     from .test_distributed import launch_group, worker_env
 
@@ -327,6 +411,75 @@ def _across(b: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             pytest.fail(f"rank {rep['rank']} of the data-parallel launch exited with {rep['rc']}:\n"
                         f"{rep.get('err', '')[-4000:]}")
     return reports, want
+
+
+def _across_buckets(b: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The ranks' reports, and what one process on one device does with the model of LAYERS: the
+    parameters after each of ``STEPS`` steps on the whole batches, then after one step on the
+    micro-batches' rows together."""
+    reports, _ = _across(b)
+    dev = b.devices()[0]
+    m = make_model(b, dev, seed=7, momentum=MOMENTUM, sizes=LAYERS)
+    ref = wrap(b, m)
+    want: dict[str, Any] = {"steps": []}
+    for k in range(STEPS):
+        ref.step(batch(b, dev, k), m.loss_fn)
+        want["steps"].append(_host_lists(b, ref))
+    ref.step(concatenated(b, dev, MICRO_BATCHES), m.loss_fn)
+    want["accumulated"] = _host_lists(b, ref)
+    for rep in reports:
+        n = len(rep["buckets"])
+        assert n >= 3 and sum(rep["buckets"]) == len(want["steps"][0]), (
+            f"rank {rep['rank']}: buckets of {BUCKET_BYTES} bytes over the {len(want['steps'][0])} parameters of "
+            f"{LAYERS} gave the plan {rep['buckets']} (several buckets, every parameter in one)")
+    return reports, want
+
+
+def _assert_close(got: list[list[float]], want: list[list[float]], what: str) -> None:
+    for i, (g, e) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL, err_msg=f"{what}: parameter {i}")
+
+
+@pytest.mark.multiprocess
+def test_data_parallel_across_processes_averages_every_bucket(md_backend: Any) -> None:
+    """With buckets of BUCKET_BYTES (several: a bucket of three parameters, one parameter larger
+    than a bucket, an odd-sized last one), each step starts one collective per bucket and every
+    parameter, on every rank, is what one process does on the whole batch (within float
+    tolerance): no bucket's gradients stay local or are left out, and the ranks stay bitwise
+    equal."""
+    reports, want = _across_buckets(md_backend)
+    for rep in reports:
+        n = len(rep["buckets"])
+        assert rep["bucket_collectives"] == [n] * STEPS, (
+            f"rank {rep['rank']}: the steps started {rep['bucket_collectives']} bucket collectives, not one per "
+            f"bucket ({n})")
+        for k, (got, expect) in enumerate(zip(rep["bucket_steps"], want["steps"])):
+            _assert_close(got, expect, f"rank {rep['rank']}, step {k} with {n} buckets {rep['buckets']}: not one "
+                          "process's on the whole batch (a bucket's gradients were not averaged over the ranks)")
+        assert rep["bucket_fingerprint"] == reports[0]["bucket_fingerprint"], (
+            f"rank {rep['rank']}'s model differs bitwise from rank 0's after the bucketed steps")
+
+
+@pytest.mark.multiprocess
+def test_data_parallel_across_processes_no_sync_does_not_communicate(md_backend: Any) -> None:
+    """``MICRO - 1`` steps inside ``dp.no_sync()`` start no bucket collective and leave the
+    parameters as they are; the step after it starts one per bucket, and then every rank holds
+    what one process's one step on all the micro-batches' rows gives (their losses divided by
+    ``MICRO``): the accumulated gradients are averaged once, and their sum is right."""
+    reports, want = _across_buckets(md_backend)
+    for rep in reports:
+        r, n = rep["rank"], len(rep["buckets"])
+        assert rep["no_sync_collectives"] == 0, (
+            f"rank {r}: {MICRO - 1} steps inside no_sync() started {rep['no_sync_collectives']} bucket collectives "
+            "(accumulation must not communicate)")
+        assert rep["no_sync_params"] == rep["bucket_steps"][-1], (
+            f"rank {r}: a step inside no_sync() changed the parameters (it only accumulates)")
+        assert rep["closing_collectives"] == n, (
+            f"rank {r}: the step after no_sync() started {rep['closing_collectives']} bucket collectives, not {n}")
+        _assert_close(rep["accumulated"], want["accumulated"], f"rank {r}: after {MICRO - 1} micro-batches in "
+                      "no_sync() and one step, not one step's on their rows together")
+        assert rep["accumulated_fingerprint"] == reports[0]["accumulated_fingerprint"], (
+            f"rank {r}'s model differs bitwise from rank 0's after the accumulated step")
 
 
 @pytest.mark.multiprocess
@@ -400,9 +553,37 @@ def _worker(spec: str, timeout: float) -> int:
             out["verify"] = "ok"
         except md.ReplicaMismatchError as e:
             out["verify"] = str(e)
+        out.update(_buckets_and_accumulation(b, dev))
     dist.shutdown()
     print("MDREPORT " + json.dumps({**out, "ok": True}), flush=True)
     return 0
+
+
+def _buckets_and_accumulation(b: Any, dev: Device) -> dict[str, Any]:
+    """The bucketed and accumulated steps of a rank (:func:`_processes`)."""
+    m = make_model(b, dev, seed=7, momentum=MOMENTUM, sizes=LAYERS)
+    dp = wrap(b, m, bucket_mb=BUCKET_BYTES / 2**20)
+    sync = dp.sync
+    out: dict[str, Any] = {"buckets": [len(k) for k in sync.buckets], "bucket_collectives": [], "bucket_steps": []}
+    for k in range(STEPS):
+        before = sync.collectives
+        dp.step(dp.shard(batch(b, dev, k)), m.loss_fn)
+        out["bucket_collectives"].append(sync.collectives - before)
+        out["bucket_steps"].append(_host_lists(b, dp))
+    out["bucket_fingerprint"] = dp.replica.fingerprints()[0]
+    micro = scaled(m.loss_fn, MICRO)
+    before = sync.collectives
+    with dp.no_sync():
+        for k in MICRO_BATCHES[:-1]:
+            dp.step(dp.shard(batch(b, dev, k)), micro)
+    out["no_sync_collectives"] = sync.collectives - before
+    out["no_sync_params"] = _host_lists(b, dp)
+    before = sync.collectives
+    dp.step(dp.shard(batch(b, dev, MICRO_BATCHES[-1])), micro)
+    out["closing_collectives"] = sync.collectives - before
+    out["accumulated"] = _host_lists(b, dp)
+    out["accumulated_fingerprint"] = dp.replica.fingerprints()[0]
+    return out
 
 
 if __name__ == "__main__":

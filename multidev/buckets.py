@@ -31,17 +31,19 @@ def nbytes(b: Backend, x: Any) -> int:
     return numel(b.shape_of(x)) * ITEMSIZE.get(b.dtype_of(x), 8)
 
 
-def plan_buckets(b: Backend, tensors: Sequence[Any], cap_bytes: float, reverse: bool = False) -> list[list[int]]:
+def plan_buckets(b: Backend, tensors: Sequence[Any], cap_bytes: float, reverse: bool = False,
+                 sizes: Sequence[int] | None = None) -> list[list[int]]:
     """Indices of ``tensors`` (of backend ``b``) grouped into buckets of one dtype and device, each up
     to ``cap_bytes`` (a larger tensor alone), in the tensors' order, or reversed (gradients come
-    last layer first). The plan depends only on the tensors' dtypes, devices and sizes."""
+    last layer first). The plan depends only on the tensors' dtypes, devices and sizes (``sizes``:
+    the bytes to count for each instead of its own, say the largest of every rank's)."""
     order = range(len(tensors) - 1, -1, -1) if reverse else range(len(tensors))
     buckets: list[list[int]] = []
     open_: dict[tuple[str, Device], tuple[int, float]] = {}  # (dtype, device) -> (its open bucket, bytes)
     for i in order:
         t = tensors[i]
         key = (b.dtype_of(t), b.device_of(t))
-        size = nbytes(b, t)
+        size = nbytes(b, t) if sizes is None else sizes[i]
         at = open_.get(key)
         if at is None or (at[1] + size > cap_bytes and at[1] > 0):
             buckets.append([])

@@ -58,7 +58,7 @@ from .errors import CapabilityError, CollectiveInputError, MultidevError, Unsupp
 from .placement import check_distinct, device_list, resolve
 from .protocol import Backend, SupportsNativeCollectives
 from .registry import backend_of, require
-from .structured import rebuild, structure_leaves
+from .structured import Leaves, rebuild, structure_leaves
 from .trees import owner_or_structure
 from .validate import OPS, check_axis, check_op, check_writable
 
@@ -435,35 +435,13 @@ def _structures(tensors: Any) -> bool:
 
 def _allreduce_structures(structs: list[Any], op: str, inplace: bool, algorithm: str,
                           deterministic: bool) -> list[Any]:
-    """:func:`allreduce` of one structure per device: every structure's leaves checked against the
-    first's (count, dtype, shape; each structure on one device, the devices distinct), then one
+    """:func:`allreduce` of one structure per device (:func:`_per_device`'s checks), then one
     allreduce per bucket of the leaves flattened (one dtype, up to DEFAULT_BUCKET_MB), cut back."""
     what = "allreduce"
-    lvs = [structure_leaves(s, f"{what}: structure {i}") for i, s in enumerate(structs)]
-    first = lvs[0]
-    for i, lv in enumerate(lvs):
-        if len(lv.tensors) != len(first.tensors):
-            raise CollectiveInputError(f"{what}: structure {i} holds {len(lv.tensors)} tensors and structure 0 "
-                                       f"{len(first.tensors)}; every device's structure must hold the same tensors")
-    if first.backend is None:  # no tensors anywhere: nothing to reduce
+    b, lvs, devs, _ = _per_device(structs, what)
+    if b is None:  # no tensors anywhere: nothing to reduce
         return structs if inplace else [rebuild(s, lv, [], what) for s, lv in zip(structs, lvs)]
-    names = sorted({lv.backend.name for lv in lvs if lv.backend is not None})
-    if len(names) > 1:
-        raise CollectiveInputError(f"{what} got structures of several backends ({', '.join(names)}); "
-                                   "convert them to one backend first")
-    b = first.backend
-    devs: list[Device] = []
-    for i, lv in enumerate(lvs):
-        on = set(lv.devices)
-        if len(on) > 1:
-            raise CollectiveInputError(f"{what}: structure {i} holds tensors on several devices "
-                                       f"({', '.join(sorted(map(str, on)))}); pass one structure per device")
-        devs.append(lv.devices[0])
-        for j, (shape, dtype) in enumerate(zip(lv.shapes, lv.dtypes)):
-            if shape != first.shapes[j] or dtype != first.dtypes[j]:
-                raise CollectiveInputError(f"{what}: tensor {j} of structure {i} is {dtype} {shape} and of structure 0 "
-                                           f"{first.dtypes[j]} {first.shapes[j]}; the structures must match")
-    check_distinct(devs, b.name, what, tensors=True)
+    first = lvs[0]
     for dtype in dict.fromkeys(first.dtypes):
         _check_allreduce(b, dtype, op, inplace, algorithm, deterministic)
     if inplace:
@@ -472,8 +450,8 @@ def _allreduce_structures(structs: list[Any], op: str, inplace: bool, algorithm:
                 if i or j:  # the first needs no probe: nothing is written before it
                     check_writable(b, x, f"allreduce(inplace=True): tensor {j} of structure {i}")
     out: list[list[Any]] = [[None] * len(first.tensors) for _ in lvs]
-    for idx in plan_buckets(b, first.tensors, DEFAULT_BUCKET_MB * 2**20):
-        flats = [lv.tensors[idx[0]] if len(idx) == 1 else flatten(b, [lv.tensors[j] for j in idx]) for lv in lvs]
+    for idx in _plan(b, first):
+        flats = [_bucket(b, lv.tensors, idx) for lv in lvs]
         reduced = _allreduce_checked(b, flats, devs, first.dtypes[idx[0]], op, algorithm, deterministic)
         for i, r in enumerate(reduced):
             for j, piece in zip(idx, unflatten(b, r, [first.shapes[j] for j in idx])):
@@ -486,11 +464,220 @@ def _allreduce_structures(structs: list[Any], op: str, inplace: bool, algorithm:
     return [rebuild(s, lv, res, what) for s, lv, res in zip(structs, lvs, out)]
 
 
+# -- structures: the other collectives -------------------------------------------------------------
+# Every collective over structures is the tensor collective applied leaf by leaf (leaf j of every
+# structure together), computed per bucket: the leaves of one dtype and device flattened into one
+# tensor (up to DEFAULT_BUCKET_MB), so a bucket moves between devices once, not once per leaf.
+
+def _per_device(structs: list[Any], what: str,
+                axis: Any = None) -> tuple[Backend | None, list[Leaves], list[Device], list[int]]:
+    """The leaves of one structure per device, checked before anything is computed: every structure
+    holds the same number of tensors, of one backend, all on one device (the devices distinct),
+    tensor ``j`` of every structure with one dtype and one shape (with ``axis``: shapes that differ
+    along it only, ``axis`` normalised per leaf and returned). ``(None, leaves, [], [])`` where no
+    structure holds a tensor."""
+    lvs = [structure_leaves(s, f"{what}: structure {i}") for i, s in enumerate(structs)]
+    first = lvs[0]
+    for i, lv in enumerate(lvs):
+        if len(lv.tensors) != len(first.tensors):
+            raise CollectiveInputError(f"{what}: structure {i} holds {len(lv.tensors)} tensors and structure 0 "
+                                       f"{len(first.tensors)}; every device's structure must hold the same tensors")
+    if first.backend is None:
+        return None, lvs, [], []
+    names = sorted({lv.backend.name for lv in lvs if lv.backend is not None})
+    if len(names) > 1:
+        raise CollectiveInputError(f"{what} got structures of several backends ({', '.join(names)}); "
+                                   "convert them to one backend first")
+    b = first.backend
+    axes = [] if axis is None else [check_axis(axis, len(s), f"{what}: tensor {j}") for j, s in enumerate(first.shapes)]
+    devs: list[Device] = []
+    for i, lv in enumerate(lvs):
+        on = set(lv.devices)
+        if len(on) > 1:
+            raise CollectiveInputError(f"{what}: structure {i} holds tensors on several devices "
+                                       f"({', '.join(sorted(map(str, on)))}); pass one structure per device")
+        devs.append(lv.devices[0])
+        for j, (shape, dtype) in enumerate(zip(lv.shapes, lv.dtypes)):
+            want = first.shapes[j]
+            if axis is not None and len(shape) == len(want):
+                a = axes[j]
+                shape, want = shape[:a] + shape[a + 1:], want[:a] + want[a + 1:]
+            if shape != want or dtype != first.dtypes[j]:
+                along = "" if axis is None else f" (they may differ along axis {axes[j]} only)"
+                raise CollectiveInputError(f"{what}: tensor {j} of structure {i} is {dtype} {lv.shapes[j]} and of "
+                                           f"structure 0 {first.dtypes[j]} {first.shapes[j]}; the structures must "
+                                           f"match{along}")
+    check_distinct(devs, b.name, what, tensors=True)
+    return b, lvs, devs, axes
+
+
+def _plan(b: Backend, lv: Leaves) -> list[list[int]]:
+    return plan_buckets(b, lv.tensors, DEFAULT_BUCKET_MB * 2**20)
+
+
+def _bucket(b: Backend, tensors: Sequence[Any], idx: list[int]) -> Any:
+    """Bucket ``idx`` of ``tensors`` as one tensor: a lone tensor as it is, several flattened into a new one."""
+    return tensors[idx[0]] if len(idx) == 1 else flatten(b, [tensors[j] for j in idx])
+
+
+def _cut(b: Backend, x: Any, sizes: list[int], axis: int) -> list[Any]:
+    return list(b.split(x, sizes, axis))
+
+
+def _with(shape: tuple[int, ...], axis: int, n: int) -> tuple[int, ...]:
+    return shape[:axis] + (n,) + shape[axis + 1:]
+
+
+def _reduce_structures(structs: list[Any], device: DeviceLike, op: str) -> Any:
+    what = "reduce"
+    b, lvs, _devs, _ = _per_device(structs, what)
+    if b is None:
+        return rebuild(structs[0], lvs[0], [], what)
+    first = lvs[0]
+    for dtype in dict.fromkeys(first.dtypes):
+        check_op(op, dtype, what)
+    dev = resolve(b, device)
+    out: list[Any] = [None] * len(first.tensors)
+    for idx in _plan(b, first):
+        total = _fold(b, [_bucket(b, lv.tensors, idx) for lv in lvs], dev, op)
+        for j, piece in zip(idx, unflatten(b, total, [first.shapes[j] for j in idx])):
+            out[j] = piece
+    return rebuild(structs[0], first, out, what)
+
+
+def _broadcast_structure(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
+    what = "broadcast"
+    lv = structure_leaves(x, what)
+    if lv.backend is None:
+        if isinstance(devices, (str, bytes, Device)) or not hasattr(devices, "__len__") or not len(devices):
+            raise CollectiveInputError(f"{what} takes a non-empty list of devices; got {devices!r:.80}")
+        return [rebuild(x, lv, [], what) for _ in devices]
+    b = lv.backend
+    devs = device_list(b, devices, what)
+    out: list[list[Any]] = [[None] * len(lv.tensors) for _ in devs]
+    for idx in _plan(b, lv):
+        flat = _bucket(b, lv.tensors, idx)
+        src = lv.devices[idx[0]]
+        for k, d in enumerate(devs):
+            y = (flat if len(idx) > 1 else b.copy(flat, d)) if d == src else b.move(flat, d)
+            for j, piece in zip(idx, unflatten(b, y, [lv.shapes[j] for j in idx])):
+                out[k][j] = piece
+    training = b.training
+    if training is not None:  # parameters give parameters, leaf by leaf
+        out = [[training.parameter_like(x, y) for x, y in zip(lv.tensors, row)] for row in out]
+    return [rebuild(x, lv, row, what) for row in out]
+
+
+def _joined_structures(structs: list[Any], dests: list[Device] | None, device: DeviceLike | None, axis: Any,
+                       what: str) -> list[Any]:
+    """allgather (``dests`` None: every structure's device) or gather (onto ``device``) of one
+    structure per device: leaf ``j`` of the results is leaf ``j`` of every structure joined along
+    ``axis``, in list order; each structure's bucket moves to a destination as one tensor."""
+    b, lvs, devs, axes = _per_device(structs, what, axis)
+    if b is None:
+        n = len(structs) if device is None else 1
+        return [rebuild(structs[0], lvs[0], [], what) for _ in range(n)]
+    targets = devs if device is None else [resolve(b, device)]
+    first = lvs[0]
+    out: list[list[Any]] = [[None] * len(first.tensors) for _ in targets]
+    for idx in _plan(b, first):
+        flats = [_bucket(b, lv.tensors, idx) for lv in lvs]
+        for k, d in enumerate(targets):
+            parts = [unflatten(b, _on(b, f, d), [lv.shapes[j] for j in idx]) for f, lv in zip(flats, lvs)]
+            for p, j in enumerate(idx):
+                mine = [part[p] for part in parts]
+                out[k][j] = _fresh(b, b.concat(mine, axes[j]), [*mine, *(lv.tensors[j] for lv in lvs)], d)
+    return [rebuild(structs[0], first, row, what) for row in out]
+
+
+def _reduce_scatter_structures(structs: list[Any], op: str, axis: Any) -> list[Any]:
+    what = "reduce_scatter"
+    b, lvs, devs, axes = _per_device(structs, what, axis)
+    if b is None:
+        return [rebuild(s, lv, [], what) for s, lv in zip(structs, lvs)]
+    first = lvs[0]
+    if any(lv.shapes != first.shapes for lv in lvs):
+        raise CollectiveInputError(f"{what}: the structures' tensors must have one shape each "
+                                   f"({first.shapes} and another); pieces are cut from their reduction")
+    for dtype in dict.fromkeys(first.dtypes):
+        check_op(op, dtype, what)
+    n = len(lvs)
+    out: list[list[Any]] = [[None] * len(first.tensors) for _ in lvs]
+    sizes = [split_sizes(s[a], n) for s, a in zip(first.shapes, axes)]
+    for idx in _plan(b, first):
+        shapes = [[_with(first.shapes[j], axes[j], sizes[j][c]) for j in idx] for c in range(n)]
+        if n == 1:
+            chunks = [_fold(b, [_bucket(b, lvs[0].tensors, idx)], devs[0], op)]
+        else:
+            cuts = [[_cut(b, lv.tensors[j], sizes[j], axes[j]) for j in idx] for lv in lvs]
+            chunks = _ring_reduce_scatter(
+                b, [[flatten(b, [cut[p][c] for p in range(len(idx))]) for c in range(n)] for cut in cuts], devs, op)
+        for c, chunk in enumerate(chunks):
+            for j, piece in zip(idx, unflatten(b, chunk, shapes[c])):
+                out[c][j] = piece
+    return [rebuild(s, lv, row, what) for s, lv, row in zip(structs, lvs, out)]
+
+
+def _scatter_structure(x: Any, devices: Sequence[DeviceLike], axis: Any) -> list[Any]:
+    what = "scatter"
+    lv = structure_leaves(x, what)
+    if lv.backend is None:
+        if isinstance(devices, (str, bytes, Device)) or not hasattr(devices, "__len__") or not len(devices):
+            raise CollectiveInputError(f"{what} takes a non-empty list of devices; got {devices!r:.80}")
+        return [rebuild(x, lv, [], what) for _ in devices]
+    b = lv.backend
+    axes = [check_axis(axis, len(s), f"{what}: tensor {j}") for j, s in enumerate(lv.shapes)]
+    devs = device_list(b, devices, what)
+    n = len(devs)
+    sizes = [split_sizes(s[a], n) for s, a in zip(lv.shapes, axes)]
+    out: list[list[Any]] = [[None] * len(lv.tensors) for _ in devs]
+    for idx in _plan(b, lv):
+        cuts = [_cut(b, lv.tensors[j], sizes[j], axes[j]) for j in idx]
+        src = lv.devices[idx[0]]
+        for k, d in enumerate(devs):
+            flat = _bucket(b, [c[k] for c in cuts], list(range(len(idx))))
+            y = (flat if len(idx) > 1 else b.copy(flat, d)) if d == src else b.move(flat, d)
+            shapes = [_with(lv.shapes[j], axes[j], sizes[j][k]) for j in idx]
+            for j, piece in zip(idx, unflatten(b, y, shapes)):
+                out[k][j] = piece
+    return [rebuild(x, lv, row, what) for row in out]
+
+
+def _all_to_all_structures(structs: list[Any], split_axis: Any, concat_axis: Any) -> list[Any]:
+    what = "all_to_all"
+    b, lvs, devs, sa = _per_device(structs, what, split_axis)
+    if b is None:
+        return [rebuild(s, lv, [], what) for s, lv in zip(structs, lvs)]
+    first = lvs[0]
+    if any(lv.shapes != first.shapes for lv in lvs):
+        raise CollectiveInputError(f"{what}: the structures' tensors must have one shape each "
+                                   f"({first.shapes} and another)")
+    ca = [check_axis(concat_axis, len(s), f"{what}: tensor {j}") for j, s in enumerate(first.shapes)]
+    n = len(lvs)
+    sizes = [split_sizes(s[a], n) for s, a in zip(first.shapes, sa)]
+    out: list[list[Any]] = [[None] * len(first.tensors) for _ in lvs]
+    for idx in _plan(b, first):
+        cuts = [[_cut(b, lv.tensors[j], sizes[j], sa[j]) for j in idx] for lv in lvs]  # cuts[i][p][piece]
+        for t, d in enumerate(devs):
+            shapes = [_with(first.shapes[j], sa[j], sizes[j][t]) for j in idx]
+            got = [unflatten(b, _on(b, _bucket(b, [c[t] for c in cuts[i]], list(range(len(idx)))), d), shapes)
+                   for i in range(n)]
+            for p, j in enumerate(idx):
+                mine = [g[p] for g in got]
+                out[t][j] = _fresh(b, b.concat(mine, ca[j]), [*mine, *(lv.tensors[j] for lv in lvs)], d)
+    return [rebuild(s, lv, row, what) for s, lv, row in zip(structs, lvs, out)]
+
+
 @translate_errors()
 def broadcast(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
     """A new copy of ``x`` on each of ``devices`` (distinct; x's own device may be among them). A
     training parameter gives parameters: leaves that require grad where ``x`` requires grad, with a
-    gradient buffer where ``x`` has one, Variables where ``x`` is one (the adapter's ``parameter_like``)."""
+    gradient buffer where ``x`` has one, Variables where ``x`` is one (the adapter's ``parameter_like``).
+
+    ``x`` may be a structure (as :func:`multidev.to` takes one): a list of copies of it, one per
+    device, each leaf's bucket moved once (the leaves may sit on several devices)."""
+    if owner_or_structure(x) is None:
+        return _broadcast_structure(x, devices)
     b = backend_of(x)
     devs = device_list(b, devices, "broadcast")
     src = b.device_of(x)
@@ -504,7 +691,12 @@ def broadcast(x: Any, devices: Sequence[DeviceLike]) -> list[Any]:
 @translate_errors()
 def reduce(tensors: Sequence[Any], device: DeviceLike, op: str = "sum") -> Any:
     """The elementwise reduction of ``tensors`` (one per device) as one new tensor on ``device``
-    (any device of the backend). Reduced in list order, so deterministic."""
+    (any device of the backend). Reduced in list order, so deterministic.
+
+    Structures: one per device, as :func:`allreduce` takes them; one new structure on ``device``
+    (the first's containers), reduced bucket by bucket."""
+    if _structures(tensors):
+        return _reduce_structures(list(tensors), device, op)
     b, xs, _devs = _validate(tensors, "reduce")
     check_op(op, b.dtype_of(xs[0]), "reduce")
     dev = resolve(b, device)
@@ -516,7 +708,13 @@ def allgather(tensors: Sequence[Any], axis: int = 0) -> list[Any]:
     """Every device gets the concatenation of all tensors along ``axis``, in list order.
 
     The tensors may differ in size along ``axis`` (uneven pieces), nowhere else.
+
+    Structures: one per device (tensor ``j`` of each with one dtype, shapes that differ along
+    ``axis`` only; ``axis`` counted per leaf); a list of new structures, one per device (the first's
+    containers), leaf ``j`` the join of every structure's leaf ``j``. Each bucket moves once per device.
     """
+    if _structures(tensors):
+        return _joined_structures(list(tensors), None, None, axis, "allgather")
     b, xs, devs = _tensor_list(tensors, "allgather")
     axis = _joinable(b, xs, axis, "allgather")
     return [_fresh(b, b.concat([_on(b, x, d) for x in xs], axis), xs, d) for d in devs]
@@ -524,7 +722,10 @@ def allgather(tensors: Sequence[Any], axis: int = 0) -> list[Any]:
 
 @translate_errors()
 def gather(tensors: Sequence[Any], device: DeviceLike, axis: int = 0) -> Any:
-    """The concatenation of ``tensors`` (one per device) along ``axis`` as one new tensor on ``device``."""
+    """The concatenation of ``tensors`` (one per device) along ``axis`` as one new tensor on ``device``.
+    Structures: as :func:`allgather`'s, one new structure on ``device``."""
+    if _structures(tensors):
+        return _joined_structures(list(tensors), None, device, axis, "gather")[0]
     b, xs, _devs = _tensor_list(tensors, "gather")
     axis = _joinable(b, xs, axis, "gather")
     dev = resolve(b, device)
@@ -549,7 +750,12 @@ def _joinable(b: Backend, xs: list[Any], axis: int, what: str) -> int:
 def reduce_scatter(tensors: Sequence[Any], op: str = "sum", axis: int = 0) -> list[Any]:
     """Reduce ``tensors`` elementwise and give device ``i`` piece ``i`` of the result, cut along
     ``axis`` as ``numpy.array_split`` cuts (the first pieces one larger). A ring reduce-scatter:
-    deterministic, piece ``i`` reduced in ring order starting after device ``i``."""
+    deterministic, piece ``i`` reduced in ring order starting after device ``i``.
+
+    Structures: one per device, holding the same tensors (dtypes and shapes); device ``i`` gets a
+    new structure whose leaf ``j`` is piece ``i`` of leaf ``j``'s reduction, one ring per bucket."""
+    if _structures(tensors):
+        return _reduce_scatter_structures(list(tensors), op, axis)
     b, xs, devs = _validate(tensors, "reduce_scatter")
     check_op(op, b.dtype_of(xs[0]), "reduce_scatter")
     shape = b.shape_of(xs[0])
@@ -565,7 +771,12 @@ def reduce_scatter(tensors: Sequence[Any], op: str = "sum", axis: int = 0) -> li
 @translate_errors()
 def scatter(x: Any, devices: Sequence[DeviceLike], axis: int = 0) -> list[Any]:
     """``x`` cut along ``axis`` into ``len(devices)`` pieces (``numpy.array_split``'s sizes: the first
-    pieces one larger; pieces may be empty), piece ``i`` copied to ``devices[i]``."""
+    pieces one larger; pieces may be empty), piece ``i`` copied to ``devices[i]``.
+
+    ``x`` may be a structure: a list of new structures, device ``i``'s leaf ``j`` piece ``i`` of
+    leaf ``j`` (``axis`` counted per leaf), the pieces of a bucket moved to each device as one tensor."""
+    if owner_or_structure(x) is None:
+        return _scatter_structure(x, devices, axis)
     b = backend_of(x)
     shape = b.shape_of(x)
     ax = check_axis(axis, len(shape), "scatter")
@@ -578,19 +789,28 @@ def scatter(x: Any, devices: Sequence[DeviceLike], axis: int = 0) -> list[Any]:
 @translate_errors()
 def split_batch(X: Any, y: Any, devices: Sequence[DeviceLike]) -> tuple[list[Any], list[Any]]:
     """D2L's ``split_batch``: scatter a minibatch ``X`` and its labels ``y`` along their first axis
-    over ``devices`` (``numpy.array_split`` sizes). Needs at least one example per device."""
-    bx, by = backend_of(X), backend_of(y)
+    over ``devices`` (``numpy.array_split`` sizes). Needs at least one example per device. ``X``
+    and ``y`` may be structures (a dict of inputs, say): every leaf cut along its first axis, every
+    leaf with the same number of examples."""
+    lx, ly = structure_leaves(X, "split_batch: X"), structure_leaves(y, "split_batch: y")
+    if lx.backend is None or ly.backend is None:
+        raise CollectiveInputError("split_batch: X and y must hold tensors (got a structure without any)")
+    bx, by = lx.backend, ly.backend
     if bx.name != by.name:
         raise CollectiveInputError(f"split_batch: X is a {bx.name} tensor and y a {by.name} tensor; "
                                    "use one backend for both")
-    sx, sy = bx.shape_of(X), by.shape_of(y)
-    if not sx or not sy:
+    if not all(lx.shapes) or not all(ly.shapes):
         raise CollectiveInputError("split_batch needs X and y with a batch axis (got a 0-d tensor)")
-    if sx[0] != sy[0]:
-        raise CollectiveInputError(f"split_batch: X has {sx[0]} examples but y has {sy[0]}")
+    nx, ny = {s[0] for s in lx.shapes}, {s[0] for s in ly.shapes}
+    if len(nx) > 1 or len(ny) > 1:
+        raise CollectiveInputError(f"split_batch: every tensor needs the same number of examples; got X's "
+                                   f"{[s[0] for s in lx.shapes]} and y's {[s[0] for s in ly.shapes]}")
+    (n,), (m,) = nx, ny
+    if n != m:
+        raise CollectiveInputError(f"split_batch: X has {n} examples but y has {m}")
     devs = device_list(bx, devices, "split_batch")
-    if sx[0] < len(devs):
-        raise CollectiveInputError(f"split_batch: a batch of {sx[0]} cannot give each of {len(devs)} "
+    if n < len(devs):
+        raise CollectiveInputError(f"split_batch: a batch of {n} cannot give each of {len(devs)} "
                                    "devices an example; use a larger batch or fewer devices")
     return scatter(X, devs), scatter(y, devs)
 
@@ -602,7 +822,12 @@ def all_to_all(tensors: Sequence[Any], split_axis: int = 0, concat_axis: int = 0
     (``numpy.array_split``'s sizes) and sends piece ``j`` to device ``j``; device ``j`` gets the
     pieces it receives joined along ``concat_axis``, in list order (MPI's ``Alltoall``,
     ``jax.lax.all_to_all``, torch's ``all_to_all``). The tensors share one shape and dtype. New
-    tensors, result ``j`` on input ``j``'s device; deterministic (no arithmetic)."""
+    tensors, result ``j`` on input ``j``'s device; deterministic (no arithmetic).
+
+    Structures: one per device, holding the same tensors; leaf by leaf, each bucket's pieces moved
+    as one tensor per pair of devices."""
+    if _structures(tensors):
+        return _all_to_all_structures(list(tensors), split_axis, concat_axis)
     b, xs, devs = _validate(tensors, "all_to_all")
     shape = b.shape_of(xs[0])
     sa = check_axis(split_axis, len(shape), "all_to_all")

@@ -49,7 +49,7 @@ __all__ = ["CExchangeAPI", "DLPackCapsule", "DLPackInfo", "c_exchange_api", "con
 
 
 def exportable(src: Backend, x: Any) -> Any:
-    """What ``src.export_dlpack(x)`` gives, as an object with ``__dlpack__``/``__dlpack_device__``
+    """What ``src.dlpack.export_dlpack(x)`` gives, as an object with ``__dlpack__``/``__dlpack_device__``
     (CapabilityError where ``src`` has no :class:`~multidev.protocol.SupportsDLPack`)."""
     obj = require(src, SupportsDLPack, "DLPack export").export_dlpack(x)
     if hasattr(obj, "__dlpack__"):

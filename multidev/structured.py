@@ -29,15 +29,17 @@ class Leaves:
     dtypes: list[str] = field(default_factory=list)
     devices: list[Device] = field(default_factory=list)
 
-    def signature(self, *extra: Any) -> int:
-        """A 62-bit digest of the leaf count and each leaf's dtype, shape, and which of this
-        structure's devices it is on (first seen first), plus ``extra`` (one per leaf where given,
-        say the kind of device each travels on): equal on every process whose structures bucket
-        alike (a digest of the text, never Python's per-process ``hash``)."""
+    def signature(self, *extra: Any, shapes: Sequence[Any] | None = None) -> int:
+        """A 62-bit digest of the leaf count and each leaf's dtype, shape (or ``shapes[i]`` where
+        given: a gather's shapes without their joined axis), and which of this structure's devices
+        it is on (first seen first), plus ``extra`` (one per leaf where given, say the kind of device
+        each travels on): equal on every process whose structures bucket alike (a digest of the
+        text, never Python's per-process ``hash``)."""
         order: dict[Device, int] = {}
         h = hashlib.blake2b(digest_size=8)
         h.update(f"{len(self.tensors)}:".encode())
-        for i, (dt, shape, dev) in enumerate(zip(self.dtypes, self.shapes, self.devices)):
+        for i, (dt, shape, dev) in enumerate(zip(self.dtypes, self.shapes if shapes is None else shapes,
+                                                 self.devices)):
             h.update(f"{dt}{shape}@{order.setdefault(dev, len(order))}".encode())
             for e in extra:
                 h.update(f"/{e[i]}".encode())

@@ -98,7 +98,10 @@ tests/test_adapter_array_api.py tests/test_adapter_cupy.py tests/test_certificat
 IGNORE_HEAVY="--ignore=tests/test_mutation_catalogue.py $(for f in $HEAVY; do printf -- '--ignore=%s ' "$f"; done)"
 if [[ $LANES == *,modern,* ]]; then
   job 1 modern-tests ".venv/bin/pytest -q --durations=15 -m 'not multiprocess' $IGNORE_HEAVY"
-  job 1 modern-tests-children ".venv/bin/pytest -q --durations=15 -m 'not multiprocess' $HEAVY"
+  # the tests that re-run an adapter's whole suite in a child run its checks with partner frameworks
+  # here (tests/_workers.child_suite); the fast lane runs those suites whole
+  job 1 modern-tests-children "MULTIDEV_CHILD_SUITES=partners .venv/bin/pytest -q --durations=15 -m 'not multiprocess' \
+$HEAVY"
 fi
 if [[ $LANES == *,mx,* ]]; then
   # What differs here: MXNet, and the NumPy and JAX adapters on NumPy 1.26 and JAX 0.7.1 (every test

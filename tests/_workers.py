@@ -12,6 +12,20 @@ from pathlib import Path
 
 import numpy as np
 
+#: The frameworks a child conformance run exchanges tensors with (the suite's partners).
+PARTNERS = ("torch", "jax", "tensorflow", "mxnet")
+
+
+def child_suite() -> tuple[list[str], int]:
+    """What a test that re-runs the whole conformance suite in a child passes after ``--``, and the
+    fewest passed checks it must see. CI's modern lane sets ``MULTIDEV_CHILD_SUITES=partners``: there
+    such a test runs only the checks that exchange with another framework (the fast lane, NumPy 2
+    with no framework installed, runs the same adapters' whole suite; running it twice adds nothing)."""
+    if os.environ.get("MULTIDEV_CHILD_SUITES") == "partners":
+        return ["-k", " or ".join(PARTNERS)], 20
+    return [], 250
+
+
 #: The top of every worker: ``NAME`` (argv[1]) with its adapter loaded, ``check`` (a decorator that
 #: runs a check and records "OK" or its traceback) and ``host`` (a tensor as a NumPy array).
 PRELUDE = """

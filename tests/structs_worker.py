@@ -1,5 +1,5 @@
-"""One rank of tests/test_collectives_structures.py's multi-process cases: ``dist.allreduce`` and
-``dist.broadcast`` of structures on the torch engine (gloo), every check run on every rank in the
+"""One rank of tests/test_collectives_structures.py's multi-process cases: ``dist.allreduce``,
+``dist.broadcast`` and ``dist.allgather`` of structures on the torch engine (gloo), every check run on every rank in the
 same order, each rank writing ``{check: "OK" or its traceback}`` to ``OUT/report-RANK.json``
 (argv[1]). The engine's consistency exchange is wrapped to count the exchanges of each call."""
 from __future__ import annotations
@@ -237,13 +237,12 @@ def mean_of_integers_refused_everywhere() -> None:
 
 
 @check
-def allgather_refuses_structures() -> None:
-    try:
-        dist.allgather([torch.ones(2)])
-    except CollectiveInputError as e:
-        assert "not a structure" in str(e), e
-    else:
-        raise AssertionError("no error")
+def allgather_of_a_state_dict_joins_each_tensor() -> None:
+    sd = lenet(RANK)
+    y, n = counted(lambda: dist.allgather(sd))
+    assert n == 1 and type(y) is type(sd) and list(y) == list(sd)
+    for k, v in sd.items():
+        same(y[k], dist.allgather(v))
     usable()
 
 

@@ -26,6 +26,8 @@ import pytest
 import multidev as md
 
 TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+from _workers import child_suite  # noqa: E402
 
 
 def _real_cupy_reason() -> str | None:
@@ -65,13 +67,15 @@ def test_suite_passes_on_fake_cupy_with_three_gpus(tmp_path: Path) -> None:
     """The whole conformance suite (with every installed partner) against the adapter over the fake:
     three GPUs and the host mapping make four devices, so the 'all' cases run too."""
     out = tmp_path / "m.json"
+    scope, least = child_suite()
     r = _child("import sys; from multidev.cli import main; sys.exit(main(['conformance', '--backend', 'cupy', "
-               f"'--import', 'fake_cupy', '--json', {str(out)!r}, '--', '-q', '-x', '-p', 'no:warnings']))", gpus=3)
+               f"'--import', 'fake_cupy', '--json', {str(out)!r}, '--', '-q', '-x', '-p', 'no:warnings', "
+               f"*{scope!r}]))", gpus=3, timeout=900)  # (a whole suite: minutes on a loaded machine)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["backends"]["cupy"]["devices"] == ["cpu:0", "gpu:0", "gpu:1", "gpu:2"]
     m = doc["matrix"]["cupy"]
-    assert sum(f["passed"] for f in m.values()) > 250 and all(f["failed"] == 0 for f in m.values())
+    assert sum(f["passed"] for f in m.values()) > least and all(f["failed"] == 0 for f in m.values())
 
 
 @fake

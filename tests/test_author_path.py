@@ -24,6 +24,9 @@ from multidev import registry
 from multidev.adapter import PROTOCOL_METHODS, Backend, BaseBackend, Capabilities
 from multidev.adapters.numpy import NumpyBackend, VirtualDeviceArray
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _workers import child_suite
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "writing-an-adapter.md"
 TEMPLATE = "multidev.examples.template_adapter:TemplateBackend"
@@ -82,11 +85,12 @@ def test_help_lists_the_protocol_in_order() -> None:
 @pytest.mark.slow
 def test_template_adapter_passes_the_suite(tmp_path: Path) -> None:
     out = tmp_path / "m.json"
-    r = _cli(["conformance", "--backend", TEMPLATE, "--json", str(out), "--", "-q", "-p", "no:warnings"])
+    scope, least = child_suite()
+    r = _cli(["conformance", "--backend", TEMPLATE, "--json", str(out), "--", "-q", "-p", "no:warnings", *scope])
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-2000:]
     doc = json.loads(out.read_text())
     m = doc["matrix"]["template"]
-    assert all(f["failed"] == 0 for f in m.values()) and sum(f["passed"] for f in m.values()) > 250
+    assert all(f["failed"] == 0 for f in m.values()) and sum(f["passed"] for f in m.values()) > least
     caps = doc["backends"]["template"]["capabilities"]
     assert caps["device_dtypes"]["cpu:3"] and "float64" not in caps["device_dtypes"]["cpu:3"]
 

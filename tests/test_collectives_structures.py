@@ -1,7 +1,8 @@
-"""Collectives over structures (issue 32): ``md.allreduce`` of one structure per device (NumPy
+"""Collectives over structures (issue 32): every ``md`` collective of one structure per device (NumPy
 virtual devices, JAX virtual CPU devices in a child, torch's one CPU device), ``dist.allreduce`` /
-``dist.broadcast`` of a structure in a 1-process group (exchanges counted) and across 2 gloo
-processes on the torch engine (tests/structs_worker.py), and the shared bucket plan."""
+every ``dist`` collective of a structure in a 1-process group (exchanges counted), across 2 gloo
+processes on the torch engine (tests/structs_worker.py), and across 2 processes of every engine
+(tests/structs_engines_worker.py: torch, mpi, jax), and the shared bucket plan."""
 from __future__ import annotations
 
 import collections
@@ -179,6 +180,115 @@ def test_structures_without_tensors_are_rebuilt() -> None:
     assert out == xs and all(o is not x for o, x in zip(out, xs))
 
 
+# -- the other one-process collectives: the tensor call leaf by leaf, bucketed ----------------------
+def _ragged(i: int) -> dict[str, Any]:
+    """Device ``i``'s structure: leaves of 3 dtypes and ranks, lengths along axis 0 that differ by device."""
+    rng = np.random.default_rng(i)
+    return {"w": _a(rng.standard_normal((4 + i, 3)), "float32", i),
+            "b": [_a(rng.standard_normal(2 + i), "float32", i), None],
+            "n": Pair(_a(np.arange(3 + 2 * i), "int64", i), _a(rng.random((1 + i, 2, 2)), "float64", i))}
+
+
+def _leafwise(structs: list[Any], fn: Any) -> list[list[Any]]:
+    """``fn`` applied to the list of leaf ``j`` of every structure, for each ``j`` (the tensor calls)."""
+    from multidev.structured import structure_leaves
+
+    lvs = [structure_leaves(s, "t") for s in structs]
+    return [fn([lv.tensors[j] for lv in lvs]) for j in range(len(lvs[0].tensors))]
+
+
+def _leaves(x: Any) -> list[Any]:
+    from multidev.structured import structure_leaves
+
+    return structure_leaves(x, "t").tensors
+
+
+def _same(got: Any, want: Any) -> None:
+    assert md.device_of(got) == md.device_of(want) and md.dtype_of(got) == md.dtype_of(want)
+    assert np.array_equal(_host(got), _host(want))
+
+
+def _kept(inputs: list[Any]) -> Any:
+    before = [[_host(t).copy() for t in _leaves(s)] for s in inputs]
+
+    def check(outs: list[Any]) -> None:
+        for s, b in zip(inputs, before):
+            assert all(np.array_equal(_host(t), v) for t, v in zip(_leaves(s), b))  # inputs unchanged
+        mine = {id(t) for s in inputs for t in _leaves(s)}
+        assert not any(id(t) in mine for o in outs for t in _leaves(o))  # new tensors
+    return check
+
+
+@pytest.mark.parametrize("small", [False, True])
+def test_every_collective_over_structures_is_the_tensor_call_per_leaf(small: bool,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from multidev import collectives
+
+    if small:  # 64 bytes: most leaves alone in their bucket, some sharing
+        monkeypatch.setattr(collectives, "DEFAULT_BUCKET_MB", 64 / 2**20)
+    devs = md.devices(backend="numpy")[:3]
+    ragged = [_ragged(i) for i in range(3)]
+    even = _states()
+    cases = [
+        ("reduce", even, lambda xs: md.reduce(xs, "cpu:1", "max"), lambda ts: [md.reduce(ts, "cpu:1", "max")]),
+        ("allgather", ragged, lambda xs: md.allgather(xs), md.allgather),
+        ("gather", ragged, lambda xs: md.gather(xs, "cpu:2"), lambda ts: [md.gather(ts, "cpu:2")]),
+        ("reduce_scatter", even, lambda xs: md.reduce_scatter(xs, "sum"), lambda ts: md.reduce_scatter(ts, "sum")),
+        ("all_to_all", even, lambda xs: md.all_to_all(xs), md.all_to_all),
+        ("scatter", ragged[:1], lambda xs: md.scatter(xs[0], devs), lambda ts: md.scatter(ts[0], devs)),
+        ("broadcast", ragged[1:2], lambda xs: md.broadcast(xs[0], devs), lambda ts: md.broadcast(ts[0], devs)),
+    ]
+    for name, inputs, whole, per_tensor in cases:
+        check = _kept(inputs)
+        got = whole(inputs)
+        outs = [got] if name in ("reduce", "gather") else got
+        want = _leafwise(inputs, per_tensor)  # want[leaf][result]
+        assert len(outs) == len(want[0]), name
+        for k, o in enumerate(outs):
+            assert type(o) is dict and list(o) == list(inputs[0]), name
+            if "b" in o:
+                assert type(o["b"]) is list and o["b"][1] is None and type(o["n"]) is Pair, name
+            for j, leaf in enumerate(_leaves(o)):
+                _same(leaf, want[j][k])
+        check(outs)
+
+
+def test_gathers_take_a_negative_axis_per_leaf_and_join_other_axes() -> None:
+    xs = [[_a(np.full((2, 1 + i), i), "float32", i), _a(np.full((3, 2, 1 + i), i), "int32", i)] for i in range(3)]
+    got = md.gather(xs, "cpu:0", axis=-1)
+    assert [_host(t).shape for t in got] == [(2, 6), (3, 2, 6)]
+    assert np.array_equal(_host(got[0])[0], [0, 1, 1, 2, 2, 2])
+
+
+def test_structure_refusals_name_the_leaf_and_change_nothing() -> None:
+    ragged = [_ragged(i) for i in range(3)]
+    with pytest.raises(CollectiveInputError, match=r"tensor 0 of structure 1 .* axis 0 only"):
+        md.allgather([ragged[0], {**ragged[1], "w": _a(np.zeros((5, 4)), "float32", 1)}, ragged[2]])
+    with pytest.raises(CollectiveInputError, match="one shape each"):
+        md.reduce_scatter(ragged)
+    with pytest.raises(CollectiveInputError, match="one shape each"):
+        md.all_to_all(ragged)
+    with pytest.raises(CollectiveInputError, match="int64"):
+        md.reduce(_states(), "cpu:0", "mean")
+    with pytest.raises(CollectiveInputError, match="tensor 0 .*0-d"):
+        md.scatter({"s": _a(1.0, "float32", 0)}, ["cpu:0", "cpu:1"])
+    with pytest.raises(CollectiveInputError, match="axis 2 is out of range"):
+        md.allgather([[_a(np.zeros((2, 2)), "float32", i)] for i in range(2)], axis=2)
+    with pytest.raises(UnsupportedTensorError, match=r"\['lr'\]"):
+        md.broadcast({"w": _a([1.0], "float32", 0), "lr": 0.1}, ["cpu:1"])
+
+
+def test_structures_without_tensors_and_split_batch_of_a_dict() -> None:
+    assert md.broadcast({"a": []}, ["cpu:0", "cpu:1"]) == [{"a": []}, {"a": []}]
+    assert md.reduce([[None], [None]], "cpu:0") == [None]
+    X = {"img": _a(np.arange(10.0).reshape(5, 2), "float32", 0), "mask": _a(np.ones(5), "bool", 0)}
+    xs, ys = md.split_batch(X, _a(np.arange(5), "int64", 0), ["cpu:0", "cpu:1"])
+    assert [_host(x["img"]).shape for x in xs] == [(3, 2), (2, 2)] and [len(_host(y)) for y in ys] == [3, 2]
+    assert md.device_of(xs[1]["mask"]) == md.device_of(ys[1])
+    with pytest.raises(CollectiveInputError, match="same number of examples"):
+        md.split_batch({"a": X["img"], "b": _a(np.ones(4), "float32", 0)}, X["mask"], ["cpu:0", "cpu:1"])
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 def test_torch_state_dict_on_its_one_cpu_device() -> None:
     import torch
@@ -209,6 +319,13 @@ def test_jax_pytrees_on_virtual_cpu_devices() -> None:
             md.allreduce(trees, inplace=True)
         except CapabilityError as e:
             print("REFUSED", "immutable" in str(e))
+        joined = md.gather(trees, devs[1])                   # leaf by leaf, on devs[1]
+        assert type(joined["b"]) is tuple and joined["b"][1] is None and md.device_of(joined["w"]) == devs[1]
+        assert np.array_equal(np.asarray(joined["w"]), np.concatenate([np.full((2, 3), 1.0), np.full((2, 3), 2.0)]))
+        parts = md.scatter(trees[1], devs)                    # rows split over the devices
+        assert [np.asarray(p["w"]).shape for p in parts] == [(1, 3), (1, 3)] and md.device_of(parts[0]["w"]) == devs[0]
+        pieces = md.reduce_scatter(trees, axis=-1)
+        assert np.array_equal(np.asarray(pieces[1]["b"][0]), (np.arange(3.0) * 3)[2:])
         print("OK")
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
@@ -244,7 +361,9 @@ def solo(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 def test_one_exchange_per_structure_call(solo: list[int]) -> None:
     s = {"w": np.ones((2, 3), np.float32), "b": [np.arange(3.0), None], "p": Pair(np.float32(2) * np.ones(1), None)}
     for call in (lambda: dist.allreduce(s), lambda: dist.allreduce(s, "mean", inplace=True),
-                 lambda: dist.broadcast(s, 0), lambda: dist.allreduce(s, async_op=True).wait()):
+                 lambda: dist.broadcast(s, 0), lambda: dist.allreduce(s, async_op=True).wait(),
+                 lambda: dist.reduce(s, 0), lambda: dist.allgather(s), lambda: dist.gather(s, 0, axis=-1),
+                 lambda: dist.reduce_scatter(s), lambda: dist.scatter(s, 0), lambda: dist.gather(s, async_op=True).wait()):
         before = len(solo)
         y = call()
         assert len(solo) - before == 1
@@ -267,10 +386,12 @@ def test_results_are_new_tensors_unless_inplace(solo: list[int]) -> None:
 def test_refusals_in_a_group(solo: list[int]) -> None:
     with pytest.raises(UnsupportedTensorError, match=r"\[1\]"):
         dist.allreduce([np.ones(2), "x"])
-    with pytest.raises(CollectiveInputError, match="not a structure"):
-        dist.allgather([np.ones(2)])
-    with pytest.raises(CollectiveInputError, match="not a structure"):
-        dist.reduce_scatter({"a": np.ones(2)})
+    with pytest.raises(CollectiveInputError, match="tensor 1 .*0-d"):
+        dist.allgather([np.ones(2), np.float64(1) * np.ones(())])
+    with pytest.raises(CollectiveInputError, match="axis must be an int"):
+        dist.reduce_scatter({"a": np.ones(2)}, axis="0")
+    with pytest.raises(CollectiveInputError, match="own leaves' devices"):
+        dist.scatter({"a": np.ones(2)}, 0, device="cpu:0")
     ro = np.ones(3)
     ro.setflags(write=False)
     w = np.zeros(2)
@@ -356,4 +477,27 @@ def test_structures_across_two_gloo_processes(tmp_path: Path) -> None:
         report = json.loads((tmp_path / f"report-{r}.json").read_text())
         assert len(report) >= 14
         bad = {k: v for k, v in report.items() if v != "OK" and not v.startswith("SKIP")}
+        assert not bad, f"rank {r}:\n" + "\n".join(f"{k}: {v}" for k, v in bad.items())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("engine", ["torch", "mpi", "jax"])
+def test_every_collective_over_structures_on_every_engine(engine: str, tmp_path: Path) -> None:
+    """tests/structs_engines_worker.py on 2 processes of ``engine`` (gloo for torch, mpiexec for mpi,
+    JAX's CPU collectives over gloo): reduce, allgather, gather, reduce_scatter, scatter, allreduce
+    and broadcast of structures, each against the per-tensor calls, one exchange per call."""
+    from multidev.conformance.test_distributed import engine_unavailable, worker_env
+
+    why = engine_unavailable(engine)
+    if why:
+        pytest.skip(why)
+    worker = str(Path(__file__).with_name("structs_engines_worker.py"))
+    cmd = [sys.executable, "-m", "multidev.distributed.launch", "-n", "2", "--engine", engine, "--grace", "10",
+           worker, str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=worker_env(JAX_PLATFORMS="cpu"))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    for r in range(2):
+        report = json.loads((tmp_path / f"report-{r}.json").read_text())
+        assert report.pop("engine") == engine and len(report) >= 9
+        bad = {k: v for k, v in report.items() if v != "OK"}
         assert not bad, f"rank {r}:\n" + "\n".join(f"{k}: {v}" for k, v in bad.items())

@@ -5,10 +5,12 @@ rules. Across processes: tests/test_data_parallel_processes.py."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -211,6 +213,25 @@ JAX_DEVICES = textwrap.dedent("""
         raise SystemExit("6 rows over 4 devices were not refused")
     except md.InvalidArgumentError as e:
         assert "multiple of 4" in str(e), e
+    # one device that is not JAX's default: host batches (the jitted step copies them there), batches
+    # committed to another device (moved), resident ones (a sharding seen before), a non-scalar loss
+    cpu = jax.devices("cpu")
+    two, ref = md.data_parallel(p0, tx(), devices=["cpu:2"]), md.data_parallel(p0, tx(), devices=["cpu:2"])
+    for k in range(3):
+        host = tuple(np.asarray(a) for a in batch(k))
+        la = two.step(host if k != 1 else jax.device_put(batch(k), cpu[3]), loss)
+        lb = ref.step(jax.device_put(batch(k), cpu[2]), loss)
+        assert float(la) == float(lb), (k, float(la), float(lb))
+        assert all(np.array_equal(two.model[n], ref.model[n]) for n in p0), k
+        assert two.model["w"].devices() == {cpu[2]} and la.devices() == {cpu[2]}
+    before = {n: np.asarray(v) for n, v in two.model.items()}
+    for bad in (host, jax.device_put(batch(0), cpu[2])):
+        try:
+            two.step(bad, lambda p, b: b[0] @ p["w"])
+            raise SystemExit("a non-scalar loss was not refused")
+        except md.InvalidArgumentError as e:
+            assert "scalar" in str(e) and "(16, 3)" in str(e), e
+    assert all(np.array_equal(before[n], two.model[n]) for n in p0)
     print("OK")
 """)
 
@@ -365,3 +386,18 @@ def test_mxnet_gluon_over_two_contexts_matches_one_context_and_the_plain_loop() 
     env = dict(os.environ, MULTIDEV_MXNET_CPU_DEVICES="2", PYTHONWARNINGS="ignore")
     p = subprocess.run([sys.executable, "-c", MX_DEVICES], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stdout[-2000:] + p.stderr[-3000:]
+
+
+def test_the_jax_step_overhead_benchmark_runs(tmp_path: Path) -> None:
+    """benchmarks/baselines/data_parallel_jax_overhead.py gives both rows with their figures (the
+    figures themselves are benchmarks/results', not a test's)."""
+    for mod in ("jax", "optax"):
+        pytest.importorskip(mod)
+    out = tmp_path / "rows.json"
+    p = subprocess.run([sys.executable, "-m", "multidev.benchmarks.baselines.data_parallel_jax_overhead",
+                        "--chunk", "20", "--chunks", "2", "--json", str(out)], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONWARNINGS="ignore"))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["inputs"] for r in rows] == ["host", "resident"]
+    assert all(r["native_us_min"] > 0 and r["md_us_min"] > 0 and r["ratio_min"] > 0 for r in rows)

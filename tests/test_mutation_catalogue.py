@@ -9,7 +9,9 @@ same test with ``MULTIDEV_CATALOGUE_DEVICE=cpu:0,gpu:0``).
 
 Environment: ``MULTIDEV_CATALOGUE_DEVICE`` (``--device`` for the runs), ``MULTIDEV_CATALOGUE_OUT``
 (a folder for the per-mutant results as JSON), ``MULTIDEV_CATALOGUE_ONLY`` (frameworks to run,
-comma-separated).
+comma-separated), ``MULTIDEV_CATALOGUE_MUTANTS`` (mutant classes to run, comma-separated: the
+framework runs and their controls are limited to them and their checks; the engine tests select
+with ``-k`` as usual).
 """
 from __future__ import annotations
 
@@ -90,9 +92,12 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     partners = [PARTNERS[fw]]
     if gpus:
         partners = [p for p in GPU_PARTNERS.get(fw, partners) if _installed(p)]
-    entries = [m for m in mutants.CATALOGUE if m.cls.framework == fw]
+    entries = [m for m in mutants.chosen(mutants.CATALOGUE) if m.cls.framework == fw]
     runnable = [m for m in entries if m.gpus <= gpus]
-    controls = [c for c in mutants.CONTROLS if c.framework == fw]
+    controls = [c for c in mutants.CONTROLS if c.framework == fw
+                and (c in {mutants.control_of(m.cls) for m in entries} or not os.environ.get(mutants.ONLY_ENV))]
+    if not entries:
+        pytest.skip(f"${mutants.ONLY_ENV}={os.environ.get(mutants.ONLY_ENV)} names no mutant of the {fw} catalogue")
     out = tmp_path_factory.mktemp(f"catalogue-{fw}") / "matrix.json"
     specs = [f"mutants:{c.__name__}" for c in controls] + [m.spec for m in runnable]
     cli: tuple[str, ...] = ("--import", "fake_cupy") if fw == "cupy" and _fake_cupy() else ()

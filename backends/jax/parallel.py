@@ -29,6 +29,18 @@ def _is_train_state(obj: Any) -> bool:
     return all(hasattr(obj, a) for a in ("params", "opt_state", "tx", "apply_gradients", "replace"))
 
 
+def _scalar_loss(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``loss_fn`` refusing, while it is traced, a loss that is not a scalar (InvalidArgumentError,
+    before value_and_grad's own TypeError): the check costs nothing per step."""
+    def checked(params: Any, batch: Any) -> Any:
+        loss = loss_fn(params, batch)
+        if getattr(loss, "shape", None) != ():
+            raise InvalidArgumentError(f"DataParallel.step: loss_fn must return a scalar, got shape "
+                                       f"{getattr(loss, 'shape', type(loss).__name__)}")
+        return loss
+    return checked
+
+
 class JaxParallel(Concern, SupportsDataParallel):
     """Parameter pytrees with optax, and flax ``TrainState``s."""
 
@@ -65,6 +77,9 @@ class JaxReplica(Replica):
         self._acc: Any = None
         self._grad_fns, self._step_fns = LossCache(), LossCache()
         self._splits: dict[Any, Any] = {}
+        self._placed: dict[int, Any] = {}  # shardings seen equal to the batch's target, by id (kept alive)
+        self._last: tuple[Any, Any] = (None, None)  # the last loss function and its fused step
+        self._leaves = jax.tree_util.tree_flatten  # (leaves, treedef): cheaper a step than tree_leaves
         self._replicated = self._sharded = None
         self._cpu_collectives = len(devices) > 1 and all(d.kind == "cpu" for d in devices)
         if len(devices) > 1:
@@ -160,15 +175,34 @@ class JaxReplica(Replica):
         return fn
 
     def _place_batch(self, batch: Any) -> Any:
-        jax = self.jax
+        leaves = self._leaves(batch)[0]
+        placed, one = self._placed, self._sharded is None
+        for x in leaves:
+            if id(getattr(x, "sharding", None)) not in placed:
+                if one and type(x) is np.ndarray:
+                    continue  # a host array: the jitted step copies it to its parameters' device itself
+                break
+        else:
+            if leaves:
+                return batch  # already there: a sharding seen before (an identity lookup, no __eq__)
+        return self._place_new(batch, leaves)
+
+    def _place_new(self, batch: Any, leaves: list[Any]) -> Any:
+        jax, placed = self.jax, self._placed
         target = self._sharded if self._sharded is not None else self._one_sharding
-        leaves = jax.tree_util.tree_leaves(batch)
         if leaves and all(isinstance(x, jax.Array) and x.sharding == target for x in leaves):
+            if len(placed) >= 64:
+                placed.clear()
+            placed.update((id(x.sharding), x.sharding) for x in leaves)
             return batch  # already there (device_put of resident arrays costs ~45 us a step)
         if self._sharded is None:
+            if leaves and all(type(x) is np.ndarray for x in leaves):
+                # Host arrays: the jitted step copies them to the device of its committed parameters
+                # itself (in C++; a device_put first cost ~200 us of Python a step).
+                return batch
             return jax.device_put(batch, self._one)
         n = len(self.devices)
-        for x in jax.tree_util.tree_leaves(batch):
+        for x in leaves:
             rows = x.shape[0] if getattr(x, "ndim", 0) else 0
             if rows % n:
                 raise InvalidArgumentError(f"DataParallel.step: a batch of {rows} rows over {n} devices: JAX shards "
@@ -197,10 +231,13 @@ class JaxReplica(Replica):
         user's own ``train_step``), where no gradients were accumulated before."""
         if self._acc is not None:
             return super().local_step(batch, loss_fn)
-        loss, params, opt_state = self._step_fn(loss_fn)(self._params, self.opt_state, self._place_batch(batch))
-        if getattr(loss, "shape", None) != ():
-            raise InvalidArgumentError(f"DataParallel.step: loss_fn must return a scalar, got shape "
-                                       f"{getattr(loss, 'shape', type(loss).__name__)}")
+        last, fn = self._last
+        if last is not loss_fn:
+            fn = self._step_fn(loss_fn)
+            self._last = (loss_fn, fn)
+        # The loss's shape is checked while tracing (_scalar_loss): once per batch shape, not per step.
+        loss, params, opt_state = fn(self._params, self._opt_state if self._state is None else self._state.opt_state,
+                                     self._place_batch(batch))
         if self._state is None:
             self._params, self._opt_state = params, opt_state
         else:
@@ -211,7 +248,7 @@ class JaxReplica(Replica):
     def _step_fn(self, loss_fn: Callable[..., Any]) -> Any:
         fn = self._step_fns.get(loss_fn)
         if fn is None:
-            vg = self.jax.value_and_grad(loss_fn)
+            vg = self.jax.value_and_grad(_scalar_loss(loss_fn))
 
             def fused(params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, Any]:
                 loss, grads = vg(params, batch)

@@ -6,8 +6,10 @@ exchange (:mod:`.consistency`), then the engine's primitive on transport tensors
 What the engines do not do is done here, the same for all of them: ``mean`` (a sum and one
 division), uneven pieces (padded to equal blocks, cut back after), ``inplace=True`` (written
 through shared memory, or assigned), ``async_op`` (a :class:`Work`), structures of tensors
-(``allreduce`` and ``broadcast``: one consistency exchange for the whole structure, its tensors
-flattened into buckets of one dtype and device, one primitive per bucket).
+(every collective: the tensor collective leaf by leaf, one consistency exchange for the whole
+structure, its tensors flattened into buckets of one dtype and device, the same plan on every rank,
+one primitive per bucket; a gather's uneven lengths travel in the exchange, or for more than
+MAX_DIMS leaves in one more small allgather).
 """
 from __future__ import annotations
 
@@ -15,10 +17,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from .._device import Device, DeviceLike
-from ..buckets import DEFAULT_BUCKET_MB, flatten, plan_buckets, unflatten
+from ..buckets import DEFAULT_BUCKET_MB, flatten, numel, plan_buckets, unflatten
 from ..collectives import split_sizes
-from ..errors import CapabilityError, CollectiveInputError, MultidevError, UnsupportedTensorError, translate_errors
+from ..dtypes import ITEMSIZE
+from ..errors import CapabilityError, CollectiveInputError, MultidevError, translate_errors
 from ..placement import resolve
 from ..protocol import Backend
 from ..registry import backend_of, get_backend
@@ -97,17 +102,8 @@ def _is_tree(x: Any) -> bool:
 
 
 def _tensor(x: Any, what: str) -> Backend:
-    """The backend of tensor ``x``; a structure is refused by a clear CollectiveInputError (only
-    allreduce and broadcast take structures)."""
-    try:
-        return backend_of(x)
-    except UnsupportedTensorError:
-        if _is_tree(x):
-            raise CollectiveInputError(
-                f"{what} takes one tensor, not a structure: only allreduce and broadcast take structures "
-                "(a gather's pieces may differ in length on each rank, leaf by leaf, which one consistency "
-                "record cannot carry); call it once per tensor") from None
-        raise
+    """The backend of tensor ``x`` (structures take their own path before this)."""
+    return backend_of(x)
 
 
 def _check_rank(r: Any, g: Group, what: str, name: str) -> int:
@@ -153,6 +149,13 @@ def _result(res: Any, t: Any, origin: Origin, x: Any, inplace: bool, shared: boo
     if pending is not None:
         origin.backend.assign(x, pending)
     return out
+
+
+def _holding(finish: Callable[[Any], Any], *buffers: Any) -> Callable[[Any], Any]:
+    """``finish`` keeping ``buffers`` (what a primitive in flight reads) alive until its result is
+    taken: an engine's nonblocking call (MPI's) need not hold its send buffer itself, and a freed
+    one is memory the next allocation reuses while the engine still reads it."""
+    return lambda res: (buffers, finish(res))[1]
 
 
 def _mean(res: Any, op: str, n: int) -> Any:
@@ -204,19 +207,31 @@ class _Many(Handle):
         return [h.result() for h in self.handles]
 
 
-def _tree_agree(g: Group, kind: str, x: Any, op: str | None, src: int | None, inplace: bool,
-                async_op: bool) -> Leaves | Work:
+def _tree_agree(g: Group, kind: str, x: Any, op: str | None, root: int | None, inplace: bool,
+                async_op: bool, axis: Any = None,
+                refuse: str | None = None) -> tuple[Leaves, list[int], list[Call] | None] | Work:
     """The one consistency exchange of a collective over structure ``x``: this rank's checks of
     every leaf (one backend, each dtype's op, what the group carries, writability for
-    ``inplace``), then its record: the leaf count and the signature of the leaves' dtypes, shapes
-    and devices (and the kind of device each travels on). Returns the leaves, or a failed Work."""
+    ``inplace``, ``axis`` for each leaf's rank), then its record: the leaf count and the signature
+    of the leaves' dtypes, shapes (a gather's without the joined axis: its lengths travel in the
+    record's shape, up to MAX_DIMS leaves) and devices (and the kind of device each travels on).
+    ``refuse``: an argument error of this rank's, raised (and told to the others) in the exchange.
+    Returns ``(leaves, each leaf's axis, every rank's record)``, or a failed Work."""
     what = f"distributed.{kind}"
-    mine: dict[str, Leaves] = {}  # this rank's leaves, which local() finds for the code below
+    gather = kind in ("allgather", "gather")
+    mine: dict[str, Any] = {}  # this rank's leaves and axes, which local() finds for the code below
 
     def local() -> Call:
-        if src is not None:
-            _check_rank(src, g, what, "src")
+        if refuse is not None:
+            raise CollectiveInputError(f"{what}: {refuse}")
+        if root is not None:
+            _check_rank(root, g, what, "dst" if kind in ("reduce", "gather") else "src")
+        if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)
+                                 or not -MAX_DIMS <= axis < MAX_DIMS):
+            raise CollectiveInputError(f"{what}: axis must be an int in -{MAX_DIMS}..{MAX_DIMS - 1}, got {axis!r:.40}")
         lv = structure_leaves(x, what)
+        axes = [] if axis is None else [check_axis(axis, len(s), f"{what}: tensor {j}")
+                                        for j, s in enumerate(lv.shapes)]
         tkinds: list[str] = []
         if lv.backend is not None:
             b = lv.backend
@@ -230,24 +245,46 @@ def _tree_agree(g: Group, kind: str, x: Any, op: str | None, src: int | None, in
                 tkinds.append(seen[key])
                 if inplace:
                     check_writable(b, _probe(b, t), f"{what}(inplace=True)")
-        mine["leaves"] = lv
+        mine.update(leaves=lv, axes=axes)
         one = set(tkinds)
-        return Call(kind, op=op, root=src, tkind=one.pop() if len(one) == 1 else None, leaves=len(lv.tensors),
-                    sig=lv.signature(tkinds))
+        lengths = masked = None
+        if gather:
+            lengths = tuple(s[a] for s, a in zip(lv.shapes, axes))
+            if len(lengths) > MAX_DIMS and any(n >= 2**31 for n in lengths):  # _tree_lengths sends int32
+                raise CollectiveInputError(f"{what}: a structure of more than {MAX_DIMS} tensors joins lengths "
+                                           "below 2**31 along the axis only; gather the longest tensor alone")
+            masked = [s[:a] + (-1,) + s[a + 1:] for s, a in zip(lv.shapes, axes)]
+        return Call(kind, op=op, root=root, axis=axis, tkind=one.pop() if len(one) == 1 else None,
+                    leaves=len(lv.tensors), sig=lv.signature(tkinds, shapes=masked),
+                    shape=lengths if lengths is not None and len(lengths) <= MAX_DIMS else None)
 
-    agreed = agree(g, kind, local, async_op)
-    if isinstance(agreed, Work):
-        return agreed
-    return mine["leaves"]
+    calls = agree(g, kind, local, async_op or False)
+    if isinstance(calls, Work):
+        return calls
+    return mine["leaves"], mine["axes"], calls
+
+
+def _tree_lengths(g: Group, kind: str, lv: Leaves, axes: list[int], calls: list[Call] | None) -> list[tuple[int, ...]]:
+    """Every rank's leaf lengths along the gather's axis: from the records, or, for a structure of
+    more leaves than a record holds, one small allgather of them (synchronous, as the exchange)."""
+    if calls is not None and all(c.shape is not None for c in calls):
+        return [tuple(c.shape) for c in calls if c.shape is not None]
+    mine = np.asarray([s[a] for s, a in zip(lv.shapes, axes)], dtype=np.int32)
+    t, _, _, _ = to_transport(mine, g)
+
+    def start() -> tuple[Handle, Callable[[Any], Any]]:
+        return g.engine.allgather(t), lambda parts: [tuple(int(v) for v in backend_of(p).to_numpy(p).reshape(-1))
+                                                     for p in parts]
+    return list(run(g, f"distributed.{kind} (the leaves' lengths)", start, False))
 
 
 def _tree_run(g: Group, kind: str, x: Any, lv: Leaves, inplace: bool, async_op: bool,
-              primitive: Callable[[Any], Handle], post: Callable[[Any], Any]) -> Any:
+              primitive: Callable[[Any], Handle], post: Callable[[Any], Any], keep: bool = True) -> Any:
     """Structure ``x``'s leaves in buckets (one dtype and device each, up to
     :data:`~multidev.buckets.DEFAULT_BUCKET_MB`), ``primitive`` on each bucket's transport tensor
     (a lone tensor as the one-tensor collective sends it; several flattened into a new one), then
     ``post`` on each result, cut back into the leaves: written into them (``inplace``, returning
-    ``x``) or ``x`` rebuilt with them."""
+    ``x``) or ``x`` rebuilt with them; None where this rank gets nothing (``keep`` False)."""
     what = f"distributed.{kind}"
     b = lv.backend
     xs = lv.tensors
@@ -268,6 +305,8 @@ def _tree_run(g: Group, kind: str, x: Any, lv: Leaves, inplace: bool, async_op: 
         def finish(results: Any) -> Any:
             # Every bucket converted back before the first write into x: a conversion that fails
             # leaves x as it was (where the transport did not write into x's memory itself).
+            if not keep:
+                return None
             out: list[Any] = [None] * len(xs)
             writes: list[tuple[Any, Any, Any]] = []
             for (idx, t, origin, shared, through), res in zip(sent, results):
@@ -290,6 +329,121 @@ def _tree_run(g: Group, kind: str, x: Any, lv: Leaves, inplace: bool, async_op: 
         return _Many(handles), finish
 
     return run(g, what, start, async_op)
+
+
+def _cut_run(g: Group, kind: str, x: Any, lv: Leaves, axes: list[int], sends: bool,
+             primitive: Callable[[Any, Any], Handle], post: Callable[[Any], Any]) -> Callable[[], Any]:
+    """The ``start`` of a reduce_scatter or scatter of structure ``x``: per bucket, each leaf cut
+    along its axis into ``world_size`` pieces (``numpy.array_split`` sizes, padded to the first),
+    piece ``r`` of every leaf flattened into block ``r`` of one ``(world_size, L)`` transport tensor
+    (where this rank ``sends``), ``primitive(blocks or None, like)`` on it, and ``post`` on the
+    ``(L,)`` result, cut back into this rank's pieces: ``x`` rebuilt with them."""
+    what = f"distributed.{kind}"
+    b = lv.backend
+    n, me = g.world_size, g.rank
+    sizes = [split_sizes(s[a], n) for s, a in zip(lv.shapes, axes)]
+    padded = [s[:a] + (sz[0] if sz else 0,) + s[a + 1:] for s, a, sz in zip(lv.shapes, axes, sizes)]
+    plan = [] if b is None else plan_buckets(b, lv.tensors, DEFAULT_BUCKET_MB * 2**20)
+
+    def start() -> tuple[Handle, Callable[[Any], Any]]:
+        handles: list[Handle] = []
+        sent: list[tuple[list[int], list[Origin]]] = []
+        alive: list[Any] = []  # the send buffers, until every primitive is done (nonblocking engines read them)
+        for idx in plan:
+            assert b is not None
+            origins: list[Origin] = []
+            blocks = None
+            if sends:
+                rows = []
+                for i in idx:
+                    t, origin, _, _ = to_transport(lv.tensors[i], g)
+                    origins.append(origin)
+                    blk = _blocks(g, t, sizes[i], axes[i])
+                    tb = backend_of(blk)
+                    rows.append(tb.reshape(blk, (n, numel(padded[i]))))
+                blocks = g.engine.prepare(rows[0] if len(rows) == 1 else backend_of(rows[0]).concat(rows, 1))[0]
+                tb = backend_of(blocks)
+                like = tb.empty((numel(tb.shape_of(blocks)[1:]),), lv.dtypes[idx[0]], tb.device_of(blocks))
+            else:
+                for i in idx:
+                    tb, tdev = transport_backend(g, lv.devices[i], b)
+                    origins.append(Origin(b, lv.devices[i], lv.dtypes[i], b is tb, lv.tensors[i]))
+                tb, tdev = transport_backend(g, lv.devices[idx[0]], b)
+                like = tb.empty((sum(numel(padded[i]) for i in idx),), lv.dtypes[idx[0]], tdev)
+            like = g.engine.prepare(like)[0]
+            handles.append(primitive(blocks, like))
+            sent.append((idx, origins))
+            alive.append((blocks, like))
+
+        def finish(results: Any) -> Any:
+            alive.clear()
+            out: list[Any] = [None] * len(lv.tensors)
+            for (idx, origins), res in zip(sent, results):
+                res = post(res)
+                tb = backend_of(res)
+                flat = tb.reshape(res, (numel(tb.shape_of(res)),))
+                parts = tb.split(flat, [numel(padded[i]) for i in idx], 0) if len(idx) > 1 else [flat]
+                for i, origin, p in zip(idx, origins, parts):
+                    piece = _narrow(tb.reshape(p, padded[i]), axes[i], sizes[i][me])
+                    out[i] = from_transport(piece, origin)
+            return rebuild(x, lv, out, what)
+
+        return _Many(handles), finish
+
+    return start
+
+
+def _gather_run(g: Group, kind: str, x: Any, lv: Leaves, axes: list[int], lengths: list[tuple[int, ...]],
+                primitive: Callable[[Any], Handle], keep: bool) -> Callable[[], Any]:
+    """The ``start`` of an allgather or gather of structure ``x``: per bucket, this rank's leaves
+    flattened into one transport tensor, padded to the longest rank's, ``primitive`` on it; then
+    every rank's part cut back into its leaves (their lengths along the axis: ``lengths[rank]``)
+    and leaf ``i`` of every rank joined along its axis: ``x`` rebuilt with the joins (None where
+    this rank gets nothing)."""
+    what = f"distributed.{kind}"
+    b = lv.backend
+    shapes = [[s[:a] + (ln[i],) + s[a + 1:] for i, (s, a) in enumerate(zip(lv.shapes, axes))] for ln in lengths]
+    # The same plan on every rank: each leaf counted at its largest rank's size.
+    most = [max(numel(shp[i]) for shp in shapes) * ITEMSIZE.get(dt, 8) for i, dt in enumerate(lv.dtypes)]
+    plan = [] if b is None else plan_buckets(b, lv.tensors, DEFAULT_BUCKET_MB * 2**20, sizes=most)
+
+    def start() -> tuple[Handle, Callable[[Any], Any]]:
+        handles: list[Handle] = []
+        sent: list[tuple[list[int], list[Origin]]] = []
+        alive: list[Any] = []  # the send buffers, until every primitive is done (nonblocking engines read them)
+        for idx in plan:
+            ts, origins = [], []
+            for i in idx:
+                t, origin, _, _ = to_transport(lv.tensors[i], g)
+                ts.append(t)
+                origins.append(origin)
+            tb = backend_of(ts[0])
+            flat = tb.reshape(ts[0], (numel(lv.shapes[idx[0]]),)) if len(ts) == 1 else flatten(tb, ts)
+            longest = max(sum(numel(shp[i]) for i in idx) for shp in shapes)
+            send = g.engine.prepare(_pad(flat, longest, 0))[0]
+            handles.append(primitive(send))
+            sent.append((idx, origins))
+            alive.append(send)
+
+        def finish(results: Any) -> Any:
+            alive.clear()
+            if not keep:
+                return None
+            out: list[Any] = [None] * len(lv.tensors)
+            for (idx, origins), parts in zip(sent, results):
+                cut = []  # cut[r][k]: leaf idx[k] of rank r
+                for shp, part in zip(shapes, list(parts)):
+                    tb = backend_of(part)
+                    mine = _narrow(part, 0, sum(numel(shp[i]) for i in idx))
+                    cut.append(unflatten(tb, mine, [shp[i] for i in idx]))
+                for k, (i, origin) in enumerate(zip(idx, origins)):
+                    pieces = [c[k] for c in cut]
+                    out[i] = from_transport(backend_of(pieces[0]).concat(pieces, axes[i]), origin)
+            return rebuild(x, lv, out, what)
+
+        return _Many(handles), finish
+
+    return start
 
 
 # -- the collectives ---------------------------------------------------------------------------------
@@ -317,11 +471,11 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     g = current()
     what = "distributed.allreduce"
     if _is_tree(x):
-        lv = _tree_agree(g, "allreduce", x, op, None, inplace, async_op)
-        if isinstance(lv, Work):
-            return lv
+        tree = _tree_agree(g, "allreduce", x, op, None, inplace, async_op)
+        if isinstance(tree, Work):
+            return tree
         base = "sum" if op == "mean" else op
-        return _tree_run(g, "allreduce", x, lv, inplace, async_op, lambda t: g.engine.allreduce(t, base),
+        return _tree_run(g, "allreduce", x, tree[0], inplace, async_op, lambda t: g.engine.allreduce(t, base),
                          lambda res: _mean(res, op, g.world_size))
 
     def local() -> Call:
@@ -354,10 +508,10 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
     g = current()
     what = "distributed.broadcast"
     if _is_tree(x):
-        lv = _tree_agree(g, "broadcast", x, None, src, inplace, async_op)
-        if isinstance(lv, Work):
-            return lv
-        return _tree_run(g, "broadcast", x, lv, inplace, async_op, lambda t: g.engine.broadcast(t, src),
+        tree = _tree_agree(g, "broadcast", x, None, src, inplace, async_op)
+        if isinstance(tree, Work):
+            return tree
+        return _tree_run(g, "broadcast", x, tree[0], inplace, async_op, lambda t: g.engine.broadcast(t, src),
                          lambda res: res)
 
     def local() -> Call:
@@ -380,9 +534,18 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
 
 
 def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> Any:
-    """The reduction of every rank's ``x`` on rank ``dst`` (a new tensor); None on the other ranks."""
+    """The reduction of every rank's ``x`` on rank ``dst`` (a new tensor); None on the other ranks.
+    ``x`` may be a structure, as :func:`allreduce` takes one (one exchange, buckets): ``dst`` gets
+    it rebuilt with the reductions."""
     g = current()
     what = "distributed.reduce"
+    if _is_tree(x):
+        tree = _tree_agree(g, "reduce", x, op, dst, False, async_op)
+        if isinstance(tree, Work):
+            return tree
+        base = "sum" if op == "mean" else op
+        return _tree_run(g, "reduce", x, tree[0], False, async_op, lambda t: g.engine.reduce(t, dst, base),
+                         lambda res: _mean(res, op, g.world_size), keep=g.rank == dst)
 
     def local() -> Call:
         b = _tensor(x, what)
@@ -401,7 +564,7 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
 
         def finish(res: Any) -> Any:
             return None if g.rank != dst else from_transport(_mean(res, op, g.world_size), origin)
-        return g.engine.reduce(t, dst, "sum" if op == "mean" else op), finish
+        return g.engine.reduce(t, dst, "sum" if op == "mean" else op), _holding(finish, t)
 
     return run(g, what, start, async_op)
 
@@ -429,6 +592,19 @@ def _gather_call(g: Group, kind: str, x: Any, axis: Any, root: int | None,
     return ax, [c.shape[ax] if c.shape is not None else 0 for c in calls]
 
 
+def _tree_gather(g: Group, kind: str, x: Any, axis: Any, root: int | None, async_op: bool) -> Any:
+    agreed = _tree_agree(g, kind, x, None, root, False, async_op, axis)
+    if isinstance(agreed, Work):
+        return agreed
+    lv, axes, calls = agreed
+    lengths = _tree_lengths(g, kind, lv, axes, calls)
+    if root is None:
+        start = _gather_run(g, kind, x, lv, axes, lengths, g.engine.allgather, True)
+    else:
+        start = _gather_run(g, kind, x, lv, axes, lengths, lambda t: g.engine.gather(t, root), g.rank == root)
+    return run(g, f"distributed.{kind}", start, async_op)
+
+
 def _padded_send(g: Group, x: Any, ax: int, lengths: list[int]) -> tuple[Any, Origin]:
     t, origin, _, _ = to_transport(x, g)
     return g.engine.prepare(_pad(t, max(lengths), ax))[0], origin
@@ -441,10 +617,15 @@ def _joined(parts: list[Any], lengths: list[int], ax: int, origin: Origin) -> An
 
 def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
     """The concatenation of every rank's ``x`` along ``axis``, in rank order, on every rank.
-    Lengths along ``axis`` may differ between ranks (the consistency exchange carries them). One
-    tensor only: a structure is refused (CollectiveInputError on this rank, DistributedError on the
-    others), since every leaf's length on every rank would not fit one consistency record."""
+    Lengths along ``axis`` may differ between ranks (the consistency exchange carries them).
+
+    ``x`` may be a structure (one exchange, buckets): every rank passes one of the same leaf
+    count, dtypes and shapes but along ``axis`` (counted per leaf); the result is ``x``'s structure
+    rebuilt, leaf ``i`` every rank's leaf ``i`` joined along its axis. The leaves' lengths travel in
+    the exchange for up to 32 leaves; a larger structure's lengths take one more small allgather."""
     g = current()
+    if _is_tree(x):
+        return _tree_gather(g, "allgather", x, axis, None, async_op)
     agreed = _gather_call(g, "allgather", x, axis, None, async_op)
     if isinstance(agreed, Work):
         return agreed
@@ -452,15 +633,17 @@ def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
         send, origin = _padded_send(g, x, ax, lengths)
-        return g.engine.allgather(send), lambda parts: _joined(list(parts), lengths, ax, origin)
+        return g.engine.allgather(send), _holding(lambda parts: _joined(list(parts), lengths, ax, origin), send)
 
     return run(g, "distributed.allgather", start, async_op)
 
 
 def gather(x: Any, dst: int = 0, axis: int = 0, *, async_op: bool = False) -> Any:
     """The concatenation of every rank's ``x`` along ``axis`` on rank ``dst``; None elsewhere.
-    Lengths along ``axis`` may differ between ranks."""
+    Lengths along ``axis`` may differ between ranks. Structures: as :func:`allgather`'s, on ``dst``."""
     g = current()
+    if _is_tree(x):
+        return _tree_gather(g, "gather", x, axis, dst, async_op)
     agreed = _gather_call(g, "gather", x, axis, dst, async_op)
     if isinstance(agreed, Work):
         return agreed
@@ -471,16 +654,28 @@ def gather(x: Any, dst: int = 0, axis: int = 0, *, async_op: bool = False) -> An
 
         def finish(parts: Any) -> Any:
             return None if g.rank != dst or parts is None else _joined(list(parts), lengths, ax, origin)
-        return g.engine.gather(send, dst), finish
+        return g.engine.gather(send, dst), _holding(finish, send)
 
     return run(g, "distributed.gather", start, async_op)
 
 
 def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = False) -> Any:
     """Reduce every rank's ``x`` elementwise and give rank ``r`` piece ``r`` of the result, cut along
-    ``axis`` as ``numpy.array_split`` cuts (the first pieces one larger)."""
+    ``axis`` as ``numpy.array_split`` cuts (the first pieces one larger).
+
+    ``x`` may be a structure, as :func:`allreduce` takes one (one exchange, buckets): rank ``r``
+    gets it rebuilt with piece ``r`` of each leaf's reduction (``axis`` counted per leaf)."""
     g = current()
     what = "distributed.reduce_scatter"
+    if _is_tree(x):
+        tree = _tree_agree(g, "reduce_scatter", x, op, None, False, async_op, axis)
+        if isinstance(tree, Work):
+            return tree
+        lv, axes, _ = tree
+        base = "sum" if op == "mean" else op
+        return run(g, what, _cut_run(g, "reduce_scatter", x, lv, axes, True,
+                                     lambda blocks, like: g.engine.reduce_scatter(blocks, base),
+                                     lambda res: _mean(res, op, g.world_size)), async_op)
     mine: dict[str, Any] = {}  # this rank's shape and checked axis, which local() finds for the code below
 
     def local() -> Call:
@@ -500,8 +695,10 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
     def start() -> tuple[Handle, Callable[[Any], Any]]:
         t, origin, _, _ = to_transport(x, g)
         sizes = split_sizes(shape[ax], g.world_size)
-        h = g.engine.reduce_scatter(_blocks(g, t, sizes, ax), "sum" if op == "mean" else op)
-        return h, lambda piece: from_transport(_narrow(_mean(piece, op, g.world_size), ax, sizes[g.rank]), origin)
+        blocks = _blocks(g, t, sizes, ax)
+        h = g.engine.reduce_scatter(blocks, "sum" if op == "mean" else op)
+        return h, _holding(lambda piece: from_transport(_narrow(_mean(piece, op, g.world_size), ax, sizes[g.rank]),
+                                                        origin), blocks)
 
     return run(g, what, start, async_op)
 
@@ -513,9 +710,25 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
     On the other ranks ``x`` may be None (or any tensor: only its backend and device are used): the
     piece is then a tensor of ``backend`` (default: src's backend) on ``device`` (default: x's device,
     else cpu:0). Shape and dtype travel from ``src`` in the consistency exchange.
+
+    ``x`` may be a structure (one exchange, buckets): then every rank passes one of the same leaf
+    count, dtypes and shapes (only ``src``'s values matter: the containers cannot travel, so a
+    structure cannot arrive where None was passed), and rank ``r`` gets it rebuilt with piece ``r``
+    of each of src's leaves (``axis`` counted per leaf).
     """
     g = current()
     what = "distributed.scatter"
+    if _is_tree(x):
+        tree = _tree_agree(g, "scatter", x, None, src, False, async_op, axis,
+                           None if backend is None and device is None else
+                           "backend= and device= are for a tensor received where None was passed; a structure's "
+                           "pieces land on its own leaves' devices, of its backend")
+        if isinstance(tree, Work):
+            return tree
+        lv, axes, _ = tree
+        return run(g, what, _cut_run(g, "scatter", x, lv, axes, g.rank == src,
+                                     lambda blocks, like: g.engine.scatter(blocks, like, src), lambda res: res),
+                   async_op)
 
     def local() -> Call:
         _check_rank(src, g, what, "src")
@@ -561,7 +774,7 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
             blocks = None
             like = tb.empty(tuple(piece), dtype, tdev)
         h = g.engine.scatter(blocks, g.engine.prepare(like)[0], src)
-        return h, lambda res: from_transport(_narrow(res, ax, sizes[g.rank]), origin)
+        return h, _holding(lambda res: from_transport(_narrow(res, ax, sizes[g.rank]), origin), blocks)
 
     return run(g, what, start, async_op)
 

@@ -46,12 +46,16 @@ _NAME_WORDS = 4  # a backend name of up to 32 bytes, for scatter's default backe
 _NONE = -(1 << 62)  # an absent root or axis in a record (a given axis may be negative)
 _HEAD = 11
 #: What each collective's ranks must agree on (besides the collective itself and the call count).
+#: ``leaves`` first: one tensor against a structure is named as such. A structure's gather carries
+#: its leaves' lengths along the axis in ``shape`` (which then differs by rank: ``rest`` is None).
 _AGREE: dict[str, tuple[str, ...]] = {
     "allreduce": ("leaves", "op", "dtype", "shape", "tkind", "sig"),
     "broadcast": ("leaves", "root", "dtype", "shape", "tkind", "sig"),
-    "reduce": ("root", "op", "dtype", "shape", "tkind"), "allgather": ("axis", "dtype", "rest", "tkind"),
-    "gather": ("root", "axis", "dtype", "rest", "tkind"), "reduce_scatter": ("op", "axis", "dtype", "shape", "tkind"),
-    "scatter": ("root", "axis"), "barrier": (), "set_checks": ("root",)}
+    "reduce": ("leaves", "root", "op", "dtype", "shape", "tkind", "sig"),
+    "allgather": ("leaves", "axis", "dtype", "rest", "tkind", "sig"),
+    "gather": ("leaves", "root", "axis", "dtype", "rest", "tkind", "sig"),
+    "reduce_scatter": ("leaves", "op", "axis", "dtype", "shape", "tkind", "sig"),
+    "scatter": ("leaves", "root", "axis", "sig"), "barrier": (), "set_checks": ("root",)}
 
 
 def _pick(names: Sequence[str], i: int) -> str | None:
@@ -110,6 +114,8 @@ class Call:
 
     def field(self, name: str) -> Any:
         if name == "rest":
+            if self.leaves is not None:  # a structure: its shapes are in sig, its lengths in shape
+                return None
             if self.shape is None or self.axis is None or not 0 <= self.axis < len(self.shape):
                 return self.shape
             return (len(self.shape), self.shape[:self.axis] + self.shape[self.axis + 1:])
@@ -214,7 +220,9 @@ def _disagreement(calls: list[Call], kind: str, what: str, rank: int) -> Distrib
         values = [c.field(name) for c in calls]
         if len(set(values)) > 1:
             label = {"rest": "shape (every dimension but axis)", "tkind": "the kind of device the tensors travel on",
-                     "leaves": "what they pass (one tensor, or a structure and its tensor count)",
+                     "leaves": "what they pass (one tensor, or a structure and its tensor count)" + (
+                         "; a structure's scatter needs a structure like src's on every rank (the same "
+                         "tensors: its containers cannot travel), not None" if kind == "scatter" else ""),
                      "sig": "the structure's tensors (their dtypes, shapes or devices differ; signatures)",
                      "root": "root (src/dst)" if kind != "set_checks" else "the setting"}.get(name, name)
             who = ", ".join(f"rank {r}: {_describe(name, v)}" for r, v in enumerate(values))

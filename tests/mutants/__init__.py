@@ -21,6 +21,7 @@ stop-at-first-failure rule to the suite run.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -37,9 +38,21 @@ from .of_numpy import *  # noqa: F403
 from .of_torch import *  # noqa: F403
 
 # == the catalogue run: selections and stop-at-first-failure (this module as a pytest plugin) =====
-_BY_NAME = {m.name: m for m in CATALOGUE}
-#: Each control runs every check any of its mutants is selected for.
-_UNIONS = {c.name: tuple(sorted({s for m in CATALOGUE if control_of(m.cls) is c for s in m.select})) for c in CONTROLS}
+#: ``$MULTIDEV_CATALOGUE_MUTANTS``: class names (comma-separated) to run alone (with their controls
+#: on their checks only); unset: every mutant.
+ONLY_ENV = "MULTIDEV_CATALOGUE_MUTANTS"
+
+
+def chosen(entries: list[Any]) -> list[Any]:
+    """The entries ``$MULTIDEV_CATALOGUE_MUTANTS`` keeps (all where it is unset)."""
+    names = {n.strip() for n in os.environ.get(ONLY_ENV, "").split(",") if n.strip()}
+    return [m for m in entries if not names or m.cls.__name__ in names]
+
+
+_BY_NAME = {m.name: m for m in chosen(CATALOGUE)}
+#: Each control runs every check any of its (chosen) mutants is selected for.
+_UNIONS = {c.name: tuple(sorted({s for m in chosen(CATALOGUE) if control_of(m.cls) is c for s in m.select}))
+           for c in CONTROLS}
 _failed: set[str] = set()
 
 

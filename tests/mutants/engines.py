@@ -11,7 +11,7 @@ from multidev.adapter import (
 )
 from multidev.adapters.numpy import NumpyBackend
 from multidev.adapters.torch.engine import TorchEngine
-from multidev.distributed.engine import register_engine
+from multidev.distributed.engine import peer_errors, register_engine
 from multidev.errors import DistributedTimeoutError
 
 
@@ -80,6 +80,25 @@ class TorchEngineHidesMissingRanks(TorchEngine):
 class TorchEngineTimeoutIgnored(TorchEngine):
     def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
         return super().exchange(seq, row, timeout * 10)
+
+
+@engine_mutant("exchange misnames a missing rank: the absent rank's slot is reported one rank lower (and the absent "
+               "rank's own slot filled with this rank's row), so the survivors' timeout error blames a rank that is alive",
+               ["test_killed_rank_gives_the_others_a_timeout_error"])
+class TorchEngineMisnamesRank(TorchEngine):
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        rows = super().exchange(seq, row, timeout)
+        n = len(rows)
+        return [None if rows[(i + 1) % n] is None else (list(row) if r is None else r) for i, r in enumerate(rows)]
+
+
+@engine_mutant("gloo's RuntimeError for a lost peer is not taken for one (lost() catches only TimeoutError and "
+               "ConnectionError): it escapes the engine as the framework's own error (a BackendError after "
+               "translation), so with the checks off a survivor of a killed rank gets no DistributedTimeoutError and "
+               "its group stays 'usable'", ["test_peer_killed_with_checks_off_gives_a_timeout_error"])
+class TorchEngineRuntimeErrorEscapes(TorchEngine):
+    def lost(self, what: str | Callable[[], str], timeout: float | None = None) -> Any:
+        return peer_errors(what, (TimeoutError, ConnectionError), self.timeout if timeout is None else timeout)
 
 
 def _install_engine_mutant() -> None:

@@ -10,6 +10,7 @@ import numpy as np
 from multidev.adapter import (
     CapabilityError,
     Device,
+    Ready,
     canonical_dtype,
     concern,
 )
@@ -474,3 +475,33 @@ class _JaxDataParallelLoadNoopParallel(JaxParallel):
 class JaxDataParallelLoadNoop(JaxBackend):
     name = "jax_dp_load_noop"
     parallel = concern(_JaxDataParallelLoadNoopParallel)
+
+
+class _JaxReplicaAccumulationOverwrites(JaxReplica):
+    """``backward`` keeps the latest micro-batch's gradient instead of adding it to those
+    accumulated (inside ``no_sync()`` the earlier micro-batches are lost)."""
+
+    def backward(self, batch: Any, loss_fn: Callable[..., Any], ready: Ready | None) -> Any:
+        loss, grads = self._grad_fn(loss_fn)(self._params, self._place_batch(batch))
+        self._acc = grads
+        if self._cpu_collectives:
+            self.jax.block_until_ready(self._acc)
+        if ready is not None:
+            gs = self.jax.tree_util.tree_leaves(self._acc)
+            for i in range(len(gs) - 1, -1, -1):
+                ready(i, gs[i])
+        return loss
+
+
+class _JaxDataParallelAccumulationOverwritesParallel(JaxParallel):
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices),
+                            _JaxReplicaAccumulationOverwrites)
+
+@mutant("jax", "gradient accumulation keeps only the last micro-batch's gradient (backward overwrites the accumulated "
+        "gradients instead of adding to them): the step after no_sync() steps with a third of the batch",
+        ["test_data_parallel_accumulation_matches_one_step_on_the_concatenated_batch"],
+        replica=_JaxReplicaAccumulationOverwrites)
+class JaxDataParallelAccumulationOverwrites(JaxBackend):
+    name = "jax_dp_accumulation_overwrites"
+    parallel = concern(_JaxDataParallelAccumulationOverwritesParallel)

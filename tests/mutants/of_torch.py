@@ -490,3 +490,70 @@ class _TorchDataParallelOptimizerStateKeptParallel(TorchParallel):
 class TorchDataParallelOptimizerStateKept(TorchBackend):
     name = "torch_dp_opt_state_kept"
     parallel = concern(_TorchDataParallelOptimizerStateKeptParallel)
+
+
+class _TorchReplicaDropsLastBucket(TorchReplica):
+    """The last bucket of several (the one holding the first parameter: buckets are planned last
+    layer first) is left out when unflattening: its gradients stay this rank's own."""
+
+    def unflatten(self, flat: Any, like: Sequence[Any], scale: float | None) -> list[Any]:
+        if len(like) < len(self._params) and any(t is self._params[0] for t in like):
+            return [t.grad for t in like]
+        return super().unflatten(flat, like, scale)
+
+
+class _TorchDataParallelDropsLastBucketParallel(TorchParallel):
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _TorchReplicaDropsLastBucket)
+
+@mutant("torch", "data parallelism across processes leaves the last of several gradient buckets out when unflattening: "
+        "its parameters step with this rank's own gradient (one bucket, the default for a small model, is right)",
+        ["test_data_parallel_across_processes_averages_every_bucket"], replica=_TorchReplicaDropsLastBucket,
+        multiprocess=True)
+class TorchDataParallelDropsLastBucket(TorchBackend):
+    name = "torch_dp_drops_last_bucket"
+    parallel = concern(_TorchDataParallelDropsLastBucketParallel)
+
+
+class _TorchReplicaHooksIgnoreNoSync(TorchReplica):
+    """The gradient hooks do not look at ``sync.active``: inside ``no_sync()`` every backward pass
+    starts the buckets' collectives and averages the gradients anyway."""
+
+    def attach(self, sync: Any) -> bool:
+        torch = self.torch
+        queued = [False]
+
+        def finish() -> None:
+            queued[0] = False
+            for p, g in zip(self._params, sync.finish()):
+                p.grad = g
+
+        def hook_for(i: int) -> Callable[[Any], None]:
+            def hook(p: Any) -> None:
+                if not queued[0]:
+                    queued[0] = True
+                    torch.autograd.Variable._execution_engine.queue_callback(finish)
+                sync.ready(i, p.grad)
+            return hook
+
+        def before(module: Any, args: Any) -> None:
+            if module.training and torch.is_grad_enabled():
+                sync.before_forward()
+
+        self._handles = [p.register_post_accumulate_grad_hook(hook_for(i)) for i, p in enumerate(self._params)]
+        self._handles.append(self.model.register_forward_pre_hook(before))
+        return True
+
+
+class _TorchDataParallelNoSyncCommunicatesParallel(TorchParallel):
+    def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
+        return swap_replica(super().data_parallel_replica(model, optimizer, devices), _TorchReplicaHooksIgnoreNoSync)
+
+@mutant("torch", "gradient accumulation communicates anyway: the gradient hooks ignore no_sync(), so every micro-batch's "
+        "backward pass starts the buckets' collectives (the averaged sum comes out the same for a linear model: only "
+        "the collective count shows it)",
+        ["test_data_parallel_across_processes_no_sync_does_not_communicate"], replica=_TorchReplicaHooksIgnoreNoSync,
+        multiprocess=True)
+class TorchDataParallelNoSyncCommunicates(TorchBackend):
+    name = "torch_dp_no_sync_communicates"
+    parallel = concern(_TorchDataParallelNoSyncCommunicatesParallel)
