@@ -425,7 +425,7 @@ def test_staged_put_is_exact_in_pieces(jb, shape):
     try:
         a = np.random.default_rng(1).random(shape).astype(np.float32)
         native = jb.to_native_device(CPU0)
-        y = jb._staged_put(a, native)
+        y = jb.transfers.staged_put(a, native)
         keep = a.copy()
         a[...] = -1  # written after the call: the upload has its own copy
         assert y.shape == shape and y.dtype == np.float32
@@ -474,11 +474,11 @@ def test_a_large_pageable_upload_to_the_gpu_is_exact():
 
 
 def test_land_makes_an_ordinary_cpu_array_of_the_host_copy(jb):
-    """_land (the end of every accelerator-to-host move) gives an array of the CPU device in its
+    """transfers.land (the end of every accelerator-to-host move) gives an array of the CPU device in its
     default memory kind with the copy's values, which combines with other CPU arrays."""
     native = jb.to_native_device(CPU0)
     z = jax.device_put(np.arange(12, dtype=np.float32).reshape(3, 4), native)
-    y = jb._land(z, z, native)
+    y = jb.transfers.land(z, z, native)
     assert jb.device_of(y) == CPU0 and y.sharding.memory_kind == native.default_memory().kind
     np.testing.assert_array_equal(np.asarray(y + jnp.ones((3, 4))), np.arange(12).reshape(3, 4) + 1)
 
@@ -486,17 +486,17 @@ def test_land_makes_an_ordinary_cpu_array_of_the_host_copy(jb):
 def test_host_to_accelerator_moves_stage_only_large_host_arrays(jb):
     native = jb.to_native_device(CPU0)
     big = jax.device_put(np.ones(jb.staging.threshold // 4, np.float32), native)
-    assert jb._staged_from_host(big, CPU0, native) is None  # to a CPU device: device_put
+    assert jb.transfers.staged_from_host(big, CPU0, native) is None  # to a CPU device: device_put
     small = jax.device_put(np.ones(16, np.float32), native)
-    assert jb._staged_from_host(small, Device("gpu", 0), native) is None  # below the threshold
+    assert jb.transfers.staged_from_host(small, Device("gpu", 0), native) is None  # below the threshold
     from multidev.adapter import StagingPlan
 
     old = jb.staging
     jb.staging = StagingPlan(chunk=64, threshold=1)
     try:  # typed PRNG keys have no NumPy view: never staged, whatever their size
         keys = jax.random.split(jax.random.key(0), 64)
-        assert jb._staged_from_host(keys, Device("gpu", 0), native) is None
-        assert jb._staged_from_host(small, Device("gpu", 0), native) is not None  # the control
+        assert jb.transfers.staged_from_host(keys, Device("gpu", 0), native) is None
+        assert jb.transfers.staged_from_host(small, Device("gpu", 0), native) is not None  # the control
     finally:
         jb.staging = old
 

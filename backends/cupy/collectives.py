@@ -25,7 +25,7 @@ class CupyCollectives(Concern, SupportsNativeCollectives):
 
     core: CupyCore
 
-    def _nccl(self) -> Any:
+    def nccl(self) -> Any:
         try:
             from cupy.cuda import nccl
         except ImportError:
@@ -43,7 +43,7 @@ class CupyCollectives(Concern, SupportsNativeCollectives):
             where = ", ".join(str(self.core.device_of(x)) for x in xs)
             raise CapabilityError(f"cupy backend: the native allreduce (NCCL) takes GPU arrays on distinct GPUs; "
                                   f"got arrays on {where}. Use algorithm='naive' or 'auto'.")
-        nccl = self._nccl()
+        nccl = self.nccl()
         if nccl is None:
             raise CapabilityError("cupy backend: NCCL is not available to CuPy here; use algorithm='ring'")
         if op not in _NCCL_OPS:

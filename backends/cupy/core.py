@@ -90,7 +90,7 @@ class CupyCore(BaseBackend):
 
             self._bf16 = np.dtype(ml_dtypes.bfloat16)
             dtypes.add("bfloat16")
-        nccl = self.collectives._nccl()
+        nccl = self.collectives.nccl()
         peer = False
         if self._n > 1:
             try:
@@ -193,7 +193,7 @@ class CupyCore(BaseBackend):
         if device.kind == "cpu" or dtype in ("bfloat16", "float16", "complex64", "complex128"):
             # NumPy's values exactly (CuPy's arange kernels cover the real int and float types)
             ref = np.arange(start, stop, step, dtype=np.float64 if dtype == "bfloat16" else dt).astype(dt)
-            return host_array(ref) if device.kind == "cpu" else self.transfers._upload(ref, device)
+            return host_array(ref) if device.kind == "cpu" else self.transfers.upload(ref, device)
         with self._gpu(device):
             return self.cp.arange(start, stop, step, dtype=dt)
 
@@ -209,7 +209,7 @@ class CupyCore(BaseBackend):
         if device.kind == "cpu":
             return host_array(np.array(src, dtype=dt, copy=True))
         # for). That copy made large uploads several times slower than cupy.asarray's.
-        return self.transfers._upload(np.asarray(src, dtype=dt), device)
+        return self.transfers.upload(np.asarray(src, dtype=dt), device)
 
     def _on(self, y: Any, device: Device) -> Any:
         """GPU array ``y`` (a fresh buffer) on ``device``: itself when it is there."""

@@ -22,7 +22,7 @@ class CupyTransfers(NonBlockingMoves):
 
     core: CupyCore
 
-    def _upload(self, a: np.ndarray, device: Device) -> Any:
+    def upload(self, a: np.ndarray, device: Device) -> Any:
         """A new GPU array on ``device`` holding host array ``a`` (synchronous). From
         ``staging.threshold`` bytes up, a C-contiguous pageable array goes through the staging
         pipeline (multidev.adapter.staged_upload: pinned chunks filled by several threads while
@@ -66,7 +66,7 @@ class CupyTransfers(NonBlockingMoves):
                 return self.core.copy(x, device), None
             a = np.asarray(x).view(np.ndarray)
             if a.size == 0:
-                return self._upload(a, device), None
+                return self.upload(a, device), None
             pin = self.core.cpx.empty_pinned(a.shape, dtype=dt)
             np.copyto(pin, a)
             with self.core._gpu(device):

@@ -211,7 +211,7 @@ class JaxCore(BaseBackend):
             # Not to a CPU device: there it may share the caller's aligned buffer (may_alias=False or
             # not), and asarray always copies.
             if obj.nbytes >= self.staging.threshold and obj.ndim and obj.flags.c_contiguous:
-                x = self.transfers._staged_put(obj, native)
+                x = self.transfers.staged_put(obj, native)
             else:
                 x = self.jax.device_put(obj, native)
             return self._finish(x, native, x.dtype if nd is None else nd)
@@ -294,12 +294,12 @@ class JaxCore(BaseBackend):
         ``device_put``."""
         native = self.to_native_device(device)
         if device.kind == "cpu":
-            z = self.transfers._pinned(x)
+            z = self.transfers.pinned(x)
             if z is not None:
-                return self.transfers._land(z, x, native)
+                return self.transfers.land(z, x, native)
             if getattr(x.sharding, "memory_kind", None) not in (None, "device"):  # a host-memory array
-                return self.transfers._land(x, x, native)
-        staged = self.transfers._staged_from_host(x, device, native)
+                return self.transfers.land(x, x, native)
+        staged = self.transfers.staged_from_host(x, device, native)
         return staged if staged is not None else self.jax.device_put(x, native)
 
     def copy(self, x: Any, device: Device) -> Any:
@@ -310,7 +310,7 @@ class JaxCore(BaseBackend):
         """Waits. Zero-copy and read-only for CPU arrays; for accelerator arrays a read-only view of a
         fresh copy in pinned host memory (PCIe speed), never np.asarray's cached host copy (which goes
         stale when the buffer is shared through DLPack and written by its producer)."""
-        z = self.transfers._pinned(x)
+        z = self.transfers.pinned(x)
         if z is not None:
             return np.asarray(z)
         ds = x.sharding.device_set

@@ -28,18 +28,18 @@ class JaxTransfers(Concern, SupportsNonBlocking):
         the copy, stalling the caller's dispatch)."""
         native = self.core.to_native_device(device)
         # Staged only when x is computed already: staging reads x now, which would wait for it.
-        staged = self._staged_from_host(x, device, native) if x.is_ready() else None
+        staged = self.staged_from_host(x, device, native) if x.is_ready() else None
         if staged is not None:
             return staged, staged.block_until_ready
-        z = self._pinned(x) if device.kind == "cpu" else None
+        z = self.pinned(x) if device.kind == "cpu" else None
         if z is not None:
             def land() -> Any:
-                y = self._land(z, x, native)
+                y = self.land(z, x, native)
                 y.block_until_ready()
                 return y
             return z, land
         if device.kind == "cpu" and getattr(x.sharding, "memory_kind", None) not in (None, "device"):
-            y = self._land(x, x, native)
+            y = self.land(x, x, native)
         else:
             y = self.core.jax.device_put(x, native)
 
@@ -51,12 +51,12 @@ class JaxTransfers(Concern, SupportsNonBlocking):
     def start_to_numpy(self, x: Any) -> Callable[[], np.ndarray]:
         """An accelerator array's copy into pinned host memory, dispatched now (it runs once x is
         computed); the callable waits and gives a read-only NumPy view of that fresh copy."""
-        z = self._pinned(x)
+        z = self.pinned(x)
         if z is None:
             return lambda: self.core.to_numpy(x)
         return lambda: np.asarray(z)
 
-    def _land(self, z: Any, x: Any, native: Any) -> Any:
+    def land(self, z: Any, x: Any, native: Any) -> Any:
         """The pinned copy ``z`` of ``x`` as an ordinary array of the CPU device ``native`` (in its
         default memory kind: XLA refuses to combine a host-memory-space array with CPU arrays):
         NumPy's view of ``z`` (waits for the copy into it) put to that device, which takes an
@@ -69,7 +69,7 @@ class JaxTransfers(Concern, SupportsNonBlocking):
             return self.core.jax.device_put(x, native)
         return self.core.jax.device_put(host, native)
 
-    def _staged_from_host(self, x: Any, device: Device, native: Any) -> Any:
+    def staged_from_host(self, x: Any, device: Device, native: Any) -> Any:
         """A large host array ``x`` (on a CPU device) put on accelerator ``device`` through the staged
         upload (read before this returns), or None where the plain ``device_put`` applies."""
         jax = self.core.jax
@@ -79,9 +79,9 @@ class JaxTransfers(Concern, SupportsNonBlocking):
         ds = x.sharding.device_set
         if len(ds) != 1 or next(iter(ds)).platform != "cpu":
             return None
-        return self._staged_put(np.asarray(x), native)  # a view of the CPU buffer (after x is computed)
+        return self.staged_put(np.asarray(x), native)  # a view of the CPU buffer (after x is computed)
 
-    def _pinned(self, x: Any) -> Any:
+    def pinned(self, x: Any) -> Any:
         """``x``'s copy in pinned host memory (``device_put`` to the ``pinned_host`` memory kind of its
         own device, asynchronous), or None where x is a host array or the platform has no pinned
         memory kind. Always a fresh copy: a buffer shared through DLPack never reads stale."""
@@ -106,7 +106,7 @@ class JaxTransfers(Concern, SupportsNonBlocking):
             self.core._pinned_kinds[nd] = hit
         return hit
 
-    def _staged_put(self, arr: np.ndarray, native: Any) -> Any:
+    def staged_put(self, arr: np.ndarray, native: Any) -> Any:
         """A large pageable upload: ``device_put`` of ``staging.chunk``-byte pieces from several
         threads (JAX reads pageable memory faster so), joined on the device. Synchronous for the
         source; the join compiles once per shape and dtype and holds the array twice for a moment

@@ -82,7 +82,7 @@ class MxnetCollectives(Concern, SupportsNativeCollectives):
             kv.pushpull(0, ns, out=outs)
         return outs
 
-    def _drop_kvstores(self) -> None:
+    def drop_kvstores(self) -> None:
         """At exit (before MXNet's own shutdown hook): drain the engine, then drop the stores."""
         with self.core._kv_lock:
             if self.core._kv:

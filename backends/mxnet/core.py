@@ -115,7 +115,7 @@ class MxnetCore(BaseBackend):
         # native_allreduce's KVStores (see _kvstore_sum), and the exit hook that drains them
         self._kv: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._kv_lock = threading.Lock()
-        atexit.register(self.collectives._drop_kvstores)
+        atexit.register(self.collectives.drop_kvstores)
         self._caps = Capabilities(mutable=True, async_execution=True, pinned_memory=n_gpu > 0,
                                   dlpack=True, native_collectives=frozenset({"allreduce"}),
                                   dtypes=MX_DTYPES, raises_on_mixed_devices=False)

@@ -19,7 +19,7 @@ from ._base import mutant
 
 # == CuPy (on tests/fake_cupy.py without a GPU) =======================================================
 class _CupyStagedAtOffsetZeroTransfers(CupyTransfers):
-    def _upload(self, a: np.ndarray, device: Device) -> Any:
+    def upload(self, a: np.ndarray, device: Device) -> Any:
         cp = self.core.cp
         with self.core._gpu(device):
             if (a.nbytes < self.core.staging.threshold or not a.flags.c_contiguous or a.ndim == 0
