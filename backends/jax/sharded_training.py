@@ -69,6 +69,9 @@ class JaxMeshReplica(JaxReplica):
         self._acc = None
         self._grad_fns, self._step_fns = LossCache(), LossCache()
         self._splits = {}
+        self._placed: dict[int, Any] = {}  # the state JaxReplica's batch placement and fused step keep
+        self._last: tuple[Any, Any] = (None, None)
+        self._leaves = jax.tree_util.tree_flatten
         native = backend.mesh.to_native_mesh(mesh, "jax")
         self._replicated = NamedSharding(native, PartitionSpec())
         self._sharded = NamedSharding(native, PartitionSpec(data_axes if len(data_axes) > 1 else data_axes[0]))
