@@ -125,8 +125,11 @@ def _broadcast_object(obj: Any, src: int, g: Any) -> Any:
 def plan_buckets(replica: Replica, tensors: Sequence[Any], cap_bytes: float, reverse: bool) -> list[list[int]]:
     """Indices of ``tensors`` grouped into buckets of one dtype and device, each up to ``cap_bytes``
     (a larger tensor alone), in reverse order where gradients come last-layer first
-    (:func:`multidev.buckets.plan_buckets` for the replica's backend)."""
-    return buckets.plan_buckets(replica.backend, tensors, cap_bytes, reverse)
+    (:func:`multidev.buckets.plan_buckets` for the replica's backend). Gradients (``reverse``): the
+    first bucket closes once it holds :data:`~multidev.buckets.FIRST_BUCKET_MB` (as DDP's), so its
+    collective overlaps the backward pass of the layers before it."""
+    first = buckets.FIRST_BUCKET_MB * 2**20 if reverse else None
+    return buckets.plan_buckets(replica.backend, tensors, cap_bytes, reverse, first_bytes=first)
 
 
 class GradientSync:

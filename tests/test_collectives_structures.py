@@ -454,6 +454,27 @@ def test_plan_buckets_groups_by_dtype_and_device_under_the_cap() -> None:
     assert [np.asarray(x).shape for x in back] == [(2, 5), (10,)]
 
 
+def test_the_first_bucket_closes_once_it_holds_first_bytes_as_ddp_does() -> None:
+    """An MLP's gradients last layer first (bias 40 B, weight 20 KiB, bias 2 KiB, weight 1 MiB, bias
+    2 KiB, weight 1.5 MiB): DDP's first bucket (1 MiB) takes the tensor that crosses it, so the
+    first collective starts before the first layer's backward; the rest keep the cap's rule."""
+    b = md.backend("numpy")
+    sizes = [784 * 512, 512, 512 * 512, 512, 512 * 10, 10]  # parameters in model order (float32)
+    ts = [_a(np.zeros(n), "float32", 0) for n in sizes]
+    assert buckets.plan_buckets(b, ts, 25 * 2**20, reverse=True) == [[5, 4, 3, 2, 1, 0]]
+    assert buckets.plan_buckets(b, ts, 25 * 2**20, reverse=True, first_bytes=2**20) == [[5, 4, 3, 2], [1, 0]]
+    # a cap below the first size: the first bucket closes at the cap, crossing tensor included
+    assert buckets.plan_buckets(b, ts, 4096, reverse=True, first_bytes=2**20) == [[5, 4], [3], [2], [1], [0]]
+    # each dtype and device has its own first bucket
+    two = [_a(np.zeros(200_000), "float32", 0), _a(np.zeros(200_000), "float32", 1)] * 3
+    assert buckets.plan_buckets(b, two, 25 * 2**20, first_bytes=2**20) == [[0, 2], [1, 3], [4], [5]]
+    from multidev.data_parallel import plan_buckets as dp_plan
+
+    class Rep:
+        backend = b
+    assert dp_plan(Rep(), ts, 25 * 2**20, reverse=True) == [[5, 4, 3, 2], [1, 0]]  # type: ignore[arg-type]
+
+
 def test_data_parallel_keeps_its_plan_buckets_name() -> None:
     from multidev.data_parallel import DEFAULT_BUCKET_MB, plan_buckets
 
