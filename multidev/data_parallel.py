@@ -122,13 +122,15 @@ def _broadcast_object(obj: Any, src: int, g: Any) -> Any:
 
 
 # -- buckets --------------------------------------------------------------------------------------
-def plan_buckets(replica: Replica, tensors: Sequence[Any], cap_bytes: float, reverse: bool) -> list[list[int]]:
+def plan_buckets(replica: Replica, tensors: Sequence[Any], cap_bytes: float, reverse: bool,
+                 overlaps: bool = True) -> list[list[int]]:
     """Indices of ``tensors`` grouped into buckets of one dtype and device, each up to ``cap_bytes``
     (a larger tensor alone), in reverse order where gradients come last-layer first
-    (:func:`multidev.buckets.plan_buckets` for the replica's backend). Gradients (``reverse``): the
-    first bucket closes once it holds :data:`~multidev.buckets.FIRST_BUCKET_MB` (as DDP's), so its
-    collective overlaps the backward pass of the layers before it."""
-    first = buckets.FIRST_BUCKET_MB * 2**20 if reverse else None
+    (:func:`multidev.buckets.plan_buckets` for the replica's backend). Gradients (``reverse``) over
+    an engine whose collectives progress in the background (``overlaps``): the first bucket closes
+    once it holds :data:`~multidev.buckets.FIRST_BUCKET_MB` (as DDP's), so its collective overlaps
+    the backward pass of the layers before it."""
+    first = buckets.FIRST_BUCKET_MB * 2**20 if reverse and overlaps else None
     return buckets.plan_buckets(replica.backend, tensors, cap_bytes, reverse, first_bytes=first)
 
 
@@ -144,7 +146,8 @@ class GradientSync:
         self.names = [n for n, _ in rep.parameters()]
         params = [p for _, p in rep.parameters()]
         self._like = params
-        self.buckets = plan_buckets(rep, params, dp.bucket_bytes, reverse=True)
+        self.buckets = plan_buckets(rep, params, dp.bucket_bytes, reverse=True,
+                                    overlaps=dp.group is None or bool(getattr(dp.group.engine, "overlaps", True)))
         self._bucket_of = {i: k for k, bucket in enumerate(self.buckets) for i in bucket}
         self._inplace = bool(rep.backend.capabilities.mutable)
         self.active = True
