@@ -13,7 +13,9 @@ What it does across processes (a group of more than one rank, :func:`multidev.di
   (:func:`broadcast_state`, also usable alone, e.g. after loading a checkpoint on rank 0);
 - each step the gradients are averaged over the ranks in buckets (several parameters flattened into
   one tensor, one collective per bucket), started as soon as a bucket's gradients are final: during
-  the backward pass where the framework has gradient hooks (torch), after it elsewhere; one
+  the backward pass where the framework has gradient hooks (torch), after it elsewhere; the first
+  bucket (last layers first) closes at 1 MiB, as DDP's, where the engine's collectives progress
+  while the backward pass computes (gloo, NCCL; not MPI's); one
   consistency exchange per step, not one per collective; ``grad_dtype`` exchanges them in
   bfloat16 or float16 (half the bytes, about 3 significant digits);
 - buffers (BatchNorm's running statistics) are rank 0's (``buffers="broadcast"``): after each
