@@ -13,7 +13,9 @@ What it does across processes (a group of more than one rank, :func:`multidev.di
   (:func:`broadcast_state`, also usable alone, e.g. after loading a checkpoint on rank 0);
 - each step the gradients are averaged over the ranks in buckets (several parameters flattened into
   one tensor, one collective per bucket), started as soon as a bucket's gradients are final: during
-  the backward pass where the framework has gradient hooks (torch), after it elsewhere; one
+  the backward pass where the framework has gradient hooks (torch), after it elsewhere; the first
+  bucket (last layers first) closes at 1 MiB, as DDP's, where the engine's collectives progress
+  while the backward pass computes (gloo, NCCL; not MPI's); one
   consistency exchange per step, not one per collective; ``grad_dtype`` exchanges them in
   bfloat16 or float16 (half the bytes, about 3 significant digits);
 - buffers (BatchNorm's running statistics) are rank 0's (``buffers="broadcast"``): after each
@@ -122,13 +124,15 @@ def _broadcast_object(obj: Any, src: int, g: Any) -> Any:
 
 
 # -- buckets --------------------------------------------------------------------------------------
-def plan_buckets(replica: Replica, tensors: Sequence[Any], cap_bytes: float, reverse: bool) -> list[list[int]]:
+def plan_buckets(replica: Replica, tensors: Sequence[Any], cap_bytes: float, reverse: bool,
+                 overlaps: bool = True) -> list[list[int]]:
     """Indices of ``tensors`` grouped into buckets of one dtype and device, each up to ``cap_bytes``
     (a larger tensor alone), in reverse order where gradients come last-layer first
-    (:func:`multidev.buckets.plan_buckets` for the replica's backend). Gradients (``reverse``): the
-    first bucket closes once it holds :data:`~multidev.buckets.FIRST_BUCKET_MB` (as DDP's), so its
-    collective overlaps the backward pass of the layers before it."""
-    first = buckets.FIRST_BUCKET_MB * 2**20 if reverse else None
+    (:func:`multidev.buckets.plan_buckets` for the replica's backend). Gradients (``reverse``) over
+    an engine whose collectives progress in the background (``overlaps``): the first bucket closes
+    once it holds :data:`~multidev.buckets.FIRST_BUCKET_MB` (as DDP's), so its collective overlaps
+    the backward pass of the layers before it."""
+    first = buckets.FIRST_BUCKET_MB * 2**20 if reverse and overlaps else None
     return buckets.plan_buckets(replica.backend, tensors, cap_bytes, reverse, first_bytes=first)
 
 
@@ -144,7 +148,8 @@ class GradientSync:
         self.names = [n for n, _ in rep.parameters()]
         params = [p for _, p in rep.parameters()]
         self._like = params
-        self.buckets = plan_buckets(rep, params, dp.bucket_bytes, reverse=True)
+        self.buckets = plan_buckets(rep, params, dp.bucket_bytes, reverse=True,
+                                    overlaps=dp.group is None or bool(getattr(dp.group.engine, "overlaps", True)))
         self._bucket_of = {i: k for k, bucket in enumerate(self.buckets) for i in bucket}
         self._inplace = bool(rep.backend.capabilities.mutable)
         self.active = True

@@ -247,6 +247,7 @@ class MpiEngine(Engine):
     conformance_worlds = (3,)
     tensors = "numpy"
     writes_inputs = True
+    overlaps = False  # MPI_Iallreduce progresses inside MPI_Test/MPI_Wait calls only
 
     # -- launch ------------------------------------------------------------------------------
     @classmethod

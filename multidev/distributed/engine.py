@@ -345,6 +345,11 @@ class Engine(ABC):
     #: Whether the primitives may write into the tensors they are given. The core then hands them
     #: a private copy unless the call is in place (False: immutable transports, like JAX arrays).
     writes_inputs: ClassVar[bool] = True
+    #: Whether a primitive started with ``async_op`` moves data while the caller computes (a progress
+    #: thread: gloo, NCCL). False where data moves only inside the runtime's own calls (MPI without a
+    #: progress thread): data-parallel training then sends no small first bucket ahead, as nothing
+    #: would overlap it.
+    overlaps: ClassVar[bool] = True
 
     # -- launch --------------------------------------------------------------------------------
     @classmethod

@@ -10,7 +10,7 @@ export PYTHONWARNINGS=ignore CUDA_VISIBLE_DEVICES=
 (cd "$REPO" && "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .) || exit 1
 cd "$REPO"
 status=0
-for i in 1 2 3; do
+for i in $(seq 1 "${RUNS:-3}"); do
   timeout 240 "$PY" -m multidev.distributed.launch -n 2 --engine torch -m multidev.benchmarks.baselines.data_parallel_ddp \
     --steps 80 --json "$OUT/ddp-$i.json" > "$OUT/ddp-$i.log" 2>&1 || status=1
   tail -n 7 "$OUT/ddp-$i.log"
