@@ -50,7 +50,14 @@ import numpy as np
 from . import buckets
 from ._device import Device, DeviceLike
 from .buckets import DEFAULT_BUCKET_MB
-from .errors import CapabilityError, InvalidArgumentError, MultidevError, ReplicaMismatchError, UnsupportedTensorError
+from .errors import (
+    CapabilityError,
+    InvalidArgumentError,
+    MultidevError,
+    ReplicaMismatchError,
+    UnsupportedTensorError,
+    translate_errors,
+)
 from .placement import device_list
 from .protocol import Backend, SupportsDataParallel
 from .registry import backend_of, require
@@ -262,7 +269,8 @@ def _replica_for(model: Any, optimizer: Any, devices: Sequence[DeviceLike] | Non
         devs = [device_of(model)]
     else:
         devs = device_list(b, devices, what)
-    rep = parallel.data_parallel_replica(model, optimizer, devs)
+    with translate_errors(f"{b.name} {what}"):
+        rep = parallel.data_parallel_replica(model, optimizer, devs)
     if rep is None:
         raise InvalidArgumentError(f"{what}: the {b.name} backend does not take a {type(model).__name__} as a model")
     return rep

@@ -246,6 +246,18 @@ def test_jax_over_four_virtual_devices_matches_one_device() -> None:
     assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stdout[-2000:] + p.stderr[-3000:]
 
 
+def test_jax_over_devices_of_two_kinds_is_a_typed_refusal() -> None:
+    """A GPU beside cpu:0 (what the suite's "several devices" is on a one-GPU machine): JAX replicates
+    over one mesh, whose devices share a kind; refused with CapabilityError before any device is
+    touched (it was JAX's raw "DeviceList contains non-IFRT devices" on the H200)."""
+    jax = pytest.importorskip("jax")
+    optax = pytest.importorskip("optax")
+    b = md.backend("jax")
+    with pytest.raises(md.CapabilityError, match="one kind"):
+        b.parallel.data_parallel_replica({"w": jax.numpy.ones(3)}, optax.sgd(0.1), [md.device("cpu:0"),
+                                                                                    md.device("gpu:0")])
+
+
 def test_replicate_on_torch_cpu_names_the_way_out() -> None:
     with pytest.raises(md.DeviceNotFoundError) as e:
         md.replicate([torch.zeros(2)], ["cpu:0", "cpu:1"])

@@ -19,7 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from multidev.adapter import Concern, Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+from multidev.adapter import (
+    CapabilityError,
+    Concern,
+    Device,
+    InvalidArgumentError,
+    Ready,
+    Replica,
+    SupportsDataParallel,
+)
 
 from ._common import LossCache
 from .core import JaxCore
@@ -60,6 +68,10 @@ class JaxParallel(Concern, SupportsDataParallel):
                                                                                                None))):
             raise InvalidArgumentError(f"data_parallel: JAX parameters train with an optax GradientTransformation "
                                        f"(init and update), got {type(optimizer).__name__}")
+        kinds = sorted({d.kind for d in devices})
+        if len(kinds) > 1:
+            raise CapabilityError(f"data_parallel: JAX replicates over one mesh, whose devices are of one kind; got "
+                                  f"{', '.join(map(str, devices))} ({' and '.join(kinds)}): pass devices of one kind")
         return JaxReplica(self.core, jax, model if state else None, params, optimizer, list(devices))
 
 
