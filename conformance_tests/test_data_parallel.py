@@ -226,9 +226,20 @@ def params_of(b: Any, dp: Any) -> list[tuple[str, np.ndarray]]:
     return [(n, as_f64(b, t)) for n, t in dp.replica.parameters()]
 
 
-def several(md_devices: list) -> list[Device]:
-    """2 to MAX_DEVICES devices of the backend (accelerators first), or skip."""
+def one_kind(md_devices: list) -> list[Device]:
+    """The devices in the suite's order (accelerators first), those of one kind where a kind has two
+    or more (GPUs first): a replica over one GPU and cpu:0 is the fallback, not the rule."""
     devs = ordered(md_devices)
+    for kind in dict.fromkeys(d.kind for d in devs):
+        same = [d for d in devs if d.kind == kind]
+        if len(same) >= 2:
+            return same
+    return devs
+
+
+def several(md_devices: list) -> list[Device]:
+    """2 to MAX_DEVICES devices of the backend (of one kind where it can, accelerators first), or skip."""
+    devs = one_kind(md_devices)
     need_devices(devs, 2)
     return devs[:MAX_DEVICES]
 
@@ -284,7 +295,7 @@ def test_data_parallel_replicas_stay_bitwise_equal(md_backend: Any, md_devices: 
 
 # -- the start, and what the broadcast writes -------------------------------------------------------
 def _devices_for_start(md_devices: list) -> list[Device]:
-    devs = ordered(md_devices)
+    devs = one_kind(md_devices)
     return devs[:min(MAX_DEVICES, len(devs))]
 
 
