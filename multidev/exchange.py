@@ -186,8 +186,8 @@ def c_exchange_api(cls: type) -> CExchangeAPI | None:
 def _consumer_api(dst: Backend) -> CExchangeAPI | None:
     """The C exchange API of ``dst``'s tensor type, where its adapter says its ``import_dlpack``
     is exactly the framework's own ``from_dlpack``, which takes bare capsules too
-    (``dlpack_c_exchange``), so the C call may stand in for it."""
-    if not getattr(dst, "dlpack_c_exchange", False):
+    (its DLPack concern's ``dlpack_c_exchange``), so the C call may stand in for it."""
+    if not getattr(dst.dlpack, "dlpack_c_exchange", False):
         return None
     for t in dst.tensor_types():
         api = c_exchange_api(t)
