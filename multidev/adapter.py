@@ -562,6 +562,34 @@ class _FlatConcern:
         return getattr(self.core, name)
 
 
+def _forward(where: str, name: str) -> Callable[..., Any]:
+    """A method calling ``self.<where>.<name>``."""
+    return lambda self, *a, **k: getattr(getattr(self, where), name)(*a, **k)
+
+
+def _overriding(core: Any, inner: Any, attr: str, protocol: type, names: Sequence[str]) -> Any:
+    """Concern ``inner`` of ``core`` with ``names`` (methods of its protocol) taken from the adapter
+    class instead: a subclass of a 0.4 adapter that overrides a capability method the 0.3 way. It
+    declares ``protocol``; every other attribute is ``inner``'s."""
+    ns: dict[str, Any] = {"__getattr__": lambda self, n: getattr(self._inner, n)}
+    for m in (*protocol_methods(protocol), *_EXTRA_METHODS.get(attr, ())):
+        if m in names:
+            ns[m] = _forward("core", m)
+        elif hasattr(inner, m):
+            ns[m] = _forward("_inner", m)
+    cls = type(f"{type(inner).__name__}Overridden", (protocol,), ns)
+    obj: Any = object.__new__(cls)
+    obj.__dict__.update(core=core, _inner=inner)
+    return obj
+
+
+def _class_overrides(obj: Any, attr: str, protocol: type) -> list[str]:
+    """The methods of ``protocol`` that the adapter's own classes define (none do in a 0.4 adapter:
+    they are its concern's)."""
+    names = (*protocol_methods(protocol), *_EXTRA_METHODS.get(attr, ()))
+    return [m for m in names if any(m in c.__dict__ for c in type(obj).__mro__ if c is not object)]
+
+
 def flat_concerns(obj: Any) -> list[str]:
     """The concern attributes an adapter written the 0.3 way provides through methods on its own class
     (it declares the protocol by inheriting it, and its concern attribute is None)."""
@@ -579,6 +607,20 @@ def attach_concerns(obj: Any, spec: str) -> list[str]:
             setattr(obj, attr, _FlatConcern(obj, attr, protocol))
         elif not hasattr(obj, attr):
             setattr(obj, attr, None)
+    overridden = []
+    for attr, protocol in CONCERNS.items():
+        c = concern_of(obj, attr)
+        if c is None or isinstance(c, _FlatConcern):
+            continue
+        names = _class_overrides(obj, attr, protocol)
+        if names:  # a 0.3-style override on a subclass of a 0.4 adapter: honoured, deprecated
+            setattr(obj, attr, _overriding(obj, c, attr, protocol, names))
+            overridden += names
+    if overridden:
+        warnings.warn(f"adapter {spec!r} overrides capability methods on the adapter class ({', '.join(overridden)}), "
+                      "the adapter API 0.3 way: deprecated since 0.4 and ignored in 0.5; override them on a "
+                      "subclass of the concern instead (see docs/writing-an-adapter.md)", DeprecationWarning,
+                      stacklevel=4)
     if flat:
         wanted = ", ".join(f"{a} = concern(...)" for a in flat)
         warnings.warn(f"adapter {spec!r} is written against the adapter API 0.3: capability methods on the adapter "

@@ -207,3 +207,35 @@ def test_the_0_3_template_adapter_loads_with_one_warning_and_passes_the_suite(tm
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     m = json.loads(out.read_text())["matrix"]["template"]
     assert all(f["failed"] == 0 for f in m.values()) and sum(f["passed"] for f in m.values()) > least
+
+
+def test_a_capability_method_overridden_on_a_04_adapters_subclass_is_honoured_with_a_warning() -> None:
+    """The 0.3 way of changing one capability method: subclass an adapter and override the method on
+    the class. Under 0.4 the core calls the concern object, so the override would be silently lost;
+    it is honoured (the concern forwards that method to the adapter) with one DeprecationWarning."""
+    from multidev.examples.template_adapter import TemplateBackend
+    from multidev.protocol import SupportsDLPack
+    from multidev.registry import unregister_backend
+
+    calls: list[int] = []
+
+    class Spy(TemplateBackend):
+        name = "spy_override"
+
+        def import_dlpack(self, obj: Any, device: Any) -> Any:
+            calls.append(1)
+            return self.dlpack._inner.import_dlpack(obj, device)
+
+    md.register_backend(Spy.name, Spy, replace=True)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            b = md.backend(Spy.name)
+        msgs = [str(w.message) for w in seen if issubclass(w.category, DeprecationWarning)]
+        assert len(msgs) == 1 and "import_dlpack" in msgs[0] and "0.3" in msgs[0], msgs
+        assert isinstance(b.dlpack, SupportsDLPack)
+        y = md.convert(np.arange(4, dtype=np.float32), Spy.name)
+        assert calls == [1] and np.array_equal(md.to_numpy(y), np.arange(4, dtype=np.float32))
+        assert callable(b.dlpack.export_dlpack)  # the methods not overridden are the concern's
+    finally:
+        unregister_backend(Spy.name)
