@@ -243,10 +243,16 @@ class Concern:
     shared implementation written over ``self.core`` (:class:`ArrayApiDLPack`) also serves an adapter
     written the 0.3 way, which inherits it."""
 
-    core: Any
+    def __init__(self, core: Any = None) -> None:
+        # (optional: an adapter written the 0.3 way inherits a shared concern and may reach this
+        # __init__ through super() without one: it is then its own core)
+        if core is not None:
+            self.__dict__["_core"] = core
 
-    def __init__(self, core: Any) -> None:
-        self.core = core
+    @property
+    def core(self) -> Any:
+        """The adapter this concern serves (an adapter written the 0.3 way: itself)."""
+        return self.__dict__.get("_core", self)
 
 
 C = TypeVar("C", covariant=True)
@@ -296,6 +302,18 @@ class BaseBackend:
 
     def __init__(self) -> None:
         """Nothing to set up here; an adapter's own ``__init__`` imports its framework."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """An adapter class that sets a concern (``dlpack = concern(...)``) also answers that concern's
+        methods itself, forwarding to the concern (deprecated since 0.4, gone in 0.5): the adapter API
+        0.3 way of reaching them (``b.import_dlpack(...)``, ``isinstance(b, SupportsDLPack)``, and a
+        subclass's override calling ``super().import_dlpack(...)``) keeps working."""
+        super().__init_subclass__(**kwargs)
+        for attr, protocol in CONCERNS.items():
+            if isinstance(cls.__dict__.get(attr), concern):
+                for m in protocol_methods(protocol):
+                    if m not in cls.__dict__:
+                        setattr(cls, m, _forwarder(attr, m))
 
     @property
     def core(self) -> Any:
@@ -545,7 +563,7 @@ def _stubbed(obj: Any, protocol: type) -> list[str]:
 
 
 #: Optional methods a concern object may have beside its protocol's (SupportsModels' scalar leaves).
-_EXTRA_METHODS = {"models": ("tree_scalar", "put_scalar")}
+_EXTRA_METHODS = {"models": ("tree_scalar", "put_scalar"), "dlpack": ("dlpack_c_exchange",)}
 
 
 class _FlatConcern:
@@ -562,6 +580,20 @@ class _FlatConcern:
         return getattr(self.core, name)
 
 
+def _forwarder(attr: str, name: str) -> Callable[..., Any]:
+    """An adapter class's method ``name`` answered by its concern ``attr`` (the concern itself where
+    it is wrapped by an override: the override may call this through ``super()``)."""
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        c = getattr(self, attr)
+        c = c.__dict__.get("_inner", c) if c is not None else None
+        if c is None:
+            raise AttributeError(f"{type(self).__name__} has no {attr} concern, so no {name}()")
+        return getattr(c, name)(*args, **kwargs)
+    forward.__name__ = forward.__qualname__ = name
+    forward._md_forwarder = True  # type: ignore[attr-defined]
+    return forward
+
+
 def _forward(where: str, name: str) -> Callable[..., Any]:
     """A method calling ``self.<where>.<name>``."""
     return lambda self, *a, **k: getattr(getattr(self, where), name)(*a, **k)
@@ -575,8 +607,9 @@ def _overriding(core: Any, inner: Any, attr: str, protocol: type, names: Sequenc
     for m in (*protocol_methods(protocol), *_EXTRA_METHODS.get(attr, ())):
         if m in names:
             ns[m] = _forward("core", m)
-        elif hasattr(inner, m):
+        elif callable(getattr(inner, m, None)):
             ns[m] = _forward("_inner", m)
+    ns["_md_overridden"] = True
     cls = type(f"{type(inner).__name__}Overridden", (protocol,), ns)
     obj: Any = object.__new__(cls)
     obj.__dict__.update(core=core, _inner=inner)
@@ -587,7 +620,8 @@ def _class_overrides(obj: Any, attr: str, protocol: type) -> list[str]:
     """The methods of ``protocol`` that the adapter's own classes define (none do in a 0.4 adapter:
     they are its concern's)."""
     names = (*protocol_methods(protocol), *_EXTRA_METHODS.get(attr, ()))
-    return [m for m in names if any(m in c.__dict__ for c in type(obj).__mro__ if c is not object)]
+    return [m for m in names if any(m in c.__dict__ and not getattr(c.__dict__[m], "_md_forwarder", False)
+                                    for c in type(obj).__mro__ if c is not object)]
 
 
 def flat_concerns(obj: Any) -> list[str]:
@@ -610,8 +644,8 @@ def attach_concerns(obj: Any, spec: str) -> list[str]:
     overridden = []
     for attr, protocol in CONCERNS.items():
         c = concern_of(obj, attr)
-        if c is None or isinstance(c, _FlatConcern):
-            continue
+        if c is None or isinstance(c, _FlatConcern) or getattr(type(c), "_md_overridden", False):
+            continue  # (no concern, a 0.3 adapter's, or wrapped already: an adapter validated twice)
         names = _class_overrides(obj, attr, protocol)
         if names:  # a 0.3-style override on a subclass of a 0.4 adapter: honoured, deprecated
             setattr(obj, attr, _overriding(obj, c, attr, protocol, names))

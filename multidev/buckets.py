@@ -41,8 +41,9 @@ def plan_buckets(b: Backend, tensors: Sequence[Any], cap_bytes: float, reverse: 
     the bytes to count for each instead of its own, say the largest of every rank's).
 
     ``first_bytes``: the first bucket of each dtype and device closes as soon as it holds that many
-    bytes (the tensor that crosses it included), as DistributedDataParallel's first bucket does: a
-    small first collective starts while the backward pass still computes the earlier layers."""
+    bytes, or ``cap_bytes`` if fewer, the tensor that crosses it included (so it may exceed
+    ``cap_bytes``), as DistributedDataParallel's first bucket does: a small first collective starts
+    while the backward pass still computes the earlier layers."""
     order = range(len(tensors) - 1, -1, -1) if reverse else range(len(tensors))
     buckets: list[list[int]] = []
     open_: dict[tuple[str, Device], tuple[int, float]] = {}  # (dtype, device) -> (its open bucket, bytes)

@@ -697,8 +697,10 @@ def require(b: Backend, protocol: type, what: str, hint: str = "") -> Any:
 
 
 def supports(b: Backend, protocol: type) -> bool:
-    """Whether adapter ``b`` has capability protocol ``protocol``: its concern attribute is not None."""
-    return getattr(b, _ATTR[protocol], None) is not None
+    """Whether adapter ``b`` has capability protocol ``protocol``: its concern attribute is not None.
+    A protocol that is no capability (:data:`~multidev.protocol.CONCERNS`): False."""
+    attr = _ATTR.get(protocol)
+    return attr is not None and getattr(b, attr, None) is not None
 
 
 #: Each capability protocol's concern attribute.

@@ -325,3 +325,16 @@ def check_writable(b: Any, x: Any, what: str, src: Any = None) -> None:
         why = (str(e).strip().splitlines() or [""])[0][:200]
         raise CapabilityError(f"{what}: this {b.name} tensor cannot be written in place ({type(e).__name__}: "
                               f"{why}); pass writable tensors or use inplace=False") from e
+
+
+def __getattr__(name: str) -> Any:
+    """``translate_errors`` and ``framework_error`` moved to :mod:`multidev.errors` in 0.4; the old
+    import path works until 0.5, with a DeprecationWarning."""
+    if name in ("translate_errors", "framework_error"):
+        import warnings
+
+        from . import errors
+        warnings.warn(f"multidev.validate.{name} moved to multidev.errors.{name} (0.4); the old path goes in 0.5",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(errors, name)
+    raise AttributeError(f"module 'multidev.validate' has no attribute {name!r}")

@@ -239,3 +239,46 @@ def test_a_capability_method_overridden_on_a_04_adapters_subclass_is_honoured_wi
         assert callable(b.dlpack.export_dlpack)  # the methods not overridden are the concern's
     finally:
         unregister_backend(Spy.name)
+
+
+def test_0_3_ways_that_reach_through_the_adapter_class_keep_working() -> None:
+    """Review findings on the 0.4 composition, each a 0.3 habit: an override that calls ``super()``,
+    a concern's method called on the adapter, ``isinstance(b, SupportsDLPack)``, a 0.3 adapter that
+    inherits a shared concern before BaseBackend and calls ``super().__init__()``, and an adapter
+    validated twice (wrapped once)."""
+    from multidev.adapter import ArrayApiDLPack, BaseBackend, validate_adapter
+    from multidev.protocol import SupportsDLPack
+    from multidev.registry import unregister_backend
+
+    calls: list[int] = []
+
+    class Sub(NumpyBackend):
+        name = "numpy_super_override"
+
+        def export_dlpack(self, x: Any) -> Any:
+            calls.append(1)
+            return super().export_dlpack(x)  # the 0.4 NumpyBackend forwards it to its concern
+
+    md.register_backend(Sub.name, Sub, replace=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            b = md.backend(Sub.name)
+        x = np.arange(3.0)
+        assert np.shares_memory(np.from_dlpack(b.dlpack.export_dlpack(x)), x) and calls == [1]
+        wrapped = type(b.dlpack)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            validate_adapter(b, "again")
+        assert type(b.dlpack) is wrapped and not seen, "a second validation wraps again or warns again"
+    finally:
+        unregister_backend(Sub.name)
+    n = md.backend("numpy")
+    assert isinstance(n, SupportsDLPack) and n.export_dlpack(x) is not None
+
+    class Flat(ArrayApiDLPack, BaseBackend):  # the 0.3 way, the shared class first
+        def __init__(self) -> None:
+            super().__init__()
+
+    f = Flat()
+    assert f.core is f

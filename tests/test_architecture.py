@@ -504,7 +504,10 @@ def test_composed_adapters_have_their_concerns_and_nothing_else() -> None:
                     and issubclass(v, BaseBackend)]:
             assert len(cls.__bases__) == 1 and cls.__bases__[0].__module__ == f"{mod.__name__}.core", cls.__name__
             for p in protocol.CAPABILITY_PROTOCOLS:
-                assert not issubclass(cls, p), f"{cls.__name__} declares {p.__name__} itself: a concern does"
+                assert p not in cls.__mro__, f"{cls.__name__} declares {p.__name__} itself: a concern does"
+                for m in protocol.protocol_methods(p):  # only the deprecated forwarders to its concern
+                    fn = cls.__dict__.get(m)
+                    assert fn is None or getattr(fn, "_md_forwarder", False), f"{cls.__name__}.{m} is code of its own"
             for attr, p in protocol.CONCERNS.items():
                 made = cls.__dict__.get(attr)
                 if made is None:
