@@ -92,15 +92,16 @@ def broken_class(cls: type) -> type:
 
 def broken_method(cls: type) -> str:
     """The name of the one method (or property) ``cls`` defines itself (not ``name``, not dunders), or
-    for a mutant that installs a concern the one method of that concern class; ValueError unless there
+    for a mutant that installs a concern the one method of that concern class (the adapter API's forwarders of
+    a concern's methods, added to a class that sets one, are not its own); ValueError unless there
     is exactly one."""
     holder = broken_class(cls)
     if holder is not cls and [k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")
-                              and not isinstance(v, concern)]:
+                              and not isinstance(v, concern) and not getattr(v, "_md_forwarder", False)]:
         raise ValueError(f"{cls.__name__} installs a concern and defines a method: a mutant changes exactly one")
     own = sorted(k for k, v in vars(holder).items()
                  if (callable(v) or isinstance(v, (property, classmethod, staticmethod))) and not k.startswith("__")
-                 and k != "name" and not isinstance(v, concern))
+                 and k != "name" and not isinstance(v, concern) and not getattr(v, "_md_forwarder", False))
     if len(own) != 1:
         raise ValueError(f"{holder.__name__} defines {own}: a mutant changes exactly one method")
     return own[0]
