@@ -40,14 +40,16 @@ def plan_buckets(b: Backend, tensors: Sequence[Any], cap_bytes: float, reverse: 
     last layer first). The plan depends only on the tensors' dtypes, devices and sizes (``sizes``:
     the bytes to count for each instead of its own, say the largest of every rank's).
 
-    ``first_bytes``: the first bucket of each dtype and device closes as soon as it holds that many
-    bytes, or ``cap_bytes`` if fewer, the tensor that crosses it included (so it may exceed
-    ``cap_bytes``), as DistributedDataParallel's first bucket does: a small first collective starts
-    while the backward pass still computes the earlier layers."""
+    ``first_bytes`` (below ``cap_bytes``; else ignored, so a small cap keeps its rule): the first bucket
+    of each dtype and device closes as soon as it holds that many bytes, the tensor that crosses it
+    included, as DistributedDataParallel's first bucket does: a small first collective starts while
+    the backward pass still computes the earlier layers."""
     order = range(len(tensors) - 1, -1, -1) if reverse else range(len(tensors))
     buckets: list[list[int]] = []
     open_: dict[tuple[str, Device], tuple[int, float]] = {}  # (dtype, device) -> (its open bucket, bytes)
     firsts: set[tuple[str, Device]] = set()  # keys whose first bucket is still open
+    if first_bytes is not None and not first_bytes < cap_bytes:
+        first_bytes = None
     for i in order:
         t = tensors[i]
         key = (b.dtype_of(t), b.device_of(t))
@@ -60,7 +62,7 @@ def plan_buckets(b: Backend, tensors: Sequence[Any], cap_bytes: float, reverse: 
             at = (len(buckets) - 1, 0.0)
         buckets[at[0]].append(i)
         open_[key] = at = (at[0], at[1] + size)
-        if key in firsts and at[1] >= min(first_bytes or 0.0, cap_bytes):
+        if key in firsts and at[1] >= (first_bytes or 0.0):
             firsts.discard(key)
             open_[key] = (at[0], float("inf"))  # closed: the next tensor of this key opens a bucket
     return buckets

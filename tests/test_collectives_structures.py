@@ -463,8 +463,9 @@ def test_the_first_bucket_closes_once_it_holds_first_bytes_as_ddp_does() -> None
     ts = [_a(np.zeros(n), "float32", 0) for n in sizes]
     assert buckets.plan_buckets(b, ts, 25 * 2**20, reverse=True) == [[5, 4, 3, 2, 1, 0]]
     assert buckets.plan_buckets(b, ts, 25 * 2**20, reverse=True, first_bytes=2**20) == [[5, 4, 3, 2], [1, 0]]
-    # a cap below the first size: the first bucket closes at the cap, crossing tensor included
-    assert buckets.plan_buckets(b, ts, 4096, reverse=True, first_bytes=2**20) == [[5, 4], [3], [2], [1], [0]]
+    # a cap below the first size: the cap's own rule (a user's small bucket_mb is kept)
+    assert buckets.plan_buckets(b, ts, 4096, reverse=True, first_bytes=2**20) == [[5], [4], [3], [2], [1], [0]]
+    assert buckets.plan_buckets(b, ts, 4096, reverse=True) == [[5], [4], [3], [2], [1], [0]]
     # each dtype and device has its own first bucket
     two = [_a(np.zeros(200_000), "float32", 0), _a(np.zeros(200_000), "float32", 1)] * 3
     assert buckets.plan_buckets(b, two, 25 * 2**20, first_bytes=2**20) == [[0, 2], [1, 3], [4], [5]]
