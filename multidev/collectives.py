@@ -590,15 +590,22 @@ def _joined_structures(structs: list[Any], dests: list[Device] | None, device: D
     return [rebuild(structs[0], first, row, what) for row in out]
 
 
+def _same_shapes(lvs: list[Any], what: str, why: str = "") -> Any:
+    """The first device's leaves, once every device's structure holds tensors of the same shapes
+    (CollectiveInputError otherwise, ``why`` appended)."""
+    first = lvs[0]
+    if any(lv.shapes != first.shapes for lv in lvs):
+        raise CollectiveInputError(f"{what}: the structures' tensors must have one shape each "
+                                   f"({first.shapes} and another){why}")
+    return first
+
+
 def _reduce_scatter_structures(structs: list[Any], op: str, axis: Any) -> list[Any]:
     what = "reduce_scatter"
     b, lvs, devs, axes = _per_device(structs, what, axis)
     if b is None:
         return [rebuild(s, lv, [], what) for s, lv in zip(structs, lvs)]
-    first = lvs[0]
-    if any(lv.shapes != first.shapes for lv in lvs):
-        raise CollectiveInputError(f"{what}: the structures' tensors must have one shape each "
-                                   f"({first.shapes} and another); pieces are cut from their reduction")
+    first = _same_shapes(lvs, what, "; pieces are cut from their reduction")
     for dtype in dict.fromkeys(first.dtypes):
         check_op(op, dtype, what)
     n = len(lvs)
@@ -648,10 +655,7 @@ def _all_to_all_structures(structs: list[Any], split_axis: Any, concat_axis: Any
     b, lvs, devs, sa = _per_device(structs, what, split_axis)
     if b is None:
         return [rebuild(s, lv, [], what) for s, lv in zip(structs, lvs)]
-    first = lvs[0]
-    if any(lv.shapes != first.shapes for lv in lvs):
-        raise CollectiveInputError(f"{what}: the structures' tensors must have one shape each "
-                                   f"({first.shapes} and another)")
+    first = _same_shapes(lvs, what)
     ca = [check_axis(concat_axis, len(s), f"{what}: tensor {j}") for j, s in enumerate(first.shapes)]
     n = len(lvs)
     sizes = [split_sizes(s[a], n) for s, a in zip(first.shapes, sa)]
