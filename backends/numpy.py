@@ -258,7 +258,6 @@ class NumpyBackend(BaseBackend):
         if importlib.util.find_spec("ml_dtypes") is not None:
             dtypes.add("bfloat16")
         self._caps = Capabilities(mutable=True, async_execution=False, pinned_memory=False,
-                                  dlpack=True, native_collectives=frozenset(),
                                   dtypes=frozenset(dtypes), raises_on_mixed_devices=True)
 
     # -- identity ---------------------------------------------------------------------------

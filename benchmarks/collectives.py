@@ -133,7 +133,7 @@ def allreduce(ctx: Context) -> Iterator[Case]:
         yield _skip(ctx, "allreduce")
         return
     b = ctx.b
-    has_native = "allreduce" in b.capabilities.native_collectives
+    has_native = b.collectives is not None
     algs = [a for a in mc.ALGORITHMS if a not in ("auto", "native")] + (["native"] if has_native else [])
     mutable = b.capabilities.mutable
     for n in _counts(len(all_devs)):

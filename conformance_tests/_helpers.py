@@ -136,7 +136,7 @@ def buffer_address(b: Any, x: Any) -> int | None:
     from multidev.errors import MultidevError
     from multidev.exchange import exportable, peek
 
-    if b.capabilities.dlpack:
+    if b.dlpack is not None:
         try:
             info = peek(exportable(b, x))
         except (MultidevError, BufferError, TypeError, ValueError, RuntimeError):

@@ -7,11 +7,12 @@ Fixtures for suite authors:
 - ``md_partner_name``: another installed backend of a different framework to exchange tensors with
   (parametrized over backend x partner);
 - ``md_algorithm``: an allreduce algorithm the backend under test has (the portable ones, and
-  ``native`` where ``capabilities.native_collectives`` lists ``allreduce``).
+  ``native`` where it has a collectives concern, ``b.collectives``).
 
 Markers: ``md_feature(name)`` (the matrix row), ``md_requires(capability)`` (parametrize only the
-backends that have it: a capability protocol's name such as ``"SupportsTraining"``, a boolean field
-of Capabilities, or ``"native_allreduce"``).
+backends that have it: a capability protocol's name such as ``"SupportsTraining"`` (its concern
+attribute is not None), a boolean field of Capabilities, or ``"native_allreduce"`` (a collectives
+concern)).
 
 Options: ``--multidev-backend NAME[,NAME]`` (registered names or ``module:attr``; default: every
 installed backend), ``--multidev-device SPEC[,SPEC]`` (keep only these devices),
@@ -236,16 +237,17 @@ def partners_of(name: str) -> list[str]:
 
 
 def algorithms_of(b: Any) -> list[str]:
-    """The allreduce algorithms ``b`` has: the portable ones, and native where declared."""
+    """The allreduce algorithms ``b`` has: the portable ones, and native where it has a collectives
+    concern."""
     algs = list(PORTABLE_ALGORITHMS)
-    if "allreduce" in b.capabilities.native_collectives:
+    if b.collectives is not None:
         algs.append("native")
     return algs
 
 
 def _requires(b: Any, what: str) -> bool:
     """Whether backend ``b`` has ``what``: a capability protocol's name (``"SupportsTraining"``), a
-    boolean field of its Capabilities, or ``"native_allreduce"``."""
+    boolean field of its Capabilities, or ``"native_allreduce"`` (its collectives concern)."""
     from multidev.adapter import CAPABILITY_PROTOCOLS
     from multidev.registry import supports
 
@@ -253,7 +255,7 @@ def _requires(b: Any, what: str) -> bool:
     if what in protocols:
         return supports(b, protocols[what])
     if what == "native_allreduce":
-        return "allreduce" in b.capabilities.native_collectives
+        return b.collectives is not None
     return bool(getattr(b.capabilities, what))
 
 
@@ -458,8 +460,8 @@ def _found_lines() -> list[str]:
             continue
         c = b.capabilities
         declared: dict[str, Any] = {
-            "mutable": c.mutable, "async_execution": c.async_execution, "dlpack": c.dlpack,
-            "pinned_memory": c.pinned_memory, "native_allreduce": "allreduce" in c.native_collectives,
+            "mutable": c.mutable, "async_execution": c.async_execution, "dlpack": b.dlpack is not None,
+            "pinned_memory": c.pinned_memory, "native_allreduce": b.collectives is not None,
             "raises_on_mixed_devices": c.raises_on_mixed_devices, "dtypes": len(c.dtypes)}
         cells = []
         for k in sorted(found):
@@ -600,4 +602,7 @@ def _caps_json(b: Any) -> dict[str, Any]:
             out[k] = {str(d): sorted(s) for d, s in v.items()}
         else:
             out[k] = v
+    # the deprecated flags' keys (as before 0.4), from the concern attributes
+    out["dlpack"] = getattr(b, "dlpack", None) is not None
+    out["native_collectives"] = ["allreduce"] if getattr(b, "collectives", None) is not None else []
     return out

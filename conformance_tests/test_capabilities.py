@@ -1,6 +1,7 @@
-"""Capabilities checked against behaviour: every declared capability is exercised, and every
-undeclared one is probed, so a flag that claims too much or too little fails (rather than turning
-checks into skips). What the probes find is printed under the matrix and kept in the JSON."""
+"""Capabilities checked against behaviour: every declared capability (a flag, or a concern attribute
+that is not None) is exercised, and every undeclared one is probed, so a flag or concern that claims
+too much or too little fails (rather than turning checks into skips). What the probes find is
+printed under the matrix and kept in the JSON."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,7 +14,6 @@ from multidev import Device
 from multidev.adapter import DTYPES, SupportsNativeCollectives, check_adapter
 from multidev.errors import CapabilityError, MultidevError
 from multidev.exchange import exportable
-from multidev.registry import supports
 
 from ._helpers import as_f64, found, isolated, need_devices, ordered, pending_work, sample
 
@@ -127,14 +127,32 @@ def test_async_execution_flag_matches_behaviour(md_backend: Any, md_devices: lis
             "the calls returned (synchronize and wait must then really wait)")
 
 
+def _declared_concern(b: Any, attr: str) -> Any:
+    """The concern ``attr`` that ``b``'s class declares but this instance has None of (its
+    ``available_on`` said no, or a deprecated flag hid it), made anyway to probe; None where the
+    class declares none."""
+    import inspect
+
+    from multidev.adapter import concern
+
+    desc = inspect.getattr_static(type(b), attr, None)
+    if not isinstance(desc, concern):
+        return None
+    try:
+        return desc.cls(b)
+    except Exception:  # noqa: BLE001 - a concern that cannot even be made here: nothing to probe
+        return None
+
+
 @isolated
-def test_dlpack_flag_matches_behaviour(md_backend: Any, md_devices: list) -> None:
-    """dlpack=True: a float32 tensor on each device exports, and imports back onto its device
-    with its values. dlpack=False: export_dlpack raises CapabilityError, and a CPU tensor the
-    framework exports anyway (``__dlpack__`` that NumPy can read) fails the flag."""
+def test_dlpack_concern_matches_behaviour(md_backend: Any, md_devices: list) -> None:
+    """A dlpack concern (``b.dlpack``): a float32 tensor on each device exports, and imports back
+    onto its device with its values. None: ``convert`` still works (through the host), and a CPU
+    tensor the framework exports anyway (``__dlpack__`` that NumPy can read) fails: the concern is
+    missing where it would work."""
     b = md_backend
     src = np.arange(6, dtype=np.float32)
-    if b.capabilities.dlpack:
+    if b.dlpack is not None:
         for dev in md_devices:
             x = md.asarray(src, device=dev, backend=b.name)
             md.synchronize(x)
@@ -152,7 +170,13 @@ def test_dlpack_flag_matches_behaviour(md_backend: Any, md_devices: list) -> Non
     dev = md_devices[0]
     x = md.asarray(src, device=dev, backend=b.name)
     with pytest.raises(CapabilityError):
-        exportable(b, x)  # the adapter refuses, or declares no SupportsDLPack
+        exportable(b, x)  # no concern: the exchange layer refuses
+    host = md.asarray(src, device="cpu:0", backend=b.name)
+    there = md.convert(host, "numpy")  # an explicit copy through the host, both ways
+    np.testing.assert_array_equal(np.asarray(there), src)
+    back = md.convert(np.array(src), b.name)
+    assert md.device_of(back) == Device("cpu", 0)
+    np.testing.assert_array_equal(as_f64(b, back), src)
     exports = False
     if dev.kind == "cpu" and hasattr(x, "__dlpack__"):
         try:
@@ -160,7 +184,9 @@ def test_dlpack_flag_matches_behaviour(md_backend: Any, md_devices: list) -> Non
         except (TypeError, ValueError, BufferError, RuntimeError):
             exports = False
     found(b, "dlpack", exports)
-    assert not exports, f"{b.name} declares dlpack=False, but its tensors export through DLPack (NumPy read one)"
+    assert not exports, (f"{b.name} has no dlpack concern (b.dlpack is None), but its tensors export through "
+                         "DLPack (NumPy read one): give it one (dlpack = concern(...)), or let its available_on "
+                         "say True here")
 
 
 def _native_set(devices: list[Device]) -> list[Device]:
@@ -168,31 +194,47 @@ def _native_set(devices: list[Device]) -> list[Device]:
     return gpus if len(gpus) >= 2 else [d for d in devices if d.kind == "cpu"]
 
 
-def test_native_allreduce_flag_matches_behaviour(md_backend: Any, md_devices: list) -> None:
-    """native_collectives lists allreduce: native_allreduce sums float32 tensors on 2 devices of
-    one kind. It does not: native_allreduce raises CapabilityError (a right answer instead is an
-    understated capability, a wrong one a bug)."""
+def test_native_allreduce_concern_matches_behaviour(md_backend: Any, md_devices: list) -> None:
+    """A collectives concern (``b.collectives``): ``native_allreduce`` sums float32 tensors on 2
+    devices of one kind, each result on its input's device and equal to the portable path's. None
+    where the adapter's class has a collectives concern (its ``available_on`` said no here): that
+    concern, made anyway, must refuse with CapabilityError (a right answer is a concern hidden where
+    it works, a wrong one a bug)."""
     b = md_backend
     devs = need_devices(_native_set(md_devices), 2)
     arrays = [np.full((2, 2), float(i + 1), dtype=np.float32) for i in range(len(devs))]
     xs = [md.asarray(a, device=d, backend=b.name) for a, d in zip(arrays, devs)]
-    declared = "allreduce" in b.capabilities.native_collectives
-    if not supports(b, SupportsNativeCollectives):
-        found(b, "native_allreduce", False)
-        assert not declared, f"{b.name} declares a native allreduce without implementing SupportsNativeCollectives"
-        return  # no native path at all, as declared
+    want = np.full((2, 2), float(sum(range(1, len(devs) + 1))))
+    coll = b.collectives
+    if coll is None:
+        coll = _declared_concern(b, "collectives")
+        if coll is None:
+            found(b, "native_allreduce", False)
+            return  # no native path at all
+        try:
+            out = coll.native_allreduce(xs, "sum")
+        except CapabilityError:
+            found(b, "native_allreduce", False)
+            return  # it cannot work here, and the attribute says so
+        found(b, "native_allreduce", True)
+        right = len(out) == len(xs) and all(md.device_of(y) == d and np.array_equal(as_f64(b, y), want)
+                                            for y, d in zip(out, devs))
+        pytest.fail(f"{b.name}'s collectives concern is None here (available_on said no), but made anyway its "
+                    f"native_allreduce returned {'right' if right else 'wrong'} results on {devs}")
+    assert isinstance(coll, SupportsNativeCollectives), f"{b.name}'s collectives concern declares no protocol"
     try:
-        out = b.collectives.native_allreduce(xs, "sum")
+        out = coll.native_allreduce(xs, "sum")
     except CapabilityError as e:
         found(b, "native_allreduce", False)
-        assert not declared, f"{b.name} declares a native allreduce, but it refused float32 sum on {devs}: {e}"
-        return  # refused, as declared
+        pytest.fail(f"{b.name} has a collectives concern, but its native_allreduce refused float32 sum on {devs}: "
+                    f"{e} (where it cannot work, its available_on must say so: the attribute is then None)")
     found(b, "native_allreduce", True)
-    right = len(out) == len(xs) and all(
-        md.device_of(y) == d and np.array_equal(as_f64(b, y), np.full((2, 2), 3.0)) for y, d in zip(out, devs))
-    assert declared, (f"{b.name}'s native_allreduce returned {'right' if right else 'wrong'} results though "
-                      "capabilities.native_collectives does not list allreduce (list it, or raise CapabilityError)")
-    assert right, f"{b.name}'s native allreduce gave wrong results or devices"
+    portable = md.allreduce(list(xs), algorithm="naive", inplace=False)
+    assert len(out) == len(xs), f"{b.name}'s native allreduce gave {len(out)} results for {len(xs)} inputs"
+    for y, p, d in zip(out, portable, devs):
+        assert md.device_of(y) == d, f"{b.name}'s native allreduce put the result for {d} on {md.device_of(y)}"
+        np.testing.assert_array_equal(as_f64(b, y), as_f64(b, p), err_msg=f"native vs naive on {d}")
+        np.testing.assert_array_equal(as_f64(b, y), want, err_msg=f"{b.name}'s native allreduce on {d}")
 
 
 def test_raises_on_mixed_devices_flag_matches_behaviour(md_backend: Any, md_devices: list) -> None:

@@ -29,7 +29,9 @@ from multidev.adapter import (
 
 class TemplateDLPack(ArrayApiDLPack):
     """The ``dlpack`` concern, made from the adapter (``self.core``): the shared array-API export; the
-    import labels the view with the device asked for (DLPack calls every host buffer cpu:0)."""
+    import labels the view with the device asked for (DLPack calls every host buffer cpu:0). A concern
+    some machines lack (NCCL needs two GPUs) overrides the class method ``available_on(core)``: False
+    makes the attribute None on that adapter instance."""
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:
         try:
@@ -56,7 +58,7 @@ class TemplateBackend(BaseBackend):
         every = frozenset().union(*per_device.values())
         self.dtypes = {n: t for d in natives for n, t in info.dtypes(device=d).items()}
         self.names = {t: n for n, t in self.dtypes.items()}
-        self.caps = Capabilities(mutable=True, async_execution=False, pinned_memory=False, dlpack=True, dtypes=every,
+        self.caps = Capabilities(mutable=True, async_execution=False, pinned_memory=False, dtypes=every,
                                  device_dtypes={dev: ds for dev, ds in per_device.items() if ds != every})
 
     @property

@@ -52,6 +52,7 @@ import functools
 import os
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
@@ -254,14 +255,24 @@ class Concern:
         """The adapter this concern serves (an adapter written the 0.3 way: itself)."""
         return self.__dict__.get("_core", self)
 
+    @classmethod
+    def available_on(cls, core: Any) -> bool:
+        """Whether adapter instance ``core`` has this concern: where it is False, the concern
+        attribute is None on that instance (the framework can do it, this machine cannot: NCCL with
+        fewer than two GPUs, a library without DLPack). Asked once, on the attribute's first read,
+        before the concern is made; it reads the adapter's public state only, set up in its
+        ``__init__`` before anything reads the attribute. The default: True."""
+        return True
+
 
 C = TypeVar("C", covariant=True)
 
 
 class concern(Generic[C]):
     """A concern attribute of an adapter class: ``dlpack = concern(TorchDLPack)`` gives each adapter
-    instance its own ``TorchDLPack(adapter)``, made on first access and kept. BaseBackend sets every
-    concern attribute (:data:`CONCERNS`) to None: the framework lacks it."""
+    instance its own ``TorchDLPack(adapter)``, made on first access and kept, or None on an instance
+    where ``TorchDLPack.available_on(adapter)`` is False (:meth:`Concern.available_on`). BaseBackend
+    sets every concern attribute (:data:`CONCERNS`) to None: the framework lacks it."""
 
     def __init__(self, cls: Callable[[Any], C]) -> None:
         self.cls = cls
@@ -277,9 +288,10 @@ class concern(Generic[C]):
     def __get__(self, obj: Any, owner: Any = None) -> Any:
         if obj is None:
             return self
-        made = self.cls(obj)
-        out = obj.__dict__.setdefault(self.attr, made)  # one object per adapter, whichever thread wins
-        return out
+        available = getattr(self.cls, "available_on", None)
+        made = self.cls(obj) if available is None or available(obj) else None
+        # one answer per adapter, whichever thread wins (None is kept too: asked once)
+        return obj.__dict__.setdefault(self.attr, made)
 
 
 class BaseBackend:
@@ -461,21 +473,20 @@ class BaseBackend:
 
 class ArrayApiDLPack(Concern, SupportsDLPack):
     """:class:`SupportsDLPack` through the array API: ``x`` itself out (it has ``__dlpack__``),
-    ``framework_module.from_dlpack`` in, the result checked to land on the producer's device. Refused
-    with CapabilityError where the core's ``capabilities.dlpack`` is False."""
+    ``framework_module.from_dlpack`` in, the result checked to land on the producer's device. An
+    adapter written against 0.3 that inherits it but says ``dlpack=False`` (deprecated) is refused
+    with CapabilityError, as it was then."""
 
     def export_dlpack(self, x: Any) -> Any:
         core = self.core
-        if not core.capabilities.dlpack:
-            raise CapabilityError(f"{core.name} backend has no DLPack support (capabilities.dlpack)")
+        _refused_by_flag(core)
         if not hasattr(x, "__dlpack__"):
             raise CapabilityError(f"{core.name} backend: {type(x).__name__} has no __dlpack__")
         return x
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:
         core = self.core
-        if not core.capabilities.dlpack:
-            raise CapabilityError(f"{core.name} backend has no DLPack support (capabilities.dlpack)")
+        _refused_by_flag(core)
         mod = sys.modules.get(core.framework)
         fn = getattr(mod, "from_dlpack", None)
         if fn is None:
@@ -488,6 +499,12 @@ class ArrayApiDLPack(Concern, SupportsDLPack):
         if got != device:
             raise CapabilityError(f"{core.name} backend: a DLPack buffer of {device} arrived on {got}")
         return y
+
+
+def _refused_by_flag(core: Any) -> None:
+    """CapabilityError where an adapter's deprecated ``capabilities.dlpack`` says False (0.3)."""
+    if core.capabilities.dlpack is False:
+        raise CapabilityError(f"{core.name} backend has no DLPack support (capabilities.dlpack)")
 
 
 class NonBlockingMoves(Concern, SupportsNonBlocking):
@@ -624,11 +641,60 @@ def _class_overrides(obj: Any, attr: str, protocol: type) -> list[str]:
                                     for c in type(obj).__mro__ if c is not object)]
 
 
+#: The deprecated capability flags that restate a concern attribute (0.3), by attribute.
+_FLAGS = {"dlpack": "dlpack", "collectives": "native_collectives"}
+_FLAGS_WARNED: weakref.WeakSet[type] = weakref.WeakSet()  # adapter classes warned about their flags
+
+
+def _caps_or_none(obj: Any) -> Capabilities | None:
+    try:
+        caps = obj.capabilities
+    except Exception:  # noqa: BLE001 - check_adapter reports it
+        return None
+    return caps if isinstance(caps, Capabilities) else None
+
+
+def flag_says(caps: Capabilities | None, attr: str) -> bool | None:
+    """What ``caps``' deprecated flag for concern ``attr`` says (``dlpack``; ``native_collectives``
+    naming ``allreduce``), or None where it is not given (or ``attr`` has no flag)."""
+    if caps is None or attr not in _FLAGS:
+        return None
+    v = getattr(caps, _FLAGS[attr])
+    if v is None:
+        return None
+    return "allreduce" in v if attr == "collectives" else bool(v)
+
+
 def flat_concerns(obj: Any) -> list[str]:
     """The concern attributes an adapter written the 0.3 way provides through methods on its own class
-    (it declares the protocol by inheriting it, and its concern attribute is None)."""
-    return [attr for attr, protocol in CONCERNS.items()
-            if concern_of(obj, attr) is None and declares(obj, protocol)]
+    (it declares the protocol by inheriting it, and its concern attribute is None). As in 0.3, its
+    flags decide DLPack (``dlpack=False``: none) and the native allreduce (only where
+    ``native_collectives`` names it)."""
+    caps = _caps_or_none(obj)
+    out = []
+    for attr, protocol in CONCERNS.items():
+        if concern_of(obj, attr) is not None or not declares(obj, protocol):
+            continue
+        said = flag_says(caps, attr)
+        if (attr == "dlpack" and said is False) or (attr == "collectives" and not said):
+            continue
+        out.append(attr)
+    return out
+
+
+def _given_flags(obj: Any) -> list[str]:
+    """The deprecated flags adapter ``obj``'s capabilities still give."""
+    caps = _caps_or_none(obj)
+    return [f for f in _FLAGS.values() if caps is not None and getattr(caps, f) is not None]
+
+
+def _hide_by_flags(obj: Any) -> None:
+    """A 0.4 adapter that still gives a flag saying no (``dlpack=False``, a ``native_collectives``
+    without ``allreduce``) has that concern None on this instance, as the flag meant until 0.4."""
+    caps = _caps_or_none(obj)
+    for attr in _FLAGS:
+        if flag_says(caps, attr) is False and concern_of(obj, attr) is not None:
+            setattr(obj, attr, None)
 
 
 def attach_concerns(obj: Any, spec: str) -> list[str]:
@@ -636,6 +702,8 @@ def attach_concerns(obj: Any, spec: str) -> list[str]:
     the adapter class is wrapped into a concern object, the rest set to None (an adapter that is no
     BaseBackend), with one DeprecationWarning naming the adapter. Returns the attributes wrapped."""
     flat = flat_concerns(obj)
+    flags = _given_flags(obj)
+    _hide_by_flags(obj)
     for attr, protocol in CONCERNS.items():
         if attr in flat:
             setattr(obj, attr, _FlatConcern(obj, attr, protocol))
@@ -655,12 +723,20 @@ def attach_concerns(obj: Any, spec: str) -> list[str]:
                       "the adapter API 0.3 way: deprecated since 0.4 and ignored in 0.5; override them on a "
                       "subclass of the concern instead (see docs/writing-an-adapter.md)", DeprecationWarning,
                       stacklevel=4)
+    said = (f"; its capabilities' {' and '.join(flags)} (deprecated since 0.4) then go: the concern attributes "
+            "say it" if flags else "")
     if flat:
         wanted = ", ".join(f"{a} = concern(...)" for a in flat)
         warnings.warn(f"adapter {spec!r} is written against the adapter API 0.3: capability methods on the adapter "
                       f"class ({', '.join(CONCERNS[a].__name__ for a in flat)}) are deprecated since 0.4 and will be "
                       f"ignored in 0.5; give it concern objects instead ({wanted}, "
-                      "see docs/writing-an-adapter.md)", DeprecationWarning, stacklevel=4)
+                      f"see docs/writing-an-adapter.md){said}", DeprecationWarning, stacklevel=4)
+    elif flags and type(obj) not in _FLAGS_WARNED:
+        _FLAGS_WARNED.add(type(obj))
+        warnings.warn(f"adapter {spec!r} gives capabilities.{' and capabilities.'.join(flags)}: deprecated since 0.4 "
+                      "and ignored in 0.5; the concern attributes say it (b.dlpack, b.collectives: None where the "
+                      "adapter lacks them; a concern's available_on(core) makes one None per instance): drop "
+                      "the flags (see docs/writing-an-adapter.md)", DeprecationWarning, stacklevel=4)
     return flat
 
 
@@ -719,19 +795,27 @@ def check_adapter(obj: Any) -> list[str]:
                 problems.append(f"capabilities.device_dtypes key {dev!r} is not a Device")
             elif not set(ds) <= set(caps.dtypes):
                 problems.append(f"capabilities.device_dtypes[{dev}] lists dtypes outside capabilities.dtypes")
-        for k in ("mutable", "async_execution", "pinned_memory", "dlpack", "dlpack_streams", "raises_on_mixed_devices"):
+        for k in ("mutable", "async_execution", "pinned_memory", "dlpack_streams", "raises_on_mixed_devices"):
             if not isinstance(getattr(caps, k), bool):
                 problems.append(f"capabilities.{k} must be a bool")
-        extra = sorted(set(caps.native_collectives) - {"allreduce"})
+        # the deprecated flags (0.3): optional, and a problem only where they contradict the concerns
+        if caps.dlpack is not None and not isinstance(caps.dlpack, bool):
+            problems.append("capabilities.dlpack must be a bool (or left out: deprecated since 0.4)")
+        nc = caps.native_collectives
+        if nc is not None and not isinstance(nc, (frozenset, set)):
+            problems.append("capabilities.native_collectives must be a frozenset (or left out: deprecated since 0.4)")
+            nc = None
+        extra = sorted(set(nc or ()) - {"allreduce"})
         if extra:
             problems.append(f"capabilities.native_collectives names unknown collectives {extra}")
-        if caps.dlpack and not has.get("dlpack"):
+        if caps.dlpack is True and not has.get("dlpack"):
             problems.append("capabilities.dlpack is True but it has no dlpack concern (dlpack = "
                             "concern(multidev.adapter.ArrayApiDLPack) for the array-API route, or a SupportsDLPack "
-                            "of its own)")
-        if caps.native_collectives and not has.get("collectives"):
+                            "of its own; the flag is deprecated since 0.4: leave it out)")
+        if nc and not has.get("collectives"):
             problems.append("capabilities.native_collectives is not empty but it has no collectives concern "
-                            "(a SupportsNativeCollectives: native_allreduce)")
+                            "(a SupportsNativeCollectives: native_allreduce; the flag is deprecated since 0.4: "
+                            "leave it out)")
     tt = getattr(obj, "tensor_types", None)
     if callable(tt):
         try:

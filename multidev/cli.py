@@ -93,9 +93,9 @@ def _probe_row(name: str) -> dict[str, Any]:
         return {"error": _short(name, e)}
     c = b.capabilities
     caps = ", ".join(k for k, v in (("mutable", c.mutable), ("async", c.async_execution),
-                                    ("pinned", c.pinned_memory), ("dlpack", c.dlpack)) if v)
-    if c.native_collectives:
-        caps += ", native " + "/".join(sorted(c.native_collectives))
+                                    ("pinned", c.pinned_memory), ("dlpack", b.dlpack is not None)) if v)
+    if b.collectives is not None:
+        caps += ", native allreduce"
     return {"version": b.version(), "devices": [str(d) for d in devs], "gpus": sum(d.is_gpu for d in devs),
             "capabilities": caps}
 

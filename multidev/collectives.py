@@ -309,7 +309,7 @@ def choose_algorithm(b: Backend, shape: tuple[int, ...], dtype: str, devices: Se
     numel = _numel(shape)
     if numel < n:
         return "tree"
-    native = not deterministic and n > 1 and "allreduce" in b.capabilities.native_collectives
+    native = not deterministic and n > 1 and b.collectives is not None
     kinds = {d.kind for d in devices}
     fit = _fit_for(b.name, kinds.pop(), n) if len(kinds) == 1 and n > 1 else None
     if fit:
@@ -387,8 +387,8 @@ def _check_allreduce(b: Backend, dtype: str, op: str, inplace: bool, algorithm: 
         if deterministic:
             raise CapabilityError(f"allreduce: {b.name}'s native allreduce does not promise a fixed "
                                   "reduction order; use deterministic=False, or algorithm='ring'/'tree'")
-        if "allreduce" not in b.capabilities.native_collectives:
-            raise CapabilityError(f"{b.name} has no native allreduce (capabilities.native_collectives); "
+        if b.collectives is None:
+            raise CapabilityError(f"{b.name} has no native allreduce (no collectives concern here); "
                                   "use algorithm='auto', 'ring', 'tree' or 'naive'")
 
 

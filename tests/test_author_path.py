@@ -145,7 +145,7 @@ def test_a_broken_adapter_is_refused_with_every_problem(tmp_path: Path) -> None:
 
             @property
             def capabilities(self):
-                return Capabilities(mutable=True, async_execution=False, pinned_memory=False, dlpack=False)
+                return Capabilities(mutable=True, async_execution=False, pinned_memory=False)
 
             def devices(self):
                 return []
@@ -284,7 +284,7 @@ def test_capabilities_json_has_string_keys() -> None:
     from multidev.conformance.plugin import _caps_json
 
     class B:
-        capabilities = Capabilities(mutable=True, async_execution=False, pinned_memory=False, dlpack=True,
+        capabilities = Capabilities(mutable=True, async_execution=False, pinned_memory=False,
                                     dtypes=frozenset({"float32", "float64"}),
                                     device_dtypes={md.Device("cpu", 1): frozenset({"float32"})})
 

@@ -340,7 +340,7 @@ def test_an_adapter_without_the_extensions_is_valid_and_says_what_it_lacks() -> 
     attrs: dict[str, Any] = {m: (lambda self, *a: None) for m in PROTOCOL_METHODS
                              if m not in OPTIONAL_METHODS and m != "capabilities"}
     attrs.update(name="bare", framework="bare", tensor_types=lambda self: (np.ndarray,),
-                 capabilities=property(lambda self: Capabilities(False, False, False, False,
+                 capabilities=property(lambda self: Capabilities(False, False, False,
                                                                  dtypes=frozenset({"float32"}))))
     bare = type("Bare", (), attrs)()
     assert check_adapter(bare) == []

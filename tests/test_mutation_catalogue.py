@@ -338,7 +338,7 @@ def test_a_module_attr_adapter_keeps_its_spec_with_device(tmp_path: Path) -> Non
     env = {k: v for k, v in _env().items() if k != "MULTIDEV_CATALOGUE_DEVICE"}
     p = subprocess.run([sys.executable, "-m", "multidev.cli", "conformance", "--backend", "mutants:NumpyControl",
                         "--device", "cpu:0,cpu:1", "--json", str(out), "--", "-p", "mutants", "-q",
-                        "-k", "dlpack_flag_matches_behaviour"], capture_output=True, text=True, env=env, timeout=600)
+                        "-k", "dlpack_concern_matches_behaviour"], capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     cells = json.loads(out.read_text())["matrix"]["numpy_control"]
     assert cells["capabilities"]["passed"] == 1 and cells["capabilities"]["failed"] == 0, cells

@@ -124,8 +124,7 @@ class ArrayApiCore(BaseBackend):
         self._array_type = type(a)
         self._caps = Capabilities(
             mutable=mutable, async_execution=self._async, pinned_memory=False,
-            dlpack=callable(getattr(a, "__dlpack__", None)) and callable(getattr(xp, "from_dlpack", None)),
-            native_collectives=frozenset(), dtypes=every, raises_on_mixed_devices=mixed_raises,
+            dtypes=every, raises_on_mixed_devices=mixed_raises,
             device_dtypes={d: ds for d, ds in per_device.items() if ds != every})
 
     # -- identity ---------------------------------------------------------------------------
@@ -186,7 +185,7 @@ class ArrayApiCore(BaseBackend):
     def _host_aligned(self, y: Any, device: Device) -> Any:
         """``y`` itself when it is not a host array or its buffer is 64-byte aligned, else an
         aligned copy (same device, dtype and values)."""
-        if device.kind != "cpu" or not self._caps.dlpack:
+        if device.kind != "cpu" or self.dlpack is None:
             return y
         try:
             info = dlpack_info(y.__dlpack__())

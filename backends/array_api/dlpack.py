@@ -16,19 +16,21 @@ class ArrayApiStandardDLPack(Concern, SupportsDLPack):
 
     core: ArrayApiCore
 
+    @classmethod
+    def available_on(cls, core: Any) -> bool:
+        """Where the library's arrays have ``__dlpack__`` and the namespace ``from_dlpack``."""
+        return callable(getattr(core.tensor_types()[0], "__dlpack__", None)) \
+            and callable(getattr(core.xp, "from_dlpack", None))
+
     def export_dlpack(self, x: Any) -> Any:
         """``x`` behind a thin producer that answers ``max_version`` with an unversioned capsule
         where the library cannot make a versioned one (array-api-strict on NumPy 1.x raises),
         as the DLPack standard allows; no copy either way."""
-        if not self.core._caps.dlpack:
-            raise CapabilityError(f"{self.core.name}: {self.core.library} has no DLPack support")
         return _Producer(x)
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:
         """A view of a DLPack producer on ``device`` (``from_dlpack(obj, device=, copy=False)``):
         host buffers are labelled with the virtual CPU device asked for."""
-        if not self.core._caps.dlpack:
-            raise CapabilityError(f"{self.core.name}: {self.core.library} has no DLPack support")
         nd = self.core.to_native_device(device)
         errors = (TypeError, ValueError, BufferError, RuntimeError, NotImplementedError)
         try:

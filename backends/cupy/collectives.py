@@ -25,7 +25,14 @@ class CupyCollectives(Concern, SupportsNativeCollectives):
 
     core: CupyCore
 
-    def nccl(self) -> Any:
+    @classmethod
+    def available_on(cls, core: Any) -> bool:
+        """NCCL needs two GPUs, and a CuPy built with it."""
+        return sum(d.kind == "gpu" for d in core.devices()) >= 2 and cls.nccl() is not None
+
+    @staticmethod
+    def nccl() -> Any:
+        """``cupy.cuda.nccl`` where CuPy has NCCL, else None."""
         try:
             from cupy.cuda import nccl
         except ImportError:

@@ -90,7 +90,6 @@ class CupyCore(BaseBackend):
 
             self._bf16 = np.dtype(ml_dtypes.bfloat16)
             dtypes.add("bfloat16")
-        nccl = self.collectives.nccl()
         peer = False
         if self._n > 1:
             try:
@@ -99,10 +98,9 @@ class CupyCore(BaseBackend):
             except Exception:  # noqa: BLE001 - unknown: assume CuPy refuses mixed devices
                 peer = False
         self._caps = Capabilities(
-            mutable=True, async_execution=True, pinned_memory=True, dlpack=True,
+            mutable=True, async_execution=True, pinned_memory=True,
             # from_dlpack passes CuPy's current stream; __dlpack__ orders a consumer's stream by an event
             dlpack_streams=True,
-            native_collectives=frozenset({"allreduce"}) if nccl is not None and self._n >= 2 else frozenset(),
             dtypes=frozenset(dtypes),
             # a host array and a GPU array never mix (CuPy refuses NumPy operands); two GPUs with
             # peer access do: CuPy then computes across them.

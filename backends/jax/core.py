@@ -132,7 +132,7 @@ class JaxCore(BaseBackend):
                 except Exception:  # noqa: BLE001 - memory kinds are not implemented on every plugin
                     pass
             caps = Capabilities(mutable=False, async_execution=True, pinned_memory=pinned,
-                                dlpack=True, dlpack_streams=bool(gpus), native_collectives=frozenset({"allreduce"}),
+                                dlpack_streams=bool(gpus),
                                 dtypes=dtypes, raises_on_mixed_devices=True)
             self._caps[x64] = caps
         return caps

@@ -117,7 +117,6 @@ class MxnetCore(BaseBackend):
         self._kv_lock = threading.Lock()
         atexit.register(self.collectives.drop_kvstores)
         self._caps = Capabilities(mutable=True, async_execution=True, pinned_memory=n_gpu > 0,
-                                  dlpack=True, native_collectives=frozenset({"allreduce"}),
                                   dtypes=MX_DTYPES, raises_on_mixed_devices=False)
 
     # -- identity ---------------------------------------------------------------------------

@@ -68,8 +68,6 @@ class TensorflowCore(BaseBackend):
             mutable=False,
             async_execution=has_gpu or bool(context.is_async()),
             pinned_memory=False,  # TF stages host<->GPU copies in its own pinned pool; no user API
-            dlpack=True,
-            native_collectives=frozenset({"allreduce"}),
             dtypes=frozenset(DTYPES),
             raises_on_mixed_devices=False,
         )

@@ -22,6 +22,11 @@ class TorchCollectives(Concern, SupportsNativeCollectives):
 
     core: TorchCore
 
+    @classmethod
+    def available_on(cls, core: Any) -> bool:
+        """NCCL needs two CUDA GPUs."""
+        return sum(d.kind == "gpu" for d in core.devices()) >= 2
+
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         """NCCL allreduce over one CUDA tensor per GPU (``torch.cuda.comm`` for sums without NCCL).
 

@@ -82,9 +82,7 @@ class TorchCore(BaseBackend):
             mutable=True,
             async_execution=self._n_cuda > 0 or self._has_mps,
             pinned_memory=self._n_cuda > 0,
-            dlpack=True,
             dlpack_streams=self._n_cuda > 0,
-            native_collectives=frozenset({"allreduce"}) if self._n_cuda >= 2 else frozenset(),
             dtypes=frozenset(dtypes),
             raises_on_mixed_devices=True,
             # Apple's Metal has no 64-bit floats

@@ -26,7 +26,7 @@ DEVS=cpu:0; for ((i = 0; i < NG; i++)); do DEVS="$DEVS,gpu:$i"; done
 stamp "A. correctness, in parallel"
 (OUT="$OUT" ONLY=torch timeout -k 10 200 bash scripts/gpu/mutants.sh > "$OUT/mutants.txt" 2>&1) &
 p1=$!
-K="dlpack_flag_matches_behaviour or convert_shares_memory_wherever_both_sides_can"
+K="dlpack_concern_matches_behaviour or convert_shares_memory_wherever_both_sides_can"
 (for spec in mutants:TorchControl torch; do
    echo "---- $spec"
    PYTHONPATH=tests timeout -k 10 120 "$PY" -m multidev.cli conformance --backend "$spec" --device "$DEVS" \

@@ -783,8 +783,7 @@ def group_collectives(name: str) -> None:
     devices = b.devices()
     dtypes = sorted(set(b.capabilities.dtypes) & {"bool", "int8", "int32", "int64", "uint8", "float16", "bfloat16",
                                                    "float32", "float64", "complex64"})
-    algorithms = ["auto", "naive", "ring", "tree"] + (["native"] if "allreduce" in b.capabilities.native_collectives
-                                                      else [])
+    algorithms = ["auto", "naive", "ring", "tree"] + (["native"] if b.collectives is not None else [])
     ops = ["sum", "mean", "max", "min", "prod"]
     faults = ["none", "none", "none", "shape", "dtype", "duplicate device", "non-tensor", "empty", "op", "algorithm",
               "other backend", "not a list", "read-only"]
@@ -1013,7 +1012,7 @@ def group_leaks(name: str) -> None:
         "non-blocking to": lambda: md.to(x, d1, non_blocking=True).wait(),
         "typed error path": lambda: _swallow(lambda: md.zeros((-1,), backend=name)),
     }
-    if "allreduce" in b.capabilities.native_collectives and len(xs) > 1:
+    if b.collectives is not None and len(xs) > 1:
         loops["allreduce (native)"] = lambda: md.allreduce(xs, algorithm="native")
         # Large buffers, no waiting: MXNet's per-call KVStore was freed with its reduction still
         # queued (SIGFPE/SIGSEGV within a few thousand calls). Must end, and give the right sum.

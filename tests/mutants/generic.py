@@ -46,8 +46,8 @@ class _GenericNativeReturnsInputsCollectives(Concern, SupportsNativeCollectives)
         return list(xs)
 
 
-@mutant("generic", "a native_allreduce declared beside an empty native_collectives flag hands back its inputs",
-        ["test_native_allreduce_flag_matches_behaviour"])
+@mutant("generic", "a collectives concern whose native_allreduce hands back its inputs",
+        ["test_native_allreduce_concern_matches_behaviour"])
 class GenericNativeReturnsInputs(GenericControl):
     name = "generic_native_inputs"
     collectives = concern(_GenericNativeReturnsInputsCollectives)

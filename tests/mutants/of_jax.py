@@ -168,13 +168,17 @@ class JaxClaimsSynchronous(JaxBackend):
         return dataclasses.replace(super().capabilities, async_execution=False)
 
 
-@mutant("jax", "capabilities list no native allreduce (it works)", ["test_native_allreduce_flag_matches_behaviour"])
+class _JaxHidesNativeCollectives(JaxCollectives):
+    @classmethod
+    def available_on(cls, core: Any) -> bool:
+        return False
+
+
+@mutant("jax", "its collectives concern says it is unavailable, so b.collectives is None (psum works)",
+        ["test_native_allreduce_concern_matches_behaviour"])
 class JaxHidesNative(JaxBackend):
     name = "jax_hides_native"
-
-    @property
-    def capabilities(self) -> Any:
-        return dataclasses.replace(super().capabilities, native_collectives=frozenset())
+    collectives = concern(_JaxHidesNativeCollectives)
 
 
 @mutant("jax", "capabilities claim mutable=True", ["test_mutable_flag_matches_behaviour"])

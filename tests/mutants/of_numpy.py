@@ -9,6 +9,7 @@ import numpy as np
 
 from multidev.adapter import (
     CapabilityError,
+    Concern,
     Device,
     SupportsNativeCollectives,
     concern,
@@ -191,13 +192,17 @@ class NumpyExportCopies(NumpyBackend):
     dlpack = concern(_NumpyExportCopiesDlpack)
 
 
-@mutant("numpy", "capabilities claim dlpack=False (its arrays still export)", ["test_dlpack_flag_matches_behaviour"])
+class _NumpyClaimsNoDlpackDlpack(NumpyDLPack):
+    @classmethod
+    def available_on(cls, core: Any) -> bool:
+        return False
+
+
+@mutant("numpy", "its dlpack concern says it is unavailable, so b.dlpack is None (its arrays still export)",
+        ["test_dlpack_concern_matches_behaviour"])
 class NumpyClaimsNoDlpack(NumpyBackend):
     name = "numpy_claims_no_dlpack"
-
-    @property
-    def capabilities(self) -> Any:
-        return dataclasses.replace(super().capabilities, dlpack=False)
+    dlpack = concern(_NumpyClaimsNoDlpackDlpack)
 
 
 @mutant("numpy", "capabilities claim mutable=False (assign still writes)", ["test_mutable_flag_matches_behaviour"])
@@ -229,25 +234,18 @@ class NumpyHidesFloat16(NumpyBackend):
         return dataclasses.replace(c, dtypes=c.dtypes - {"float16"})
 
 
-class _NumpyNativeRefused(NumpyBackend, SupportsNativeCollectives):
-    """The NumPy adapter declaring SupportsNativeCollectives with a native_allreduce that refuses, as
-    an adapter does where its native path does not exist here (an empty native_collectives flag):
-    the registry loads it, so a flag claimed wrongly on top of it reaches the suite."""
-
-    name = "numpy_native_refused"
+class _NumpyClaimsNativeCollectives(Concern, SupportsNativeCollectives):
+    """A collectives concern on an adapter whose framework has no native allreduce: it refuses."""
 
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         raise CapabilityError("numpy backend has no native allreduce")
 
 
-@mutant("numpy", "capabilities claim a native allreduce it does not have (its native_allreduce refuses)",
-        ["test_native_allreduce_flag_matches_behaviour"])
-class NumpyClaimsNative(_NumpyNativeRefused):
+@mutant("numpy", "a collectives concern set where NumPy has no native allreduce (its native_allreduce refuses)",
+        ["test_native_allreduce_concern_matches_behaviour"])
+class NumpyClaimsNative(NumpyBackend):
     name = "numpy_claims_native"
-
-    @property
-    def capabilities(self) -> Any:
-        return dataclasses.replace(super().capabilities, native_collectives=frozenset({"allreduce"}))
+    collectives = concern(_NumpyClaimsNativeCollectives)
 
 
 @mutant("numpy", "capabilities give per-device dtypes for a device it does not have",

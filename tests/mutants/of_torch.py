@@ -92,13 +92,17 @@ class TorchExportClones(TorchBackend):
     dlpack = concern(_TorchExportClonesDlpack)
 
 
-@mutant("torch", "capabilities claim dlpack=False (tensors still export)", ["test_dlpack_flag_matches_behaviour"])
+class _TorchClaimsNoDlpackDlpack(TorchDLPack):
+    @classmethod
+    def available_on(cls, core: Any) -> bool:
+        return False
+
+
+@mutant("torch", "its dlpack concern says it is unavailable, so b.dlpack is None (tensors still export)",
+        ["test_dlpack_concern_matches_behaviour"])
 class TorchClaimsNoDlpack(TorchBackend):
     name = "torch_claims_no_dlpack"
-
-    @property
-    def capabilities(self) -> Any:
-        return dataclasses.replace(super().capabilities, dlpack=False)
+    dlpack = concern(_TorchClaimsNoDlpackDlpack)
 
 
 @mutant("torch", "capabilities leave out bfloat16, which it holds", ["test_dtypes_flag_matches_behaviour"])
