@@ -654,7 +654,7 @@ def _caps_or_none(obj: Any) -> Capabilities | None:
     return caps if isinstance(caps, Capabilities) else None
 
 
-def flag_says(caps: Capabilities | None, attr: str) -> bool | None:
+def _flag_says(caps: Capabilities | None, attr: str) -> bool | None:
     """What ``caps``' deprecated flag for concern ``attr`` says (``dlpack``; ``native_collectives``
     naming ``allreduce``), or None where it is not given (or ``attr`` has no flag)."""
     if caps is None or attr not in _FLAGS:
@@ -675,7 +675,7 @@ def flat_concerns(obj: Any) -> list[str]:
     for attr, protocol in CONCERNS.items():
         if concern_of(obj, attr) is not None or not declares(obj, protocol):
             continue
-        said = flag_says(caps, attr)
+        said = _flag_says(caps, attr)
         if (attr == "dlpack" and said is False) or (attr == "collectives" and not said):
             continue
         out.append(attr)
@@ -693,7 +693,7 @@ def _hide_by_flags(obj: Any) -> None:
     without ``allreduce``) has that concern None on this instance, as the flag meant until 0.4."""
     caps = _caps_or_none(obj)
     for attr in _FLAGS:
-        if flag_says(caps, attr) is False and concern_of(obj, attr) is not None:
+        if _flag_says(caps, attr) is False and concern_of(obj, attr) is not None:
             setattr(obj, attr, None)
 
 

@@ -5,6 +5,7 @@ DeprecationWarning and passes the conformance suite; what 0.3 deprecated (0.2's 
 capabilities and BaseBackend defaults, ``wait_fn``, ``multidev.protocol.same_device``) is gone."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -282,3 +283,199 @@ def test_0_3_ways_that_reach_through_the_adapter_class_keep_working() -> None:
 
     f = Flat()
     assert f.core is f
+
+
+def test_a_04_adapter_giving_the_deprecated_flags_warns_once_and_keeps_their_meaning() -> None:
+    """``Capabilities.dlpack`` and ``native_collectives`` restate the concern attributes: deprecated
+    in 0.4 (None, "not given", by default). An adapter still giving them loads with one
+    DeprecationWarning (not again for its class), a flag saying no hides that concern on the
+    instance, as it meant; a 0.4 adapter's own record gives neither."""
+    from multidev.registry import unregister_backend
+
+    assert api.Capabilities(mutable=True, async_execution=False, pinned_memory=False).dlpack is None
+    assert api.Capabilities(mutable=True, async_execution=False, pinned_memory=False).native_collectives is None
+    caps = md.backend("numpy").capabilities
+    assert caps.dlpack is None and caps.native_collectives is None
+
+    class Flagged(NumpyBackend):
+        name: ClassVar[str] = "flagged_0_4"
+
+        @property
+        def capabilities(self) -> api.Capabilities:
+            return dataclasses.replace(super().capabilities, dlpack=False, native_collectives=frozenset())
+
+    md.register_backend(Flagged.name, Flagged, replace=True)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            b = md.backend(Flagged.name)
+            api.validate_adapter(Flagged(), "again")  # the same class: not again
+        msgs = [str(w.message) for w in seen if issubclass(w.category, DeprecationWarning)]
+        assert len(msgs) == 1, msgs
+        assert "'flagged_0_4'" in msgs[0] and "capabilities.dlpack and capabilities.native_collectives" in msgs[0]
+        assert b.dlpack is None and b.collectives is None  # dlpack=False hides NumpyDLPack here
+        with pytest.raises(AttributeError, match="no dlpack concern"):
+            b.export_dlpack(np.ones(2))  # the deprecated forwarder says why
+        y = md.convert(np.arange(3.0), Flagged.name)  # through the host, as without DLPack
+        assert np.array_equal(md.to_numpy(y), np.arange(3.0))
+    finally:
+        unregister_backend(Flagged.name)
+
+    class Agrees(NumpyBackend):  # a flag that agrees with the concern: warned about, nothing hidden
+        name: ClassVar[str] = "agrees_0_4"
+
+        @property
+        def capabilities(self) -> api.Capabilities:
+            return dataclasses.replace(super().capabilities, dlpack=True)
+
+    a = Agrees()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        api.validate_adapter(a, "agrees_0_4")
+    assert [w.category for w in seen] == [DeprecationWarning] and a.dlpack is not None
+
+
+def test_a_flag_contradicting_the_instances_concern_is_refused_at_load() -> None:
+    """A flag saying yes where the instance has no concern is a problem, also where the class has
+    one that ``available_on`` hides on this instance."""
+    class NoNative(api.Concern, api.SupportsNativeCollectives):
+        @classmethod
+        def available_on(cls, core: Any) -> bool:
+            return False
+
+        def native_allreduce(self, xs: Any, op: str) -> list[Any]:
+            raise AssertionError("never made")
+
+    class Claims(NumpyBackend):
+        name: ClassVar[str] = "claims_native"
+        collectives = api.concern(NoNative)
+
+        @property
+        def capabilities(self) -> api.Capabilities:
+            return dataclasses.replace(super().capabilities, native_collectives=frozenset({"allreduce"}))
+
+    problems = api.check_adapter(Claims())
+    assert [p for p in problems if "native_collectives" in p] == [
+        "capabilities.native_collectives is not empty but it has no collectives concern (a "
+        "SupportsNativeCollectives: native_allreduce; the flag is deprecated since 0.4: leave it out)"], problems
+    with pytest.raises(md.AdapterError, match="no collectives concern"):
+        api.validate_adapter(Claims(), "claims_native")
+
+    class Unknown(NumpyBackend):
+        name: ClassVar[str] = "unknown_native"
+
+        @property
+        def capabilities(self) -> api.Capabilities:
+            return dataclasses.replace(super().capabilities, native_collectives=frozenset({"allgather"}))
+
+    assert "capabilities.native_collectives names unknown collectives ['allgather']" in api.check_adapter(Unknown())
+
+
+def test_available_on_makes_a_concern_none_per_instance_asked_once() -> None:
+    """``Concern.available_on(core)`` decides, on the attribute's first read, whether this instance
+    has the concern: None where it says no. Asked once, whichever thread reads first; every thread
+    gets the same answer (one concern object, or None)."""
+    import threading
+
+    asked: list[int] = []
+
+    class PerInstance(api.Concern, api.SupportsNativeCollectives):
+        @classmethod
+        def available_on(cls, core: Any) -> bool:
+            asked.append(1)
+            return bool(core.wants)
+
+        def native_allreduce(self, xs: Any, op: str) -> list[Any]:
+            return list(xs)
+
+    class Some(NumpyBackend):
+        name: ClassVar[str] = "some_native"
+        collectives = api.concern(PerInstance)
+
+        def __init__(self, wants: bool) -> None:
+            super().__init__()
+            self.wants = wants
+
+    no, yes = Some(False), Some(True)
+    assert no.collectives is None and no.collectives is None and len(asked) == 1
+    assert isinstance(yes.collectives, PerInstance) and yes.collectives.core is yes
+    assert api.check_adapter(no) == [] and api.check_adapter(yes) == []
+    with pytest.raises(AttributeError, match="Some has no collectives concern, so no native_allreduce"):
+        no.native_allreduce([], "sum")
+    assert yes.native_allreduce([1], "sum") == [1]  # the forwarder where it exists
+    assert api.Concern.available_on(no) is True  # the default
+    for wants in (False, True):
+        b = Some(wants)
+        got: list[Any] = []
+        start = threading.Barrier(8)
+
+        def read(b: Any = b, start: Any = start, got: list[Any] = got) -> None:
+            start.wait()
+            got.append(b.collectives)
+
+        threads = [threading.Thread(target=read) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len({id(c) for c in got}) == 1 and (got[0] is None) == (not wants)
+
+
+def test_a_0_3_adapters_flags_still_decide_what_is_wrapped() -> None:
+    """The 0.3 template (capability methods on its class, ArrayApiDLPack inherited) saying
+    ``dlpack=False`` gets no dlpack concern, and its own ``export_dlpack`` refuses, as in 0.3; a
+    native allreduce on its class is wrapped only where ``native_collectives`` names it. One
+    DeprecationWarning each: the 0.3 one (naming the flags too) where something is wrapped, else
+    the flags' own."""
+    pytest.importorskip("array_api_strict", reason="the 0.3 template adapts array-api-strict")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("template_adapter_0_3", LEGACY / "template_adapter_0_3.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    class NoDLPack(mod.TemplateBackend):  # type: ignore[misc,name-defined]
+        name: ClassVar[str] = "template_no_dlpack_0_3"
+
+        @property
+        def capabilities(self) -> api.Capabilities:
+            return dataclasses.replace(self._caps, dlpack=False)
+
+    old = NoDLPack()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        api.validate_adapter(old, NoDLPack.name)
+    msgs = [str(w.message) for w in seen if issubclass(w.category, DeprecationWarning)]
+    assert len(msgs) == 1 and "capabilities.dlpack and capabilities.native_collectives" in msgs[0], msgs
+    assert old.dlpack is None and old.collectives is None
+    x = old.asarray(np.ones(2), "float64", md.Device("cpu", 0))
+    with pytest.raises(md.CapabilityError, match="capabilities.dlpack"):
+        old.export_dlpack(x)  # called on the adapter: refused, as in 0.3
+
+    class Native(mod.TemplateBackend, api.SupportsNativeCollectives):  # type: ignore[misc,name-defined]
+        name: ClassVar[str] = "template_native_0_3"
+        native: frozenset[str] = frozenset()
+
+        @property
+        def capabilities(self) -> api.Capabilities:
+            return dataclasses.replace(self._caps, native_collectives=self.native)
+
+        def native_allreduce(self, xs: Any, op: str) -> list[Any]:
+            return [sum(xs)] * len(xs)
+
+    class Named(Native):
+        name: ClassVar[str] = "template_named_0_3"
+        native = frozenset({"allreduce"})
+
+    for cls, wrapped in ((Native, False), (Named, True)):
+        b = cls()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            api.validate_adapter(b, cls.name)
+        msgs = [str(w.message) for w in seen if issubclass(w.category, DeprecationWarning)]
+        assert len(msgs) == 1 and "adapter API 0.3" in msgs[0] and "native_collectives" in msgs[0], msgs
+        assert ("SupportsNativeCollectives" in msgs[0]) == wrapped and b.dlpack is not None
+        assert (b.collectives is not None) == wrapped
+        if wrapped:
+            assert b.collectives.native_allreduce([1, 2], "sum") == [3, 3]

@@ -213,8 +213,9 @@ def _live(cls: type, method: str) -> tuple[type, Any]:
 
 
 def _shape(fn: Any) -> list[tuple[str, Any, Any]]:
-    """A signature's parameters as (name, kind, default): what a caller depends on."""
-    sig = inspect.signature(fn)
+    """A signature's parameters as (name, kind, default): what a caller depends on (a class or static
+    method's, of the function it wraps)."""
+    sig = inspect.signature(fn.__func__ if isinstance(fn, (classmethod, staticmethod)) else fn)
     return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
 
 
