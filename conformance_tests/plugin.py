@@ -254,8 +254,10 @@ def _requires(b: Any, what: str) -> bool:
     protocols = {p.__name__: p for p in CAPABILITY_PROTOCOLS}
     if what in protocols:
         return supports(b, protocols[what])
-    if what == "native_allreduce":
+    if what in ("native_allreduce", "native_collectives"):  # (the deprecated flags: their concerns)
         return b.collectives is not None
+    if what == "dlpack":
+        return b.dlpack is not None
     return bool(getattr(b.capabilities, what))
 
 
