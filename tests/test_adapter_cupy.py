@@ -119,7 +119,7 @@ with cp.Device(0):  # CuPy's current device must not decide where results go
 a = md.to_numpy(g)
 assert type(a) is np.ndarray and a.tolist() == [0, 1, 2, 3, 4, 5]
 y, waiter = b.transfers.start_move(g, md.cpu())
-assert any(any(o is y.base for o in objs) for _, objs in b._inflight), 'the buffers of a copy in flight are held'
+assert any(any(o is y.base for o in objs) for _, objs in b.transfers._inflight), 'the buffers of a copy in flight are held'
 waiter()
 for dtype, op in (('bool', 'max'), ('bool', 'min'), ('int16', 'sum'), ('uint16', 'prod'), ('complex64', 'sum'), ('bfloat16', 'max')):
     if dtype not in b.capabilities.dtypes:

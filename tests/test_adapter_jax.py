@@ -346,9 +346,9 @@ def test_native_allreduce_over_virtual_devices():
                 assert md.device_of(y) == d and y.committed and y.dtype == np.int32
                 assert y.unsafe_buffer_pointer() != x.unsafe_buffer_pointer()
                 np.testing.assert_array_equal(np.asarray(y), f(np.stack(arrays), axis=0), err_msg=op)
-        n = len(b._allreduce_cache)
+        n = len(b.collectives._allreduce_cache)
         b.collectives.native_allreduce(xs, "sum")
-        assert len(b._allreduce_cache) == n, "the compiled function is reused"
+        assert len(b.collectives._allreduce_cache) == n, "the compiled function is reused"
         bools = [md.asarray(np.array([True, False, i == 0]), device=d, backend="jax") for i, d in enumerate(devs)]
         for op, want in (("sum", [1, 0, 1]), ("max", [1, 0, 1]), ("min", [1, 0, 0]), ("prod", [1, 0, 0])):
             got = [np.asarray(y).tolist() for y in b.collectives.native_allreduce(bools, op)]

@@ -18,7 +18,7 @@ Mechanism.
   involved, after the work that produces ``x``, and a ``cupy.cuda.Event`` recorded behind it is
   what ``start_move``'s waiter and the blocking moves wait on. GPU to GPU: the target's stream
   waits on an event of the source's stream, then CuPy's peer copy runs. Buffers an in-flight copy
-  reads or writes are kept alive until its event completes (``_inflight``), whether or not the
+  reads or writes are kept alive until its event completes (the transfers concern's ``_inflight``), whether or not the
   caller waits.
 - ``synchronize(gpu:i)`` is ``cupy.cuda.Device(i).synchronize()`` (which raises a pending CUDA
   error); ``synchronize(None)`` does so for every GPU this adapter placed work on and CuPy's

@@ -2,6 +2,7 @@
 ``cupy.cuda.nccl``."""
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,11 @@ class CupyCollectives(Concern, SupportsNativeCollectives):
     device's current stream."""
 
     core: CupyCore
+
+    def __init__(self, core: CupyCore) -> None:
+        super().__init__(core)
+        self._lock = threading.Lock()
+        self._comms: dict[tuple[int, ...], list[Any]] = {}  # device ids -> their NCCL communicators
 
     @classmethod
     def available_on(cls, core: Any) -> bool:
@@ -66,10 +72,10 @@ class CupyCollectives(Concern, SupportsNativeCollectives):
         if dtype == "bool":  # or/and as max/min of 0/1 bytes
             code = _NCCL_OPS["max"] if op in ("sum", "max") else _NCCL_OPS["min"]
         ids = tuple(int(x.data.device_id) for x in xs)
-        with self.core._lock:
-            comms = self.core._comms.get(ids)
+        with self._lock:
+            comms = self._comms.get(ids)
             if comms is None:
-                comms = self.core._comms[ids] = list(nccl.NcclCommunicator.initAll(list(ids)))
+                comms = self._comms[ids] = list(nccl.NcclCommunicator.initAll(list(ids)))
         work_dt = np.dtype(base) if base != "bfloat16" else self.core._bf16
         sends, recvs = [], []
         for x, i in zip(xs, ids):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -77,9 +76,6 @@ class CupyCore(BaseBackend):
         self._devices = (HOST, *self._gpus)
         self._cdev = tuple(cupy.cuda.Device(i) for i in range(self._n))
         self._touched: set[int] = set()
-        self._inflight: list[tuple[Any, tuple[Any, ...]]] = []
-        self._lock = threading.Lock()
-        self._comms: dict[tuple[int, ...], list[Any]] = {}
         self._ndarray = cupy.ndarray
         #: How large pageable uploads are staged (multidev.adapter.StagingPlan's defaults).
         self.staging = StagingPlan()

@@ -5,6 +5,7 @@ and large pageable uploads staged through pinned chunks (:func:`multidev.adapter
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,12 @@ class CupyTransfers(NonBlockingMoves):
     core's creation uses too."""
 
     core: CupyCore
+
+    def __init__(self, core: CupyCore) -> None:
+        super().__init__(core)
+        self._lock = threading.Lock()
+        #: (event, objects) of the copies in flight: kept alive until the event completes
+        self._inflight: list[tuple[Any, tuple[Any, ...]]] = []
 
     def upload(self, a: np.ndarray, device: Device) -> Any:
         """A new GPU array on ``device`` holding host array ``a`` (synchronous). From
@@ -54,9 +61,9 @@ class CupyTransfers(NonBlockingMoves):
 
     def _keep(self, event: Any, *objs: Any) -> None:
         """Hold ``objs`` until ``event`` completes (buffers of a copy in flight), dropping those done."""
-        with self.core._lock:
-            self.core._inflight = [(e, o) for e, o in self.core._inflight if not e.done]
-            self.core._inflight.append((event, objs))
+        with self._lock:
+            self._inflight = [(e, o) for e, o in self._inflight if not e.done]
+            self._inflight.append((event, objs))
 
     def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], None] | None]:
         cp = self.core.cp

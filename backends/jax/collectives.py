@@ -2,6 +2,7 @@
 ``pmax``, ``pmin`` (or an ordered fold over ``all_gather``) under ``jax.shard_map``."""
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,10 +26,16 @@ class JaxCollectives(Concern, SupportsNativeCollectives):
 
     core: JaxCore
 
+    def __init__(self, core: JaxCore) -> None:
+        super().__init__(core)
+        self._lock = threading.Lock()
+        #: (devices, shape, dtype, op) -> the compiled psum and its sharding, at most _CACHE_MAX
+        self._allreduce_cache: dict[tuple, tuple[Callable[[Any], Any], Any]] = {}
+
     def _allreduce_fn(self, natives: tuple, block: tuple[int, ...], dtype: Any, op: str) -> tuple:
         """A compiled shard_map over ``natives`` reducing one ``block``-shaped shard per device."""
         key = (natives, block, str(dtype), op)
-        hit = self.core._allreduce_cache.get(key)
+        hit = self._allreduce_cache.get(key)
         if hit is not None:
             return hit
         jax, jnp = self.core.jax, self.core.jnp
@@ -63,10 +70,10 @@ class JaxCollectives(Concern, SupportsNativeCollectives):
                              out_specs=PartitionSpec("i"))
         gshape = (block[0] * n,) + tuple(block[1:])
         compiled = jax.jit(smap).lower(jax.ShapeDtypeStruct(gshape, dtype, sharding=sharding)).compile()
-        with self.core._lock:
-            if len(self.core._allreduce_cache) >= _CACHE_MAX:
-                self.core._allreduce_cache.clear()
-            self.core._allreduce_cache[key] = (compiled, sharding)
+        with self._lock:
+            if len(self._allreduce_cache) >= _CACHE_MAX:
+                self._allreduce_cache.clear()
+            self._allreduce_cache[key] = (compiled, sharding)
         return compiled, sharding
 
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:

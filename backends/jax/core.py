@@ -82,15 +82,9 @@ class JaxCore(BaseBackend):
         self._to_native: dict[Device, Any] = {}
         self._from_native: dict[Any, Device] = {}
         self._caps: dict[bool, Capabilities] = {}
-        self._allreduce_cache: dict[tuple, tuple[Callable[[Any], Any], Any]] = {}
         self._reported: list[weakref.ref] = []  # failed arrays whose error synchronize already raised
-        self._pinned_kinds: dict[Any, bool] = {}  # native device -> has a pinned_host memory kind
-        self._dlpack_dtypes: set[Any] = set()  # dtypes DLPack was seen to carry
         self._sharding_devs: dict[Any, Device] = {}  # single-device sharding -> its Device (device_of)
-        self._shardings: dict[Any, Any] = {}  # multidev Layout -> NamedSharding (sharding.py)
-        self._layouts: dict[Any, tuple[Any]] = {}  # jax sharding -> (its multidev Layout or None,)
         self._dtype_names: dict[Any, str] = {}  # NumPy dtype -> canonical name (dtype_of)
-        self._grad_fns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loss fn -> jitted grad
         #: Pageable uploads to an accelerator from this size up go in pieces from several threads
         #: (multidev.adapter.parallel_put), of the size measured fastest (docs/transfers.md).
         self.staging = StagingPlan(chunk=16 << 20, threshold=32 << 20)

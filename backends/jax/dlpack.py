@@ -64,13 +64,17 @@ class JaxDLPack(Concern, SupportsDLPack):
 
     core: JaxCore
 
+    def __init__(self, core: JaxCore) -> None:
+        super().__init__(core)
+        self._dlpack_dtypes: set[Any] = set()  # dtypes DLPack was seen to carry
+
     def export_dlpack(self, x: Any) -> Any:
         if len(x.sharding.device_set) != 1:
             self.core._native_of(x)  # a multi-device array has no single buffer: DeviceMismatchError
-        if x.dtype not in self.core._dlpack_dtypes:
+        if x.dtype not in self._dlpack_dtypes:
             if not self.core.jax.dlpack.is_supported_dtype(x.dtype):
                 raise CapabilityError(f"jax backend: DLPack cannot carry dtype {x.dtype}")
-            self.core._dlpack_dtypes.add(x.dtype)
+            self._dlpack_dtypes.add(x.dtype)
         return x  # jax.Array has __dlpack__ and __dlpack_device__
 
     def import_dlpack(self, obj: Any, device: Device) -> Any:

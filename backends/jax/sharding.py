@@ -17,6 +17,11 @@ class JaxSharding(Concern, SupportsSharding):
 
     core: JaxCore
 
+    def __init__(self, core: JaxCore) -> None:
+        super().__init__(core)
+        self._shardings: dict[Any, Any] = {}  # multidev Layout -> NamedSharding
+        self._layouts: dict[Any, tuple[Any]] = {}  # jax sharding -> (its multidev Layout or None,)
+
     def sharding_for(self, layout: Any, shape: tuple[int, ...]) -> Any:
         if layout.partial:
             return None
@@ -27,7 +32,7 @@ class JaxSharding(Concern, SupportsSharding):
                                   f"dimension {d} of shape {tuple(shape)} has {n} elements for {k} pieces "
                                   f"(layout {layout.spec_text()}); pad it to a multiple of {k}, or use a backend "
                                   "with managed shards, which follow numpy.array_split")
-        cache = self.core._shardings  # layout -> its NamedSharding (one object: JAX's own caches key by it)
+        cache = self._shardings  # layout -> its NamedSharding (one object: JAX's own caches key by it)
         hit = cache.get(layout)
         if hit is None:
             P = self.core.jax.sharding.PartitionSpec
@@ -40,14 +45,14 @@ class JaxSharding(Concern, SupportsSharding):
     def layout_of(self, x: Any) -> Any:
         sh = getattr(x, "sharding", None)
         try:
-            hit = self.core._layouts.get(sh)
+            hit = self._layouts.get(sh)
         except TypeError:  # an unhashable sharding: read it the long way
             hit = None
         if hit is not None:
             return hit[0]
         if sh is None or (len(sh.device_set) == 1 and not isinstance(sh, self.core.jax.sharding.NamedSharding)):
-            if sh is not None and len(self.core._layouts) < 1024:
-                self.core._layouts[sh] = (None,)
+            if sh is not None and len(self._layouts) < 1024:
+                self._layouts[sh] = (None,)
             return None
         if not isinstance(sh, self.core.jax.sharding.NamedSharding):
             raise CapabilityError(f"jax backend: this array's {type(sh).__name__} is no NamedSharding; multidev "
@@ -55,8 +60,8 @@ class JaxSharding(Concern, SupportsSharding):
         mesh = self.core.mesh.from_native_mesh(sh.mesh)
         spec = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in sh.spec]
         lay = Layout(mesh, spec)
-        if len(self.core._layouts) < 1024:
-            self.core._layouts[sh] = (lay,)
+        if len(self._layouts) < 1024:
+            self._layouts[sh] = (lay,)
         return lay
 
     def shards_of(self, x: Any) -> list[Any]:

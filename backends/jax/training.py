@@ -19,15 +19,20 @@ class JaxTraining(TrainingDefaults):
 
     core: JaxCore
 
+    def __init__(self, core: JaxCore) -> None:
+        super().__init__(core)
+        self._grad_fns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loss fn -> jitted grad
+        self._sgd_step: Any = None  # the jitted out-of-place SGD step, made on first use
+
     def sgd_update(self, params: Sequence[Any], grads: Sequence[Any], lr: float) -> list[Any]:
-        step = self.core.__dict__.get("_sgd_step")
+        step = self._sgd_step
         if step is None:
             jax = self.core.jax
 
             def update(ps: list[Any], gs: list[Any], lr: Any) -> list[Any]:
                 return [p - lr * g for p, g in zip(ps, gs)]  # lr: a weakly typed scalar, p's dtype kept
 
-            step = self.core.__dict__["_sgd_step"] = jax.jit(update)
+            step = self._sgd_step = jax.jit(update)
         try:
             return list(step(list(params), list(grads), float(lr)))
         except ValueError:  # parameters on several devices: one jitted call cannot span them
@@ -35,7 +40,7 @@ class JaxTraining(TrainingDefaults):
 
     def value_and_grad(self, fn: Callable[..., Any], params: Sequence[Any], args: tuple) -> tuple[Any, list[Any]]:
         jax = self.core.jax
-        vg = self.core._grad_fns.get(fn) if _weakrefable(fn) else None
+        vg = self._grad_fns.get(fn) if _weakrefable(fn) else None
         if vg is None:
             # The cached function holds fn weakly, so the cache entry goes when fn does.
             ref: Callable[[], Any] = weakref.ref(fn) if _weakrefable(fn) else (lambda: fn)
@@ -47,7 +52,7 @@ class JaxTraining(TrainingDefaults):
                 jitted = vg  # data-dependent Python control flow: differentiate op by op
                 value, grads = vg(list(params), *args)
             if _weakrefable(fn):
-                self.core._grad_fns[fn] = jitted
+                self._grad_fns[fn] = jitted
             return value, list(grads)
         value, grads = vg(list(params), *args)
         return value, list(grads)

@@ -21,6 +21,10 @@ class JaxTransfers(Concern, SupportsNonBlocking):
 
     core: JaxCore
 
+    def __init__(self, core: JaxCore) -> None:
+        super().__init__(core)
+        self._pinned_kinds: dict[Any, bool] = {}  # native device -> has a pinned_host memory kind
+
     def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], Any] | None]:
         """Dispatched, not awaited. To the host: the copy into pinned host memory is dispatched now
         (it runs once x is computed, overlapping with later work); the CPU array is made from it when
@@ -97,13 +101,13 @@ class JaxTransfers(Concern, SupportsNonBlocking):
         return self.core.jax.device_put(x, sh.with_memory_kind("pinned_host"))
 
     def _has_pinned(self, nd: Any) -> bool:
-        hit = self.core._pinned_kinds.get(nd)
+        hit = self._pinned_kinds.get(nd)
         if hit is None:
             try:
                 hit = any(m.kind == "pinned_host" for m in nd.addressable_memories())
             except Exception:  # noqa: BLE001 - memory kinds are not implemented on every plugin
                 hit = False
-            self.core._pinned_kinds[nd] = hit
+            self._pinned_kinds[nd] = hit
         return hit
 
     def staged_put(self, arr: np.ndarray, native: Any) -> Any:

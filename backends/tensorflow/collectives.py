@@ -29,6 +29,15 @@ class TensorflowCollectives(Concern, SupportsNativeCollectives):
 
     core: TensorflowCore
 
+    def __init__(self, core: TensorflowCore) -> None:
+        super().__init__(core)
+        self._lock = threading.Lock()
+        self._tokens: dict[Device, Any] = {}  # per-device ordering tokens of native_allreduce
+        self._groups: dict[tuple[Device, ...], int] = {}
+        self._fns: dict[tuple[Any, ...], Any] = {}
+        self._group_locks: dict[tuple[Device, ...], threading.Lock] = {}
+        self._instance_keys: dict[tuple[Any, ...], Any] = {}  # call signature -> instance key tensor
+
     def native_allreduce(self, xs: Sequence[Any], op: str) -> list[Any]:
         """TF's collective all-reduce (``CollectiveReduceV2``, one op per device launched together in
         one tf.function; ring on CPUs, NCCL hinted on GPUs); out of place, result i on xs[i]'s device.
@@ -85,13 +94,13 @@ class TensorflowCollectives(Concern, SupportsNativeCollectives):
         # reused for another shape or dtype aborts that collective and every later one. Calls of one
         # group are serialized so that no two share a key concurrently.
         sig = (devs, tuple(self.core.shape_of(ins[0])), ins[0].dtype.name, merge, final)
-        with self.core._lock:
-            group_lock = self.core._group_locks.setdefault(devs, threading.Lock())
-            instance = self.core._instance_keys.get(sig)
+        with self._lock:
+            group_lock = self._group_locks.setdefault(devs, threading.Lock())
+            instance = self._instance_keys.get(sig)
             if instance is None:
                 with tf.device(self.core.to_native_device(Device("cpu", 0))):
-                    instance = tf.constant(len(self.core._instance_keys) % (2**31 - 2) + 1, dtype=tf.int32)
-                self.core._instance_keys[sig] = instance
+                    instance = tf.constant(len(self._instance_keys) % (2**31 - 2) + 1, dtype=tf.int32)
+                self._instance_keys[sig] = instance
         with group_lock:
             outs = fn(ins, instance)
         nd = self.core.to_native_dtype(dtype)
@@ -115,20 +124,20 @@ class TensorflowCollectives(Concern, SupportsNativeCollectives):
         """A cached tf.function launching one CollectiveReduceV2 per device, concurrently; traced
         once per (devices, op, dtype), for every shape."""
         tf = self.core.tf
-        with self.core._lock:
+        with self._lock:
             fkey = (devs, merge, final, dtype)
-            fn = self.core._fns.get(fkey)
+            fn = self._fns.get(fkey)
             if fn is not None:
                 return fn
-            group = self.core._groups.setdefault(devs, _GROUP_KEY_BASE + len(self.core._groups))
+            group = self._groups.setdefault(devs, _GROUP_KEY_BASE + len(self._groups))
             tokens = []
             for d in devs:
-                if d not in self.core._tokens:
+                if d not in self._tokens:
                     # Collectives are stateful: without a per-device ordering token, tf.function's
                     # automatic control dependencies run them one after another, and they deadlock.
                     with tf.init_scope(), tf.device(self.core.to_native_device(d)):
-                        self.core._tokens[d] = tf.Variable(0.0, trainable=False)
-                tokens.append(self.core._tokens[d])
+                        self._tokens[d] = tf.Variable(0.0, trainable=False)
+                tokens.append(self._tokens[d])
             names = [self.core.to_native_device(d) for d in devs]
             hint = "nccl" if devs[0].is_gpu else "auto"
 
@@ -148,5 +157,5 @@ class TensorflowCollectives(Concern, SupportsNativeCollectives):
             # Each group's function traces once, but all share one code object, which TF's retracing
             # detector counts together: silence its "excessive retracing" warning for them.
             allreduce._omit_frequent_tracing_warning = True
-            self.core._fns[fkey] = allreduce
+            self._fns[fkey] = allreduce
             return allreduce

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -57,12 +56,6 @@ class TensorflowCore(BaseBackend):
         self._devices = sorted(devs)
         self.check_virtual_devices(sum(1 for d in devs if d.kind == "cpu"))
         self._parsed: dict[str, Device] = {}  # tensor.device string -> Device, cached
-        self._lock = threading.Lock()
-        self._tokens: dict[Device, Any] = {}  # per-device ordering tokens of native_allreduce
-        self._groups: dict[tuple[Device, ...], int] = {}
-        self._fns: dict[tuple[Any, ...], Any] = {}
-        self._group_locks: dict[tuple[Device, ...], threading.Lock] = {}
-        self._instance_keys: dict[tuple[Any, ...], Any] = {}  # call signature -> instance key tensor
         has_gpu = any(d.is_gpu for d in self._devices)
         self._caps = Capabilities(
             mutable=False,
