@@ -28,7 +28,8 @@ Algorithms of :func:`allreduce` (all produce the same values within the dtype's 
   first device (``ceil(log2 n)`` rounds), then a broadcast down the same tree.
 - ``native``: the adapter's framework path (NCCL, psum, kvstore, ...); CapabilityError where the
   backend advertises none.
-- ``auto`` (:func:`choose_algorithm`): the algorithm a measured cost model predicts fastest for
+- ``auto`` (:func:`choose_algorithm`): ``naive`` where the backend reduces shared memory in one pass
+  (below); else the algorithm a measured cost model predicts fastest for
   the backend, the device kind, the device count and the bytes per device (``native`` only where
   ``deterministic`` is False); without a model for them, ``native`` when the backend has it, every
   device is an accelerator and ``deterministic`` is False, else ``tree`` for small tensors (at most
@@ -36,6 +37,12 @@ Algorithms of :func:`allreduce` (all produce the same values within the dtype's 
   devices always take ``tree``. The model: ``multidev/data/collective_model.json`` (package data, fitted
   from the bench's collectives suite; ``$MULTIDEV_COLLECTIVE_MODEL`` names a file to use instead,
   see :func:`cost_model`).
+
+One pass over shared memory: a backend whose devices share one memory (NumPy's virtual devices) may
+have ``shared_memory_allreduce(xs, op, orders, divide_by, inplace)``; where it has, ``naive``, ``ring``
+and ``tree`` hand it their reduction order (:func:`_orders`) instead of running their steps: each
+input is read once and each result written once (in place: into the inputs, allocating nothing), the
+values bit for bit those of the steps. It may decline (None): the steps then run.
 
 Determinism: ``naive``, ``ring`` and ``tree`` are deterministic by construction: every element is
 reduced in a fixed order set by the algorithm and the list order (naive: ``x0, x1, ..., x(n-1)``;
