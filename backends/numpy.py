@@ -377,15 +377,15 @@ class NumpyBackend(BaseBackend):
 
     def shared_memory_allreduce(self, xs: Sequence[Any], op: str, orders: Sequence[tuple[int, int, Any]],
                                 divide_by: int | None, inplace: bool) -> list[Any] | None:
-        """The core's allreduce over virtual devices (one memory) in one synchronous pass: per block of
-        _BLOCK_BYTES each input read once, reduced in ``orders``' fixed order (``(lo, hi, expr)`` on the flat
-        elements, ``expr`` an input's index or a pair ``combine(op, left, right)``), divided by ``divide_by``
-        as :meth:`divide` does, written into each result: the inputs with ``inplace`` (nothing allocated),
-        else the rows of one allocation. None: declined (0-d, not C-contiguous, overlapping)."""
+        """The core's allreduce over virtual devices in one synchronous pass: per block of _BLOCK_BYTES each
+        input read once, reduced in ``orders``' fixed order (``(lo, hi, expr)`` on the flat elements, ``expr``
+        an input or a pair ``combine(op, left, right)``), divided as :meth:`divide` does, written into each
+        result: the inputs with ``inplace`` (nothing allocated), else the rows of one allocation. None:
+        declined (0-d, not C-contiguous; in place: overlapping, or NumPy set to raise mid-way)."""
         flat = [np.asarray(_plain(x)) for x in xs]
         shape, dt, size = flat[0].shape, flat[0].dtype, flat[0].size
-        if not shape or not all(a.flags.c_contiguous for a in flat) or (inplace and any(
-                np.may_share_memory(a, c) for i, a in enumerate(flat) for c in flat[i + 1:])):
+        if not shape or not all(a.flags.c_contiguous for a in flat) or (inplace and (any(np.may_share_memory(
+                a, c) for i, a in enumerate(flat) for c in flat[i + 1:]) or "raise" in np.geterr().values())):
             return None
         flat, unit = [a.reshape(-1) for a in flat], max(1, HOST_ALIGNMENT // dt.itemsize)  # (rows start aligned)
         outs = flat if inplace else list(_aligned((len(xs), -(-size // unit) * unit), dt)[:, :size])

@@ -190,3 +190,16 @@ def test_structures_in_place_and_not(small_blocks: None) -> None:
     for t in trees:
         for k in total:
             np.testing.assert_allclose(np.asarray(t[k]), total[k], rtol=1e-6)
+
+
+def test_in_place_under_raising_float_errors_writes_nothing_on_failure(small_blocks: None) -> None:
+    """NumPy set to raise on overflow: the failure may come mid-way, so in place the one pass
+    declines and the portable steps compute everything before writing (inputs bit-identical)."""
+    xs = [md.asarray(np.ones(300), dtype="float16", device=f"cpu:{i}", backend="numpy") for i in range(3)]
+    for x in xs:
+        x[299] = 60000.0  # the overflow in the last block only: a one pass would have written the others
+    before = [_bits(x) for x in xs]
+    with np.errstate(over="raise"), pytest.raises(Exception) as e:
+        md.allreduce(xs, "sum", algorithm="naive", inplace=True)
+    assert "overflow" in str(e.value).lower()
+    assert [_bits(x) for x in xs] == before
