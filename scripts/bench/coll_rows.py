@@ -164,15 +164,16 @@ def main(argv: list[str] | None = None) -> int:
             r = measure(md, a.backend, devs, s, a.rounds, a.spread)
             rows.append(r)
             print(markdown([r], "").splitlines()[-1], flush=True)
-    header = (f"python {' '.join(sys.argv)}  \n{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-              f"load {tuple(round(x, 2) for x in load)} -> {tuple(round(x, 2) for x in os.getloadavg())}, "
-              f"{time.time() - t0:.0f} s, {a.rounds} alternating rounds a row (medians)")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"command": sys.argv, "rows": rows, "header": header}, f, indent=1)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(markdown(rows, header))
+            header = (f"python {' '.join(sys.argv)}  \n{platform.processor() or platform.machine()}, "
+                      f"{os.cpu_count()} CPUs, load {tuple(round(x, 2) for x in load)} -> "
+                      f"{tuple(round(x, 2) for x in os.getloadavg())}, {time.time() - t0:.0f} s, {a.rounds} "
+                      "alternating rounds a row (medians)")
+            if a.json:  # (after every row: a run cut by a time cap keeps what it measured)
+                with open(a.json, "w") as f:
+                    json.dump({"command": sys.argv, "rows": rows, "header": header}, f, indent=1)
+            if a.markdown:
+                with open(a.markdown, "w") as f:
+                    f.write(markdown(rows, header))
     return 0
 
 

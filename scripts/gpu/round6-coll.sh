@@ -46,10 +46,10 @@ rows() {  # rows NAME CAP ARGS...: scripts/bench/coll_rows.py, capped; its table
 }
 
 stamp "1. NumPy allreduce rows: 2, 4, 8 virtual devices, $BIG"
-rows numpy 120 --backend numpy --counts 2,4,8 --sizes "$BIG" --rounds $R
+rows numpy 110 --backend numpy --counts 2,4,8 --sizes "$BIG" --rounds $R
 
 stamp "2. the bench's collectives study (NumPy, 8 virtual devices, to $MAXB) and its report"
-timeout -k 10 100 "$PY" -m multidev.cli bench --no-progress --max-time 85 --backend numpy --suite collectives \
+timeout -k 10 90 "$PY" -m multidev.cli bench --no-progress --max-time 75 --backend numpy --suite collectives \
   --cpu-devices 8 --max-bytes $MAXB $STUDY --json "$W/bench-collectives.json" > "$W/bench-collectives.txt" 2>&1
 echo "bench collectives exit $?"
 grep -E "^(met|MISSED|INVALID|UNSTABLE|warning)|correctness" "$W/bench-collectives.txt" | head -60
@@ -60,12 +60,12 @@ if [ -s "$W/bench-collectives.json" ]; then
 fi
 
 stamp "3. auto against the best on JAX's virtual CPU devices (2, 4, 8; $SMALL)"
-rows jax-cpu 50 --backend jax --counts 2,4,8 --sizes "$SMALL" --rounds 11
+rows jax-cpu 45 --backend jax --counts 2,4,8 --sizes "$SMALL" --rounds 11
 
 stamp "4. auto against the best beside the one GPU: gpu:0 + cpu:0 (torch, JAX)"
 if [ "${DRY_RUN:-0}" = 1 ]; then echo "(no GPU: skipped)"; else
-  rows torch-gpu 35 --backend torch --devices gpu:0,cpu:0 --sizes "$GPU" --rounds 15
-  rows jax-gpu 35 --backend jax --devices gpu:0,cpu:0 --sizes "$GPU" --rounds 15
+  rows torch-gpu 30 --backend torch --devices gpu:0,cpu:0 --sizes "$GPU" --rounds 15
+  rows jax-gpu 30 --backend jax --devices gpu:0,cpu:0 --sizes "$GPU" --rounds 15
 fi
 
 stamp "done: tables into $TAG-rows.md, the step outputs into details.tar.gz"
