@@ -15,7 +15,8 @@ from multidev.adapters import numpy as npb
 from multidev.errors import CollectiveInputError
 from multidev.validate import check_op
 
-DTYPES = ["float32", "float16", "float64", "int8", "uint8", "int64", "bool", "complex64"]
+DTYPES = ["float32", "float16", "float64", "int8", "uint8", "int64", "bool", "complex64",
+          *(["bfloat16"] if "bfloat16" in md.backend("numpy").capabilities.dtypes else [])]  # (ml_dtypes)
 SHAPES = [(7,), (3, 5), (2, 33), (0,), (1,)]
 
 
