@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import numbers
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
@@ -367,67 +368,74 @@ def _filled(what: str, value: Any, shape: int | Sequence[int], dtype: Any, devic
 def _constant(what: str, value: int, shape: int | Sequence[int], dtype: Any, device: DeviceLike | None,
               backend: str | None) -> Any:
     """zeros and ones (``value`` 0 or 1, float32 by default): :func:`_filled`'s checks, made once per
-    (backend, device, dtype) spelling and kept as a plan (:data:`_PLANS`); a call then checks its
-    shape, that the device is still the backend's, that the backend's capabilities are those the
-    plan was made with, and the host memory."""
+    (backend, device, dtype) spelling and kept as a plan (:data:`_PLANS`) with the adapter's
+    ``filler`` for them; a call then checks its shape, that the backend's capabilities are those
+    the plan was made with (else it plans again: the device and dtype checked anew), and the host
+    memory."""
     if device is None:
         device = scope_device.get()
     if backend is None:
         backend = scope_backend.get()
-    key: tuple[Any, ...] | None = (what, backend if backend is not None else _backend(None), device, dtype)
+    key: tuple[Any, ...] | None = (what, backend, device, dtype)
     try:
         plan = _PLANS.get(key)  # type: ignore[arg-type]
     except TypeError:  # an unhashable spelling: no plan
         plan = key = None
-    fresh = plan is None
-    if plan is None:
-        b = _backend(backend)
-        dev = resolve(b, device)
-        name = _checked_dtype(b, dtype, "float32", dev)
-        have = host_memory() if dev.kind == "cpu" else None  # a host tensor: at most this many elements
-        plan = (b, b.capabilities, dev, name, check_fill(value, name),
-                max(1, have // ITEMSIZE.get(name, 8)) if have is not None else 0)
-        if key is not None and len(_PLANS) < _PLANS_MAX:
-            _PLANS[key] = plan
-    b, caps, dev, name, fill, host_max = plan
-    now = b.capabilities
-    if not fresh and ((now is not caps and now != caps) or dev not in b.devices()):  # changed: plan again
+    if plan is None or (plan[1] is not plan[0].capabilities and plan[1] != plan[0].capabilities):
         # (by value: an adapter's property may return a new, equal object on every read)
-        if key is not None:
-            _PLANS.pop(key, None)
-        return _constant(what, value, shape, dtype, device, backend)
-    # the shape: a plain int, or a short tuple of plain non-negative ints, inline; else check_shape
-    n = 1
+        plan = _plan_constant(what, value, key, dtype, device, backend)
+    b, _caps, make, host_max, name = plan
     shp: tuple[int, ...]
-    if shape.__class__ is int and shape >= 0:
+    if shape.__class__ is int and 0 <= shape <= host_max:  # the common cases, inline
         shp = (shape,)
-        n = shape
-    elif shape.__class__ is tuple and len(shape) <= 4:
+    elif shape.__class__ is tuple and len(shape) == 1 and shape[0].__class__ is int and 0 <= shape[0] <= host_max:
         shp = shape
+    else:  # a short tuple of plain non-negative ints inline, else check_shape; then the host memory
+        shp = shape  # type: ignore[assignment]
+        if shape.__class__ is not tuple or len(shape) > 4:
+            shp = check_shape(shape)
+        n = 1
         for s in shp:
             if s.__class__ is not int or s < 0:
                 shp = check_shape(shape)
                 break
             n *= s
-    else:
-        shp = check_shape(shape)
-    if host_max:
-        if len(shp) != 1 or shp is not shape:
-            n = 1
-            for s in shp:
-                n *= s
         if n > host_max:
             check_memory(shp, name, True, f"{b.name} {what}")
     try:
-        return b.full(shp, fill, name, dev)
+        return make(shp)
     except Exception as e:  # noqa: BLE001 - translated by reraise
         translate_errors(lambda: f"{b.name} {what}").reraise(e)
 
 
+def _plan_constant(what: str, value: int, key: tuple[Any, ...] | None, dtype: Any, device: DeviceLike,
+                   backend: str | None) -> tuple[Any, ...]:
+    """The plan of :func:`_constant`: the adapter, its capabilities, the filler, the most elements
+    of a tensor the host memory holds (no limit on an accelerator) and the dtype's name. The device
+    is checked here: an adapter's devices are fixed once it has started (a change of its
+    capabilities plans again)."""
+    b = _backend(backend)
+    dev = resolve(b, device)
+    name = _checked_dtype(b, dtype, "float32", dev)
+    have = host_memory() if dev.kind == "cpu" else None  # a host tensor: at most this many elements
+    fill = check_fill(value, name)
+    with translate_errors(f"{b.name} {what}"):
+        make = b.filler(fill, name, dev) if hasattr(b, "filler") else _full_of(b, fill, name, dev)
+    plan = (b, b.capabilities, make, max(1, have // ITEMSIZE.get(name, 8)) if have is not None else sys.maxsize,
+            name)
+    if key is not None and len(_PLANS) < _PLANS_MAX:
+        _PLANS[key] = plan
+    return plan
+
+
+def _full_of(b: Backend, value: Any, dtype: str, device: Device) -> Callable[[tuple[int, ...]], Any]:
+    """``shape -> b.full(shape, value, dtype, device)``: the filler of an adapter without one."""
+    return lambda shape: b.full(shape, value, dtype, device)
+
+
 #: (call, backend name or adapter, device spelling, dtype spelling) -> (adapter, capabilities,
-#: device, dtype name, fill value, most elements of a host tensor the memory holds): what zeros and
-#: ones checked once. Cleared when
-#: the registry changes (tie_cache); bounded.
+#: filler, most elements of a host tensor the memory holds, dtype name): what zeros and ones checked once.
+#: Cleared when the registry changes (tie_cache); bounded.
 _PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = tie_cache({})
 _PLANS_MAX = 1024
 
