@@ -592,6 +592,9 @@ def device_of(x: Any) -> Device:
     """The device tensor ``x`` lives on; for a structure (lists, tuples, named tuples, dicts, a
     framework's trees and models), the one device of all its tensors, else DeviceMismatchError
     saying where they are. Never copies or waits."""
+    b = cached_owner(type(x))  # a tensor of a class seen before: one lookup (owner_or_structure's first)
+    if b is not None:
+        return b.device_of(x)
     try:
         b = owner_or_structure(x)
     except UnsupportedTensorError:
