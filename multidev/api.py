@@ -40,7 +40,7 @@ from .registry import (
     tie_cache,
     waiter_of,
 )
-from .sharding import ShardedTensor, is_sharded, place, sharded_device, unshard
+from .sharding import ShardedTensor, is_sharded, map_shards, place, sharded_device, unshard
 from .transfer import start_to
 from .trees import is_structure, leaves, owner_or_structure, resident_container, tree_map
 from .validate import (
@@ -370,7 +370,7 @@ def _constant(what: str, value: int, shape: int | Sequence[int], dtype: Any, dev
     """zeros and ones (``value`` 0 or 1, float32 by default): :func:`_filled`'s checks, made once per
     (backend, device, dtype) spelling and kept as a plan (:data:`_PLANS`) with the adapter's
     ``filler`` for them; a call then checks its shape, that the backend's capabilities are those
-    the plan was made with (else it plans again: the device and dtype checked anew), and the host
+    the plan was made with and that it still has the device (else it plans again), and the host
     memory."""
     if device is None:
         device = scope_device.get()
@@ -381,10 +381,12 @@ def _constant(what: str, value: int, shape: int | Sequence[int], dtype: Any, dev
         plan = _PLANS.get(key)  # type: ignore[arg-type]
     except TypeError:  # an unhashable spelling: no plan
         plan = key = None
-    if plan is None or (plan[1] is not plan[0].capabilities and plan[1] != plan[0].capabilities):
-        # (by value: an adapter's property may return a new, equal object on every read)
+    if (plan is None or (plan[1] is not plan[0].capabilities and plan[1] != plan[0].capabilities)
+            or plan[5] not in plan[0].devices()):
+        # (capabilities by value: an adapter's property may return a new, equal object on every read;
+        # the device: NumPy's virtual devices can be fewer now)
         plan = _plan_constant(what, value, key, dtype, device, backend)
-    b, _caps, make, host_max, name = plan
+    b, _caps, make, host_max, name, _dev = plan
     shp: tuple[int, ...]
     if shape.__class__ is int and 0 <= shape <= host_max:  # the common cases, inline
         shp = (shape,)
@@ -411,9 +413,7 @@ def _constant(what: str, value: int, shape: int | Sequence[int], dtype: Any, dev
 def _plan_constant(what: str, value: int, key: tuple[Any, ...] | None, dtype: Any, device: DeviceLike,
                    backend: str | None) -> tuple[Any, ...]:
     """The plan of :func:`_constant`: the adapter, its capabilities, the filler, the most elements
-    of a tensor the host memory holds (no limit on an accelerator) and the dtype's name. The device
-    is checked here: an adapter's devices are fixed once it has started (a change of its
-    capabilities plans again)."""
+    of a tensor the host memory holds (no limit on an accelerator), the dtype's name and the device."""
     b = _backend(backend)
     dev = resolve(b, device)
     name = _checked_dtype(b, dtype, "float32", dev)
@@ -422,7 +422,7 @@ def _plan_constant(what: str, value: int, key: tuple[Any, ...] | None, dtype: An
     with translate_errors(f"{b.name} {what}"):
         make = b.filler(fill, name, dev) if hasattr(b, "filler") else _full_of(b, fill, name, dev)
     plan = (b, b.capabilities, make, max(1, have // ITEMSIZE.get(name, 8)) if have is not None else sys.maxsize,
-            name)
+            name, dev)
     if key is not None and len(_PLANS) < _PLANS_MAX:
         _PLANS[key] = plan
     return plan
@@ -434,7 +434,8 @@ def _full_of(b: Backend, value: Any, dtype: str, device: Device) -> Callable[[tu
 
 
 #: (call, backend name or adapter, device spelling, dtype spelling) -> (adapter, capabilities,
-#: filler, most elements of a host tensor the memory holds, dtype name): what zeros and ones checked once.
+#: filler, most elements of a host tensor the memory holds, dtype name, device): what zeros and ones
+#: checked once.
 #: Cleared when the registry changes (tie_cache); bounded.
 _PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = tie_cache({})
 _PLANS_MAX = 1024
@@ -610,7 +611,8 @@ def _structure_device(x: Any) -> Device:
     """device_of for a structure: its tensors' one device."""
     where: dict[Device, list[str]] = {}
     for path, t in leaves(x, "device_of"):
-        where.setdefault(backend_of(t).device_of(t), []).append("".join(f"[{p!r}]" for p in path) or "(itself)")
+        dev = sharded_device(t) if t.__class__ is ShardedTensor else backend_of(t).device_of(t)
+        where.setdefault(dev, []).append("".join(f"[{p!r}]" for p in path) or "(itself)")
     if not where:
         raise InvalidArgumentError(f"device_of: this {type(x).__name__} holds no tensor, so it has no device")
     if len(where) > 1:
@@ -726,12 +728,30 @@ def copy(x: _T, device: DeviceLike | None = None) -> _T:
     ``copyto``. Always copies, even on the same device. A structure is copied tensor by tensor
     (a model into a new, independent model); its leaves that are no tensor follow :func:`to`'s rule
     (a JAX tree's scalars become arrays on ``device``, or uncommitted on JAX's default device where
-    ``device`` is None, as ``jax.device_put(tree)`` makes them)."""
+    ``device`` is None, as ``jax.device_put(tree)`` makes them). A :class:`ShardedTensor`: every
+    piece copied on its own device, the layout kept (``device`` None), or the whole tensor in a new
+    buffer on ``device``."""
+    if x.__class__ is ShardedTensor:
+        return _sharded_copy(x, device)  # type: ignore[return-value]
     b = owner_or_structure(x)
     if b is None:
         return _structure_copy(x, device)
-    dev = b.device_of(x) if device is None else resolve(b, device)
+    try:
+        dev = b.device_of(x) if device is None else resolve(b, device)
+    except DeviceMismatchError:  # a framework's own sharded tensor (JAX's): every piece, the layout kept
+        if not is_sharded(x):
+            raise
+        return map_shards(x, copy)
     return _native(b, "copy", b.copy, x, dev)
+
+
+def _sharded_copy(x: ShardedTensor, device: DeviceLike | None) -> Any:
+    """copy of a ShardedTensor (see :func:`copy`)."""
+    if device is None:
+        return map_shards(x, copy)
+    whole = unshard(x, device)
+    # (a replicated layout's piece on device may be the whole tensor itself: a new buffer all the same)
+    return copy(whole) if any(whole is p for p in x.shards) else whole
 
 
 def _structure_copy(x: Any, device: DeviceLike | None) -> Any:
@@ -847,7 +867,8 @@ def _synchronize(target: Any, backend: str | None) -> None:
                 return
             if is_structure(target):  # every tensor of a structure (a model's parameters too)
                 for _, t in leaves(target, "synchronize"):
-                    waiter_of(t)(t)
+                    for p in (t.shards if t.__class__ is ShardedTensor else (t,)):  # (every piece)
+                        waiter_of(p)(p)
                 return
             raise e from None  # neither a tensor nor a device: say so as a tensor error
         return _synchronize(dev, backend)
