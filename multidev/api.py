@@ -732,7 +732,7 @@ def copy(x: _T, device: DeviceLike | None = None) -> _T:
     piece copied on its own device, the layout kept (``device`` None), or the whole tensor in a new
     buffer on ``device``."""
     if x.__class__ is ShardedTensor:
-        return _sharded_copy(x, device)  # type: ignore[return-value]
+        return _sharded_copy(x, device)  # type: ignore[arg-type]
     b = owner_or_structure(x)
     if b is None:
         return _structure_copy(x, device)
