@@ -21,9 +21,10 @@ import copy
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .errors import InvalidArgumentError, UnsupportedTensorError
+from .errors import InvalidArgumentError, MultidevError, UnsupportedTensorError
 from .protocol import Backend, SupportsModels
-from .registry import backend_of, cached_owner, loaded_backends, preferred_backends, require
+from .registry import backend_of, cached_owner, get_backend, loaded_backends, preferred_backends, require
+from .sharding import ShardedTensor
 
 __all__ = ["is_structure", "leaves", "structure_owner", "tree_map"]
 
@@ -248,6 +249,10 @@ def _classify(x: Any, path: tuple[Any, ...], what: str, modules: bool, is_leaf: 
         return _NONE, None
     if is_leaf is not None and is_leaf(x):
         return _LEAF, x
+    if x.__class__ is ShardedTensor:  # multidev's own sharded tensor: a leaf of its pieces' adapter
+        b = get_backend(x.backend)
+        owners[id(b)] = b
+        return _LEAF, x
     try:
         b = backend_of(x)
     except UnsupportedTensorError:
@@ -322,6 +327,9 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
             raise InvalidArgumentError(f"{what}: the structure is nested deeper than {MAX_DEPTH} levels")
         if x is None:
             continue
+        if x.__class__ is ShardedTensor:  # a leaf, as a tensor is
+            add(path, x)
+            continue
         try:
             backend_of(x)
         except UnsupportedTensorError:
@@ -374,7 +382,12 @@ def resident_container(x: Any, device: Any) -> bool:
         return False
     for t in items:
         b = cached_owner(t.__class__)
-        if b is None or b.device_of(t) is not device:
+        if b is None:
+            return False
+        try:
+            if b.device_of(t) is not device:
+                return False
+        except MultidevError:  # no single device (a framework's sharded array): tree_map's route
             return False
         commit = getattr(b, "commit_resident", None)
         if commit is not None and commit(t) is not t:  # (JAX: an uncommitted array is committed by to)

@@ -392,3 +392,25 @@ def test_native_allreduce_unsupported_dtype(tb):
     with pytest.raises(CapabilityError):
         tb.collectives.native_allreduce(xs, "sum")
 
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "bool", "bfloat16"])
+def test_zeros_and_ones_through_the_filler_give_what_full_gives(tb, dtype):
+    """md.zeros/ones call the adapter's filler (torch's own zeros/ones with dtype and device bound),
+    kept per (dtype, device): the same tensors as ``full``, for every spelling of the shape."""
+    dev = Device("cpu", 0)
+    for value, fn in ((0, md.zeros), (1, md.ones)):
+        want = tb.full((2, 3), value, dtype, dev)
+        for shape in ((2, 3), [2, 3]):
+            got = fn(shape, dtype=dtype, device="cpu:0", backend="torch")
+            assert got.dtype == want.dtype and torch.equal(got, want)
+        assert torch.equal(fn(4, dtype=dtype, backend="torch"), tb.full((4,), value, dtype, dev))
+        assert torch.equal(fn((4,), dtype=dtype, backend="torch"), tb.full((4,), value, dtype, dev))
+        assert fn((), dtype=dtype, backend="torch").shape == ()
+    assert tb.filler(2.5, "float32", dev)((2,)).tolist() == [2.5, 2.5]  # a fill neither 0 nor 1: torch.full
+    with pytest.raises(md.InvalidArgumentError):
+        md.zeros(-1, backend="torch")
+    with pytest.raises(md.InvalidArgumentError):
+        md.zeros((2, -1), backend="torch")
+    with pytest.raises(md.OutOfMemoryError):
+        md.zeros((1 << 40, 1 << 10), backend="torch")
