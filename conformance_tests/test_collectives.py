@@ -222,7 +222,7 @@ def test_allreduce_large_tensor_auto_picks_a_fitting_algorithm(md_backend: Any, 
     never for a deterministic reduction); without a model, the documented rule (``native`` on
     accelerators that have it, else ``ring``; ``tree`` for a small deterministic one); before
     either, ``naive`` where the backend reduces its shared memory in one pass
-    (``shared_memory_allreduce``). The auto result is the sum either way."""
+    (``shared_memory_allreduce``) and over devices of two kinds. The auto result is the sum either way."""
     b = md_backend
     devs = _devs(md_devices, n)
     shape = (AUTO_TREE_MAX_BYTES // 4 // 50 + 1, 50)  # just above the tree limit in float32
@@ -232,6 +232,9 @@ def test_allreduce_large_tensor_auto_picks_a_fitting_algorithm(md_backend: Any, 
     small = choose_algorithm(b, (4 * len(devs),), "float32", devs, deterministic=True)
     if len(devs) > 1 and getattr(b, "shared_memory_allreduce", None) is not None:
         assert (chosen, small) == ("naive", "naive"), f"auto chose {chosen!r} and {small!r}, not the one pass"
+    elif len({d.kind for d in devs}) > 1:
+        assert (chosen, small) == ("naive", "naive"), \
+            f"auto chose {chosen!r} and {small!r} over devices of two kinds, not naive (the fewest crossings)"
     elif measured:
         nbytes = shape[0] * shape[1] * 4
         expected = _model_best(b.name, devs, nbytes, native=has_native)

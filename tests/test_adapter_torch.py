@@ -414,3 +414,23 @@ def test_zeros_and_ones_through_the_filler_give_what_full_gives(tb, dtype):
         md.zeros((2, -1), backend="torch")
     with pytest.raises(md.OutOfMemoryError):
         md.zeros((1 << 40, 1 << 10), backend="torch")
+
+
+def test_writable_answers_only_where_assign_always_writes(tb):
+    """``writable`` says True for a plain contiguous tensor (parameters too: assign writes under
+    no_grad) and None where only a write can tell (the core then probes): inference tensors and
+    strided views, which may overlap themselves."""
+    from multidev.validate import check_writable
+
+    assert tb.writable(torch.zeros(3)) is True
+    assert tb.writable(torch.nn.Parameter(torch.zeros(3))) is True
+    with torch.inference_mode():
+        inf = torch.zeros(3)
+    assert tb.writable(inf) is None
+    expanded = torch.zeros(1).expand(4)
+    assert tb.writable(expanded) is None
+    with pytest.raises(CapabilityError, match="cannot be written in place"):
+        check_writable(tb, inf, "probe")
+    with pytest.raises(CapabilityError, match="cannot be written in place"):
+        check_writable(tb, expanded, "probe")
+    check_writable(tb, torch.nn.Parameter(torch.zeros(3)), "probe")

@@ -387,6 +387,14 @@ class TorchCore(BaseBackend):
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
         return list(self.torch.split(x, [int(s) for s in sizes], dim=axis))
 
+    def writable(self, x: Any) -> bool | None:
+        """True for a plain contiguous tensor (what ``assign``, under ``no_grad``, always writes);
+        None (the core probes) for inference tensors, other layouts and strided views, which may
+        overlap themselves (an expanded tensor)."""
+        if x.layout is not self.torch.strided or x.is_inference() or not x.is_contiguous():
+            return None
+        return True
+
     def assign(self, dst: Any, src: Any) -> None:
         self.same_device("assign", (dst, src))
         with self.torch.no_grad():  # autograd refuses in-place writes into leaves (parameters)
