@@ -42,7 +42,7 @@ from .registry import (
 )
 from .sharding import ShardedTensor, is_sharded, map_shards, place, sharded_device, unshard
 from .transfer import start_to
-from .trees import is_structure, leaves, owner_or_structure, resident_container, tree_map
+from .trees import is_structure, leaves, model_owner, owner_or_structure, resident_container, tree_map
 from .validate import (
     MAX_ELEMENTS,
     check_fill,
@@ -713,8 +713,13 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
 
 def _structure_to(x: Any, device: DeviceLike) -> Any:
     """to() of a structure: every tensor moved (a resident one kept as the same object), models
-    moved in place by their framework (the same model returned)."""
+    moved in place by their framework (the same model returned; a model alone without the walk)."""
     dev = as_device(device)
+    owner = model_owner(x)
+    if owner is not None:
+        target = resolve(owner, dev)
+        with translate_errors(lambda: f"{owner.name} to({dev}) of a model"):
+            return require(owner, SupportsModels, "to").move_module(x, target)
 
     def move_module(b: Backend, m: Any) -> Any:
         with translate_errors(lambda: f"{b.name} to({dev}) of a model"):
