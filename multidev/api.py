@@ -24,7 +24,7 @@ from .errors import (
     translate_errors,
 )
 from .mesh import Layout
-from .placement import as_device, resolve, scope_backend, scope_device
+from .placement import as_device, cached_spelling, resolve, scope_backend, scope_device
 from .placement import default_device as default_device
 from .protocol import Backend, SupportsModels
 from .registry import (
@@ -678,19 +678,22 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
         dev = device if device.__class__ is Device else as_device(device)
         if resident_container(x, dev):  # (trees.resident_container)
             return x if cls is tuple else cls(x)  # (a list or dict: a new one, as tree_map gives)
-    try:  # (the layouts and sharded tensors of multidev.sharding are dispatched where they raise: no cost here)
-        b = owner_or_structure(x)
-    except UnsupportedTensorError:
-        if cls is not ShardedTensor:
-            raise
-        return place(x, device) if device.__class__ is Layout else unshard(x, device)
+    b = cached_owner(type(x))  # a tensor of a class seen before: one lookup (owner_or_structure's first)
     if b is None:
-        if device.__class__ is Layout:
-            raise InvalidArgumentError("to(x, layout) takes one tensor: place each tensor of a structure by its "
-                                       "own layout")
-        return _structure_to(x, device)
+        try:  # (the layouts and sharded tensors of multidev.sharding are dispatched where they raise: no cost here)
+            b = owner_or_structure(x)
+        except UnsupportedTensorError:
+            if cls is not ShardedTensor:
+                raise
+            return place(x, device) if device.__class__ is Layout else unshard(x, device)
+        if b is None:
+            if device.__class__ is Layout:
+                raise InvalidArgumentError("to(x, layout) takes one tensor: place each tensor of a structure by "
+                                           "its own layout")
+            return _structure_to(x, device)
     try:
-        dev = device if device.__class__ is Device else as_device(device)
+        dev = device if device.__class__ is Device else (
+            (device.__class__ is str and cached_spelling(device)) or as_device(device))
     except InvalidDeviceError:
         if device.__class__ is not Layout:
             raise
