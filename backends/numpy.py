@@ -47,6 +47,8 @@ _count_lock = threading.Lock()
 _DEVICE_LISTS: dict[int, tuple[Device, ...]] = {}  # device count -> its devices (devices())
 _DTYPE_NAMES: dict[Any, str] = {}  # NumPy dtype -> canonical name (dtype_of)
 _NATIVE_DTYPES: dict[str, Any] = {}  # canonical name -> NumPy dtype, once to_native_dtype allowed it
+_BLOCK_BYTES = 1 << 20  # the block shared_memory_allreduce reduces at a time
+_REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}  # combine's ufuncs
 _address = ctypes.addressof
 _first_byte = ctypes.c_char.from_buffer  # (an array's address without building __array_interface__)
 
@@ -74,8 +76,7 @@ def _copied(src: np.ndarray, dt: Any = None) -> np.ndarray:
 
 
 def _finished(x: Any) -> None:
-    """The wait of a NumPy array: its operations finished before they returned."""
-    return None
+    """The wait of a NumPy array: its operations finished before they returned (returns None)."""
 _ENV = "MULTIDEV_NUMPY_DEVICES"
 
 
@@ -355,9 +356,8 @@ class NumpyBackend(BaseBackend):
 
     # -- arithmetic for collectives ---------------------------------------------------------
     def combine(self, op: str, a: Any, b: Any) -> Any:
-        fn = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[op]
         dev = _common_device(op, a, b)
-        return _tag(fn(_plain(a), _plain(b)), dev)
+        return _tag(_REDUCE[op](_plain(a), _plain(b)), dev)
 
     def divide(self, x: Any, n: int) -> Any:
         p = _plain(x)
@@ -373,6 +373,42 @@ class NumpyBackend(BaseBackend):
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
         cuts = np.cumsum(list(sizes))[:-1]
         return _tag(list(np.split(_plain(x), cuts, axis=axis)), self.device_of(x))
+
+    def shared_memory_allreduce(self, xs: Sequence[Any], op: str, orders: Sequence[tuple[int, int, Any]],
+                                divide_by: int | None, inplace: bool) -> list[Any] | None:
+        """The core's allreduce over virtual devices in one synchronous pass: per block of _BLOCK_BYTES each
+        input read once, reduced in ``orders``' fixed order (``(lo, hi, expr)`` on the flat elements, ``expr``
+        an input or a pair ``combine(op, left, right)``), divided as :meth:`divide` does, written into each
+        result: the inputs with ``inplace`` (nothing allocated), else the rows of one allocation. None:
+        declined (0-d, not C-contiguous; in place: overlapping, or NumPy set to raise mid-way)."""
+        flat = [np.asarray(_plain(x)) for x in xs]
+        shape, dt, size = flat[0].shape, flat[0].dtype, flat[0].size
+        if not shape or not all(a.flags.c_contiguous for a in flat) or (inplace and (any(np.may_share_memory(
+                a, c) for i, a in enumerate(flat) for c in flat[i + 1:]) or "raise" in np.geterr().values())):
+            return None
+        flat, unit = [a.reshape(-1) for a in flat], max(1, HOST_ALIGNMENT // dt.itemsize)  # (rows start aligned)
+        outs = flat if inplace else list(_aligned((len(xs), -(-size // unit) * unit), dt)[:, :size])
+        fn, blk = _REDUCE[op], _BLOCK_BYTES // dt.itemsize
+        scratch: list[np.ndarray] = []  # partial results' blocks, never written while an operand (NumPy's
+
+        def value(e: Any, lo: int, hi: int, busy: tuple[int, ...]) -> tuple[np.ndarray, int]:  # loops round
+            if isinstance(e, int):  # complex products differently where the output aliases an input)
+                return flat[e][lo:hi], -1
+            a, i = value(e[0], lo, hi, busy)
+            b, j = value(e[1], lo, hi, (*busy, i))
+            k = min(set(range(len(busy) + 3)) - {*busy, i, j})  # the first block not in use
+            if k == len(scratch):
+                scratch.append(np.empty(min(blk, size), dt))
+            return fn(a, b, out=scratch[k][:hi - lo]), k
+
+        for lo, hi, e in orders:
+            for a in range(lo, hi, blk):
+                v = value(e, a, min(hi, a + blk), ())[0]
+                if divide_by is not None:
+                    np.divide(v, divide_by, out=v, casting="unsafe")  # = (v / n).astype(v.dtype)
+                for o in outs:
+                    o[a:a + v.size] = v
+        return list(xs) if inplace else [_tag(o.reshape(shape), self.device_of(x)) for o, x in zip(outs, xs)]
 
     def writable(self, x: Any) -> bool | None:
         """NumPy's own flag: ``copyto`` refuses exactly the arrays whose ``writeable`` flag is off."""

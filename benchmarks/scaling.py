@@ -152,6 +152,14 @@ def _bus(r: dict[str, Any], t: float | None) -> str:
     return f"{fmt_time(t)} ({r['bytes'] / t / 1e9 * (r.get('busbw_factor') or 1):.3g})"
 
 
+def _choice(model: dict[str, Any], r: dict[str, Any]) -> str | None:
+    """The algorithm auto ran in row ``r``: recorded by the bench (``params["auto_choice"]``), else
+    what ``model`` predicts (files written before the choice was recorded)."""
+    p = r["params"]
+    return p.get("auto_choice") or _predict(model, r["backend"], _kind(r), int(p["n"]), int(r["bytes"]),
+                                            native="native" in (p.get("algorithms") or []))
+
+
 def markdown(doc: dict[str, Any], model: dict[str, Any], command: str = "") -> str:
     """The study as Markdown: the headline per backend, every allreduce point (each algorithm in
     and out of place, auto's choice and its time, the framework's own, the memcpy bound), the
@@ -171,11 +179,12 @@ def markdown(doc: dict[str, Any], model: dict[str, Any], command: str = "") -> s
         out.append(f"- {names}: {m.get('cpu')} ({m.get('cpu_count')} cores, {m.get('memory_GiB')} GiB); load "
                    f"{run.get('loadavg_before')} -> {run.get('loadavg_after')}; {wall} s; memcpy GB/s: {memcpy}")
     out += ["", "Times are medians; in brackets busbw in GB/s (algbw x 2(n-1)/n). The bound: the least memory "
-            "traffic of the collective where the devices share one memory ((3n-1)/2 copies of the size for "
-            "allreduce), at the memcpy bandwidth measured in the same run. **auto** is what "
-            "`choose_algorithm` picks with the fitted model below; x = its algorithm's measured time / the best "
-            "measured.", "", "## Headline", "",
-            "| backend | best algorithm >= 16 MiB: busbw / bound busbw (worst point) | auto / best (worst point) | "
+            "traffic of the collective where the devices share one memory (allreduce: read n inputs once and "
+            "write n results once, n copies of the size, timed as one copy of n x size bytes), at the memcpy "
+            "bandwidth measured in the same run. **auto** is what `choose_algorithm` picked in the run (the "
+            "row's recorded choice; else what the fitted model below predicts); x = its algorithm's measured "
+            "time / the best measured.", "", "## Headline", "",
+            "| backend | best algorithm >= 1 MiB: busbw / bound busbw (worst point) | auto / best (worst point) | "
             "native / framework's own (worst) | in place / out of place (worst) |", "|---|---|---|---|---|"]
     for b in backends:
         rb = [r for r in rows if r["backend"] == b]
@@ -188,10 +197,9 @@ def markdown(doc: dict[str, Any], model: dict[str, Any], command: str = "") -> s
             if best is None:
                 continue
             bt = (r.get("bound") or {}).get("time_s")
-            if bt and r["bytes"] >= 16 * MiB:
+            if bt and r["bytes"] >= MiB:
                 bound_r.append((bt / best[1], r["case"], best[0]))
-            choice = _predict(model, b, _kind(r), int(r["params"]["n"]), int(r["bytes"]),
-                              native="native" in (r["params"].get("algorithms") or []))
+            choice = _choice(model, r)
             ct = _med(r, f"alg:{choice}") if choice else None
             if ct and choice:
                 auto_r.append((ct / best[1], r["case"], choice))
@@ -221,8 +229,7 @@ def markdown(doc: dict[str, Any], model: dict[str, Any], command: str = "") -> s
                     "|---" * (len(algs) + len(inps) + 6) + "|"]
             for r in rb:
                 best = _best(r)
-                choice = _predict(model, b, _kind(r), n, int(r["bytes"]),
-                                  native="native" in (r["params"].get("algorithms") or []))
+                choice = _choice(model, r)
                 ct = _med(r, f"alg:{choice}") if choice else None
                 bt = (r.get("bound") or {}).get("time_s")
                 cells = [_bus(r, _med(r, f"alg:{a}")) for a in algs] + [_bus(r, _med(r, f"inplace:{a}")) for a in inps]

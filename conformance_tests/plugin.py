@@ -154,6 +154,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "md_feature(name): feature row of the conformance matrix")
     config.addinivalue_line("markers", "md_requires(capability): only backends that declare it")
     config.addinivalue_line("markers", "multiprocess: spawns several processes")
+    config.addinivalue_line("markers", "timing: asserts how soon a fault surfaces (a time-out measured): CI "
+                            "runs these on a quiet machine")
     if not _in_suite(config):
         return
     import importlib

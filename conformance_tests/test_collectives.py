@@ -220,8 +220,9 @@ def test_allreduce_large_tensor_auto_picks_a_fitting_algorithm(md_backend: Any, 
     """auto on a tensor above the tree limit: where the shipped cost model measured this backend and
     device kind, the algorithm its lines predict fastest (``native`` only where the backend has one,
     never for a deterministic reduction); without a model, the documented rule (``native`` on
-    accelerators that have it, else ``ring``; ``tree`` for a small deterministic one). The auto
-    result is the sum either way."""
+    accelerators that have it, else ``ring``; ``tree`` for a small deterministic one); before
+    either, ``naive`` where the backend reduces its shared memory in one pass
+    (``shared_memory_allreduce``) and over devices of two kinds. The auto result is the sum either way."""
     b = md_backend
     devs = _devs(md_devices, n)
     shape = (AUTO_TREE_MAX_BYTES // 4 // 50 + 1, 50)  # just above the tree limit in float32
@@ -229,7 +230,12 @@ def test_allreduce_large_tensor_auto_picks_a_fitting_algorithm(md_backend: Any, 
     has_native = b.collectives is not None
     measured = measured_algorithms(b.name, devs)
     small = choose_algorithm(b, (4 * len(devs),), "float32", devs, deterministic=True)
-    if measured:
+    if len(devs) > 1 and getattr(b, "shared_memory_allreduce", None) is not None:
+        assert (chosen, small) == ("naive", "naive"), f"auto chose {chosen!r} and {small!r}, not the one pass"
+    elif len({d.kind for d in devs}) > 1:
+        assert (chosen, small) == ("naive", "naive"), \
+            f"auto chose {chosen!r} and {small!r} over devices of two kinds, not naive (the fewest crossings)"
+    elif measured:
         nbytes = shape[0] * shape[1] * 4
         expected = _model_best(b.name, devs, nbytes, native=has_native)
         assert chosen == expected, f"auto chose {chosen!r}; the shipped model predicts {expected!r} fastest"

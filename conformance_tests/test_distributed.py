@@ -237,6 +237,7 @@ def test_collectives_across_processes(md_backend: Any, engine: str, world: int) 
 
 
 @_engine_param()
+@pytest.mark.timing
 def test_killed_rank_gives_the_others_a_timeout_error(md_backend: Any, engine: str) -> None:
     """The last rank dies (os._exit) after a first allreduce; the others get DistributedTimeoutError,
     naming it, from their next allreduce instead of hanging, and a clear error after. 3 processes
@@ -253,6 +254,7 @@ def test_killed_rank_gives_the_others_a_timeout_error(md_backend: Any, engine: s
 
 
 @_engine_param()
+@pytest.mark.timing
 def test_rank_that_never_arrives_fails_init_with_a_timeout(md_backend: Any, engine: str) -> None:
     """Rank 1 of 2 never calls init (it is not started, or under mpiexec it sleeps): rank 0's init
     raises DistributedTimeoutError after the timeout."""
@@ -271,6 +273,7 @@ def _fault_reports(engine: str, backend: str) -> list[dict[str, Any]]:
 
 
 @_engine_param()
+@pytest.mark.timing
 def test_mismatched_and_refused_calls_raise_on_every_rank(md_backend: Any, engine: str) -> None:
     """Shapes, ops and dtypes that differ between ranks, and a read-only tensor given to an in-place
     call on one rank: a typed error on every rank, at once (no timeout), the refused tensor unchanged,
@@ -300,6 +303,7 @@ def test_mismatched_and_refused_calls_raise_on_every_rank(md_backend: Any, engin
 
 
 @_engine_param()
+@pytest.mark.timing
 def test_hung_rank_gives_the_others_a_timeout_error(md_backend: Any, engine: str) -> None:
     """After the mismatches (the same launch), the last rank stays alive but never calls the next
     collective: the others raise DistributedTimeoutError after the timeout (set_timeout, shorter than

@@ -47,6 +47,7 @@ def _first_selected(name: str) -> bool:
     return (selected_backends() or [name])[0] == name
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("engine", engine_names())
 def test_peer_killed_with_checks_off_gives_a_timeout_error(md_backend: Any, engine: str) -> None:
     """With the checks off, the last rank dies (``os._exit``) after a first allreduce; the others'

@@ -410,6 +410,15 @@ class BaseBackend:
         """``asarray`` of ``numpy.full``: made on the host, then placed (a copy)."""
         return self.asarray(np.full(shape, value, dtype=numpy_dtype(dtype)), dtype, device)
 
+    def filler(self, value: Any, dtype: str, device: Device) -> Callable[[tuple[int, ...]], Any]:
+        """A callable ``shape -> full(shape, value, dtype, device)``, made once per (value, dtype,
+        device) and kept by ``md.zeros``/``md.ones`` (``value``, ``dtype`` and ``device`` already
+        checked). Default: a closure over :meth:`full`. An adapter may return its framework's own
+        call with the arguments bound (``functools.partial(torch.zeros, dtype=..., device=...)``),
+        which saves a Python frame on each call; it must give what ``full`` gives."""
+        full = self.full
+        return lambda shape: full(shape, value, dtype, device)
+
     def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
         """``full`` with zeros (the contents of ``empty`` are unspecified)."""
         return self.full(shape, 0, dtype, device)

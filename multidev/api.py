@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import numbers
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
@@ -23,7 +24,7 @@ from .errors import (
     translate_errors,
 )
 from .mesh import Layout
-from .placement import as_device, resolve, scope_backend, scope_device
+from .placement import as_device, cached_spelling, resolve, scope_backend, scope_device
 from .placement import default_device as default_device
 from .protocol import Backend, SupportsModels
 from .registry import (
@@ -39,9 +40,9 @@ from .registry import (
     tie_cache,
     waiter_of,
 )
-from .sharding import ShardedTensor, is_sharded, place, sharded_device, unshard
+from .sharding import ShardedTensor, is_sharded, map_shards, place, sharded_device, unshard
 from .transfer import start_to
-from .trees import is_structure, leaves, owner_or_structure, resident_container, tree_map
+from .trees import is_structure, leaves, model_owner, owner_or_structure, resident_container, tree_map
 from .validate import (
     MAX_ELEMENTS,
     check_fill,
@@ -367,67 +368,75 @@ def _filled(what: str, value: Any, shape: int | Sequence[int], dtype: Any, devic
 def _constant(what: str, value: int, shape: int | Sequence[int], dtype: Any, device: DeviceLike | None,
               backend: str | None) -> Any:
     """zeros and ones (``value`` 0 or 1, float32 by default): :func:`_filled`'s checks, made once per
-    (backend, device, dtype) spelling and kept as a plan (:data:`_PLANS`); a call then checks its
-    shape, that the device is still the backend's, that the backend's capabilities are those the
-    plan was made with, and the host memory."""
+    (backend, device, dtype) spelling and kept as a plan (:data:`_PLANS`) with the adapter's
+    ``filler`` for them; a call then checks its shape, that the backend's capabilities are those
+    the plan was made with and that it still has the device (else it plans again), and the host
+    memory."""
     if device is None:
         device = scope_device.get()
     if backend is None:
         backend = scope_backend.get()
-    key: tuple[Any, ...] | None = (what, backend if backend is not None else _backend(None), device, dtype)
+    key: tuple[Any, ...] | None = (what, backend, device, dtype)
     try:
         plan = _PLANS.get(key)  # type: ignore[arg-type]
     except TypeError:  # an unhashable spelling: no plan
         plan = key = None
-    fresh = plan is None
-    if plan is None:
-        b = _backend(backend)
-        dev = resolve(b, device)
-        name = _checked_dtype(b, dtype, "float32", dev)
-        have = host_memory() if dev.kind == "cpu" else None  # a host tensor: at most this many elements
-        plan = (b, b.capabilities, dev, name, check_fill(value, name),
-                max(1, have // ITEMSIZE.get(name, 8)) if have is not None else 0)
-        if key is not None and len(_PLANS) < _PLANS_MAX:
-            _PLANS[key] = plan
-    b, caps, dev, name, fill, host_max = plan
-    now = b.capabilities
-    if not fresh and ((now is not caps and now != caps) or dev not in b.devices()):  # changed: plan again
-        # (by value: an adapter's property may return a new, equal object on every read)
-        if key is not None:
-            _PLANS.pop(key, None)
-        return _constant(what, value, shape, dtype, device, backend)
-    # the shape: a plain int, or a short tuple of plain non-negative ints, inline; else check_shape
-    n = 1
+    if (plan is None or (plan[1] is not plan[0].capabilities and plan[1] != plan[0].capabilities)
+            or plan[5] not in plan[0].devices()):
+        # (capabilities by value: an adapter's property may return a new, equal object on every read;
+        # the device: NumPy's virtual devices can be fewer now)
+        plan = _plan_constant(what, value, key, dtype, device, backend)
+    b, _caps, make, host_max, name, _dev = plan
     shp: tuple[int, ...]
-    if shape.__class__ is int and shape >= 0:
+    if shape.__class__ is int and 0 <= shape <= host_max:  # the common cases, inline
         shp = (shape,)
-        n = shape
-    elif shape.__class__ is tuple and len(shape) <= 4:
+    elif shape.__class__ is tuple and len(shape) == 1 and shape[0].__class__ is int and 0 <= shape[0] <= host_max:
         shp = shape
+    else:  # a short tuple of plain non-negative ints inline, else check_shape; then the host memory
+        shp = shape  # type: ignore[assignment]
+        if shape.__class__ is not tuple or len(shape) > 4:
+            shp = check_shape(shape)
+        n = 1
         for s in shp:
             if s.__class__ is not int or s < 0:
                 shp = check_shape(shape)
                 break
             n *= s
-    else:
-        shp = check_shape(shape)
-    if host_max:
-        if len(shp) != 1 or shp is not shape:
-            n = 1
-            for s in shp:
-                n *= s
         if n > host_max:
             check_memory(shp, name, True, f"{b.name} {what}")
     try:
-        return b.full(shp, fill, name, dev)
+        return make(shp)
     except Exception as e:  # noqa: BLE001 - translated by reraise
         translate_errors(lambda: f"{b.name} {what}").reraise(e)
 
 
+def _plan_constant(what: str, value: int, key: tuple[Any, ...] | None, dtype: Any, device: DeviceLike,
+                   backend: str | None) -> tuple[Any, ...]:
+    """The plan of :func:`_constant`: the adapter, its capabilities, the filler, the most elements
+    of a tensor the host memory holds (no limit on an accelerator), the dtype's name and the device."""
+    b = _backend(backend)
+    dev = resolve(b, device)
+    name = _checked_dtype(b, dtype, "float32", dev)
+    have = host_memory() if dev.kind == "cpu" else None  # a host tensor: at most this many elements
+    fill = check_fill(value, name)
+    with translate_errors(f"{b.name} {what}"):
+        make = b.filler(fill, name, dev) if hasattr(b, "filler") else _full_of(b, fill, name, dev)
+    plan = (b, b.capabilities, make, max(1, have // ITEMSIZE.get(name, 8)) if have is not None else sys.maxsize,
+            name, dev)
+    if key is not None and len(_PLANS) < _PLANS_MAX:
+        _PLANS[key] = plan
+    return plan
+
+
+def _full_of(b: Backend, value: Any, dtype: str, device: Device) -> Callable[[tuple[int, ...]], Any]:
+    """``shape -> b.full(shape, value, dtype, device)``: the filler of an adapter without one."""
+    return lambda shape: b.full(shape, value, dtype, device)
+
+
 #: (call, backend name or adapter, device spelling, dtype spelling) -> (adapter, capabilities,
-#: device, dtype name, fill value, most elements of a host tensor the memory holds): what zeros and
-#: ones checked once. Cleared when
-#: the registry changes (tie_cache); bounded.
+#: filler, most elements of a host tensor the memory holds, dtype name, device): what zeros and ones
+#: checked once.
+#: Cleared when the registry changes (tie_cache); bounded.
 _PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = tie_cache({})
 _PLANS_MAX = 1024
 
@@ -584,6 +593,9 @@ def device_of(x: Any) -> Device:
     """The device tensor ``x`` lives on; for a structure (lists, tuples, named tuples, dicts, a
     framework's trees and models), the one device of all its tensors, else DeviceMismatchError
     saying where they are. Never copies or waits."""
+    b = cached_owner(type(x))  # a tensor of a class seen before: one lookup (owner_or_structure's first)
+    if b is not None:
+        return b.device_of(x)
     try:
         b = owner_or_structure(x)
     except UnsupportedTensorError:
@@ -599,7 +611,8 @@ def _structure_device(x: Any) -> Device:
     """device_of for a structure: its tensors' one device."""
     where: dict[Device, list[str]] = {}
     for path, t in leaves(x, "device_of"):
-        where.setdefault(backend_of(t).device_of(t), []).append("".join(f"[{p!r}]" for p in path) or "(itself)")
+        dev = sharded_device(t) if t.__class__ is ShardedTensor else backend_of(t).device_of(t)
+        where.setdefault(dev, []).append("".join(f"[{p!r}]" for p in path) or "(itself)")
     if not where:
         raise InvalidArgumentError(f"device_of: this {type(x).__name__} holds no tensor, so it has no device")
     if len(where) > 1:
@@ -665,19 +678,22 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
         dev = device if device.__class__ is Device else as_device(device)
         if resident_container(x, dev):  # (trees.resident_container)
             return x if cls is tuple else cls(x)  # (a list or dict: a new one, as tree_map gives)
-    try:  # (the layouts and sharded tensors of multidev.sharding are dispatched where they raise: no cost here)
-        b = owner_or_structure(x)
-    except UnsupportedTensorError:
-        if cls is not ShardedTensor:
-            raise
-        return place(x, device) if device.__class__ is Layout else unshard(x, device)
+    b = cached_owner(type(x))  # a tensor of a class seen before: one lookup (owner_or_structure's first)
     if b is None:
-        if device.__class__ is Layout:
-            raise InvalidArgumentError("to(x, layout) takes one tensor: place each tensor of a structure by its "
-                                       "own layout")
-        return _structure_to(x, device)
+        try:  # (the layouts and sharded tensors of multidev.sharding are dispatched where they raise: no cost here)
+            b = owner_or_structure(x)
+        except UnsupportedTensorError:
+            if cls is not ShardedTensor:
+                raise
+            return place(x, device) if device.__class__ is Layout else unshard(x, device)
+        if b is None:
+            if device.__class__ is Layout:
+                raise InvalidArgumentError("to(x, layout) takes one tensor: place each tensor of a structure by "
+                                           "its own layout")
+            return _structure_to(x, device)
     try:
-        dev = device if device.__class__ is Device else as_device(device)
+        dev = device if device.__class__ is Device else (
+            (device.__class__ is str and cached_spelling(device)) or as_device(device))
     except InvalidDeviceError:
         if device.__class__ is not Layout:
             raise
@@ -700,8 +716,13 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
 
 def _structure_to(x: Any, device: DeviceLike) -> Any:
     """to() of a structure: every tensor moved (a resident one kept as the same object), models
-    moved in place by their framework (the same model returned)."""
+    moved in place by their framework (the same model returned; a model alone without the walk)."""
     dev = as_device(device)
+    owner = model_owner(x)
+    if owner is not None:
+        target = resolve(owner, dev)
+        with translate_errors(lambda: f"{owner.name} to({dev}) of a model"):
+            return require(owner, SupportsModels, "to").move_module(x, target)
 
     def move_module(b: Backend, m: Any) -> Any:
         with translate_errors(lambda: f"{b.name} to({dev}) of a model"):
@@ -715,12 +736,30 @@ def copy(x: _T, device: DeviceLike | None = None) -> _T:
     ``copyto``. Always copies, even on the same device. A structure is copied tensor by tensor
     (a model into a new, independent model); its leaves that are no tensor follow :func:`to`'s rule
     (a JAX tree's scalars become arrays on ``device``, or uncommitted on JAX's default device where
-    ``device`` is None, as ``jax.device_put(tree)`` makes them)."""
+    ``device`` is None, as ``jax.device_put(tree)`` makes them). A :class:`ShardedTensor`: every
+    piece copied on its own device, the layout kept (``device`` None), or the whole tensor in a new
+    buffer on ``device``."""
+    if x.__class__ is ShardedTensor:
+        return _sharded_copy(x, device)  # type: ignore[arg-type]
     b = owner_or_structure(x)
     if b is None:
         return _structure_copy(x, device)
-    dev = b.device_of(x) if device is None else resolve(b, device)
+    try:
+        dev = b.device_of(x) if device is None else resolve(b, device)
+    except DeviceMismatchError:  # a framework's own sharded tensor (JAX's): every piece, the layout kept
+        if not is_sharded(x):
+            raise
+        return map_shards(x, copy)
     return _native(b, "copy", b.copy, x, dev)
+
+
+def _sharded_copy(x: ShardedTensor, device: DeviceLike | None) -> Any:
+    """copy of a ShardedTensor (see :func:`copy`)."""
+    if device is None:
+        return map_shards(x, copy)
+    whole = unshard(x, device)
+    # (a replicated layout's piece on device may be the whole tensor itself: a new buffer all the same)
+    return copy(whole) if any(whole is p for p in x.shards) else whole
 
 
 def _structure_copy(x: Any, device: DeviceLike | None) -> Any:
@@ -836,7 +875,8 @@ def _synchronize(target: Any, backend: str | None) -> None:
                 return
             if is_structure(target):  # every tensor of a structure (a model's parameters too)
                 for _, t in leaves(target, "synchronize"):
-                    waiter_of(t)(t)
+                    for p in (t.shards if t.__class__ is ShardedTensor else (t,)):  # (every piece)
+                        waiter_of(p)(p)
                 return
             raise e from None  # neither a tensor nor a device: say so as a tensor error
         return _synchronize(dev, backend)

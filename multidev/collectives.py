@@ -28,7 +28,8 @@ Algorithms of :func:`allreduce` (all produce the same values within the dtype's 
   first device (``ceil(log2 n)`` rounds), then a broadcast down the same tree.
 - ``native``: the adapter's framework path (NCCL, psum, kvstore, ...); CapabilityError where the
   backend advertises none.
-- ``auto`` (:func:`choose_algorithm`): the algorithm a measured cost model predicts fastest for
+- ``auto`` (:func:`choose_algorithm`): ``naive`` where the backend reduces shared memory in one pass
+  (below); else the algorithm a measured cost model predicts fastest for
   the backend, the device kind, the device count and the bytes per device (``native`` only where
   ``deterministic`` is False); without a model for them, ``native`` when the backend has it, every
   device is an accelerator and ``deterministic`` is False, else ``tree`` for small tensors (at most
@@ -36,6 +37,12 @@ Algorithms of :func:`allreduce` (all produce the same values within the dtype's 
   devices always take ``tree``. The model: ``multidev/data/collective_model.json`` (package data, fitted
   from the bench's collectives suite; ``$MULTIDEV_COLLECTIVE_MODEL`` names a file to use instead,
   see :func:`cost_model`).
+
+One pass over shared memory: a backend whose devices share one memory (NumPy's virtual devices) may
+have ``shared_memory_allreduce(xs, op, orders, divide_by, inplace)``; where it has, ``naive``, ``ring``
+and ``tree`` hand it their reduction order (:func:`_orders`) instead of running their steps: each
+input is read once and each result written once (in place: into the inputs, allocating nothing), the
+values bit for bit those of the steps. It may decline (None): the steps then run.
 
 Determinism: ``naive``, ``ring`` and ``tree`` are deterministic by construction: every element is
 reduced in a fixed order set by the algorithm and the list order (naive: ``x0, x1, ..., x(n-1)``;
@@ -222,6 +229,47 @@ def _tree_allreduce(b: Backend, xs: list[Any], devs: list[Device], op: str) -> l
     return out
 
 
+def _orders(alg: str, n: int, numel: int) -> list[tuple[int, int, Any]]:
+    """``alg``'s reduction order over ``n`` tensors of ``numel`` elements, as ``(lo, hi, expr)`` for
+    consecutive ranges of the flattened elements: ``expr`` is an input's index or a pair
+    ``(left, right)``, computed as ``combine(op, left, right)``, exactly the operations (and operand
+    order) :func:`_naive_allreduce`, :func:`_tree_allreduce` and :func:`_ring_allreduce` perform."""
+    if alg == "ring" and numel >= n:
+        out, lo = [], 0
+        for c, size in enumerate(split_sizes(numel, n)):
+            e: Any = (c + 1) % n  # chunk c: ring order starting after device c, partial sum first
+            for k in range(2, n + 1):
+                e = (e, (c + k) % n)
+            out.append((lo, lo + size, e))
+            lo += size
+        return out
+    if alg == "naive":
+        e = 0
+        for i in range(1, n):
+            e = (e, i)
+        return [(0, numel, e)]
+    acc: list[Any] = list(range(n))  # tree (ring below n elements): pairs at strides 1, 2, 4, ...
+    stride = 1
+    while stride < n:
+        for i in range(0, n - stride, 2 * stride):
+            acc[i] = (acc[i], acc[i + stride])
+        stride *= 2
+    return [(0, numel, acc[0])]
+
+
+def _shared_memory_allreduce(b: Backend, xs: list[Any], alg: str, op: str, inplace: bool) -> list[Any] | None:
+    """The allreduce in one pass over memory where the backend's devices share it and it says how
+    (its ``shared_memory_allreduce``, NumPy's virtual devices): each input read once, each result
+    written once, in ``alg``'s reduction order (identical values); None where it has none or
+    declines (the portable algorithms then run)."""
+    fused = getattr(b, "shared_memory_allreduce", None)
+    if fused is None or alg not in ("naive", "ring", "tree"):
+        return None
+    orders = _orders(alg, len(xs), _numel(b.shape_of(xs[0])))
+    out = fused(xs, _base(op), orders, len(xs) if op == "mean" else None, inplace)
+    return None if out is None else list(out)
+
+
 def _ring_allreduce(b: Backend, xs: list[Any], devs: list[Device], op: str) -> list[Any]:
     """Reduce-scatter then allgather over ``n`` chunks of the flattened tensors (see module doc)."""
     n = len(xs)
@@ -304,11 +352,19 @@ def choose_algorithm(b: Backend, shape: tuple[int, ...], dtype: str, devices: Se
     ``ring``, ``tree`` and (unless ``deterministic``, where the backend has it) ``native``. Without a
     model for them: ``native`` when the backend has one, every device is an accelerator and
     ``deterministic`` is False; ``tree`` for at most :data:`AUTO_TREE_MAX_BYTES` bytes per device;
-    ``ring`` otherwise. Fewer elements than devices: ``tree``."""
+    ``ring`` otherwise. Fewer elements than devices: ``tree``. Before the model: ``naive`` where
+    the backend reduces shared memory in one pass, and for devices of more than one kind."""
     n = len(devices)
     numel = _numel(shape)
     if numel < n:
         return "tree"
+    if n > 1 and getattr(b, "shared_memory_allreduce", None) is not None:
+        return "naive"  # one pass over shared memory: naive's order has the fewest steps
+    if len({d.kind for d in devices}) > 1:
+        # devices of two kinds (a GPU beside the host): every step crosses the bus one tensor at a
+        # time, so the fewest steps win; naive was within 1.05x of the best at every size measured
+        # on an H200 beside its host (ring and native up to 11x and 23x slower)
+        return "naive"
     native = not deterministic and n > 1 and b.collectives is not None
     kinds = {d.kind for d in devices}
     fit = _fit_for(b.name, kinds.pop(), n) if len(kinds) == 1 and n > 1 else None
@@ -368,8 +424,10 @@ def allreduce(tensors: Sequence[Any], op: str = "sum", *, inplace: bool = False,
         # (A self-assign is no probe: NumPy skips copyto(a, a) even for a read-only a.)
         for i, x in enumerate(xs[1:], 1):
             check_writable(b, x, f"allreduce(inplace=True): input {i}")
-    out = _allreduce_checked(b, xs, devs, dtype, op, algorithm, deterministic)
+    out = _allreduce_checked(b, xs, devs, dtype, op, algorithm, deterministic, inplace)
     if inplace:
+        if out is xs:  # written in place by the backend's one pass
+            return xs
         for i, (dst, src) in enumerate(zip(xs, out)):
             check_writable(b, dst, f"allreduce(inplace=True): input {i}", src)
         return xs
@@ -393,12 +451,16 @@ def _check_allreduce(b: Backend, dtype: str, op: str, inplace: bool, algorithm: 
 
 
 def _allreduce_checked(b: Backend, xs: list[Any], devs: list[Device], dtype: str, op: str, algorithm: str,
-                       deterministic: bool) -> list[Any]:
-    """The allreduce of checked inputs: new tensors, result ``i`` on ``devs[i]``."""
+                       deterministic: bool, inplace: bool = False) -> list[Any]:
+    """The allreduce of checked inputs: new tensors, result ``i`` on ``devs[i]``; or, with
+    ``inplace`` where the backend's one pass wrote the results into the inputs, ``xs`` itself."""
     n = len(xs)
     alg = algorithm
     if alg == "auto":
         alg = choose_algorithm(b, b.shape_of(xs[0]), dtype, devs, deterministic)
+    fused = _shared_memory_allreduce(b, xs, alg, op, inplace) if n > 1 else None
+    if fused is not None:
+        return xs if inplace else fused
     if n == 1:
         out = [_fold(b, xs, devs[0], op)]
     elif alg == "native":

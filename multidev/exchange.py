@@ -382,7 +382,7 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
         if not is_structure(x):
             raise
         try:
-            return tree_map(lambda t: _convert(t, backend, copy, device), x, f"convert to {backend}")
+            return tree_map(lambda t: _convert_leaf(t, backend, copy, device), x, f"convert to {backend}")
         except Exception as e:  # noqa: BLE001 - translated by reraise
             translate_errors(lambda: f"convert to {backend}").reraise(e)
     except DeviceMismatchError:  # a framework's own sharded tensor: converted piece by piece
@@ -393,12 +393,27 @@ def convert(x: Any, backend: str, copy: bool | None = None, *, device: DeviceLik
         translate_errors(lambda: f"convert to {backend}").reraise(e)
 
 
+def _convert_leaf(x: Any, backend: str, copy: bool | None, device: DeviceLike | None) -> Any:
+    """convert of one leaf of a structure: a tensor, or a sharded tensor piece by piece."""
+    if x.__class__ is ShardedTensor:
+        return _convert_sharded(x, backend, copy, device)
+    try:
+        return _convert(x, backend, copy, device)
+    except DeviceMismatchError:  # a framework's own sharded tensor
+        if not is_sharded(x):
+            raise
+        return _convert_sharded(x, backend, copy, device)
+
+
 def _convert_sharded(x: Any, backend: str, copy: bool | None, device: DeviceLike | None) -> Any:
     """convert of a sharded tensor: each piece converted on its device, the layout kept (the
     consumer's own sharded tensor where it expresses the layout, else a ShardedTensor); no gather."""
     if device is not None:
         raise InvalidArgumentError("convert: a sharded tensor keeps its mesh; device= is for tensors on one device")
     try:
+        own = x.backend if x.__class__ is ShardedTensor else backend_of(x).name
+        if not copy and own == get_backend(backend).name:
+            return x  # its own backend: x itself, as for a tensor
         return map_shards(x, lambda t: _convert(t, backend, copy, None))
     except Exception as e:  # noqa: BLE001 - translated by reraise
         translate_errors(lambda: f"convert to {backend}").reraise(e)

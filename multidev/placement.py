@@ -24,6 +24,9 @@ _HOST = Device("cpu", 0)
 #: non-blocking form, creation, ``synchronize``) reads this one cache, bounded in size.
 _SPELLINGS: dict[str, Device] = {}
 _SPELLINGS_MAX = 1024
+#: The hot path of :func:`as_device` for a string seen before: a bound ``dict.get`` of its one
+#: cache (never replaced), giving the Device or None.
+cached_spelling = _SPELLINGS.get
 
 
 def as_device(spec: DeviceLike) -> Device:

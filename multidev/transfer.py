@@ -141,6 +141,9 @@ class _Landing:
 
 
 def _start_host_copy(x: Any, where: str) -> _Landing:
+    if x.__class__ is ShardedTensor:  # the whole tensor, gathered on the host
+        host = sharded_to_host(x)
+        return _Landing(lambda: host)
     b = backend_of(x)
     with translate_errors(lambda: f"to_host: {where}"):
         moves = b.transfers

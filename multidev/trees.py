@@ -21,9 +21,10 @@ import copy
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .errors import InvalidArgumentError, UnsupportedTensorError
+from .errors import InvalidArgumentError, MultidevError, UnsupportedTensorError
 from .protocol import Backend, SupportsModels
-from .registry import backend_of, cached_owner, loaded_backends, preferred_backends, require
+from .registry import backend_of, cached_owner, get_backend, loaded_backends, preferred_backends, require, tie_cache
+from .sharding import ShardedTensor
 
 __all__ = ["is_structure", "leaves", "structure_owner", "tree_map"]
 
@@ -66,17 +67,38 @@ def is_structure(obj: Any) -> bool:
 
 def owner_or_structure(x: Any) -> Backend | None:
     """The adapter of tensor ``x`` (one lookup for a class seen before), or None where ``x`` is a
-    structure (see :func:`is_structure`); UnsupportedTensorError for anything else. The one
-    dispatch of the calls that take a tensor or a structure."""
-    b = cached_owner(type(x))
+    structure (see :func:`is_structure`; one lookup for a framework's structure class seen before);
+    UnsupportedTensorError for anything else. The one dispatch of the calls that take a tensor or a
+    structure."""
+    cls = type(x)
+    b = cached_owner(cls)
     if b is not None:
         return b
+    if cls in _FRAMEWORK_STRUCTURES:
+        return None
     try:
         return backend_of(x)
     except UnsupportedTensorError:
-        if not is_structure(x):
+        if isinstance(x, (list, tuple, dict)):
+            return None
+        owner = structure_owner(x)
+        if owner is None:
             raise
+        if len(_FRAMEWORK_STRUCTURES) < 4096:  # (its framework decides by class: isinstance, pytree nodes)
+            _FRAMEWORK_STRUCTURES[cls] = owner[0] if owner[1] == "module" else None
         return None
+
+
+def model_owner(x: Any) -> Backend | None:
+    """The adapter whose framework's model ``x`` is, where :func:`owner_or_structure` has seen its
+    class before (else None: ask :func:`structure_owner`)."""
+    return _FRAMEWORK_STRUCTURES.get(type(x))
+
+
+#: The classes of frameworks' structures seen by :func:`owner_or_structure`, with the adapter for a
+#: model class (None for a tree class). Cleared when the registry changes (an adapter loaded may
+#: take a class as its tensors).
+_FRAMEWORK_STRUCTURES: dict[type, Backend | None] = tie_cache({})
 
 
 def _path(path: tuple[Any, ...]) -> str:
@@ -248,6 +270,10 @@ def _classify(x: Any, path: tuple[Any, ...], what: str, modules: bool, is_leaf: 
         return _NONE, None
     if is_leaf is not None and is_leaf(x):
         return _LEAF, x
+    if x.__class__ is ShardedTensor:  # multidev's own sharded tensor: a leaf of its pieces' adapter
+        b = get_backend(x.backend)
+        owners[id(b)] = b
+        return _LEAF, x
     try:
         b = backend_of(x)
     except UnsupportedTensorError:
@@ -322,6 +348,9 @@ def leaves(obj: Any, what: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
             raise InvalidArgumentError(f"{what}: the structure is nested deeper than {MAX_DEPTH} levels")
         if x is None:
             continue
+        if x.__class__ is ShardedTensor:  # a leaf, as a tensor is
+            add(path, x)
+            continue
         try:
             backend_of(x)
         except UnsupportedTensorError:
@@ -374,7 +403,12 @@ def resident_container(x: Any, device: Any) -> bool:
         return False
     for t in items:
         b = cached_owner(t.__class__)
-        if b is None or b.device_of(t) is not device:
+        if b is None:
+            return False
+        try:
+            if b.device_of(t) is not device:
+                return False
+        except MultidevError:  # no single device (a framework's sharded array): tree_map's route
             return False
         commit = getattr(b, "commit_resident", None)
         if commit is not None and commit(t) is not t:  # (JAX: an uncommitted array is committed by to)

@@ -17,7 +17,8 @@
 # (JOBS at a time, default 2, the longest first), each into build/ci/NAME.log with its JUnit XML
 # beside it (per-test times), printed whole when it fails and as its last lines when it passes;
 # each job's and each environment's time is printed, then one closing line adding up every pytest
-# run. The multi-process jobs, whose fault checks time time-outs, run after them, one at a time.
+# run. The multi-process tests and checks that time how soon a fault surfaces (marker `timing`) run
+# after them, one at a time.
 #   MULTIDEV_LANES=fast,modern,mx picks environments (default all three); JOBS=N; PYTHON=python3.11.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -82,7 +83,7 @@ stamp "environments ready in $(( $(date +%s) - t0 )) s"
 
 # -- jobs ---------------------------------------------------------------------------------------------
 # Two phases: first the jobs that time nothing (side by side, JOBS at a time), then the multi-process
-# jobs, whose fault checks measure time-outs, one at a time on a quiet machine.
+# tests and checks that measure time-outs (marker `timing`), one at a time on a quiet machine.
 names=(); cmds=(); phases=()
 job() {  # job PHASE NAME COMMAND; a pytest command also writes build/ci/NAME.xml (JUnit: per-test times)
   names+=("$2"); cmds+=("${3/\/bin\/pytest /\/bin\/pytest --junitxml=build/ci/$2.xml }"); phases+=("$1"); }
@@ -111,6 +112,11 @@ if [[ $LANES == *,mx,* ]]; then
 fi
 if [[ $LANES == *,modern,* ]]; then
   job 1 modern-catalogue ".venv/bin/pytest -q tests/test_mutation_catalogue.py"
+  # the multi-process tests and checks that time nothing (the ones that do run in phase 2)
+  job 1 modern-multiprocess ".venv/bin/pytest -q --durations=10 -m 'multiprocess and not timing' \
+--ignore=tests/test_mutation_catalogue.py"
+  job 1 modern-suite-multiprocess "$(conformance .venv numpy,torch,jax,tensorflow --multiprocess \
+-- -m "'multiprocess and not timing'")"
   for b in jax tensorflow torch; do job 1 "modern-suite-$b" "$(conformance .venv $b)"; done
 fi
 if [[ $LANES == *,fast,* ]]; then
@@ -120,16 +126,19 @@ if [[ $LANES == *,fast,* ]]; then
 fi
 if [[ $LANES == *,mx,* ]]; then
   job 1 mx-suite "$(conformance .venv-mx mxnet,numpy,jax)"
+  # the JAX engine of JAX 0.7.1 with JAX's and MXNet's tensors (the modern lane runs every engine)
+  job 1 mx-data-parallel ".venv-mx/bin/pytest -q -m multiprocess tests/test_data_parallel_processes.py -k mxnet"
+  job 1 mx-multiprocess "MULTIDEV_DISTRIBUTED_ENGINES='jax=jax+mxnet' $(conformance .venv-mx mxnet,jax --multiprocess \
+-- -m "'multiprocess and not timing'")"
 fi
+# Phase 2: the tests and checks that time how soon a fault surfaces (marker `timing`), one at a time.
 if [[ $LANES == *,modern,* ]]; then
-  job 2 modern-multiprocess ".venv/bin/pytest -q --durations=10 -m multiprocess --ignore=tests/test_mutation_catalogue.py"
-  job 2 modern-suite-multiprocess "$(conformance .venv numpy,torch,jax,tensorflow --multiprocess -- -m multiprocess)"
+  job 2 modern-timing ".venv/bin/pytest -q --durations=10 -m 'multiprocess and timing' --ignore=tests/test_mutation_catalogue.py"
+  job 2 modern-suite-timing "$(conformance .venv numpy,torch,jax,tensorflow --multiprocess -- -m "'multiprocess and timing'")"
 fi
 if [[ $LANES == *,mx,* ]]; then
-  # the JAX engine of JAX 0.7.1 with JAX's and MXNet's tensors (the modern lane runs every engine)
-  job 2 mx-data-parallel ".venv-mx/bin/pytest -q -m multiprocess tests/test_data_parallel_processes.py -k mxnet"
-  job 2 mx-multiprocess "MULTIDEV_DISTRIBUTED_ENGINES='jax=jax+mxnet' $(conformance .venv-mx mxnet,jax --multiprocess \
--- -m multiprocess)"
+  job 2 mx-suite-timing "MULTIDEV_DISTRIBUTED_ENGINES='jax=jax+mxnet' $(conformance .venv-mx mxnet,jax --multiprocess \
+-- -m "'multiprocess and timing'")"
 fi
 
 run_job() {  # run_job I: job I into build/ci/NAME.log, its status and seconds beside it

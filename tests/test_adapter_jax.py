@@ -133,6 +133,8 @@ def test_x64_flag_switches_capabilities(jb, x64_off):
     assert md.dtype_of(md.arange(3, backend="jax")) == "int64"
     jax.config.update("jax_enable_x64", False)
     assert "float64" not in jb.capabilities.dtypes
+    with pytest.raises(CapabilityError, match="jax_enable_x64"):  # the plan made under x64 is not reused
+        md.ones(2, dtype="float64", backend="jax")
 
 
 def test_x64_context_manager_is_seen(jb, x64_off):

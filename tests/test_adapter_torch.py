@@ -398,3 +398,45 @@ def test_native_allreduce_unsupported_dtype(tb):
     with pytest.raises(CapabilityError):
         tb.collectives.native_allreduce(xs, "sum")
 
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "bool", "bfloat16"])
+def test_zeros_and_ones_through_the_filler_give_what_full_gives(tb, dtype):
+    """md.zeros/ones call the adapter's filler (torch's own zeros/ones with dtype and device bound),
+    kept per (dtype, device): the same tensors as ``full``, for every spelling of the shape."""
+    dev = Device("cpu", 0)
+    for value, fn in ((0, md.zeros), (1, md.ones)):
+        want = tb.full((2, 3), value, dtype, dev)
+        for shape in ((2, 3), [2, 3]):
+            got = fn(shape, dtype=dtype, device="cpu:0", backend="torch")
+            assert got.dtype == want.dtype and torch.equal(got, want)
+        assert torch.equal(fn(4, dtype=dtype, backend="torch"), tb.full((4,), value, dtype, dev))
+        assert torch.equal(fn((4,), dtype=dtype, backend="torch"), tb.full((4,), value, dtype, dev))
+        assert fn((), dtype=dtype, backend="torch").shape == ()
+    assert tb.filler(2.5, "float32", dev)((2,)).tolist() == [2.5, 2.5]  # a fill neither 0 nor 1: torch.full
+    with pytest.raises(md.InvalidArgumentError):
+        md.zeros(-1, backend="torch")
+    with pytest.raises(md.InvalidArgumentError):
+        md.zeros((2, -1), backend="torch")
+    with pytest.raises(md.OutOfMemoryError):
+        md.zeros((1 << 40, 1 << 10), backend="torch")
+
+
+def test_writable_answers_only_where_assign_always_writes(tb):
+    """``writable`` says True for a plain contiguous tensor (parameters too: assign writes under
+    no_grad) and None where only a write can tell (the core then probes): inference tensors and
+    strided views, which may overlap themselves."""
+    from multidev.validate import check_writable
+
+    assert tb.writable(torch.zeros(3)) is True
+    assert tb.writable(torch.nn.Parameter(torch.zeros(3))) is True
+    with torch.inference_mode():
+        inf = torch.zeros(3)
+    assert tb.writable(inf) is None
+    expanded = torch.zeros(1).expand(4)
+    assert tb.writable(expanded) is None
+    with pytest.raises(CapabilityError, match="cannot be written in place"):
+        check_writable(tb, inf, "probe")
+    with pytest.raises(CapabilityError, match="cannot be written in place"):
+        check_writable(tb, expanded, "probe")
+    check_writable(tb, torch.nn.Parameter(torch.zeros(3)), "probe")

@@ -24,6 +24,13 @@ def four_devices() -> Any:
     npb.set_device_count(old)
 
 
+@pytest.fixture
+def portable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The portable algorithms as any backend runs them: NumPy's one-pass path over its shared memory
+    (``shared_memory_allreduce``, tested in test_collectives_shared_memory.py) switched off."""
+    monkeypatch.delattr(npb.NumpyBackend, "shared_memory_allreduce")
+
+
 class _Spy:
     """Records every move/copy the collectives ask of the NumPy backend."""
 
@@ -50,7 +57,7 @@ def _xs(n: int, shape: tuple[int, ...] = (10,), dtype: str = "float32") -> list[
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_ring_moves_only_to_the_next_device(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+def test_ring_moves_only_to_the_next_device(monkeypatch: pytest.MonkeyPatch, n: int, portable: None) -> None:
     spy = _Spy(monkeypatch)
     out = md.allreduce(_xs(n), algorithm="ring")
     assert spy.moves and all(dst == (src + 1) % n for src, dst in spy.moves)
@@ -60,7 +67,7 @@ def test_ring_moves_only_to_the_next_device(monkeypatch: pytest.MonkeyPatch, n: 
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_tree_and_naive_move_2n_minus_2_times(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+def test_tree_and_naive_move_2n_minus_2_times(monkeypatch: pytest.MonkeyPatch, n: int, portable: None) -> None:
     spy = _Spy(monkeypatch)
     md.allreduce(_xs(n), algorithm="tree")
     assert len(spy.moves) == 2 * (n - 1)
@@ -83,7 +90,7 @@ def _model(monkeypatch: pytest.MonkeyPatch, per_n: dict[str, Any], backend: str 
     monkeypatch.setattr(C, "_FITS", {})
 
 
-def test_auto_chooses_from_the_measured_model(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_chooses_from_the_measured_model(monkeypatch: pytest.MonkeyPatch, portable: None) -> None:
     """The least alpha + beta * bytes of the line of the size's band, at the nearest measured device
     count; native only where the backend has it and not deterministic."""
     b = md.backend("numpy")
@@ -102,7 +109,7 @@ def test_auto_chooses_from_the_measured_model(monkeypatch: pytest.MonkeyPatch) -
     assert C.choose_algorithm(b, (1 << 24,), "float32", cpus) == "ring"  # no model for numpy: the rule
 
 
-def test_the_model_file_the_environment_names_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+def test_the_model_file_the_environment_names_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, portable: None) -> None:
     import json
 
     f = tmp_path / "model.json"
@@ -128,7 +135,7 @@ def test_the_shipped_model_covers_every_device_count_it_names() -> None:
                     assert segs[-1][0] is None and all(g[1] >= 0 and g[2] >= 0 for g in segs)
 
 
-def test_auto_rule(no_model: None) -> None:
+def test_auto_rule(no_model: None, portable: None) -> None:
     b = md.backend("numpy")
     cpus = [Device("cpu", i) for i in range(4)]
     limit = C.AUTO_TREE_MAX_BYTES
@@ -262,3 +269,21 @@ def test_distributed_inplace_on_read_only_input_fails_locally_and_keeps_the_grou
         np.testing.assert_array_equal(md.to_numpy(x), np.arange(4.0))
     finally:
         dist.shutdown()
+
+
+def test_auto_takes_naive_over_devices_of_two_kinds() -> None:
+    """Devices of two kinds (a GPU beside the host): each step crosses the bus, so auto takes naive
+    (measured on an H200 beside its host: within 1.05x of the best at every size; ring up to 11x
+    slower), at every size, deterministic or not; the rule reads only the devices' kinds."""
+    from multidev.collectives import choose_algorithm
+
+    class Plain:  # an adapter with a native allreduce and no shared-memory pass
+        name = "plain"
+        capabilities = md.Capabilities(True, True, False, False, dtypes=frozenset({"float32"}))
+        collectives = object()  # its native allreduce (never taken here)
+
+    devs = [md.Device("gpu", 0), md.Device("cpu", 0)]
+    for numel in (1024, 1 << 20, 1 << 26):
+        assert choose_algorithm(Plain(), (numel,), "float32", devs) == "naive"
+        assert choose_algorithm(Plain(), (numel,), "float32", devs, deterministic=True) == "naive"
+    assert choose_algorithm(Plain(), (1,), "float32", devs) == "tree"  # fewer elements than devices

@@ -262,6 +262,7 @@ def test_malformed_launcher_variables_are_refused_at_once(monkeypatch: pytest.Mo
 
 # -- rows 1, 2: a port that accepts and never answers; a port already taken ----------------------------------
 @pytest.mark.multiprocess
+@pytest.mark.timing
 def test_torch_store_port_that_never_answers(runs: dict[str, Any]) -> None:
     rc, rows, text = _get(runs, "torch_silent_port")
     assert rc == 0 and rows, text[-3000:]
@@ -269,6 +270,7 @@ def test_torch_store_port_that_never_answers(runs: dict[str, Any]) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timing
 def test_torch_rank0_port_taken(runs: dict[str, Any]) -> None:
     rc, rows, text = _get(runs, "torch_taken_port")
     assert rc == 0 and rows, text[-3000:]
@@ -276,6 +278,7 @@ def test_torch_rank0_port_taken(runs: dict[str, Any]) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timing
 def test_torch_store_that_never_comes(runs: dict[str, Any]) -> None:
     rc, rows, text = _get(runs, "torch_never_comes")
     assert rc == 0 and rows, text[-3000:]
@@ -283,6 +286,7 @@ def test_torch_store_that_never_comes(runs: dict[str, Any]) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timing
 def test_jax_coordinator_port_taken_is_a_typed_error_not_a_segfault(runs: dict[str, Any]) -> None:
     rc, rows, text = _get(runs, "jax_taken_port")
     assert rc == 0 and rows, f"exit status {rc}: {text[-3000:]}"
@@ -290,6 +294,7 @@ def test_jax_coordinator_port_taken_is_a_typed_error_not_a_segfault(runs: dict[s
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timing
 @pytest.mark.parametrize("name", ["jax_silent_port", "jax_never_comes"])
 def test_jax_coordinator_that_never_answers_or_never_comes(runs: dict[str, Any], name: str) -> None:
     rc, rows, text = _get(runs, name)
@@ -299,6 +304,7 @@ def test_jax_coordinator_that_never_answers_or_never_comes(runs: dict[str, Any],
 
 # -- row 4: stale MPI variables ---------------------------------------------------------------------------------
 @pytest.mark.multiprocess
+@pytest.mark.timing
 def test_mpi_variables_without_an_mpi_launch_are_refused(runs: dict[str, Any]) -> None:
     rc, rows, text = _get(runs, "mpi_stale")
     assert rc == 0 and rows, text[-3000:]
@@ -306,6 +312,7 @@ def test_mpi_variables_without_an_mpi_launch_are_refused(runs: dict[str, Any]) -
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timing
 def test_mpi_child_of_a_rank_is_refused_before_mpi_init(runs: dict[str, Any]) -> None:
     _, rows, text = _get(runs, "mpi_child_of_a_rank")
     assert rows, text[-3000:]
@@ -314,6 +321,7 @@ def test_mpi_child_of_a_rank_is_refused_before_mpi_init(runs: dict[str, Any]) ->
 
 # -- row 3: the timeout holds with checks off, on every engine; and what survivors can do ------------------------
 @pytest.mark.multiprocess
+@pytest.mark.timing
 @pytest.mark.parametrize("engine", ["torch", "jax", "mpi"])
 def test_a_rank_that_never_joins_is_named_within_the_timeout_with_checks_off(runs: dict[str, Any],
                                                                               engine: str) -> None:
@@ -325,6 +333,7 @@ def test_a_rank_that_never_joins_is_named_within_the_timeout_with_checks_off(run
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timing
 def test_torch_survivors_form_a_smaller_group_with_their_data_intact(runs: dict[str, Any]) -> None:
     _, rows, text = _get(runs, "torch_survivors")
     per_rank = list(rows)
@@ -343,6 +352,7 @@ def test_torch_survivors_form_a_smaller_group_with_their_data_intact(runs: dict[
 
 # -- row 6: the launcher's own exit -------------------------------------------------------------------------------
 @pytest.mark.multiprocess
+@pytest.mark.timing
 def test_the_launcher_says_which_rank_died_and_how(runs: dict[str, Any]) -> None:
     rc, _, text = _get(runs, "launch_killed")
     assert rc == 137, text[-3000:]

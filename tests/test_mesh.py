@@ -294,3 +294,45 @@ def test_edge_shapes_and_dtypes(four: None) -> None:
         z = md.to(y, lay)
         assert [md.device_of(p) for p in z.shards] == list(other.devices)
         np.testing.assert_array_equal(md.to_host(z), ref)
+
+
+def test_creation_replans_when_the_device_is_gone(four: None) -> None:
+    """md.zeros/ones keep a plan per (backend, device, dtype); a device the backend no longer has
+    (NumPy's virtual devices made fewer) is refused, not created on."""
+    assert md.device_of(md.zeros(3, device="cpu:3", backend="numpy")) == md.cpu(3)
+    npa.set_device_count(2)
+    with pytest.raises(md.DeviceNotFoundError, match="cpu:3"):
+        md.zeros(3, device="cpu:3", backend="numpy")
+    with pytest.raises(md.DeviceNotFoundError, match="cpu:3"):
+        md.ones((2, 2), device="cpu:3", backend="numpy")
+
+
+def test_structures_of_sharded_tensors(four: None) -> None:
+    """A structure may hold ShardedTensors beside tensors: to a device gathers them, to_host gives
+    whole arrays, copy copies every piece (layout kept) or gathers into a new buffer, synchronize
+    waits on every piece, device_of names the devices; each as for the ShardedTensor alone."""
+    ref, x = _x()
+    m = _m()
+    s = md.to(x, md.Layout(m, ("a", "b")))
+    tree = {"w": s, "b": x, "n": None, "t": (s,)}
+    moved = md.to(tree, "cpu:1")
+    assert moved["n"] is None and md.device_of(moved["w"]) == md.cpu(1) == md.device_of(moved["t"][0])
+    assert (md.to_numpy(moved["w"]) == ref).all() and (md.to_numpy(moved["t"][0]) == ref).all()
+    host = md.to_host(tree)
+    assert isinstance(host["w"], np.ndarray) and (host["w"] == ref).all() and (host["t"][0] == ref).all()
+    copied = md.copy(tree)
+    assert md.layout_of(copied["w"]) == md.layout_of(s)
+    for a, b in zip(md.shards_of(copied["w"]), md.shards_of(s)):
+        assert md.device_of(a) == md.device_of(b) and (md.to_numpy(a) == md.to_numpy(b)).all()
+        assert not np.shares_memory(np.asarray(a), np.asarray(b))
+    whole = md.copy(s, "cpu:2")
+    assert md.device_of(whole) == md.cpu(2) and (md.to_numpy(whole) == ref).all()
+    replicated = md.to(x, md.Layout(m, ()))
+    one = md.copy(replicated, "cpu:0")
+    assert all(not np.shares_memory(np.asarray(one), np.asarray(p)) for p in md.shards_of(replicated))
+    md.synchronize(tree)
+    with pytest.raises(md.DeviceMismatchError, match="4 devices"):
+        md.device_of({"w": s})
+    assert md.device_of({"w": md.to(x, md.Layout(md.Mesh((1,), ("a",), [md.cpu(2)]), ("a",)))}) == md.cpu(2)
+    with pytest.raises(md.UnsupportedTensorError):  # a collective takes tensors: a sharded leaf is refused, typed
+        md.allreduce([{"w": s}, {"w": s}])

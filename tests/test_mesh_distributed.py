@@ -3,7 +3,8 @@ processes (a 2x2 mesh) on every engine installed here, launched by ``multidev.di
 allreduce, allgather (uneven lengths), reduce_scatter and all_to_all along each axis and both,
 the ring sendrecv and the world all_to_all, each against the values every rank can work out; ranks
 that call with other axes get CollectiveMismatchError on every rank; a rank that refuses its own
-input raises its error and the others CollectiveMismatchError, and the group stays usable. Each
+input raises its error and the others CollectiveMismatchError, and the group stays usable;
+structures go leaf by leaf after one agreed exchange (ranks whose structures differ: mismatch). Each
 engine runs with its own tensors (torch tensors on the torch engine, JAX arrays on the JAX engine,
 NumPy on MPI). One rank alone (no launcher) runs in process."""
 from __future__ import annotations
@@ -52,6 +53,16 @@ for axes in (("a",), ("b",), ("a", "b"), ("b", "a")):
     a = dist.all_to_all_along(t(np.arange(6, dtype=np.float32) + 10 * r), pm, axes)
     want = np.concatenate([np.array_split(np.arange(6) + 10 * q, len(g))[k] for q in g])
     assert np.array_equal(host(a), want), (axes, host(a), want)
+tree = {"w": x, "pair": (t(np.full(3, 10.0 * (r + 1), np.float32)), None)}
+for axes in (("a",), ("a", "b")):
+    g = pm.group_of(r, axes)
+    y = dist.allreduce_along(tree, pm, axes)
+    assert set(y) == {"w", "pair"} and y["pair"][1] is None
+    assert (host(y["w"]) == sum(q + 1 for q in g)).all() and (host(y["pair"][0]) == 10 * sum(q + 1 for q in g)).all()
+    z = dist.allgather_along([t(np.full((r + 1, 2), r, np.float32))], pm, axes)
+    assert host(z[0])[:, 0].tolist() == [float(q) for q in g for _ in range(q + 1)]
+rt = dist.sendrecv({"r": t(np.array([r], np.int32))}, shift=1)
+assert int(host(rt["r"])[0]) == (r - 1) % n
 ring = dist.sendrecv(t(np.array([r], np.int32)), shift=1)
 assert int(host(ring)[0]) == (r - 1) % n
 world = dist.all_to_all(t(np.arange(8, dtype=np.float32) + 100 * r))
@@ -69,6 +80,11 @@ except md.CollectiveMismatchError:
     outcome.append("mismatch")
 except md.CollectiveInputError:
     outcome.append("refused")
+try:  # rank 0's structure has two leaves, the others' one
+    dist.allreduce_along([x, t(np.ones(2, np.float32))] if r == 0 else [x], pm, ("a", "b"))
+    outcome.append("agreed")
+except md.CollectiveMismatchError:
+    outcome.append("mismatch")
 assert (host(dist.allreduce_along(x, pm, ("a", "b"))) == n * (n + 1) / 2).all()  # still usable
 print(f"MDMESH rank {r}: {' '.join(outcome)}")
 dist.shutdown()
@@ -97,9 +113,9 @@ def test_collectives_along_a_process_mesh(engine: str, tmp_path: Path) -> None:
                        cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
     word = "(mismatch|refused|agreed)"  # (the ranks' lines may interleave)
-    found = sorted(re.findall(rf"MDMESH rank (\d): {word} {word}", p.stdout))
-    assert found == [("0", "mismatch", "refused")] + [(str(i), "mismatch", "mismatch") for i in (1, 2, 3)], \
-        p.stdout[-3000:]
+    found = sorted(re.findall(rf"MDMESH rank (\d): {word} {word} {word}", p.stdout))
+    assert found == [("0", "mismatch", "refused", "mismatch")] + [(str(i), "mismatch", "mismatch", "mismatch")
+                                                                  for i in (1, 2, 3)], p.stdout[-3000:]
 
 
 def test_one_rank_without_a_launcher() -> None:
@@ -119,6 +135,10 @@ def test_one_rank_without_a_launcher() -> None:
         with pytest.raises(md.CollectiveInputError):
             dist.sendrecv(x, shift=1.5)  # type: ignore[arg-type]
         assert np.array_equal(md.to_numpy(dist.sendrecv(x)), np.arange(4.0))
+        tree = dist.allreduce_along({"x": x, "n": None}, pm, "a")  # a structure: leaf by leaf, rebuilt
+        assert tree["n"] is None and np.array_equal(md.to_numpy(tree["x"]), np.arange(4.0))
+        with pytest.raises(md.UnsupportedTensorError, match="str"):
+            dist.allreduce_along({"x": x, "s": "text"}, pm, "a")
     finally:
         dist.shutdown()
 

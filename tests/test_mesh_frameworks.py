@@ -134,3 +134,32 @@ def test_tensorflow_and_keras_meshes_and_managed_shards() -> None:
         print("ok")
     """)
     assert out.endswith("ok")
+
+
+def test_structures_of_jax_sharded_arrays_and_sharded_tensors() -> None:
+    """A structure holding JAX's own sharded arrays and ShardedTensors moves, converts and copies as
+    each would alone (to a device: gathered; convert: piece by piece, layout kept; no gather)."""
+    _need("jax")
+    out = _py("""
+        import numpy as np, jax, multidev as md
+        m = md.make_mesh((2, 2), ("data", "model"), backend="jax")
+        ref = np.arange(32, dtype=np.float32).reshape(8, 4)
+        y = md.to(md.asarray(ref, backend="jax"), md.Layout(m, ("data", "model")))
+        nm = md.make_mesh((2, 2), ("data", "model"), backend="numpy")
+        s = md.to(md.asarray(ref, backend="numpy"), md.Layout(nm, ("data",)))
+        tree = {"jax": y, "numpy": s, "plain": md.asarray(ref, device="cpu:1", backend="jax")}
+        moved = md.to(tree, "cpu:3")
+        assert all(md.device_of(v) == md.cpu(3) for v in moved.values())
+        assert all(np.array_equal(md.to_numpy(v), ref) for v in moved.values())
+        conv = md.convert({"numpy": s, "jax": y}, "jax")
+        assert isinstance(conv["numpy"], jax.Array) and md.layout_of(conv["numpy"]) == md.Layout(m, ("data",))
+        assert conv["jax"] is y
+        back = md.convert({"jax": y}, "numpy")
+        assert isinstance(back["jax"], md.ShardedTensor) and md.layout_of(back["jax"]) == md.Layout(nm, ("data", "model"))
+        assert np.array_equal(md.to_host(back)["jax"], ref)
+        c = md.copy({"jax": y})["jax"]
+        assert md.layout_of(c) == md.layout_of(y) and np.array_equal(md.to_host(c), ref)
+        md.synchronize(tree)
+        print("ok")
+    """)
+    assert out.endswith("ok"), out

@@ -185,6 +185,14 @@ class TorchCore(BaseBackend):
             return (self.torch.ones if value == 1 else self.torch.zeros)(shape, dtype=dt, device=dev)
         return self.torch.full(shape, value, dtype=dt, device=dev)
 
+    def filler(self, value: Any, dtype: str, device: Device) -> Any:
+        """torch's own zeros/ones/full with the dtype and device bound (what :meth:`full` calls)."""
+        dt, dev = self._target(dtype, device)
+        torch = self.torch
+        if value.__class__ in _REAL and (value == 1 or (value == 0 and math.copysign(1.0, value) > 0)):
+            return functools.partial(torch.ones if value == 1 else torch.zeros, dtype=dt, device=dev)
+        return functools.partial(torch.full, fill_value=value, dtype=dt, device=dev)
+
     def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
         dt, dev = self._target(dtype, device)
         return self.torch.empty(shape, dtype=dt, device=dev)
@@ -376,6 +384,14 @@ class TorchCore(BaseBackend):
 
     def split(self, x: Any, sizes: Sequence[int], axis: int) -> list[Any]:
         return list(self.torch.split(x, [int(s) for s in sizes], dim=axis))
+
+    def writable(self, x: Any) -> bool | None:
+        """True for a plain contiguous tensor (what ``assign``, under ``no_grad``, always writes);
+        None (the core probes) for inference tensors, other layouts and strided views, which may
+        overlap themselves (an expanded tensor)."""
+        if x.layout is not self.torch.strided or x.is_inference() or not x.is_contiguous():
+            return None
+        return True
 
     def assign(self, dst: Any, src: Any) -> None:
         self.same_device("assign", (dst, src))

@@ -39,6 +39,10 @@ class TorchModels(Concern, SupportsModels):
 
     def move_module(self, obj: Any, device: Device) -> Any:
         dev = self.core.to_native_device(device)
+        for t in obj.parameters():  # the first parameter elsewhere: a real move, without walking the rest first
+            if t.device != dev:
+                return obj.to(dev)
+            break
         tensors = self.module_tensors(obj)
         if all(t.device == dev for t in tensors):
             return obj  # resident: nothing moves (as_in_ctx)

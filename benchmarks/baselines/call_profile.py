@@ -170,7 +170,8 @@ def _rows(which: set[str], kind: str) -> Iterator[Row | str]:
 
 
 def _convert_steps(n: int = 2000) -> list[dict[str, Any]]:
-    """Each step of md.convert(torch CUDA tensor, "jax") timed alone (median of 7 batches of ``n``)."""
+    """Each step of md.convert(torch CUDA tensor, "jax") and of md.convert(JAX GPU array, "torch")
+    timed alone (median of 7 batches of ``n``)."""
     import jax
     import torch
 
@@ -184,7 +185,7 @@ def _convert_steps(n: int = 2000) -> list[dict[str, Any]]:
         "jax.dlpack.from_dlpack(t)": lambda: jax.dlpack.from_dlpack(t),
         "jax.dlpack.from_dlpack(t.detach())": lambda: jax.dlpack.from_dlpack(t.detach()),
         "dst.dlpack.import_dlpack(obj, dev)": lambda: dst.dlpack.import_dlpack(obj, here),
-        "dst._import_accelerator(obj, dev)": lambda: getattr(dst, "_import_accelerator")(obj, here),  # noqa: B009
+        "dst.dlpack._import_accelerator(obj, dev)": lambda: getattr(dst.dlpack, "_import_accelerator")(obj, here),  # noqa: B009
         "backend_of(t)": lambda: md.backend_of(t),
         "src.device_of(t)": lambda: src.device_of(t),
         "src.dlpack.export_dlpack(t)": lambda: src.dlpack.export_dlpack(t),
@@ -193,6 +194,18 @@ def _convert_steps(n: int = 2000) -> list[dict[str, Any]]:
         "torch.cuda.current_device()": torch.cuda.current_device,
         "t.__dlpack__(stream=None)": lambda: t.__dlpack__(),
     }
+    j = jax.device_put(jax.numpy.ones(1 << 18), jax.devices("gpu")[0])
+    jb: Any = md.backend_of(j)
+    jobj = jb.dlpack.export_dlpack(j)
+    steps.update({
+        "md.convert(j, 'torch')": lambda: md.convert(j, "torch"),
+        "torch.from_dlpack(j)": lambda: torch.from_dlpack(j),
+        "jb.dlpack.export_dlpack(j)": lambda: jb.dlpack.export_dlpack(j),
+        "src.dlpack.import_dlpack(jax obj, dev)": lambda: src.dlpack.import_dlpack(jobj, here),
+        "jb.device_of(j)": lambda: jb.device_of(j),
+        "jb.dtype_of(j)": lambda: jb.dtype_of(j),
+        "j.__dlpack__()": lambda: j.__dlpack__(),
+    })
     return _time_steps(steps, n, torch.cuda.synchronize, each=False)
 
 

@@ -6,7 +6,9 @@ subgroups along some axes are the ranks that differ only there (:meth:`ProcessMe
 collectives along axes reduce, gather, scatter or exchange within each subgroup at once, every rank
 of the group taking part (as ``jax.lax.psum(x, "data")`` inside ``shard_map``, or torch's
 ``all_reduce(t, group=mesh.get_group("data"))`` called on every rank). :func:`all_to_all` and the
-ring :func:`sendrecv` act on the whole group.
+ring :func:`sendrecv` act on the whole group. Each takes a tensor or a structure of tensors (lists,
+tuples, named tuples, dicts, a framework's tree: one agreed exchange of its leaf count and
+signature, then leaf by leaf, the structure rebuilt around the results).
 
 How: every call is one small checked exchange, then one :func:`multidev.distributed.allgather`
 (its consistency checks, timeouts and typed errors), and each rank computes its own part of the
@@ -40,6 +42,8 @@ from ..errors import (
 )
 from ..mesh import AxisNames, check_axis_names, mesh_shape
 from ..registry import backend_of, get_backend
+from ..structured import rebuild, structure_leaves
+from ..trees import owner_or_structure
 from ..validate import check_axis, check_op
 from .collectives import allgather
 from .group import current
@@ -178,6 +182,33 @@ def _checked(x: Any, what: str) -> tuple[Any, tuple[int, ...]]:
     return b, b.shape_of(x)
 
 
+def _over_leaves(x: Any, what: str, one: Callable[[Any], Any], gathered: int | None = None) -> Any:
+    """``one(x)`` for a tensor; for a structure (lists, tuples, named tuples, dicts, a framework's
+    tree), one agreed exchange of its leaf count and signature first (ranks whose structures differ
+    raise CollectiveMismatchError on every rank; a structure this rank refuses, its own error),
+    then ``one`` leaf by leaf, the structure rebuilt around the results. ``gathered``: the axis
+    whose lengths may differ between ranks (left out of the signature)."""
+    try:
+        tree = owner_or_structure(x) is None
+    except (UnsupportedTensorError, CollectiveInputError):
+        tree = False  # neither: one(x) refuses it, inside its agreed exchange
+    if not tree:
+        return one(x)
+    found: dict[str, Any] = {}
+
+    def check() -> tuple[tuple[Any, ...], int]:
+        found["lv"] = lv = structure_leaves(x, what)
+        shapes = None
+        if gathered is not None:
+            axes = [check_axis(gathered, len(shp), what) for shp in lv.shapes]
+            shapes = [shp[:a] + shp[a + 1:] for shp, a in zip(lv.shapes, axes)]
+        return ("structure", len(lv.tensors), lv.signature(shapes=shapes)), 0
+
+    _agree(what, check)
+    lv = found["lv"]
+    return rebuild(x, lv, [one(t) for t in lv.tensors], what)
+
+
 def _sizes(length: int, n: int) -> list[int]:
     q, r = divmod(length, n)
     return [q + 1] * r + [q] * (n - r)
@@ -187,6 +218,10 @@ def _sizes(length: int, n: int) -> list[int]:
 def allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum") -> Any:
     """The reduction (``op``: sum, mean, max, min, prod) of ``x`` over this rank's subgroup along
     ``axes``, reduced in group order; a new tensor of x's backend on x's device."""
+    return _over_leaves(x, "distributed.allreduce_along", lambda t: _allreduce_along(t, mesh, axes, op))
+
+
+def _allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum") -> Any:
     what = "distributed.allreduce_along"
     found: dict[str, Any] = {}
 
@@ -204,6 +239,10 @@ def allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum")
 def allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) -> Any:
     """The concatenation along ``axis`` of the subgroup's tensors, in group order (lengths along
     ``axis`` may differ); a new tensor on x's device."""
+    return _over_leaves(x, "distributed.allgather_along", lambda t: _allgather_along(t, mesh, axes, axis), axis)
+
+
+def _allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) -> Any:
     what = "distributed.allgather_along"
     found: dict[str, Any] = {}
 
@@ -223,6 +262,10 @@ def allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) -
 def reduce_scatter_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum", axis: int = 0) -> Any:
     """Piece ``k`` (``numpy.array_split`` sizes along ``axis``) of the subgroup's reduction, on the
     subgroup's ``k``-th rank."""
+    return _over_leaves(x, "distributed.reduce_scatter_along", lambda t: _reduce_scatter_along(t, mesh, axes, op, axis))
+
+
+def _reduce_scatter_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum", axis: int = 0) -> Any:
     what = "distributed.reduce_scatter_along"
     found: dict[str, Any] = {}
 
@@ -243,6 +286,11 @@ def reduce_scatter_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "
 def all_to_all_along(x: Any, mesh: ProcessMesh, axes: AxisNames, split_axis: int = 0, concat_axis: int = 0) -> Any:
     """Within the subgroup along ``axes``: rank ``k`` gets piece ``k`` (``numpy.array_split`` sizes
     along ``split_axis``) of every member's tensor, joined along ``concat_axis`` in group order."""
+    return _over_leaves(x, "distributed.all_to_all_along",
+                        lambda t: _all_to_all_along(t, mesh, axes, split_axis, concat_axis))
+
+
+def _all_to_all_along(x: Any, mesh: ProcessMesh, axes: AxisNames, split_axis: int = 0, concat_axis: int = 0) -> Any:
     what = "distributed.all_to_all_along"
     found: dict[str, Any] = {}
 
@@ -270,6 +318,10 @@ def all_to_all(x: Any, split_axis: int = 0, concat_axis: int = 0) -> Any:
 def sendrecv(x: Any, shift: int = 1) -> Any:
     """The ring exchange: rank ``r`` sends ``x`` to rank ``(r + shift) % world_size`` and returns
     the tensor rank ``(r - shift) % world_size`` sent (same shape and dtype on every rank)."""
+    return _over_leaves(x, "distributed.sendrecv", lambda t: _sendrecv(t, shift))
+
+
+def _sendrecv(x: Any, shift: int = 1) -> Any:
     what = "distributed.sendrecv"
     g = current()
 

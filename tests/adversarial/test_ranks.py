@@ -16,7 +16,7 @@ import pytest
 
 from multidev.conformance.test_distributed import engine_unavailable, launch_group, worker_env
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timing]
 
 HERE = Path(__file__).resolve().parent
 #: Seconds a group of ranks may take, framework imports included.
