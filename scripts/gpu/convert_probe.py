@@ -25,7 +25,7 @@ for mib in (1, 256):
     print(f"{mib} MiB route: wait={route.wait} handshake={route.handshake} host={route.host} why={route.why!r}")
     rows: dict[str, list[float]] = {"md": [], "native": []}
     for _ in range(30):
-        for name, f in (("md", lambda: md.convert(j, "torch")), ("native", lambda: torch.from_dlpack(j))):
+        for name, f in (("md", lambda j=j: md.convert(j, "torch")), ("native", lambda j=j: torch.from_dlpack(j))):
             t = time.perf_counter()
             for _ in range(20):
                 f()

@@ -21,9 +21,9 @@ except Exception:  # noqa: BLE001
     pass
 md.backend("torch")
 nn = torch.nn
-net = nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Conv2d(6, 16, 5), nn.Sigmoid(),
-                    nn.AvgPool2d(2, 2), nn.Flatten(), nn.Linear(400, 120), nn.Sigmoid(), nn.Linear(120, 84), nn.Sigmoid(),
-                    nn.Linear(84, 10))
+net = nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Conv2d(6, 16, 5),
+                    nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Flatten(), nn.Linear(400, 120), nn.Sigmoid(),
+                    nn.Linear(120, 84), nn.Sigmoid(), nn.Linear(84, 10))
 g, c = torch.device("cuda", 0), torch.device("cpu")
 
 
