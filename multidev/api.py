@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import numbers
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
@@ -35,9 +34,12 @@ from .registry import (
     cached_tensor_wait,
     device_wait,
     get_backend,
+    get_default_backend,
     loaded_backends,
+    registry_generation,
     require,
     tie_cache,
+    tied_put,
     waiter_of,
 )
 from .sharding import ShardedTensor, is_sharded, map_shards, place, sharded_device, unshard
@@ -376,7 +378,8 @@ def _constant(what: str, value: int, shape: int | Sequence[int], dtype: Any, dev
         device = scope_device.get()
     if backend is None:
         backend = scope_backend.get()
-    key: tuple[Any, ...] | None = (what, backend, device, dtype)
+    # (the default backend by name: set_default_backend or $MULTIDEV_BACKEND may change it)
+    key: tuple[Any, ...] | None = (what, backend if backend is not None else get_default_backend(), device, dtype)
     try:
         plan = _PLANS.get(key)  # type: ignore[arg-type]
     except TypeError:  # an unhashable spelling: no plan
@@ -386,24 +389,24 @@ def _constant(what: str, value: int, shape: int | Sequence[int], dtype: Any, dev
         # (capabilities by value: an adapter's property may return a new, equal object on every read;
         # the device: NumPy's virtual devices can be fewer now)
         plan = _plan_constant(what, value, key, dtype, device, backend)
-    b, _caps, make, host_max, name, _dev = plan
+    b, _caps, make, limit, name, dev = plan
     shp: tuple[int, ...]
-    if shape.__class__ is int and 0 <= shape <= host_max:  # the common cases, inline
+    if shape.__class__ is int and 0 <= shape <= limit:  # the common cases, inline
         shp = (shape,)
-    elif shape.__class__ is tuple and len(shape) == 1 and shape[0].__class__ is int and 0 <= shape[0] <= host_max:
+    elif shape.__class__ is tuple and len(shape) == 1 and shape[0].__class__ is int and 0 <= shape[0] <= limit:
         shp = shape
-    else:  # a short tuple of plain non-negative ints inline, else check_shape; then the host memory
+    else:  # a short tuple of plain non-negative ints inline, else check_shape; then the limits
         shp = shape  # type: ignore[assignment]
-        if shape.__class__ is not tuple or len(shape) > 4:
-            shp = check_shape(shape)
+        if shape.__class__ is not tuple or len(shape) > 4 or any(s.__class__ is not int or s < 0 for s in shape):
+            shp = check_shape(shape)  # (InvalidArgumentError beyond MAX_ELEMENTS)
         n = 1
         for s in shp:
-            if s.__class__ is not int or s < 0:
-                shp = check_shape(shape)
-                break
             n *= s
-        if n > host_max:
-            check_memory(shp, name, True, f"{b.name} {what}")
+        if n > limit:
+            if dev.kind == "cpu":
+                check_memory(shp, name, True, f"{b.name} {what}")
+            else:
+                check_shape(shp)
     try:
         return make(shp)
     except Exception as e:  # noqa: BLE001 - translated by reraise
@@ -413,7 +416,9 @@ def _constant(what: str, value: int, shape: int | Sequence[int], dtype: Any, dev
 def _plan_constant(what: str, value: int, key: tuple[Any, ...] | None, dtype: Any, device: DeviceLike,
                    backend: str | None) -> tuple[Any, ...]:
     """The plan of :func:`_constant`: the adapter, its capabilities, the filler, the most elements
-    of a tensor the host memory holds (no limit on an accelerator), the dtype's name and the device."""
+    of a tensor the host memory holds (on an accelerator: MAX_ELEMENTS, which check_shape refuses
+    beyond), the dtype's name and the device."""
+    generation = registry_generation()
     b = _backend(backend)
     dev = resolve(b, device)
     name = _checked_dtype(b, dtype, "float32", dev)
@@ -421,10 +426,10 @@ def _plan_constant(what: str, value: int, key: tuple[Any, ...] | None, dtype: An
     fill = check_fill(value, name)
     with translate_errors(f"{b.name} {what}"):
         make = b.filler(fill, name, dev) if hasattr(b, "filler") else _full_of(b, fill, name, dev)
-    plan = (b, b.capabilities, make, max(1, have // ITEMSIZE.get(name, 8)) if have is not None else sys.maxsize,
+    plan = (b, b.capabilities, make, max(1, have // ITEMSIZE.get(name, 8)) if have is not None else MAX_ELEMENTS,
             name, dev)
-    if key is not None and len(_PLANS) < _PLANS_MAX:
-        _PLANS[key] = plan
+    if key is not None:
+        tied_put(_PLANS, key, plan, generation, _PLANS_MAX)
     return plan
 
 
@@ -611,7 +616,10 @@ def _structure_device(x: Any) -> Device:
     """device_of for a structure: its tensors' one device."""
     where: dict[Device, list[str]] = {}
     for path, t in leaves(x, "device_of"):
-        dev = sharded_device(t) if t.__class__ is ShardedTensor else backend_of(t).device_of(t)
+        try:
+            dev = sharded_device(t) if t.__class__ is ShardedTensor else backend_of(t).device_of(t)
+        except DeviceMismatchError as e:  # a sharded tensor on several devices: say where it is
+            raise DeviceMismatchError(f"device_of: {''.join(f'[{p!r}]' for p in path) or '(itself)'}: {e}") from None
         where.setdefault(dev, []).append("".join(f"[{p!r}]" for p in path) or "(itself)")
     if not where:
         raise InvalidArgumentError(f"device_of: this {type(x).__name__} holds no tensor, so it has no device")

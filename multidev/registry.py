@@ -60,10 +60,12 @@ __all__ = [
     "preferred_backends",
     "register_backend",
     "registered_backends",
+    "registry_generation",
     "require",
     "set_default_backend",
     "supports",
     "tie_cache",
+    "tied_put",
     "unregister_backend",
     "waiter_of",
 ]
@@ -648,10 +650,24 @@ cached_device_waits: Callable[[str | None], dict[Any, Callable[[], Any]] | None]
 def tie_cache(cache: dict[Any, Any]) -> dict[Any, Any]:
     """``cache`` (a dict a layer above keeps of adapters and their answers, keyed by backend names or
     adapters), cleared whenever the registry changes: an adapter loaded, registered, unregistered or
-    preferred. Returns ``cache``."""
+    preferred, or the default backend set. Returns ``cache``. Write into it with :func:`tied_put`."""
     with _s.lock:
         _s.tied.append(cache)
     return cache
+
+
+def registry_generation() -> int:
+    """How many times the registry changed so far: read it before working out an answer to keep in
+    a :func:`tie_cache` cache, and hand it to :func:`tied_put`."""
+    return _s.wait_generation
+
+
+def tied_put(cache: dict[Any, Any], key: Any, value: Any, generation: int, limit: int = 1024) -> None:
+    """``cache[key] = value`` unless the registry changed since ``generation`` (the answer may hold an
+    adapter it forgot since) or the cache holds ``limit`` entries."""
+    with _s.lock:
+        if _s.wait_generation == generation and len(cache) < limit:
+            cache[key] = value
 
 
 def device_wait(backend: str | None, spec: Any, build: Callable[[], Callable[[], Any]]) -> Callable[[], Any]:
@@ -752,6 +768,7 @@ def set_default_backend(name: str | None) -> None:
     if name is not None:
         get_backend(name)  # fail now, with the helpful message, not at first use
     _s.default_backend = name
+    _clear_wait_caches()  # (answers kept for "the default backend" belong to the old one)
 
 
 def get_default_backend() -> str:

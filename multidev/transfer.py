@@ -9,11 +9,17 @@ import numpy as np
 
 from ._device import DeviceLike
 from .adapter import start_move, start_to_numpy
-from .errors import InvalidArgumentError, InvalidDeviceError, UnsupportedTensorError, translate_errors
+from .errors import (
+    DeviceMismatchError,
+    InvalidArgumentError,
+    InvalidDeviceError,
+    UnsupportedTensorError,
+    translate_errors,
+)
 from .placement import as_device, resolve
 from .protocol import SupportsModels
 from .registry import backend_of, cached_owner, require
-from .sharding import ShardedTensor, sharded_to_host
+from .sharding import ShardedTensor, is_sharded, sharded_to_host, unshard
 from .trees import is_structure, owner_or_structure, tree_map
 
 __all__ = ["Transfer", "start_to", "to_host"]
@@ -70,14 +76,23 @@ class Transfer(Generic[T]):
 def start_to(x: Any, device: DeviceLike) -> Transfer[Any]:
     """Start moving ``x`` to ``device`` and return its :class:`Transfer` at once; a done handle of
     ``x`` itself when it is already there. A structure starts every tensor's move (models move in
-    place, blocking, as their framework's ``to`` does) and its ``wait()`` gives the structure."""
+    place, blocking, as their framework's ``to`` does; sharded tensors are gathered, blocking) and its
+    ``wait()`` gives the structure."""
     if device is None:
         raise InvalidDeviceError("to(x, device, non_blocking=True) needs a device, got None (as to(x, device) does)")
+    if x.__class__ is ShardedTensor:  # (a structure's leaf) gathered onto device, blocking, as a model moves
+        return Transfer(unshard(x, device), None)
     b = owner_or_structure(x)
     if b is None:
         return _start_structure(x, device)
     dev = resolve(b, device)
-    if b.device_of(x) == dev:
+    try:
+        here = b.device_of(x)
+    except DeviceMismatchError:  # a framework's own sharded tensor (JAX's): gathered, blocking
+        if not is_sharded(x):
+            raise
+        return Transfer(unshard(x, dev), None)
+    if here == dev:
         commit = getattr(b, "commit_resident", None)
         return Transfer(x if commit is None else commit(x), None)
     with translate_errors(lambda: f"{b.name} to({dev}, non_blocking=True)"):

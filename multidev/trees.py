@@ -23,7 +23,17 @@ from typing import Any
 
 from .errors import InvalidArgumentError, MultidevError, UnsupportedTensorError
 from .protocol import Backend, SupportsModels
-from .registry import backend_of, cached_owner, get_backend, loaded_backends, preferred_backends, require, tie_cache
+from .registry import (
+    backend_of,
+    cached_owner,
+    get_backend,
+    loaded_backends,
+    preferred_backends,
+    registry_generation,
+    require,
+    tie_cache,
+    tied_put,
+)
 from .sharding import ShardedTensor
 
 __all__ = ["is_structure", "leaves", "structure_owner", "tree_map"]
@@ -76,6 +86,7 @@ def owner_or_structure(x: Any) -> Backend | None:
         return b
     if cls in _FRAMEWORK_STRUCTURES:
         return None
+    generation = registry_generation()
     try:
         return backend_of(x)
     except UnsupportedTensorError:
@@ -84,8 +95,8 @@ def owner_or_structure(x: Any) -> Backend | None:
         owner = structure_owner(x)
         if owner is None:
             raise
-        if len(_FRAMEWORK_STRUCTURES) < 4096:  # (its framework decides by class: isinstance, pytree nodes)
-            _FRAMEWORK_STRUCTURES[cls] = owner[0] if owner[1] == "module" else None
+        # (its framework decides by class: isinstance, pytree nodes)
+        tied_put(_FRAMEWORK_STRUCTURES, cls, owner[0] if owner[1] == "module" else None, generation, 4096)
         return None
 
 

@@ -440,3 +440,18 @@ def test_writable_answers_only_where_assign_always_writes(tb):
     with pytest.raises(CapabilityError, match="cannot be written in place"):
         check_writable(tb, expanded, "probe")
     check_writable(tb, torch.nn.Parameter(torch.zeros(3)), "probe")
+
+
+def test_a_subclass_overriding_full_gets_its_full_through_the_filler(tb):
+    """torch's filler binds torch.zeros/ones; a subclass that overrides ``full`` gets the default
+    filler (its own ``full``), so md.zeros/ones go through what it wrote."""
+    calls = []
+
+    class Counted(type(tb)):
+        def full(self, shape, value, dtype, device):
+            calls.append(shape)
+            return super().full(shape, value, dtype, device)
+
+    sub = Counted()
+    assert sub.filler(0, "float32", Device("cpu", 0))((2,)).tolist() == [0.0, 0.0] and calls == [(2,)]
+    assert tb.filler(0, "float32", Device("cpu", 0)).func is torch.zeros

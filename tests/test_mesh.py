@@ -336,3 +336,30 @@ def test_structures_of_sharded_tensors(four: None) -> None:
     assert md.device_of({"w": md.to(x, md.Layout(md.Mesh((1,), ("a",), [md.cpu(2)]), ("a",)))}) == md.cpu(2)
     with pytest.raises(md.UnsupportedTensorError):  # a collective takes tensors: a sharded leaf is refused, typed
         md.allreduce([{"w": s}, {"w": s}])
+
+
+def test_creation_follows_the_default_backend_and_refuses_huge_shapes_of_numpy_ints(four: None) -> None:
+    """md.zeros/ones without backend= follow set_default_backend (their plans are per backend name);
+    a shape of NumPy integers is checked against the host memory as one of ints is."""
+    pytest.importorskip("torch")
+    md.backend("torch")
+    try:
+        md.set_default_backend("torch")
+        assert type(md.zeros(3)).__module__.startswith("torch")
+        md.set_default_backend("numpy")
+        assert isinstance(md.zeros(3), np.ndarray) and isinstance(md.ones((2,)), np.ndarray)
+    finally:
+        md.set_default_backend(None)
+    for shape in ((np.int64(10**5), np.int64(10**6)), (10**5, np.int64(10**6)), [10**5, 10**6]):
+        with pytest.raises(md.OutOfMemoryError, match="more than this machine"):
+            md.zeros(shape, backend="numpy")
+
+
+def test_non_blocking_moves_of_structures_gather_their_sharded_leaves(four: None) -> None:
+    ref, x = _x()
+    s = md.to(x, md.Layout(_m(), ("a", "b")))
+    t = md.to({"w": s, "b": x}, "cpu:2", non_blocking=True)
+    out = t.wait()
+    assert md.device_of(out["w"]) == md.cpu(2) and (md.to_numpy(out["w"]) == ref).all()
+    with pytest.raises(md.DeviceMismatchError, match=r"\['w'\]"):
+        md.device_of({"w": s})

@@ -139,6 +139,12 @@ def test_one_rank_without_a_launcher() -> None:
         assert tree["n"] is None and np.array_equal(md.to_numpy(tree["x"]), np.arange(4.0))
         with pytest.raises(md.UnsupportedTensorError, match="str"):
             dist.allreduce_along({"x": x, "s": "text"}, pm, "a")
+        with pytest.raises(md.InvalidArgumentError, match="no axis 'c'"):  # checked without tensors too
+            dist.allreduce_along([], pm, "c")
+        with pytest.raises(md.CollectiveInputError, match="unknown op"):
+            dist.reduce_scatter_along({}, pm, "a", op="xx")
+        with pytest.raises(md.InvalidArgumentError, match="ProcessMesh"):
+            dist.allgather_along(x, "a mesh", "a")  # type: ignore[arg-type]
     finally:
         dist.shutdown()
 

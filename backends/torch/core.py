@@ -186,7 +186,10 @@ class TorchCore(BaseBackend):
         return self.torch.full(shape, value, dtype=dt, device=dev)
 
     def filler(self, value: Any, dtype: str, device: Device) -> Any:
-        """torch's own zeros/ones/full with the dtype and device bound (what :meth:`full` calls)."""
+        """torch's own zeros/ones/full with the dtype and device bound (what :meth:`full` calls); a
+        subclass that overrides ``full`` gets the default filler, its ``full``."""
+        if type(self).full is not TorchCore.full:
+            return super().filler(value, dtype, device)
         dt, dev = self._target(dtype, device)
         torch = self.torch
         if value.__class__ in _REAL and (value == 1 or (value == 0 and math.copysign(1.0, value) > 0)):

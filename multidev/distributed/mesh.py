@@ -37,6 +37,7 @@ from ..errors import (
     CapabilityError,
     CollectiveInputError,
     CollectiveMismatchError,
+    DeviceMismatchError,
     InvalidArgumentError,
     UnsupportedTensorError,
 )
@@ -138,7 +139,8 @@ def _agree(what: str, check: Callable[[], tuple[tuple[Any, ...], int]]) -> list[
     refused: Exception | None = None
     try:
         record, length = check()
-    except (CollectiveInputError, InvalidArgumentError, CapabilityError, UnsupportedTensorError) as e:
+    except (CollectiveInputError, InvalidArgumentError, CapabilityError, UnsupportedTensorError,
+            DeviceMismatchError) as e:  # (a tensor on several devices: a framework's sharded array)
         refused, record, length = e, ("refused", type(e).__name__), -1
     mine = get_backend("numpy").asarray(np.array([[_fingerprint(what, *record), length]], dtype=np.int32), None,
                                         _HOST)
@@ -182,12 +184,29 @@ def _checked(x: Any, what: str) -> tuple[Any, tuple[int, ...]]:
     return b, b.shape_of(x)
 
 
-def _over_leaves(x: Any, what: str, one: Callable[[Any], Any], gathered: int | None = None) -> Any:
+def _group(mesh: Any, axes: AxisNames) -> tuple[int, ...]:
+    """This rank's subgroup along ``axes`` of ``mesh``; InvalidArgumentError for what is no process
+    mesh or names none of its axes."""
+    if not isinstance(mesh, ProcessMesh):
+        raise InvalidArgumentError(f"expected a ProcessMesh (multidev.distributed.process_mesh), got "
+                                   f"{type(mesh).__name__}")
+    return mesh.group_of(current().rank, axes)
+
+
+def _op_name(op: Any, what: str) -> str:
+    """``op``, a reduction's name (the dtype rules are checked per tensor)."""
+    check_op(op, "float32", what)
+    return str(op)
+
+
+def _over_leaves(x: Any, what: str, one: Callable[[Any], Any], gathered: int | None = None,
+                 valid: Callable[[], Any] | None = None) -> Any:
     """``one(x)`` for a tensor; for a structure (lists, tuples, named tuples, dicts, a framework's
     tree), one agreed exchange of its leaf count and signature first (ranks whose structures differ
     raise CollectiveMismatchError on every rank; a structure this rank refuses, its own error),
     then ``one`` leaf by leaf, the structure rebuilt around the results. ``gathered``: the axis
-    whose lengths may differ between ranks (left out of the signature)."""
+    whose lengths may differ between ranks (left out of the signature); ``valid``: the checks of the
+    call's other arguments, made inside the agreed exchange."""
     try:
         tree = owner_or_structure(x) is None
     except (UnsupportedTensorError, CollectiveInputError):
@@ -197,6 +216,8 @@ def _over_leaves(x: Any, what: str, one: Callable[[Any], Any], gathered: int | N
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
+        if valid is not None:  # the call's own arguments, even for a structure without tensors
+            valid()
         found["lv"] = lv = structure_leaves(x, what)
         shapes = None
         if gathered is not None:
@@ -218,7 +239,8 @@ def _sizes(length: int, n: int) -> list[int]:
 def allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum") -> Any:
     """The reduction (``op``: sum, mean, max, min, prod) of ``x`` over this rank's subgroup along
     ``axes``, reduced in group order; a new tensor of x's backend on x's device."""
-    return _over_leaves(x, "distributed.allreduce_along", lambda t: _allreduce_along(t, mesh, axes, op))
+    return _over_leaves(x, "distributed.allreduce_along", lambda t: _allreduce_along(t, mesh, axes, op),
+                        valid=lambda: (_group(mesh, axes), _op_name(op, "distributed.allreduce_along")))
 
 
 def _allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum") -> Any:
@@ -228,7 +250,7 @@ def _allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum"
     def check() -> tuple[tuple[Any, ...], int]:
         b, shape = _checked(x, what)
         check_op(op, b.dtype_of(x), what)
-        found["group"] = mesh.group_of(current().rank, axes)
+        found["group"] = _group(mesh, axes)
         return (mesh, check_axis_names(axes), op, shape, b.dtype_of(x)), 0
 
     _agree(what, check)
@@ -239,7 +261,8 @@ def _allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum"
 def allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) -> Any:
     """The concatenation along ``axis`` of the subgroup's tensors, in group order (lengths along
     ``axis`` may differ); a new tensor on x's device."""
-    return _over_leaves(x, "distributed.allgather_along", lambda t: _allgather_along(t, mesh, axes, axis), axis)
+    return _over_leaves(x, "distributed.allgather_along", lambda t: _allgather_along(t, mesh, axes, axis), axis,
+                        valid=lambda: _group(mesh, axes))
 
 
 def _allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) -> Any:
@@ -249,7 +272,7 @@ def _allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) 
     def check() -> tuple[tuple[Any, ...], int]:
         b, shape = _checked(x, what)
         found["axis"] = ax = check_axis(axis, len(shape), what)
-        found["group"] = mesh.group_of(current().rank, axes)
+        found["group"] = _group(mesh, axes)
         return (mesh, check_axis_names(axes), ax, len(shape), b.dtype_of(x)), shape[ax]
 
     lengths = _agree(what, check)
@@ -262,7 +285,8 @@ def _allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) 
 def reduce_scatter_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum", axis: int = 0) -> Any:
     """Piece ``k`` (``numpy.array_split`` sizes along ``axis``) of the subgroup's reduction, on the
     subgroup's ``k``-th rank."""
-    return _over_leaves(x, "distributed.reduce_scatter_along", lambda t: _reduce_scatter_along(t, mesh, axes, op, axis))
+    return _over_leaves(x, "distributed.reduce_scatter_along", lambda t: _reduce_scatter_along(t, mesh, axes, op, axis),
+                        valid=lambda: (_group(mesh, axes), _op_name(op, "distributed.reduce_scatter_along")))
 
 
 def _reduce_scatter_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum", axis: int = 0) -> Any:
@@ -272,7 +296,7 @@ def _reduce_scatter_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = 
     def check() -> tuple[tuple[Any, ...], int]:
         b, shape = _checked(x, what)
         check_op(op, b.dtype_of(x), what)
-        found.update(axis=check_axis(axis, len(shape), what), group=mesh.group_of(current().rank, axes), shape=shape)
+        found.update(axis=check_axis(axis, len(shape), what), group=_group(mesh, axes), shape=shape)
         return (mesh, check_axis_names(axes), op, found["axis"], shape, b.dtype_of(x)), 0
 
     _agree(what, check)
@@ -287,7 +311,8 @@ def all_to_all_along(x: Any, mesh: ProcessMesh, axes: AxisNames, split_axis: int
     """Within the subgroup along ``axes``: rank ``k`` gets piece ``k`` (``numpy.array_split`` sizes
     along ``split_axis``) of every member's tensor, joined along ``concat_axis`` in group order."""
     return _over_leaves(x, "distributed.all_to_all_along",
-                        lambda t: _all_to_all_along(t, mesh, axes, split_axis, concat_axis))
+                        lambda t: _all_to_all_along(t, mesh, axes, split_axis, concat_axis),
+                        valid=lambda: _group(mesh, axes))
 
 
 def _all_to_all_along(x: Any, mesh: ProcessMesh, axes: AxisNames, split_axis: int = 0, concat_axis: int = 0) -> Any:
@@ -297,7 +322,7 @@ def _all_to_all_along(x: Any, mesh: ProcessMesh, axes: AxisNames, split_axis: in
     def check() -> tuple[tuple[Any, ...], int]:
         b, shape = _checked(x, what)
         found.update(sa=check_axis(split_axis, len(shape), what), ca=check_axis(concat_axis, len(shape), what),
-                     group=mesh.group_of(current().rank, axes), shape=shape)
+                     group=_group(mesh, axes), shape=shape)
         return (mesh, check_axis_names(axes), found["sa"], found["ca"], shape, b.dtype_of(x)), 0
 
     _agree(what, check)
