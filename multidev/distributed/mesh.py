@@ -202,7 +202,7 @@ def _op_name(op: Any, what: str) -> str:
 def _over_leaves(x: Any, what: str, one: Callable[[Any], Any], gathered: int | None = None,
                  valid: Callable[[], Any] | None = None) -> Any:
     """``one(x)`` for a tensor; for a structure (lists, tuples, named tuples, dicts, a framework's
-    tree), one agreed exchange of its leaf count and signature first (ranks whose structures differ
+    tree), one agreed exchange of its leaf count and signature first (ranks whose leaves differ
     raise CollectiveMismatchError on every rank; a structure this rank refuses, its own error),
     then ``one`` leaf by leaf, the structure rebuilt around the results. ``gathered``: the axis
     whose lengths may differ between ranks (left out of the signature); ``valid``: the checks of the
