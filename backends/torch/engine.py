@@ -215,6 +215,14 @@ class TorchEngine(Engine):
                 "(master_addr=/master_port=) and that rank 0 runs") from None
         self.store = store
         self.xstore = tdist.PrefixStore("md/x", store)
+        # The collectives' exchanges: a connection of their own (its timeout is set per call), with
+        # queues (torch >= 2.6); the key-per-rank path above serves init, shutdown and older torch.
+        self.queues = None
+        self._stash: dict[tuple[int, int], list[int]] = {}
+        self._queue_timeout = -1.0
+        if hasattr(store, "queue_push") and hasattr(store, "clone"):
+            with contextlib.suppress(Exception):  # a store without queues or clones: the key path
+                self.queues = tdist.PrefixStore(f"md/q{generation}", store.clone())
         rows = self.exchange(-3, [host_key()], rdv)  # every rank's arrival, before the group forms
         if any(row is None for row in rows):
             self.store = self.xstore = None
@@ -264,7 +272,7 @@ class TorchEngine(Engine):
             # snippet): give it the time here, whether or not the teardown succeeded.
             time.sleep(0.05)
         self.group_up = False
-        self.store = self.xstore = None
+        self.store = self.xstore = self.queues = None
 
     def lost(self, what: str | Callable[[], str], timeout: float | None = None) -> Any:
         """What torch.distributed raises for a lost or hung peer (its ``DistError`` family and
@@ -300,8 +308,11 @@ class TorchEngine(Engine):
         st = self.xstore
         if st is None:
             raise DistributedError("the torch engine's store is gone (the group was stopped)")
+        what = f"the consistency exchange (call #{seq}) through the store ({self.where})"
+        if seq >= 0 and self.queues is not None:
+            return self._exchange_queued(seq, row, timeout, what)
         keys = [f"{seq}/{p}" for p in range(self.world)]
-        with self.lost(f"the consistency exchange (call #{seq}) through the store ({self.where})", timeout):
+        with self.lost(what, timeout):
             st.set(keys[self.rank], ",".join(str(int(v)) for v in row))
             try:
                 st.wait(keys, timedelta(seconds=max(timeout, 1e-3)))
@@ -313,6 +324,46 @@ class TorchEngine(Engine):
             if seq >= 2:  # every rank has read call seq-2's rows: it posted call seq-1's after them
                 st.delete_key(f"{seq - 2}/{self.rank}")
         return [[int(v) for v in raw.decode().split(",")] for raw in vals]
+
+    def _exchange_queued(self, seq: int, row: Sequence[int], timeout: float, what: str) -> list[list[int] | None]:
+        """The exchange of a collective (``seq >= 0``) through one store queue per rank: this rank's
+        row pushed to every other rank's queue (no reply awaited), then the others' rows popped from
+        its own (one round trip each, nothing left to delete). Calls run in the same order on every
+        rank, so a popped row is this call's, a later one's (a rank that finished this call posted
+        its next: kept for it) or a failed earlier call's (dropped)."""
+        q, stash = self.queues, self._stash
+        assert q is not None
+        out: list[list[int] | None] = [None] * self.world
+        out[self.rank] = [int(v) for v in row]
+        text = f"{seq},{self.rank}," + ",".join(str(int(v)) for v in row)
+        deadline = time.monotonic() + max(timeout, 1e-3)
+        with self.lost(what, timeout):
+            for p in range(self.world):
+                if p != self.rank:
+                    q.queue_push(f"q/{p}", text)
+            for p in range(self.world):
+                if p != self.rank and (seq, p) in stash:
+                    out[p] = stash.pop((seq, p))
+            wanted = sum(r is None for r in out)
+            while wanted:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                if left != self._queue_timeout:
+                    q.set_timeout(timedelta(seconds=left))
+                    self._queue_timeout = left
+                try:
+                    raw = q.queue_pop(f"q/{self.rank}")
+                except RuntimeError:  # DistStoreError: no row within the deadline; the missing stay None
+                    break
+                values = [int(v) for v in raw.decode().split(",")]
+                s, p = values[0], values[1]
+                if s == seq and out[p] is None:
+                    out[p] = values[2:]
+                    wanted -= 1
+                elif s > seq:
+                    stash[(s, p)] = values[2:]
+        return out
 
     # -- primitives ------------------------------------------------------------------------------
     def _reduce_op(self, op: str) -> Any:
