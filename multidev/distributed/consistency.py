@@ -185,9 +185,12 @@ def _exchange_calls(g: Group, kind: str, local: Callable[[], Call]) -> list[Call
         fail = missing_ranks_error(f"{what} on rank {g.rank}", rows, g.timeout, f"{what} (call #{call.seq})")
         g.fail(str(fail))
         raise PeerFailure(fail)
-    calls = [Call.decode(row) for row in rows if row is not None]
     if err is not None:
         raise err
+    first = rows[0]
+    if first is not None and all(row == first for row in rows):  # the common case: one record, decoded once
+        return [Call.decode(first)] * len(rows)
+    calls = [Call.decode(row) for row in rows if row is not None]
     problem = _disagreement(calls, kind, what, g.rank)
     if problem is not None:
         raise PeerFailure(problem)
