@@ -47,7 +47,7 @@ class _Queues:
 def _torch(rank: int, world: int, queues: _Queues) -> Any:
     e = torch_engine.TorchEngine()
     e.rank, e.world, e.timeout, e.where = rank, world, 5.0, f"rank {rank} of {world}"
-    e.xstore, e.queues, e._stash, e._queue_timeout = object(), queues, {}, -1.0
+    e.xstore, e.queues, e._stash = object(), queues, {}
     return e
 
 

@@ -433,7 +433,7 @@ class MpiEngine(Engine):
         tag = 1 + (seq % _TAGS) if seq >= 0 else _TAGS + 1 + min(-seq, 100)
         mine = np.asarray(row, dtype=np.int64)
         out: list[list[int] | None] = [None] * self.world
-        out[self.rank] = [int(v) for v in mine]
+        out[self.rank] = mine.tolist()
         recvs: dict[int, tuple[Any, np.ndarray]] = {}
         with self.errors(f"the consistency exchange (call #{seq})"):
             for p in range(self.world):
@@ -454,7 +454,7 @@ class MpiEngine(Engine):
                     del pending[p]
                     continue
                 if done:
-                    out[p] = [int(v) for v in buf]
+                    out[p] = buf.tolist()
                     del pending[p]
             return not pending
 

@@ -219,7 +219,6 @@ class TorchEngine(Engine):
         # queues (torch >= 2.6); the key-per-rank path above serves init, shutdown and older torch.
         self.queues = None
         self._stash: dict[tuple[int, int], list[int]] = {}
-        self._queue_timeout = -1.0
         if hasattr(store, "queue_push") and hasattr(store, "clone"):
             with contextlib.suppress(Exception):  # a store without queues or clones: the key path
                 self.queues = tdist.PrefixStore(f"md/q{generation}", store.clone())
@@ -349,9 +348,7 @@ class TorchEngine(Engine):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                if left != self._queue_timeout:
-                    q.set_timeout(timedelta(seconds=left))
-                    self._queue_timeout = left
+                q.set_timeout(timedelta(seconds=left))  # this connection's own: a local setting
                 try:
                     raw = q.queue_pop(f"q/{self.rank}")
                 except RuntimeError:  # DistStoreError: no row within the deadline; the missing stay None
