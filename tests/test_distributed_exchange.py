@@ -47,7 +47,7 @@ class _Queues:
 def _torch(rank: int, world: int, queues: _Queues) -> Any:
     e = torch_engine.TorchEngine()
     e.rank, e.world, e.timeout, e.where = rank, world, 5.0, f"rank {rank} of {world}"
-    e.xstore, e.queues, e._stash = object(), queues, {}
+    e.xstore, e.queues, e._stash, e._posted = object(), queues, {}, None
     return e
 
 
@@ -69,6 +69,18 @@ def test_torch_queue_exchange_keeps_a_later_calls_row_and_drops_a_stale_one() ->
     pops = q.pops
     assert e.exchange(8, [80], 5.0) == [[80], [81], [82]]  # rank 1's from the stash: one pop, for rank 2
     assert q.pops == pops + 1 and not e._stash
+
+
+def test_torch_post_sends_the_row_ahead_and_the_exchange_does_not_send_it_again() -> None:
+    q = _Queues()
+    e = _torch(1, 2, q)
+    e.post(3, [30])
+    assert list(q.q["q/0"]) == [b"3,1,30"]
+    q.queue_push("q/1", _row(3, 0, 31))
+    assert e.exchange(3, [30], 5.0) == [[31], [30]]
+    assert list(q.q["q/0"]) == [b"3,1,30"]  # sent once
+    e.post(-5, [1])  # the probe and init's calls: exchange() sends them on the key path
+    assert list(q.q["q/0"]) == [b"3,1,30"]
 
 
 def test_torch_queue_exchange_gives_none_for_a_rank_that_never_posts() -> None:
@@ -188,3 +200,33 @@ def test_identical_records_decode_once_and_different_ones_name_every_rank() -> N
     g.seq = 1
     with pytest.raises(CollectiveMismatchError, match=r"op \(rank 0: sum, rank 1: max, rank 2: sum\)"):
         agree(g, "allreduce", lambda: mine)  # type: ignore[arg-type]
+
+
+def test_meanwhile_runs_between_post_and_exchange_only_for_a_call_this_rank_accepts() -> None:
+    events: list[str] = []
+
+    class G(_Group):
+        def post(self, seq: int, row: list[int]) -> None:
+            events.append(f"post {seq}")
+
+        def exchange(self, seq: int, row: list[int], timeout: float) -> list[list[int] | None]:
+            events.append(f"exchange {seq}")
+            return super().exchange(seq, row, timeout)
+
+    mine = Call("broadcast", root=0, dtype="float32", shape=(2,), tkind="cpu")
+    g = G([None, None])
+    agree(g, "broadcast", lambda: mine, meanwhile=lambda: events.append("meanwhile"))  # type: ignore[arg-type]
+    assert events == ["post 0", "meanwhile", "exchange 0"]
+
+    def broken() -> None:
+        events.append("broken")
+        raise ValueError("a conversion that fails: the call's own step raises it again")
+    agree(g, "broadcast", lambda: mine, meanwhile=broken)  # type: ignore[arg-type]
+    assert events[-3:] == ["post 1", "broken", "exchange 1"]  # swallowed: the exchange still ran
+
+    def refuse() -> Call:
+        raise CollectiveMismatchError("this rank's own input")
+    del events[:]
+    with pytest.raises(CollectiveMismatchError, match="own input"):
+        agree(g, "broadcast", refuse, meanwhile=lambda: events.append("meanwhile"))  # type: ignore[arg-type]
+    assert events == ["exchange 2"]  # the refusal travels; nothing prepared for a call this rank refused

@@ -219,6 +219,7 @@ class TorchEngine(Engine):
         # queues (torch >= 2.6); the key-per-rank path above serves init, shutdown and older torch.
         self.queues = None
         self._stash: dict[tuple[int, int], list[int]] = {}
+        self._posted: int | None = None  # the call whose row post() sent ahead
         if hasattr(store, "queue_push") and hasattr(store, "clone"):
             with contextlib.suppress(Exception):  # a store without queues or clones: the key path
                 self.queues = tdist.PrefixStore(f"md/q{generation}", store.clone())
@@ -324,6 +325,17 @@ class TorchEngine(Engine):
                 st.delete_key(f"{seq - 2}/{self.rank}")
         return [[int(v) for v in raw.decode().split(",")] for raw in vals]
 
+    def post(self, seq: int, row: Sequence[int]) -> None:
+        q = self.queues
+        if seq < 0 or q is None:
+            return
+        text = f"{seq},{self.rank}," + ",".join(str(int(v)) for v in row)
+        with self.lost(f"the consistency exchange (call #{seq}) through the store ({self.where})"):
+            for p in range(self.world):
+                if p != self.rank:
+                    q.queue_push(f"q/{p}", text)  # no reply awaited
+        self._posted = seq
+
     def _exchange_queued(self, seq: int, row: Sequence[int], timeout: float, what: str) -> list[list[int] | None]:
         """The exchange of a collective (``seq >= 0``) through one store queue per rank: this rank's
         row pushed to every other rank's queue (no reply awaited), then the others' rows popped from
@@ -334,12 +346,11 @@ class TorchEngine(Engine):
         assert q is not None
         out: list[list[int] | None] = [None] * self.world
         out[self.rank] = [int(v) for v in row]
-        text = f"{seq},{self.rank}," + ",".join(str(int(v)) for v in row)
         deadline = time.monotonic() + max(timeout, 1e-3)
+        if self._posted != seq:
+            self.post(seq, row)
+        self._posted = None
         with self.lost(what, timeout):
-            for p in range(self.world):
-                if p != self.rank:
-                    q.queue_push(f"q/{p}", text)
             for p in range(self.world):
                 if p != self.rank and (seq, p) in stash:
                     out[p] = stash.pop((seq, p))
