@@ -10,7 +10,8 @@ tiny and a 1 MiB float32 NumPy array. Run under the engine's launcher::
 The cases run in alternating blocks (a barrier before each, so every rank starts a block
 together), each block timing ``--calls`` calls back to back; a case's figure is the median over
 ``--blocks`` blocks of the time per call, on rank 0, which prints one line per size and case and
-the check's share: (checked - unchecked) / unchecked. The ``distributed`` bench suite measures the
+the check's share: (checked - unchecked) / unchecked, in wall time and in the process's CPU time
+(the work the check adds, without the waits: steadier on a loaded machine). The ``distributed`` bench suite measures the
 same at every size against the engine's own call (``dist allreduce checked`` rows).
 """
 from __future__ import annotations
@@ -69,14 +70,17 @@ def measure(blocks: int, calls: dict[str, int]) -> dict[str, dict[str, float]]:
             for _ in range(3):
                 f()
         times: dict[str, list[float]] = {k: [] for k in cases}
+        cpu: dict[str, list[float]] = {k: [] for k in cases}
         for _ in range(blocks):
             for label, f in cases.items():
                 dist.barrier()
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 for _ in range(per_block):
                     f()
                 times[label].append((time.perf_counter() - t0) / per_block)
+                cpu[label].append((time.process_time() - c0) / per_block)
         out[name] = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+        out[name].update({f"{k} (CPU)": statistics.median(v) * 1e6 for k, v in cpu.items()})
     return out
 
 
@@ -102,10 +106,11 @@ def main(argv: list[str] | None = None) -> None:
         off, on = r["allreduce, checks off"], r["allreduce, checks on"]
         share = (on - off) / off
         ex = r["exchange alone"] / off
-        print(f"{name:9s} " + "  ".join(f"{k}: {v:8.1f} us" for k, v in r.items())
-              + f"  check share: {share:+.1%} (exchange alone {ex:.1%})")
+        cpu_share = (r["allreduce, checks on (CPU)"] - r["allreduce, checks off (CPU)"]) / off
+        print(f"{name:9s} " + "  ".join(f"{k}: {v:8.1f} us" for k, v in r.items() if "CPU" not in k)
+              + f"  check share: {share:+.1%} (exchange alone {ex:.1%}; this process's CPU time {cpu_share:+.1%})")
         report["sizes"][name] = {**{k: round(v, 2) for k, v in r.items()}, "check share": round(share, 4),
-                                 "exchange share": round(ex, 4)}
+                                 "exchange share": round(ex, 4), "check CPU share": round(cpu_share, 4)}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
