@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from multidev.distributed.consistency import Call, agree
-from multidev.errors import CollectiveMismatchError
+from multidev.errors import CollectiveMismatchError, DistributedTimeoutError
 
 torch_engine = pytest.importorskip("multidev.adapters.torch.engine")
 jax_engine = pytest.importorskip("multidev.adapters.jax.engine")
@@ -230,3 +230,16 @@ def test_meanwhile_runs_between_post_and_exchange_only_for_a_call_this_rank_acce
     with pytest.raises(CollectiveMismatchError, match="own input"):
         agree(g, "broadcast", refuse, meanwhile=lambda: events.append("meanwhile"))  # type: ignore[arg-type]
     assert events == ["exchange 2"]  # the refusal travels; nothing prepared for a call this rank refused
+
+
+def test_torch_queue_exchange_raises_a_typed_error_when_the_store_itself_is_gone() -> None:
+    class DistNetworkError(RuntimeError):  # torch's class of that name: the store's connection failed
+        pass
+
+    class Gone(_Queues):
+        def queue_pop(self, key: str) -> bytes:
+            raise DistNetworkError("Connection reset by peer")
+
+    e = _torch(1, 2, Gone())
+    with pytest.raises(DistributedTimeoutError):
+        e.exchange(0, [1], 1.0)

@@ -9,9 +9,12 @@ backend's tensor becomes one zero-copy through DLPack where it can.
   agent's store as a client (no rank binds the port, so c10d prints no "failed to bind"); elsewhere
   rank 0 hosts it. Every rank posts its arrival there before the process group forms, so a rank that
   never arrives is named.
-- The consistency exchange goes through the same store (a key per rank and call, a timed
-  ``wait``): about 0.1 ms a call on 2 local ranks, against 0.6 ms for a gloo all-gather, and never
-  on the GPU.
+- The consistency exchange goes through the same store, on a connection of its own: this rank's
+  row pushed to every other rank's queue (no reply awaited: :meth:`TorchEngine.post` sends it while
+  the core prepares the call's tensor), the others' popped from its own with a deadline, one round
+  trip per other rank and nothing left to delete (init's and shutdown's: a key per rank and a timed
+  ``wait``). Never on the GPU, and never through gloo: gloo aborts the process when two ranks'
+  calls differ in length, so the records must agree before any data moves.
 - Under NCCL, ``TORCH_NCCL_BLOCKING_WAIT=1`` is set (unless set already) so that a timeout raises
   instead of tearing the process down.
 - A failure during a collective (torch's ``DistError`` family, gloo's ``RuntimeError`` for a lost
@@ -216,7 +219,8 @@ class TorchEngine(Engine):
         self.store = store
         self.xstore = tdist.PrefixStore("md/x", store)
         # The collectives' exchanges: a connection of their own (its timeout is set per call), with
-        # queues (torch >= 2.6); the key-per-rank path above serves init, shutdown and older torch.
+        # queues (where the store has queues and clones); the key-per-rank path serves init, shutdown and
+        # stores without them.
         self.queues = None
         self._stash: dict[tuple[int, int], list[int]] = {}
         self._posted: int | None = None  # the call whose row post() sent ahead
@@ -362,7 +366,9 @@ class TorchEngine(Engine):
                 q.set_timeout(timedelta(seconds=left))  # this connection's own: a local setting
                 try:
                     raw = q.queue_pop(f"q/{self.rank}")
-                except RuntimeError:  # DistStoreError: no row within the deadline; the missing stay None
+                except RuntimeError as e:  # DistStoreError: no row within the deadline; the missing stay None
+                    if type(e).__name__ == "DistNetworkError":  # the store itself is gone: a lost peer, classified
+                        raise
                     break
                 values = [int(v) for v in raw.decode().split(",")]
                 s, p = values[0], values[1]
