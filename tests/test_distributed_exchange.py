@@ -243,3 +243,60 @@ def test_torch_queue_exchange_raises_a_typed_error_when_the_store_itself_is_gone
     e = _torch(1, 2, Gone())
     with pytest.raises(DistributedTimeoutError):
         e.exchange(0, [1], 1.0)
+
+
+_DP_MISMATCH = r'''
+import json, sys
+import torch
+import multidev as md
+from multidev import distributed as dist
+
+dist.init(engine="torch", transport="gloo", timeout=30)
+r = dist.rank()
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+dp = md.data_parallel(net, opt, grad_dtype=None if r == 0 else "bfloat16")  # the ranks' steps differ
+calls = []
+loss = lambda m, b: (calls.append(1), m(b).square().mean())[1]
+out = {"rank": r}
+try:
+    dp.step(torch.ones(3, 8), loss)
+    out["step"] = "ok"
+except md.MultidevError as e:
+    out.update(step=type(e).__name__, message=str(e)[:400])
+out["forward ran"] = bool(calls)
+out["grads"] = [p.grad is not None for p in net.parameters()]
+out["after"] = float(dist.allreduce(torch.ones(2))[0])  # the group is still usable
+net2 = torch.nn.Linear(8, 2)
+dp2 = md.data_parallel(net2, torch.optim.SGD(net2.parameters(), lr=0.1))  # the same step on every rank: it runs
+dp2.step(torch.ones(3, 8), loss)
+out["same step"] = "ok"
+dist.shutdown()
+print("MDOUT " + json.dumps(out), flush=True)
+'''
+
+
+@pytest.mark.multiprocess
+def test_data_parallel_steps_that_differ_raise_on_every_rank_before_any_compute(tmp_path: Any) -> None:
+    """dp.step's one exchange comes before its forward pass: ranks whose steps differ (here the
+    gradients' dtype) all raise CollectiveMismatchError naming each rank's, having computed
+    nothing (no forward, no gradient), and the group stays usable."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    script = tmp_path / "dp_mismatch.py"
+    script.write_text(_DP_MISMATCH)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "multidev.distributed.launch", "-n", "2", "--engine", "torch",
+                           str(script)], capture_output=True, text=True, timeout=240, env=env)
+    outs = [json.loads(line.split("MDOUT ", 1)[1]) for line in proc.stdout.splitlines() if "MDOUT " in line]
+    assert proc.returncode == 0 and len(outs) == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for o in outs:
+        assert o["step"] == "CollectiveMismatchError", o
+        assert "rank 0: float32" in o["message"] and "rank 1: bfloat16" in o["message"], o
+        assert not o["forward ran"] and o["grads"] == [False] * 4, o
+        assert o["after"] == 2.0 and o["same step"] == "ok", o
