@@ -184,17 +184,16 @@ class GradientSync:
         its backward pass; the step's buckets then go unchecked. A mismatch raises here, before
         anything is computed. (Where the user's loop runs the backward pass itself, the first
         bucket carries the exchange instead.)"""
-        from .distributed.collectives import _carried
         from .distributed.consistency import Call, agree
+        from .distributed.transport import transport_backend
 
         dp, g = self._dp, self._dp.group
         first = [self._like[i] for i in self.buckets[0]]
         b = dp.replica.backend
         dtype = dp.grad_dtype or b.dtype_of(first[0])
         length = sum(buckets.numel(b.shape_of(t)) for t in first)
-        what = "data_parallel.step (the gradients' allreduce)"
-        agree(g, "allreduce", lambda: Call("allreduce", op="sum", dtype=dtype, shape=(length,),
-                                           tkind=_carried(g, b, first[0], dtype, what)))
+        tkind = transport_backend(g, b.device_of(first[0]), b)[1].kind  # the kind of device it travels on
+        agree(g, "allreduce", lambda: Call("allreduce", op="sum", dtype=dtype, shape=(length,), tkind=tkind))
         self.prechecked = True
 
     def reset(self) -> None:
