@@ -166,6 +166,7 @@ class GradientSync:
         self._works: list[Any] = []
         self._next = 0
         self._checked = False
+        self.prechecked = False  # the step's exchange ran before its forward pass (check_ahead)
         self.collectives = 0  # bucket collectives started so far (tests count them)
 
     def _start_round(self) -> None:
@@ -173,7 +174,27 @@ class GradientSync:
         self._filled = [0] * len(self.buckets)
         self._works = [None] * len(self.buckets)
         self._next = 0
-        self._checked = False
+        self._checked, self.prechecked = self.prechecked, False
+
+    def check_ahead(self) -> None:
+        """The step's consistency exchange, before its forward pass (:meth:`DataParallel.step`): the
+        record the first bucket's allreduce would send (its op, dtype, length and device kind: the
+        same on every rank that runs a step of this model), exchanged while the ranks are still
+        together after the last step's final wait, so no rank waits for another in the middle of
+        its backward pass; the step's buckets then go unchecked. A mismatch raises here, before
+        anything is computed. (Where the user's loop runs the backward pass itself, the first
+        bucket carries the exchange instead.)"""
+        from .distributed.consistency import Call, agree
+        from .distributed.transport import transport_backend
+
+        dp, g = self._dp, self._dp.group
+        first = [self._like[i] for i in self.buckets[0]]
+        b = dp.replica.backend
+        dtype = dp.grad_dtype or b.dtype_of(first[0])
+        length = sum(buckets.numel(b.shape_of(t)) for t in first)
+        tkind = transport_backend(g, b.device_of(first[0]), b)[1].kind  # the kind of device it travels on
+        agree(g, "allreduce", lambda: Call("allreduce", op="sum", dtype=dtype, shape=(length,), tkind=tkind))
+        self.prechecked = True
 
     def reset(self) -> None:
         """Forget a round left unfinished (a backward pass that raised)."""
@@ -397,6 +418,8 @@ class DataParallel:
             sync.in_step = True  # the buffers follow the backward pass, not a forward hook
             sync.reset()
             try:
+                if self.checks == "step" and sync.buckets and self.group is not None and self.group.check:
+                    sync.check_ahead()
                 if self._attached:
                     loss = rep.backward(batch, loss_fn, None)  # the hooks averaged the gradients in place
                     grads = None
@@ -405,6 +428,7 @@ class DataParallel:
                     grads = sync.finish()
             finally:
                 sync.in_step = False
+                sync.prechecked = False  # consumed by the round's start; never left for a later loop
             if self.buffers == "broadcast":
                 self.sync_buffers()  # rank 0's statistics, updated by its forward, everywhere
             rep.apply(grads)

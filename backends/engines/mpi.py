@@ -372,6 +372,7 @@ class MpiEngine(Engine):
         self.aware, how = cuda_aware(MPI)
         self.host_tb = md.backend("numpy")
         self._sends: list[tuple[Any, Any]] = []  # exchange sends in flight, with their buffers
+        self._early: tuple[int, Any] | None = None  # the call whose row post() sent ahead, and its receives
         lr = settings.local_rank
         if lr is None:
             lr = _env_int(os.environ, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK",
@@ -391,6 +392,7 @@ class MpiEngine(Engine):
     def stop(self, healthy: bool) -> None:
         if not healthy:
             _exit["broken"] = True
+        self._drop_early()
         for req, _ in getattr(self, "_sends", []):
             with contextlib.suppress(Exception):
                 if not req.Test():
@@ -426,14 +428,28 @@ class MpiEngine(Engine):
         return t, True
 
     # -- the consistency channel -----------------------------------------------------------------
-    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+    def post(self, seq: int, row: Sequence[int]) -> None:
+        if seq >= 0 and self.xcomm is not None:
+            self._drop_early()
+            self._early = (seq, self._send_row(seq, row))
+
+    def _drop_early(self) -> None:
+        """Cancel the receives of a posted call that no exchange took (none in the core's order of
+        calls): left posted, they would take a later call's rows of the same tag."""
+        early, self._early = getattr(self, "_early", None), None
+        if early is not None:
+            for req, _ in early[1][1].values():
+                with contextlib.suppress(Exception):
+                    req.Cancel()
+
+    def _send_row(self, seq: int, row: Sequence[int]) -> tuple[list[list[int] | None], dict[int, tuple[Any, Any]]]:
+        """Post the receives of call ``seq``'s rows and send this rank's (nonblocking): ``(rows so
+        far, the receives by rank)``."""
         MPI, comm = self.MPI, self.xcomm
-        if comm is None:
-            raise DistributedError("the mpi engine's communicator is gone (the group was stopped)")
         tag = 1 + (seq % _TAGS) if seq >= 0 else _TAGS + 1 + min(-seq, 100)
         mine = np.asarray(row, dtype=np.int64)
         out: list[list[int] | None] = [None] * self.world
-        out[self.rank] = [int(v) for v in mine]
+        out[self.rank] = mine.tolist()
         recvs: dict[int, tuple[Any, np.ndarray]] = {}
         with self.errors(f"the consistency exchange (call #{seq})"):
             for p in range(self.world):
@@ -444,6 +460,19 @@ class MpiEngine(Engine):
             for p in range(self.world):
                 if p != self.rank:
                     self._sends.append((comm.Isend([mine, MPI.INT64_T], dest=p, tag=tag), mine))
+        return out, recvs
+
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        MPI = self.MPI
+        if self.xcomm is None:
+            raise DistributedError("the mpi engine's communicator is gone (the group was stopped)")
+        early = getattr(self, "_early", None)
+        if early is not None and early[0] == seq:  # sent ahead by post()
+            self._early = None
+            out, recvs = early[1]
+        else:
+            self._drop_early()
+            out, recvs = self._send_row(seq, row)
         pending = dict(recvs)
 
         def arrived() -> bool:
@@ -454,7 +483,7 @@ class MpiEngine(Engine):
                     del pending[p]
                     continue
                 if done:
-                    out[p] = [int(v) for v in buf]
+                    out[p] = buf.tolist()
                     del pending[p]
             return not pending
 

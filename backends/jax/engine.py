@@ -78,6 +78,10 @@ def _split_address(address: str, what: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+#: Calls whose exchanged rows share a directory of the coordination service's store, deleted at once
+#: (by rank 0, two blocks later): one deletion per block instead of one per rank and call.
+_BLOCK = 32
+
 class _Dispatcher:
     """One daemon thread that dispatches the engine's jitted collectives, in the order they were
     called (every rank must issue them in one order). XLA's CPU client may run a collective inside
@@ -309,12 +313,15 @@ class JaxEngine(Engine):
         c = self.client
         if c is None:
             raise DistributedError("the jax engine's coordination client is gone (the group was stopped)")
-        key = lambda p: f"{self.prefix}/{seq}/{p}"
+        key = lambda p: f"{self.prefix}/{seq // _BLOCK}/{seq}/{p}"  # a block of calls: one directory
         deadline = time.monotonic() + timeout
         out: list[list[int] | None] = [None] * self.world
         with self.lost(f"the consistency exchange (call #{seq}) through the coordination service", timeout):
             c.key_value_set(key(self.rank), ",".join(str(int(v)) for v in row))
+            out[self.rank] = [int(v) for v in row]  # this rank's own: no round trip for it
             for p in range(self.world):
+                if p == self.rank:
+                    continue
                 left = deadline - time.monotonic()
                 raw = None
                 if left > 0:
@@ -330,9 +337,9 @@ class JaxEngine(Engine):
                         raw = None
                 if raw is not None:
                     out[p] = [int(v) for v in str(raw).split(",")]
-            if seq >= 2 and all(r is not None for r in out):
-                with contextlib.suppress(RuntimeError):  # every rank has read call seq-2's rows
-                    c.key_value_delete(f"{self.prefix}/{seq - 2}/{self.rank}")
+            if seq >= 2 * _BLOCK and seq % _BLOCK == 0 and self.rank == 0 and all(r is not None for r in out):
+                with contextlib.suppress(RuntimeError):  # every rank has read the rows of calls before seq-1
+                    c.key_value_delete(f"{self.prefix}/{seq // _BLOCK - 2}")  # (a directory: all its keys)
         return out
 
     # -- primitives ------------------------------------------------------------------------------

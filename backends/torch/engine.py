@@ -9,9 +9,12 @@ backend's tensor becomes one zero-copy through DLPack where it can.
   agent's store as a client (no rank binds the port, so c10d prints no "failed to bind"); elsewhere
   rank 0 hosts it. Every rank posts its arrival there before the process group forms, so a rank that
   never arrives is named.
-- The consistency exchange goes through the same store (a key per rank and call, a timed
-  ``wait``): about 0.1 ms a call on 2 local ranks, against 0.6 ms for a gloo all-gather, and never
-  on the GPU.
+- The consistency exchange goes through the same store, on a connection of its own: this rank's
+  row pushed to every other rank's queue (no reply awaited: :meth:`TorchEngine.post` sends it while
+  the core prepares the call's tensor), the others' popped from its own with a deadline, one round
+  trip per other rank and nothing left to delete (init's and shutdown's: a key per rank and a timed
+  ``wait``). Never on the GPU, and never through gloo: gloo aborts the process when two ranks'
+  calls differ in length, so the records must agree before any data moves.
 - Under NCCL, ``TORCH_NCCL_BLOCKING_WAIT=1`` is set (unless set already) so that a timeout raises
   instead of tearing the process down.
 - A failure during a collective (torch's ``DistError`` family, gloo's ``RuntimeError`` for a lost
@@ -215,6 +218,15 @@ class TorchEngine(Engine):
                 "(master_addr=/master_port=) and that rank 0 runs") from None
         self.store = store
         self.xstore = tdist.PrefixStore("md/x", store)
+        # The collectives' exchanges: a connection of their own (its timeout is set per call), with
+        # queues (where the store has queues and clones); the key-per-rank path serves init, shutdown and
+        # stores without them.
+        self.queues = None
+        self._stash: dict[tuple[int, int], list[int]] = {}
+        self._posted: int | None = None  # the call whose row post() sent ahead
+        if hasattr(store, "queue_push") and hasattr(store, "clone"):
+            with contextlib.suppress(Exception):  # a store without queues or clones: the key path
+                self.queues = tdist.PrefixStore(f"md/q{generation}", store.clone())
         rows = self.exchange(-3, [host_key()], rdv)  # every rank's arrival, before the group forms
         if any(row is None for row in rows):
             self.store = self.xstore = None
@@ -264,7 +276,7 @@ class TorchEngine(Engine):
             # snippet): give it the time here, whether or not the teardown succeeded.
             time.sleep(0.05)
         self.group_up = False
-        self.store = self.xstore = None
+        self.store = self.xstore = self.queues = None
 
     def lost(self, what: str | Callable[[], str], timeout: float | None = None) -> Any:
         """What torch.distributed raises for a lost or hung peer (its ``DistError`` family and
@@ -300,8 +312,11 @@ class TorchEngine(Engine):
         st = self.xstore
         if st is None:
             raise DistributedError("the torch engine's store is gone (the group was stopped)")
+        what = f"the consistency exchange (call #{seq}) through the store ({self.where})"
+        if seq >= 0 and self.queues is not None:
+            return self._exchange_queued(seq, row, timeout, what)
         keys = [f"{seq}/{p}" for p in range(self.world)]
-        with self.lost(f"the consistency exchange (call #{seq}) through the store ({self.where})", timeout):
+        with self.lost(what, timeout):
             st.set(keys[self.rank], ",".join(str(int(v)) for v in row))
             try:
                 st.wait(keys, timedelta(seconds=max(timeout, 1e-3)))
@@ -313,6 +328,56 @@ class TorchEngine(Engine):
             if seq >= 2:  # every rank has read call seq-2's rows: it posted call seq-1's after them
                 st.delete_key(f"{seq - 2}/{self.rank}")
         return [[int(v) for v in raw.decode().split(",")] for raw in vals]
+
+    def post(self, seq: int, row: Sequence[int]) -> None:
+        q = self.queues
+        if seq < 0 or q is None:
+            return
+        text = f"{seq},{self.rank}," + ",".join(str(int(v)) for v in row)
+        with self.lost(f"the consistency exchange (call #{seq}) through the store ({self.where})"):
+            for p in range(self.world):
+                if p != self.rank:
+                    q.queue_push(f"q/{p}", text)  # no reply awaited
+        self._posted = seq
+
+    def _exchange_queued(self, seq: int, row: Sequence[int], timeout: float, what: str) -> list[list[int] | None]:
+        """The exchange of a collective (``seq >= 0``) through one store queue per rank: this rank's
+        row pushed to every other rank's queue (no reply awaited), then the others' rows popped from
+        its own (one round trip each, nothing left to delete). Calls run in the same order on every
+        rank, so a popped row is this call's, a later one's (a rank that finished this call posted
+        its next: kept for it) or a failed earlier call's (dropped)."""
+        q, stash = self.queues, self._stash
+        assert q is not None
+        out: list[list[int] | None] = [None] * self.world
+        out[self.rank] = [int(v) for v in row]
+        deadline = time.monotonic() + max(timeout, 1e-3)
+        if self._posted != seq:
+            self.post(seq, row)
+        self._posted = None
+        with self.lost(what, timeout):
+            for p in range(self.world):
+                if p != self.rank and (seq, p) in stash:
+                    out[p] = stash.pop((seq, p))
+            wanted = sum(r is None for r in out)
+            while wanted:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                q.set_timeout(timedelta(seconds=left))  # this connection's own: a local setting
+                try:
+                    raw = q.queue_pop(f"q/{self.rank}")
+                except RuntimeError as e:  # DistStoreError: no row within the deadline; the missing stay None
+                    if type(e).__name__ == "DistNetworkError":  # the store itself is gone: a lost peer, classified
+                        raise
+                    break
+                values = [int(v) for v in raw.decode().split(",")]
+                s, p = values[0], values[1]
+                if s == seq and out[p] is None:
+                    out[p] = values[2:]
+                    wanted -= 1
+                elif s > seq:
+                    stash[(s, p)] = values[2:]
+        return out
 
     # -- primitives ------------------------------------------------------------------------------
     def _reduce_op(self, op: str) -> Any:

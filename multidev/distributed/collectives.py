@@ -486,12 +486,13 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
             check_writable(b, _probe(b, x), f"{what}(inplace=True)")
         return Call("allreduce", op=op, dtype=dtype, shape=_shape(b, x, what), tkind=_carried(g, b, x, dtype, what))
 
-    agreed = agree(g, "allreduce", local, async_op)
+    early: list[Any] = []  # the transport tensor, prepared while the records travel
+    agreed = agree(g, "allreduce", local, async_op, lambda: early.append(_working(x, g, inplace)))
     if isinstance(agreed, Work):
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, shared, through = _working(x, g, inplace)
+        t, origin, shared, through = early.pop() if early else _working(x, g, inplace)
         h = g.engine.allreduce(t, "sum" if op == "mean" else op)
         return h, lambda res: _result(_mean(res, op, g.world_size), t, origin, x, inplace, shared, through)
 
@@ -522,12 +523,13 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
             check_writable(b, _probe(b, x), f"{what}(inplace=True)")
         return Call("broadcast", root=src, dtype=dtype, shape=_shape(b, x, what), tkind=_carried(g, b, x, dtype, what))
 
-    agreed = agree(g, "broadcast", local, async_op)
+    early: list[Any] = []  # the transport tensor, prepared while the records travel
+    agreed = agree(g, "broadcast", local, async_op, lambda: early.append(_working(x, g, inplace)))
     if isinstance(agreed, Work):
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, shared, through = _working(x, g, inplace)
+        t, origin, shared, through = early.pop() if early else _working(x, g, inplace)
         return g.engine.broadcast(t, src), lambda res: _result(res, t, origin, x, inplace, shared, through)
 
     return run(g, what, start, async_op)
@@ -555,12 +557,13 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
         return Call("reduce", op=op, root=dst, dtype=dtype, shape=_shape(b, x, what),
                     tkind=_carried(g, b, x, dtype, what))
 
-    agreed = agree(g, "reduce", local, async_op)
+    early: list[Any] = []  # the transport tensor, prepared while the records travel
+    agreed = agree(g, "reduce", local, async_op, lambda: early.append(_working(x, g, False)))
     if isinstance(agreed, Work):
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, _, _ = _working(x, g, False)
+        t, origin, _, _ = early.pop() if early else _working(x, g, False)
 
         def finish(res: Any) -> Any:
             return None if g.rank != dst else from_transport(_mean(res, op, g.world_size), origin)

@@ -141,25 +141,32 @@ class PeerFailure(Exception):
         self.error = error
 
 
-def agree(g: Group, kind: str, local: Callable[[], Call], async_op: bool = False) -> list[Call] | Work | None:
+def agree(g: Group, kind: str, local: Callable[[], Call], async_op: bool = False,
+          meanwhile: Callable[[], object] | None = None) -> list[Call] | Work | None:
     """Run ``local`` (this rank's own argument checks, giving its record of the call), then, when
     the group checks consistency (always for :data:`ALWAYS`), exchange the records and fail on
     every rank alike if any rank refused its input (DistributedError; that rank raises its own
     error) or the ranks disagree (CollectiveMismatchError). Returns every rank's record (None
     when unchecked).
 
+    ``meanwhile``: work of this rank's that changes nothing visible (preparing the call's tensors),
+    run while the records travel (between :meth:`Engine.post` and :meth:`Engine.exchange`) when
+    this rank's checks passed; an error of its own is swallowed here (the caller's later step
+    meets it again, after the exchange).
+
     This rank's own argument errors raise at once. Errors that come from the other ranks raise
     here, or with ``async_op`` come back as a failed :class:`Work` whose ``wait()`` raises them, as
     the collective's own errors would."""
     try:
-        return _exchange_calls(g, kind, local)
+        return _exchange_calls(g, kind, local, meanwhile)
     except PeerFailure as f:
         if async_op:
             return Work.failed(f.error, f"distributed.{kind}", g)
         raise f.error from f.error.__cause__
 
 
-def _exchange_calls(g: Group, kind: str, local: Callable[[], Call]) -> list[Call] | None:
+def _exchange_calls(g: Group, kind: str, local: Callable[[], Call],
+                    meanwhile: Callable[[], object] | None = None) -> list[Call] | None:
     what = f"distributed.{kind}"
     err: MultidevError | None = None
     try:
@@ -175,8 +182,15 @@ def _exchange_calls(g: Group, kind: str, local: Callable[[], Call]) -> list[Call
         return None
     call = replace(call, seq=g.seq)
     g.seq += 1
+    row = call.encode()
     try:
-        rows = g.engine.exchange(call.seq, call.encode(), g.timeout)
+        if meanwhile is not None and err is None:
+            g.engine.post(call.seq, row)
+            try:
+                meanwhile()
+            except Exception:  # noqa: BLE001 - the caller's own step raises it again, after the exchange
+                pass
+        rows = g.engine.exchange(call.seq, row, g.timeout)
     except Exception as e:  # noqa: BLE001 - classified, the group marked unusable, and raised
         fail = classify_lost(e, f"{what} (call #{call.seq}, consistency exchange) on rank {g.rank}", g)
         g.fail(str(fail))
@@ -185,9 +199,12 @@ def _exchange_calls(g: Group, kind: str, local: Callable[[], Call]) -> list[Call
         fail = missing_ranks_error(f"{what} on rank {g.rank}", rows, g.timeout, f"{what} (call #{call.seq})")
         g.fail(str(fail))
         raise PeerFailure(fail)
-    calls = [Call.decode(row) for row in rows if row is not None]
     if err is not None:
         raise err
+    first = rows[0]
+    if first is not None and all(row == first for row in rows):  # the common case: one record, decoded once
+        return [Call.decode(first)] * len(rows)
+    calls = [Call.decode(row) for row in rows if row is not None]
     problem = _disagreement(calls, kind, what, g.rank)
     if problem is not None:
         raise PeerFailure(problem)

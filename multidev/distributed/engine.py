@@ -424,6 +424,13 @@ class Engine(ABC):
         with a timed wait). Rows are integers, of the same length on every rank. ``seq`` counts
         calls from 0; negative values are init's and shutdown's."""
 
+    def post(self, seq: int, row: Sequence[int]) -> None:
+        """Optional: send this rank's ``row`` of call ``seq`` ahead, without waiting for anything;
+        :meth:`exchange` of the same ``seq`` and ``row`` follows (the core prepares the call's
+        tensors in between, so the round trip overlaps that work) and must not send it again.
+        Default: nothing (:meth:`exchange` sends it)."""
+        return None
+
     # -- primitives (asynchronous: each returns a Handle at once) ---------------------------------
     @abstractmethod
     def allreduce(self, t: Any, op: str) -> Handle:

@@ -1,0 +1,302 @@
+"""The engines' consistency exchanges, in one process against stand-ins for their stores (issue 36,
+the check's cost): the torch engine's queue path takes a later call's row early and keeps it, drops
+a failed earlier call's, gives None for a rank whose row never comes within the deadline, and
+pops nothing it does not need; the JAX engine reads no row of its own and deletes old rows a
+directory at a time; the core decodes one record when every rank's is the same and still names
+each rank's call when they differ. The multi-process rows (a mismatch caught on every engine, a
+rank that never arrives) are tests/adversarial/test_ranks.py and tests/test_faults_engines.py."""
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from multidev.distributed.consistency import Call, agree
+from multidev.errors import CollectiveMismatchError, DistributedTimeoutError
+
+torch_engine = pytest.importorskip("multidev.adapters.torch.engine")
+jax_engine = pytest.importorskip("multidev.adapters.jax.engine")
+
+
+class _Queues:
+    """A store's queues in memory: ``queue_pop`` on an empty queue waits out the timeout (shortened
+    here) and raises RuntimeError, as torch's DistStoreError does."""
+
+    def __init__(self) -> None:
+        self.q: dict[str, deque[bytes]] = defaultdict(deque)
+        self.timeouts: list[float] = []
+        self.pops = 0
+
+    def queue_push(self, key: str, value: str) -> None:
+        self.q[key].append(value.encode())
+
+    def queue_pop(self, key: str) -> bytes:
+        self.pops += 1
+        if not self.q[key]:
+            time.sleep(min(self.timeouts[-1], 0.05))
+            raise RuntimeError("wait timeout after 50ms")
+        return self.q[key].popleft()
+
+    def set_timeout(self, td: timedelta) -> None:
+        self.timeouts.append(td.total_seconds())
+
+
+def _torch(rank: int, world: int, queues: _Queues) -> Any:
+    e = torch_engine.TorchEngine()
+    e.rank, e.world, e.timeout, e.where = rank, world, 5.0, f"rank {rank} of {world}"
+    e.xstore, e.queues, e._stash, e._posted = object(), queues, {}, None
+    return e
+
+
+def _row(seq: int, sender: int, *values: int) -> str:
+    return ",".join(str(v) for v in (seq, sender, *values))
+
+
+def test_torch_queue_exchange_keeps_a_later_calls_row_and_drops_a_stale_one() -> None:
+    q = _Queues()
+    e = _torch(0, 3, q)
+    # rank 1 already finished call 7 and posted call 8's row before rank 2's row of call 7 arrived;
+    # a row of call 5 (a call that failed on this rank) is still queued
+    for text in (_row(5, 2, 9), _row(7, 1, 71), _row(8, 1, 81), _row(7, 2, 72)):
+        q.queue_push("q/0", text)
+    assert e.exchange(7, [70], 5.0) == [[70], [71], [72]]
+    assert q.q["q/1"][-1] == b"7,0,70" and q.q["q/2"][-1] == b"7,0,70"  # this rank's row, to every other rank
+    assert e._stash == {(8, 1): [81]}
+    q.queue_push("q/0", _row(8, 2, 82))
+    pops = q.pops
+    assert e.exchange(8, [80], 5.0) == [[80], [81], [82]]  # rank 1's from the stash: one pop, for rank 2
+    assert q.pops == pops + 1 and not e._stash
+
+
+def test_torch_post_sends_the_row_ahead_and_the_exchange_does_not_send_it_again() -> None:
+    q = _Queues()
+    e = _torch(1, 2, q)
+    e.post(3, [30])
+    assert list(q.q["q/0"]) == [b"3,1,30"]
+    q.queue_push("q/1", _row(3, 0, 31))
+    assert e.exchange(3, [30], 5.0) == [[31], [30]]
+    assert list(q.q["q/0"]) == [b"3,1,30"]  # sent once
+    e.post(-5, [1])  # the probe and init's calls: exchange() sends them on the key path
+    assert list(q.q["q/0"]) == [b"3,1,30"]
+
+
+def test_torch_queue_exchange_gives_none_for_a_rank_that_never_posts() -> None:
+    q = _Queues()
+    e = _torch(1, 3, q)
+    q.queue_push("q/1", _row(0, 0, 5))
+    t0 = time.monotonic()
+    assert e.exchange(0, [6], 0.2) == [[5], [6], None]
+    assert time.monotonic() - t0 < 1.0
+    assert all(0 < t <= 0.2 for t in q.timeouts)  # the pop waits only what is left of the deadline
+
+
+def test_torch_negative_calls_and_stores_without_queues_take_the_key_path() -> None:
+    class Keys:
+        def __init__(self) -> None:
+            self.kv: dict[str, str] = {}
+
+        def set(self, k: str, v: str) -> None:
+            self.kv[k] = v
+
+        def wait(self, keys: list[str], td: timedelta) -> None:
+            if any(k not in self.kv for k in keys):
+                raise RuntimeError("timeout")
+
+        def multi_get(self, keys: list[str]) -> list[bytes]:
+            return [self.kv[k].encode() for k in keys]
+
+        def check(self, keys: list[str]) -> bool:
+            return all(k in self.kv for k in keys)
+
+        def get(self, k: str) -> bytes:
+            return self.kv[k].encode()
+
+        def delete_key(self, k: str) -> None:
+            del self.kv[k]
+
+    q = _Queues()
+    e = _torch(0, 2, q)
+    e.xstore = keys = Keys()
+    keys.set("-5/1", "3")
+    assert e.exchange(-5, [2], 1.0) == [[2], [3]]  # the probe: the key path, the queues untouched
+    assert q.pops == 0 and not q.q
+    e.queues = None  # a torch without store queues
+    keys.set("0/1", "4")
+    assert e.exchange(0, [1], 1.0) == [[1], [4]]
+    assert e.exchange(1, [1], 0.05) == [[1], None]
+
+
+class _Client:
+    """JAX's coordination client in memory, for one rank; ``key_value_delete`` of a directory
+    deletes every key under it."""
+
+    def __init__(self) -> None:
+        self.kv: dict[str, str] = {}
+        self.gets: list[str] = []
+        self.deleted: list[str] = []
+
+    def key_value_set(self, k: str, v: str) -> None:
+        self.kv[k] = v
+
+    def blocking_key_value_get(self, k: str, ms: int) -> str:
+        self.gets.append(k)
+        if k not in self.kv:
+            raise RuntimeError("DEADLINE_EXCEEDED")
+        return self.kv[k]
+
+    def key_value_try_get(self, k: str) -> str:
+        if k not in self.kv:
+            raise RuntimeError("NOT_FOUND")
+        return self.kv[k]
+
+    def key_value_delete(self, k: str) -> None:
+        self.deleted.append(k)
+        for key in [key for key in self.kv if key == k or key.startswith(k + "/")]:
+            del self.kv[key]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_jax_exchange_reads_no_row_of_its_own_and_deletes_a_directory_per_block(rank: int) -> None:
+    e = jax_engine.JaxEngine()
+    c = e.client = _Client()
+    e.rank, e.world, e.prefix, e.timeout = rank, 2, "multidev/1", 5.0
+    block = jax_engine._BLOCK
+    other = 1 - rank
+    for seq in range(5 * block):
+        c.kv[f"multidev/1/{seq // block}/{seq}/{other}"] = str(seq)
+        assert e.exchange(seq, [seq + 1000], 5.0)[rank] == [seq + 1000]
+    assert all(k.endswith(f"/{other}") for k in c.gets)  # one round trip per other rank, none for its own
+    if rank == 0:  # rank 0 deletes two blocks back, once per block
+        assert c.deleted == [f"multidev/1/{b}" for b in range(3)]
+        assert len(c.kv) <= 2 * 2 * block + 2
+    else:
+        assert c.deleted == []
+    rows = e.exchange(5 * block, [7], 0.01)
+    assert rows[other] is None and rows[rank] == [7]
+
+
+class _Group:
+    def __init__(self, rows: list[list[int] | None]) -> None:
+        self.rows, self.check, self.seq, self.rank, self.timeout = rows, True, 0, 0, 5.0
+        self.engine = self
+
+    def exchange(self, seq: int, row: list[int], timeout: float) -> list[list[int] | None]:
+        return [list(row) if r is None else r for r in self.rows]
+
+    def fail(self, why: str) -> None:
+        raise AssertionError(why)
+
+
+def test_identical_records_decode_once_and_different_ones_name_every_rank() -> None:
+    mine = Call("allreduce", op="sum", dtype="float32", shape=(4,), tkind="cpu")
+    g = _Group([None, None, None])  # every rank sends this rank's own record
+    calls = agree(g, "allreduce", lambda: mine)  # type: ignore[arg-type]
+    assert isinstance(calls, list) and len(calls) == 3 and calls[2].shape == (4,) and calls[1].op == "sum"
+    other = Call("allreduce", op="max", dtype="float32", shape=(4,), tkind="cpu", seq=1).encode()
+    g = _Group([None, other, None])
+    g.seq = 1
+    with pytest.raises(CollectiveMismatchError, match=r"op \(rank 0: sum, rank 1: max, rank 2: sum\)"):
+        agree(g, "allreduce", lambda: mine)  # type: ignore[arg-type]
+
+
+def test_meanwhile_runs_between_post_and_exchange_only_for_a_call_this_rank_accepts() -> None:
+    events: list[str] = []
+
+    class G(_Group):
+        def post(self, seq: int, row: list[int]) -> None:
+            events.append(f"post {seq}")
+
+        def exchange(self, seq: int, row: list[int], timeout: float) -> list[list[int] | None]:
+            events.append(f"exchange {seq}")
+            return super().exchange(seq, row, timeout)
+
+    mine = Call("broadcast", root=0, dtype="float32", shape=(2,), tkind="cpu")
+    g = G([None, None])
+    agree(g, "broadcast", lambda: mine, meanwhile=lambda: events.append("meanwhile"))  # type: ignore[arg-type]
+    assert events == ["post 0", "meanwhile", "exchange 0"]
+
+    def broken() -> None:
+        events.append("broken")
+        raise ValueError("a conversion that fails: the call's own step raises it again")
+    agree(g, "broadcast", lambda: mine, meanwhile=broken)  # type: ignore[arg-type]
+    assert events[-3:] == ["post 1", "broken", "exchange 1"]  # swallowed: the exchange still ran
+
+    def refuse() -> Call:
+        raise CollectiveMismatchError("this rank's own input")
+    del events[:]
+    with pytest.raises(CollectiveMismatchError, match="own input"):
+        agree(g, "broadcast", refuse, meanwhile=lambda: events.append("meanwhile"))  # type: ignore[arg-type]
+    assert events == ["exchange 2"]  # the refusal travels; nothing prepared for a call this rank refused
+
+
+def test_torch_queue_exchange_raises_a_typed_error_when_the_store_itself_is_gone() -> None:
+    class DistNetworkError(RuntimeError):  # torch's class of that name: the store's connection failed
+        pass
+
+    class Gone(_Queues):
+        def queue_pop(self, key: str) -> bytes:
+            raise DistNetworkError("Connection reset by peer")
+
+    e = _torch(1, 2, Gone())
+    with pytest.raises(DistributedTimeoutError):
+        e.exchange(0, [1], 1.0)
+
+
+_DP_MISMATCH = r'''
+import json, sys
+import torch
+import multidev as md
+from multidev import distributed as dist
+
+dist.init(engine="torch", transport="gloo", timeout=30)
+r = dist.rank()
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+dp = md.data_parallel(net, opt, grad_dtype=None if r == 0 else "bfloat16")  # the ranks' steps differ
+calls = []
+loss = lambda m, b: (calls.append(1), m(b).square().mean())[1]
+out = {"rank": r}
+try:
+    dp.step(torch.ones(3, 8), loss)
+    out["step"] = "ok"
+except md.MultidevError as e:
+    out.update(step=type(e).__name__, message=str(e)[:400])
+out["forward ran"] = bool(calls)
+out["grads"] = [p.grad is not None for p in net.parameters()]
+out["after"] = float(dist.allreduce(torch.ones(2))[0])  # the group is still usable
+net2 = torch.nn.Linear(8, 2)
+dp2 = md.data_parallel(net2, torch.optim.SGD(net2.parameters(), lr=0.1))  # the same step on every rank: it runs
+dp2.step(torch.ones(3, 8), loss)
+out["same step"] = "ok"
+dist.shutdown()
+print("MDOUT " + json.dumps(out), flush=True)
+'''
+
+
+@pytest.mark.multiprocess
+def test_data_parallel_steps_that_differ_raise_on_every_rank_before_any_compute(tmp_path: Any) -> None:
+    """dp.step's one exchange comes before its forward pass: ranks whose steps differ (here the
+    gradients' dtype) all raise CollectiveMismatchError naming each rank's, having computed
+    nothing (no forward, no gradient), and the group stays usable."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    script = tmp_path / "dp_mismatch.py"
+    script.write_text(_DP_MISMATCH)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "multidev.distributed.launch", "-n", "2", "--engine", "torch",
+                           str(script)], capture_output=True, text=True, timeout=240, env=env)
+    outs = [json.loads(line.split("MDOUT ", 1)[1]) for line in proc.stdout.splitlines() if "MDOUT " in line]
+    assert proc.returncode == 0 and len(outs) == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for o in outs:
+        assert o["step"] == "CollectiveMismatchError", o
+        assert "rank 0: float32" in o["message"] and "rank 1: bfloat16" in o["message"], o
+        assert not o["forward ran"] and o["grads"] == [False] * 4, o
+        assert o["after"] == 2.0 and o["same step"] == "ok", o
