@@ -523,3 +523,16 @@ def test_every_collective_over_structures_on_every_engine(engine: str, tmp_path:
         assert report.pop("engine") == engine and len(report) >= 9
         bad = {k: v for k, v in report.items() if v != "OK"}
         assert not bad, f"rank {r}:\n" + "\n".join(f"{k}: {v}" for k, v in bad.items())
+
+
+def test_a_reduction_checks_its_op_without_leaves_too(solo: list[int]) -> None:
+    """An unknown or missing op is refused for a structure as for one tensor, with no leaves as
+    with some (a typed CollectiveInputError, never the record's own ValueError), and the group
+    stays usable."""
+    for x in ([], {}, [np.ones(2, np.float32)]):
+        for op in ("xx", None, 3):
+            with pytest.raises(md.CollectiveInputError, match="unknown op"):
+                dist.allreduce(x, op=op)  # type: ignore[arg-type]
+            with pytest.raises(md.CollectiveInputError, match="unknown op"):
+                dist.reduce_scatter(x, op=op)  # type: ignore[arg-type]
+    assert np.array_equal(dist.allreduce(np.ones(2, np.float32)), np.ones(2))

@@ -29,7 +29,7 @@ from ..protocol import Backend
 from ..registry import backend_of, get_backend
 from ..structured import Leaves, rebuild, structure_leaves
 from ..trees import owner_or_structure
-from ..validate import check_axis, check_op, check_writable
+from ..validate import OPS, check_axis, check_op, check_writable
 from .consistency import MAX_DIMS, Call, agree
 from .engine import Handle
 from .group import Group, current
@@ -226,6 +226,9 @@ def _tree_agree(g: Group, kind: str, x: Any, op: str | None, root: int | None, i
             raise CollectiveInputError(f"{what}: {refuse}")
         if root is not None:
             _check_rank(root, g, what, "dst" if kind in ("reduce", "gather") else "src")
+        if kind in ("allreduce", "reduce", "reduce_scatter") and (not isinstance(op, str) or op not in OPS):
+            # (checked without leaves too, as for one tensor)
+            raise CollectiveInputError(f"{what}: unknown op {op!r:.40}; expected one of {', '.join(OPS)}")
         if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)
                                  or not -MAX_DIMS <= axis < MAX_DIMS):
             raise CollectiveInputError(f"{what}: axis must be an int in -{MAX_DIMS}..{MAX_DIMS - 1}, got {axis!r:.40}")
