@@ -104,8 +104,9 @@ def _table(doc: dict[str, Any]) -> str:
                         f"{'yes' if r['check']['ok'] else 'NO'} |")
     rows += ["", "| goal | engine | case | value | target | |", "| --- | --- | --- | --- | --- | --- |"]
     for g in doc.get("goals", []):
-        rows.append(f"| {g['goal']} | {g['backend']} | {g['case']} | {g['value']:.3g} | {g['rule']} | "
-                    f"{'met' if g['met'] else '**MISSED**'} |")
+        verdict = ("UNSTABLE: " + "; ".join(g["unstable"]) + " (not judged)" if g.get("unstable")
+                   else "met" if g["met"] else "**MISSED**")
+        rows.append(f"| {g['goal']} | {g['backend']} | {g['case']} | {g['value']:.3g} | {g['rule']} | {verdict} |")
     return "\n".join(rows) + "\n"
 
 
