@@ -56,11 +56,26 @@ def _run(name: str, out: Path) -> dict[str, Any]:
     return doc
 
 
+_SELECTED: set[str] = set()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _selected_backends(request: pytest.FixtureRequest) -> None:
+    """The backends whose tests this run selected (``-k mxnet`` runs MXNet's program alone)."""
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if getattr(item, "module", None) is sys.modules[__name__] and "name" in params:
+            _SELECTED.add(params["name"])
+
+
 def _results(name: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    if not _RUNS:  # start every backend's run at once (two at a time), so they overlap the tests
+    if not _RUNS:  # start every selected backend's run at once (two at a time), so they overlap the tests
         base = tmp_path_factory.mktemp("book")
         for n in installed():
-            _RUNS[n] = _POOL.submit(_run, n, base / f"{n}.json")
+            if n in _SELECTED or n == name:
+                _RUNS[n] = _POOL.submit(_run, n, base / f"{n}.json")
+    if name not in _RUNS:
+        _RUNS[name] = _POOL.submit(_run, name, tmp_path_factory.mktemp("book") / f"{name}.json")
     return _RUNS[name].result()
 
 
