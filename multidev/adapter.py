@@ -237,6 +237,15 @@ def start_move(b: Any, x: Any, device: Device) -> tuple[Any, Callable[[], Any] |
     return y, lambda: b.wait(y)
 
 
+class _CoreOf:
+    """``Concern.core``: the adapter a concern was made from, kept in the instance's own dict (a
+    plain attribute read on every call of a concern); without one (a 0.3 adapter inheriting a shared
+    concern), the concern itself. A non-data descriptor, so the instance attribute wins."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        return self if obj is None else obj
+
+
 class Concern:
     """The base of an adapter's concern objects (one capability protocol each): made from the
     adapter, which it keeps as ``core`` and calls for everything outside its concern
@@ -248,12 +257,10 @@ class Concern:
         # (optional: an adapter written the 0.3 way inherits a shared concern and may reach this
         # __init__ through super() without one: it is then its own core)
         if core is not None:
-            self.__dict__["_core"] = core
+            self.__dict__["core"] = core
 
-    @property
-    def core(self) -> Any:
-        """The adapter this concern serves (an adapter written the 0.3 way: itself)."""
-        return self.__dict__.get("_core", self)
+    #: The adapter this concern serves (an adapter written the 0.3 way: itself).
+    core: Any = _CoreOf()
 
     @classmethod
     def available_on(cls, core: Any) -> bool:

@@ -430,7 +430,7 @@ class _Route:
     is one), the stream handshake, whether to wait first, and the calls the DLPack route makes (the
     producer's export, the consumer's import, the consumer's C exchange API for host buffers)."""
 
-    __slots__ = ("dc", "export", "handshake", "host", "imp", "sc", "to", "wait", "why")
+    __slots__ = ("dc", "export", "handshake", "host", "imp", "sc", "steady", "to", "wait", "why")
 
     def __init__(self, src: Backend, dst: Backend, here: Any, dev: Any, dtype: str, sc: Any, dc: Any) -> None:
         if dev not in dst.devices():
@@ -443,6 +443,10 @@ class _Route:
                                   "tensor first")
         self.sc, self.dc = sc, dc
         self.why, self.handshake, self.wait = "", False, False
+        #: an accelerator route (stream handshake) whose import gave dst's tensor of this dtype once:
+        #: the same producer, consumer, devices and dtype give the same again, so later calls go
+        #: straight from export to import
+        self.steady = False
         self.export: Any = None
         self.imp: Any = None
         self.to: Any = None
@@ -501,7 +505,12 @@ def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None)
         if len(_ROUTES) < 1024:
             _ROUTES[key] = route
     why = route.why
-    if not why:
+    if route.steady and not copy:
+        try:
+            return route.imp(_export(route, src, x), dev)
+        except (MultidevError, BufferError, RuntimeError, TypeError, ValueError) as e:
+            why = f"{type(e).__name__}: {e}"
+    elif not why:
         try:
             if route.wait:
                 src.wait(x)  # a bare capsule carries no stream: the producer's work must be done
@@ -516,6 +525,7 @@ def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None)
                 y = route.imp(obj, dev)
             if (route.handshake or dst.device_of(y) is dev) and dst.dtype_of(y) == dtype:
                 if not copy:
+                    route.steady = route.handshake and not route.wait and not route.host
                     return y
                 out = dst.copy(y, dev)
                 # The copy reads memory the producer's framework may write next, unseen by the

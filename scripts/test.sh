@@ -153,9 +153,12 @@ run_job() {  # run_job I: job I into build/ci/NAME.log, its status and seconds b
   echo $(( $(date +%s) - t )) >"build/ci/$name.time"
   cpu_seconds >"build/ci/$name.cpu"  # this subshell's children: the job's processor time
 }
-cpu_seconds() {  # user + system seconds of the finished children of this shell
-  local -a t; read -ra t <<<"$(times | tail -n 1)"
-  awk -v u="${t[0]}" -v s="${t[1]}" 'function sec(x){ split(x, a, "m"); return a[1] * 60 + a[2] } BEGIN { printf "%d", sec(u) + sec(s) }'
+cpu_seconds() {  # user + system seconds of the finished children of this shell (`times` run here, not
+  # in a pipe or $(...): a subshell has no children of its own)
+  times >"build/ci/.times.$BASHPID"
+  awk 'function sec(x) { split(x, a, "m"); return a[1] * 60 + a[2] } END { printf "%d", sec($1) + sec($2) }' \
+    "build/ci/.times.$BASHPID"
+  rm -f "build/ci/.times.$BASHPID"
 }
 for phase in 1 2; do
   limit=$JOBS; [ $phase = 2 ] && limit=1
