@@ -162,7 +162,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     import multidev as md
     from multidev.errors import BackendNotAvailableError
-    from multidev.registry import configure_virtual_devices, registered_backends
+    from multidev.registry import configure_virtual_devices, installed_backends, registered_backends
 
     imports = config.getoption("multidev_import")
     for mod in imports:
@@ -189,22 +189,22 @@ def pytest_configure(config: pytest.Config) -> None:
         if wanted:
             devs = [d for d in devs if d in wanted]
         pairs.extend((b.name, d) for d in devs)
-    partner_names = _split(config.getoption("multidev_partner")) or md.backends()
+    # The default partners are every installed backend, found without importing their frameworks:
+    # a partner's framework loads with the first check that exchanges with it (a run that selects
+    # none, such as one check with -k, imports none).
+    named = _split(config.getoption("multidev_partner"))
+    frameworks = {} if named else installed_backends()
+    for p in named:
+        try:
+            pb = md.backend(p)
+        except BackendNotAvailableError as e:
+            raise pytest.UsageError(f"multidev conformance: --multidev-partner {p}: {e}") from e
+        frameworks[pb.name] = pb.framework
     dotted = {b.name for b in backends if ":" in specs[b.name]}
     partners: dict[str, list[str]] = {}
     for b in backends:
-        mine = []
-        for p in partner_names:
-            if p == b.name or p in dotted:
-                continue
-            try:
-                pb = md.backend(p)
-            except BackendNotAvailableError as e:
-                raise pytest.UsageError(f"multidev conformance: --multidev-partner {p}: {e}") from e
-            # Two adapters of one framework claim the same tensors: they cannot be told apart.
-            if pb.framework != b.framework:
-                mine.append(pb.name)
-        partners[b.name] = mine
+        # Two adapters of one framework claim the same tensors: they cannot be told apart.
+        partners[b.name] = [p for p, fw in frameworks.items() if p != b.name and p not in dotted and fw != b.framework]
     xfails = [x for path in config.getoption("multidev_xfails") for x in read_xfails(path)]
     _state.update(backends={b.name: b for b in backends}, specs=specs, pairs=pairs, items={}, outcomes={},
                   partners=partners, imports=list(imports), found={}, started=time.time(), xfails=xfails,
@@ -309,6 +309,22 @@ def _md_prefer_backend_under_test(request: pytest.FixtureRequest) -> Any:
 
     with prefer(_state["backends"][name].name):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _md_partner_loads(request: pytest.FixtureRequest) -> None:
+    """A partner found installed loads here, with the first check that exchanges with it; one that
+    is installed but does not import skips its checks, saying why."""
+    name = request.node.callspec.params.get("md_partner_name") if hasattr(request.node, "callspec") else None
+    if name is None:
+        return
+    import multidev as md
+    from multidev.errors import BackendNotAvailableError
+
+    try:
+        md.backend(name)
+    except BackendNotAvailableError as e:
+        pytest.skip(f"partner {name} is installed but does not load here: {e}")
 
 
 @pytest.fixture(scope="session")

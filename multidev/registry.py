@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import re
 import sys
@@ -206,6 +207,32 @@ def registered_backends() -> list[str]:
     """Names of every registered adapter, installed framework or not."""
     _read_entry_points()
     return sorted(_s.factories)
+
+
+def installed_backends() -> dict[str, str]:
+    """The backends whose framework is installed, by name, each with its framework's module name,
+    importing no framework that is not imported already (where :func:`multidev.backends` imports
+    each): an adapter's framework counts as installed when its module is found on the path
+    (``importlib.util.find_spec``), so one found there may still fail to import, which
+    :func:`get_backend` then reports. A family's name is resolved to its default member (loading
+    it), as is an adapter that names no framework or whose framework is imported already."""
+    out: dict[str, str] = {}
+    for name in registered_backends():
+        fw = None if _family(name) is not None else _framework_of(name)
+        if fw is not None and fw not in sys.modules:
+            try:
+                found = importlib.util.find_spec(fw) is not None
+            except (ImportError, ValueError):
+                found = False
+            if found:
+                out[name] = fw
+            continue
+        try:
+            inst = get_backend(name)
+        except BackendNotAvailableError:
+            continue
+        out.setdefault(inst.name, inst.framework)
+    return dict(sorted(out.items()))
 
 
 def _framework_of(name: str) -> str | None:
