@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 import textwrap
@@ -37,6 +38,24 @@ def test_adapter_module_imports_no_framework(name: str, cls: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_installed_backends_imports_no_framework() -> None:
+    """installed_backends lists each backend whose framework is on the path, by name with its
+    framework, importing none of them (the conformance suite's default partners)."""
+    code = ("import importlib.util, json, sys; from multidev.registry import installed_backends;"
+            "d = installed_backends();"
+            f"print(json.dumps([d, sorted(m for m in {FRAMEWORKS!r} if m in sys.modules),"
+            " [m for m in ('torch', 'jax', 'tensorflow', 'mxnet') if importlib.util.find_spec(m)]]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    found, imported, on_path = json.loads(out.stdout.strip().splitlines()[-1])
+    assert imported == [], imported
+    assert found["numpy"] == "numpy"
+    for fw in on_path:  # torch, jax, tensorflow, mxnet where installed: listed, not imported
+        assert found.get(fw) == fw, (fw, found)
+    assert all(fw in on_path or fw in ("numpy", "array_api_strict", "cupy") or fw not in FRAMEWORKS
+               for fw in found.values()), found
 
 
 def test_builtin_adapters_come_from_entry_points() -> None:
