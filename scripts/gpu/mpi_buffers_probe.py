@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -18,10 +20,10 @@ from multidev import distributed as dist
 from multidev.distributed.group import current
 
 comm = MPI.COMM_WORLD
-dist.init(timeout=120)
-g = current()
-g.check = False
-for mib in (1, 16):
+
+
+def cases(mib: int, g: Any) -> tuple[Callable[[], None], ...]:
+    """The calls timed at ``mib`` MiB, each on its own buffers."""
     x = np.ones(mib << 18, np.float32)
     fixed, pool = x.copy(), x.copy()
     ring = [x.copy() for _ in range(10)]
@@ -30,6 +32,19 @@ for mib in (1, 16):
 
     def reuse() -> None:
         comm.Allreduce(MPI.IN_PLACE, fixed)
+
+    def iallreduce_wait() -> None:
+        comm.Iallreduce(MPI.IN_PLACE, fixed).Wait()
+
+    def iallreduce_test() -> None:
+        r = comm.Iallreduce(MPI.IN_PLACE, fixed)
+        while not r.Test():
+            pass
+
+    def engine() -> None:
+        h = g.engine.allreduce(fixed, "sum")
+        h.wait(60)
+        h.result()
 
     def fresh_freed() -> None:
         b = np.copy(x)
@@ -53,38 +68,37 @@ for mib in (1, 16):
         comm.Allreduce(MPI.IN_PLACE, pool)
         np.copyto(b, pool)
 
-    def iallreduce_wait() -> None:
-        comm.Iallreduce(MPI.IN_PLACE, fixed).Wait()
-
-    def iallreduce_test() -> None:
-        r = comm.Iallreduce(MPI.IN_PLACE, fixed)
-        while not r.Test():
-            pass
-
-    def engine() -> None:
-        h = g.engine.allreduce(fixed, "sum")
-        h.wait(60)
-        h.result()
-
     def md_out() -> None:
         dist.allreduce(x)
 
     def md_in() -> None:
         dist.allreduce(fixed, inplace=True)
 
-    cases = (reuse, iallreduce_wait, iallreduce_test, engine, fresh_freed, fresh_kept, cycle10, staged, md_out, md_in)
-    per = max(4, 40 // mib)
-    times: dict[str, list[float]] = {f.__name__: [] for f in cases}
-    for f in cases:
-        for _ in range(3):
-            f()
-    for _ in range(15):
-        for f in cases:
-            comm.Barrier()
-            t0 = time.perf_counter()
-            for _ in range(per):
+    return (reuse, iallreduce_wait, iallreduce_test, engine, fresh_freed, fresh_kept, cycle10, staged, md_out, md_in)
+
+
+def main() -> None:
+    dist.init(timeout=120)
+    g = current()
+    g.check = False
+    for mib in (1, 16):
+        fs = cases(mib, g)
+        per = max(4, 40 // mib)
+        times: dict[str, list[float]] = {f.__name__: [] for f in fs}
+        for f in fs:
+            for _ in range(3):
                 f()
-            times[f.__name__].append((time.perf_counter() - t0) / per * 1e6)
-    if comm.rank == 0:
-        print(f"{mib} MiB: " + "  ".join(f"{k} {statistics.median(v):8.1f}" for k, v in times.items()) + "  (us)")
-dist.shutdown()
+        for _ in range(15):
+            for f in fs:
+                comm.Barrier()
+                t0 = time.perf_counter()
+                for _ in range(per):
+                    f()
+                times[f.__name__].append((time.perf_counter() - t0) / per * 1e6)
+        if comm.rank == 0:
+            print(f"{mib} MiB: " + "  ".join(f"{k} {statistics.median(v):8.1f}" for k, v in times.items()) + "  (us)")
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main()
