@@ -57,8 +57,8 @@ PORTABLE_ALGORITHMS = ("naive", "ring", "tree", "auto")
 DEVICE_COUNT_PHRASES = ("needs a second device", "needs 2 devices", "needs 3 devices", "runs on 4 or more devices")
 
 
-__all__ = ["PORTABLE_ALGORITHMS", "VIRTUAL_DEVICES", "algorithms_of", "imports_of", "partners_of", "record_found",
-           "request_child_restart", "run_isolated", "selected_backends", "spec_of"]
+__all__ = ["PORTABLE_ALGORITHMS", "VIRTUAL_DEVICES", "algorithms_of", "imports_of", "partner_backend", "partners_of",
+           "record_found", "request_child_restart", "run_isolated", "selected_backends", "spec_of"]
 
 
 class _SuiteModule(pytest.Module):
@@ -311,20 +311,24 @@ def _md_prefer_backend_under_test(request: pytest.FixtureRequest) -> Any:
         yield
 
 
-@pytest.fixture(autouse=True)
-def _md_partner_loads(request: pytest.FixtureRequest) -> None:
-    """A partner found installed loads here, with the first check that exchanges with it; one that
-    is installed but does not import skips its checks, saying why."""
-    name = request.node.callspec.params.get("md_partner_name") if hasattr(request.node, "callspec") else None
-    if name is None:
-        return
+def partner_backend(name: str) -> Any:
+    """Partner ``name``'s adapter, loaded now (a partner's framework is imported with the first
+    check that needs it); a partner installed but not importable skips the calling check, saying why."""
     import multidev as md
     from multidev.errors import BackendNotAvailableError
 
     try:
-        md.backend(name)
+        return md.backend(name)
     except BackendNotAvailableError as e:
         pytest.skip(f"partner {name} is installed but does not load here: {e}")
+
+
+@pytest.fixture(autouse=True)
+def _md_partner_loads(request: pytest.FixtureRequest) -> None:
+    """The partner of a check parametrized over partners, loaded before it runs (partner_backend)."""
+    name = request.node.callspec.params.get("md_partner_name") if hasattr(request.node, "callspec") else None
+    if name is not None:
+        partner_backend(name)
 
 
 @pytest.fixture(scope="session")

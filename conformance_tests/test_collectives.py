@@ -21,7 +21,7 @@ from multidev.collectives import AUTO_TREE_MAX_BYTES, choose_algorithm, measured
 from multidev.errors import CapabilityError, CollectiveInputError, DeviceNotFoundError
 
 from ._helpers import ALL_DTYPES, as_f64, assert_close, need_devices, need_dtype, np_dtype, ordered, sample
-from .plugin import algorithms_of, partners_of
+from .plugin import algorithms_of, partner_backend, partners_of
 
 pytestmark = pytest.mark.md_feature("collectives")
 
@@ -517,7 +517,7 @@ def test_collectives_mixed_backends_raise(md_backend: Any, md_device: Any) -> No
     if not others:
         pytest.skip("needs a second installed backend (of another framework) to mix with")
     x = md.ones(2, device=md_device, backend=md_backend.name)
-    y = md.ones(2, device="cpu:0", backend=others[0])
+    y = md.ones(2, device="cpu:0", backend=partner_backend(others[0]).name)
     for call in (lambda: md.allreduce([x, y]), lambda: md.allgather([x, y]),
                  lambda: md.reduce([x, y], "cpu:0"), lambda: md.reduce_scatter([x, y]),
                  lambda: md.gather([x, y], "cpu:0")):

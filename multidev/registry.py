@@ -55,6 +55,7 @@ __all__ = [
     "device_wait",
     "get_backend",
     "get_default_backend",
+    "installed_backends",
     "loaded_backends",
     "native_device",
     "prefer",

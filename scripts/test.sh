@@ -12,11 +12,12 @@
 #                          the mutation catalogue
 #   with MXNet .venv-mx    numpy 1.26.4, JAX 0.7.1, TF 2.21, MXNet 1.9.1: what differs there and nowhere
 #                          else: MXNet's tests and suite, and the NumPy and JAX adapters on NumPy 1.26 and
-#                          JAX 0.7.1 (their suite, their adapter tests, the tests that take every backend)
+#                          JAX 0.7.1 (their suite, their adapter tests, the tests that take every backend
+#                          except whole programs and tools over NumPy and JAX: the modern lane runs those)
 # Each thing is tested once, in the environment that adds information. The jobs run side by side
 # (JOBS at a time, default 2, the longest first), each into build/ci/NAME.log with its JUnit XML
 # beside it (per-test times), printed whole when it fails and as its last lines when it passes;
-# each job's and each environment's time is printed, then one closing line adding up every pytest
+# each job's wall and processor time and each environment's time are printed, then one closing line adding up every pytest
 # run. The multi-process tests and checks that time how soon a fault surfaces (marker `timing`) run
 # after them, one at a time.
 #   MULTIDEV_LANES=fast,modern,mx picks environments (default all three); JOBS=N; PYTHON=python3.11.
@@ -106,13 +107,11 @@ $HEAVY"
 fi
 if [[ $LANES == *,mx,* ]]; then
   # What differs here: MXNet, and the NumPy and JAX adapters on NumPy 1.26 and JAX 0.7.1: every test
-  # that names MXNet; the tests that name NumPy or JAX, MXNet's and JAX's adapter tests whole, except
-  # the whole programs and tools run over those adapters (the book's programs, the examples, the docs'
-  # snippets, the CLI, the adversarial children): on NumPy and JAX they exercise the adapter paths this
-  # lane's adapter tests and suite check on these versions, and the modern lane runs them.
+  # that names MXNet; the tests that name NumPy or JAX (MXNet's and JAX's adapter tests whole, the
+  # adversarial children that probe the adapters), except the whole programs and tools run over them
+  # (the book's programs, the examples, the docs' snippets, the CLI), which the modern lane runs.
   job 1 mx-tests ".venv-mx/bin/pytest -q --durations=10 -m 'not multiprocess' --ignore=tests/test_mutation_catalogue.py \
--k 'mxnet or ((jax or numpy) and not (test_book or test_examples or test_docs or test_cli or test_adversarial \
-or test_lookup))'"
+-k 'mxnet or ((jax or numpy) and not (test_book or test_examples or test_docs or test_cli))'"
 fi
 if [[ $LANES == *,modern,* ]]; then
   job 1 modern-catalogue ".venv/bin/pytest -q tests/test_mutation_catalogue.py"

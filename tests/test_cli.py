@@ -116,6 +116,34 @@ def test_conformance_passes_numpy_and_writes_matrix(tmp_path: Path) -> None:
     assert doc["backends"]["numpy"]["devices"][:2] == ["cpu:0", "cpu:1"]
 
 
+def test_conformance_skips_a_partner_that_is_installed_but_does_not_load(tmp_path: Path) -> None:
+    """The default partners are found on the path, not imported: one whose framework is found but
+    whose adapter cannot load skips the checks that need it, saying why (interop, and the check that
+    mixes backends in one collective); the run passes."""
+    (tmp_path / "brokenpartner.py").write_text(textwrap.dedent("""
+        import multidev as md
+        from multidev.errors import BackendNotAvailableError
+
+        class Broken:
+            name = "aaa_broken"
+            framework = "this"  # a module on the path (the standard library's), never imported here
+
+            def __init__(self):
+                raise BackendNotAvailableError("aaa_broken: its framework does not load here")
+
+        md.register_backend("aaa_broken", Broken)
+    """))
+    out = tmp_path / "m.json"
+    p = _run(["conformance", "--backend", "numpy", "--import", "brokenpartner", "--json", str(out), "--",
+              "-k", "mixed_backends or (round_trip and aaa_broken)", "-rs"],
+             env={"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    assert "partner aaa_broken is installed but does not load here" in p.stdout, p.stdout[-3000:]
+    cells = json.loads(out.read_text())["matrix"]["numpy"]
+    assert all(c["failed"] == 0 for c in cells.values()), cells
+    assert sum(c["skipped"] for c in cells.values()) >= 2, cells
+
+
 def test_conformance_fails_a_broken_adapter(tmp_path: Path) -> None:
     (tmp_path / "broken_adapter.py").write_text(textwrap.dedent("""
         from multidev.adapters.numpy import NumpyBackend
