@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import ctypes
 import functools
 import importlib
@@ -62,6 +63,7 @@ from multidev.errors import CapabilityError, DistributedError, DistributedSetupE
 #: Set to 1 or 0 to say whether the MPI build is CUDA-aware (overrides what the library reports).
 CUDA_AWARE_ENV = "MULTIDEV_MPI_CUDA_AWARE"
 _TAGS = 30000  # consistency-exchange tags cycle through 1..30000 (MPI guarantees 32767)
+_P2P_TAG = 7  # point-to-point messages, on the data communicator (the user's tag travels in the header)
 
 #: The predefined MPI datatype of each dtype (reductions take predefined types only).
 _MPI_TYPES = {"int8": "INT8_T", "int16": "INT16_T", "int32": "INT32_T", "int64": "INT64_T", "uint8": "UINT8_T",
@@ -572,6 +574,24 @@ class MpiEngine(Engine):
     def scatter(self, blocks: Any | None, like: Any, src: int) -> Handle:
         return self._req("MPI_Iscatter", lambda: self.comm.Iscatter(
             self._bytes(blocks) if blocks is not None else None, self._bytes(like), root=src), lambda: like)
+
+    # -- subgroups and point-to-point --------------------------------------------------------------
+    def split(self, groups: tuple[tuple[int, ...], ...]) -> Engine:
+        color = next(i for i, g in enumerate(groups) if self.rank in g)
+        mine = groups[color]
+        with self.errors("MPI_Comm_split"):
+            comm = self.comm.Split(color, mine.index(self.rank))  # every rank has agreed the call: it comes
+        comm.Set_errhandler(self.MPI.ERRORS_RETURN)
+        v = copy.copy(self)
+        v.comm, v.rank, v.world = comm, comm.Get_rank(), comm.Get_size()
+        return v
+
+    def send(self, t: Any, dst: int) -> Handle:
+        return self._req("MPI_Isend", lambda: self.comm.Isend(self._bytes(t), dest=dst, tag=_P2P_TAG), lambda: None)
+
+    def recv(self, like: Any, src: int) -> Handle:
+        return self._req("MPI_Irecv", lambda: self.comm.Irecv(self._bytes(like), source=src, tag=_P2P_TAG),
+                         lambda: like)
 
 
 __all__ = ["CUDA_AWARE_ENV", "MpiEngine", "cuda_aware", "mpiexec", "open_mpi"]

@@ -23,6 +23,7 @@ NCCL.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import importlib.util
 import math
@@ -155,6 +156,7 @@ class JaxEngine(Engine):
     conformance_worlds = (2,)
     tensors = "jax"
     writes_inputs = False  # JAX arrays are immutable: every primitive makes new ones
+    matches_by_peer = False  # a message is a program both processes run, in the order they call it
 
     # -- launch ------------------------------------------------------------------------------
     @classmethod
@@ -272,12 +274,14 @@ class JaxEngine(Engine):
             devs.append(mine[0])
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+        self.devs = devs
         self.mesh = Mesh(np.array(devs, dtype=object), ("p",))
         self.native = devs[self.rank]
         self.device = md.backend("jax").from_native_device(self.native) or Device("cpu", 0)
-        self.split = NamedSharding(self.mesh, PartitionSpec("p"))
+        self.sharded = NamedSharding(self.mesh, PartitionSpec("p"))
         self.whole = NamedSharding(self.mesh, PartitionSpec())
         self._fns: dict[tuple, Callable[[Any], Any]] = {}
+        self._pairs: dict[tuple[int, int], JaxEngine] = {}
         self._lock = threading.Lock()
         self._dispatch = _Dispatcher()
         impl = jax.config.jax_cpu_collectives_implementation if self.platform == "cpu" else "NCCL"
@@ -352,7 +356,7 @@ class JaxEngine(Engine):
         if not shape or shape[0] == 0:
             t = t.reshape((1, *shape))
         local = tuple(t.shape)
-        g = jax.make_array_from_single_device_arrays((self.world * local[0], *local[1:]), self.split,
+        g = jax.make_array_from_single_device_arrays((self.world * local[0], *local[1:]), self.sharded,
                                                       [jax.device_put(t, self.native)])
         return g, local
 
@@ -424,7 +428,7 @@ class JaxEngine(Engine):
 
     def reduce_scatter(self, blocks: Any, op: str) -> Handle:
         piece = tuple(blocks.shape[1:])
-        return self._run("reduce_scatter", ("reduce_scatter", op), blocks, self._reduction(op), self.split,
+        return self._run("reduce_scatter", ("reduce_scatter", op), blocks, self._reduction(op), self.sharded,
                          lambda a, local: self._mine(a).reshape(piece))
 
     def scatter(self, blocks: Any | None, like: Any, src: int) -> Handle:
@@ -433,8 +437,49 @@ class JaxEngine(Engine):
         if blocks is None:
             with self.lost("scatter"):
                 blocks = self.jax.device_put(jnp.zeros((self.world, *piece), dtype=like.dtype), self.native)
-        return self._run("scatter", ("scatter", src), blocks, lambda a: a[src], self.split,
+        return self._run("scatter", ("scatter", src), blocks, lambda a: a[src], self.sharded,
                          lambda a, local: self._mine(a).reshape(piece))
+
+    # -- subgroups and point-to-point: computations over some processes' devices only --------------
+    def _view(self, members: tuple[int, ...]) -> JaxEngine:
+        """This engine over the processes ``members`` (in that order): its computations span their
+        devices only, and only they run them (JAX's multi-controller rule)."""
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        v = copy.copy(self)
+        v.rank, v.world = members.index(self.rank), len(members)
+        v.mesh = Mesh(np.array([self.devs[r] for r in members], dtype=object), ("p",))
+        v.sharded = NamedSharding(v.mesh, PartitionSpec("p"))
+        v.whole = NamedSharding(v.mesh, PartitionSpec())
+        v._fns, v._pairs = {}, {}
+        return v
+
+    def split(self, groups: tuple[tuple[int, ...], ...]) -> Engine:
+        return self._view(next(g for g in groups if self.rank in g))
+
+    def _pair(self, peer: int) -> JaxEngine:
+        lo, hi = sorted((self.rank, peer))
+        with self._lock:
+            v = self._pairs.get((lo, hi))
+        if v is None:
+            v = self._view((lo, hi))
+            with self._lock:
+                self._pairs[(lo, hi)] = v
+        return v
+
+    def _swap(self, t: Any, what: str) -> Handle:
+        """Both processes' ``t`` exchanged (a collective permute between two devices): the sender
+        passes its message, the receiver a tensor like it; each gets the other's."""
+        return self._run(f"{what} (a jitted exchange between two processes)", ("swap",), t, lambda a: a[::-1],
+                         self.sharded, self._shaped(tuple(t.shape)))
+
+    def send(self, t: Any, dst: int) -> Handle:
+        h = self._pair(dst)._swap(t, "send")
+        assert isinstance(h, _Ready)
+        return _Ready(self, h.fut, lambda a: None, "send")
+
+    def recv(self, like: Any, src: int) -> Handle:
+        return self._pair(src)._swap(like, "recv")
 
 
 __all__ = ["JaxEngine"]

@@ -23,6 +23,7 @@ backend's tensor becomes one zero-copy through DLPack where it can.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import importlib.util
 import os
@@ -91,6 +92,10 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+#: The tag of multidev's point-to-point messages (the user's tag travels in the message's header).
+_P2P_TAG = 0x6D64
+
+
 class _Work(Handle):
     """A torch.distributed work object and how to read its result."""
 
@@ -118,6 +123,25 @@ class TorchEngine(Engine):
     legacy = True  # multidev.distributed ran on torch.distributed alone before there were engines
     tensors = "torch"
     writes_inputs = True
+    #: A subgroup's process group and its members' ranks in the whole group (None: the whole group);
+    #: torch numbers a group's ranks in ascending order, so ``_perm[j]`` is the position (in the order
+    #: the core gave) of the group's rank ``j`` (None where the two orders agree).
+    _group: Any = None
+    _members: tuple[int, ...] | None = None
+    _perm: list[int] | None = None
+
+    def _ours(self, parts: list[Any]) -> list[Any]:
+        """A list in torch's order of the group's ranks, in the core's order."""
+        if self._perm is None:
+            return parts
+        out: list[Any] = [None] * len(parts)
+        for j, p in enumerate(self._perm):
+            out[p] = parts[j]
+        return out
+
+    def _theirs(self, blocks: Any) -> Any:
+        """Blocks in the core's order of positions, in torch's order of the group's ranks."""
+        return blocks if self._perm is None else blocks[self._perm].contiguous()
 
     # -- launch ------------------------------------------------------------------------------
     @classmethod
@@ -389,38 +413,65 @@ class TorchEngine(Engine):
             w = call()
         return _Work(self, w, result, what)
 
+    def _rank(self, r: int) -> int:
+        """Rank ``r`` of this (sub)group as torch.distributed names it (a rank of the whole group)."""
+        return r if self._members is None else self._members[r]
+
     def allreduce(self, t: Any, op: str) -> Handle:
-        return self._start("all_reduce", lambda: self.tdist.all_reduce(t, op=self._reduce_op(op), async_op=True),
-                           lambda: t)
+        return self._start("all_reduce", lambda: self.tdist.all_reduce(t, op=self._reduce_op(op), group=self._group,
+                                                                       async_op=True), lambda: t)
 
     def broadcast(self, t: Any, src: int) -> Handle:
-        return self._start("broadcast", lambda: self.tdist.broadcast(t, src=src, async_op=True), lambda: t)
+        return self._start("broadcast", lambda: self.tdist.broadcast(t, src=self._rank(src), group=self._group,
+                                                                     async_op=True), lambda: t)
 
     def reduce(self, t: Any, dst: int, op: str) -> Handle:
-        return self._start("reduce", lambda: self.tdist.reduce(t, dst=dst, op=self._reduce_op(op), async_op=True),
-                           lambda: t)
+        return self._start("reduce", lambda: self.tdist.reduce(t, dst=self._rank(dst), op=self._reduce_op(op),
+                                                               group=self._group, async_op=True), lambda: t)
 
     def allgather(self, t: Any) -> Handle:
         out = self.torch.empty((self.world, *t.shape), dtype=t.dtype, device=t.device)
         flat_out, flat_in = out.view(-1), t.reshape(-1)
-        return self._start("all_gather", lambda: self.tdist.all_gather_into_tensor(flat_out, flat_in, async_op=True),
-                           lambda: list(out.unbind(0)))
+        return self._start("all_gather", lambda: self.tdist.all_gather_into_tensor(
+            flat_out, flat_in, group=self._group, async_op=True), lambda: self._ours(list(out.unbind(0))))
 
     def gather(self, t: Any, dst: int) -> Handle:
         bufs = [self.torch.empty_like(t) for _ in range(self.world)] if self.rank == dst else None
-        return self._start("gather", lambda: self.tdist.gather(t, gather_list=bufs, dst=dst, async_op=True),
-                           lambda: bufs)
+        return self._start("gather", lambda: self.tdist.gather(t, gather_list=bufs, dst=self._rank(dst),
+                                                               group=self._group, async_op=True),
+                           lambda: None if bufs is None else self._ours(bufs))
 
     def reduce_scatter(self, blocks: Any, op: str) -> Handle:
         out = self.torch.empty(tuple(blocks.shape[1:]), dtype=blocks.dtype, device=blocks.device)
-        flat_out, flat_in = out.view(-1), blocks.view(-1)
+        flat_out, flat_in = out.view(-1), self._theirs(blocks).view(-1)
         return self._start("reduce_scatter", lambda: self.tdist.reduce_scatter_tensor(
-            flat_out, flat_in, op=self._reduce_op(op), async_op=True), lambda: out)
+            flat_out, flat_in, op=self._reduce_op(op), group=self._group, async_op=True), lambda: out)
 
     def scatter(self, blocks: Any | None, like: Any, src: int) -> Handle:
-        chunks = list(blocks.unbind(0)) if blocks is not None else None
-        return self._start("scatter", lambda: self.tdist.scatter(like, scatter_list=chunks, src=src, async_op=True),
-                           lambda: like)
+        chunks = list(self._theirs(blocks).unbind(0)) if blocks is not None else None
+        return self._start("scatter", lambda: self.tdist.scatter(like, scatter_list=chunks, src=self._rank(src),
+                                                                 group=self._group, async_op=True), lambda: like)
+
+    # -- subgroups and point-to-point --------------------------------------------------------------
+    def split(self, groups: tuple[tuple[int, ...], ...]) -> Engine:
+        assert self._members is None, "subgroups are split from the whole group"
+        with self.lost("new_subgroups_by_enumeration"), _quiet():
+            pg, _ = self.tdist.new_subgroups_by_enumeration([list(g) for g in groups],
+                                                            timeout=timedelta(seconds=self.timeout))
+        mine = next(g for g in groups if self.rank in g)
+        v = copy.copy(self)
+        v._group, v._members, v.rank, v.world = pg, mine, mine.index(self.rank), len(mine)
+        perm = [mine.index(m) for m in sorted(mine)]
+        v._perm = None if perm == list(range(len(mine))) else perm
+        return v
+
+    def send(self, t: Any, dst: int) -> Handle:
+        return self._start("isend", lambda: self.tdist.isend(t, dst=self._rank(dst), group=self._group, tag=_P2P_TAG),
+                           lambda: None)
+
+    def recv(self, like: Any, src: int) -> Handle:
+        return self._start("irecv", lambda: self.tdist.irecv(like, src=self._rank(src), group=self._group,
+                                                             tag=_P2P_TAG), lambda: like)
 
 
 __all__ = ["TorchEngine"]

@@ -84,6 +84,7 @@ from .group import (
     world_size,
 )
 from .handles import Work
+from .p2p import recv, send
 from .hangs import classify as _translate  # noqa: F401 - the old name, kept for callers that classified errors
 from .mesh import (
     ProcessMesh,
@@ -133,9 +134,11 @@ __all__ = [
     "rank",
     "reduce",
     "reduce_scatter",
+    "recv",
     "reduce_scatter_along",
     "register_engine",
     "scatter",
+    "send",
     "sendrecv",
     "set_checks",
     "set_timeout",

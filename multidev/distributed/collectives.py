@@ -121,7 +121,7 @@ def _writes_through(origin: Origin) -> bool:
     return origin.is_transport or (caps.mutable and not caps.async_execution)
 
 
-def _working(x: Any, g: Group, inplace: bool) -> tuple[Any, Origin, bool, bool]:
+def working(x: Any, g: Group, inplace: bool) -> tuple[Any, Origin, bool, bool]:
     """The transport tensor a primitive may write into, ``(t, origin, shares x's memory, writes
     through)``: x's own memory only when the call is in place and writes reach x; else a copy
     (none for engines that never write into their inputs)."""
@@ -151,18 +151,18 @@ def _result(res: Any, t: Any, origin: Origin, x: Any, inplace: bool, shared: boo
     return out
 
 
-def _holding(finish: Callable[[Any], Any], *buffers: Any) -> Callable[[Any], Any]:
+def holding(finish: Callable[[Any], Any], *buffers: Any) -> Callable[[Any], Any]:
     """``finish`` keeping ``buffers`` (what a primitive in flight reads) alive until its result is
     taken: an engine's nonblocking call (MPI's) need not hold its send buffer itself, and a freed
     one is memory the next allocation reuses while the engine still reads it."""
     return lambda res: (buffers, finish(res))[1]
 
 
-def _mean(res: Any, op: str, n: int) -> Any:
+def mean_of(res: Any, op: str, n: int) -> Any:
     return backend_of(res).divide(res, n) if op == "mean" else res
 
 
-def _pad(t: Any, length: int, ax: int) -> Any:
+def pad_to(t: Any, length: int, ax: int) -> Any:
     tb = backend_of(t)
     shape = tb.shape_of(t)
     if shape[ax] == length:
@@ -172,18 +172,18 @@ def _pad(t: Any, length: int, ax: int) -> Any:
     return tb.concat([t, tb.full(tuple(extra), 0, tb.dtype_of(t), tb.device_of(t))], ax)
 
 
-def _narrow(t: Any, ax: int, n: int) -> Any:
+def narrow(t: Any, ax: int, n: int) -> Any:
     tb = backend_of(t)
     m = tb.shape_of(t)[ax]
     return t if m == n else tb.split(t, [n, m - n], ax)[0]
 
 
-def _blocks(g: Group, t: Any, sizes: list[int], ax: int) -> Any:
+def blocks_of(g: Group, t: Any, sizes: list[int], ax: int) -> Any:
     """``t`` cut along ``ax`` into ``sizes`` pieces, each padded to the first's length, stacked on a
     new leading axis: a contiguous ``(world_size, *piece)`` tensor."""
     tb = backend_of(t)
     m = sizes[0] if sizes else 0
-    pieces = [_pad(p, m, ax) for p in tb.split(t, sizes, ax)]
+    pieces = [pad_to(p, m, ax) for p in tb.split(t, sizes, ax)]
     one = tb.shape_of(pieces[0])
     return g.engine.prepare(tb.concat([tb.reshape(p, (1, *one)) for p in pieces], 0))[0]
 
@@ -298,10 +298,10 @@ def _tree_run(g: Group, kind: str, x: Any, lv: Leaves, inplace: bool, async_op: 
         handles: list[Handle] = []
         for idx in plan:
             if len(idx) == 1:
-                t, origin, shared, through = _working(xs[idx[0]], g, inplace)
+                t, origin, shared, through = working(xs[idx[0]], g, inplace)
             else:  # a new tensor of ours: the primitive may write into it
                 assert b is not None
-                t, origin, shared, through = _working(flatten(b, [xs[i] for i in idx]), g, True)
+                t, origin, shared, through = working(flatten(b, [xs[i] for i in idx]), g, True)
             handles.append(primitive(t))
             sent.append((idx, t, origin, shared, through))
 
@@ -361,7 +361,7 @@ def _cut_run(g: Group, kind: str, x: Any, lv: Leaves, axes: list[int], sends: bo
                 for i in idx:
                     t, origin, _, _ = to_transport(lv.tensors[i], g)
                     origins.append(origin)
-                    blk = _blocks(g, t, sizes[i], axes[i])
+                    blk = blocks_of(g, t, sizes[i], axes[i])
                     tb = backend_of(blk)
                     rows.append(tb.reshape(blk, (n, numel(padded[i]))))
                 blocks = g.engine.prepare(rows[0] if len(rows) == 1 else backend_of(rows[0]).concat(rows, 1))[0]
@@ -387,7 +387,7 @@ def _cut_run(g: Group, kind: str, x: Any, lv: Leaves, axes: list[int], sends: bo
                 flat = tb.reshape(res, (numel(tb.shape_of(res)),))
                 parts = tb.split(flat, [numel(padded[i]) for i in idx], 0) if len(idx) > 1 else [flat]
                 for i, origin, p in zip(idx, origins, parts):
-                    piece = _narrow(tb.reshape(p, padded[i]), axes[i], sizes[i][me])
+                    piece = narrow(tb.reshape(p, padded[i]), axes[i], sizes[i][me])
                     out[i] = from_transport(piece, origin)
             return rebuild(x, lv, out, what)
 
@@ -423,7 +423,7 @@ def _gather_run(g: Group, kind: str, x: Any, lv: Leaves, axes: list[int], length
             tb = backend_of(ts[0])
             flat = tb.reshape(ts[0], (numel(lv.shapes[idx[0]]),)) if len(ts) == 1 else flatten(tb, ts)
             longest = max(sum(numel(shp[i]) for i in idx) for shp in shapes)
-            send = g.engine.prepare(_pad(flat, longest, 0))[0]
+            send = g.engine.prepare(pad_to(flat, longest, 0))[0]
             handles.append(primitive(send))
             sent.append((idx, origins))
             alive.append(send)
@@ -437,7 +437,7 @@ def _gather_run(g: Group, kind: str, x: Any, lv: Leaves, axes: list[int], length
                 cut = []  # cut[r][k]: leaf idx[k] of rank r
                 for shp, part in zip(shapes, list(parts)):
                     tb = backend_of(part)
-                    mine = _narrow(part, 0, sum(numel(shp[i]) for i in idx))
+                    mine = narrow(part, 0, sum(numel(shp[i]) for i in idx))
                     cut.append(unflatten(tb, mine, [shp[i] for i in idx]))
                 for k, (i, origin) in enumerate(zip(idx, origins)):
                     pieces = [c[k] for c in cut]
@@ -479,7 +479,7 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
             return tree
         base = "sum" if op == "mean" else op
         return _tree_run(g, "allreduce", x, tree[0], inplace, async_op, lambda t: g.engine.allreduce(t, base),
-                         lambda res: _mean(res, op, g.world_size))
+                         lambda res: mean_of(res, op, g.world_size))
 
     def local() -> Call:
         b = backend_of(x)
@@ -490,14 +490,14 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
         return Call("allreduce", op=op, dtype=dtype, shape=_shape(b, x, what), tkind=_carried(g, b, x, dtype, what))
 
     early: list[Any] = []  # the transport tensor, prepared while the records travel
-    agreed = agree(g, "allreduce", local, async_op, lambda: early.append(_working(x, g, inplace)))
+    agreed = agree(g, "allreduce", local, async_op, lambda: early.append(working(x, g, inplace)))
     if isinstance(agreed, Work):
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, shared, through = early.pop() if early else _working(x, g, inplace)
+        t, origin, shared, through = early.pop() if early else working(x, g, inplace)
         h = g.engine.allreduce(t, "sum" if op == "mean" else op)
-        return h, lambda res: _result(_mean(res, op, g.world_size), t, origin, x, inplace, shared, through)
+        return h, lambda res: _result(mean_of(res, op, g.world_size), t, origin, x, inplace, shared, through)
 
     return run(g, what, start, async_op)
 
@@ -527,12 +527,12 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
         return Call("broadcast", root=src, dtype=dtype, shape=_shape(b, x, what), tkind=_carried(g, b, x, dtype, what))
 
     early: list[Any] = []  # the transport tensor, prepared while the records travel
-    agreed = agree(g, "broadcast", local, async_op, lambda: early.append(_working(x, g, inplace)))
+    agreed = agree(g, "broadcast", local, async_op, lambda: early.append(working(x, g, inplace)))
     if isinstance(agreed, Work):
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, shared, through = early.pop() if early else _working(x, g, inplace)
+        t, origin, shared, through = early.pop() if early else working(x, g, inplace)
         return g.engine.broadcast(t, src), lambda res: _result(res, t, origin, x, inplace, shared, through)
 
     return run(g, what, start, async_op)
@@ -550,7 +550,7 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
             return tree
         base = "sum" if op == "mean" else op
         return _tree_run(g, "reduce", x, tree[0], False, async_op, lambda t: g.engine.reduce(t, dst, base),
-                         lambda res: _mean(res, op, g.world_size), keep=g.rank == dst)
+                         lambda res: mean_of(res, op, g.world_size), keep=g.rank == dst)
 
     def local() -> Call:
         b = _tensor(x, what)
@@ -561,16 +561,16 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
                     tkind=_carried(g, b, x, dtype, what))
 
     early: list[Any] = []  # the transport tensor, prepared while the records travel
-    agreed = agree(g, "reduce", local, async_op, lambda: early.append(_working(x, g, False)))
+    agreed = agree(g, "reduce", local, async_op, lambda: early.append(working(x, g, False)))
     if isinstance(agreed, Work):
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, _, _ = early.pop() if early else _working(x, g, False)
+        t, origin, _, _ = early.pop() if early else working(x, g, False)
 
         def finish(res: Any) -> Any:
-            return None if g.rank != dst else from_transport(_mean(res, op, g.world_size), origin)
-        return g.engine.reduce(t, dst, "sum" if op == "mean" else op), _holding(finish, t)
+            return None if g.rank != dst else from_transport(mean_of(res, op, g.world_size), origin)
+        return g.engine.reduce(t, dst, "sum" if op == "mean" else op), holding(finish, t)
 
     return run(g, what, start, async_op)
 
@@ -613,11 +613,11 @@ def _tree_gather(g: Group, kind: str, x: Any, axis: Any, root: int | None, async
 
 def _padded_send(g: Group, x: Any, ax: int, lengths: list[int]) -> tuple[Any, Origin]:
     t, origin, _, _ = to_transport(x, g)
-    return g.engine.prepare(_pad(t, max(lengths), ax))[0], origin
+    return g.engine.prepare(pad_to(t, max(lengths), ax))[0], origin
 
 
 def _joined(parts: list[Any], lengths: list[int], ax: int, origin: Origin) -> Any:
-    pieces = [_narrow(p, ax, n) for p, n in zip(parts, lengths)]
+    pieces = [narrow(p, ax, n) for p, n in zip(parts, lengths)]
     return from_transport(backend_of(pieces[0]).concat(pieces, ax), origin)
 
 
@@ -639,7 +639,7 @@ def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
         send, origin = _padded_send(g, x, ax, lengths)
-        return g.engine.allgather(send), _holding(lambda parts: _joined(list(parts), lengths, ax, origin), send)
+        return g.engine.allgather(send), holding(lambda parts: _joined(list(parts), lengths, ax, origin), send)
 
     return run(g, "distributed.allgather", start, async_op)
 
@@ -660,7 +660,7 @@ def gather(x: Any, dst: int = 0, axis: int = 0, *, async_op: bool = False) -> An
 
         def finish(parts: Any) -> Any:
             return None if g.rank != dst or parts is None else _joined(list(parts), lengths, ax, origin)
-        return g.engine.gather(send, dst), _holding(finish, send)
+        return g.engine.gather(send, dst), holding(finish, send)
 
     return run(g, "distributed.gather", start, async_op)
 
@@ -681,7 +681,7 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
         base = "sum" if op == "mean" else op
         return run(g, what, _cut_run(g, "reduce_scatter", x, lv, axes, True,
                                      lambda blocks, like: g.engine.reduce_scatter(blocks, base),
-                                     lambda res: _mean(res, op, g.world_size)), async_op)
+                                     lambda res: mean_of(res, op, g.world_size)), async_op)
     mine: dict[str, Any] = {}  # this rank's shape and checked axis, which local() finds for the code below
 
     def local() -> Call:
@@ -701,9 +701,9 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
     def start() -> tuple[Handle, Callable[[Any], Any]]:
         t, origin, _, _ = to_transport(x, g)
         sizes = split_sizes(shape[ax], g.world_size)
-        blocks = _blocks(g, t, sizes, ax)
+        blocks = blocks_of(g, t, sizes, ax)
         h = g.engine.reduce_scatter(blocks, "sum" if op == "mean" else op)
-        return h, _holding(lambda piece: from_transport(_narrow(_mean(piece, op, g.world_size), ax, sizes[g.rank]),
+        return h, holding(lambda piece: from_transport(narrow(mean_of(piece, op, g.world_size), ax, sizes[g.rank]),
                                                         origin), blocks)
 
     return run(g, what, start, async_op)
@@ -766,7 +766,7 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
         piece[ax] = sizes[0] if sizes else 0
         if g.rank == src:
             t, origin, _, _ = to_transport(x, g)
-            blocks = _blocks(g, t, sizes, ax)
+            blocks = blocks_of(g, t, sizes, ax)
             tb = backend_of(blocks)
             like = tb.empty(tuple(piece), dtype, tb.device_of(blocks))
         else:
@@ -780,7 +780,7 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
             blocks = None
             like = tb.empty(tuple(piece), dtype, tdev)
         h = g.engine.scatter(blocks, g.engine.prepare(like)[0], src)
-        return h, _holding(lambda res: from_transport(_narrow(res, ax, sizes[g.rank]), origin), blocks)
+        return h, holding(lambda res: from_transport(narrow(res, ax, sizes[g.rank]), origin), blocks)
 
     return run(g, what, start, async_op)
 

@@ -13,10 +13,14 @@ only provides
   tensor of a given device travels as);
 - the consistency channel: :meth:`Engine.exchange`, a small all-to-all of integer rows that never
   blocks past its deadline and tells which ranks did not arrive;
-- eight primitives on transport tensors, each *asynchronous*: it starts the operation and returns a
+- seven primitives on transport tensors, each *asynchronous*: it starts the operation and returns a
   :class:`Handle` at once. The core has already checked that every rank calls the same primitive
   with tensors of one dtype and shape (the gathers: equal-sized, padded by the core), so engines
-  need no argument checks of their own.
+  need no argument checks of their own;
+- optionally, subgroups (:meth:`Engine.split`: the collectives along process-mesh axes then move
+  data within each subgroup only; without it they run over whole-group allgathers) and
+  point-to-point messages (:meth:`Engine.send` / :meth:`Engine.recv`: ``distributed.send`` and
+  ``recv`` need them and raise CapabilityError naming the engine without them).
 
 An engine is registered under the ``multidev.engines`` entry-point group (``name = "pkg.mod:Class"``)
 or with :func:`register_engine`; it imports its framework in :meth:`Engine.start`, never at module
@@ -42,6 +46,7 @@ from typing import Any, ClassVar
 from .._device import Device
 from ..errors import (
     BackendNotAvailableError,
+    CapabilityError,
     DistributedError,
     DistributedSetupError,
     DistributedTimeoutError,
@@ -350,6 +355,11 @@ class Engine(ABC):
     #: progress thread): data-parallel training then sends no small first bucket ahead, as nothing
     #: would overlap it.
     overlaps: ClassVar[bool] = True
+    #: Whether point-to-point messages match by direction: a send to rank B waits only for B's
+    #: receive from this rank, whatever else either rank has posted (MPI, torch.distributed). False
+    #: where each message is a program both ranks run in one order (JAX): the ring ``sendrecv`` then
+    #: runs as a collective, and two ranks that send to each other must order their calls alike.
+    matches_by_peer: ClassVar[bool] = True
 
     # -- launch --------------------------------------------------------------------------------
     @classmethod
@@ -466,6 +476,29 @@ class Engine(ABC):
         """Rank ``src`` passes ``blocks`` of shape ``(world_size, *piece)``, the others None;
         ``like`` is a tensor of shape ``piece`` with the dtype and device of the result, which the
         engine may write into. Result: block ``rank`` of ``src``'s blocks."""
+
+
+    # -- optional: subgroups and point-to-point (CapabilityError where the engine has none) ---------
+    def split(self, groups: tuple[tuple[int, ...], ...]) -> Engine:
+        """An engine whose primitives act within this rank's subgroup of ``groups`` (a partition of
+        the group's ranks, each subgroup in the order given): its ranks renumbered by position
+        (``src``/``dst`` and result order are positions), its ``world_size`` the subgroup's size.
+        Synchronous; every rank calls it with the same partition at the same point among the
+        primitives (the core has agreed the call), once per partition (the core keeps the result for
+        the group's life and calls only its primitives). Default: CapabilityError (the core then
+        runs the collectives along mesh axes over whole-group allgathers)."""
+        raise CapabilityError(f"the {self.name} engine has no subgroups")
+
+    def send(self, t: Any, dst: int) -> Handle:
+        """Point-to-point: ``t`` to rank ``dst``, which calls :meth:`recv` with this rank as ``src``
+        and a tensor of ``t``'s shape and dtype. Messages from one rank to another arrive in the
+        order they were sent. Result: None. Default: CapabilityError."""
+        raise CapabilityError(f"the {self.name} engine has no point-to-point messages")
+
+    def recv(self, like: Any, src: int) -> Handle:
+        """The next tensor rank ``src`` sends to this rank; ``like`` (a transport tensor of its shape
+        and dtype) may be written into. Result: the tensor. Default: CapabilityError."""
+        raise CapabilityError(f"the {self.name} engine has no point-to-point messages")
 
 
 # -- the registry ------------------------------------------------------------------------------------

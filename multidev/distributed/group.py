@@ -18,7 +18,7 @@ import os
 import threading
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CapabilityError, DistributedError, DistributedSetupError
@@ -79,6 +79,10 @@ class Group:
     check: bool
     seq: int = 0  # collectives called so far (the consistency records carry it)
     broken: str | None = None
+    #: The engine's subgroups by partition (None: the engine has none), made once each.
+    subs: dict[tuple[tuple[int, ...], ...], Engine | None] = field(default_factory=dict)
+    #: Point-to-point messages so far, by (sender, receiver): each message's header carries its count.
+    pairs: dict[tuple[int, int], int] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:
@@ -87,6 +91,25 @@ class Group:
     @property
     def world_size(self) -> int:
         return self.info.world_size
+
+    def split(self, groups: tuple[tuple[int, ...], ...]) -> Engine | None:
+        """The engine of the subgroups ``groups`` (:meth:`Engine.split`), made at the first call with
+        this partition (every rank makes the same calls: the caller has agreed it), or None where the
+        engine has no subgroups. An engine error while splitting breaks the group."""
+        if groups in self.subs:
+            return self.subs[groups]
+        if len(groups) == 1 and groups[0] == tuple(range(self.world_size)):
+            sub: Engine | None = self.engine
+        else:
+            try:
+                sub = self.engine.split(groups)
+            except CapabilityError:
+                sub = None
+            except Exception as e:
+                self.fail(f"splitting the group into {groups} failed on rank {self.rank}: {e}")
+                raise
+        self.subs[groups] = sub
+        return sub
 
     def fail(self, why: str) -> None:
         """Mark the group unusable (a lost or timed-out peer): later calls raise until shutdown."""

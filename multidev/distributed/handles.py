@@ -11,7 +11,17 @@ from .engine import Handle
 from .group import Group
 from .hangs import classify, classify_lost, wait_for
 
-__all__ = ["Work", "run"]
+__all__ = ["Kept", "Work", "run"]
+
+
+class Kept(Exception):
+    """Raised inside a handle's result or finish to hand ``error`` to the caller without marking the
+    group unusable: an outcome every rank concerned knows alike (a point-to-point message whose
+    header the receiver refuses: the message was taken whole, so nothing is left in flight)."""
+
+    def __init__(self, error: MultidevError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class Work:
@@ -20,11 +30,13 @@ class Work:
     included, surface there as :class:`DistributedError` / :class:`DistributedTimeoutError`. The
     timeout counts from the call."""
 
-    def __init__(self, handle: Handle | None, finish: Callable[[Any], Any], what: str, g: Group) -> None:
+    def __init__(self, handle: Handle | None, finish: Callable[[Any], Any], what: str, g: Group, *,
+                 probe: bool = True) -> None:
         self._handle = handle
         self._finish = finish
         self._what = what
         self._group = g
+        self._probe = probe  # on a timeout, ask the whole group who never came (collectives only)
         self._deadline = time.monotonic() + g.timeout
         self._lock = threading.Lock()
         self._done = False
@@ -55,12 +67,14 @@ class Work:
                 try:
                     if self._handle is not None:
                         wait_for(self._handle, max(0.0, self._deadline - time.monotonic()),
-                                 f"{self._what} on rank {g.rank}", g)
+                                 f"{self._what} on rank {g.rank}", g if self._probe else None)
                         with translate_errors(self._what):
                             raw = self._handle.result()
                     else:
                         raw = None
                     self._result = self._finish(raw)
+                except Kept as e:
+                    self._error = e.error
                 except DistributedError as e:
                     g.fail(str(e))
                     self._error = e

@@ -10,16 +10,18 @@ ring :func:`sendrecv` act on the whole group. Each takes a tensor or a structure
 tuples, named tuples, dicts, a framework's tree: one agreed exchange of its leaf count and
 signature, then leaf by leaf, the structure rebuilt around the results).
 
-How: every call is one small checked exchange, then one :func:`multidev.distributed.allgather`
-(its consistency checks, timeouts and typed errors), and each rank computes its own part of the
-result locally, in a fixed order (deterministic, the same on every engine). The exchange carries
-each rank's record of the call (which collective, the mesh, the axes, the op and axes of the
-tensor, its length along the gathered axis): ranks that disagree raise CollectiveMismatchError on
-every rank, naming them, before anything else moves. The cost: every rank receives every rank's
-tensor, ``world_size`` times the tensor's bytes, where a subgroup collective of the engine would
-move ``len(group)`` times; fine for the meshes of one machine, the first thing to replace with the
-engines' own subgroups (torch's ``new_group``, MPI's ``Comm.Split``, a JAX mesh axis) for large
-ones.
+How: every call is one small checked exchange over the whole group (each rank's record of the
+call: which collective, the mesh, the axes, the op and axes of the tensor, its length along the
+gathered axis; ranks that disagree raise CollectiveMismatchError on every rank, naming them, before
+anything else moves), then the data moves within each subgroup only, on the engine's own subgroups
+(:meth:`Engine.split`: torch's ``new_subgroups_by_enumeration``, MPI's ``Comm.Split``, a JAX
+computation over the subgroup's devices; made once per partition, at its first use), with the
+timeouts and typed errors of the whole-group collectives. An engine without subgroups runs them
+over one whole-group allgather (every rank receives ``world_size`` times the tensor's bytes), each
+rank computing its part locally, in a fixed order. :func:`all_to_all` moves every member's tensor
+to every member of its subgroup (an allgather within it, then each rank keeps its pieces). The ring
+:func:`sendrecv` sends each rank's tensor to one neighbour (point-to-point, :mod:`.p2p`) on engines
+whose messages match by peer, as a collective elsewhere.
 """
 from __future__ import annotations
 
@@ -46,8 +48,12 @@ from ..registry import backend_of, get_backend
 from ..structured import rebuild, structure_leaves
 from ..trees import owner_or_structure
 from ..validate import check_axis, check_op
-from .collectives import allgather
+from .collectives import allgather, blocks_of, holding, mean_of, narrow, pad_to, working
+from .engine import Engine, Handle
 from .group import current
+from .handles import run
+from .p2p import recv, send
+from .transport import Origin, from_transport
 
 _HOST = Device("cpu", 0)
 
@@ -167,6 +173,29 @@ def _everyone(x: Any) -> tuple[Any, list[Any]]:
     return b, [b.reshape(p, shape) for p in b.split(stacked, [1] * current().world_size, 0)]
 
 
+def _split(mesh: ProcessMesh, axes: AxisNames, group: tuple[int, ...]) -> Engine | None:
+    """The engine of the subgroups along ``axes`` (None: none, or a subgroup of one rank, whose
+    collectives are local)."""
+    if len(group) == 1:
+        return None
+    return current().split(mesh.groups(axes))
+
+
+def _within(what: str, x: Any, start: Callable[[Any], tuple[Handle, tuple[Any, ...]]],
+            finish: Callable[[Any, Origin], Any]) -> Any:
+    """A primitive of a subgroup's engine on x's transport tensor (a private copy where the engine
+    writes into its inputs), waited for with the group's timeout and errors; ``finish`` turns its
+    result into the caller's."""
+    g = current()
+
+    def go() -> tuple[Handle, Callable[[Any], Any]]:
+        t, origin, _, _ = working(x, g, False)
+        h, held = start(t)
+        return h, holding(lambda res: finish(res, origin), t, *held)
+
+    return run(g, what, go, False)
+
+
 def _fold(b: Any, parts: Sequence[Any], op: str) -> Any:
     acc = parts[0]
     for p in parts[1:]:
@@ -254,8 +283,14 @@ def _allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum"
         return (mesh, check_axis_names(axes), op, shape, b.dtype_of(x)), 0
 
     _agree(what, check)
+    group = found["group"]
+    sub = _split(mesh, axes, group)
+    if sub is not None:
+        n, base = len(group), "sum" if op == "mean" else op
+        return _within(what, x, lambda t: (sub.allreduce(t, base), ()),
+                       lambda res, origin: from_transport(mean_of(res, op, n), origin))
     b, parts = _everyone(x)
-    return _fold(b, [parts[r] for r in found["group"]], op)
+    return _fold(b, [parts[r] for r in group], op)
 
 
 def allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) -> Any:
@@ -277,6 +312,18 @@ def _allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) 
 
     lengths = _agree(what, check)
     b, ax, group = backend_of(x), found["axis"], found["group"]
+    sub = _split(mesh, axes, group)
+    if sub is not None:
+        mine = [lengths[r] for r in group]
+
+        def gather(t: Any) -> tuple[Handle, tuple[Any, ...]]:
+            p = current().engine.prepare(pad_to(t, max(mine), ax))[0]
+            return sub.allgather(p), (p,)
+
+        def joined(res: Any, origin: Origin) -> Any:
+            parts = [narrow(p, ax, n) for p, n in zip(res, mine)]
+            return from_transport(backend_of(parts[0]).concat(parts, ax), origin)
+        return _within(what, x, gather, joined)
     pieces = b.split(allgather(x, ax), lengths, ax)
     out = b.concat([pieces[r] for r in group], ax)
     return b.copy(out, b.device_of(out)) if len(group) == 1 else out
@@ -301,6 +348,16 @@ def _reduce_scatter_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = 
 
     _agree(what, check)
     group, ax = found["group"], found["axis"]
+    sub = _split(mesh, axes, group)
+    if sub is not None:
+        sizes, k, base = _sizes(found["shape"][ax], len(group)), group.index(current().rank), \
+            "sum" if op == "mean" else op
+
+        def scatter(t: Any) -> tuple[Handle, tuple[Any, ...]]:
+            blocks = blocks_of(current(), t, sizes, ax)
+            return sub.reduce_scatter(blocks, base), (blocks,)
+        return _within(what, x, scatter, lambda res, origin: from_transport(
+            mean_of(narrow(res, ax, sizes[k]), op, len(group)), origin))
     b, parts = _everyone(x)
     total = _fold(b, [parts[r] for r in group], op)
     piece = b.split(total, _sizes(found["shape"][ax], len(group)), ax)[group.index(current().rank)]
@@ -327,8 +384,14 @@ def _all_to_all_along(x: Any, mesh: ProcessMesh, axes: AxisNames, split_axis: in
 
     _agree(what, check)
     group, sa, ca = found["group"], found["sa"], found["ca"]
-    b, parts = _everyone(x)
     sizes, k = _sizes(found["shape"][sa], len(group)), group.index(current().rank)
+    sub = _split(mesh, axes, group)
+    if sub is not None:
+        def swapped(res: Any, origin: Origin) -> Any:
+            tb = backend_of(res[0])
+            return from_transport(tb.concat([tb.split(p, sizes, sa)[k] for p in res], ca), origin)
+        return _within(what, x, lambda t: (sub.allgather(t), ()), swapped)
+    b, parts = _everyone(x)
     out = b.concat([b.split(parts[r], sizes, sa)[k] for r in group], ca)
     return b.copy(out, b.device_of(out)) if len(group) == 1 else out
 
@@ -357,6 +420,14 @@ def _sendrecv(x: Any, shift: int = 1) -> Any:
         return (shift % g.world_size, shape, b.dtype_of(x)), 0
 
     _agree(what, check)
+    e = type(g.engine)
+    if shift % g.world_size and e.matches_by_peer and e.send is not Engine.send and e.recv is not Engine.recv:
+        b = backend_of(x)
+        out = send(x, (g.rank + shift) % g.world_size, async_op=True)
+        got = recv((g.rank - shift) % g.world_size, backend=b.name, device=b.device_of(x))
+        assert out is not None
+        out.wait()
+        return got
     b, parts = _everyone(x)
     src = parts[(g.rank - shift) % g.world_size]
     return b.copy(src, b.device_of(src))
