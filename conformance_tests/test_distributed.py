@@ -216,8 +216,10 @@ def _engine_param() -> Any:
 @_engine_param()
 @pytest.mark.parametrize("world", [2, 3, 4], ids=lambda w: f"{w}procs")
 def test_collectives_across_processes(md_backend: Any, engine: str, world: int) -> None:
-    """Every collective, op and the async variants, on the backend's tensors, over 2-4 processes of
-    every engine: values against NumPy, the input's backend, device and dtype kept."""
+    """Every collective, op and the async variants, point-to-point messages (send/recv, the ring
+    sendrecv, async sends, receives into ``out``) and, over 4 processes, the collectives along the
+    axes of a 2x2 process mesh (the engine's subgroups), on the backend's tensors, over 2-4
+    processes of every engine: values against NumPy, the input's backend, device and dtype kept."""
     need_engine(engine, md_backend.name)
     first = list(engine_class(engine).conformance_worlds)
     others = [w for w in first if w < 4] or first[:1]
@@ -560,13 +562,51 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float, info: Any) ->
         same(dist.reduce_scatter(x, async_op=True).wait(), np.array_split(np.sum(np.stack(vals), axis=0), w)[r])
         dist.barrier()
 
+    def point_to_point() -> None:
+        nxt, prv = (r + 1) % w, (r - 1) % w
+        x = arr(mine.astype(np.float32))
+        if r % 2 == 0:  # even ranks send first: no two neighbours wait on each other
+            assert dist.send(x, nxt, tag=3) is None
+            y = dist.recv(prv, tag=3, backend=backend, device=dev)
+        else:
+            y = dist.recv(prv, tag=3, backend=backend, device=dev)
+            dist.send(x, nxt, tag=3)
+        same(y, vals[prv])
+        np.testing.assert_array_equal(host(x), mine)
+        ring = dist.sendrecv(x, shift=-1)  # from the next rank
+        same(ring, vals[nxt])
+        if b.capabilities.mutable:
+            into = arr(np.zeros((4, 6), np.float32))
+            # every rank's send in flight before its receive: where messages match by peer; else
+            # (JAX: a message is a program both ranks run in one order) even ranks send first
+            crossing = engine_class(dist.engine_name()).matches_by_peer
+            h = dist.send(x, nxt, async_op=True) if crossing or r % 2 == 0 else None
+            assert dist.recv(prv, out=into) is into
+            h = h or dist.send(x, nxt, async_op=True)
+            assert isinstance(h, dist.Work)
+            assert h.wait() is None
+            same(into, vals[prv])
+
+    def subgroups() -> None:
+        if w != 4:
+            return  # a 2x2 process mesh: subgroups that are neither one rank nor the whole group
+        pm = dist.process_mesh((2, 2), ("a", "b"))
+        x = arr(mine.astype(np.float32))
+        for axes in ("a", "b"):
+            grp = pm.group_of(r, axes)
+            same(dist.allreduce_along(x, pm, axes), np.sum(np.stack([vals[q] for q in grp]), axis=0))
+            same(dist.allgather_along(x, pm, axes, axis=1), np.concatenate([vals[q] for q in grp], axis=1))
+            same(dist.reduce_scatter_along(x, pm, axes, "max"),
+                 np.array_split(np.max(np.stack([vals[q] for q in grp]), axis=0), 2)[grp.index(r)])
+
     def transfer_paths() -> None:
         c.paths["host"] = dist.transport_path(arr(mine.astype(np.float32), device=devs[0]))
         assert dist.rank() == r and dist.world_size() == w
 
     for name, fn in (("ops", ops), ("dtypes", dtypes), ("inplace", inplace),
                      ("broadcast_reduce", broadcast_reduce), ("gathers", gathers), ("scatters", scatters),
-                     ("async", asynchronous), ("paths", transfer_paths)):
+                     ("async", asynchronous), ("point_to_point", point_to_point), ("subgroups", subgroups),
+                     ("paths", transfer_paths)):
         c.run(name, fn)
     dist.shutdown()
     _report(r, ok=not c.failures, failures="\n".join(c.failures), paths=c.paths, **report)

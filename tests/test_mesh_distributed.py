@@ -4,7 +4,11 @@ allreduce, allgather (uneven lengths), reduce_scatter and all_to_all along each 
 the ring sendrecv and the world all_to_all, each against the values every rank can work out; ranks
 that call with other axes get CollectiveMismatchError on every rank; a rank that refuses its own
 input raises its error and the others CollectiveMismatchError, and the group stays usable;
-structures go leaf by leaf after one agreed exchange (ranks whose structures differ: mismatch). Each
+structures go leaf by leaf after one agreed exchange (ranks whose structures differ: mismatch); the
+same results where the engine has no subgroups (whole-group allgathers). Point-to-point: shape,
+dtype and backend travel in the header; a tag or ``out`` that does not fit raises
+CollectiveMismatchError on the receiver, a sender's refusal reaches it as DistributedError, bad
+peers and tags are refused, and a receive whose sender never comes times out naming it. Each
 engine runs with its own tensors (torch tensors on the torch engine, JAX arrays on the JAX engine,
 NumPy on MPI). One rank alone (no launcher) runs in process."""
 from __future__ import annotations
@@ -39,7 +43,9 @@ def host(y):
     return np.asarray(md.to_numpy(y))
 
 x = t(np.full((6, 2), r + 1, np.float32))
-for axes in (("a",), ("b",), ("a", "b"), ("b", "a")):
+
+
+def along(axes):
     g = pm.group_of(r, axes)
     k = g.index(r)
     y = dist.allreduce_along(x, pm, axes)
@@ -53,6 +59,25 @@ for axes in (("a",), ("b",), ("a", "b"), ("b", "a")):
     a = dist.all_to_all_along(t(np.arange(6, dtype=np.float32) + 10 * r), pm, axes)
     want = np.concatenate([np.array_split(np.arange(6) + 10 * q, len(g))[k] for q in g])
     assert np.array_equal(host(a), want), (axes, host(a), want)
+
+
+for axes in (("a",), ("b",), ("a", "b"), ("b", "a")):
+    along(axes)
+# an engine without subgroups: the same results over whole-group allgathers
+from multidev.distributed.group import current
+g0 = current()
+kept, split = dict(g0.subs), type(g0.engine).split
+g0.subs.clear()
+def no_split(self, groups):
+    raise md.CapabilityError("no subgroups here")
+type(g0.engine).split = no_split
+for axes in (("a",), ("b", "a")):
+    along(axes)
+assert all(v is None for k, v in g0.subs.items() if len(k) > 1), g0.subs
+type(g0.engine).split = split
+g0.subs.clear()
+g0.subs.update(kept)
+assert any(v is not None and v is not g0.engine for v in g0.subs.values())  # the engine's own subgroups ran
 tree = {"w": x, "pair": (t(np.full(3, 10.0 * (r + 1), np.float32)), None)}
 for axes in (("a",), ("a", "b")):
     g = pm.group_of(r, axes)
@@ -86,7 +111,59 @@ try:  # rank 0's structure has two leaves, the others' one
 except md.CollectiveMismatchError:
     outcome.append("mismatch")
 assert (host(dist.allreduce_along(x, pm, ("a", "b"))) == n * (n + 1) / 2).all()  # still usable
-print(f"MDMESH rank {r}: {' '.join(outcome)}")
+# point-to-point: 0 -> 1 (shape, dtype and backend travel), a tag or out that does not fit, a
+# sender's refusal, then a receive whose sender never comes (a timeout naming it)
+import time
+if r == 0:
+    assert dist.send(t(np.arange(6, dtype=np.float32).reshape(2, 3)), 1, tag=5) is None
+    dist.send(t(np.zeros((0, 4), np.float32)), 1)
+    dist.send(t(np.array(7, np.int32)), 1)
+    dist.send(t(np.ones(3, np.float32)), 1, tag=1)
+    try:
+        dist.send([t(np.ones(2, np.float32))], 1)
+    except md.CollectiveInputError:
+        outcome.append("refused")
+    for bad in (lambda: dist.send(x, 0), lambda: dist.recv(n), lambda: dist.send(x, 1, tag=-1)):
+        try:
+            bad()
+            outcome.append("unchecked")
+        except md.CollectiveInputError:
+            pass
+    dist.send(t(np.full(4, 3.0, np.float32)), 1)
+elif r == 1:
+    y = dist.recv(0, tag=5)
+    assert md.backend_of(y).name == NAME and np.array_equal(host(y), np.arange(6).reshape(2, 3)), host(y)
+    assert host(dist.recv(0)).shape == (0, 4)
+    s = dist.recv(0, backend="numpy")
+    assert isinstance(s, np.ndarray) and s.shape == () and int(s) == 7 and s.dtype == np.int32
+    try:
+        dist.recv(0, tag=2)
+        outcome.append("agreed")
+    except md.CollectiveMismatchError:
+        outcome.append("mismatch")
+    try:
+        dist.recv(0)
+        outcome.append("agreed")
+    except md.DistributedError:
+        outcome.append("told")
+    into = np.zeros(5, np.float32)
+    try:
+        dist.recv(0, out=into)
+        outcome.append("agreed")
+    except md.CollectiveMismatchError:
+        outcome.append("mismatch")
+    assert (into == 0).all()
+assert (host(dist.allreduce_along(x, pm, ("a", "b"))) == n * (n + 1) / 2).all()  # still usable
+dist.set_timeout(3)
+if r == 2:
+    t0 = time.monotonic()
+    try:
+        dist.recv(3)
+    except dist.DistributedTimeoutError as e:
+        assert "rank 3" in str(e), str(e)
+        outcome.append(f"timeout")
+print(f"MDMESH rank {r}: {' '.join(outcome)}", flush=True)
+time.sleep(4)
 dist.shutdown()
 '''
 
@@ -112,10 +189,10 @@ def test_collectives_along_a_process_mesh(engine: str, tmp_path: Path) -> None:
                         str(script), ENGINES[engine]], capture_output=True, text=True, timeout=400, env=env,
                        cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
-    word = "(mismatch|refused|agreed)"  # (the ranks' lines may interleave)
-    found = sorted(re.findall(rf"MDMESH rank (\d): {word} {word} {word}", p.stdout))
-    assert found == [("0", "mismatch", "refused", "mismatch")] + [(str(i), "mismatch", "mismatch", "mismatch")
-                                                                  for i in (1, 2, 3)], p.stdout[-3000:]
+    found = sorted(re.findall(r"MDMESH rank (\d): ([a-z ]*)", p.stdout))  # (the ranks' lines may interleave)
+    assert found == [("0", "mismatch refused mismatch refused"), ("1", "mismatch mismatch mismatch mismatch told "
+                                                                        "mismatch"),
+                     ("2", "mismatch mismatch mismatch timeout"), ("3", "mismatch mismatch mismatch")], p.stdout[-3000:]
 
 
 def test_one_rank_without_a_launcher() -> None:

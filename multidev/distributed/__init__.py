@@ -36,6 +36,11 @@ its own input (``mean`` of integers, a read-only tensor with ``inplace=True``) m
 raise :class:`DistributedError` naming it. The group stays usable after either.
 ``init(check=False)``, ``set_checks(False)`` or ``MULTIDEV_DISTRIBUTED_CHECK=0`` turns them off.
 
+Point-to-point (:mod:`.p2p`): ``send(x, dst)`` and ``recv(src)`` move one tensor between two
+ranks (the receiver needs no shape: it travels in the message's header, which the receiver checks
+against ``out=`` and ``tag=``); ``sendrecv`` is the ring exchange. Process meshes (:mod:`.mesh`):
+collectives along named axes, within the engine's own subgroups.
+
 Failure (:mod:`.hangs`): a rank that dies, hangs or never arrives makes the others raise
 :class:`DistributedTimeoutError` within the ``timeout`` given to :func:`init`, naming the ranks
 that did not arrive and the call, never hang and never abort. The group is then unusable: call
@@ -84,7 +89,6 @@ from .group import (
     world_size,
 )
 from .handles import Work
-from .p2p import recv, send
 from .hangs import classify as _translate  # noqa: F401 - the old name, kept for callers that classified errors
 from .mesh import (
     ProcessMesh,
@@ -96,6 +100,7 @@ from .mesh import (
     reduce_scatter_along,
     sendrecv,
 )
+from .p2p import recv, send
 from .transport import transport_path
 
 __all__ = [
@@ -132,9 +137,9 @@ __all__ = [
     "local_rank",
     "process_mesh",
     "rank",
+    "recv",
     "reduce",
     "reduce_scatter",
-    "recv",
     "reduce_scatter_along",
     "register_engine",
     "scatter",

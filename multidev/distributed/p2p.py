@@ -30,6 +30,7 @@ from ..errors import (
     CollectiveInputError,
     CollectiveMismatchError,
     DistributedError,
+    DistributedTimeoutError,
     InvalidArgumentError,
     MultidevError,
     UnsupportedTensorError,
@@ -222,7 +223,7 @@ def send(x: Any, dst: int, *, tag: int = 0, async_op: bool = False) -> Work | No
         t = to_transport(x, g)[0]
         return _Both(h, g.engine.send(t, dst)), holding(lambda res: None, head, t)
 
-    w = _start(g, f"{what} to rank {dst}", start)
+    w = _start(g, f"{what} to rank {dst}", dst, start)
     if refused is not None:
         w.wait()  # the receiver learns of the refusal; then this rank's own error
         raise refused
@@ -322,15 +323,46 @@ def recv(src: int, *, out: Any = None, tag: int = 0, backend: str | None = None,
     def start() -> tuple[Handle, Callable[[Any], Any]]:
         return _Then(g.engine.recv(buf, src), body), holding(finish, buf)
 
-    w = _start(g, f"{what} from rank {src}", start)
+    w = _start(g, f"{what} from rank {src}", src, start)
     return w if async_op else w.wait()
 
 
-def _start(g: Group, what: str, start: Callable[[], tuple[Handle, Callable[[Any], Any]]]) -> Work:
+class _Peer(Handle):
+    """A message in flight, whose timeout names the peer it waited for."""
+
+    def __init__(self, h: Handle, what: str, peer: int, timeout: float) -> None:
+        self.h, self.what, self.peer, self.timeout = h, what, peer, timeout
+
+    def _named(self, e: DistributedTimeoutError) -> DistributedTimeoutError:
+        return DistributedTimeoutError(f"{self.what}: rank {self.peer} did not take part within {self.timeout:g} s "
+                                       f"(dead, hung, or busy elsewhere): {e}. The group is unusable now: "
+                                       "shutdown(), and restart the job")
+
+    def test(self) -> bool:
+        try:
+            return self.h.test()
+        except DistributedTimeoutError as e:
+            raise self._named(e) from e
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            done = self.h.wait(timeout)
+        except DistributedTimeoutError as e:
+            raise self._named(e) from e
+        if not done:
+            raise self._named(DistributedTimeoutError("the message did not complete"))
+        return True
+
+    def result(self) -> Any:
+        return self.h.result()
+
+
+def _start(g: Group, what: str, peer: int, start: Callable[[], tuple[Handle, Callable[[Any], Any]]]) -> Work:
     """Start a message; a failure to start it breaks the group (a message may be half sent)."""
     try:
         h, finish = start()
     except MultidevError as e:
         g.fail(f"{what} could not start on rank {g.rank}: {e}")
         raise
-    return Work(h, finish, f"{what} on rank {g.rank}", g, probe=False)
+    full = f"{what} on rank {g.rank}"
+    return Work(_Peer(h, full, peer, g.timeout), finish, full, g, probe=False)

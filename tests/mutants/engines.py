@@ -11,7 +11,7 @@ from multidev.adapter import (
 )
 from multidev.adapters.numpy import NumpyBackend
 from multidev.adapters.torch.engine import TorchEngine
-from multidev.distributed.engine import peer_errors, register_engine
+from multidev.distributed.engine import Done, peer_errors, register_engine
 from multidev.errors import DistributedTimeoutError
 
 
@@ -100,6 +100,23 @@ class TorchEngineMisnamesRank(TorchEngine):
 class TorchEngineRuntimeErrorEscapes(TorchEngine):
     def lost(self, what: str | Callable[[], str], timeout: float | None = None) -> Any:
         return peer_errors(what, (TimeoutError, ConnectionError), self.timeout if timeout is None else timeout)
+
+
+@engine_mutant("split ignores the partition and hands back the whole group's engine: the collectives along a "
+               "process-mesh axis reduce and gather over every rank instead of the subgroup",
+               ["test_collectives_across_processes"])
+class TorchEngineSubgroupsIgnored(TorchEngine):
+    def split(self, groups: tuple[tuple[int, ...], ...]) -> Any:
+        return self
+
+
+@engine_mutant("recv hands back the buffer it was given as soon as the receive is posted, not the message once it "
+               "arrived: a point-to-point receive reads whatever the buffer held (the header check refuses it)",
+               ["test_collectives_across_processes"])
+class TorchEngineRecvEarly(TorchEngine):
+    def recv(self, like: Any, src: int) -> Any:
+        super().recv(self.torch.empty_like(like), src)
+        return Done(like)
 
 
 def _install_engine_mutant() -> None:
