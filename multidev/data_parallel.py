@@ -357,7 +357,10 @@ class DataParallel:
         self._no_sync = False
         self.sync: GradientSync | None = None
         self._attached = False
-        if group is not None:
+        self._self_synced = bool(getattr(replica, "syncs_itself", False))
+        rows = getattr(replica, "rows", None)  # (this rank's part, parts): a batch cut along a mesh's data axes
+        self._rows = (self.rank, self.world_size) if rows is None else rows
+        if group is not None and not self._self_synced:
             _broadcast(replica, group, 0)
             self.sync = GradientSync(self)
             self._attached = replica.attach(self.sync)
@@ -387,7 +390,8 @@ class DataParallel:
         """This rank's rows of a global batch (a tensor, or a tuple, list or dict of tensors with one
         batch axis): rank ``r`` of ``n`` takes ``numpy.array_split``'s part ``r``; the batch itself
         with one rank. A view or slice, no copy where the framework slices without one."""
-        if self.world_size == 1:
+        part, parts = self._rows
+        if parts == 1:
             return batch
         if isinstance(batch, (tuple, list)):
             return type(batch)(self.shard(x) for x in batch)
@@ -395,11 +399,11 @@ class DataParallel:
             return {k: self.shard(v) for k, v in batch.items()}
         b = backend_of(batch)
         n = b.shape_of(batch)[0] if b.shape_of(batch) else 0
-        if n < self.world_size:
+        if n < parts:
             raise InvalidArgumentError(f"DataParallel.shard: a batch of {n} rows cannot give each of "
-                                       f"{self.world_size} ranks a row")
-        sizes = [len(p) for p in np.array_split(np.empty(n, dtype=np.int8), self.world_size)]
-        return b.split(batch, sizes, 0)[self.rank]
+                                       f"{parts} {'ranks' if parts == self.world_size else 'parts'} a row")
+        sizes = [len(p) for p in np.array_split(np.empty(n, dtype=np.int8), parts)]
+        return b.split(batch, sizes, 0)[part]
 
     def step(self, batch: Any, loss_fn: Callable[..., Any]) -> Any:
         """One training step: ``loss_fn(model, batch)`` (JAX: ``loss_fn(params, batch)``) on this
@@ -414,6 +418,8 @@ class DataParallel:
             loss = rep.backward(batch, loss_fn, None)
         elif sync is None:
             loss = rep.local_step(batch, loss_fn)
+            if self._self_synced and self.group is not None and self.buffers == "broadcast":
+                self.sync_buffers()
         else:
             sync.in_step = True  # the buffers follow the backward pass, not a forward hook
             sync.reset()
@@ -470,7 +476,12 @@ class DataParallel:
 
     def broadcast_state(self, src: int = 0) -> None:
         """Rank ``src``'s parameters, buffers and optimizer state on every rank (a collective), e.g.
-        after loading a checkpoint on one rank."""
+        after loading a checkpoint on one rank. CapabilityError where the parameters are sharded
+        over processes (load the checkpoint before :func:`data_parallel`, which takes rank 0's)."""
+        if self._self_synced and self.group is not None:
+            raise CapabilityError("DataParallel.broadcast_state: the parameters are sharded over the processes; load "
+                                  "a checkpoint into the plain model on every rank before data_parallel (which takes "
+                                  "rank 0's state at its start)")
         if self.group is not None:
             _broadcast(self.replica, self.group, src)
 
@@ -493,6 +504,16 @@ class DataParallel:
             return
         with _checked(self.group, True):
             every = np.asarray(_dist().allgather(np.array([rows[0]], dtype=np.int32), 0))
+        peers = getattr(rep, "peers", None)  # sharded: the ranks holding the same pieces, group by group
+        if peers is not None:
+            for grp in peers:
+                for r in grp[1:]:
+                    diff = np.nonzero(every[r] != every[grp[0]])[0]
+                    if diff.size:
+                        raise ReplicaMismatchError(f"data_parallel: {names[int(diff[0])]} differs between rank "
+                                                   f"{grp[0]} and rank {r}, which hold the same piece ({diff.size} of "
+                                                   f"{len(names)} tensors differ)")
+            return
         for r in range(1, every.shape[0]):
             diff = np.nonzero(every[r] != every[0])[0]
             if diff.size:
@@ -533,6 +554,13 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
       that divides evenly (:func:`~multidev.sharded_training.param_layout`), the collectives
       inserted by the framework's compiler. JAX only so far (``SupportsShardedTraining``), one
       process: CapabilityError elsewhere and under a process group of more than one rank.
+    - ``mesh``: or a :class:`~multidev.distributed.ProcessMesh` of the group's processes, one device
+      each: each rank trains on its rows of a batch cut along ``data_axis`` (:meth:`DataParallel.shard`),
+      the parameters and optimizer state cut along ``param_axis`` (default every other axis) and
+      replicated along the rest, with the framework's own sharded data parallelism (torch: FSDP2
+      under the torch engine, :mod:`multidev.sharded_training`); gradients are averaged over every
+      rank, ``grad_dtype`` the dtype they are reduced in, buffers rank 0's after each step
+      (``buffers="broadcast"``). CapabilityError for frameworks without it.
 
     The model is used in place where the framework's tensors are mutable: no copy, no wrapper
     prefix in its state; a gradient hook per parameter where the framework has them
@@ -552,12 +580,24 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
     if not isinstance(verify, bool):
         raise InvalidArgumentError(f"data_parallel: verify must be True or False, got {verify!r:.40}")
     g = _group()
+    placed = sys.modules.get(f"{__package__}.distributed.mesh")  # a process mesh needs a group: loaded then
+    if mesh is not None and placed is not None and isinstance(mesh, placed.ProcessMesh):
+        if devices is not None:
+            raise InvalidArgumentError("data_parallel: give devices or mesh, not both (a process mesh runs one device "
+                                       "per process: the model's)")
+        from .sharded_training import sharded_process_replica
+        rep = sharded_process_replica(_model_backend(model, "data_parallel"), model, optimizer, mesh, data_axis,
+                                      param_axis, grad_dtype, unused, g, lambda: _replica_for(
+                                          model, optimizer, None, "data_parallel"), _broadcast, "data_parallel")
+        return DataParallel(rep, g, bucket_mb=float(bucket_mb), grad_dtype=grad_dtype, buffers=buffers,
+                            unused=unused, verify=verify, checks=checks)
     if mesh is not None:
         if devices is not None:
             raise InvalidArgumentError("data_parallel: give devices or mesh, not both (a mesh names its devices)")
         if g is not None:
-            raise CapabilityError("data_parallel(mesh=...): parameters sharded over a mesh across processes are not "
-                                  "supported yet; run one process over the mesh's devices")
+            raise CapabilityError("data_parallel(mesh=...): a mesh of this process's devices under a process group of "
+                                  "more than one rank; across processes pass a process mesh "
+                                  "(multidev.distributed.process_mesh), one device per process")
         from .sharded_training import sharded_replica
         rep = sharded_replica(_model_backend(model, "data_parallel"), model, optimizer, mesh, data_axis, param_axis,
                               "data_parallel")

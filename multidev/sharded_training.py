@@ -1,23 +1,27 @@
-"""Training over a device mesh, parameters sharded (issue 34, first form): what
-``multidev.data_parallel(model, optimizer, mesh=m, data_axis="data", param_axis="model")`` adds to
-data parallelism. One process over the mesh's devices: a batch's rows are cut along the data axes,
-each parameter and its optimizer state along the parameter axes (FSDP/ZeRO-style: each device holds
-its piece), and the framework's compiler inserts the collectives (JAX: ``jit`` over
-``NamedSharding``s). The rule for a tensor's layout is here, once, framework-free:
-:func:`param_layout`.
+"""Training over a device mesh, parameters sharded: what ``multidev.data_parallel(model,
+optimizer, mesh=m, data_axis="data", param_axis="model")`` adds to data parallelism.
+
+- One process over the mesh's devices (a :class:`~multidev.Mesh`): a batch's rows are cut along the
+  data axes, each parameter and its optimizer state along the parameter axes (FSDP/ZeRO-style: each
+  device holds its piece), and the framework's compiler inserts the collectives (JAX: ``jit`` over
+  ``NamedSharding``s). The rule for a tensor's layout is here, once, framework-free:
+  :func:`param_layout`.
+- One process per device (a :class:`~multidev.distributed.ProcessMesh` of the group's ranks): the
+  framework's own sharded data parallelism (torch: FSDP2, its own layout rule), every rank starting
+  from rank 0's state; each rank takes its rows of a batch cut along the data axes.
 """
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from .errors import InvalidArgumentError
+from .errors import CapabilityError, InvalidArgumentError
 from .mesh import Layout, Mesh
 from .placement import device_list
 from .protocol import SupportsShardedTraining
 from .registry import require
 
-__all__ = ["mesh_axes", "param_layout", "sharded_replica"]
+__all__ = ["mesh_axes", "param_layout", "sharded_process_replica", "sharded_replica"]
 
 
 def mesh_axes(mesh: Mesh, axes: Any, what: str, arg: str) -> tuple[str, ...]:
@@ -68,3 +72,58 @@ def sharded_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_axis: An
     if rep is None:
         raise InvalidArgumentError(f"{what}: the {b.name} backend does not take a {type(model).__name__} as a model")
     return rep
+
+
+def sharded_process_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_axis: Any, param_axis: Any,
+                            grad_dtype: str | None, unused: str, group: Any, plain: Any, broadcast: Any,
+                            what: str) -> Any:
+    """The replica of ``model`` on backend ``b`` sharded over the process mesh ``mesh`` (checked
+    first): every rank takes rank 0's state through ``plain()`` (the unsharded replica) and
+    ``broadcast`` before the adapter shards it; the replica's ``rows`` is this rank's part of a
+    batch cut along the data axes."""
+    from .distributed.group import current
+
+    g = current()
+    if mesh.size != g.world_size:
+        raise InvalidArgumentError(f"{what}: the process mesh has {mesh.size} ranks, the group {g.world_size}")
+    data = _process_axes(mesh, mesh.axis_names[0] if data_axis is None else data_axis, what, "data_axis")
+    if not data:
+        raise InvalidArgumentError(f"{what}: data_axis names no mesh axis (the batch is cut along it)")
+    params = (tuple(a for a in mesh.axis_names if a not in data) if param_axis is None
+              else _process_axes(mesh, param_axis, what, "param_axis"))
+    if not params:
+        raise InvalidArgumentError(f"{what}: no parameter axis: parameters replicated on every rank are "
+                                   "data_parallel(model, optimizer) without a mesh")
+    sharded = require(b, SupportsShardedTraining, f"{what}(mesh=process mesh)",
+                      "training with parameters sharded over processes is not supported for this framework yet "
+                      "(supported: torch, with FSDP2)")
+    make = getattr(sharded, "sharded_process_replica", None)
+    if make is None:
+        raise CapabilityError(f"{what}: the {b.name} backend shards parameters over one process's devices only "
+                              "(a multidev.Mesh); over processes: torch (FSDP2)")
+    rep0 = plain()
+    if group is not None:
+        broadcast(rep0, group, 0)  # every rank starts from rank 0's parameters, buffers and optimizer state
+    rep0.detach()
+    rep = make(model, optimizer, mesh, data, params, grad_dtype)
+    if rep is None:
+        raise InvalidArgumentError(f"{what}: the {b.name} backend does not take a {type(model).__name__} as a model")
+    rep.unused = unused
+    coords = mesh.coords(g.rank)
+    idx = [mesh.axis_names.index(a) for a in data]
+    part = 0
+    for i in idx:
+        part = part * mesh.shape[i] + coords[i]
+    rep.rows = (part, math.prod(mesh.shape[i] for i in idx))
+    return rep
+
+
+def _process_axes(mesh: Any, axes: Any, what: str, arg: str) -> tuple[str, ...]:
+    names = (axes,) if isinstance(axes, str) else axes
+    if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
+        raise InvalidArgumentError(f"{what}: {arg} must be a mesh axis name or a tuple of them, got {axes!r:.60}")
+    bad = [n for n in names if n not in mesh.axis_names]
+    if bad or len(set(names)) != len(names):
+        raise InvalidArgumentError(f"{what}: {arg}={tuple(names)!r} must name distinct axes of the process mesh "
+                                   f"{mesh.axis_names} (unknown: {bad})")
+    return tuple(names)

@@ -21,7 +21,8 @@ object made from the core on first use, None for a concern the framework lacks),
 ``collectives.py`` (NCCL), ``training.py`` (autograd), ``compile.py`` (TorchScript,
 ``torch.compile``), ``models.py`` (``nn.Module`` moved in place), ``scope.py`` (torch's
 default-device context), ``mesh.py`` (``DeviceMesh``, in a process group of world size 1),
-``parallel.py`` (a module and its optimizer, data-parallel). ``engine.py`` is the engine of
+``parallel.py`` (a module and its optimizer, data-parallel), ``sharded_training.py`` (the same with
+FSDP2 over a process mesh). ``engine.py`` is the engine of
 :mod:`multidev.distributed` on this framework's runtime (an entry point of its own, not a concern of
 the adapter).
 """
@@ -37,6 +38,7 @@ from .mesh import TorchMesh
 from .models import TorchModels
 from .parallel import TorchParallel
 from .scope import TorchScope
+from .sharded_training import TorchShardedTraining
 from .training import TorchTraining
 from .transfers import TorchTransfers
 
@@ -55,3 +57,4 @@ class TorchBackend(TorchCore):
     scope = concern(TorchScope)
     mesh = concern(TorchMesh)
     parallel = concern(TorchParallel)
+    sharded_training = concern(TorchShardedTraining)
