@@ -30,10 +30,11 @@ from .hangs import classify_lost
 __all__ = ["MAX_DIMS", "Call", "agree", "set_checks"]
 
 KINDS_OF_CALL = ("allreduce", "broadcast", "reduce", "allgather", "gather", "reduce_scatter", "scatter", "barrier",
-                 "set_checks")
+                 "set_checks", "along")
 #: Calls that exchange whatever the group's check setting: the gathers need every rank's length, a
-#: scatter carries src's shape and dtype, the exchange is the barrier, a setting must agree.
-ALWAYS = ("allgather", "gather", "scatter", "barrier", "set_checks")
+#: scatter carries src's shape and dtype, the exchange is the barrier, a setting must agree, a
+#: collective along process-mesh axes carries each rank's length along its gathered axis.
+ALWAYS = ("allgather", "gather", "scatter", "barrier", "set_checks", "along")
 _OP_CODES = ("sum", "max", "min", "prod", "mean")
 _DTYPE_NAMES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
                 "complex64", "complex128", "uint16", "uint32", "uint64")
@@ -55,7 +56,9 @@ _AGREE: dict[str, tuple[str, ...]] = {
     "allgather": ("leaves", "axis", "dtype", "rest", "tkind", "sig"),
     "gather": ("leaves", "root", "axis", "dtype", "rest", "tkind", "sig"),
     "reduce_scatter": ("leaves", "op", "axis", "dtype", "shape", "tkind", "sig"),
-    "scatter": ("leaves", "root", "axis", "sig"), "barrier": (), "set_checks": ("root",)}
+    "scatter": ("leaves", "root", "axis", "sig"), "barrier": (), "set_checks": ("root",),
+    # (mesh.py's collectives along axes: ``sig`` a digest of the call's record, ``shape`` a length)
+    "along": ("sig",)}
 
 
 def _pick(names: Sequence[str], i: int) -> str | None:

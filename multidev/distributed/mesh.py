@@ -32,30 +32,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from .._device import Device
 from ..errors import (
-    CapabilityError,
     CollectiveInputError,
     CollectiveMismatchError,
-    DeviceMismatchError,
+    DistributedError,
     InvalidArgumentError,
     UnsupportedTensorError,
 )
 from ..mesh import AxisNames, check_axis_names, mesh_shape
-from ..registry import backend_of, get_backend
+from ..registry import backend_of
 from ..structured import rebuild, structure_leaves
 from ..trees import owner_or_structure
 from ..validate import check_axis, check_op
 from .collectives import allgather, blocks_of, holding, mean_of, narrow, pad_to, working
+from .consistency import Call, agree
 from .engine import Engine, Handle
 from .group import current
 from .handles import run
 from .p2p import recv, send
 from .transport import Origin, from_transport
-
-_HOST = Device("cpu", 0)
 
 __all__ = ["ProcessMesh", "all_to_all", "all_to_all_along", "allgather_along", "allreduce_along", "process_mesh",
            "reduce_scatter_along", "sendrecv"]
@@ -138,31 +133,29 @@ def _fingerprint(*parts: Any) -> int:
 
 def _agree(what: str, check: Callable[[], tuple[tuple[Any, ...], int]]) -> list[int]:
     """This rank's checks (``check()`` gives its record of the call and its length along the
-    gathered axis), then every rank's record compared: a rank whose own checks failed raises its
-    error and the others CollectiveMismatchError naming it; ranks that called differently raise
+    gathered axis), then every rank's record compared in one consistency exchange (the group's
+    channel, as every collective's): a rank whose own checks failed raises its error and the
+    others CollectiveMismatchError naming it; ranks that called differently raise
     CollectiveMismatchError on every rank. Returns every rank's length."""
     g = current()
-    refused: Exception | None = None
-    try:
+    mine: list[Any] = []
+
+    def local() -> Call:
         record, length = check()
-    except (CollectiveInputError, InvalidArgumentError, CapabilityError, UnsupportedTensorError,
-            DeviceMismatchError) as e:  # (a tensor on several devices: a framework's sharded array)
-        refused, record, length = e, ("refused", type(e).__name__), -1
-    mine = get_backend("numpy").asarray(np.array([[_fingerprint(what, *record), length]], dtype=np.int32), None,
-                                        _HOST)
-    rows = np.asarray(get_backend("numpy").to_numpy(allgather(mine, 0))).reshape(-1, 2)
-    if refused is not None:
-        raise refused
-    if any(int(r[1]) < 0 for r in rows):
-        bad = [r for r in range(len(rows)) if int(rows[r][1]) < 0]
-        raise CollectiveMismatchError(f"{what}: rank(s) {bad} refused their own input (see their error); nothing "
-                                      "was exchanged")
-    prints = [int(r[0]) for r in rows]
-    if len(set(prints)) > 1:
-        other = [r for r, p in enumerate(prints) if p != prints[g.rank]]
-        raise CollectiveMismatchError(f"{what}: the ranks called it differently (the mesh, axes, op, shape or "
-                                      f"dtype differ): ranks {other} disagree with rank {g.rank}'s {record}")
-    return [int(r[1]) for r in rows]
+        mine.append(record)
+        return Call("along", sig=_fingerprint(what, *record), shape=(length,))
+
+    try:
+        calls = agree(g, "along", local)
+    except CollectiveMismatchError as e:
+        raise CollectiveMismatchError(f"{what}: the ranks called it differently (the mesh, axes, op, shape or dtype "
+                                      f"differ from rank {g.rank}'s {mine[0] if mine else '?'}): {e}") from None
+    except DistributedError as e:
+        if type(e) is not DistributedError:  # a timeout: as it is
+            raise
+        raise CollectiveMismatchError(f"{what}: {e}") from None  # another rank refused its own input
+    assert isinstance(calls, list)  # "along" always exchanges; never async
+    return [int(c.shape[0]) if c.shape else 0 for c in calls]
 
 
 def _everyone(x: Any) -> tuple[Any, list[Any]]:
