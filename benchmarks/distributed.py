@@ -152,3 +152,40 @@ def dist_allreduce_structure(ctx: Context) -> Iterator[Case]:
                    key=f"dist allreduce {w} processes LeNet state")
     finally:
         mdist.set_checks(was)
+
+
+@benchmark("distributed")
+def dist_allreduce_along(ctx: Context) -> Iterator[Case]:
+    """multidev.distributed.allreduce_along over the ``model`` axis of a ``(2, n/2)`` process mesh (its record
+    agreed in one consistency exchange, then the engine's subgroup collective; out of place) against the engine's
+    own subgroup call in place (torch: all_reduce on a new_subgroups_by_enumeration group; mpi: Allreduce on a
+    Split communicator; jax: a jitted sum over the subgroup's devices)."""
+    w = mdist.world_size() if mdist.is_initialized() else 1
+    if w < 4 or w % 2:
+        yield Case("distributed allreduce along a mesh axis: needs an even number of processes, 4 or more", {},
+                   params={"skipped": "run under a launcher with N >= 4, N even"}, ratio=None)
+        return
+    engine, r = mdist.engine_name(), mdist.rank()
+    dev = ctx.gpus[mdist.local_rank() % len(ctx.gpus)] if ctx.gpus else ctx.host
+    pm = mdist.process_mesh((2, w // 2), ("data", "model"))
+    group = pm.group_of(r, "model")
+    for size in _sizes(ctx):
+        elems = size // 4
+        x = md.asarray(np.full(elems, r + 1, dtype=np.float32), device=dev, backend=ctx.backend)
+        expect = np.full(min(4, elems), float(sum(q + 1 for q in group)))
+
+        def check(x: object = x, expect: np.ndarray = expect) -> tuple[bool, str]:
+            return close(md.to_numpy(mdist.allreduce_along(x, pm, "model"))[:4], expect, device=None)
+
+        native = ctx.native_call(f"dist_allreduce_group_{engine}", md.copy(x), pm.groups("model"))
+        if native is not None:
+            native.inner = 1
+        k = len(group)
+        yield Case(f"dist allreduce_along {engine} {w} processes model axis of {k} {fmt_bytes(size)}",
+                   {"md": Variant(mdist.allreduce_along, (x, pm, "model"), inner=1,
+                                  label="multidev.distributed.allreduce_along(x, mesh, 'model')"), "native": native},
+                   devices=[dev], check=check, before=mdist.barrier,
+                   params={"engine": engine, "transport": mdist.transport_name(), "processes": w, "subgroup": k,
+                           "size": size, "dtype": "float32", "rank": r},
+                   bytes=size, busbw_factor=2 * (k - 1) / k, group="dist allreduce along",
+                   key=f"dist allreduce_along {w} processes {fmt_bytes(size)}")

@@ -126,6 +126,22 @@ class JaxNative(Native):
         f = jax.jit(lambda a: a.sum(0), out_shardings=NamedSharding(mesh, PartitionSpec()))
         return f, (g,), "jax.jit(lambda a: a.sum(0), out_shardings=replicated)(global array of the processes' shards)"
 
+    def op_dist_allreduce_group_jax(self, x: Any, groups: Any) -> Call:
+        """The jax engine's own subgroup call: a jitted sum over a global array of the shards of this
+        process's subgroup of ``groups`` (a mesh of their devices; only they run it)."""
+        jax = self.jax
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        me = jax.process_index()
+        members = next(g for g in groups if me in g)
+        devs = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)[0] for p in members]
+        mesh = Mesh(np.array(devs, dtype=object), ("p",))
+        shard = jax.device_put(x.reshape((1, *x.shape)), devs[list(members).index(me)])
+        g = jax.make_array_from_single_device_arrays((len(members), *x.shape), NamedSharding(mesh, PartitionSpec("p")),
+                                                      [shard])
+        f = jax.jit(lambda a: a.sum(0), out_shardings=NamedSharding(mesh, PartitionSpec()))
+        return f, (g,), "jax.jit(lambda a: a.sum(0), out_shardings=replicated)(the subgroup's global array)"
+
     def op_from_dlpack(self, x: Any) -> Call:
         """JAX as a DLPack consumer (the native side of convert(x, 'jax'))."""
         return self.jax.dlpack.from_dlpack, (x,), "jax.dlpack.from_dlpack(x)"

@@ -59,6 +59,20 @@ class NumpyNative(Native):
         return (functools.partial(MPI.COMM_WORLD.Allreduce, MPI.IN_PLACE, buf), (),
                 "mpi4py: MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, buf) on a NumPy buffer")
 
+    def op_dist_allreduce_group_mpi(self, x: Any, groups: Any) -> Call:
+        """mpi4py's ``Allreduce`` in place within this rank's subgroup of ``groups`` (a communicator made
+        here by ``Split``, every rank calling it): the engine's own subgroup call."""
+        import functools
+
+        from mpi4py import MPI
+
+        me = MPI.COMM_WORLD.Get_rank()
+        color = next(i for i, g in enumerate(groups) if me in g)
+        comm = MPI.COMM_WORLD.Split(color, list(groups[color]).index(me))
+        buf = np.ascontiguousarray(np.asarray(x))
+        return (functools.partial(comm.Allreduce, MPI.IN_PLACE, buf), (),
+                "mpi4py: COMM_WORLD.Split(...).Allreduce(MPI.IN_PLACE, buf) on a NumPy buffer")
+
     def set_precision(self, mode: str) -> dict[str, Any]:
         return {"matmul": "float32 (BLAS)"}
 

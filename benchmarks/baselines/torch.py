@@ -129,6 +129,14 @@ class TorchNative(Native):
 
         return tdist.all_reduce, (t,), "torch.distributed.all_reduce(t) (in place)"
 
+    def op_dist_allreduce_group_torch(self, t: Any, groups: Any) -> Call:
+        """torch.distributed.all_reduce in place within this rank's subgroup of ``groups`` (made here by
+        ``new_subgroups_by_enumeration``, every rank calling it): the engine's own subgroup call."""
+        import torch.distributed as tdist
+
+        pg, _ = tdist.new_subgroups_by_enumeration([list(g) for g in groups])
+        return (lambda: tdist.all_reduce(t, group=pg)), (), "torch.distributed.all_reduce(t, group=subgroup)"
+
     def op_dist_allreduce_torch(self, t: Any) -> Call:
         """The torch engine's own call (suite ``distributed``): torch.distributed.all_reduce in place."""
         return self.op_dist_allreduce(t)
