@@ -5,7 +5,8 @@ the ring sendrecv and the world all_to_all, each against the values every rank c
 that call with other axes get CollectiveMismatchError on every rank; a rank that refuses its own
 input raises its error and the others CollectiveMismatchError, and the group stays usable;
 structures go leaf by leaf after one agreed exchange (ranks whose structures differ: mismatch); the
-same results where the engine has no subgroups (whole-group allgathers). Point-to-point: shape,
+same results where the engine has no subgroups (whole-group allgathers); the framework's own mesh of
+the processes both ways (torch's DeviceMesh, JAX's Mesh; none for NumPy). Point-to-point: shape,
 dtype and backend travel in the header; a tag or ``out`` that does not fit raises
 CollectiveMismatchError on the receiver, a sender's refusal reaches it as DistributedError, bad
 peers and tags are refused, and a receive whose sender never comes times out naming it. Each
@@ -111,6 +112,21 @@ try:  # rank 0's structure has two leaves, the others' one
 except md.CollectiveMismatchError:
     outcome.append("mismatch")
 assert (host(dist.allreduce_along(x, pm, ("a", "b"))) == n * (n + 1) / 2).all()  # still usable
+# the framework's own mesh of the processes, both ways (torch: DeviceMesh; jax: a Mesh of each
+# process's device); none for NumPy under MPI
+if NAME in ("torch", "jax"):
+    nm = dist.to_native_mesh(pm, NAME)
+    assert dist.from_native_mesh(nm) == pm
+    if NAME == "torch":
+        assert nm.mesh.tolist() == [[0, 1], [2, 3]] and tuple(nm.mesh_dim_names) == ("a", "b")
+    else:
+        assert nm.axis_names == ("a", "b") and [d.process_index for d in nm.devices.reshape(-1)] == [0, 1, 2, 3]
+else:
+    try:
+        dist.to_native_mesh(pm, NAME)
+        raise AssertionError("NumPy has no mesh of processes")
+    except md.CapabilityError:
+        pass
 # point-to-point: 0 -> 1 (shape, dtype and backend travel), a tag or out that does not fit, a
 # sender's refusal, then a receive whose sender never comes (a timeout naming it)
 import time

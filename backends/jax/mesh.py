@@ -38,6 +38,30 @@ class JaxMesh(Concern, SupportsMesh):
         natives[:] = [self.core.to_native_device(d) for d in mesh.devices]
         return self.core.jax.sharding.Mesh(natives.reshape(mesh.shape), mesh.axis_names)
 
+    def to_native_process_mesh(self, shape: tuple[int, ...], axis_names: tuple[str, ...], engine: str) -> Any:
+        """The ``jax.sharding.Mesh`` of the jax engine's processes (each one's first device of the
+        default platform, the engine's), row-major on ``shape``."""
+        jax = self.core.jax
+        if engine != "jax":
+            raise CapabilityError(f"jax backend: a mesh over processes is JAX's multi-controller runtime's, which only "
+                                  f"the jax engine starts (this group runs the {engine} engine)")
+        every = jax.devices()
+        firsts = [min((d for d in every if d.process_index == p), key=lambda d: d.id)
+                  for p in range(jax.process_count())]
+        natives = np.empty(len(firsts), dtype=object)
+        natives[:] = firsts
+        return jax.sharding.Mesh(natives.reshape(shape), axis_names)
+
+    def from_native_process_mesh(self, obj: Any) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
+        """A ``jax.sharding.Mesh`` of one device per process, processes row-major: shape and names."""
+        if not isinstance(obj, self.core.jax.sharding.Mesh):
+            return None
+        procs = [d.process_index for d in np.asarray(obj.devices, dtype=object).reshape(-1)]
+        if procs != list(range(self.core.jax.process_count())):
+            raise CapabilityError(f"jax backend: this mesh's devices belong to processes {procs}, not one device per "
+                                  "process in process order, the layout of a multidev process mesh")
+        return tuple(obj.devices.shape), tuple(str(n) for n in obj.axis_names)
+
     def from_native_mesh(self, obj: Any) -> Any:
         if not isinstance(obj, self.core.jax.sharding.Mesh):
             return None

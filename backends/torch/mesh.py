@@ -3,7 +3,9 @@
 process group: in one process (world size 1) it holds one device, so a mesh of several devices of
 one process has no torch counterpart (CapabilityError saying so; multidev then keeps managed shards,
 ``multidev.to(x, layout)``). torch has no topology-aware mesh factory (``init_device_mesh`` lays the
-ranks out in order), so the device order is the one given."""
+ranks out in order), so the device order is the one given. A process mesh of the torch engine's
+group (``multidev.distributed.process_mesh``) is a ``DeviceMesh`` both ways
+(``multidev.distributed.to_native_mesh``)."""
 from __future__ import annotations
 
 import sys
@@ -54,6 +56,31 @@ class TorchMesh(Concern, SupportsMesh):
 
         ranks = self.core.torch.zeros(mesh.shape, dtype=self.core.torch.int64)
         return DeviceMesh(_TYPE_OF_KIND[dev.kind], ranks, mesh_dim_names=mesh.axis_names)
+
+    def to_native_process_mesh(self, shape: tuple[int, ...], axis_names: tuple[str, ...], engine: str) -> Any:
+        """The ``DeviceMesh`` of the torch engine's ranks laid out row-major on ``shape``."""
+        dist = self.core.torch.distributed
+        if engine != "torch" or not dist.is_available() or not dist.is_initialized():
+            raise CapabilityError(f"torch backend: a DeviceMesh spans torch.distributed's ranks, which only the torch "
+                                  f"engine starts (this group runs the {engine} engine)")
+        from torch.distributed.device_mesh import DeviceMesh
+
+        torch = self.core.torch
+        kind = "cuda" if "nccl" in str(dist.get_backend()) and torch.cuda.is_available() else "cpu"
+        ranks = torch.arange(int(dist.get_world_size())).reshape(shape)
+        return DeviceMesh(kind, ranks, mesh_dim_names=axis_names)
+
+    def from_native_process_mesh(self, obj: Any) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
+        """A ``DeviceMesh`` over the whole group, ranks row-major: its shape and axis names."""
+        dm = sys.modules.get("torch.distributed.device_mesh")
+        if dm is None or not isinstance(obj, dm.DeviceMesh):
+            return None
+        grid = obj.mesh
+        if grid.reshape(-1).tolist() != list(range(self._world())):
+            raise CapabilityError(f"torch backend: this DeviceMesh's ranks {grid.tolist()} are not the group's "
+                                  "ranks in row-major order, the layout of a multidev process mesh")
+        names = obj.mesh_dim_names or tuple(f"dim{i}" for i in range(obj.ndim))
+        return tuple(grid.shape), tuple(names)
 
     def from_native_mesh(self, obj: Any) -> Any:
         dm = sys.modules.get("torch.distributed.device_mesh")

@@ -96,9 +96,11 @@ from .mesh import (
     all_to_all_along,
     allgather_along,
     allreduce_along,
+    from_native_mesh,
     process_mesh,
     reduce_scatter_along,
     sendrecv,
+    to_native_mesh,
 )
 from .p2p import recv, send
 from .transport import transport_path
@@ -129,6 +131,7 @@ __all__ = [
     "detect_launch",
     "engine_name",
     "engine_names",
+    "from_native_mesh",
     "gather",
     "group_info",
     "init",
@@ -148,6 +151,7 @@ __all__ = [
     "set_checks",
     "set_timeout",
     "shutdown",
+    "to_native_mesh",
     "transport_name",
     "transport_path",
     "world_size",

@@ -33,14 +33,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import (
+    CapabilityError,
     CollectiveInputError,
     CollectiveMismatchError,
     DistributedError,
     InvalidArgumentError,
     UnsupportedTensorError,
+    translate_errors,
 )
 from ..mesh import AxisNames, check_axis_names, mesh_shape
-from ..registry import backend_of
+from ..registry import backend_of, get_backend, installed_backends
 from ..structured import rebuild, structure_leaves
 from ..trees import owner_or_structure
 from ..validate import check_axis, check_op
@@ -52,8 +54,8 @@ from .handles import run
 from .p2p import recv, send
 from .transport import Origin, from_transport
 
-__all__ = ["ProcessMesh", "all_to_all", "all_to_all_along", "allgather_along", "allreduce_along", "process_mesh",
-           "reduce_scatter_along", "sendrecv"]
+__all__ = ["ProcessMesh", "all_to_all", "all_to_all_along", "allgather_along", "allreduce_along", "from_native_mesh",
+           "process_mesh", "reduce_scatter_along", "sendrecv", "to_native_mesh"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,51 @@ def process_mesh(shape: int | Sequence[int], axis_names: AxisNames) -> ProcessMe
     if math.prod(shp) != n:
         raise InvalidArgumentError(f"process_mesh: a grid of {shp} holds {math.prod(shp)} ranks, the group has {n}")
     return ProcessMesh(shp, names)
+
+
+def to_native_mesh(mesh: ProcessMesh, backend: str | None = None) -> Any:
+    """The framework's own mesh of the group's processes, laid out as ``mesh``: torch's
+    ``DeviceMesh`` under the torch engine, a ``jax.sharding.Mesh`` of each process's device under
+    the jax engine. CapabilityError where the backend has none, or not under this engine."""
+    if not isinstance(mesh, ProcessMesh):
+        raise InvalidArgumentError(f"to_native_mesh takes a ProcessMesh (multidev.distributed.process_mesh), got "
+                                   f"{type(mesh).__name__}; a mesh of one process's devices: multidev.to_native_mesh")
+    g = current()
+    if mesh.size != g.world_size:
+        raise InvalidArgumentError(f"to_native_mesh: the process mesh holds {mesh.size} ranks, the group "
+                                   f"{g.world_size}")
+    b = get_backend(backend)
+    make = getattr(b.mesh, "to_native_process_mesh", None) if b.mesh is not None else None
+    if make is None:
+        raise CapabilityError(f"{b.name} has no mesh of processes of its own (torch: DeviceMesh; jax: "
+                              "jax.sharding.Mesh)")
+    with translate_errors(f"{b.name} to_native_mesh"):
+        return make(mesh.shape, mesh.axis_names, g.info.engine)
+
+
+def from_native_mesh(obj: Any) -> ProcessMesh:
+    """The process mesh of a framework's own mesh over the group's processes (a ``DeviceMesh``,
+    a ``jax.sharding.Mesh`` of one device per process), ranks row-major; CapabilityError for one
+    laid out otherwise, InvalidArgumentError for what is no such mesh."""
+    g = current()
+    root = type(obj).__module__.split(".")[0]
+    for name, framework in installed_backends().items():
+        if framework.split(".")[0] != root:  # only the backend of the object's own framework
+            continue
+        b = get_backend(name)
+        read = getattr(b.mesh, "from_native_process_mesh", None) if b.mesh is not None else None
+        if read is None:
+            continue
+        with translate_errors(f"{name} from_native_mesh"):
+            found = read(obj)
+        if found is not None:
+            shape, names = found
+            if math.prod(shape) != g.world_size:
+                raise CapabilityError(f"from_native_mesh: the mesh holds {math.prod(shape)} processes, the group "
+                                      f"{g.world_size}")
+            return ProcessMesh(tuple(int(n) for n in shape), tuple(names))
+    raise InvalidArgumentError(f"from_native_mesh: {type(obj).__name__} is no framework's mesh of processes that a "
+                               "loaded backend knows (torch DeviceMesh, jax.sharding.Mesh)")
 
 
 # -- the agreed call -------------------------------------------------------------------------------
