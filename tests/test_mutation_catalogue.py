@@ -275,7 +275,7 @@ def _engine_run(cls: type, select: tuple[str, ...], tmp_path: Path) -> tuple[dic
     """The suite's distributed checks ``select`` on NumPy's tensors, over the engine class ``cls``
     installed in place of its engine in the suite and its workers (``$MULTIDEV_ENGINE_MUTANT``)."""
     out = tmp_path / f"{cls.__name__}.json"
-    p = _conformance(["numpy"], out, "-q", "-rp", "-k", " or ".join(select), timeout=600,
+    p = _conformance(["numpy"], out, "-q", "-rfEp", "-k", " or ".join(select), timeout=600,
                      cli=("--multiprocess", "--import", "mutants"),
                      env=_env(MULTIDEV_ENGINE_MUTANT=cls.__name__, MULTIDEV_DISTRIBUTED_ENGINES=cls.name,
                               MULTIDEV_NUMPY_DEVICES="1"))

@@ -586,6 +586,11 @@ class MpiEngine(Engine):
         v.comm, v.rank, v.world = comm, comm.Get_rank(), comm.Get_size()
         return v
 
+    def all_to_all(self, blocks: Any) -> Handle:
+        out = self._alloc(blocks, tuple(blocks.shape))
+        return self._req("MPI_Ialltoall", lambda: self.comm.Ialltoall(self._bytes(blocks), self._bytes(out)),
+                         lambda: [out[i] for i in range(self.world)])
+
     def send(self, t: Any, dst: int) -> Handle:
         return self._req("MPI_Isend", lambda: self.comm.Isend(self._bytes(t), dest=dst, tag=_P2P_TAG), lambda: None)
 

@@ -440,6 +440,16 @@ class JaxEngine(Engine):
         return self._run("scatter", ("scatter", src), blocks, lambda a: a[src], self.sharded,
                          lambda a, local: self._mine(a).reshape(piece))
 
+    def all_to_all(self, blocks: Any) -> Handle:
+        n, piece = self.world, tuple(blocks.shape[1:])
+
+        def pick(a: Any, local: tuple[int, ...]) -> list[Any]:
+            mine = self._mine(a).reshape((n, *piece))
+            return [mine[i] for i in range(n)]
+        # the global array viewed as (source, destination, *piece), transposed and split by destination
+        return self._run("all_to_all (a jitted transpose over the process axis)", ("all_to_all",), blocks,
+                         lambda a: a.swapaxes(0, 1), self.sharded, pick)
+
     # -- subgroups and point-to-point: computations over some processes' devices only --------------
     def _view(self, members: tuple[int, ...]) -> JaxEngine:
         """This engine over the processes ``members`` (in that order): its computations span their

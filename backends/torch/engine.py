@@ -465,6 +465,12 @@ class TorchEngine(Engine):
         v._perm = None if perm == list(range(len(mine))) else perm
         return v
 
+    def all_to_all(self, blocks: Any) -> Handle:
+        out = self.torch.empty_like(blocks)
+        send = self._theirs(blocks)
+        return self._start("all_to_all_single", lambda: self.tdist.all_to_all_single(
+            out, send, group=self._group, async_op=True), lambda: self._ours(list(out.unbind(0))))
+
     def send(self, t: Any, dst: int) -> Handle:
         return self._start("isend", lambda: self.tdist.isend(t, dst=self._rank(dst), group=self._group, tag=_P2P_TAG),
                            lambda: None)

@@ -18,7 +18,8 @@ only provides
   with tensors of one dtype and shape (the gathers: equal-sized, padded by the core), so engines
   need no argument checks of their own;
 - optionally, subgroups (:meth:`Engine.split`: the collectives along process-mesh axes then move
-  data within each subgroup only; without it they run over whole-group allgathers) and
+  data within each subgroup only; without it they run over whole-group allgathers), an all-to-all
+  (:meth:`Engine.all_to_all`; without it ``all_to_all_along`` gathers every block) and
   point-to-point messages (:meth:`Engine.send` / :meth:`Engine.recv`: ``distributed.send`` and
   ``recv`` need them and raise CapabilityError naming the engine without them).
 
@@ -488,6 +489,12 @@ class Engine(ABC):
         the group's life and calls only its primitives). Default: CapabilityError (the core then
         runs the collectives along mesh axes over whole-group allgathers)."""
         raise CapabilityError(f"the {self.name} engine has no subgroups")
+
+    def all_to_all(self, blocks: Any) -> Handle:
+        """``blocks``: a contiguous tensor of shape ``(world_size, *piece)``; block ``j`` goes to rank
+        ``j``. Result: a list of ``world_size`` tensors of shape ``piece``, the ``j``-th rank ``j``'s
+        block for this rank. Default: CapabilityError (the core then gathers every block)."""
+        raise CapabilityError(f"the {self.name} engine has no all-to-all")
 
     def send(self, t: Any, dst: int) -> Handle:
         """Point-to-point: ``t`` to rank ``dst``, which calls :meth:`recv` with this rank as ``src``

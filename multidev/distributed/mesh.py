@@ -18,8 +18,9 @@ anything else moves), then the data moves within each subgroup only, on the engi
 computation over the subgroup's devices; made once per partition, at its first use), with the
 timeouts and typed errors of the whole-group collectives. An engine without subgroups runs them
 over one whole-group allgather (every rank receives ``world_size`` times the tensor's bytes), each
-rank computing its part locally, in a fixed order. :func:`all_to_all` moves every member's tensor
-to every member of its subgroup (an allgather within it, then each rank keeps its pieces). The ring
+rank computing its part locally, in a fixed order. :func:`all_to_all` sends each member its block
+(the engine's all-to-all: torch's ``all_to_all_single``, MPI's ``Ialltoall``, a jitted transpose
+on JAX), or gathers every block within the subgroup where the engine has no all-to-all. The ring
 :func:`sendrecv` sends each rank's tensor to one neighbour (point-to-point, :mod:`.p2p`) on engines
 whose messages match by peer, as a collective elsewhere.
 """
@@ -427,6 +428,17 @@ def _all_to_all_along(x: Any, mesh: ProcessMesh, axes: AxisNames, split_axis: in
     sizes, k = _sizes(found["shape"][sa], len(group)), group.index(current().rank)
     sub = _split(mesh, axes, group)
     if sub is not None:
+        e = type(sub)
+        if e.all_to_all is not Engine.all_to_all:  # each block to its member: the tensor's bytes move once
+            def exchange(t: Any) -> tuple[Handle, tuple[Any, ...]]:
+                blocks = blocks_of(current(), t, sizes, sa)
+                return sub.all_to_all(blocks), (blocks,)
+
+            def joined(res: Any, origin: Origin) -> Any:
+                parts = [narrow(p, sa, sizes[k]) for p in res]
+                return from_transport(backend_of(parts[0]).concat(parts, ca), origin)
+            return _within(what, x, exchange, joined)
+
         def swapped(res: Any, origin: Origin) -> Any:
             tb = backend_of(res[0])
             return from_transport(tb.concat([tb.split(p, sizes, sa)[k] for p in res], ca), origin)

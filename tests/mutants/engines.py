@@ -119,6 +119,13 @@ class TorchEngineRecvEarly(TorchEngine):
         return Done(like)
 
 
+@engine_mutant("all_to_all hands each rank its own blocks back instead of the block every rank sent it: the "
+               "all-to-all along a process-mesh axis returns this rank's pieces", ["test_collectives_across_processes"])
+class TorchEngineAllToAllOwnBlocks(TorchEngine):
+    def all_to_all(self, blocks: Any) -> Any:
+        return Done(list(blocks.clone().unbind(0)))
+
+
 def _install_engine_mutant() -> None:
     """Put the engine class ``$MULTIDEV_ENGINE_MUTANT`` names in place of its engine (this module
     is imported by the suite run and, through ``--import mutants``, by every worker)."""
