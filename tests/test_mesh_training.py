@@ -47,8 +47,8 @@ def test_frameworks_without_sharded_training_refuse_and_change_nothing() -> None
     model(torch.ones(1, 2)).sum().backward()
     grad = model.weight.grad.clone()
     mt = md.make_mesh((1,), ("data",), backend="torch")
-    with pytest.raises(md.CapabilityError, match="torch backend does not implement SupportsShardedTraining.*"
-                                                 "not supported for this framework yet"):
+    with pytest.raises(md.CapabilityError, match="torch shards parameters with FSDP2, one process per device; use a "
+                                                 "process mesh"):  # (FSDP2 has no one-process mode)
         md.data_parallel(model, opt, mesh=mt)
     assert torch.equal(model.weight.grad, grad)  # the refusal cleared no gradient
 
@@ -160,5 +160,6 @@ def test_a_mesh_under_a_process_group_is_refused_before_anything(monkeypatch: py
     dpm = sys.modules["multidev.data_parallel"]  # (the package's data_parallel attribute is the function)
     monkeypatch.setattr(dpm, "_group", lambda: object())  # a group of more than one rank
     params = {"w": md.asarray(np.ones((2, 2)), backend="numpy")}
-    with pytest.raises(md.CapabilityError, match="across processes are not supported yet"):
+    with pytest.raises(md.CapabilityError, match="a mesh of this process's devices under a process group of more "
+                                                 "than one rank; across processes pass a process mesh"):
         md.data_parallel(params, None, mesh=_mesh())
