@@ -170,16 +170,19 @@ elif r == 1:
         outcome.append("mismatch")
     assert (into == 0).all()
 assert (host(dist.allreduce_along(x, pm, ("a", "b"))) == n * (n + 1) / 2).all()  # still usable
+# (JAX is left out: its receive is a program in the engine's dispatch thread, which waits for gloo's
+# own 30 s before the process may exit; its timeouts are the conformance fault cases')
+by_peer = dist.engine_name() != "jax"
 dist.set_timeout(3)
-if r == 2:
-    t0 = time.monotonic()
+if r == 2 and by_peer:
     try:
         dist.recv(3)
     except dist.DistributedTimeoutError as e:
         assert "rank 3" in str(e), str(e)
-        outcome.append(f"timeout")
+        outcome.append("timeout")
 print(f"MDMESH rank {r}: {' '.join(outcome)}", flush=True)
-time.sleep(4)
+if by_peer:
+    time.sleep(4)  # rank 3 stays while rank 2 waits for it
 dist.shutdown()
 '''
 
@@ -208,7 +211,8 @@ def test_collectives_along_a_process_mesh(engine: str, tmp_path: Path) -> None:
     found = sorted(re.findall(r"MDMESH rank (\d): ([a-z ]*)", p.stdout))  # (the ranks' lines may interleave)
     assert found == [("0", "mismatch refused mismatch refused"), ("1", "mismatch mismatch mismatch mismatch told "
                                                                         "mismatch"),
-                     ("2", "mismatch mismatch mismatch timeout"), ("3", "mismatch mismatch mismatch")], p.stdout[-3000:]
+                     ("2", "mismatch mismatch mismatch" + (" timeout" if engine != "jax" else "")),
+                     ("3", "mismatch mismatch mismatch")], p.stdout[-3000:]
 
 
 def test_one_rank_without_a_launcher() -> None:

@@ -104,7 +104,7 @@ class TorchEngineRuntimeErrorEscapes(TorchEngine):
 
 @engine_mutant("split ignores the partition and hands back the whole group's engine: the collectives along a "
                "process-mesh axis reduce and gather over every rank instead of the subgroup",
-               ["test_collectives_across_processes"])
+               ["test_collectives_across_processes and 4procs"])
 class TorchEngineSubgroupsIgnored(TorchEngine):
     def split(self, groups: tuple[tuple[int, ...], ...]) -> Any:
         return self
@@ -112,7 +112,7 @@ class TorchEngineSubgroupsIgnored(TorchEngine):
 
 @engine_mutant("recv hands back the buffer it was given as soon as the receive is posted, not the message once it "
                "arrived: a point-to-point receive reads whatever the buffer held (the header check refuses it)",
-               ["test_collectives_across_processes"])
+               ["test_collectives_across_processes and 2procs"])
 class TorchEngineRecvEarly(TorchEngine):
     def recv(self, like: Any, src: int) -> Any:
         super().recv(self.torch.empty_like(like), src)
@@ -120,7 +120,7 @@ class TorchEngineRecvEarly(TorchEngine):
 
 
 @engine_mutant("all_to_all hands each rank its own blocks back instead of the block every rank sent it: the "
-               "all-to-all along a process-mesh axis returns this rank's pieces", ["test_collectives_across_processes"])
+               "all-to-all along a process-mesh axis returns this rank's pieces", ["test_collectives_across_processes and 4procs"])
 class TorchEngineAllToAllOwnBlocks(TorchEngine):
     def all_to_all(self, blocks: Any) -> Any:
         return Done(list(blocks.clone().unbind(0)))
