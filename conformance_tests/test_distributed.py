@@ -592,15 +592,16 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float, info: Any) ->
             return  # a 2x2 process mesh: subgroups that are neither one rank nor the whole group
         pm = dist.process_mesh((2, 2), ("a", "b"))
         x = arr(mine.astype(np.float32))
-        for axes in ("a", "b"):
+        for axes in ("a", "b", ("b", "a")):  # ("b", "a"): one group, its ranks out of ascending order
             grp = pm.group_of(r, axes)
+            k, m = grp.index(r), len(grp)
             same(dist.allreduce_along(x, pm, axes), np.sum(np.stack([vals[q] for q in grp]), axis=0))
             same(dist.allgather_along(x, pm, axes, axis=1), np.concatenate([vals[q] for q in grp], axis=1))
             same(dist.reduce_scatter_along(x, pm, axes, "max"),
-                 np.array_split(np.max(np.stack([vals[q] for q in grp]), axis=0), 2)[grp.index(r)])
-            k = grp.index(r)  # piece k of every member's tensor (rows cut in two), joined along columns
+                 np.array_split(np.max(np.stack([vals[q] for q in grp]), axis=0), m)[k])
+            # piece k of every member's tensor (rows cut in m), joined along columns
             same(dist.all_to_all_along(x, pm, axes, split_axis=0, concat_axis=1),
-                 np.concatenate([np.array_split(vals[q], 2)[k] for q in grp], axis=1))
+                 np.concatenate([np.array_split(vals[q], m)[k] for q in grp], axis=1))
 
     def transfer_paths() -> None:
         c.paths["host"] = dist.transport_path(arr(mine.astype(np.float32), device=devs[0]))

@@ -57,6 +57,10 @@ def along(axes):
     s = dist.reduce_scatter_along(x, pm, axes)
     sizes = [len(p) for p in np.array_split(np.arange(6), len(g))]
     assert host(s).shape == (sizes[k], 2) and (host(s) == sum(q + 1 for q in g)).all()
+    rows = np.arange(12, dtype=np.float32).reshape(6, 2)  # every row its own values: the block order shows
+    s2 = dist.reduce_scatter_along(t(rows * (r + 1)), pm, axes)
+    want = np.array_split(rows * sum(q + 1 for q in g), len(g))[k]
+    assert np.array_equal(host(s2), want), (axes, host(s2), want)
     a = dist.all_to_all_along(t(np.arange(6, dtype=np.float32) + 10 * r), pm, axes)
     want = np.concatenate([np.array_split(np.arange(6) + 10 * q, len(g))[k] for q in g])
     assert np.array_equal(host(a), want), (axes, host(a), want)
@@ -112,6 +116,18 @@ try:  # rank 0's structure has two leaves, the others' one
 except md.CollectiveMismatchError:
     outcome.append("mismatch")
 assert (host(dist.allreduce_along(x, pm, ("a", "b"))) == n * (n + 1) / 2).all()  # still usable
+# what the group cannot carry, or a header cannot hold, is refused on every rank before anything
+# moves, and the group stays usable
+from multidev.distributed import carries
+odd = next((d for d in ("uint16", "int64", "float64") if not carries(d, backend="numpy")), None)
+for bad in ([lambda: dist.sendrecv(np.full(3, r, odd)), lambda: dist.allreduce_along(np.full(3, r, odd), pm, "a")]
+            if odd else []) + [lambda: dist.sendrecv(np.zeros((1,) * 33, np.float32))]:
+    try:
+        bad()
+        outcome.append("agreed")
+    except (md.CapabilityError, md.CollectiveInputError):
+        pass
+assert (host(dist.allreduce_along(x, pm, ("a", "b"))) == n * (n + 1) / 2).all()
 # the framework's own mesh of the processes, both ways (torch: DeviceMesh; jax: a Mesh of each
 # process's device); none for NumPy under MPI
 if NAME in ("torch", "jax"):
@@ -146,6 +162,9 @@ if r == 0:
         except md.CollectiveInputError:
             pass
     dist.send(t(np.full(4, 3.0, np.float32)), 1)
+    dist.send(t(np.full(2, 8.0, np.float32)), 1)
+    dist.send(t(np.full(3, 9.0, np.float32)), 1)
+    dist.send(t(np.full(1, 10.0, np.float32)), 1)
 elif r == 1:
     y = dist.recv(0, tag=5)
     assert md.backend_of(y).name == NAME and np.array_equal(host(y), np.arange(6).reshape(2, 3)), host(y)
@@ -169,6 +188,15 @@ elif r == 1:
     except md.CollectiveMismatchError:
         outcome.append("mismatch")
     assert (into == 0).all()
+    try:  # an argument error raises before anything is received: the message stays for the next recv
+        dist.recv(0, device="cpu:99")
+        outcome.append("agreed")
+    except md.DeviceNotFoundError:
+        pass
+    w1, w2 = dist.recv(0, async_op=True), dist.recv(0, async_op=True)  # two receives pending from one rank
+    w3 = dist.recv(0, async_op=True)
+    assert host(w2.wait()).tolist() == [9.0] * 3 and host(w1.wait()).tolist() == [8.0] * 2, "out of order"
+    assert host(w3.wait()).tolist() == [10.0]
 assert (host(dist.allreduce_along(x, pm, ("a", "b"))) == n * (n + 1) / 2).all()  # still usable
 # (JAX is left out: its receive is a program in the engine's dispatch thread, which waits for gloo's
 # own 30 s before the process may exit; its timeouts are the conformance fault cases')

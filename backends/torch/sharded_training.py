@@ -114,8 +114,11 @@ class TorchFsdpReplica(TorchReplica):
                 if isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(p.shape) and v.ndim:
                     return distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
                 return v
-            optimizer.state = defaultdict(dict, {new[n]: {k: piece(v, new[n]) for k, v in s.items()}
-                                                 for n, s in state.items()})
+            # distribute_tensor is a collective: every rank cuts the state in one order (the parameters',
+            # each one's keys sorted), whatever order its optimizer's state dict holds them in
+            order = [n for ns in groups for n in ns if n in state]
+            optimizer.state = defaultdict(dict, {new[n]: {k: piece(state[n][k], new[n]) for k in sorted(state[n])}
+                                                 for n in order})
         super().__init__(backend, torch, model, optimizer, [backend.from_native_device(device)])
 
     def load(self, params: Any, buffers: Any) -> None:
@@ -126,7 +129,9 @@ class TorchFsdpReplica(TorchReplica):
         super().load(None, buffers)
 
     def _sync(self, on: bool) -> None:
-        self.model.set_requires_gradient_sync(on)
+        if getattr(self, "_syncing", True) != on:  # (FSDP2's default: on) only a change walks the modules
+            self.model.set_requires_gradient_sync(on)
+            self._syncing = on
 
     def backward(self, batch: Any, loss_fn: Any, ready: Any) -> Any:
         self._sync(False)  # accumulation (no_sync): the next step reduces the sum

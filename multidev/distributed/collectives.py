@@ -50,7 +50,7 @@ def _shape(b: Backend, x: Any, what: str) -> tuple[int, ...]:
     return shape
 
 
-def _carried(g: Group, b: Backend, x: Any, dtype: str, what: str) -> str:
+def carried_kind(g: Group, b: Backend, x: Any, dtype: str, what: str) -> str:
     """The kind of device x travels on; CapabilityError (naming the engine) for a dtype the group
     cannot carry."""
     tb, tdev = transport_backend(g, b.device_of(x), b)
@@ -244,7 +244,7 @@ def _tree_agree(g: Group, kind: str, x: Any, op: str | None, root: int | None, i
                 if key not in seen:
                     if op is not None:
                         check_op(op, dtype, what)
-                    seen[key] = _carried(g, b, t, dtype, what)
+                    seen[key] = carried_kind(g, b, t, dtype, what)
                 tkinds.append(seen[key])
                 if inplace:
                     check_writable(b, _probe(b, t), f"{what}(inplace=True)")
@@ -487,7 +487,7 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
         check_op(op, dtype, what)
         if inplace:
             check_writable(b, _probe(b, x), f"{what}(inplace=True)")
-        return Call("allreduce", op=op, dtype=dtype, shape=_shape(b, x, what), tkind=_carried(g, b, x, dtype, what))
+        return Call("allreduce", op=op, dtype=dtype, shape=_shape(b, x, what), tkind=carried_kind(g, b, x, dtype, what))
 
     early: list[Any] = []  # the transport tensor, prepared while the records travel
     agreed = agree(g, "allreduce", local, async_op, lambda: early.append(working(x, g, inplace)))
@@ -524,7 +524,8 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
         dtype = b.dtype_of(x)
         if inplace:
             check_writable(b, _probe(b, x), f"{what}(inplace=True)")
-        return Call("broadcast", root=src, dtype=dtype, shape=_shape(b, x, what), tkind=_carried(g, b, x, dtype, what))
+        return Call("broadcast", root=src, dtype=dtype, shape=_shape(b, x, what),
+                    tkind=carried_kind(g, b, x, dtype, what))
 
     early: list[Any] = []  # the transport tensor, prepared while the records travel
     agreed = agree(g, "broadcast", local, async_op, lambda: early.append(working(x, g, inplace)))
@@ -558,7 +559,7 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
         dtype = b.dtype_of(x)
         check_op(op, dtype, what)
         return Call("reduce", op=op, root=dst, dtype=dtype, shape=_shape(b, x, what),
-                    tkind=_carried(g, b, x, dtype, what))
+                    tkind=carried_kind(g, b, x, dtype, what))
 
     early: list[Any] = []  # the transport tensor, prepared while the records travel
     agreed = agree(g, "reduce", local, async_op, lambda: early.append(working(x, g, False)))
@@ -588,7 +589,8 @@ def _gather_call(g: Group, kind: str, x: Any, axis: Any, root: int | None,
         shape = _shape(b, x, what)
         mine["axis"] = check_axis(axis, len(shape), what)
         dtype = b.dtype_of(x)
-        return Call(kind, root=root, axis=mine["axis"], dtype=dtype, shape=shape, tkind=_carried(g, b, x, dtype, what))
+        return Call(kind, root=root, axis=mine["axis"], dtype=dtype, shape=shape,
+                    tkind=carried_kind(g, b, x, dtype, what))
 
     calls = agree(g, kind, local, async_op)
     if isinstance(calls, Work):
@@ -691,7 +693,7 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
         shp = _shape(b, x, what)
         mine.update(shape=shp, axis=check_axis(axis, len(shp), what))
         return Call("reduce_scatter", op=op, axis=mine["axis"], dtype=dtype, shape=shp,
-                    tkind=_carried(g, b, x, dtype, what))
+                    tkind=carried_kind(g, b, x, dtype, what))
 
     agreed = agree(g, "reduce_scatter", local, async_op)
     if isinstance(agreed, Work):
@@ -748,7 +750,7 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
         shape = _shape(b, x, what)
         check_axis(axis, len(shape), what)
         dtype = b.dtype_of(x)
-        return Call("scatter", root=src, axis=axis, dtype=dtype, shape=shape, tkind=_carried(g, b, x, dtype, what),
+        return Call("scatter", root=src, axis=axis, dtype=dtype, shape=shape, tkind=carried_kind(g, b, x, dtype, what),
                     backend=b.name)
 
     calls = agree(g, "scatter", local, async_op)

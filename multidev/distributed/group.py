@@ -83,6 +83,8 @@ class Group:
     subs: dict[tuple[tuple[int, ...], ...], Engine | None] = field(default_factory=dict)
     #: Point-to-point messages so far, by (sender, receiver): each message's header carries its count.
     pairs: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: The last receive posted from each rank (p2p's handle: the next waits for its header first).
+    receiving: dict[int, Any] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:

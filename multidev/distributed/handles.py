@@ -94,10 +94,12 @@ class Work:
         return f"<multidev.distributed.Work {self._what} {'done' if self._done else 'in flight'}>"
 
 
-def run(g: Group, what: str, start: Callable[[], tuple[Handle, Callable[[Any], Any]]], async_op: bool) -> Any:
+def run(g: Group, what: str, start: Callable[[], tuple[Handle, Callable[[Any], Any]]], async_op: bool, *,
+        probe: bool = True) -> Any:
     """Start a primitive (``start()`` returns its handle and how to finish the result) and wait for
     it, or hand back its :class:`Work` with ``async_op``. A failure to start it breaks the group
-    (the ranks had agreed to run it)."""
+    (the ranks had agreed to run it). ``probe``: on a timeout, ask the whole group who never came
+    (False for a subgroup's primitive: the other subgroups' ranks have moved on)."""
     try:
         h, finish = start()
     except Exception as e:
@@ -106,5 +108,5 @@ def run(g: Group, what: str, start: Callable[[], tuple[Handle, Callable[[Any], A
         if err is e:
             raise
         raise err from e
-    w = Work(h, finish, what, g)
+    w = Work(h, finish, what, g, probe=probe)
     return w if async_op else w.wait()

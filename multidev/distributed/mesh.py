@@ -47,8 +47,8 @@ from ..registry import backend_of, get_backend, installed_backends
 from ..structured import rebuild, structure_leaves
 from ..trees import owner_or_structure
 from ..validate import check_axis, check_op
-from .collectives import allgather, blocks_of, holding, mean_of, narrow, pad_to, working
-from .consistency import Call, agree
+from .collectives import allgather, blocks_of, carried_kind, holding, mean_of, narrow, pad_to, working
+from .consistency import MAX_DIMS, Call, agree
 from .engine import Engine, Handle
 from .group import current
 from .handles import run
@@ -234,7 +234,7 @@ def _within(what: str, x: Any, start: Callable[[Any], tuple[Handle, tuple[Any, .
         h, held = start(t)
         return h, holding(lambda res: finish(res, origin), t, *held)
 
-    return run(g, what, go, False)
+    return run(g, what, go, False, probe=False)
 
 
 def _fold(b: Any, parts: Sequence[Any], op: str) -> Any:
@@ -247,10 +247,13 @@ def _fold(b: Any, parts: Sequence[Any], op: str) -> Any:
 
 
 def _checked(x: Any, what: str) -> tuple[Any, tuple[int, ...]]:
+    """x's backend and shape, and that the group can carry its dtype (CapabilityError naming the
+    engine otherwise): refused inside the agreed exchange, before anything moves."""
     try:
         b = backend_of(x)
     except UnsupportedTensorError as e:
         raise CollectiveInputError(f"{what} takes a tensor: {e}") from None
+    carried_kind(current(), b, x, b.dtype_of(x), what)
     return b, b.shape_of(x)
 
 
@@ -469,6 +472,8 @@ def _sendrecv(x: Any, shift: int = 1) -> Any:
         if isinstance(shift, bool) or not isinstance(shift, int):
             raise CollectiveInputError(f"{what}: shift must be an int, got {shift!r:.40}")
         b, shape = _checked(x, what)
+        if len(shape) > MAX_DIMS:  # (a message's header holds that many)
+            raise CollectiveInputError(f"{what}: at most {MAX_DIMS} dimensions, got a {len(shape)}-d tensor")
         return (shift % g.world_size, shape, b.dtype_of(x)), 0
 
     _agree(what, check)

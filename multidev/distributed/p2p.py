@@ -18,6 +18,7 @@ way), as after a collective's timeout.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -144,17 +145,40 @@ class _Both(Handle):
 
 
 class _Then(Handle):
-    """The header's receive, then the tensor's (started by ``then`` from the header's result)."""
+    """The header's receive, then the tensor's (started by ``then`` from the header's result, once,
+    under a lock: ``is_completed`` may ask from another thread). An error while reading the header
+    or starting the tensor's receive leaves the tensor in flight: it breaks the group
+    (DistributedError), the outcomes the receiver reports (a mismatch, a refusal) come from
+    ``then``'s caller after the tensor was taken."""
 
-    def __init__(self, head: Handle, then: Callable[[Any], Handle | None]) -> None:
-        self.head, self.then = head, then
+    def __init__(self, head: Handle, then: Callable[[Any], Handle | None], what: str) -> None:
+        self.head, self.then, self.what = head, then, what
         self.body: Handle | None = None
         self.started = False
+        self.lock = threading.Lock()
 
     def _advance(self) -> None:
+        with self.lock:
+            if self.started:
+                return
+            raw = self.head.result()
+            try:
+                self.body = self.then(raw)
+            except DistributedError:
+                raise
+            except Exception as e:  # the message's tensor is left in flight: the group breaks
+                raise DistributedError(f"{self.what}: the message's tensor could not be received ({e}); it is left "
+                                       "in flight, so the group is unusable now: shutdown()") from e
+            finally:
+                self.started = True
+
+    def advanced(self, timeout: float) -> bool:
+        """Wait (up to ``timeout``) for the header and start the tensor's receive; whether it did."""
         if not self.started:
-            self.started = True
-            self.body = self.then(self.head.result())
+            if not self.head.wait(timeout):
+                return False
+            self._advance()
+        return True
 
     def test(self) -> bool:
         if not self.started:
@@ -165,10 +189,8 @@ class _Then(Handle):
 
     def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        if not self.started:
-            if not self.head.wait(timeout):
-                return False
-            self._advance()
+        if not self.advanced(timeout):
+            return False
         return self.body is None or self.body.wait(max(0.0, deadline - time.monotonic()))
 
     def result(self) -> Any:
@@ -212,8 +234,9 @@ def send(x: Any, dst: int, *, tag: int = 0, async_op: bool = False) -> Work | No
     except MultidevError as e:
         refused = e
     count = g.pairs.get((g.rank, dst), 0)
+    row = _header(count, tag, None if refused is not None else dtype, () if refused is not None else shape,
+                  None if refused is not None else tkind, None if refused is None else type(refused).__name__, name)
     g.pairs[(g.rank, dst)] = count + 1
-    row = _header(count, tag, dtype, shape, tkind, None if refused is None else type(refused).__name__, name)
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
         head = _host_row(g, row)
@@ -234,8 +257,9 @@ def recv(src: int, *, out: Any = None, tag: int = 0, backend: str | None = None,
          async_op: bool = False) -> Any:
     """The next tensor rank ``src`` sends to this rank (:func:`send`).
 
-    A new tensor of ``backend`` (default: the sender's) on ``device`` (default: the current default
-    device, ``multidev.device_scope``'s or cpu:0), with the sender's shape and dtype; or, with
+    A new tensor of ``backend`` (default: the sender's; the default backend where only ``device``
+    is given) on ``device`` (default: the current default device, ``multidev.device_scope``'s or
+    cpu:0), with the sender's shape and dtype; or, with
     ``out``, written into ``out`` (a writable tensor of that shape and dtype), which is returned.
     ``tag`` must equal the sender's. With ``async_op=True`` a :class:`Work` at once, whose
     ``wait()`` gives the tensor. A message that does not fit ``out`` or carries another tag is taken
@@ -257,9 +281,15 @@ def recv(src: int, *, out: Any = None, tag: int = 0, backend: str | None = None,
         except UnsupportedTensorError as e:
             raise CollectiveInputError(f"{what}: out must be a tensor: {e}") from None
         check_writable(ob, out, f"{what}(out=...)")
-    named = get_backend(backend) if backend is not None else None
-    dev = resolve(named, device) if named is not None else None if device is None else device
+    named = get_backend(backend) if backend is not None or device is not None else None
+    dev = resolve(named, device) if named is not None else None  # checked before anything is received
     _engine_sends(g, what)
+    # a receive from src still waiting for its header: it takes its tensor first (messages from one
+    # rank match the receives in the order they are posted)
+    earlier = g.receiving.get(src)
+    if earlier is not None and not earlier.advanced(g.timeout):
+        raise DistributedTimeoutError(f"{what} on rank {g.rank}: an earlier receive from rank {src} got nothing within "
+                                      f"{g.timeout:g} s")
     count = g.pairs.get((src, g.rank), 0)
     g.pairs[(src, g.rank)] = count + 1
     buf = _row_buffer(g)
@@ -321,7 +351,9 @@ def recv(src: int, *, out: Any = None, tag: int = 0, backend: str | None = None,
         return from_transport(got, Origin(b, at, h["dtype"], b is tb))
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        return _Then(g.engine.recv(buf, src), body), holding(finish, buf)
+        h = _Then(g.engine.recv(buf, src), body, f"{what} from rank {src} on rank {g.rank}")
+        g.receiving[src] = h
+        return h, holding(finish, buf)
 
     w = _start(g, f"{what} from rank {src}", src, start)
     return w if async_op else w.wait()
