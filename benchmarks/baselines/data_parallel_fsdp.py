@@ -9,8 +9,11 @@ steps are equal. Run under the torch engine::
 
 Each step: ``md`` is ``dp.step(batch, loss_fn)`` (buffers each rank's own, ``buffers="local"``, as
 FSDP2 leaves them); ``FSDP2`` is ``fully_shard`` on each child module with parameters and on the root
-(the wrapping multidev uses), then ``zero_grad``, forward, backward (FSDP2's reduce-scatters and
-all-reduces), ``optimizer.step``. Rank 0 prints one line per model.
+(the wrapping multidev uses), the optimizer built after it, then ``zero_grad``, forward, backward
+(FSDP2's reduce-scatters and all-reduces), ``optimizer.step``. ``md (own loop)`` is that loop on
+multidev's wrapped model (what ``dp.step`` adds, apart), ``FSDP2 (optimizer first)`` the optimizer built
+before ``fully_shard`` and its groups moved onto the new parameters by hand (what multidev does to a
+user's optimizer). Rank 0 prints one line per model and variant.
 """
 from __future__ import annotations
 
@@ -49,16 +52,24 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name, make in torch_models(torch).items():
         variants: dict[str, dict[str, Any]] = {}
-        for label in ("md", "FSDP2"):
+        for label in ("md", "md (own loop)", "FSDP2", "FSDP2 (optimizer first)"):
             torch.manual_seed(0)
             net = make()
-            if label == "FSDP2":
+            first = label != "FSDP2"  # the optimizer built on the plain parameters, then moved (multidev's way)
+            opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=1e-2) if first else None
+            if label.startswith("FSDP2"):
                 for child in net.children():
                     if any(True for _ in child.parameters()):
                         fully_shard(child, mesh=native_mesh)
                 fully_shard(net, mesh=native_mesh)
-            opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=1e-2)
-            run = md.data_parallel(net, opt, mesh=pm, param_axis="model", buffers="local") if label == "md" else net
+                if opt is not None:  # FSDP2 replaced the parameters: the optimizer's groups follow by name
+                    new = dict(net.named_parameters())
+                    names = [n for n, _ in make().named_parameters()]
+                    opt.param_groups[0]["params"] = [new[n] for n in names]
+            if opt is None:
+                opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=1e-2)
+            run = (md.data_parallel(net, opt, mesh=pm, param_axis="model", buffers="local")
+                   if label.startswith("md") else net)
             variants[label] = {"net": net, "opt": opt, "run": run, "times": []}
 
         def loss_fn(m: Any, b: Any) -> Any:
@@ -72,27 +83,31 @@ def main(argv: list[str] | None = None) -> None:
                 t0 = time.perf_counter()
                 if label == "md":
                     v["run"].step(b, loss_fn)
-                else:
+                else:  # the hand-written loop (on md's wrapped model for "md (own loop)")
                     v["opt"].zero_grad()
-                    loss_fn(v["run"], b).backward()
+                    loss_fn(v["net"], b).backward()
                     v["opt"].step()
                 if i >= 5:
                     v["times"].append(time.perf_counter() - t0)
         def whole(net: Any) -> dict[str, Any]:  # parameters are DTensors, buffers plain tensors
             return {k: t.full_tensor() if hasattr(t, "full_tensor") else t for k, t in net.state_dict().items()}
 
-        ref, mine = whole(variants["FSDP2"]["net"]), whole(variants["md"]["net"])
-        med, base = statistics.median(variants["md"]["times"]), statistics.median(variants["FSDP2"]["times"])
-        rows.append({"model": name, "median_ms": med * 1e3, "fsdp_median_ms": base * 1e3, "ratio": med / base,
-                     "params_equal": all(torch.equal(mine[k], ref[k]) for k in ref),
-                     "max_param_diff": max(float((mine[k].float() - ref[k].float()).abs().max()) for k in ref)})
+        ref = whole(variants["FSDP2"]["net"])
+        base = statistics.median(variants["FSDP2"]["times"])
+        for label in ("md", "md (own loop)", "FSDP2 (optimizer first)"):
+            mine = whole(variants[label]["net"])
+            med = statistics.median(variants[label]["times"])
+            rows.append({"model": name, "variant": label, "median_ms": med * 1e3, "fsdp_median_ms": base * 1e3,
+                         "ratio": med / base, "params_equal": all(torch.equal(mine[k], ref[k]) for k in ref),
+                         "max_param_diff": max(float((mine[k].float() - ref[k].float()).abs().max()) for k in ref)})
     dist.shutdown()
     if rank == 0:
         print(f"{world} processes on a {shape} process mesh, {info.engine} engine ({info.transport}), "
               f"{args.batch} rows per process, {args.steps} timed steps, torch {torch.__version__}")
         for r in rows:
-            print(f"{r['model']:4s} md {r['median_ms']:8.2f} ms  FSDP2 {r['fsdp_median_ms']:8.2f} ms  ratio "
-                  f"{r['ratio']:.3f}  parameters equal: {r['params_equal']} (max |diff| {r['max_param_diff']:.1e})")
+            print(f"{r['model']:4s} {r['variant']:24s} {r['median_ms']:8.2f} ms  FSDP2 {r['fsdp_median_ms']:8.2f} ms  "
+                  f"ratio {r['ratio']:.3f}  parameters equal: {r['params_equal']} (max |diff| "
+                  f"{r['max_param_diff']:.1e})")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"world_size": world, "mesh": list(shape), "batch": args.batch, "steps": args.steps,
