@@ -157,9 +157,10 @@ def dist_allreduce_structure(ctx: Context) -> Iterator[Case]:
 @benchmark("distributed")
 def dist_allreduce_along(ctx: Context) -> Iterator[Case]:
     """multidev.distributed.allreduce_along over the ``model`` axis of a ``(2, n/2)`` process mesh (its record
-    agreed in one consistency exchange, then the engine's subgroup collective; out of place) against the engine's
-    own subgroup call in place (torch: all_reduce on a new_subgroups_by_enumeration group; mpi: Allreduce on a
-    Split communicator; jax: a jitted sum over the subgroup's devices)."""
+    agreed in one consistency exchange, then the engine's subgroup collective; in place where the backend is
+    mutable, and out of place beside it) against the engine's own subgroup call in place (torch: all_reduce on a
+    new_subgroups_by_enumeration group; mpi: Allreduce on a Split communicator; jax: a jitted sum over the
+    subgroup's devices)."""
     w = mdist.world_size() if mdist.is_initialized() else 1
     if w < 4 or w % 2:
         yield Case("distributed allreduce along a mesh axis: needs an even number of processes, 4 or more", {},
@@ -181,9 +182,18 @@ def dist_allreduce_along(ctx: Context) -> Iterator[Case]:
         if native is not None:
             native.inner = 1
         k = len(group)
+        # like with like: in place where the backend is mutable (as the engines' own calls are)
+        buf = md.copy(x)
+        main = (Variant(partial(mdist.allreduce_along, buf, pm, "model", inplace=True), (), inner=1,
+                        label="multidev.distributed.allreduce_along(x, mesh, 'model', inplace=True)")
+                if ctx.b.capabilities.mutable else
+                Variant(mdist.allreduce_along, (x, pm, "model"), inner=1,
+                        label="multidev.distributed.allreduce_along(x, mesh, 'model')"))
+        out_of_place = (Variant(mdist.allreduce_along, (x, pm, "model"), inner=1,
+                                label="multidev.distributed.allreduce_along(x, mesh, 'model') (a new tensor)")
+                        if ctx.b.capabilities.mutable else None)
         yield Case(f"dist allreduce_along {engine} {w} processes model axis of {k} {fmt_bytes(size)}",
-                   {"md": Variant(mdist.allreduce_along, (x, pm, "model"), inner=1,
-                                  label="multidev.distributed.allreduce_along(x, mesh, 'model')"), "native": native},
+                   {"md": main, "md_out_of_place": out_of_place, "native": native},
                    devices=[dev], check=check, before=mdist.barrier,
                    params={"engine": engine, "transport": mdist.transport_name(), "processes": w, "subgroup": k,
                            "size": size, "dtype": "float32", "rank": r},

@@ -116,6 +116,14 @@ try:  # rank 0's structure has two leaves, the others' one
 except md.CollectiveMismatchError:
     outcome.append("mismatch")
 assert (host(dist.allreduce_along(x, pm, ("a", "b"))) == n * (n + 1) / 2).all()  # still usable
+# in place: x itself written where the backend is mutable; refused on every rank where it is not
+xm = t(np.full((4, 2), r + 1.0, np.float32))
+try:
+    y = dist.allreduce_along(xm, pm, "a", inplace=True)
+    assert md.backend(NAME).capabilities.mutable and y is xm, "in place on an immutable backend"
+    assert (host(xm) == sum(q + 1 for q in pm.group_of(r, "a"))).all(), host(xm)
+except md.CapabilityError:
+    assert not md.backend(NAME).capabilities.mutable
 # what the group cannot carry, or a header cannot hold, is refused on every rank before anything
 # moves, and the group stays usable
 from multidev.distributed import carries

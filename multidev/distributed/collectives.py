@@ -144,7 +144,9 @@ def _landing(res: Any, t: Any, origin: Origin, x: Any, inplace: bool, shared: bo
     return x, from_transport(res, origin)
 
 
-def _result(res: Any, t: Any, origin: Origin, x: Any, inplace: bool, shared: bool, through: bool) -> Any:
+def landed(res: Any, t: Any, origin: Origin, x: Any, inplace: bool, shared: bool, through: bool) -> Any:
+    """A primitive's result ``res`` as the caller gets it: a tensor of x's backend on x's device, or
+    ``x`` itself written (``inplace``: through shared memory, or assigned)."""
     out, pending = _landing(res, t, origin, x, inplace, shared, through)
     if pending is not None:
         origin.backend.assign(x, pending)
@@ -497,7 +499,7 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
         t, origin, shared, through = early.pop() if early else working(x, g, inplace)
         h = g.engine.allreduce(t, "sum" if op == "mean" else op)
-        return h, lambda res: _result(mean_of(res, op, g.world_size), t, origin, x, inplace, shared, through)
+        return h, lambda res: landed(mean_of(res, op, g.world_size), t, origin, x, inplace, shared, through)
 
     return run(g, what, start, async_op)
 
@@ -534,7 +536,7 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
         t, origin, shared, through = early.pop() if early else working(x, g, inplace)
-        return g.engine.broadcast(t, src), lambda res: _result(res, t, origin, x, inplace, shared, through)
+        return g.engine.broadcast(t, src), lambda res: landed(res, t, origin, x, inplace, shared, through)
 
     return run(g, what, start, async_op)
 

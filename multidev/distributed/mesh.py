@@ -46,8 +46,8 @@ from ..mesh import AxisNames, check_axis_names, mesh_shape
 from ..registry import backend_of, get_backend, installed_backends
 from ..structured import rebuild, structure_leaves
 from ..trees import owner_or_structure
-from ..validate import check_axis, check_op
-from .collectives import allgather, blocks_of, carried_kind, holding, mean_of, narrow, pad_to, working
+from ..validate import check_axis, check_op, check_writable
+from .collectives import allgather, blocks_of, carried_kind, holding, landed, mean_of, narrow, pad_to, working
 from .consistency import MAX_DIMS, Call, agree
 from .engine import Engine, Handle
 from .group import current
@@ -309,32 +309,47 @@ def _sizes(length: int, n: int) -> list[int]:
 
 
 # -- collectives along axes ------------------------------------------------------------------------
-def allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum") -> Any:
+def allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum", *, inplace: bool = False) -> Any:
     """The reduction (``op``: sum, mean, max, min, prod) of ``x`` over this rank's subgroup along
-    ``axes``, reduced in group order; a new tensor of x's backend on x's device."""
-    return _over_leaves(x, "distributed.allreduce_along", lambda t: _allreduce_along(t, mesh, axes, op),
+    ``axes``, reduced in group order; a new tensor of x's backend on x's device, or with
+    ``inplace=True`` ``x`` itself written (mutable backends; CapabilityError elsewhere, agreed by
+    every rank before anything moves) and returned (a structure: each leaf written)."""
+    return _over_leaves(x, "distributed.allreduce_along", lambda t: _allreduce_along(t, mesh, axes, op, inplace),
                         valid=lambda: (_group(mesh, axes), _op_name(op, "distributed.allreduce_along")))
 
 
-def _allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum") -> Any:
+def _allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum", inplace: bool = False) -> Any:
     what = "distributed.allreduce_along"
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
         b, shape = _checked(x, what)
         check_op(op, b.dtype_of(x), what)
+        if not isinstance(inplace, bool):
+            raise InvalidArgumentError(f"{what}: inplace must be True or False, got {inplace!r:.40}")
+        if inplace:
+            check_writable(b, x, f"{what}(inplace=True)")
         found["group"] = _group(mesh, axes)
-        return (mesh, check_axis_names(axes), op, shape, b.dtype_of(x)), 0
+        return (mesh, check_axis_names(axes), op, shape, b.dtype_of(x), inplace), 0
 
     _agree(what, check)
     group = found["group"]
     sub = _split(mesh, axes, group)
+    g = current()
     if sub is not None:
         n, base = len(group), "sum" if op == "mean" else op
-        return _within(what, x, lambda t: (sub.allreduce(t, base), ()),
-                       lambda res, origin: from_transport(mean_of(res, op, n), origin))
+
+        def go() -> tuple[Handle, Callable[[Any], Any]]:
+            t, origin, shared, through = working(x, g, inplace)
+            return sub.allreduce(t, base), holding(
+                lambda res: landed(mean_of(res, op, n), t, origin, x, inplace, shared, through), t)
+        return run(g, what, go, False, probe=False)
     b, parts = _everyone(x)
-    return _fold(b, [parts[r] for r in group], op)
+    out = _fold(b, [parts[r] for r in group], op)
+    if inplace:
+        b.assign(x, out)
+        return x
+    return out
 
 
 def allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) -> Any:
