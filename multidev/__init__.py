@@ -47,6 +47,7 @@ from .collectives import (
                   reduce,
                   reduce_scatter,
                   scatter,
+                  sendrecv,
                   split_batch,
 )
 from .compilation import Compiled, compile
@@ -75,7 +76,7 @@ from .errors import (
 )
 from .exchange import convert
 from .mesh import Layout, Mesh
-from .mesh_collectives import all_to_all_along, allgather_along, allreduce_along, reduce_scatter_along
+from .mesh_collectives import all_to_all_along, allgather_along, allreduce_along, reduce_scatter_along, sendrecv_along
 from .protocol import Backend, Capabilities
 from .registry import backend_of, get_default_backend, register_backend, registered_backends, set_default_backend
 from .sharding import ShardedTensor, from_native_mesh, from_shards, layout_of, make_mesh, shards_of, to_native_mesh
@@ -100,7 +101,8 @@ __all__ = [
     "get_default_backend", "gpu", "layout_of", "make_mesh", "native_device", "num_gpus", "ones", "rand", "reduce",
     "reduce_scatter", "reduce_scatter_along",
     "register_backend",
-    "registered_backends", "replicate", "scatter", "set_default_backend", "shards_of", "split_batch", "synchronize",
+    "registered_backends", "replicate", "scatter", "sendrecv", "sendrecv_along", "set_default_backend", "shards_of",
+    "split_batch", "synchronize",
     "to", "to_host", "to_native_mesh", "to_numpy", "train_batch", "try_all_gpus", "try_gpu", "zeros",
 ]
 

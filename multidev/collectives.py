@@ -69,10 +69,25 @@ from .structured import Leaves, rebuild, structure_leaves
 from .trees import owner_or_structure
 from .validate import OPS, check_axis, check_op, check_writable
 
-__all__ = ["ALGORITHMS", "AUTO_TREE_MAX_BYTES", "OPS", "all_to_all", "allgather", "allreduce", "broadcast",
-           "choose_algorithm",
-           "cost_model", "gather", "measured_algorithms", "reduce", "reduce_scatter", "scatter", "split_batch",
-           "split_sizes"]
+__all__ = [
+    "ALGORITHMS",
+    "AUTO_TREE_MAX_BYTES",
+    "OPS",
+    "all_to_all",
+    "allgather",
+    "allreduce",
+    "broadcast",
+    "choose_algorithm",
+    "cost_model",
+    "gather",
+    "measured_algorithms",
+    "reduce",
+    "reduce_scatter",
+    "scatter",
+    "sendrecv",
+    "split_batch",
+    "split_sizes",
+]
 
 #: Algorithm names accepted by allreduce.
 ALGORITHMS = ("auto", "naive", "ring", "tree", "native")
@@ -883,6 +898,18 @@ def split_batch(X: Any, y: Any, devices: Sequence[DeviceLike]) -> tuple[list[Any
 
 
 @translate_errors()
+def sendrecv(tensors: Sequence[Any], shift: int = 1) -> list[Any]:
+    """The ring exchange between devices (point-to-point, as ``multidev.distributed.sendrecv`` is
+    between processes): device ``i`` sends its tensor to device ``(i + shift) % n`` and gets the one
+    device ``(i - shift) % n`` sent. The tensors share one shape and dtype; new tensors, result ``i``
+    on input ``i``'s device (a copy, never an input)."""
+    b, xs, devs = _validate(tensors, "sendrecv")
+    if isinstance(shift, bool) or not isinstance(shift, int):
+        raise CollectiveInputError(f"sendrecv: shift must be an int, got {shift!r:.40}")
+    n = len(xs)
+    return [_fresh(b, _on(b, xs[(i - shift) % n], d), xs, d) for i, d in enumerate(devs)]
+
+
 def all_to_all(tensors: Sequence[Any], split_axis: int = 0, concat_axis: int = 0) -> list[Any]:
     """Device ``i`` cuts its tensor along ``split_axis`` into ``len(tensors)`` pieces
     (``numpy.array_split``'s sizes) and sends piece ``j`` to device ``j``; device ``j`` gets the

@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .collectives import all_to_all, allgather, allreduce, reduce_scatter
+from .collectives import all_to_all, allgather, allreduce, reduce_scatter, sendrecv
 from .errors import CollectiveInputError, UnsupportedTensorError, translate_errors
 from .mesh import AxisNames, Mesh
 from .registry import backend_of
 from .validate import check_axis, check_op
 
-__all__ = ["all_to_all_along", "allgather_along", "allreduce_along", "reduce_scatter_along"]
+__all__ = ["all_to_all_along", "allgather_along", "allreduce_along", "reduce_scatter_along", "sendrecv_along"]
 
 
 def _per_device(tensors: Sequence[Any], mesh: Mesh, axes: AxisNames, what: str, *, same_shape: bool,
@@ -114,3 +114,14 @@ def all_to_all_along(tensors: Sequence[Any], mesh: Mesh, axes: AxisNames, split_
     check_axis(split_axis, ndim, "all_to_all_along")
     check_axis(concat_axis, ndim, "all_to_all_along")
     return _run(xs, groups, lambda g: all_to_all(g, split_axis, concat_axis))
+
+
+@translate_errors()
+def sendrecv_along(tensors: Sequence[Any], mesh: Mesh, axes: AxisNames, shift: int = 1) -> list[Any]:
+    """:func:`multidev.sendrecv` within each group along ``axes``: device ``k`` of a group gets the
+    tensor of the group's device ``(k - shift) % len(group)`` (the ring along an axis, ``jax.lax.ppermute``
+    with a shift's permutation). New tensors, each on its device."""
+    xs, groups = _per_device(tensors, mesh, axes, "sendrecv_along", same_shape=True)
+    if isinstance(shift, bool) or not isinstance(shift, int):
+        raise CollectiveInputError(f"sendrecv_along: shift must be an int, got {shift!r:.40}")
+    return _run(xs, groups, lambda g: sendrecv(g, shift))

@@ -363,3 +363,25 @@ def test_non_blocking_moves_of_structures_gather_their_sharded_leaves(four: None
     assert md.device_of(out["w"]) == md.cpu(2) and (md.to_numpy(out["w"]) == ref).all()
     with pytest.raises(md.DeviceMismatchError, match=r"\['w'\]"):
         md.device_of({"w": s})
+
+
+def test_the_ring_between_devices_and_along_an_axis(four: None) -> None:
+    """md.sendrecv: device i gets device (i - shift)'s tensor, a copy on its own device; along a mesh
+    axis the ring runs within each group."""
+    devs = md.devices("numpy")
+    xs = [md.asarray(np.full(3, float(i)), device=d, backend="numpy") for i, d in enumerate(devs[:4])]
+    ys = md.sendrecv(xs, shift=1)
+    assert [float(md.to_numpy(y)[0]) for y in ys] == [3.0, 0.0, 1.0, 2.0]
+    assert [md.device_of(y) for y in ys] == devs[:4] and not any(y is x for y, x in zip(ys, xs))
+    assert [float(md.to_numpy(y)[0]) for y in md.sendrecv(xs, shift=-1)] == [1.0, 2.0, 3.0, 0.0]
+    mesh = md.make_mesh((2, 2), ("a", "b"), devices=devs[:4], backend="numpy")
+    zs = md.sendrecv_along([xs[devs.index(d)] for d in mesh.devices], mesh, "b")
+    for g in mesh.groups("b"):
+        pos = [mesh.devices.index(d) for d in g]
+        got = [float(md.to_numpy(zs[p])[0]) for p in pos]
+        sent = [float(md.to_numpy(xs[devs.index(mesh.devices[p])])[0]) for p in pos]
+        assert got == [sent[-1], *sent[:-1]]
+    with pytest.raises(md.CollectiveInputError, match="shift"):
+        md.sendrecv(xs, shift=0.5)  # type: ignore[arg-type]
+    with pytest.raises(md.CollectiveInputError, match="one shape"):
+        md.sendrecv([xs[0], md.asarray(np.ones(2), device=devs[1], backend="numpy")])
