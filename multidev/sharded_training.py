@@ -24,9 +24,9 @@ from .registry import require
 __all__ = ["mesh_axes", "param_layout", "sharded_process_replica", "sharded_replica"]
 
 
-def mesh_axes(mesh: Mesh, axes: Any, what: str, arg: str) -> tuple[str, ...]:
+def mesh_axes(mesh: Any, axes: Any, what: str, arg: str) -> tuple[str, ...]:
     """``axes`` (a mesh axis name or a tuple or list of them) as a tuple of distinct axis
-    names of ``mesh``; InvalidArgumentError otherwise."""
+    names of ``mesh`` (a Mesh or a process mesh); InvalidArgumentError otherwise."""
     names = (axes,) if isinstance(axes, str) else axes
     if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
         raise InvalidArgumentError(f"{what}: {arg} must be a mesh axis name or a tuple of them, got {axes!r:.60}")
@@ -86,11 +86,11 @@ def sharded_process_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_
     g = current()
     if mesh.size != g.world_size:
         raise InvalidArgumentError(f"{what}: the process mesh has {mesh.size} ranks, the group {g.world_size}")
-    data = _process_axes(mesh, mesh.axis_names[0] if data_axis is None else data_axis, what, "data_axis")
+    data = mesh_axes(mesh, mesh.axis_names[0] if data_axis is None else data_axis, what, "data_axis")
     if not data:
         raise InvalidArgumentError(f"{what}: data_axis names no mesh axis (the batch is cut along it)")
     params = (tuple(a for a in mesh.axis_names if a not in data) if param_axis is None
-              else _process_axes(mesh, param_axis, what, "param_axis"))
+              else mesh_axes(mesh, param_axis, what, "param_axis"))
     if not params:
         raise InvalidArgumentError(f"{what}: no parameter axis: parameters replicated on every rank are "
                                    "data_parallel(model, optimizer) without a mesh")
@@ -117,13 +117,3 @@ def sharded_process_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_
     rep.rows = (part, math.prod(mesh.shape[i] for i in idx))
     return rep
 
-
-def _process_axes(mesh: Any, axes: Any, what: str, arg: str) -> tuple[str, ...]:
-    names = (axes,) if isinstance(axes, str) else axes
-    if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
-        raise InvalidArgumentError(f"{what}: {arg} must be a mesh axis name or a tuple of them, got {axes!r:.60}")
-    bad = [n for n in names if n not in mesh.axis_names]
-    if bad or len(set(names)) != len(names):
-        raise InvalidArgumentError(f"{what}: {arg}={tuple(names)!r} must name distinct axes of the process mesh "
-                                   f"{mesh.axis_names} (unknown: {bad})")
-    return tuple(names)

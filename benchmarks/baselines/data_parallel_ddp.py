@@ -35,12 +35,17 @@ def torch_models(torch: Any) -> dict[str, Any]:
     return {"cnn": cnn, "mlp": mlp}
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--steps", type=int, default=60, help="timed steps per variant (after 10 warm-up steps)")
+def parse_args(doc: str | None, argv: list[str] | None, steps: int, warmup: int) -> argparse.Namespace:
+    """The options of the torch data-parallel benches: --steps, --batch, --json."""
+    p = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    p.add_argument("--steps", type=int, default=steps, help=f"timed steps per variant (after {warmup} warm-up steps)")
     p.add_argument("--batch", type=int, default=64, help="rows per process and step")
     p.add_argument("--json", help="write the rows here (rank 0)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(__doc__, argv, 60, 10)
 
     import torch
     import torch.nn.functional as F

@@ -17,21 +17,16 @@ user's optimizer). Rank 0 prints one line per model and variant.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from typing import Any
 
-from .data_parallel_ddp import torch_models
+from .data_parallel_ddp import parse_args, torch_models
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--steps", type=int, default=40, help="timed steps per variant (after 5 warm-up steps)")
-    p.add_argument("--batch", type=int, default=64, help="rows per process and step")
-    p.add_argument("--json", help="write the rows here (rank 0)")
-    args = p.parse_args(argv)
+    args = parse_args(__doc__, argv, 40, 5)
 
     import torch
     import torch.nn.functional as F
