@@ -293,7 +293,9 @@ def test_data_parallel_steps_that_differ_raise_on_every_rank_before_any_compute(
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "multidev.distributed.launch", "-n", "2", "--engine", "torch",
                            str(script)], capture_output=True, text=True, timeout=240, env=env)
-    outs = [json.loads(line.split("MDOUT ", 1)[1]) for line in proc.stdout.splitlines() if "MDOUT " in line]
+    # every record after its marker (the ranks' lines may interleave: two on one line)
+    dec = json.JSONDecoder()
+    outs = [dec.raw_decode(part)[0] for part in proc.stdout.split("MDOUT ")[1:]]
     assert proc.returncode == 0 and len(outs) == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     for o in outs:
         assert o["step"] == "CollectiveMismatchError", o
