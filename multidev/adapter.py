@@ -86,7 +86,7 @@ from .errors import (
     MultidevError,
     UnsupportedTensorError,
 )
-from .mesh import Layout, Mesh
+from .mesh import Layout, Mesh, ProcessMesh
 from .protocol import (
     CAPABILITY_PROTOCOLS,
     CONCERNS,
@@ -147,6 +147,7 @@ __all__ = [
     "Mesh",
     "MultidevError",
     "NonBlockingMoves",
+    "ProcessMesh",
     "Ready",
     "Replica",
     "StagingPlan",

@@ -25,7 +25,8 @@ from typing import Any, Union
 from ._device import Device
 from .errors import InvalidArgumentError
 
-__all__ = ["AxisNames", "Layout", "Mesh", "SpecEntry", "block_bounds", "check_axis_names", "mesh_shape"]
+__all__ = ["AxisNames", "Layout", "Mesh", "ProcessMesh", "SpecEntry", "block_bounds", "check_axis_names",
+           "mesh_shape"]
 
 #: One entry of a layout's spec: None (the dimension is whole), an axis name, or several names.
 SpecEntry = Union[None, str, Sequence[str]]  # noqa: UP007 - a runtime alias, valid on Python 3.10
@@ -211,6 +212,101 @@ class Mesh:
         return head + "\n" + "\n".join("  " + r for r in rows)
 
 
+@dataclass(frozen=True)
+class ProcessMesh:
+    """The ranks of a ``multidev.distributed`` group on a grid with named axes, row-major (rank ``r``
+    at the ``r``-th place): made by :func:`multidev.distributed.process_mesh`. A :class:`Layout` over
+    it lays a tensor out across processes, each rank holding its piece. Frozen, hashable, equal by
+    value. Its members are ranks where a :class:`Mesh`'s are devices."""
+
+    shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        shp = mesh_shape(self.shape)
+        names = _names(self.axis_names, "process mesh axis_names")
+        if len(names) != len(shp) or len(set(names)) != len(names):
+            raise InvalidArgumentError(f"process mesh: {len(shp)} axis sizes {shp} need as many distinct names, "
+                                       f"got {names}")
+        object.__setattr__(self, "shape", shp)
+        object.__setattr__(self, "axis_names", names)
+
+    @property
+    def size(self) -> int:
+        """The number of ranks."""
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        """The number of axes."""
+        return len(self.shape)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Axis name -> size, in axis order."""
+        return dict(zip(self.axis_names, self.shape))
+
+    def axis(self, name: str) -> int:
+        """The position of axis ``name``; InvalidArgumentError naming the axes where there is none."""
+        if name not in self.axis_names:
+            raise InvalidArgumentError(f"process mesh has no axis {name!r:.40}; its axes: {', '.join(self.axis_names)}")
+        return self.axis_names.index(name)
+
+    _axis = axis
+
+    def axis_size(self, names: AxisNames) -> int:
+        """The size of an axis, or the product of several."""
+        return math.prod(self.shape[self.axis(n)] for n in _names(names, "axis_size"))
+
+    def coords(self, rank: int) -> tuple[int, ...]:
+        """The grid position of ``rank``."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.size:
+            raise InvalidArgumentError(f"rank {rank!r:.40} is not on a process mesh of {self.size} ranks")
+        out = []
+        for s in reversed(self.shape):
+            rank, r = divmod(rank, s)
+            out.append(r)
+        return tuple(reversed(out))
+
+    def index_along(self, rank: int, axes: AxisNames) -> int:
+        """The position of ``rank`` within its subgroup along ``axes`` (row-major over them, in the
+        order given)."""
+        c = self.coords(rank)
+        idx = 0
+        for n in _names(axes, "index_along"):
+            a = self.axis(n)
+            idx = idx * self.shape[a] + c[a]
+        return idx
+
+    def groups(self, axes: AxisNames) -> tuple[tuple[int, ...], ...]:
+        """The subgroups along ``axes``: ranks that differ only there, each ordered row-major over
+        ``axes`` in the order given, the groups row-major over the other axes."""
+        names = _names(axes, "groups")
+        if len(set(names)) != len(names):
+            raise InvalidArgumentError(f"groups: an axis is named twice in {names}")
+        along = [self.axis(n) for n in names]
+        rest = [a for a in range(len(self.shape)) if a not in along]
+        out = []
+        for fixed in itertools.product(*(range(self.shape[a]) for a in rest)):
+            group = []
+            for moving in itertools.product(*(range(self.shape[a]) for a in along)):
+                c = [0] * len(self.shape)
+                for a, i in zip(rest, fixed):
+                    c[a] = i
+                for a, i in zip(along, moving):
+                    c[a] = i
+                flat = 0
+                for i, s in zip(c, self.shape):
+                    flat = flat * s + i
+                group.append(flat)
+            out.append(tuple(group))
+        return tuple(out)
+
+    def group_of(self, rank: int, axes: AxisNames) -> tuple[int, ...]:
+        """The subgroup along ``axes`` that ``rank`` belongs to."""
+        return next(g for g in self.groups(axes) if rank in g)
+
+
 def _entry(e: Any, i: int) -> tuple[str, ...]:
     if e is None:
         return ()
@@ -234,17 +330,19 @@ class Layout:
     Trailing whole dimensions are dropped, so ``("data", None)`` and ``("data",)`` are one layout.
     Frozen, hashable, equal by value."""
 
-    mesh: Mesh
-    """The mesh the tensor lies on."""
+    mesh: Any  # (a Mesh or a ProcessMesh: typed loosely, since each code path knows which it holds)
+    """The mesh the tensor lies on (a :class:`Mesh` or a :class:`ProcessMesh`): devices of one
+    process, or the ranks of a group (each holding its piece)."""
     spec: tuple[tuple[str, ...], ...]
     """Per tensor dimension, the mesh axes it is cut along (``()``: whole)."""
     partial: tuple[str, ...]
     """The mesh axes holding partial sums."""
 
-    def __init__(self, mesh: Mesh, spec: Sequence[SpecEntry] = (), partial: AxisNames = ()) -> None:
+    def __init__(self, mesh: Mesh | ProcessMesh, spec: Sequence[SpecEntry] = (), partial: AxisNames = ()) -> None:
         """Validate and freeze (InvalidArgumentError for unknown or repeated axes)."""
-        if not isinstance(mesh, Mesh):
-            raise InvalidArgumentError(f"Layout takes a multidev Mesh first, got {type(mesh).__name__}")
+        if not isinstance(mesh, (Mesh, ProcessMesh)):
+            raise InvalidArgumentError(f"Layout takes a multidev Mesh or a distributed ProcessMesh first, got "
+                                       f"{type(mesh).__name__}")
         if isinstance(spec, (str, bytes)) or not isinstance(spec, Iterable):
             raise InvalidArgumentError(f"layout spec is a sequence with one entry per tensor dimension (None, an "
                                        f"axis name or a tuple of names), got {spec!r:.60}")
@@ -281,6 +379,11 @@ class Layout:
                     and self.mesh == o.mesh)
 
     @property
+    def across_processes(self) -> bool:
+        """Whether the mesh is a :class:`ProcessMesh` (each rank holds its piece)."""
+        return self.mesh.__class__ is ProcessMesh
+
+    @property
     def replicated(self) -> tuple[str, ...]:
         """The mesh axes along which the tensor is replicated (named neither in spec nor partial)."""
         used = {n for e in self.spec for n in e} | set(self.partial)
@@ -297,9 +400,9 @@ class Layout:
             raise InvalidArgumentError(f"{what}: the layout cuts {len(self.spec)} dimensions {self.spec_text()} but "
                                        f"the tensor has {ndim}")
 
-    def block(self, device: Device, shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
-        """The ``(start, stop)`` of each dimension of the piece ``device`` holds of a tensor of
-        ``shape`` (numpy.array_split's sizes)."""
+    def block(self, device: Any, shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
+        """The ``(start, stop)`` of each dimension of the piece ``device`` (a rank, on a process mesh)
+        holds of a tensor of ``shape`` (numpy.array_split's sizes)."""
         out = []
         for d, length in enumerate(shape):
             if d < len(self.spec) and self.spec[d]:
@@ -309,7 +412,7 @@ class Layout:
                 out.append((0, length))
         return tuple(out)
 
-    def shard_shape(self, device: Device, shape: Sequence[int]) -> tuple[int, ...]:
+    def shard_shape(self, device: Any, shape: Sequence[int]) -> tuple[int, ...]:
         """The shape of the piece ``device`` holds."""
         return tuple(b - a for a, b in self.block(device, shape))
 

@@ -35,13 +35,14 @@ from .errors import (
     UnsupportedTensorError,
     translate_errors,
 )
-from .mesh import AxisNames, Layout, Mesh, check_axis_names, mesh_shape
+from .mesh import AxisNames, Layout, Mesh, ProcessMesh, check_axis_names, mesh_shape
 from .placement import resolve, scope_backend
 from .protocol import Backend, SupportsSharding
 from .registry import backend_of, get_backend, loaded_backends, require, tie_cache
 
 __all__ = [
     "ShardedTensor",
+    "cut_piece",
     "from_native_mesh",
     "from_shards",
     "is_sharded",
@@ -168,7 +169,8 @@ class ShardedTensor:
     """A tensor laid out on a mesh by multidev where the framework has no sharded type of its own:
     the :class:`~multidev.Layout`, the global ``shape`` and ``dtype``, the ``backend`` name, and
     ``shards``, one native tensor per device of the layout's mesh, in mesh order (``shards[i]`` on
-    ``layout.mesh.devices[i]``, with its piece's shape). Frozen: the record cannot be changed (the
+    ``layout.mesh.devices[i]``, with its piece's shape); over a process mesh
+    (:class:`~multidev.distributed.ProcessMesh`), this rank's one piece. Frozen: the record cannot be changed (the
     shards are the framework's tensors, writable where the framework's are). Made by
     ``multidev.to(x, layout)`` and :func:`from_shards`; read back with ``multidev.to_host``,
     ``multidev.to(x, device)``, :func:`layout_of` and :func:`shards_of`. Not a tensor: no
@@ -201,14 +203,20 @@ class ShardedTensor:
 
     @property
     def devices(self) -> tuple[Device, ...]:
-        """The mesh's devices, in mesh order (``shards[i]`` lives on ``devices[i]``)."""
-        return self.layout.mesh.devices
+        """The mesh's devices, in mesh order (``shards[i]`` lives on ``devices[i]``); over a process
+        mesh, the device of this rank's one piece."""
+        m = self.layout.mesh
+        if m.__class__ is ProcessMesh:
+            b = get_backend(self.backend)
+            return tuple(b.device_of(s) for s in self.shards)
+        return m.devices
 
     def shard(self, device: DeviceLike) -> Any:
-        """The native piece on ``device`` (InvalidArgumentError where it is not on the mesh)."""
+        """The native piece on ``device`` (InvalidArgumentError where it is not on the mesh, or not
+        this rank's over a process mesh)."""
         dev = Device.parse(device)
         try:
-            return self.shards[self.layout.mesh.devices.index(dev)]
+            return self.shards[self.devices.index(dev)]
         except ValueError:
             raise InvalidArgumentError(f"{dev} is not on this tensor's mesh {self.layout.mesh!r}") from None
 
@@ -239,7 +247,19 @@ class _Source:
 
 
 def _native_layout(b: Backend, x: Any) -> Layout | None:
-    return None if b.sharding is None else b.sharding.layout_of(x)
+    """The layout of a framework's own sharded tensor: over one process's devices
+    (:class:`~multidev.protocol.SupportsSharding`), or across processes (the mesh concern's
+    ``process_layout_of``: a DTensor, a global ``jax.Array``); None for a tensor on one device."""
+    lay = None if b.sharding is None else b.sharding.layout_of(x)
+    if lay is None and b.mesh is not None:
+        read = getattr(b.mesh, "process_layout_of", None)
+        if read is not None:
+            lay = read(x)
+    return lay
+
+
+def _across(layout: Any) -> bool:
+    return layout is not None and layout.mesh.__class__ is ProcessMesh
 
 
 def _source(x: Any, what: str) -> _Source:
@@ -251,6 +271,9 @@ def _source(x: Any, what: str) -> _Source:
         raise UnsupportedTensorError(f"{what} takes a tensor or a sharded tensor: {e}") from None
     lay = _native_layout(b, x)
     shape, dtype = b.shape_of(x), b.dtype_of(x)
+    if lay is not None and lay.mesh.__class__ is ProcessMesh:  # this rank's pieces (a DTensor's local tensor)
+        pieces = list(b.mesh.local_pieces(x))  # type: ignore[union-attr]
+        return _Source(b, x, shape, dtype, lay, pieces, [b.device_of(p) for p in pieces], True)
     if lay is not None:
         return _Source(b, x, shape, dtype, lay, None, list(lay.mesh.devices), True)
     return _Source(b, x, shape, dtype, None, [x], [b.device_of(x)], False)
@@ -279,7 +302,8 @@ def layout_of(x: Any) -> Layout | None:
 @translate_errors()
 def shards_of(x: Any) -> list[Any]:
     """The native pieces of ``x``, one per device of its layout's mesh, in mesh order (JAX: its
-    ``addressable_shards``' data; no copy); ``[x]`` for a tensor on one device."""
+    ``addressable_shards``' data; no copy); ``[x]`` for a tensor on one device. Sharded across
+    processes: this rank's piece (a DTensor's ``to_local()``)."""
     return list(_source(x, "shards_of").shards)
 
 
@@ -287,8 +311,13 @@ def sharded_device(x: ShardedTensor) -> Device:
     """``multidev.device_of`` of a ShardedTensor: its one device where its mesh has one, else
     DeviceMismatchError naming the devices (its layout says where each piece is)."""
     devs = x.devices
-    if len(devs) == 1:
+    if len(devs) == 1 and x.layout.mesh.size == 1:
         return devs[0]
+    if x.layout.mesh.__class__ is ProcessMesh:
+        raise DeviceMismatchError(f"device_of: this ShardedTensor lies across the {x.layout.mesh.size} processes of a "
+                                  f"process mesh (this rank's piece is on {devs[0]}), so it has no single device; "
+                                  "multidev.layout_of(x) says where each piece is, multidev.to_host(x) or "
+                                  "multidev.to(x, device) gathers it (on every rank)")
     raise DeviceMismatchError(f"device_of: this ShardedTensor lies on {len(devs)} devices "
                               f"({', '.join(map(str, devs))}) and so has no single device; multidev.layout_of(x) "
                               "says where each piece is, multidev.to(x, device) gathers it onto one")
@@ -313,6 +342,14 @@ def _slice(b: Backend, x: Any, rel: tuple[tuple[int, int], ...], shape: tuple[in
         if (s, e) != (0, n):
             x = b.split(x, [s, e - s, n - e], d)[1]
     return x
+
+
+def cut_piece(b: Backend, whole: Any, box: tuple[tuple[int, int], ...], shape: tuple[int, ...], dev: Device,
+              fresh: bool) -> Any:
+    """The piece ``box`` of ``whole`` (of ``shape``, on ``dev``) as a new buffer; ``whole`` itself
+    where the box is all of it and ``fresh`` (made by multidev, not the caller's)."""
+    x = _slice(b, whole, box, shape)
+    return x if fresh and x is whole else b.copy(x, dev)
 
 
 def _blocks(src: _Source, target: Layout) -> tuple[list[_Block], tuple[str, ...]]:
@@ -429,8 +466,18 @@ def place(x: Any, layout: Layout) -> Any:
     ``jax.device_put`` with a ``NamedSharding``, asynchronous); else a :class:`ShardedTensor` of new
     native pieces, each on its device. A tensor that already has this layout is returned as it is.
     Placing a whole tensor into a layout with partial sums puts it on the first device along the
-    partial axes and zeros on the others. Everything is validated before anything moves."""
+    partial axes and zeros on the others. Everything is validated before anything moves.
+
+    A layout over a :class:`~multidev.distributed.ProcessMesh`: collective, rank 0's tensor laid
+    out across the group's processes (:func:`multidev.distributed.distribute`; a DTensor under the
+    torch engine, a global ``jax.Array`` under jax, else a ShardedTensor of this rank's piece)."""
+    if layout.__class__ is Layout and layout.mesh.__class__ is ProcessMesh:
+        from .distributed.layouts import distribute
+        return distribute(x, layout, 0)
     src = _source(x, "to(layout)")
+    if _across(src.layout):  # sharded across processes: gathered on every rank (collective), then laid out
+        from .distributed.layouts import whole_of
+        return place(whole_of(x), layout)
     b = src.b
     sharding = _check_target(b, layout, src.shape, src.dtype, "to(layout)")
     if src.layout == layout:
@@ -449,6 +496,10 @@ def unshard(x: Any, device: DeviceLike) -> Any:
     tensor on ``device``, built from the pieces (those already on ``device`` are not moved)."""
     src = _source(x, "to(device)")
     dev = resolve(src.b, device)
+    if _across(src.layout):  # gathered on every rank (collective), then moved
+        from .distributed.layouts import whole_of
+        whole = whole_of(x)
+        return whole if src.b.device_of(whole) == dev else src.b.move(whole, dev)
     if src.native:  # the framework's own gather (jax.device_put(x, device))
         return require(src.b, SupportsSharding, "to(device)").unshard(x, dev)
     one = Layout(Mesh((1,), ("_",), (dev,)))
@@ -463,6 +514,9 @@ def sharded_to_host(x: Any) -> np.ndarray:
     b, lay = src.b, src.layout
     if lay is None:
         return b.to_numpy(src.shards[0])
+    if _across(lay):  # gathered on every rank (collective)
+        from .distributed.layouts import whole_of
+        return b.to_numpy(whole_of(x))
     hosts = {d: b.to_numpy(t) for d, t in zip(src.devices, src.shards)}
     m = lay.mesh
     seen: set[tuple[Any, ...]] = set()
@@ -494,13 +548,19 @@ def from_shards(shards: Sequence[Any], layout: Layout, shape: Sequence[int] | No
     sharded tensor where it expresses the layout (no copy where it allows), else a
     :class:`ShardedTensor` holding ``shards`` themselves (no copy). ``shape``, the whole tensor's,
     is worked out from the pieces when None. Replicas are taken as given (not compared).
-    InvalidArgumentError for pieces on the wrong device or of the wrong shape, naming them."""
+    InvalidArgumentError for pieces on the wrong device or of the wrong shape, naming them. Over
+    a process mesh: ``[this rank's piece]`` (:func:`multidev.distributed.from_local`)."""
     if not isinstance(layout, Layout):
         raise InvalidArgumentError(f"from_shards takes a multidev Layout, got {type(layout).__name__}")
     if isinstance(shards, (str, bytes)) or not isinstance(shards, Sequence):
         raise InvalidArgumentError(f"from_shards takes a list of tensors, one per mesh device, "
                                    f"got {type(shards).__name__}")
     xs = list(shards)
+    if layout.mesh.__class__ is ProcessMesh:  # this rank's one piece (distributed.from_local)
+        if len(xs) != 1:
+            raise InvalidArgumentError(f"from_shards over a process mesh takes this rank's one piece, got {len(xs)}")
+        from .distributed.layouts import from_local
+        return from_local(xs[0], layout, shape)
     m = layout.mesh
     if len(xs) != m.size:
         raise InvalidArgumentError(f"from_shards: the mesh has {m.size} devices, got {len(xs)} pieces")

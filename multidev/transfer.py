@@ -160,6 +160,10 @@ def _start_host_copy(x: Any, where: str) -> _Landing:
         host = sharded_to_host(x)
         return _Landing(lambda: host)
     b = backend_of(x)
+    across = getattr(b.mesh, "process_layout_of", None) if b.mesh is not None else None
+    if across is not None and across(x) is not None:  # a DTensor, a global jax.Array: gathered (collective)
+        host = sharded_to_host(x)
+        return _Landing(lambda: host)
     with translate_errors(lambda: f"to_host: {where}"):
         moves = b.transfers
         return _Landing(moves.start_to_numpy(x) if moves is not None else start_to_numpy(b, x))

@@ -8,15 +8,20 @@ from typing import Any
 
 import numpy as np
 
-from multidev.adapter import CapabilityError, Concern, Device, Mesh, SupportsMesh
+from multidev.adapter import CapabilityError, Concern, Device, Layout, Mesh, ProcessMesh, SupportsMesh
 
 from .core import JaxCore
 
 
 class JaxMesh(Concern, SupportsMesh):
-    """``jax.sharding.Mesh`` both ways; the order of ``mesh_utils.create_device_mesh``."""
+    """``jax.sharding.Mesh`` both ways; the order of ``mesh_utils.create_device_mesh``; over the
+    jax engine's processes, global arrays (multidev's process meshes and layouts)."""
 
     core: JaxCore
+
+    def __init__(self, core: JaxCore) -> None:
+        super().__init__(core)
+        self._process_shardings: dict[Any, tuple[int, Any]] = {}  # layout -> (process count, NamedSharding)
 
     def mesh_device_order(self, shape: tuple[int, ...], devices: Sequence[Device]) -> list[Device]:
         from jax.experimental import mesh_utils
@@ -61,6 +66,59 @@ class JaxMesh(Concern, SupportsMesh):
             raise CapabilityError(f"jax backend: this mesh's devices belong to processes {procs}, not one device per "
                                   "process in process order, the layout of a multidev process mesh")
         return tuple(obj.devices.shape), tuple(str(n) for n in obj.axis_names)
+
+    # -- global arrays: tensors sharded across the jax engine's processes ------------------------------
+    def process_sharding(self, layout: Any, shape: tuple[int, ...], engine: str) -> Any:
+        """The ``NamedSharding`` over the processes' mesh for ``layout`` under the jax engine; None
+        (multidev's managed pieces) under another engine or for partial sums (a ``NamedSharding`` has
+        none). CapabilityError for uneven pieces, which JAX does not place."""
+        if engine != "jax" or layout.partial:
+            return None
+        odd = layout.uneven(shape)
+        if odd:
+            d, n, k = odd[0]
+            raise CapabilityError(f"jax backend: a NamedSharding cuts a dimension into pieces of one size, but "
+                                  f"dimension {d} of shape {tuple(shape)} has {n} elements for {k} pieces "
+                                  f"(layout {layout.spec_text()}); pad it to a multiple of {k}")
+        hit = self._process_shardings.get(layout)
+        if hit is None or hit[0] != self.core.jax.process_count():
+            jax = self.core.jax
+            P = jax.sharding.PartitionSpec
+            m = layout.mesh
+            spec = P(*[None if not e else e[0] if len(e) == 1 else tuple(e) for e in layout.spec])
+            hit = (jax.process_count(), jax.sharding.NamedSharding(
+                self.to_native_process_mesh(m.shape, m.axis_names, engine), spec))
+            if len(self._process_shardings) < 256:
+                self._process_shardings[layout] = hit
+        return hit[1]
+
+    def from_local(self, piece: Any, sharding: Any, shape: tuple[int, ...]) -> Any:
+        """The global array whose piece in this process is ``piece``, moved first to this process's
+        device of the mesh where it lies elsewhere (``make_array_from_single_device_arrays``)."""
+        jax = self.core.jax
+        mine = jax.process_index()
+        dev = next(d for d in sharding.mesh.devices.flat if d.process_index == mine)
+        if piece.sharding.device_set != {dev}:
+            piece = jax.device_put(piece, dev)
+        return jax.make_array_from_single_device_arrays(tuple(shape), sharding, [piece])
+
+    def process_layout_of(self, x: Any) -> Any:
+        """The layout of a global array over a mesh of one device per process (a
+        :class:`~multidev.Layout` over a :class:`~multidev.ProcessMesh`); None for an array this
+        process holds whole (or on its own devices only)."""
+        sh = getattr(x, "sharding", None)
+        jax = self.core.jax
+        if sh is None or not isinstance(sh, jax.sharding.NamedSharding) or sh.is_fully_addressable:
+            return None
+        found = self.from_native_process_mesh(sh.mesh)
+        if found is None:
+            return None
+        spec = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in sh.spec]
+        return Layout(ProcessMesh(*found), spec)
+
+    def local_pieces(self, x: Any) -> list[Any]:
+        """This process's pieces of a global array (``addressable_shards``' data, no copy)."""
+        return [s.data for s in x.addressable_shards]
 
     def from_native_mesh(self, obj: Any) -> Any:
         if not isinstance(obj, self.core.jax.sharding.Mesh):

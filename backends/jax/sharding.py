@@ -54,6 +54,8 @@ class JaxSharding(Concern, SupportsSharding):
             if sh is not None and len(self._layouts) < 1024:
                 self._layouts[sh] = (None,)
             return None
+        if not sh.is_fully_addressable:  # across processes: the mesh concern's (process_layout_of)
+            return None
         if not isinstance(sh, self.core.jax.sharding.NamedSharding):
             raise CapabilityError(f"jax backend: this array's {type(sh).__name__} is no NamedSharding; multidev "
                                   "reads layouts of NamedShardings (jax.device_put(x, NamedSharding(...)) first)")

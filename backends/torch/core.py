@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -19,6 +20,7 @@ from multidev.adapter import (
     Capabilities,
     CapabilityError,
     Device,
+    DeviceMismatchError,
     InvalidDeviceError,
     StagingPlan,
     is_floating,
@@ -63,6 +65,7 @@ class TorchCore(BaseBackend):
 
         self.torch = torch
         self._devof: dict[Any, Device] = {}  # torch.device -> Device, so device_of allocates nothing
+        self._plain: dict[type, bool] = {}  # tensor class -> whether it is no DTensor (one lookup per call)
         self._targets: dict[tuple[str, Device], tuple[Any, Any]] = {}  # (dtype, Device) -> torch's pair
         self._to_torch = {n: getattr(torch, n) for n in _TORCH_DTYPE_NAMES if hasattr(torch, n)}
         self._from_torch = {v: k for k, v in self._to_torch.items()}
@@ -263,6 +266,8 @@ class TorchCore(BaseBackend):
 
     # -- placement --------------------------------------------------------------------------
     def device_of(self, x: Any) -> Device:
+        if self._plain.get(x.__class__) is not True:
+            self._sharded_device(x)
         nd = x.device
         dev = self._devof.get(nd)
         if dev is not None:
@@ -275,6 +280,23 @@ class TorchCore(BaseBackend):
                 f"torch backend: tensor is on {x.device}, a device multidev does not model "
                 "(cpu, cuda, mps); move it with x.to('cpu') first")
         return dev
+
+    def _sharded_device(self, x: Any) -> None:
+        """DeviceMismatchError for a DTensor over several ranks (its pieces lie in several processes,
+        as a JAX array over several devices has no one device); a class seen once is remembered."""
+        cls = x.__class__
+        mod = sys.modules.get("torch.distributed.tensor")
+        plain = mod is None or not issubclass(cls, mod.DTensor)
+        if plain:
+            self._plain[cls] = True
+            return
+        size = x.device_mesh.size()
+        if size > 1:
+            raise DeviceMismatchError(
+                f"torch backend: this DTensor lies across the {size} ranks of its DeviceMesh (this rank's piece is "
+                f"on {x.device}), so it has no single device; multidev.layout_of(x) says where each piece is, "
+                "multidev.to_host(x) or multidev.to(x, device) gathers it (on every rank), x.to_local() is this "
+                "rank's piece")
 
     def move(self, x: Any, device: Device) -> Any:
         if x.device.type == "cuda" and device.kind == "cpu":

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from multidev.adapter import CapabilityError, Concern, Device, Mesh, SupportsMesh
+from multidev.adapter import CapabilityError, Concern, Device, Layout, Mesh, ProcessMesh, SupportsMesh
 
 from .core import TorchCore
 
@@ -20,9 +20,14 @@ _TYPE_OF_KIND = {"cpu": "cpu", "gpu": "cuda", "mps": "mps"}
 
 
 class TorchMesh(Concern, SupportsMesh):
-    """``DeviceMesh`` both ways, for a process group of world size 1."""
+    """``DeviceMesh`` both ways, for a process group of world size 1; over the torch engine's
+    processes, ``DeviceMesh`` and DTensor (multidev's process meshes and layouts)."""
 
     core: TorchCore
+
+    def __init__(self, core: TorchCore) -> None:
+        super().__init__(core)
+        self._process_meshes: dict[Any, tuple[Any, Any]] = {}  # (shape, names, group id) -> (group, DeviceMesh)
 
     def mesh_device_order(self, shape: tuple[int, ...], devices: Sequence[Device]) -> list[Device]:
         return list(devices)
@@ -58,17 +63,99 @@ class TorchMesh(Concern, SupportsMesh):
         return DeviceMesh(_TYPE_OF_KIND[dev.kind], ranks, mesh_dim_names=mesh.axis_names)
 
     def to_native_process_mesh(self, shape: tuple[int, ...], axis_names: tuple[str, ...], engine: str) -> Any:
-        """The ``DeviceMesh`` of the torch engine's ranks laid out row-major on ``shape``."""
+        """The ``DeviceMesh`` of the torch engine's ranks laid out row-major on ``shape`` (made once
+        per shape, names and process group: making one is collective, it creates its subgroups)."""
         dist = self.core.torch.distributed
         if engine != "torch" or not dist.is_available() or not dist.is_initialized():
             raise CapabilityError(f"torch backend: a DeviceMesh spans torch.distributed's ranks, which only the torch "
                                   f"engine starts (this group runs the {engine} engine)")
+        key = (tuple(shape), tuple(axis_names), id(dist.group.WORLD))
+        hit = self._process_meshes.get(key)
+        if hit is not None and hit[0] is dist.group.WORLD:
+            return hit[1]
         from torch.distributed.device_mesh import DeviceMesh
 
         torch = self.core.torch
         kind = "cuda" if "nccl" in str(dist.get_backend()) and torch.cuda.is_available() else "cpu"
         ranks = torch.arange(int(dist.get_world_size())).reshape(shape)
-        return DeviceMesh(kind, ranks, mesh_dim_names=axis_names)
+        made = DeviceMesh(kind, ranks, mesh_dim_names=axis_names)
+        self._process_meshes[key] = (dist.group.WORLD, made)
+        return made
+
+    # -- DTensor: tensors sharded across the torch engine's processes --------------------------------
+    def process_sharding(self, layout: Any, shape: tuple[int, ...], engine: str) -> Any:
+        """``(DeviceMesh, placements)`` for ``layout`` (over a process mesh) under the torch engine;
+        None (multidev's managed pieces) under another engine, or where DTensor would cut otherwise
+        than ``numpy.array_split`` (uneven pieces: DTensor follows ``torch.chunk``) or cannot say it (a
+        dimension cut along several axes out of mesh order)."""
+        if engine != "torch":
+            return None
+        m = layout.mesh
+        for d, entry in enumerate(layout.spec):
+            idx = [m.axis(a) for a in entry]
+            if idx != sorted(idx) or (entry and shape[d] % layout.pieces(d)):
+                return None
+        from torch.distributed.tensor import Partial, Replicate, Shard
+
+        placements: list[Any] = [Replicate()] * m.ndim
+        for d, entry in enumerate(layout.spec):
+            for a in entry:
+                placements[m.axis(a)] = Shard(d)
+        for a in layout.partial:
+            placements[m.axis(a)] = Partial()
+        return self.to_native_process_mesh(m.shape, m.axis_names, engine), tuple(placements)
+
+    def from_local(self, piece: Any, sharding: Any, shape: tuple[int, ...]) -> Any:
+        """The DTensor whose local tensor is ``piece`` (``DTensor.from_local``, no communication)."""
+        from torch.distributed.tensor import DTensor
+
+        torch = self.core.torch
+        stride, acc = [], 1
+        for n in reversed(shape):
+            stride.append(acc)
+            acc *= max(int(n), 1)
+        mesh, placements = sharding
+        return DTensor.from_local(piece, mesh, placements, run_check=False, shape=torch.Size(shape),
+                                  stride=tuple(reversed(stride)))
+
+    def process_layout_of(self, x: Any) -> Any:
+        """The layout of a DTensor over the whole group (a :class:`~multidev.Layout` over a
+        :class:`~multidev.ProcessMesh`); None for another tensor. CapabilityError for a DTensor
+        multidev cannot describe: over a part of the group, partial sums of another reduction than a
+        sum, uneven pieces (``torch.chunk``'s sizes differ from ``numpy.array_split``'s)."""
+        mod = sys.modules.get("torch.distributed.tensor")
+        if mod is None or not isinstance(x, mod.DTensor):
+            return None
+        found = self.from_native_process_mesh(x.device_mesh)
+        if found is None:
+            return None
+        shape, names = found
+        entries: list[list[str]] = [[] for _ in range(x.ndim)]
+        partial = []
+        for i, p in enumerate(x.placements):
+            if p.is_replicate():
+                continue
+            if p.is_partial() and getattr(p, "reduce_op", "sum") == "sum":
+                partial.append(names[i])
+            elif type(p).__name__ == "Shard":
+                entries[p.dim].append(names[i])
+            else:
+                raise CapabilityError(f"torch backend: a DTensor placed by {p} has no multidev layout (it describes "
+                                      "Shard, Replicate and Partial sums)")
+        lay = Layout(ProcessMesh(shape, names), [tuple(e) for e in entries], tuple(partial))
+        for d in range(len(lay.spec)):
+            n, length = lay.pieces(d), int(x.shape[d])
+            chunk = -(-length // n) if n else 0
+            if [min(chunk, max(0, length - i * chunk)) for i in range(n)] != [length // n + (i < length % n)
+                                                                               for i in range(n)]:
+                raise CapabilityError(f"torch backend: this DTensor cuts dimension {d} of {length} into {n} pieces "
+                                      "as torch.chunk does, which multidev's layouts (numpy.array_split's sizes) do "
+                                      "not describe")
+        return lay
+
+    def local_pieces(self, x: Any) -> list[Any]:
+        """A DTensor's local tensor (no copy)."""
+        return [x.to_local()]
 
     def from_native_process_mesh(self, obj: Any) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
         """A ``DeviceMesh`` over the whole group, ranks row-major: its shape and axis names."""

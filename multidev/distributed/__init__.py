@@ -39,7 +39,11 @@ raise :class:`DistributedError` naming it. The group stays usable after either.
 Point-to-point (:mod:`.p2p`): ``send(x, dst)`` and ``recv(src)`` move one tensor between two
 ranks (the receiver needs no shape: it travels in the message's header, which the receiver checks
 against ``out=`` and ``tag=``); ``sendrecv`` is the ring exchange. Process meshes (:mod:`.mesh`):
-collectives along named axes, within the engine's own subgroups.
+collectives along named axes, within the engine's own subgroups. Layouts over a process mesh
+(:mod:`.layouts`): ``multidev.to(x, Layout(process_mesh, spec))`` (or :func:`distribute`) lays a
+tensor out across the processes, each rank keeping its piece (a DTensor under torch, a global
+``jax.Array`` under jax, else a ShardedTensor of the piece); :func:`from_local` builds one from the
+ranks' pieces; ``multidev.to_host`` gathers it.
 
 Failure (:mod:`.hangs`): a rank that dies, hangs or never arrives makes the others raise
 :class:`DistributedTimeoutError` within the ``timeout`` given to :func:`init`, naming the ranks
@@ -90,6 +94,7 @@ from .group import (
 )
 from .handles import Work
 from .hangs import classify as _translate  # noqa: F401 - the old name, kept for callers that classified errors
+from .layouts import distribute, from_local
 from .mesh import (
     ProcessMesh,
     all_to_all,
@@ -129,8 +134,10 @@ __all__ = [
     "carries",
     "checks_enabled",
     "detect_launch",
+    "distribute",
     "engine_name",
     "engine_names",
+    "from_local",
     "from_native_mesh",
     "gather",
     "group_info",

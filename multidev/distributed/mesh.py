@@ -26,11 +26,9 @@ whose messages match by peer, as a collective elsewhere.
 """
 from __future__ import annotations
 
-import itertools
 import math
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import (
@@ -42,7 +40,7 @@ from ..errors import (
     UnsupportedTensorError,
     translate_errors,
 )
-from ..mesh import AxisNames, check_axis_names, mesh_shape
+from ..mesh import AxisNames, ProcessMesh, check_axis_names, mesh_shape
 from ..registry import backend_of, get_backend, installed_backends
 from ..structured import rebuild, structure_leaves
 from ..trees import owner_or_structure
@@ -57,62 +55,6 @@ from .transport import Origin, from_transport
 
 __all__ = ["ProcessMesh", "all_to_all", "all_to_all_along", "allgather_along", "allreduce_along", "from_native_mesh",
            "process_mesh", "reduce_scatter_along", "sendrecv", "to_native_mesh"]
-
-
-@dataclass(frozen=True)
-class ProcessMesh:
-    """The ranks of a group on a grid with named axes, row-major. Frozen, hashable, equal by value."""
-
-    shape: tuple[int, ...]
-    axis_names: tuple[str, ...]
-
-    @property
-    def size(self) -> int:
-        """The number of ranks."""
-        return math.prod(self.shape)
-
-    def _axis(self, name: str) -> int:
-        if name not in self.axis_names:
-            raise InvalidArgumentError(f"process mesh has no axis {name!r:.40}; its axes: {', '.join(self.axis_names)}")
-        return self.axis_names.index(name)
-
-    def coords(self, rank: int) -> tuple[int, ...]:
-        """The grid position of ``rank``."""
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.size:
-            raise InvalidArgumentError(f"rank {rank!r:.40} is not on a process mesh of {self.size} ranks")
-        out = []
-        for s in reversed(self.shape):
-            rank, r = divmod(rank, s)
-            out.append(r)
-        return tuple(reversed(out))
-
-    def groups(self, axes: AxisNames) -> tuple[tuple[int, ...], ...]:
-        """The subgroups along ``axes``: ranks that differ only there, each ordered row-major over
-        ``axes`` in the order given, the groups row-major over the other axes."""
-        names = check_axis_names(axes)
-        if len(set(names)) != len(names):
-            raise InvalidArgumentError(f"groups: an axis is named twice in {names}")
-        along = [self._axis(n) for n in names]
-        rest = [a for a in range(len(self.shape)) if a not in along]
-        out = []
-        for fixed in itertools.product(*(range(self.shape[a]) for a in rest)):
-            group = []
-            for moving in itertools.product(*(range(self.shape[a]) for a in along)):
-                c = [0] * len(self.shape)
-                for a, i in zip(rest, fixed):
-                    c[a] = i
-                for a, i in zip(along, moving):
-                    c[a] = i
-                flat = 0
-                for i, s in zip(c, self.shape):
-                    flat = flat * s + i
-                group.append(flat)
-            out.append(tuple(group))
-        return tuple(out)
-
-    def group_of(self, rank: int, axes: AxisNames) -> tuple[int, ...]:
-        """The subgroup along ``axes`` that ``rank`` belongs to."""
-        return next(g for g in self.groups(axes) if rank in g)
 
 
 def process_mesh(shape: int | Sequence[int], axis_names: AxisNames) -> ProcessMesh:

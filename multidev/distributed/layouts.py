@@ -1,0 +1,302 @@
+"""Tensors laid out across the processes of a group: a :class:`~multidev.Layout` over a
+:class:`~multidev.distributed.ProcessMesh`, each rank holding its piece.
+
+- :func:`distribute` (``multidev.to(x, layout)``, rank ``src``'s tensor) cuts a whole tensor into
+  the layout's pieces, each rank keeping its own; :func:`from_local` builds the sharded tensor from
+  each rank's piece (no data moves); :func:`gather` (``multidev.to_host``, ``multidev.to(x, device)``)
+  brings the whole tensor back on every rank; a change of layout gathers and cuts.
+- The result is the framework's own sharded type where it has one for this group's engine
+  (torch's ``DTensor`` under the torch engine, a global ``jax.Array`` with a ``NamedSharding``
+  under the jax engine: the adapter's mesh concern says, ``process_sharding``), else a
+  :class:`~multidev.ShardedTensor` holding this rank's one native piece (``shards``), which
+  multidev manages: NumPy, TensorFlow, MXNet, CuPy, array-API libraries, and any framework under an
+  engine that is not its own (torch or JAX under MPI).
+
+Every call here is collective: every rank of the group calls it with the same layout, shape and
+dtype. Those are compared in one agreed exchange first (CollectiveMismatchError on every rank,
+naming the difference, before anything moves; a rank's own refusal raises its error there and
+CollectiveMismatchError on the others). Then the data moves along the mesh's axes with the group's
+collectives (:func:`~multidev.distributed.allgather_along`, :func:`~multidev.distributed.allreduce_along`,
+:func:`~multidev.distributed.broadcast`), with their timeouts and typed errors. Pieces follow
+``numpy.array_split``'s sizes, as one process's layouts do.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import CollectiveMismatchError, InvalidArgumentError, UnsupportedTensorError
+from ..mesh import Layout, ProcessMesh
+from ..protocol import Backend
+from ..registry import backend_of, get_backend
+from ..sharding import ShardedTensor, cut_piece
+from .collectives import allgather, broadcast
+from .consistency import MAX_DIMS
+from .group import current
+from .mesh import _agree, _checked, allgather_along, allreduce_along
+
+__all__ = ["distribute", "from_local", "is_process_layout", "local_piece", "process_layout_of", "whole_of"]
+
+
+def is_process_layout(layout: Any) -> bool:
+    """Whether ``layout`` is a :class:`~multidev.Layout` over a process mesh."""
+    return layout.__class__ is Layout and layout.mesh.__class__ is ProcessMesh
+
+
+def _native_process_layout(b: Backend, x: Any) -> Layout | None:
+    read = getattr(b.mesh, "process_layout_of", None) if b.mesh is not None else None
+    return None if read is None else read(x)
+
+
+def process_layout_of(x: Any) -> Layout | None:
+    """The process layout of ``x``: a :class:`~multidev.ShardedTensor` over a process mesh, or a
+    framework's own tensor sharded across processes (a ``DTensor``, a global ``jax.Array``); None
+    otherwise. Never copies or waits."""
+    if x.__class__ is ShardedTensor:
+        return x.layout if is_process_layout(x.layout) else None
+    try:
+        b = backend_of(x)
+    except UnsupportedTensorError:
+        return None
+    return _native_process_layout(b, x)
+
+
+def local_piece(x: Any) -> tuple[Backend, Any, Layout, tuple[int, ...], str]:
+    """``(backend, this rank's piece, layout, whole shape, dtype)`` of a tensor sharded across
+    processes (no copy)."""
+    if x.__class__ is ShardedTensor:
+        return get_backend(x.backend), x.shards[0], x.layout, x.shape, x.dtype
+    b = backend_of(x)
+    lay = _native_process_layout(b, x)
+    assert lay is not None
+    pieces = b.mesh.local_pieces(x)  # type: ignore[union-attr]
+    return b, pieces[0], lay, tuple(b.shape_of(x)), b.dtype_of(x)
+
+
+def _world_mesh(layout: Layout, what: str) -> ProcessMesh:
+    g = current()
+    m = layout.mesh
+    assert isinstance(m, ProcessMesh)
+    if m.size != g.world_size:
+        raise InvalidArgumentError(f"{what}: the layout's process mesh holds {m.size} ranks, the group {g.world_size}")
+    return m
+
+
+def _native_sharding(b: Backend, layout: Layout, shape: tuple[int, ...]) -> Any:
+    """The framework's own sharding for ``layout`` under this group's engine, or None (managed)."""
+    make = getattr(b.mesh, "process_sharding", None) if b.mesh is not None else None
+    return None if make is None else make(layout, shape, current().info.engine)
+
+
+def _build(b: Backend, piece: Any, layout: Layout, shape: tuple[int, ...], dtype: str, native: Any) -> Any:
+    if native is not None:
+        return b.mesh.from_local(piece, native, shape)  # type: ignore[union-attr]
+    return ShardedTensor(layout, shape, dtype, b.name, (piece,))
+
+
+def _local_piece_of(b: Backend, whole: Any, layout: Layout, rank: int, shape: tuple[int, ...], dtype: str,
+                    fresh: bool) -> Any:
+    """This rank's piece of ``whole`` (a new buffer unless ``fresh`` and uncut): zeros at a position
+    other than the first along a partial axis."""
+    m = layout.mesh
+    c = m.coords(rank)
+    box = layout.block(rank, shape)
+    dev = b.device_of(whole)
+    if any(c[m.axis(a)] != 0 for a in layout.partial):
+        return b.full(tuple(e - s for s, e in box), False if dtype == "bool" else 0, dtype, dev)
+    return cut_piece(b, whole, box, shape, dev, fresh)
+
+
+def _check_layout(b: Backend, x: Any, layout: Layout, what: str) -> tuple[tuple[int, ...], str]:
+    """x's shape and dtype, the layout checked against them."""
+    if not is_process_layout(layout):
+        raise InvalidArgumentError(f"{what} takes a multidev Layout over a ProcessMesh, got {layout!r:.80}")
+    _world_mesh(layout, what)
+    shape, dtype = tuple(b.shape_of(x)), b.dtype_of(x)
+    layout.check_rank(len(shape), what)
+    if layout.partial and dtype == "bool":
+        raise InvalidArgumentError(f"{what}: partial sums of bool tensors are undefined; lay it out without partial")
+    return shape, dtype
+
+
+def distribute(x: Any, layout: Layout, src: int | None = 0) -> Any:
+    """``x`` laid out across the group's processes by ``layout`` (over a process mesh of the
+    group), each rank keeping its piece: the framework's own sharded tensor where it has one for
+    this engine (a ``DTensor`` under torch, a global ``jax.Array`` under jax), else a
+    :class:`~multidev.ShardedTensor` of this rank's native piece (a new buffer). Collective.
+
+    ``src``: the rank whose ``x`` is the tensor (torch's ``src_data_rank``; the others pass a tensor
+    of the same shape and dtype, which is broadcast over); ``None``: every rank's own ``x`` is taken
+    as the whole (no data moves; ranks holding different values give a tensor whose pieces come
+    from different wholes). Placing into a layout with partial sums puts the whole on the first
+    rank along the partial axes and zeros on the others. A tensor already sharded across processes
+    changes layout (gathered, then cut); one sharded over one process's devices is gathered onto its
+    first device first."""
+    what = "distributed.distribute"
+    from ..sharding import is_sharded, shards_of, unshard
+
+    if process_layout_of(x) is not None:
+        return _relayout(x, layout, what)
+    if x.__class__ is ShardedTensor or is_sharded(x):
+        x = unshard(x, backend_of(shards_of(x)[0]).device_of(shards_of(x)[0]))
+    g = current()
+    found: dict[str, Any] = {}
+
+    def check() -> tuple[tuple[Any, ...], int]:
+        if src is not None and (isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < g.world_size):
+            raise InvalidArgumentError(f"{what}: src must be a rank of the group (0..{g.world_size - 1}) or None, "
+                                       f"got {src!r:.40}")
+        b, _ = _checked(x, what)
+        found["b"] = b
+        found["shape"], found["dtype"] = _check_layout(b, x, layout, what)
+        return (layout, found["shape"], found["dtype"], src), 0
+
+    _agree(what, check)  # (the native sharding only after: making a DeviceMesh is collective)
+    b, shape, dtype = found["b"], found["shape"], found["dtype"]
+    native = _native_sharding(b, layout, shape)
+    whole, fresh = x, False
+    if src is not None and g.world_size > 1:
+        whole = broadcast(x, src)
+        fresh = whole is not x
+    piece = _local_piece_of(b, whole, layout, g.rank, shape, dtype, fresh)
+    return _build(b, piece, layout, shape, dtype, native)
+
+
+def _whole(b: Backend, piece: Any, layout: Layout) -> Any:
+    """The whole tensor on this rank's device, from every rank's piece: partial sums added along
+    the partial axes, then the pieces joined along each cut dimension's axes (a new buffer)."""
+    m = layout.mesh
+    assert isinstance(m, ProcessMesh)
+    t = piece
+    if layout.partial:
+        t = allreduce_along(t, m, layout.partial, "sum")
+    for d, entry in enumerate(layout.spec):
+        if entry:
+            t = allgather_along(t, m, entry, axis=d)
+    if t is piece:  # replicated everywhere: still a new buffer
+        t = b.copy(t, b.device_of(t))
+    return t
+
+
+def _agree_sharded(x: Any, what: str, extra: tuple[Any, ...] = ()) -> tuple[Backend, Any, Layout, tuple[int, ...],
+                                                                           str]:
+    """The record of a collective call on a tensor sharded across processes, agreed by every rank."""
+    found: list[Any] = []
+
+    def check() -> tuple[tuple[Any, ...], int]:
+        b, piece, lay, shape, dtype = local_piece(x)
+        _world_mesh(lay, what)
+        found[:] = [b, piece, lay, shape, dtype]
+        return (lay, shape, dtype, *extra), 0
+
+    _agree(what, check)
+    b, piece, lay, shape, dtype = found
+    return b, piece, lay, shape, dtype
+
+
+def whole_of(x: Any) -> Any:
+    """The whole of ``x`` (sharded across processes), as one new native tensor on this rank's
+    device of its piece, on every rank (partial sums added). Collective."""
+    b, piece, lay, _, _ = _agree_sharded(x, "distributed.gather")
+    return _whole(b, piece, lay)
+
+
+def _relayout(x: Any, layout: Layout, what: str) -> Any:
+    """``x`` (sharded across processes) laid out by ``layout`` (over a process mesh): gathered
+    whole on every rank, then cut; ``x`` itself where the layout is its own."""
+    found: dict[str, Any] = {}
+
+    def check() -> tuple[tuple[Any, ...], int]:
+        b, piece, lay, shape, dtype = local_piece(x)
+        found.update(b=b, piece=piece, lay=lay, shape=shape, dtype=dtype)
+        _world_mesh(lay, what)
+        if not is_process_layout(layout):
+            raise InvalidArgumentError(f"{what} takes a multidev Layout over a ProcessMesh, got {layout!r:.80}")
+        _world_mesh(layout, what)
+        layout.check_rank(len(shape), what)
+        if layout.partial and dtype == "bool":
+            raise InvalidArgumentError(f"{what}: partial sums of bool tensors are undefined")
+        return (lay, layout, shape, dtype), 0
+
+    _agree(what, check)
+    if found["lay"] == layout:
+        return x
+    b, shape, dtype = found["b"], found["shape"], found["dtype"]
+    native = _native_sharding(b, layout, shape)
+    whole = _whole(b, found["piece"], found["lay"])
+    piece = _local_piece_of(b, whole, layout, current().rank, shape, dtype, True)
+    return _build(b, piece, layout, shape, dtype, native)
+
+
+def from_local(piece: Any, layout: Layout, shape: Any = None) -> Any:
+    """The tensor sharded across processes by ``layout`` whose piece on this rank is ``piece``
+    (DTensor's ``from_local``; JAX's ``make_array_from_single_device_arrays``): the framework's own
+    sharded type where it has one for this engine (no copy where it allows), else a
+    :class:`~multidev.ShardedTensor` holding ``piece`` itself. Collective: the ranks' layouts,
+    dtypes and ``shape`` are compared in one agreed exchange (a rank's own refusal raises there,
+    CollectiveMismatchError on the others). ``shape``, the whole tensor's: given, each rank's piece
+    must be its piece of it (InvalidArgumentError naming the rank); None, every rank's piece shape
+    is exchanged too (one small allgather) and the pieces must make one whole
+    (CollectiveMismatchError on every rank otherwise)."""
+    what = "distributed.from_local"
+    g = current()
+    found: dict[str, Any] = {}
+
+    def check() -> tuple[tuple[Any, ...], int]:
+        if not is_process_layout(layout):
+            raise InvalidArgumentError(f"{what} takes a multidev Layout over a ProcessMesh, got {layout!r:.80}")
+        b, mine = _checked(piece, what)
+        m = _world_mesh(layout, what)
+        layout.check_rank(len(mine), what)
+        shp = None
+        if shape is not None:
+            if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+                raise InvalidArgumentError(f"{what}: shape must be a sequence of sizes or None, got {shape!r:.40}")
+            shp = tuple(int(s) for s in shape)
+            if len(shp) != len(mine) or any(s < 0 for s in shp):
+                raise InvalidArgumentError(f"{what}: shape {shp} does not fit a piece of {len(mine)} dimensions")
+            want = layout.shard_shape(g.rank, shp)
+            if tuple(mine) != want:
+                raise InvalidArgumentError(f"{what}: rank {g.rank}'s piece has shape {tuple(mine)}; its piece of {shp} "
+                                           f"under {layout.spec_text()} over {m.shape} is {want}")
+        dtype = b.dtype_of(piece)
+        if layout.partial and dtype == "bool":
+            raise InvalidArgumentError(f"{what}: partial sums of bool tensors are undefined")
+        found.update(b=b, mine=tuple(mine), shp=shp, dtype=dtype)
+        return (layout, shp, dtype, len(mine)), 0
+
+    _agree(what, check)
+    b, shp, dtype = found["b"], found["shp"], found["dtype"]
+    if shp is None:
+        shp = _agreed_shape(found["mine"], layout, what)
+    return _build(b, piece, layout, shp, dtype, _native_sharding(b, layout, shp))
+
+
+def _agreed_shape(mine: tuple[int, ...], layout: Layout, what: str) -> tuple[int, ...]:
+    """The whole shape from every rank's piece shape (one allgather of a few integers)."""
+    g = current()
+    m = layout.mesh
+    assert isinstance(m, ProcessMesh)
+    words = [len(mine)] + [w for n in mine for w in divmod(int(n), 1 << 30)]  # (int32: every engine carries it)
+    rows = allgather(np.asarray([words + [0] * (1 + 2 * MAX_DIMS - len(words))], dtype=np.int32), 0)
+    shapes = [tuple(int(r[1 + 2 * i]) * (1 << 30) + int(r[2 + 2 * i]) for i in range(int(r[0])))
+              for r in np.asarray(rows)]
+    if len({len(s) for s in shapes}) > 1:
+        raise CollectiveMismatchError(f"{what}: the ranks' pieces have different ranks: {shapes}")
+    total = list(shapes[0])
+    for d, entry in enumerate(layout.spec):
+        if entry:
+            firsts: dict[int, int] = {}
+            for r, s in enumerate(shapes):
+                if m.group_of(r, entry) == m.group_of(g.rank, entry):
+                    firsts.setdefault(m.index_along(r, entry), s[d])
+            total[d] = sum(firsts.values())
+    shp = tuple(total)
+    bad = [f"rank {r}: {s}, its piece of {shp} is {layout.shard_shape(r, shp)}"
+           for r, s in enumerate(shapes) if s != layout.shard_shape(r, shp)]
+    if bad:
+        raise CollectiveMismatchError(f"{what}: the pieces do not make one tensor under {layout.spec_text()} over "
+                                      f"{m.shape}: {'; '.join(bad[:4])}")
+    return shp
+
