@@ -217,9 +217,11 @@ def _engine_param() -> Any:
 @pytest.mark.parametrize("world", [2, 3, 4], ids=lambda w: f"{w}procs")
 def test_collectives_across_processes(md_backend: Any, engine: str, world: int) -> None:
     """Every collective, op and the async variants, point-to-point messages (send/recv, the ring
-    sendrecv, async sends, receives into ``out``) and, over 4 processes, the collectives along the
-    axes of a 2x2 process mesh (the engine's subgroups), on the backend's tensors, over 2-4
-    processes of every engine: values against NumPy, the input's backend, device and dtype kept."""
+    sendrecv, async sends, receives into ``out``), tensors laid out across the processes (placed,
+    each rank's piece, gathered, built from pieces, changed layout: the framework's own sharded type
+    where it has one for the engine), and, over 4 processes, the collectives along the axes of a
+    2x2 process mesh (the engine's subgroups), on the backend's tensors, over 2-4 processes of every
+    engine: values against NumPy, the input's backend, device and dtype kept."""
     need_engine(engine, md_backend.name)
     first = list(engine_class(engine).conformance_worlds)
     others = [w for w in first if w < 4] or first[:1]
@@ -603,6 +605,32 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float, info: Any) ->
             same(dist.all_to_all_along(x, pm, axes, split_axis=0, concat_axis=1),
                  np.concatenate([np.array_split(vals[q], m)[k] for q in grp], axis=1))
 
+    def layouts() -> None:
+        # a tensor laid out across the processes (rank 0's is the tensor), on a 2x2 mesh or a w x 1 one
+        pm = dist.process_mesh((2, 2) if w == 4 else (w, 1), ("a", "b"))
+        whole = np.arange(72, dtype=np.float64).reshape(12, 6) / 8  # (12 rows: even pieces for 2, 3 and 4)
+        x = arr((whole + 100 * r).astype(np.float32))
+
+        def pieces_hold(y: Any, lay: Any) -> None:
+            assert md.layout_of(y) == lay, f"{md.layout_of(y)} != {lay}"
+            (p,) = md.shards_of(y)
+            zero = any(pm.coords(r)[pm.axis(a)] for a in lay.partial)
+            box = tuple(slice(s, e) for s, e in lay.block(r, whole.shape))
+            np.testing.assert_allclose(host(p), 0 * whole[box] if zero else whole[box], err_msg=f"{lay}")
+            np.testing.assert_allclose(md.to_host(y), whole, err_msg=f"{lay}")
+
+        for spec, partial in (((("a", "b"),), ()), (("b", "a"), ()), ((None, "a"), ()), ((), ()),
+                              (("b",), ("a",))):
+            lay = md.Layout(pm, spec, partial)
+            y = md.to(x, lay)
+            pieces_hold(y, lay)
+        same(md.to(y, dev), whole)  # gathered whole on every rank, onto one device
+        cut = md.Layout(pm, ("a",))
+        box = tuple(slice(s, e) for s, e in cut.block(r, whole.shape))
+        f = dist.from_local(arr(whole[box].astype(np.float32)), cut)  # the whole shape worked out
+        pieces_hold(f, cut)
+        pieces_hold(md.to(f, md.Layout(pm, (None, "a"))), md.Layout(pm, (None, "a")))  # a change of layout
+
     def transfer_paths() -> None:
         c.paths["host"] = dist.transport_path(arr(mine.astype(np.float32), device=devs[0]))
         assert dist.rank() == r and dist.world_size() == w
@@ -610,7 +638,7 @@ def _scenario(b: Any, backend: str, scenario: str, timeout: float, info: Any) ->
     for name, fn in (("ops", ops), ("dtypes", dtypes), ("inplace", inplace),
                      ("broadcast_reduce", broadcast_reduce), ("gathers", gathers), ("scatters", scatters),
                      ("async", asynchronous), ("point_to_point", point_to_point), ("subgroups", subgroups),
-                     ("paths", transfer_paths)):
+                     ("layouts", layouts), ("paths", transfer_paths)):
         c.run(name, fn)
     dist.shutdown()
     _report(r, ok=not c.failures, failures="\n".join(c.failures), paths=c.paths, **report)

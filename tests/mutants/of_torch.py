@@ -17,6 +17,7 @@ from multidev.adapters.torch import TorchBackend
 from multidev.adapters.torch.collectives import TorchCollectives
 from multidev.adapters.torch.compile import TorchCompile
 from multidev.adapters.torch.dlpack import TorchDLPack
+from multidev.adapters.torch.mesh import TorchMesh
 from multidev.adapters.torch.models import TorchModels
 from multidev.adapters.torch.parallel import TorchParallel, TorchReplica
 from multidev.adapters.torch.training import TorchTraining
@@ -561,3 +562,17 @@ class _TorchDataParallelNoSyncCommunicatesParallel(TorchParallel):
 class TorchDataParallelNoSyncCommunicates(TorchBackend):
     name = "torch_dp_no_sync_communicates"
     parallel = concern(_TorchDataParallelNoSyncCommunicatesParallel)
+
+
+class _TorchDTensorAxesReversedMesh(TorchMesh):
+    def process_sharding(self, layout: Any, shape: tuple[int, ...], engine: str) -> Any:
+        found = TorchMesh.process_sharding(self, layout, shape, engine)
+        return None if found is None else (found[0], tuple(reversed(found[1])))
+
+
+@mutant("torch", "a layout across the torch engine's processes becomes a DTensor whose placements run over the "
+        "DeviceMesh's dimensions in reverse: each rank holds the piece of another mesh axis's cut",
+        ["test_collectives_across_processes"], multiprocess=True)
+class TorchDTensorAxesReversed(TorchBackend):
+    name = "torch_dtensor_axes_reversed"
+    mesh = concern(_TorchDTensorAxesReversedMesh)
