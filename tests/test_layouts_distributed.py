@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 WORKER = '''
+import os
 import sys
 import numpy as np
 import multidev as md
@@ -148,11 +149,24 @@ if engine in ("torch", "jax"):  # the framework's own sharded tensor, made by th
     assert md.layout_of(d) == md.Layout(pm, (None, "b")), md.layout_of(d)
     assert np.array_equal(md.to_host(d), whole(0))
     outcome.append("native")
+if engine == "jax" and len(NAMES) > 2:  # torch.distributed started beside the jax engine: JAX <-> DTensor, no gather
+    import torch.distributed as tdist
+    tdist.init_process_group("gloo", init_method="file://" + os.path.abspath("torch-store"), rank=r, world_size=n)
+    lay = md.Layout(pm, ("a", "b"))
+    g = md.to(md.asarray(whole(0), backend="jax"), lay)
+    dt = md.convert(g, "torch")
+    assert type(dt).__name__ == "DTensor" and md.layout_of(dt) == lay
+    assert dt.to_local().data_ptr() == md.shards_of(g)[0].unsafe_buffer_pointer()  # zero-copy, piece by piece
+    again = md.convert(dt, "jax")
+    assert type(again).__name__ == "ArrayImpl" and md.layout_of(again) == lay
+    assert np.array_equal(md.to_host(again), whole(0)) and np.array_equal(md.to_host(dt), whole(0))
+    tdist.destroy_process_group()
+    outcome.append("dtensor")
 print(f"MDLAYOUT rank {r}: {' '.join(outcome)}", flush=True)
 dist.shutdown()
 '''
 
-ENGINES = {"torch": "torch,numpy", "jax": "jax,numpy", "mpi": "numpy,torch"}
+ENGINES = {"torch": "torch,numpy", "jax": "jax,numpy,torch", "mpi": "numpy,torch"}
 
 
 def _missing(engine: str) -> str | None:
@@ -178,7 +192,7 @@ def test_layouts_across_processes(engine: str, tmp_path: Path) -> None:
                         str(script), names], capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
     found = sorted(re.findall(r"MDLAYOUT rank (\d): ([a-z ]*)", p.stdout))  # (the ranks' lines may interleave)
-    tail = " native" if engine in ("torch", "jax") else ""
+    tail = {"torch": " native", "jax": " native dtensor"}.get(engine, "")
     assert found == [(str(k), ("mismatch " + ("refused" if k == 2 else "mismatch") + " size" + tail))
                      for k in range(4)], p.stdout[-3000:]
 

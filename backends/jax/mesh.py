@@ -68,11 +68,15 @@ class JaxMesh(Concern, SupportsMesh):
         return tuple(obj.devices.shape), tuple(str(n) for n in obj.axis_names)
 
     # -- global arrays: tensors sharded across the jax engine's processes ------------------------------
-    def process_sharding(self, layout: Any, shape: tuple[int, ...], engine: str) -> Any:
-        """The ``NamedSharding`` over the processes' mesh for ``layout`` under the jax engine; None
-        (multidev's managed pieces) under another engine or for partial sums (a ``NamedSharding`` has
-        none). CapabilityError for uneven pieces, which JAX does not place."""
-        if engine != "jax" or layout.partial:
+    def process_sharding(self, layout: Any, shape: tuple[int, ...], engine: str, rank: int) -> Any:
+        """The ``NamedSharding`` over the processes' mesh for ``layout`` where JAX's multi-controller
+        runtime runs with the group's processes (the jax engine, or ``jax.distributed`` started by
+        the program beside another engine, process for rank); None (multidev's managed pieces)
+        elsewhere or for partial sums (a ``NamedSharding`` has none). CapabilityError for uneven
+        pieces, which JAX does not place."""
+        jax = self.core.jax
+        if layout.partial or (engine != "jax" and (jax.process_count() != layout.mesh.size
+                                                   or jax.process_index() != rank)):
             return None
         odd = layout.uneven(shape)
         if odd:
@@ -81,13 +85,12 @@ class JaxMesh(Concern, SupportsMesh):
                                   f"dimension {d} of shape {tuple(shape)} has {n} elements for {k} pieces "
                                   f"(layout {layout.spec_text()}); pad it to a multiple of {k}")
         hit = self._process_shardings.get(layout)
-        if hit is None or hit[0] != self.core.jax.process_count():
-            jax = self.core.jax
+        if hit is None or hit[0] != jax.process_count():
             P = jax.sharding.PartitionSpec
             m = layout.mesh
             spec = P(*[None if not e else e[0] if len(e) == 1 else tuple(e) for e in layout.spec])
             hit = (jax.process_count(), jax.sharding.NamedSharding(
-                self.to_native_process_mesh(m.shape, m.axis_names, engine), spec))
+                self.to_native_process_mesh(m.shape, m.axis_names, "jax"), spec))
             if len(self._process_shardings) < 256:
                 self._process_shardings[layout] = hit
         return hit[1]

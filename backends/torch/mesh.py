@@ -62,6 +62,13 @@ class TorchMesh(Concern, SupportsMesh):
         ranks = self.core.torch.zeros(mesh.shape, dtype=self.core.torch.int64)
         return DeviceMesh(_TYPE_OF_KIND[dev.kind], ranks, mesh_dim_names=mesh.axis_names)
 
+    def _runs_group(self, size: int, rank: int) -> bool:
+        """Whether torch.distributed runs with this group's ranks (``size`` of them, this one
+        ``rank``): under the torch engine, or started by the program itself beside another engine."""
+        dist = self.core.torch.distributed
+        return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() == size
+                    and dist.get_rank() == rank)
+
     def to_native_process_mesh(self, shape: tuple[int, ...], axis_names: tuple[str, ...], engine: str) -> Any:
         """The ``DeviceMesh`` of the torch engine's ranks laid out row-major on ``shape`` (made once
         per shape, names and process group: making one is collective, it creates its subgroups)."""
@@ -83,12 +90,13 @@ class TorchMesh(Concern, SupportsMesh):
         return made
 
     # -- DTensor: tensors sharded across the torch engine's processes --------------------------------
-    def process_sharding(self, layout: Any, shape: tuple[int, ...], engine: str) -> Any:
-        """``(DeviceMesh, placements)`` for ``layout`` (over a process mesh) under the torch engine;
-        None (multidev's managed pieces) under another engine, or where DTensor would cut otherwise
-        than ``numpy.array_split`` (uneven pieces: DTensor follows ``torch.chunk``) or cannot say it (a
-        dimension cut along several axes out of mesh order)."""
-        if engine != "torch":
+    def process_sharding(self, layout: Any, shape: tuple[int, ...], engine: str, rank: int) -> Any:
+        """``(DeviceMesh, placements)`` for ``layout`` (over a process mesh) where torch.distributed
+        runs with the group's ranks (the torch engine, or a process group the program started
+        beside another engine, rank for rank); None (multidev's managed pieces) elsewhere, or where
+        DTensor would cut otherwise than ``numpy.array_split`` (uneven pieces: DTensor follows
+        ``torch.chunk``) or cannot say it (a dimension cut along several axes out of mesh order)."""
+        if engine != "torch" and not self._runs_group(layout.mesh.size, rank):
             return None
         m = layout.mesh
         for d, entry in enumerate(layout.spec):
@@ -103,7 +111,7 @@ class TorchMesh(Concern, SupportsMesh):
                 placements[m.axis(a)] = Shard(d)
         for a in layout.partial:
             placements[m.axis(a)] = Partial()
-        return self.to_native_process_mesh(m.shape, m.axis_names, engine), tuple(placements)
+        return self.to_native_process_mesh(m.shape, m.axis_names, "torch"), tuple(placements)
 
     def from_local(self, piece: Any, sharding: Any, shape: tuple[int, ...]) -> Any:
         """The DTensor whose local tensor is ``piece`` (``DTensor.from_local``, no communication)."""

@@ -84,9 +84,13 @@ def _world_mesh(layout: Layout, what: str) -> ProcessMesh:
 
 
 def _native_sharding(b: Backend, layout: Layout, shape: tuple[int, ...]) -> Any:
-    """The framework's own sharding for ``layout`` under this group's engine, or None (managed)."""
+    """The framework's own sharding for ``layout`` in this group (its engine, this rank), or None
+    (managed pieces)."""
     make = getattr(b.mesh, "process_sharding", None) if b.mesh is not None else None
-    return None if make is None else make(layout, shape, current().info.engine)
+    if make is None:
+        return None
+    g = current()
+    return make(layout, shape, g.info.engine, g.rank)
 
 
 def _build(b: Backend, piece: Any, layout: Layout, shape: tuple[int, ...], dtype: str, native: Any) -> Any:

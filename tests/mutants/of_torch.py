@@ -565,8 +565,8 @@ class TorchDataParallelNoSyncCommunicates(TorchBackend):
 
 
 class _TorchDTensorAxesReversedMesh(TorchMesh):
-    def process_sharding(self, layout: Any, shape: tuple[int, ...], engine: str) -> Any:
-        found = TorchMesh.process_sharding(self, layout, shape, engine)
+    def process_sharding(self, layout: Any, shape: tuple[int, ...], engine: str, rank: int) -> Any:
+        found = TorchMesh.process_sharding(self, layout, shape, engine, rank)
         return None if found is None else (found[0], tuple(reversed(found[1])))
 
 
