@@ -358,6 +358,7 @@ class DataParallel:
         self.sync: GradientSync | None = None
         self._attached = False
         self._self_synced = bool(getattr(replica, "syncs_itself", False))
+        self._one_program = bool(getattr(replica, "one_program", False))
         rows = getattr(replica, "rows", None)  # (this rank's part, parts): a batch cut along a mesh's data axes
         self._rows = (self.rank, self.world_size) if rows is None else rows
         if group is not None and not self._self_synced:
@@ -414,6 +415,8 @@ class DataParallel:
         if not callable(loss_fn):
             raise InvalidArgumentError(f"DataParallel.step: loss_fn must be callable, got {type(loss_fn).__name__}")
         rep, sync = self.replica, self.sync
+        if self._one_program and self.group is not None and self.checks == "step" and self.group.check:
+            self._agree_batch(batch)
         if self._no_sync:
             loss = rep.backward(batch, loss_fn, None)
         elif sync is None:
@@ -441,6 +444,18 @@ class DataParallel:
         if self.verify_each_step and not self._no_sync:
             self.verify()
         return loss
+
+    def _agree_batch(self, batch: Any) -> None:
+        """The step's consistency exchange where every rank runs one program (JAX across
+        processes): each rank's batch structure, shapes and dtypes; ranks that differ raise
+        CollectiveMismatchError on every rank before any computes (the program would wait forever)."""
+        from .distributed.consistency import Call, agree
+        from .structured import structure_leaves
+
+        def record() -> Any:
+            found = structure_leaves(batch, "DataParallel.step")
+            return Call("batch", leaves=len(found.tensors), sig=found.signature())
+        agree(self.group, "batch", record)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

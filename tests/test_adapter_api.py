@@ -47,7 +47,8 @@ ADDED_0_3 = {
     "SupportsShardedTraining",  # training over a mesh, parameters sharded (issue 34)
 }
 #: What 0.4 adds: capabilities as concern objects (issue 31).
-ADDED_0_4 = {"CONCERNS", "Concern", "concern"}
+ADDED_0_4 = {"CONCERNS", "Concern", "concern",
+             "param_spec"}  # the core's parameter layout rule, for sharding over processes (issue 34)
 
 
 def test_the_exported_names_are_the_documented_api() -> None:
