@@ -573,9 +573,10 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
       each: each rank trains on its rows of a batch cut along ``data_axis`` (:meth:`DataParallel.shard`),
       the parameters and optimizer state cut along ``param_axis`` (default every other axis) and
       replicated along the rest, with the framework's own sharded data parallelism (torch: FSDP2
-      under the torch engine, :mod:`multidev.sharded_training`); gradients are averaged over every
-      rank, ``grad_dtype`` the dtype they are reduced in, buffers rank 0's after each step
-      (``buffers="broadcast"``). CapabilityError for frameworks without it.
+      under the torch engine; JAX: global arrays and one jitted step on every process under the jax
+      engine, the step's loss the whole batch's mean; :mod:`multidev.sharded_training`); gradients
+      are averaged over every rank, ``grad_dtype`` the dtype they are reduced in (torch), buffers
+      rank 0's after each step (``buffers="broadcast"``). CapabilityError for frameworks without it.
 
     The model is used in place where the framework's tensors are mutable: no copy, no wrapper
     prefix in its state; a gradient hook per parameter where the framework has them
