@@ -253,6 +253,8 @@ class JaxProcessMeshReplica(JaxMeshReplica):
         if self._gather is None:
             self._gather = self.jax.jit(lambda t: t, out_shardings=self._replicated)
         out = self._local(self._gather(tree))
+        if self._cpu_collectives:
+            self.jax.block_until_ready(out)  # (see local_step)
         self._whole = (tree, out)
         return out
 
@@ -266,7 +268,7 @@ class JaxProcessMeshReplica(JaxMeshReplica):
     @property
     def opt_state(self) -> Any:
         """The optimizer's state now, whole on this process (a collective, as :attr:`model`)."""
-        return self._gathered(self._opt_state if self._state is None else self._state.opt_state)
+        return self._gathered(self._native_opt_state())
 
     def parameters(self) -> list[tuple[str, Any]]:
         """The parameters as the global arrays they are (each process holds its pieces)."""
@@ -329,7 +331,16 @@ class JaxProcessMeshReplica(JaxMeshReplica):
     def local_step(self, batch: Any, loss_fn: Callable[..., Any]) -> Any:
         """One jitted step over the processes; the loss (the whole batch's mean) as this process's
         scalar."""
-        return super().local_step(batch, loss_fn).addressable_data(0)
+        loss = super().local_step(batch, loss_fn)
+        if self._cpu_collectives:
+            # XLA:CPU may run two programs' collectives at once; the engine's own (the core's checks,
+            # the user's dist calls) come from its dispatch thread: the step ends before they start
+            self.jax.block_until_ready((loss, self._params, self._native_opt_state()))
+        return loss.addressable_data(0)
+
+    def _native_opt_state(self) -> Any:
+        """The optimizer's state as the global arrays it is (no gather)."""
+        return self._opt_state if self._state is None else self._state.opt_state
 
     def fingerprints(self) -> list[list[int]]:
         """One row: this process's pieces of the parameters, then the buffers."""
