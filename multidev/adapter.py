@@ -108,7 +108,7 @@ from .protocol import (
     SupportsTraining,
     protocol_methods,
 )
-from .replicas import Ready, Replica
+from .replicas import Ready, Replica, param_spec
 from .staging import StagingPlan, parallel_put, staged_upload
 
 __all__ = [
@@ -175,6 +175,7 @@ __all__ = [
     "is_integer",
     "numpy_dtype",
     "parallel_put",
+    "param_spec",
     "protocol_methods",
     "same_device",
     "staged_upload",

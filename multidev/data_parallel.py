@@ -358,6 +358,7 @@ class DataParallel:
         self.sync: GradientSync | None = None
         self._attached = False
         self._self_synced = bool(getattr(replica, "syncs_itself", False))
+        self._one_program = bool(getattr(replica, "one_program", False))
         rows = getattr(replica, "rows", None)  # (this rank's part, parts): a batch cut along a mesh's data axes
         self._rows = (self.rank, self.world_size) if rows is None else rows
         if group is not None and not self._self_synced:
@@ -414,6 +415,8 @@ class DataParallel:
         if not callable(loss_fn):
             raise InvalidArgumentError(f"DataParallel.step: loss_fn must be callable, got {type(loss_fn).__name__}")
         rep, sync = self.replica, self.sync
+        if self._one_program and self.group is not None and self.checks == "step" and self.group.check:
+            self._agree_batch(batch)
         if self._no_sync:
             loss = rep.backward(batch, loss_fn, None)
         elif sync is None:
@@ -441,6 +444,18 @@ class DataParallel:
         if self.verify_each_step and not self._no_sync:
             self.verify()
         return loss
+
+    def _agree_batch(self, batch: Any) -> None:
+        """The step's consistency exchange where every rank runs one program (JAX across
+        processes): each rank's batch structure, shapes and dtypes; ranks that differ raise
+        CollectiveMismatchError on every rank before any computes (the program would wait forever)."""
+        from .distributed.consistency import Call, agree
+        from .structured import structure_leaves
+
+        def record() -> Any:
+            found = structure_leaves(batch, "DataParallel.step")
+            return Call("batch", leaves=len(found.tensors), sig=found.signature())
+        agree(self.group, "batch", record)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -558,9 +573,10 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
       each: each rank trains on its rows of a batch cut along ``data_axis`` (:meth:`DataParallel.shard`),
       the parameters and optimizer state cut along ``param_axis`` (default every other axis) and
       replicated along the rest, with the framework's own sharded data parallelism (torch: FSDP2
-      under the torch engine, :mod:`multidev.sharded_training`); gradients are averaged over every
-      rank, ``grad_dtype`` the dtype they are reduced in, buffers rank 0's after each step
-      (``buffers="broadcast"``). CapabilityError for frameworks without it.
+      under the torch engine; JAX: global arrays and one jitted step on every process under the jax
+      engine, the step's loss the whole batch's mean; :mod:`multidev.sharded_training`); gradients
+      are averaged over every rank, ``grad_dtype`` the dtype they are reduced in (torch), buffers
+      rank 0's after each step (``buffers="broadcast"``). CapabilityError for frameworks without it.
 
     The model is used in place where the framework's tensors are mutable: no copy, no wrapper
     prefix in its state; a gradient hook per parameter where the framework has them

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,11 +16,31 @@ import numpy as np
 from . import buckets
 from ._device import Device
 
-__all__ = ["Ready", "Replica"]
+__all__ = ["Ready", "Replica", "param_spec"]
 
 #: ``ready(i, g)``: parameter ``i``'s gradient ``g`` is final for this step (accumulated micro-batches
 #: included); the core puts it in its bucket and starts the bucket's collective once it is full.
 Ready = Callable[[int, Any], None]
+
+
+def param_spec(sizes: Mapping[str, int], shape: Sequence[int], param_axes: Sequence[str]) -> tuple[Any, ...]:
+    """The core's layout rule for a parameter or optimizer-state tensor of ``shape`` on a mesh (of
+    devices or of processes) whose axis sizes are ``sizes``: one entry per dimension, None (whole)
+    except the first dimension that the parameter axes' total size divides evenly, cut along them
+    (an axis name, or a tuple of names, the first major: JAX's ``PartitionSpec`` entries). All None
+    where no dimension divides, or ``param_axes`` is empty (replicated).
+    :func:`multidev.sharded_training.param_layout` is this rule as a :class:`~multidev.Layout`."""
+    axes = tuple(param_axes)
+    n = 1
+    for a in axes:
+        n *= int(sizes[a])
+    spec: list[Any] = [None] * len(shape)
+    if n > 1:
+        for d, size in enumerate(shape):
+            if size >= n and size % n == 0:
+                spec[d] = axes[0] if len(axes) == 1 else axes
+                break
+    return tuple(spec)
 
 
 class Replica(ABC):
@@ -43,6 +63,11 @@ class Replica(ABC):
     processes_refusal: str | None = None
     """Why this replica cannot also average across processes (None: it can); the core raises
     CapabilityError with it under a process group of more than one rank."""
+
+    one_program: bool = False
+    """Every rank runs one program over global arrays (JAX's multi-controller ``jit``): the ranks'
+    batches must agree in structure, shapes and dtypes, so the core exchanges their signature before
+    each step (``checks="step"``), and a mismatch raises on every rank instead of hanging."""
 
     @abstractmethod
     def parameters(self) -> list[tuple[str, Any]]:

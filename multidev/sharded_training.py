@@ -7,7 +7,8 @@ optimizer, mesh=m, data_axis="data", param_axis="model")`` adds to data parallel
   ``NamedSharding``s). The rule for a tensor's layout is here, once, framework-free:
   :func:`param_layout`.
 - One process per device (a :class:`~multidev.distributed.ProcessMesh` of the group's ranks): the
-  framework's own sharded data parallelism (torch: FSDP2, its own layout rule), every rank starting
+  framework's own sharded data parallelism (torch: FSDP2, its own layout rule; JAX: one jitted
+  program over global arrays on the jax engine's processes, the rule above), every rank starting
   from rank 0's state; each rank takes its rows of a batch cut along the data axes.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .mesh import Layout, Mesh
 from .placement import device_list
 from .protocol import SupportsShardedTraining
 from .registry import require
+from .replicas import param_spec
 
 __all__ = ["mesh_axes", "param_layout", "sharded_process_replica", "sharded_replica"]
 
@@ -41,15 +43,8 @@ def param_layout(mesh: Mesh, shape: tuple[int, ...], param_axes: tuple[str, ...]
     """The layout of a parameter (or optimizer-state tensor) of ``shape``: its first dimension that
     the parameter axes' size divides evenly, cut along them; whole on every device where no
     dimension divides (biases of odd sizes, scalars such as a step count) or ``param_axes`` is
-    empty."""
-    n = math.prod(mesh.sizes[a] for a in param_axes) if param_axes else 1
-    spec: list[Any] = [None] * len(shape)
-    if n > 1:
-        for d, size in enumerate(shape):
-            if size >= n and size % n == 0:
-                spec[d] = param_axes[0] if len(param_axes) == 1 else param_axes
-                break
-    return Layout(mesh, tuple(spec))
+    empty. (:func:`multidev.adapter.param_spec` is the rule itself, for a process mesh too.)"""
+    return Layout(mesh, param_spec(mesh.sizes, shape, param_axes))
 
 
 def sharded_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_axis: Any, param_axis: Any,
@@ -96,16 +91,18 @@ def sharded_process_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_
                                    "data_parallel(model, optimizer) without a mesh")
     sharded = require(b, SupportsShardedTraining, f"{what}(mesh=process mesh)",
                       "training with parameters sharded over processes is not supported for this framework yet "
-                      "(supported: torch, with FSDP2)")
+                      "(supported: torch, with FSDP2 under the torch engine; jax, multi-controller jit under the "
+                      "jax engine)")
     make = getattr(sharded, "sharded_process_replica", None)
     if make is None:
         raise CapabilityError(f"{what}: the {b.name} backend shards parameters over one process's devices only "
-                              "(a multidev.Mesh); over processes: torch (FSDP2)")
+                              "(a multidev.Mesh); over processes: torch (FSDP2), jax (multi-controller jit)")
     rep0 = plain()
     if group is not None:
         broadcast(rep0, group, 0)  # every rank starts from rank 0's parameters, buffers and optimizer state
     rep0.detach()
-    rep = make(model, optimizer, mesh, data, params, grad_dtype)
+    # rep0.model: the model given where it trained in place (torch), else the broadcast tree (JAX)
+    rep = make(rep0.model, optimizer, mesh, data, params, grad_dtype)
     if rep is None:
         raise InvalidArgumentError(f"{what}: the {b.name} backend does not take a {type(model).__name__} as a model")
     rep.unused = unused

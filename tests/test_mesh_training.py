@@ -31,6 +31,13 @@ def test_param_layout_cuts_the_first_dimension_that_divides() -> None:
     assert param_layout(m, (1, 2), ("model",)) == md.Layout(m, (None, "model"))
     assert param_layout(m, (8, 16), ()) == md.Layout(m, (None, None))  # replicated
     assert param_layout(m, (6, 8), ("data", "model")) == md.Layout(m, (None, ("data", "model")))
+    # the rule itself, for a process mesh too (axis sizes only): JAX PartitionSpec entries
+    from multidev.adapter import param_spec
+    sizes = {"data": 2, "model": 2}
+    assert param_spec(sizes, (8, 16), ("model",)) == ("model", None)
+    assert param_spec(sizes, (3,), ("model",)) == (None,) and param_spec(sizes, (), ("model",)) == ()
+    assert param_spec(sizes, (6, 8), ("data", "model")) == (None, ("data", "model"))
+    assert param_spec({"data": 1, "model": 1}, (8,), ("data", "model")) == (None,)  # one piece: whole
 
 
 def test_frameworks_without_sharded_training_refuse_and_change_nothing() -> None:

@@ -8,15 +8,27 @@ rank 0's state taken at the start (the others start elsewhere); ``verify=True`` 
 (the error it costs, bounded); a parameter without a gradient named; typed refusals
 (``broadcast_state`` after sharding, bad axes, no parameter axis, a one-process mesh under a group).
 Under the MPI engine a torch model is refused (FSDP2 needs torch.distributed's group), and so is a
-framework without sharded training over processes."""
+JAX tree (its sharding over processes is the jax engine's multi-controller runtime), and a framework
+without sharded training over processes.
+
+JAX under the jax engine, 4 processes on the 2x2 mesh, one launch: global arrays over the processes'
+devices against one process with plain optax on the whole batch (adamw with a schedule, both batch
+layouts, rank 0's parameters winning, ``verify=True``: parameters within 1e-5, the loss each step
+the batch's mean, each parameter cut by the core's rule and read back whole on every rank);
+``no_sync``; a flax ``TrainState`` (its batch statistics rank 0's); ranks whose batches differ
+raise CollectiveMismatchError on every rank and the group trains on; typed refusals; and
+``examples/mesh_training.py``'s training, whose losses match one process's. The example itself
+(it launches its 4 processes and checks them against one process) runs with torch."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 WORKER = '''
@@ -136,6 +148,16 @@ try:
     md.data_parallel(torch.nn.Linear(2, 2), None, mesh=pm)
 except md.CapabilityError as e:
     out.append("torch-engine" if "torch engine" in str(e) else str(e))
+import importlib.util
+if importlib.util.find_spec("jax") and importlib.util.find_spec("optax"):
+    import jax.numpy as jnp
+    import optax
+    try:
+        md.data_parallel({"w": jnp.ones(4)}, optax.sgd(0.1), mesh=pm)
+    except md.CapabilityError as e:
+        out.append("jax-engine" if "jax engine" in str(e) else str(e))
+else:
+    out.append("jax-engine")  # (not installed here: nothing to refuse)
 import numpy as np
 try:
     md.data_parallel({"w": np.ones(2)}, None, mesh=pm)
@@ -146,10 +168,122 @@ dist.shutdown()
 '''
 
 
+JAX_WORKER = '''
+import json
+from typing import Any
+
+import numpy as np
+import multidev as md
+from multidev import distributed as dist
+
+dist.init()
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+r, n = dist.rank(), dist.world_size()
+pm = dist.process_mesh((2, 2), ("data", "model"))
+rng = np.random.default_rng(1)
+X, Y = rng.normal(size=(16, 6)).astype(np.float32), rng.normal(size=(16, 3)).astype(np.float32)
+
+
+def make(shift=0.0):
+    g = np.random.default_rng(0)
+    return {"w1": jnp.asarray(g.normal(size=(6, 8)) + shift, jnp.float32), "b1": jnp.zeros(8) + shift,
+            "w2": jnp.asarray(g.normal(size=(8, 3)) + shift, jnp.float32), "b2": jnp.zeros(3) + shift}
+
+
+def loss_fn(p, b):
+    return jnp.mean((jnp.tanh(b[0] @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"] - b[1]) ** 2)
+
+
+def err(a, b):
+    return max(float(np.abs(np.asarray(a[k]) - np.asarray(b[k])).max()) for k in b)
+
+
+def reference(tx, steps):  # one process, plain optax, the whole batch
+    p, s, losses = make(), tx.init(make()), []
+    for _ in range(steps):
+        lo, g = jax.value_and_grad(loss_fn)(p, (X, Y))
+        u, s = tx.update(g, s, p)
+        p = optax.apply_updates(p, u)
+        losses.append(float(lo))
+    return p, s, losses
+
+
+tx = optax.adamw(optax.cosine_decay_schedule(1e-2, 5), weight_decay=0.1)
+ref, ref_opt, ref_losses = reference(tx, 4)
+for data_axis in ("data", ("data", "model")):
+    dp = md.data_parallel(make(0.0 if r == 0 else 1.0), tx, mesh=pm, data_axis=data_axis, param_axis="model",
+                          verify=True)
+    losses = [dp.step(dp.shard((X, Y)), loss_fn) for _ in range(4)]
+    assert all(lo.is_fully_addressable and lo.shape == () for lo in losses)  # this process's own scalar
+    assert np.allclose([float(lo) for lo in losses], ref_losses, rtol=1e-5), (losses, ref_losses)  # the batch's
+    assert err(dp.model, ref) < 1e-5, (data_axis, err(dp.model, ref))
+    glob = dict(dp.replica.parameters())
+    assert not glob["['w1']"].is_fully_addressable and glob["['w1']"].addressable_data(0).shape == (3, 8)
+    assert glob["['b2']"].addressable_data(0).shape == (3,)  # 3 does not divide by 2: whole everywhere
+    assert all(v.is_fully_addressable and v.shape == ref[k].shape for k, v in dp.model.items())  # a checkpoint
+    assert err(dp.replica.opt_state[0].mu, ref_opt[0].mu) < 1e-5
+
+# no_sync: two halves accumulated, then one step = one step on the whole batch
+tx = optax.sgd(0.1, momentum=0.9)
+ref = reference(tx, 1)[0]
+dp = md.data_parallel(make(), tx, mesh=pm, param_axis="model")
+rows = dp.shard((X, Y))
+with dp.no_sync():
+    dp.step((rows[0][:4], rows[1][:4]), lambda p, b: loss_fn(p, b) / 2)
+dp.step((rows[0][4:], rows[1][4:]), lambda p, b: loss_fn(p, b) / 2)
+assert err(dp.model, ref) < 1e-5, err(dp.model, ref)
+
+
+class State(train_state.TrainState):
+    batch_stats: Any = None
+
+
+# a TrainState carries its optimizer; its batch statistics are rank 0's
+tx = optax.adam(1e-2)
+ref = reference(tx, 3)[0]
+st = State.create(apply_fn=None, params=make(), tx=tx, batch_stats={"mean": jnp.full(8, float(r))})
+dp = md.data_parallel(st, mesh=pm, param_axis="model", verify=True)
+for _ in range(3):
+    dp.step(dp.shard((X, Y)), loss_fn)
+assert int(dp.model.step) == 3 and err(dp.model.params, ref) < 1e-5, err(dp.model.params, ref)
+assert (np.asarray(dp.model.batch_stats["mean"]) == 0).all()
+
+# ranks whose batches differ: CollectiveMismatchError on every rank before any computes; then it trains on
+dp = md.data_parallel(make(), optax.sgd(0.1), mesh=pm, param_axis="model")
+outcome = []
+try:
+    dp.step((X[:4], Y[:4]) if r != 3 else (X[:2], Y[:2]), loss_fn)
+    outcome.append("ran")
+except md.CollectiveMismatchError:
+    outcome.append("mismatch")
+dp.step(dp.shard((X, Y)), loss_fn)
+for bad in (lambda: dp.broadcast_state(),
+            lambda: md.data_parallel(make(), optax.sgd(0.1), mesh=pm, grad_dtype="bfloat16"),
+            lambda: md.data_parallel(st, optax.sgd(0.1), mesh=pm),
+            lambda: md.data_parallel(make(), optax.sgd(0.1), mesh=pm, param_axis="nope"),
+            lambda: md.data_parallel(make(), None, mesh=pm),
+            lambda: md.data_parallel(make(), optax.sgd(0.1), mesh=md.make_mesh((1,), ("x",), backend="jax"))):
+    try:
+        bad()
+        outcome.append("ran")
+    except (md.CapabilityError, md.InvalidArgumentError) as e:
+        outcome.append(type(e).__name__)
+from multidev.examples.mesh_training import train
+
+example = train("jax", 30, pm)
+print(f"MDJAXSH rank {r}: {' '.join(outcome)} LOSSES {json.dumps(example)}", flush=True)
+dist.shutdown()
+'''
+
+
 def _run(tmp_path: Path, source: str, n: int, engine: str) -> subprocess.CompletedProcess:
     script = tmp_path / "worker.py"
     script.write_text(source)
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", MULTIDEV_JAX_CPU_DEVICES="1", TF_CPP_MIN_LOG_LEVEL="3")
     return subprocess.run([sys.executable, "-m", "multidev.distributed.launch", "-n", str(n), "--engine", engine,
                            str(script)], capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
 
@@ -177,5 +311,44 @@ def test_sharding_over_processes_is_refused_where_it_cannot_run(tmp_path: Path) 
         pytest.skip(f"the mpi engine is not available here: {engine_class('mpi').missing()}")
     p = _run(tmp_path, REFUSED, 2, "mpi")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
-    found = sorted(re.findall(r"MDFSDP refused (\d) (torch-engine CapabilityError)", p.stdout))
-    assert found == [(str(r), "torch-engine CapabilityError") for r in range(2)], p.stdout[-3000:]
+    found = sorted(re.findall(r"MDFSDP refused (\d) (torch-engine jax-engine CapabilityError)", p.stdout))
+    assert found == [(str(r), "torch-engine jax-engine CapabilityError") for r in range(2)], p.stdout[-3000:]
+
+
+@pytest.mark.multiprocess
+def test_jax_global_arrays_over_a_process_mesh_match_one_process(tmp_path: Path) -> None:
+    for mod in ("jax", "optax", "flax"):
+        pytest.importorskip(mod)
+    from multidev.distributed.engine import engine_class
+    from multidev.examples.mesh_training import train
+
+    if engine_class("jax").missing():
+        pytest.skip("the jax engine is not available here")
+    p = _run(tmp_path, JAX_WORKER, 4, "jax")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
+    want = ("mismatch CapabilityError CapabilityError InvalidArgumentError InvalidArgumentError "
+            "InvalidArgumentError CapabilityError")
+    found = {}
+    for m in re.finditer(r"MDJAXSH rank (\d): ([A-Za-z ]+?) LOSSES ", p.stdout):  # (lines may interleave)
+        found[int(m.group(1))] = (m.group(2), json.JSONDecoder().raw_decode(p.stdout, m.end())[0])
+    assert sorted(found) == [0, 1, 2, 3] and all(w == want for w, _ in found.values()), p.stdout[-3000:]
+    one = train("jax", 30)  # the example's training in this one process, on the whole batches
+    assert one[-1] < one[0] / 2, one
+    for _, losses in found.values():
+        np.testing.assert_allclose(losses, one, rtol=1e-5)
+
+
+@pytest.mark.multiprocess
+def test_the_mesh_training_example_matches_one_process() -> None:
+    """``python -m multidev.examples.mesh_training --backend torch`` starts its 4 processes (FSDP2
+    under the torch engine), trains one process meanwhile, and exits 0 only where the losses fell
+    and match (the JAX side of the example runs in the JAX test above, in its launch)."""
+    pytest.importorskip("torch")
+    from multidev.distributed.engine import engine_class
+
+    if engine_class("torch").missing():
+        pytest.skip("the torch engine is not available here")
+    p = subprocess.run([sys.executable, "-m", "multidev.examples.mesh_training", "--backend", "torch"],
+                       capture_output=True, text=True, timeout=400, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
+    assert "the same losses" in p.stdout and "2x2 process mesh" in p.stdout, p.stdout

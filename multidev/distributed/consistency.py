@@ -30,7 +30,7 @@ from .hangs import classify_lost
 __all__ = ["MAX_DIMS", "Call", "agree", "set_checks"]
 
 KINDS_OF_CALL = ("allreduce", "broadcast", "reduce", "allgather", "gather", "reduce_scatter", "scatter", "barrier",
-                 "set_checks", "along")
+                 "set_checks", "along", "batch")
 #: Calls that exchange whatever the group's check setting: the gathers need every rank's length, a
 #: scatter carries src's shape and dtype, the exchange is the barrier, a setting must agree, a
 #: collective along process-mesh axes carries each rank's length along its gathered axis.
@@ -58,7 +58,9 @@ _AGREE: dict[str, tuple[str, ...]] = {
     "reduce_scatter": ("leaves", "op", "axis", "dtype", "shape", "tkind", "sig"),
     "scatter": ("leaves", "root", "axis", "sig"), "barrier": (), "set_checks": ("root",),
     # (mesh.py's collectives along axes: ``sig`` a digest of the call's record, ``shape`` a length)
-    "along": ("sig",)}
+    "along": ("sig",),
+    # (a data-parallel step of one program over every rank, data_parallel.py: its batch's tensors)
+    "batch": ("leaves", "sig")}
 
 
 def _pick(names: Sequence[str], i: int) -> str | None:
