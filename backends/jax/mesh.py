@@ -22,6 +22,7 @@ class JaxMesh(Concern, SupportsMesh):
     def __init__(self, core: JaxCore) -> None:
         super().__init__(core)
         self._process_shardings: dict[Any, tuple[int, Any]] = {}  # layout -> (process count, NamedSharding)
+        self._gathers: dict[Any, Any] = {}  # a global array's sharding -> its jitted gather
 
     def mesh_device_order(self, shape: tuple[int, ...], devices: Sequence[Device]) -> list[Device]:
         from jax.experimental import mesh_utils
@@ -104,6 +105,21 @@ class JaxMesh(Concern, SupportsMesh):
         if piece.sharding.device_set != {dev}:
             piece = jax.device_put(piece, dev)
         return jax.make_array_from_single_device_arrays(tuple(shape), sharding, [piece])
+
+    def process_whole(self, x: Any) -> Any:
+        """The whole of a global array on this process's device: one jitted program replicating it
+        over the processes' mesh (every process runs it), this process's copy taken, waited for."""
+        jax = self.core.jax
+        sh = x.sharding
+        fn = self._gathers.get(sh)
+        if fn is None:
+            fn = jax.jit(lambda a: a, out_shardings=jax.sharding.NamedSharding(sh.mesh, jax.sharding.PartitionSpec()))
+            if len(self._gathers) < 256:
+                self._gathers[sh] = fn
+        out = fn(x).addressable_shards[0].data
+        # (waited for: XLA on CPU may run two programs' collectives at once, and the engine's own
+        # collectives, which may come next, start from its dispatch thread)
+        return jax.block_until_ready(out)
 
     def process_layout_of(self, x: Any) -> Any:
         """The layout of a global array over a mesh of one device per process (a

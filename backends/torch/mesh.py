@@ -113,6 +113,25 @@ class TorchMesh(Concern, SupportsMesh):
             placements[m.axis(a)] = Partial()
         return self.to_native_process_mesh(m.shape, m.axis_names, "torch"), tuple(placements)
 
+    def process_place(self, x: Any, sharding: Any, src: int | None) -> Any:
+        """``distribute_tensor`` of a copy of ``x`` (it broadcasts into its input along replicated
+        axes), scattering rank 0's pieces, or each rank's own with ``src=None``; None (multidev's
+        path) for another source rank (torch's ``src_data_rank`` counts within each mesh
+        dimension's group) or partial sums (torch divides the value among the ranks)."""
+        mesh, placements = sharding
+        if src not in (0, None) or any(p.is_partial() for p in placements):
+            return None
+        from torch.distributed.tensor import distribute_tensor
+
+        return distribute_tensor(x.detach().clone(), mesh, placements, src_data_rank=src)
+
+    def process_whole(self, x: Any) -> Any:
+        """A DTensor's ``full_tensor()`` (its collectives), as a new buffer."""
+        full = x.full_tensor()
+        if full.data_ptr() == x.to_local().data_ptr():  # (replicated already: the local tensor itself)
+            full = full.clone()
+        return full
+
     def from_local(self, piece: Any, sharding: Any, shape: tuple[int, ...]) -> Any:
         """The DTensor whose local tensor is ``piece`` (``DTensor.from_local``, no communication)."""
         from torch.distributed.tensor import DTensor

@@ -34,7 +34,7 @@ from ..sharding import ShardedTensor, cut_piece
 from .collectives import allgather, broadcast
 from .consistency import MAX_DIMS
 from .group import current
-from .mesh import _agree, _checked, allgather_along, allreduce_along
+from .mesh import _agree, _allgather_along, _allreduce_along, _checked
 
 __all__ = ["distribute", "from_local", "is_process_layout", "local_piece", "process_layout_of", "whole_of"]
 
@@ -159,6 +159,11 @@ def distribute(x: Any, layout: Layout, src: int | None = 0) -> Any:
     _agree(what, check)  # (the native sharding only after: making a DeviceMesh is collective)
     b, shape, dtype = found["b"], found["shape"], found["dtype"]
     native = _native_sharding(b, layout, shape)
+    place = getattr(b.mesh, "process_place", None) if native is not None and b.mesh is not None else None
+    if place is not None:  # the framework's own (torch's distribute_tensor: a scatter from src)
+        placed = place(x, native, src)
+        if placed is not None:
+            return placed
     whole, fresh = x, False
     if src is not None and g.world_size > 1:
         whole = broadcast(x, src)
@@ -167,17 +172,24 @@ def distribute(x: Any, layout: Layout, src: int | None = 0) -> Any:
     return _build(b, piece, layout, shape, dtype, native)
 
 
-def _whole(b: Backend, piece: Any, layout: Layout) -> Any:
-    """The whole tensor on this rank's device, from every rank's piece: partial sums added along
-    the partial axes, then the pieces joined along each cut dimension's axes (a new buffer)."""
+def _whole(b: Backend, piece: Any, layout: Layout, shape: tuple[int, ...], x: Any = None) -> Any:
+    """The whole tensor on this rank's device, from every rank's piece (the call's record agreed
+    already): the framework's own gather where its sharded type has one (``x`` native: a DTensor's
+    ``full_tensor``), else partial sums added along the partial axes, then the pieces joined along
+    each cut dimension's axes, within the engine's subgroups (a new buffer)."""
+    if x is not None and x.__class__ is not ShardedTensor:
+        native = getattr(b.mesh, "process_whole", None) if b.mesh is not None else None
+        if native is not None:
+            return native(x)
     m = layout.mesh
     assert isinstance(m, ProcessMesh)
     t = piece
     if layout.partial:
-        t = allreduce_along(t, m, layout.partial, "sum")
+        t = _allreduce_along(t, m, layout.partial, "sum", agreed=True)
     for d, entry in enumerate(layout.spec):
         if entry:
-            t = allgather_along(t, m, entry, axis=d)
+            lengths = [e - s for s, e in (layout.block(q, shape)[d] for q in range(m.size))]
+            t = _allgather_along(t, m, entry, d, agreed=lengths)
     if t is piece:  # replicated everywhere: still a new buffer
         t = b.copy(t, b.device_of(t))
     return t
@@ -202,8 +214,8 @@ def _agree_sharded(x: Any, what: str, extra: tuple[Any, ...] = ()) -> tuple[Back
 def whole_of(x: Any) -> Any:
     """The whole of ``x`` (sharded across processes), as one new native tensor on this rank's
     device of its piece, on every rank (partial sums added). Collective."""
-    b, piece, lay, _, _ = _agree_sharded(x, "distributed.gather")
-    return _whole(b, piece, lay)
+    b, piece, lay, shape, _ = _agree_sharded(x, "distributed.gather")
+    return _whole(b, piece, lay, shape, x)
 
 
 def _relayout(x: Any, layout: Layout, what: str) -> Any:
@@ -228,7 +240,7 @@ def _relayout(x: Any, layout: Layout, what: str) -> Any:
         return x
     b, shape, dtype = found["b"], found["shape"], found["dtype"]
     native = _native_sharding(b, layout, shape)
-    whole = _whole(b, found["piece"], found["lay"])
+    whole = _whole(b, found["piece"], found["lay"], shape, x)
     piece = _local_piece_of(b, whole, layout, current().rank, shape, dtype, True)
     return _build(b, piece, layout, shape, dtype, native)
 

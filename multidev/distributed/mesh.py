@@ -260,7 +260,9 @@ def allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum",
                         valid=lambda: (_group(mesh, axes), _op_name(op, "distributed.allreduce_along")))
 
 
-def _allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum", inplace: bool = False) -> Any:
+def _allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum", inplace: bool = False,
+                     agreed: bool = False) -> Any:
+    """(``agreed``: the caller's own agreed exchange covered this call's record: none here.)"""
     what = "distributed.allreduce_along"
     found: dict[str, Any] = {}
 
@@ -274,7 +276,10 @@ def _allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum"
         found["group"] = _group(mesh, axes)
         return (mesh, check_axis_names(axes), op, shape, b.dtype_of(x), inplace), 0
 
-    _agree(what, check)
+    if agreed:
+        check()
+    else:
+        _agree(what, check)
     group = found["group"]
     sub = _split(mesh, axes, group)
     g = current()
@@ -301,7 +306,10 @@ def allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) -
                         valid=lambda: _group(mesh, axes))
 
 
-def _allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) -> Any:
+def _allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0,
+                     agreed: list[int] | None = None) -> Any:
+    """(``agreed``: every rank's length along ``axis``, known to the caller, whose own agreed
+    exchange covered this call's record: none here.)"""
     what = "distributed.allgather_along"
     found: dict[str, Any] = {}
 
@@ -311,7 +319,11 @@ def _allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) 
         found["group"] = _group(mesh, axes)
         return (mesh, check_axis_names(axes), ax, len(shape), b.dtype_of(x)), shape[ax]
 
-    lengths = _agree(what, check)
+    if agreed is not None:
+        check()
+        lengths = agreed
+    else:
+        lengths = _agree(what, check)
     b, ax, group = backend_of(x), found["axis"], found["group"]
     sub = _split(mesh, axes, group)
     if sub is not None:
