@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -199,3 +200,63 @@ def dist_allreduce_along(ctx: Context) -> Iterator[Case]:
                            "size": size, "dtype": "float32", "rank": r},
                    bytes=size, busbw_factor=2 * (k - 1) / k, group="dist allreduce along",
                    key=f"dist allreduce_along {w} processes {fmt_bytes(size)}")
+
+
+@benchmark("distributed")
+def dist_layout(ctx: Context) -> Iterator[Case]:
+    """A tensor laid out across the processes of a ``(2, n/2)`` process mesh, rows along ``data``,
+    columns along ``model`` (``multidev.to(x, Layout(process_mesh, ("data", "model")))``), and gathered
+    whole again (``multidev.to(y, device)``), checks off (each rank's own checks) and on (the call's record
+    agreed first), against the framework's own calls where it has a sharded type for the engine: torch's
+    ``distribute_tensor`` (a scatter from rank 0) and ``full_tensor``; JAX's ``make_array_from_callback`` from
+    each process's own copy (multidev's ``distribute(src=None)``) and a jitted replication. Elsewhere (NumPy
+    under MPI) multidev's managed pieces, without a native row."""
+    w = mdist.world_size() if mdist.is_initialized() else 1
+    if w < 4 or w % 2:
+        yield Case("distributed layouts: needs an even number of processes, 4 or more", {},
+                   params={"skipped": "run under a launcher with N >= 4, N even"}, ratio=None)
+        return
+    engine, r = mdist.engine_name(), mdist.rank()
+    dev = ctx.gpus[mdist.local_rank() % len(ctx.gpus)] if ctx.gpus else ctx.host
+    pm = mdist.process_mesh((2, w // 2), ("data", "model"))
+    lay = md.Layout(pm, ("data", "model"))
+    local = ctx.backend == "jax"  # (JAX's own placement takes each process's copy: like with like)
+    was = mdist.checks_enabled()
+    try:
+        for checked in (False, True):
+            mdist.set_checks(checked)  # a collective: every rank, in the same order
+            for size in [s for s in _sizes(ctx) if s <= 16 * MiB]:
+                cols = 256
+                rows = max(2 * w, size // 4 // cols // (2 * w) * (2 * w))
+                whole = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols) % 1000
+                x = md.asarray(whole, device=dev, backend=ctx.backend)
+                place = partial(mdist.distribute, x, lay, src=None) if local else partial(md.to, x, lay)
+                y = place()
+
+                def placed_ok(place: Any = place, whole: np.ndarray = whole) -> tuple[bool, str]:
+                    return close(md.to_host(place()), whole, device=None)
+
+                def gathered_ok(y: Any = y, whole: np.ndarray = whole) -> tuple[bool, str]:
+                    return close(md.to(y, dev), whole, device=dev)
+
+                nbytes = rows * cols * 4
+                sz, label = fmt_bytes(nbytes), " checks on" if checked else ""
+                params = {"engine": engine, "processes": w, "size": nbytes, "shape": [rows, cols], "rank": r,
+                          "layout": "('data', 'model')", "type": type(y).__name__, "checks": checked}
+                native = ctx.native_call(f"dist_place_{engine}", x, pm)
+                yield Case(f"dist layout place {engine} {w} processes {sz}{label}",
+                           {"md": Variant(place, (), inner=1, label=(
+                               "multidev.distributed.distribute(x, layout, src=None)" if local
+                               else "multidev.to(x, layout)")), "native": native},
+                           devices=[dev], check=placed_ok, before=mdist.barrier, params=params, bytes=nbytes,
+                           group="dist layout place" + (" checked" if checked else ""),
+                           key=f"dist layout place {w} processes {sz}{label}")
+                native = ctx.native_call(f"dist_gather_{engine}", y)
+                yield Case(f"dist layout gather {engine} {w} processes {sz}{label}",
+                           {"md": Variant(partial(md.to, y, dev), (), inner=1, label="multidev.to(sharded, device)"),
+                            "native": native},
+                           devices=[dev], check=gathered_ok, before=mdist.barrier, params=params, bytes=nbytes,
+                           group="dist layout gather" + (" checked" if checked else ""),
+                           key=f"dist layout gather {w} processes {sz}{label}")
+    finally:
+        mdist.set_checks(was)

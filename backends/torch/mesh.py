@@ -114,8 +114,9 @@ class TorchMesh(Concern, SupportsMesh):
         return self.to_native_process_mesh(m.shape, m.axis_names, "torch"), tuple(placements)
 
     def process_place(self, x: Any, sharding: Any, src: int | None) -> Any:
-        """``distribute_tensor`` of a copy of ``x`` (it broadcasts into its input along replicated
-        axes), scattering rank 0's pieces, or each rank's own with ``src=None``; None (multidev's
+        """``distribute_tensor`` of ``x`` (of a copy where its first step would write into ``x`` or
+        keep views of it: a broadcast along a replicated first axis, a cut without ``src``),
+        scattering rank 0's pieces, or each rank's own with ``src=None``; None (multidev's
         path) for another source rank (torch's ``src_data_rank`` counts within each mesh
         dimension's group) or partial sums (torch divides the value among the ranks)."""
         mesh, placements = sharding
@@ -123,7 +124,9 @@ class TorchMesh(Concern, SupportsMesh):
             return None
         from torch.distributed.tensor import distribute_tensor
 
-        return distribute_tensor(x.detach().clone(), mesh, placements, src_data_rank=src)
+        if src is None or not placements[0].is_shard():  # (its first step would broadcast into x, or cut views)
+            x = x.detach().clone()
+        return distribute_tensor(x, mesh, placements, src_data_rank=src)
 
     def process_whole(self, x: Any) -> Any:
         """A DTensor's ``full_tensor()`` (its collectives), as a new buffer."""

@@ -142,6 +142,29 @@ class JaxNative(Native):
         f = jax.jit(lambda a: a.sum(0), out_shardings=NamedSharding(mesh, PartitionSpec()))
         return f, (g,), "jax.jit(lambda a: a.sum(0), out_shardings=replicated)(the subgroup's global array)"
 
+    def op_dist_place_jax(self, x: Any, pm: Any) -> Call:
+        """``jax.make_array_from_callback`` of a global array over a mesh of each process's device, rows along
+        the first axis and columns along the second, from each process's own copy of ``x``."""
+        jax = self.jax
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        firsts = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+                  for p in range(jax.process_count())]
+        devs = np.empty(len(firsts), dtype=object)
+        devs[:] = firsts
+        sharding = NamedSharding(Mesh(devs.reshape(pm.shape), pm.axis_names), PartitionSpec(*pm.axis_names))
+        return (lambda: jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])), (), \
+            "jax.make_array_from_callback(shape, NamedSharding(mesh, P('data', 'model')), lambda i: x[i])"
+
+    def op_dist_gather_jax(self, y: Any) -> Call:
+        """A jitted replication of a global array (every process runs it), this process's copy, waited for."""
+        jax = self.jax
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        f = jax.jit(lambda a: a, out_shardings=NamedSharding(y.sharding.mesh, PartitionSpec()))
+        return (lambda: jax.block_until_ready(f(y).addressable_shards[0].data)), (), \
+            "jax.jit(lambda a: a, out_shardings=replicated)(y).addressable_shards[0].data"
+
     def op_from_dlpack(self, x: Any) -> Call:
         """JAX as a DLPack consumer (the native side of convert(x, 'jax'))."""
         return self.jax.dlpack.from_dlpack, (x,), "jax.dlpack.from_dlpack(x)"

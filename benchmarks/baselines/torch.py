@@ -137,6 +137,21 @@ class TorchNative(Native):
         pg, _ = tdist.new_subgroups_by_enumeration([list(g) for g in groups])
         return (lambda: tdist.all_reduce(t, group=pg)), (), "torch.distributed.all_reduce(t, group=subgroup)"
 
+    def op_dist_place_torch(self, x: Any, pm: Any) -> Call:
+        """torch's ``distribute_tensor`` of ``x`` over the process mesh's ``DeviceMesh``, rows along its first
+        axis and columns along its second (``[Shard(0), Shard(1)]``: a scatter from rank 0 per mesh dimension;
+        no Replicate, so it writes nothing into ``x``)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        mesh = init_device_mesh(x.device.type, pm.shape, mesh_dim_names=pm.axis_names)
+        return (lambda: distribute_tensor(x, mesh, [Shard(0), Shard(1)])), (), \
+            "torch.distributed.tensor.distribute_tensor(x, mesh, [Shard(0), Shard(1)])"
+
+    def op_dist_gather_torch(self, y: Any) -> Call:
+        """A DTensor's ``full_tensor()`` (torch's own gather)."""
+        return y.full_tensor, (), "dtensor.full_tensor()"
+
     def op_dist_allreduce_torch(self, t: Any) -> Call:
         """The torch engine's own call (suite ``distributed``): torch.distributed.all_reduce in place."""
         return self.op_dist_allreduce(t)

@@ -15,9 +15,13 @@
 Every call here is collective: every rank of the group calls it with the same layout, shape and
 dtype. Those are compared in one agreed exchange first (CollectiveMismatchError on every rank,
 naming the difference, before anything moves; a rank's own refusal raises its error there and
-CollectiveMismatchError on the others). Then the data moves along the mesh's axes with the group's
-collectives (:func:`~multidev.distributed.allgather_along`, :func:`~multidev.distributed.allreduce_along`,
-:func:`~multidev.distributed.broadcast`), with their timeouts and typed errors. Pieces follow
+CollectiveMismatchError on the others), unless the group's consistency checks are off
+(``set_checks(False)``: each rank's own checks only, as for the collectives). Then the data moves
+with the framework's own calls where its sharded type has them (torch's ``distribute_tensor`` and
+``full_tensor``, a jitted replication on JAX), else along the mesh's axes within the engine's
+subgroups (as :func:`~multidev.distributed.allgather_along` and
+:func:`~multidev.distributed.allreduce_along` do, under the one agreed exchange) or by
+:func:`~multidev.distributed.broadcast`, with the group's timeouts and typed errors. Pieces follow
 ``numpy.array_split``'s sizes, as one process's layouts do.
 """
 from __future__ import annotations
@@ -72,6 +76,16 @@ def local_piece(x: Any) -> tuple[Backend, Any, Layout, tuple[int, ...], str]:
     assert lay is not None
     pieces = b.mesh.local_pieces(x)  # type: ignore[union-attr]
     return b, pieces[0], lay, tuple(b.shape_of(x)), b.dtype_of(x)
+
+
+def _agreed(what: str, check: Any) -> None:
+    """This rank's checks of the call (``check()``), and every rank's record of it compared in one
+    agreed exchange where the group checks its collectives' consistency (the default); with the
+    checks off (``set_checks(False)``), this rank's own checks only, as the collectives do."""
+    if current().check:
+        _agree(what, check)
+    else:
+        check()
 
 
 def _world_mesh(layout: Layout, what: str) -> ProcessMesh:
@@ -156,7 +170,7 @@ def distribute(x: Any, layout: Layout, src: int | None = 0) -> Any:
         found["shape"], found["dtype"] = _check_layout(b, x, layout, what)
         return (layout, found["shape"], found["dtype"], src), 0
 
-    _agree(what, check)  # (the native sharding only after: making a DeviceMesh is collective)
+    _agreed(what, check)  # (the native sharding only after: making a DeviceMesh is collective)
     b, shape, dtype = found["b"], found["shape"], found["dtype"]
     native = _native_sharding(b, layout, shape)
     place = getattr(b.mesh, "process_place", None) if native is not None and b.mesh is not None else None
@@ -206,7 +220,7 @@ def _agree_sharded(x: Any, what: str, extra: tuple[Any, ...] = ()) -> tuple[Back
         found[:] = [b, piece, lay, shape, dtype]
         return (lay, shape, dtype, *extra), 0
 
-    _agree(what, check)
+    _agreed(what, check)
     b, piece, lay, shape, dtype = found
     return b, piece, lay, shape, dtype
 
@@ -235,7 +249,7 @@ def _relayout(x: Any, layout: Layout, what: str) -> Any:
             raise InvalidArgumentError(f"{what}: partial sums of bool tensors are undefined")
         return (lay, layout, shape, dtype), 0
 
-    _agree(what, check)
+    _agreed(what, check)
     if found["lay"] == layout:
         return x
     b, shape, dtype = found["b"], found["shape"], found["dtype"]
@@ -282,7 +296,7 @@ def from_local(piece: Any, layout: Layout, shape: Any = None) -> Any:
         found.update(b=b, mine=tuple(mine), shp=shp, dtype=dtype)
         return (layout, shp, dtype, len(mine)), 0
 
-    _agree(what, check)
+    _agreed(what, check)
     b, shp, dtype = found["b"], found["shp"], found["dtype"]
     if shp is None:
         shp = _agreed_shape(found["mine"], layout, what)
