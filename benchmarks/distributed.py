@@ -244,6 +244,8 @@ def dist_layout(ctx: Context) -> Iterator[Case]:
                 params = {"engine": engine, "processes": w, "size": nbytes, "shape": [rows, cols], "rank": r,
                           "layout": "('data', 'model')", "type": type(y).__name__, "checks": checked}
                 native = ctx.native_call(f"dist_place_{engine}", x, pm)
+                if native is not None:
+                    native.inner = 1  # (every rank the same number of calls: no per-rank calibration)
                 yield Case(f"dist layout place {engine} {w} processes {sz}{label}",
                            {"md": Variant(place, (), inner=1, label=(
                                "multidev.distributed.distribute(x, layout, src=None)" if local
@@ -252,6 +254,8 @@ def dist_layout(ctx: Context) -> Iterator[Case]:
                            group="dist layout place" + (" checked" if checked else ""),
                            key=f"dist layout place {w} processes {sz}{label}")
                 native = ctx.native_call(f"dist_gather_{engine}", y)
+                if native is not None:
+                    native.inner = 1
                 yield Case(f"dist layout gather {engine} {w} processes {sz}{label}",
                            {"md": Variant(partial(md.to, y, dev), (), inner=1, label="multidev.to(sharded, device)"),
                             "native": native},

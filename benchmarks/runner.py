@@ -441,8 +441,9 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
     if mdist.is_initialized() or mdist.launched():  # torchrun, mpiexec, srun, JAX's variables
         if not mdist.is_initialized():
             mdist.init(timeout=300)
-        # Every rank must run the same collectives: a fixed number of samples, no time budget.
-        s.max_reps, s.budget, s.min_time = s.min_reps, math.inf, 0.0
+        # Every rank must run the same collectives: a fixed number of samples, no time budget, one call
+        # a sample (no per-rank calibration of the calls per sample: a rank batching more would hang).
+        s.max_reps, s.budget, s.min_time, s.target_sample = s.min_reps, math.inf, 0.0, 0.0
         args.no_progress = args.no_progress or mdist.rank() != 0
     for flag in ("reps", "budget", "max_time"):
         v = getattr(args, flag, None)

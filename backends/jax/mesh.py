@@ -23,6 +23,7 @@ class JaxMesh(Concern, SupportsMesh):
         super().__init__(core)
         self._process_shardings: dict[Any, tuple[int, Any]] = {}  # layout -> (process count, NamedSharding)
         self._gathers: dict[Any, Any] = {}  # a global array's sharding -> its jitted gather
+        self._reshards: dict[Any, Any] = {}  # (from sharding, to sharding) -> its jitted resharding
 
     def mesh_device_order(self, shape: tuple[int, ...], devices: Sequence[Device]) -> list[Device]:
         from jax.experimental import mesh_utils
@@ -105,6 +106,18 @@ class JaxMesh(Concern, SupportsMesh):
         if piece.sharding.device_set != {dev}:
             piece = jax.device_put(piece, dev)
         return jax.make_array_from_single_device_arrays(tuple(shape), sharding, [piece])
+
+    def process_relayout(self, x: Any, sharding: Any) -> Any:
+        """A global array resharded by one jitted program (XLA's own collectives), waited for (see
+        :meth:`process_whole`)."""
+        jax = self.core.jax
+        key = (x.sharding, sharding)
+        fn = self._reshards.get(key)
+        if fn is None:
+            fn = jax.jit(lambda a: a, out_shardings=sharding)
+            if len(self._reshards) < 256:
+                self._reshards[key] = fn
+        return jax.block_until_ready(fn(x))
 
     def process_whole(self, x: Any) -> Any:
         """The whole of a global array on this process's device: one jitted program replicating it

@@ -128,6 +128,19 @@ class TorchMesh(Concern, SupportsMesh):
             x = x.detach().clone()
         return distribute_tensor(x, mesh, placements, src_data_rank=src)
 
+    def process_relayout(self, x: Any, sharding: Any) -> Any:
+        """A DTensor's ``redistribute`` onto the same ``DeviceMesh`` (its own collectives: an
+        all-to-all, a reduce-scatter, ...); None (multidev's path) onto another mesh object, or into
+        partial sums (torch divides the value among the ranks where multidev's first rank holds it)."""
+        mesh, placements = sharding
+        if x.device_mesh != mesh or any(p.is_partial() for p in placements):
+            return None
+        y = x.redistribute(mesh, placements)
+        if y.to_local().data_ptr() == x.to_local().data_ptr():  # (a piece kept as it was: still a new buffer)
+            y = type(y).from_local(y.to_local().clone(), mesh, placements, run_check=False, shape=y.shape,
+                                   stride=y.stride())
+        return y
+
     def process_whole(self, x: Any) -> Any:
         """A DTensor's ``full_tensor()`` (its collectives), as a new buffer."""
         full = x.full_tensor()

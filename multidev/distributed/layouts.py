@@ -233,8 +233,10 @@ def whole_of(x: Any) -> Any:
 
 
 def _relayout(x: Any, layout: Layout, what: str) -> Any:
-    """``x`` (sharded across processes) laid out by ``layout`` (over a process mesh): gathered
-    whole on every rank, then cut; ``x`` itself where the layout is its own."""
+    """``x`` (sharded across processes) laid out by ``layout`` (over a process mesh): by the
+    framework's own change of layout where both are its sharded type (a DTensor's ``redistribute``,
+    a jitted resharding on JAX), else gathered whole on every rank, then cut; ``x`` itself where the
+    layout is its own."""
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
@@ -254,6 +256,12 @@ def _relayout(x: Any, layout: Layout, what: str) -> Any:
         return x
     b, shape, dtype = found["b"], found["shape"], found["dtype"]
     native = _native_sharding(b, layout, shape)
+    move = getattr(b.mesh, "process_relayout", None) if native is not None and x.__class__ is not ShardedTensor \
+        else None
+    if move is not None:
+        moved = move(x, native)
+        if moved is not None:
+            return moved
     whole = _whole(b, found["piece"], found["lay"], shape, x)
     piece = _local_piece_of(b, whole, layout, current().rank, shape, dtype, True)
     return _build(b, piece, layout, shape, dtype, native)
