@@ -53,6 +53,7 @@ def check(y, layout, w, name):
     want_kind = NATIVE.get((engine, name), "ShardedTensor")
     assert kind == want_kind, (name, kind, want_kind)
     assert md.layout_of(y) == layout, (md.layout_of(y), layout)
+    md.synchronize(y)  # (waits for its pieces: no single device needed)
     pieces = md.shards_of(y)
     assert len(pieces) == 1
     p = np.asarray(md.to_numpy(pieces[0]))

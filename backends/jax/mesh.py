@@ -24,6 +24,7 @@ class JaxMesh(Concern, SupportsMesh):
         self._process_shardings: dict[Any, tuple[int, Any]] = {}  # layout -> (process count, NamedSharding)
         self._gathers: dict[Any, Any] = {}  # a global array's sharding -> its jitted gather
         self._reshards: dict[Any, Any] = {}  # (from sharding, to sharding) -> its jitted resharding
+        self._process_layouts: dict[Any, tuple[Any]] = {}  # a global array's sharding -> (its Layout,)
 
     def mesh_device_order(self, shape: tuple[int, ...], devices: Sequence[Device]) -> list[Device]:
         from jax.experimental import mesh_utils
@@ -119,6 +120,16 @@ class JaxMesh(Concern, SupportsMesh):
                 self._reshards[key] = fn
         return jax.block_until_ready(fn(x))
 
+    def process_cut(self, whole: Any, sharding: Any) -> Any:
+        """The global array of which this process holds ``whole`` (each process cuts its own piece:
+        ``make_array_from_callback``, no communication)."""
+        jax = self.core.jax
+        mine = jax.process_index()
+        dev = next(d for d in sharding.mesh.devices.flat if d.process_index == mine)
+        if whole.sharding.device_set != {dev}:
+            whole = jax.device_put(whole, dev)
+        return jax.make_array_from_callback(tuple(whole.shape), sharding, lambda idx: whole[idx])
+
     def process_whole(self, x: Any) -> Any:
         """The whole of a global array on this process's device: one jitted program replicating it
         over the processes' mesh (every process runs it), this process's copy taken, waited for."""
@@ -139,6 +150,12 @@ class JaxMesh(Concern, SupportsMesh):
         :class:`~multidev.Layout` over a :class:`~multidev.ProcessMesh`); None for an array this
         process holds whole (or on its own devices only)."""
         sh = getattr(x, "sharding", None)
+        try:
+            hit = self._process_layouts.get(sh)
+        except TypeError:  # an unhashable sharding
+            hit = None
+        if hit is not None:
+            return hit[0]
         jax = self.core.jax
         if sh is None or not isinstance(sh, jax.sharding.NamedSharding) or sh.is_fully_addressable:
             return None
@@ -146,7 +163,10 @@ class JaxMesh(Concern, SupportsMesh):
         if found is None:
             return None
         spec = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in sh.spec]
-        return Layout(ProcessMesh(*found), spec)
+        lay = Layout(ProcessMesh(*found), spec)
+        if len(self._process_layouts) < 256:
+            self._process_layouts[sh] = (lay,)
+        return lay
 
     def local_pieces(self, x: Any) -> list[Any]:
         """This process's pieces of a global array (``addressable_shards``' data, no copy)."""

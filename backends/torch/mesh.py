@@ -28,6 +28,7 @@ class TorchMesh(Concern, SupportsMesh):
     def __init__(self, core: TorchCore) -> None:
         super().__init__(core)
         self._process_meshes: dict[Any, tuple[Any, Any]] = {}  # (shape, names, group id) -> (group, DeviceMesh)
+        self._process_layouts: dict[Any, Any] = {}  # (DeviceMesh, placements, shape, world) -> Layout
 
     def mesh_device_order(self, shape: tuple[int, ...], devices: Sequence[Device]) -> list[Device]:
         return list(devices)
@@ -169,6 +170,19 @@ class TorchMesh(Concern, SupportsMesh):
         mod = sys.modules.get("torch.distributed.tensor")
         if mod is None or not isinstance(x, mod.DTensor):
             return None
+        key: Any = (x.device_mesh, tuple(x.placements), tuple(x.shape), self._world())
+        try:
+            hit = self._process_layouts.get(key)
+        except TypeError:  # (a mesh or placement that does not hash)
+            key, hit = None, None
+        if hit is not None:
+            return hit
+        lay = self._read_layout(x)
+        if key is not None and lay is not None and len(self._process_layouts) < 256:
+            self._process_layouts[key] = lay
+        return lay
+
+    def _read_layout(self, x: Any) -> Any:
         found = self.from_native_process_mesh(x.device_mesh)
         if found is None:
             return None

@@ -182,6 +182,9 @@ def distribute(x: Any, layout: Layout, src: int | None = 0) -> Any:
     if src is not None and g.world_size > 1:
         whole = broadcast(x, src)
         fresh = whole is not x
+    cut = getattr(b.mesh, "process_cut", None) if native is not None and not layout.partial else None
+    if cut is not None:  # the framework's own cut of a whole it holds (JAX's make_array_from_callback)
+        return cut(whole, native)
     piece = _local_piece_of(b, whole, layout, g.rank, shape, dtype, fresh)
     return _build(b, piece, layout, shape, dtype, native)
 
