@@ -454,4 +454,7 @@ def test_a_subclass_overriding_full_gets_its_full_through_the_filler(tb):
 
     sub = Counted()
     assert sub.filler(0, "float32", Device("cpu", 0))((2,)).tolist() == [0.0, 0.0] and calls == [(2,)]
-    assert tb.filler(0, "float32", Device("cpu", 0)).func is torch.zeros
+    plain = tb.filler(0, "float32", Device("cpu", 0))  # torch.zeros itself, sizes passed as arguments
+    assert plain((2,)).tolist() == [0.0, 0.0] and calls == [(2,)]  # (not through anyone's full)
+    assert plain(()).shape == () and plain((2, 0)).shape == (2, 0) and plain((3, 2)).dtype == torch.float32
+    assert tb.filler(1, "int8", Device("cpu", 0))((2, 1)).tolist() == [[1], [1]]

@@ -185,7 +185,8 @@ class TorchCore(BaseBackend):
         dt, dev = self._targets.get((dtype, device)) or self._target(dtype, device)
         if value.__class__ in _REAL and (value == 1 or (value == 0 and math.copysign(1.0, value) > 0)):
             # torch's own zeros/ones: the same bits (a +0), without torch.full's fill path
-            return (self.torch.ones if value == 1 else self.torch.zeros)(shape, dtype=dt, device=dev)
+            make = self.torch.ones if value == 1 else self.torch.zeros
+            return make(*shape, dtype=dt, device=dev) if shape else make(shape, dtype=dt, device=dev)
         return self.torch.full(shape, value, dtype=dt, device=dev)
 
     def filler(self, value: Any, dtype: str, device: Device) -> Any:
@@ -196,11 +197,18 @@ class TorchCore(BaseBackend):
         dt, dev = self._target(dtype, device)
         torch = self.torch
         if value.__class__ in _REAL and (value == 1 or (value == 0 and math.copysign(1.0, value) > 0)):
-            return functools.partial(torch.ones if value == 1 else torch.zeros, dtype=dt, device=dev)
+            fn = functools.partial(torch.ones if value == 1 else torch.zeros, dtype=dt, device=dev)
+
+            def make(shape: tuple[int, ...]) -> Any:
+                # (the sizes as arguments: torch parses a tuple about 0.5 us slower than ints)
+                return fn(*shape) if shape else fn(shape)
+            return make
         return functools.partial(torch.full, fill_value=value, dtype=dt, device=dev)
 
     def empty(self, shape: tuple[int, ...], dtype: str, device: Device) -> Any:
         dt, dev = self._target(dtype, device)
+        if shape:  # (the sizes as arguments: torch parses a tuple about 0.5 us slower than ints)
+            return self.torch.empty(*shape, dtype=dt, device=dev)
         return self.torch.empty(shape, dtype=dt, device=dev)
 
     def arange(self, start: Any, stop: Any, step: Any, dtype: str, device: Device) -> Any:
