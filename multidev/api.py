@@ -744,20 +744,28 @@ def copy(x: _T, device: DeviceLike | None = None) -> _T:
     ``copyto``. Always copies, even on the same device. A structure is copied tensor by tensor
     (a model into a new, independent model); its leaves that are no tensor follow :func:`to`'s rule
     (a JAX tree's scalars become arrays on ``device``, or uncommitted on JAX's default device where
-    ``device`` is None, as ``jax.device_put(tree)`` makes them). A :class:`ShardedTensor`: every
-    piece copied on its own device, the layout kept (``device`` None), or the whole tensor in a new
-    buffer on ``device``."""
+    ``device`` is None, as ``jax.device_put(tree)`` makes them). A sharded tensor (a
+    :class:`ShardedTensor`, JAX's, a DTensor): every piece copied on its own device, the layout kept
+    (``device`` None), or the whole tensor in a new buffer on ``device`` (across processes a
+    collective, as ``to_host``: every rank gets the whole)."""
     if x.__class__ is ShardedTensor:
         return _sharded_copy(x, device)  # type: ignore[arg-type]
     b = owner_or_structure(x)
     if b is None:
         return _structure_copy(x, device)
     try:
-        dev = b.device_of(x) if device is None else resolve(b, device)
-    except DeviceMismatchError:  # a framework's own sharded tensor (JAX's): every piece, the layout kept
+        here = b.device_of(x)
+        dev = here if device is None else resolve(b, device)
+    except DeviceMismatchError:  # a framework's own sharded tensor (JAX's, a DTensor)
         if not is_sharded(x):
             raise
-        return map_shards(x, copy)
+        if device is None:  # every piece, the layout kept
+            return map_shards(x, copy)
+        from .distributed.layouts import process_layout_of
+
+        if process_layout_of(x) is not None:  # across processes: gathered on every rank, a new tensor
+            return unshard(x, device)
+        dev = resolve(b, device)
     return _native(b, "copy", b.copy, x, dev)
 
 

@@ -67,6 +67,8 @@ def check(y, layout, w, name):
     except md.DeviceMismatchError:
         pass
     assert np.array_equal(md.to_host(y), w), (name, layout)
+    whole_copy = md.copy(y, "cpu:0")  # the whole, a new tensor on every rank
+    assert md.layout_of(whole_copy) is None and np.array_equal(np.asarray(md.to_numpy(whole_copy)), w)
     back = md.to(y, "cpu:0")
     assert md.backend_of(back).name == name and md.layout_of(back) is None
     assert np.array_equal(np.asarray(md.to_numpy(back)), w)
