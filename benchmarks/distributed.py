@@ -208,9 +208,9 @@ def dist_layout(ctx: Context) -> Iterator[Case]:
     columns along ``model`` (``multidev.to(x, Layout(process_mesh, ("data", "model")))``), and gathered
     whole again (``multidev.to(y, device)``), checks off (each rank's own checks) and on (the call's record
     agreed first), against the framework's own calls where it has a sharded type for the engine: torch's
-    ``distribute_tensor`` (a scatter from rank 0) and ``full_tensor``; JAX's ``make_array_from_callback`` from
-    each process's own copy (multidev's ``distribute(src=None)``) and a jitted replication. Elsewhere (NumPy
-    under MPI) multidev's managed pieces, without a native row."""
+    ``distribute_tensor`` (a scatter from rank 0) and ``full_tensor``; JAX's ``broadcast_one_to_all`` (rank 0's
+    tensor) then ``make_array_from_callback``, and a jitted replication. Elsewhere (NumPy under MPI) multidev's
+    managed pieces, without a native row."""
     w = mdist.world_size() if mdist.is_initialized() else 1
     if w < 4 or w % 2:
         yield Case("distributed layouts: needs an even number of processes, 4 or more", {},
@@ -220,7 +220,6 @@ def dist_layout(ctx: Context) -> Iterator[Case]:
     dev = ctx.gpus[mdist.local_rank() % len(ctx.gpus)] if ctx.gpus else ctx.host
     pm = mdist.process_mesh((2, w // 2), ("data", "model"))
     lay = md.Layout(pm, ("data", "model"))
-    local = ctx.backend == "jax"  # (JAX's own placement takes each process's copy: like with like)
     was = mdist.checks_enabled()
     try:
         for checked in (False, True):
@@ -230,7 +229,7 @@ def dist_layout(ctx: Context) -> Iterator[Case]:
                 rows = max(2 * w, size // 4 // cols // (2 * w) * (2 * w))
                 whole = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols) % 1000
                 x = md.asarray(whole, device=dev, backend=ctx.backend)
-                place = partial(mdist.distribute, x, lay, src=None) if local else partial(md.to, x, lay)
+                place = partial(md.to, x, lay)
                 y = place()
 
                 def placed_ok(place: Any = place, whole: np.ndarray = whole) -> tuple[bool, str]:
@@ -247,9 +246,7 @@ def dist_layout(ctx: Context) -> Iterator[Case]:
                 if native is not None:
                     native.inner = 1  # (every rank the same number of calls: no per-rank calibration)
                 yield Case(f"dist layout place {engine} {w} processes {sz}{label}",
-                           {"md": Variant(place, (), inner=1, label=(
-                               "multidev.distributed.distribute(x, layout, src=None)" if local
-                               else "multidev.to(x, layout)")), "native": native},
+                           {"md": Variant(place, (), inner=1, label="multidev.to(x, layout)"), "native": native},
                            devices=[dev], check=placed_ok, before=mdist.barrier, params=params, bytes=nbytes,
                            group="dist layout place" + (" checked" if checked else ""),
                            key=f"dist layout place {w} processes {sz}{label}")

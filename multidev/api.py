@@ -42,7 +42,7 @@ from .registry import (
     tied_put,
     waiter_of,
 )
-from .sharding import ShardedTensor, is_sharded, map_shards, place, sharded_device, unshard
+from .sharding import ShardedTensor, across_processes, is_sharded, map_shards, place, sharded_device, unshard
 from .transfer import start_to
 from .trees import is_structure, leaves, model_owner, owner_or_structure, resident_container, tree_map
 from .validate import (
@@ -761,9 +761,7 @@ def copy(x: _T, device: DeviceLike | None = None) -> _T:
             raise
         if device is None:  # every piece, the layout kept
             return map_shards(x, copy)
-        from .distributed.layouts import process_layout_of
-
-        if process_layout_of(x) is not None:  # across processes: gathered on every rank, a new tensor
+        if across_processes(x):  # gathered on every rank, a new tensor
             return unshard(x, device)
         dev = resolve(b, device)
     return _native(b, "copy", b.copy, x, dev)

@@ -568,7 +568,10 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
       along ``param_axis`` (default every other axis; ``()``: replicated) on its first dimension
       that divides evenly (:func:`~multidev.sharded_training.param_layout`), the collectives
       inserted by the framework's compiler. JAX only so far (``SupportsShardedTraining``), one
-      process: CapabilityError elsewhere and under a process group of more than one rank.
+      process: CapabilityError elsewhere and under a process group of more than one rank, except
+      with the parameters replicated (``param_axis=()``, or ``data_axis`` every axis): plain data
+      parallelism over the mesh's devices on any framework (the batch cut over all of them, the
+      same mean gradient).
     - ``mesh``: or a :class:`~multidev.distributed.ProcessMesh` of the group's processes, one device
       each: each rank trains on its rows of a batch cut along ``data_axis`` (:meth:`DataParallel.shard`),
       the parameters and optimizer state cut along ``param_axis`` (default every other axis) and
@@ -614,9 +617,15 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
             raise CapabilityError("data_parallel(mesh=...): a mesh of this process's devices under a process group of "
                                   "more than one rank; across processes pass a process mesh "
                                   "(multidev.distributed.process_mesh), one device per process")
-        from .sharded_training import sharded_replica
-        rep = sharded_replica(_model_backend(model, "data_parallel"), model, optimizer, mesh, data_axis, param_axis,
-                              "data_parallel")
+        from .sharded_training import device_mesh_axes, sharded_replica
+        b = _model_backend(model, "data_parallel")
+        plain = b.sharded_training is None or getattr(b.sharded_training, "one_process_mesh", True) is False
+        if plain and not device_mesh_axes(mesh, data_axis, param_axis, "data_parallel")[1]:
+            # parameters replicated on every device of the mesh, and no sharded mode: plain data
+            # parallelism over them (the batch cut over every device: the same mean gradient)
+            rep = _replica_for(model, optimizer, list(mesh.devices), "data_parallel")
+        else:
+            rep = sharded_replica(b, model, optimizer, mesh, data_axis, param_axis, "data_parallel")
         return DataParallel(rep, None, bucket_mb=float(bucket_mb), grad_dtype=grad_dtype, buffers=buffers,
                             unused=unused, verify=verify, checks=checks)
     if data_axis is not None or param_axis is not None:

@@ -471,7 +471,12 @@ class SupportsShardedTraining(Protocol):
     """The framework's models and optimizers trained over a :class:`~multidev.Mesh` of one process's
     devices (FSDP/ZeRO-style), for ``multidev.data_parallel(model, optimizer, mesh=...)``: the batch
     cut along the data axes, each parameter and its optimizer state cut along the parameter axes,
-    the framework's compiler inserting the collectives. The core validates the mesh and axes."""
+    the framework's compiler inserting the collectives. The core validates the mesh and axes.
+
+    Optional: a class attribute ``one_process_mesh = False`` where :meth:`sharded_replica` refuses
+    every mesh of one process (torch: FSDP2 runs one process per device); the core then trains a
+    mesh whose parameters are replicated (no parameter axis) with plain data parallelism over its
+    devices, as for a framework without this capability."""
 
     def sharded_replica(self, model: Any, optimizer: Any, mesh: Any, data_axes: tuple[str, ...],
                         layout_for: Any) -> Any:

@@ -23,7 +23,7 @@ from .protocol import SupportsShardedTraining
 from .registry import require
 from .replicas import param_spec
 
-__all__ = ["mesh_axes", "param_layout", "sharded_process_replica", "sharded_replica"]
+__all__ = ["device_mesh_axes", "mesh_axes", "param_layout", "sharded_process_replica", "sharded_replica"]
 
 
 def mesh_axes(mesh: Any, axes: Any, what: str, arg: str) -> tuple[str, ...]:
@@ -47,11 +47,11 @@ def param_layout(mesh: Mesh, shape: tuple[int, ...], param_axes: tuple[str, ...]
     return Layout(mesh, param_spec(mesh.sizes, shape, param_axes))
 
 
-def sharded_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_axis: Any, param_axis: Any,
-                    what: str) -> Any:
-    """The replica of ``model`` on backend ``b`` laid out on ``mesh`` (arguments checked first,
-    nothing moved before): ``data_axis`` the batch's axes (default: the mesh's first axis),
-    ``param_axis`` the parameters' (None: every other axis; ``()``: replicated)."""
+def device_mesh_axes(mesh: Any, data_axis: Any, param_axis: Any, what: str) -> tuple[tuple[str, ...],
+                                                                                   tuple[str, ...]]:
+    """``(data axes, parameter axes)`` of a :class:`~multidev.Mesh` of one process's devices, checked
+    (InvalidArgumentError): ``data_axis`` default the mesh's first axis, ``param_axis`` default every
+    other axis, ``()`` none (the parameters replicated on every device)."""
     if not isinstance(mesh, Mesh):
         raise InvalidArgumentError(f"{what}: mesh must be a multidev.Mesh (md.make_mesh), got {type(mesh).__name__}")
     data = mesh_axes(mesh, mesh.axis_names[0] if data_axis is None else data_axis, what, "data_axis")
@@ -59,6 +59,15 @@ def sharded_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_axis: An
         raise InvalidArgumentError(f"{what}: data_axis names no mesh axis (the batch is cut along it)")
     params = (tuple(a for a in mesh.axis_names if a not in data) if param_axis is None
               else mesh_axes(mesh, param_axis, what, "param_axis"))
+    return data, params
+
+
+def sharded_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_axis: Any, param_axis: Any,
+                    what: str) -> Any:
+    """The replica of ``model`` on backend ``b`` laid out on ``mesh`` (arguments checked first,
+    nothing moved before): ``data_axis`` the batch's axes (default: the mesh's first axis),
+    ``param_axis`` the parameters' (None: every other axis; ``()``: replicated)."""
+    data, params = device_mesh_axes(mesh, data_axis, param_axis, what)
     sharded = require(b, SupportsShardedTraining, f"{what}(mesh=...)",
             "training with parameters sharded over a mesh is not supported for this framework yet "
             "(supported: jax); data_parallel(devices=...) replicates them")

@@ -21,6 +21,7 @@ sums partial pieces along the axes the new layout does not keep partial, and nee
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -31,6 +32,7 @@ from .errors import (
     CapabilityError,
     DeviceMismatchError,
     DeviceNotFoundError,
+    DistributedError,
     InvalidArgumentError,
     UnsupportedTensorError,
     translate_errors,
@@ -42,6 +44,7 @@ from .registry import backend_of, get_backend, loaded_backends, require, tie_cac
 
 __all__ = [
     "ShardedTensor",
+    "across_processes",
     "cut_piece",
     "from_native_mesh",
     "from_shards",
@@ -262,6 +265,28 @@ def _across(layout: Any) -> bool:
     return layout is not None and layout.mesh.__class__ is ProcessMesh
 
 
+def _layouts() -> Any:
+    """:mod:`multidev.distributed.layouts`, loaded with :mod:`multidev.distributed` (a process mesh's
+    layouts need its group; looked up, not imported: the distributed layer builds on this module)."""
+    mod = sys.modules.get(f"{__package__}.distributed.layouts")
+    if mod is None:
+        raise DistributedError("multidev.distributed is not initialised: a layout over a process mesh needs its "
+                               "group (import multidev.distributed and call init() in every process)")
+    return mod
+
+
+def across_processes(x: Any) -> bool:
+    """Whether ``x`` is a tensor sharded across processes (a ShardedTensor over a process mesh, a
+    DTensor, a global ``jax.Array``). Never copies or waits."""
+    if x.__class__ is ShardedTensor:
+        return x.layout.mesh.__class__ is ProcessMesh
+    try:
+        b = backend_of(x)
+    except UnsupportedTensorError:
+        return False
+    return _across(_native_layout(b, x))
+
+
 def _source(x: Any, what: str) -> _Source:
     if x.__class__ is ShardedTensor:
         return _Source(get_backend(x.backend), x, x.shape, x.dtype, x.layout, list(x.shards), list(x.devices), False)
@@ -472,12 +497,10 @@ def place(x: Any, layout: Layout) -> Any:
     out across the group's processes (:func:`multidev.distributed.distribute`; a DTensor under the
     torch engine, a global ``jax.Array`` under jax, else a ShardedTensor of this rank's piece)."""
     if layout.__class__ is Layout and layout.mesh.__class__ is ProcessMesh:
-        from .distributed.layouts import distribute
-        return distribute(x, layout, 0)
+        return _layouts().distribute(x, layout, 0)
     src = _source(x, "to(layout)")
     if _across(src.layout):  # sharded across processes: gathered on every rank (collective), then laid out
-        from .distributed.layouts import whole_of
-        return place(whole_of(x), layout)
+        return place(_layouts().whole_of(x), layout)
     b = src.b
     sharding = _check_target(b, layout, src.shape, src.dtype, "to(layout)")
     if src.layout == layout:
@@ -497,8 +520,7 @@ def unshard(x: Any, device: DeviceLike) -> Any:
     src = _source(x, "to(device)")
     dev = resolve(src.b, device)
     if _across(src.layout):  # gathered on every rank (collective), then moved
-        from .distributed.layouts import whole_of
-        whole = whole_of(x)
+        whole = _layouts().whole_of(x)
         return whole if src.b.device_of(whole) == dev else src.b.move(whole, dev)
     if src.native:  # the framework's own gather (jax.device_put(x, device))
         return require(src.b, SupportsSharding, "to(device)").unshard(x, dev)
@@ -515,8 +537,7 @@ def sharded_to_host(x: Any) -> np.ndarray:
     if lay is None:
         return b.to_numpy(src.shards[0])
     if _across(lay):  # gathered on every rank (collective)
-        from .distributed.layouts import whole_of
-        return b.to_numpy(whole_of(x))
+        return b.to_numpy(_layouts().whole_of(x))
     hosts = {d: b.to_numpy(t) for d, t in zip(src.devices, src.shards)}
     m = lay.mesh
     seen: set[tuple[Any, ...]] = set()
@@ -559,8 +580,7 @@ def from_shards(shards: Sequence[Any], layout: Layout, shape: Sequence[int] | No
     if layout.mesh.__class__ is ProcessMesh:  # this rank's one piece (distributed.from_local)
         if len(xs) != 1:
             raise InvalidArgumentError(f"from_shards over a process mesh takes this rank's one piece, got {len(xs)}")
-        from .distributed.layouts import from_local
-        return from_local(xs[0], layout, shape)
+        return _layouts().from_local(xs[0], layout, shape)
     m = layout.mesh
     if len(xs) != m.size:
         raise InvalidArgumentError(f"from_shards: the mesh has {m.size} devices, got {len(xs)} pieces")

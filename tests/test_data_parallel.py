@@ -335,6 +335,20 @@ TF_DEVICES = textwrap.dedent("""
     rows = two.replica.fingerprints()
     assert len(rows) == 2 and rows[0] == rows[1]
     assert "/device:CPU:1" in two.replica._copies[0].weights[0].value.device
+    # a mesh of the two devices with the parameters replicated: plain data parallelism over them
+    d = make()
+    mesh = md.make_mesh((2,), ("data",), backend="tensorflow")
+    three = md.data_parallel(d, sgd(), mesh=mesh, data_axis="data")
+    assert three.replica.devices == list(mesh.devices)
+    for k in range(3):
+        three.step(batch(k), loss_fn)
+    for x, z in zip(c.weights, d.weights):
+        np.testing.assert_allclose(np.asarray(x.value), np.asarray(z.value), rtol=1e-6, atol=1e-7)
+    try:
+        md.data_parallel(make(), sgd(), mesh=md.make_mesh((1, 2), ("data", "model"), backend="tensorflow"))
+        raise AssertionError("sharded parameters on a framework without sharded training")
+    except md.CapabilityError:
+        pass
     print("OK")
 """)
 

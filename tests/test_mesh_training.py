@@ -53,11 +53,17 @@ def test_frameworks_without_sharded_training_refuse_and_change_nothing() -> None
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model(torch.ones(1, 2)).sum().backward()
     grad = model.weight.grad.clone()
-    mt = md.make_mesh((1,), ("data",), backend="torch")
+    mt = md.make_mesh((1, 1), ("data", "model"), backend="torch")
     with pytest.raises(md.CapabilityError, match="torch shards parameters with FSDP2, one process per device; use a "
                                                  "process mesh"):  # (FSDP2 has no one-process mode)
         md.data_parallel(model, opt, mesh=mt)
     assert torch.equal(model.weight.grad, grad)  # the refusal cleared no gradient
+    # parameters replicated (no parameter axis): plain data parallelism over the mesh's devices
+    dp = md.data_parallel(model, opt, mesh=mt, param_axis=())
+    assert dp.replica.devices == list(mt.devices)
+    before = model.weight.detach().clone()
+    dp.step((torch.ones(4, 2), torch.zeros(4, 2)), lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]))
+    assert not torch.equal(model.weight, before)
 
 
 @pytest.mark.parametrize(("kwargs", "err", "match"), [

@@ -143,9 +143,11 @@ class JaxNative(Native):
         return f, (g,), "jax.jit(lambda a: a.sum(0), out_shardings=replicated)(the subgroup's global array)"
 
     def op_dist_place_jax(self, x: Any, pm: Any) -> Call:
-        """``jax.make_array_from_callback`` of a global array over a mesh of each process's device, rows along
-        the first axis and columns along the second, from each process's own copy of ``x``."""
+        """Rank 0's ``x`` laid out as a global array over a mesh of each process's device, rows along the first
+        axis and columns along the second: ``multihost_utils.broadcast_one_to_all`` then
+        ``jax.make_array_from_callback`` (each process cuts its piece)."""
         jax = self.jax
+        from jax.experimental import multihost_utils
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
         firsts = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
@@ -153,8 +155,11 @@ class JaxNative(Native):
         devs = np.empty(len(firsts), dtype=object)
         devs[:] = firsts
         sharding = NamedSharding(Mesh(devs.reshape(pm.shape), pm.axis_names), PartitionSpec(*pm.axis_names))
-        return (lambda: jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])), (), \
-            "jax.make_array_from_callback(shape, NamedSharding(mesh, P('data', 'model')), lambda i: x[i])"
+        def place() -> Any:
+            whole = multihost_utils.broadcast_one_to_all(x)
+            return jax.make_array_from_callback(x.shape, sharding, lambda idx: whole[idx])
+        return place, (), ("multihost_utils.broadcast_one_to_all(x); jax.make_array_from_callback(shape, "
+                           "NamedSharding(mesh, P('data', 'model')), lambda i: whole[i])")
 
     def op_dist_gather_jax(self, y: Any) -> Call:
         """A jitted replication of a global array (every process runs it), this process's copy, waited for."""

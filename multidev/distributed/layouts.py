@@ -38,7 +38,7 @@ from ..sharding import ShardedTensor, cut_piece
 from .collectives import allgather, broadcast
 from .consistency import MAX_DIMS
 from .group import current
-from .mesh import _agree, _allgather_along, _allreduce_along, _checked
+from .mesh import agree_call, allgather_along_one, allreduce_along_one, checked_input
 
 __all__ = ["distribute", "from_local", "is_process_layout", "local_piece", "process_layout_of", "whole_of"]
 
@@ -83,7 +83,7 @@ def _agreed(what: str, check: Any) -> None:
     agreed exchange where the group checks its collectives' consistency (the default); with the
     checks off (``set_checks(False)``), this rank's own checks only, as the collectives do."""
     if current().check:
-        _agree(what, check)
+        agree_call(what, check)
     else:
         check()
 
@@ -165,7 +165,7 @@ def distribute(x: Any, layout: Layout, src: int | None = 0) -> Any:
         if src is not None and (isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < g.world_size):
             raise InvalidArgumentError(f"{what}: src must be a rank of the group (0..{g.world_size - 1}) or None, "
                                        f"got {src!r:.40}")
-        b, _ = _checked(x, what)
+        b, _ = checked_input(x, what)
         found["b"] = b
         found["shape"], found["dtype"] = _check_layout(b, x, layout, what)
         return (layout, found["shape"], found["dtype"], src), 0
@@ -202,11 +202,11 @@ def _whole(b: Backend, piece: Any, layout: Layout, shape: tuple[int, ...], x: An
     assert isinstance(m, ProcessMesh)
     t = piece
     if layout.partial:
-        t = _allreduce_along(t, m, layout.partial, "sum", agreed=True)
+        t = allreduce_along_one(t, m, layout.partial, "sum", agreed=True)
     for d, entry in enumerate(layout.spec):
         if entry:
             lengths = [e - s for s, e in (layout.block(q, shape)[d] for q in range(m.size))]
-            t = _allgather_along(t, m, entry, d, agreed=lengths)
+            t = allgather_along_one(t, m, entry, d, agreed=lengths)
     if t is piece:  # replicated everywhere: still a new buffer
         t = b.copy(t, b.device_of(t))
     return t
@@ -287,7 +287,7 @@ def from_local(piece: Any, layout: Layout, shape: Any = None) -> Any:
     def check() -> tuple[tuple[Any, ...], int]:
         if not is_process_layout(layout):
             raise InvalidArgumentError(f"{what} takes a multidev Layout over a ProcessMesh, got {layout!r:.80}")
-        b, mine = _checked(piece, what)
+        b, mine = checked_input(piece, what)
         m = _world_mesh(layout, what)
         layout.check_rank(len(mine), what)
         shp = None

@@ -121,7 +121,7 @@ def _fingerprint(*parts: Any) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
-def _agree(what: str, check: Callable[[], tuple[tuple[Any, ...], int]]) -> list[int]:
+def agree_call(what: str, check: Callable[[], tuple[tuple[Any, ...], int]]) -> list[int]:
     """This rank's checks (``check()`` gives its record of the call and its length along the
     gathered axis), then every rank's record compared in one consistency exchange (the group's
     channel, as every collective's): a rank whose own checks failed raises its error and the
@@ -188,7 +188,7 @@ def _fold(b: Any, parts: Sequence[Any], op: str) -> Any:
     return b.divide(acc, len(parts)) if op == "mean" else acc
 
 
-def _checked(x: Any, what: str) -> tuple[Any, tuple[int, ...]]:
+def checked_input(x: Any, what: str) -> tuple[Any, tuple[int, ...]]:
     """x's backend and shape, and that the group can carry its dtype (CapabilityError naming the
     engine otherwise): refused inside the agreed exchange, before anything moves."""
     try:
@@ -240,7 +240,7 @@ def _over_leaves(x: Any, what: str, one: Callable[[Any], Any], gathered: int | N
             shapes = [shp[:a] + shp[a + 1:] for shp, a in zip(lv.shapes, axes)]
         return ("structure", len(lv.tensors), lv.signature(shapes=shapes)), 0
 
-    _agree(what, check)
+    agree_call(what, check)
     lv = found["lv"]
     return rebuild(x, lv, [one(t) for t in lv.tensors], what)
 
@@ -256,18 +256,19 @@ def allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum",
     ``axes``, reduced in group order; a new tensor of x's backend on x's device, or with
     ``inplace=True`` ``x`` itself written (mutable backends; CapabilityError elsewhere, agreed by
     every rank before anything moves) and returned (a structure: each leaf written)."""
-    return _over_leaves(x, "distributed.allreduce_along", lambda t: _allreduce_along(t, mesh, axes, op, inplace),
+    return _over_leaves(x, "distributed.allreduce_along", lambda t: allreduce_along_one(t, mesh, axes, op, inplace),
                         valid=lambda: (_group(mesh, axes), _op_name(op, "distributed.allreduce_along")))
 
 
-def _allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum", inplace: bool = False,
+def allreduce_along_one(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum", inplace: bool = False,
                      agreed: bool = False) -> Any:
-    """(``agreed``: the caller's own agreed exchange covered this call's record: none here.)"""
+    """:func:`allreduce_along` of one tensor (``agreed``: the caller's own agreed exchange covered
+    this call's record, so none here: :mod:`.layouts` gathers under one exchange)."""
     what = "distributed.allreduce_along"
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
-        b, shape = _checked(x, what)
+        b, shape = checked_input(x, what)
         check_op(op, b.dtype_of(x), what)
         if not isinstance(inplace, bool):
             raise InvalidArgumentError(f"{what}: inplace must be True or False, got {inplace!r:.40}")
@@ -279,7 +280,7 @@ def _allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum"
     if agreed:
         check()
     else:
-        _agree(what, check)
+        agree_call(what, check)
     group = found["group"]
     sub = _split(mesh, axes, group)
     g = current()
@@ -302,19 +303,19 @@ def _allreduce_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "sum"
 def allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0) -> Any:
     """The concatenation along ``axis`` of the subgroup's tensors, in group order (lengths along
     ``axis`` may differ); a new tensor on x's device."""
-    return _over_leaves(x, "distributed.allgather_along", lambda t: _allgather_along(t, mesh, axes, axis), axis,
+    return _over_leaves(x, "distributed.allgather_along", lambda t: allgather_along_one(t, mesh, axes, axis), axis,
                         valid=lambda: _group(mesh, axes))
 
 
-def _allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0,
+def allgather_along_one(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0,
                      agreed: list[int] | None = None) -> Any:
-    """(``agreed``: every rank's length along ``axis``, known to the caller, whose own agreed
-    exchange covered this call's record: none here.)"""
+    """:func:`allgather_along` of one tensor (``agreed``: every rank's length along ``axis``, known
+    to the caller, whose own agreed exchange covered this call's record: none here)."""
     what = "distributed.allgather_along"
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
-        b, shape = _checked(x, what)
+        b, shape = checked_input(x, what)
         found["axis"] = ax = check_axis(axis, len(shape), what)
         found["group"] = _group(mesh, axes)
         return (mesh, check_axis_names(axes), ax, len(shape), b.dtype_of(x)), shape[ax]
@@ -323,7 +324,7 @@ def _allgather_along(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 0,
         check()
         lengths = agreed
     else:
-        lengths = _agree(what, check)
+        lengths = agree_call(what, check)
     b, ax, group = backend_of(x), found["axis"], found["group"]
     sub = _split(mesh, axes, group)
     if sub is not None:
@@ -354,12 +355,12 @@ def _reduce_scatter_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = 
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
-        b, shape = _checked(x, what)
+        b, shape = checked_input(x, what)
         check_op(op, b.dtype_of(x), what)
         found.update(axis=check_axis(axis, len(shape), what), group=_group(mesh, axes), shape=shape)
         return (mesh, check_axis_names(axes), op, found["axis"], shape, b.dtype_of(x)), 0
 
-    _agree(what, check)
+    agree_call(what, check)
     group, ax = found["group"], found["axis"]
     sub = _split(mesh, axes, group)
     if sub is not None:
@@ -390,12 +391,12 @@ def _all_to_all_along(x: Any, mesh: ProcessMesh, axes: AxisNames, split_axis: in
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
-        b, shape = _checked(x, what)
+        b, shape = checked_input(x, what)
         found.update(sa=check_axis(split_axis, len(shape), what), ca=check_axis(concat_axis, len(shape), what),
                      group=_group(mesh, axes), shape=shape)
         return (mesh, check_axis_names(axes), found["sa"], found["ca"], shape, b.dtype_of(x)), 0
 
-    _agree(what, check)
+    agree_call(what, check)
     group, sa, ca = found["group"], found["sa"], found["ca"]
     sizes, k = _sizes(found["shape"][sa], len(group)), group.index(current().rank)
     sub = _split(mesh, axes, group)
@@ -440,12 +441,12 @@ def _sendrecv(x: Any, shift: int = 1) -> Any:
     def check() -> tuple[tuple[Any, ...], int]:
         if isinstance(shift, bool) or not isinstance(shift, int):
             raise CollectiveInputError(f"{what}: shift must be an int, got {shift!r:.40}")
-        b, shape = _checked(x, what)
+        b, shape = checked_input(x, what)
         if len(shape) > MAX_DIMS:  # (a message's header holds that many)
             raise CollectiveInputError(f"{what}: at most {MAX_DIMS} dimensions, got a {len(shape)}-d tensor")
         return (shift % g.world_size, shape, b.dtype_of(x)), 0
 
-    _agree(what, check)
+    agree_call(what, check)
     e = type(g.engine)
     if shift % g.world_size and e.matches_by_peer and e.send is not Engine.send and e.recv is not Engine.recv:
         b = backend_of(x)
