@@ -42,7 +42,16 @@ from .registry import (
     tied_put,
     waiter_of,
 )
-from .sharding import ShardedTensor, across_processes, is_sharded, map_shards, place, sharded_device, unshard
+from .sharding import (
+    ShardedTensor,
+    across_processes,
+    is_sharded,
+    map_shards,
+    place,
+    sharded_device,
+    sharded_to_host,
+    unshard,
+)
 from .transfer import start_to
 from .trees import is_structure, leaves, model_owner, owner_or_structure, resident_container, tree_map
 from .validate import (
@@ -789,9 +798,18 @@ def _structure_copy(x: Any, device: DeviceLike | None) -> Any:
 
 def to_numpy(x: Any) -> np.ndarray:
     """A host NumPy array with x's values, after waiting for x's pending work. It may share memory
-    with a CPU-resident ``x``; use ``np.array(md.to_numpy(x))`` for an independent copy."""
+    with a CPU-resident ``x``; use ``np.array(md.to_numpy(x))`` for an independent copy. A sharded
+    tensor comes back whole, as :func:`multidev.to_host` gives it (across processes, a DTensor or a
+    global ``jax.Array``: gathered on every rank, a collective)."""
+    if x.__class__ is ShardedTensor:  # the whole, as to_host gives it
+        return sharded_to_host(x)
     b = backend_of(x)
-    return _native(b, "to_numpy", b.to_numpy, x)
+    try:
+        return b.to_numpy(x)
+    except Exception as e:  # noqa: BLE001 - translated by reraise
+        if across_processes(x):  # a DTensor, a global jax.Array: gathered on every rank, as to_host does
+            return sharded_to_host(x)
+        translate_errors(lambda: f"{b.name} to_numpy").reraise(e)
 
 
 def synchronize(target: Any = None, *, backend: str | None = None) -> None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import sys
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -370,7 +371,11 @@ class DataParallel:
     def model(self) -> Any:
         """The model now: the object given (torch, MXNet, Keras; trained in place) or the current
         tree (JAX: the parameters, or the ``TrainState``). Its state is the plain model's: a
-        checkpoint of it loads without the wrapper."""
+        checkpoint of it loads without the wrapper. Where every rank runs one program (JAX across
+        processes) reading it gathers the pieces: a collective every rank makes, agreed first (a
+        rank reading alone raises CollectiveMismatchError or DistributedTimeoutError, never hangs)."""
+        if self._one_program and self.group is not None:
+            self._agree_read("model")
         return self.replica.model
 
     @property
@@ -456,6 +461,14 @@ class DataParallel:
             found = structure_leaves(batch, "DataParallel.step")
             return Call("batch", leaves=len(found.tensors), sig=found.signature())
         agree(self.group, "batch", record)
+
+    def _agree_read(self, what: str) -> None:
+        """The exchange before a collective read of a one-program replica's state: every rank reads
+        the same thing at the same point (a rank stepping or reading something else: mismatch)."""
+        from .distributed.consistency import Call, agree
+
+        sig = zlib.crc32(f"read {what}".encode()) & 0x7FFFFFFF
+        agree(self.group, "batch", lambda: Call("batch", leaves=0, sig=sig))
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -69,6 +69,7 @@ def check(y, layout, w, name):
     assert np.array_equal(md.to_host(y), w), (name, layout)
     whole_copy = md.copy(y, "cpu:0")  # the whole, a new tensor on every rank
     assert md.layout_of(whole_copy) is None and np.array_equal(np.asarray(md.to_numpy(whole_copy)), w)
+    assert np.array_equal(np.asarray(md.to_numpy(y)), w)  # (a collective too, as to_host)
     back = md.to(y, "cpu:0")
     assert md.backend_of(back).name == name and md.layout_of(back) is None
     assert np.array_equal(np.asarray(md.to_numpy(back)), w)
@@ -118,6 +119,31 @@ for name in NAMES:
     # a one-process layout of a tensor sharded across processes: gathered, then laid out
     one = md.Layout(md.Mesh((1,), ("x",), [md.device_of(x)]), ("x",))
     assert np.array_equal(md.to_host(md.to(f2, one)), whole(3))
+
+# an axis of size 1 (its subgroups are one rank each: nothing moves along it), uneven pieces
+line = dist.process_mesh((1, 4), ("a", "b"))
+for name in NAMES:
+    if (engine, name) == ("jax", "jax"):
+        continue  # (JAX places even pieces only)
+    w5 = whole(5, (5, 3))
+    for lay in (md.Layout(line, ("a", "b")), md.Layout(line, ("b",), partial=("a",)), md.Layout(line, (None, "b"))):
+        u = md.to(md.asarray(w5, backend=name), lay)
+        assert np.array_equal(md.to_host(u), w5), (name, lay)
+        assert np.array_equal(md.to_host(md.to(u, md.Layout(line, ("b", "a")))), w5), (name, lay)
+if engine == "jax":  # an empty array changes layout: pieces of the new layout's shape
+    e = md.to(md.to(md.asarray(np.zeros((0, 8), np.float32), backend="jax"), md.Layout(pm, ())),
+              md.Layout(pm, (None, ("a", "b"))))
+    assert md.shards_of(e)[0].shape == (0, 2), md.shards_of(e)[0].shape
+if engine == "mpi" and "torch" in NAMES:  # torch.distributed started beside MPI with its ranks in another order
+    import torch
+    import torch.distributed as tdist
+    tdist.init_process_group("gloo", init_method="file://" + os.path.abspath("torch-store"), rank=[0, 1, 3, 2][r],
+                             world_size=n)
+    try:
+        md.to(torch.zeros(8, 8), md.Layout(pm, ("a", "b")))
+    except dist.CollectiveMismatchError:
+        outcome.append("order")
+    tdist.destroy_process_group()
 
 # ranks that lay out differently: every rank raises, the group stays usable
 x = md.asarray(whole(r), backend=NAMES[0])
@@ -196,7 +222,8 @@ def test_layouts_across_processes(engine: str, tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
     found = sorted(re.findall(r"MDLAYOUT rank (\d): ([a-z ]*)", p.stdout))  # (the ranks' lines may interleave)
     tail = {"torch": " native", "jax": " native dtensor"}.get(engine, "")
-    assert found == [(str(k), ("mismatch " + ("refused" if k == 2 else "mismatch") + " size" + tail))
+    head = "order " if engine == "mpi" else ""
+    assert found == [(str(k), (head + "mismatch " + ("refused" if k == 2 else "mismatch") + " size" + tail))
                      for k in range(4)], p.stdout[-3000:]
 
 

@@ -71,6 +71,14 @@ class JaxMesh(Concern, SupportsMesh):
         return tuple(obj.devices.shape), tuple(str(n) for n in obj.axis_names)
 
     # -- global arrays: tensors sharded across the jax engine's processes ------------------------------
+    def process_native(self, layout: Any, shape: Any, engine: str, rank: int) -> bool:
+        """Whether a layout over a process mesh becomes a global array here: no partial sums, and
+        JAX's runtime runs the group's processes, process for rank (decided without making anything)."""
+        if layout.partial:
+            return False
+        jax = self.core.jax
+        return engine == "jax" or (jax.process_count() == layout.mesh.size and jax.process_index() == rank)
+
     def process_sharding(self, layout: Any, shape: tuple[int, ...], engine: str, rank: int) -> Any:
         """The ``NamedSharding`` over the processes' mesh for ``layout`` where JAX's multi-controller
         runtime runs with the group's processes (the jax engine, or ``jax.distributed`` started by
@@ -78,8 +86,7 @@ class JaxMesh(Concern, SupportsMesh):
         elsewhere or for partial sums (a ``NamedSharding`` has none). CapabilityError for uneven
         pieces, which JAX does not place."""
         jax = self.core.jax
-        if layout.partial or (engine != "jax" and (jax.process_count() != layout.mesh.size
-                                                   or jax.process_index() != rank)):
+        if not self.process_native(layout, shape, engine, rank):
             return None
         odd = layout.uneven(shape)
         if odd:
@@ -112,6 +119,8 @@ class JaxMesh(Concern, SupportsMesh):
         """A global array resharded by one jitted program (XLA's own collectives), waited for (see
         :meth:`process_whole`)."""
         jax = self.core.jax
+        if 0 in x.shape:  # (XLA's resharding of an empty array keeps the old pieces' shapes: multidev's path)
+            return None
         key = (x.sharding, sharding)
         fn = self._reshards.get(key)
         if fn is None:
@@ -147,7 +156,7 @@ class JaxMesh(Concern, SupportsMesh):
 
     def process_layout_of(self, x: Any) -> Any:
         """The layout of a global array over a mesh of one device per process (a
-        :class:`~multidev.Layout` over a :class:`~multidev.ProcessMesh`); None for an array this
+        :class:`~multidev.Layout` over a :class:`~multidev.distributed.ProcessMesh`); None for an array this
         process holds whole (or on its own devices only)."""
         sh = getattr(x, "sharding", None)
         try:

@@ -219,8 +219,12 @@ class JaxProcessMeshReplica(JaxMeshReplica):
         self.peers = grid.groups(rest) if rest else tuple((r,) for r in range(grid.size))
         self._whole: tuple[Any, Any] = (None, None)  # (a tree, its gathered copy)
         self._gather: Any = None
-        self._setup(backend, jax, state, params, tx, [backend.from_native_device(self._device)], native, data_axes,
-                    math.prod(sizes[a] for a in data_axes), sharding)
+        # The global batch is every rank's rows, cut along every mesh axis in rank order: ranks along
+        # the parameter axes given the same rows (DataParallel.shard) hold duplicates, which leave the
+        # mean as it is; given different rows, their mean counts them all (as FSDP's average does),
+        # never one replica's rows mixed with another's.
+        self._setup(backend, jax, state, params, tx, [backend.from_native_device(self._device)], native,
+                    tuple(grid.axis_names), grid.size, sharding)
         self._cpu_collectives = self._device.platform == "cpu"
 
     # -- global arrays from each process's copy, and back ------------------------------------------------
@@ -308,9 +312,8 @@ class JaxProcessMeshReplica(JaxMeshReplica):
 
     # -- the step -------------------------------------------------------------------------------------------
     def _place_batch(self, batch: Any) -> Any:
-        """This process's rows (its part of the batch cut along the data axes) as its piece of one
-        global batch: the ranks' parts have one shape (the core checked), so the whole batch has
-        ``parts`` times the rows."""
+        """This process's rows as its piece of one global batch cut along every mesh axis: the ranks'
+        parts have one shape (the core checked), so the whole batch has world-size times the rows."""
         jax = self.jax
 
         def one(x: Any) -> Any:

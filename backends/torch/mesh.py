@@ -91,13 +91,18 @@ class TorchMesh(Concern, SupportsMesh):
         return made
 
     # -- DTensor: tensors sharded across the torch engine's processes --------------------------------
+    def process_native(self, layout: Any, shape: Any, engine: str, rank: int) -> bool:
+        """Whether a layout over a process mesh becomes a DTensor here: torch.distributed runs the
+        group's ranks, rank for rank (decided without making anything)."""
+        return engine == "torch" or self._runs_group(layout.mesh.size, rank)
+
     def process_sharding(self, layout: Any, shape: tuple[int, ...], engine: str, rank: int) -> Any:
         """``(DeviceMesh, placements)`` for ``layout`` (over a process mesh) where torch.distributed
         runs with the group's ranks (the torch engine, or a process group the program started
         beside another engine, rank for rank); None (multidev's managed pieces) elsewhere, or where
         DTensor would cut otherwise than ``numpy.array_split`` (uneven pieces: DTensor follows
         ``torch.chunk``) or cannot say it (a dimension cut along several axes out of mesh order)."""
-        if engine != "torch" and not self._runs_group(layout.mesh.size, rank):
+        if not self.process_native(layout, shape, engine, rank):
             return None
         m = layout.mesh
         for d, entry in enumerate(layout.spec):
@@ -164,7 +169,7 @@ class TorchMesh(Concern, SupportsMesh):
 
     def process_layout_of(self, x: Any) -> Any:
         """The layout of a DTensor over the whole group (a :class:`~multidev.Layout` over a
-        :class:`~multidev.ProcessMesh`); None for another tensor. CapabilityError for a DTensor
+        :class:`~multidev.distributed.ProcessMesh`); None for another tensor. CapabilityError for a DTensor
         multidev cannot describe: over a part of the group, partial sums of another reduction than a
         sum, uneven pieces (``torch.chunk``'s sizes differ from ``numpy.array_split``'s)."""
         mod = sys.modules.get("torch.distributed.tensor")

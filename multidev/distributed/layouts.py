@@ -97,6 +97,18 @@ def _world_mesh(layout: Layout, what: str) -> ProcessMesh:
     return m
 
 
+def _native_possible(b: Backend, layout: Layout, shape: tuple[int, ...] | None) -> bool:
+    """Whether this rank would make the framework's own sharded type (its runtime runs the group's
+    ranks, rank for rank): decided without building anything (a DeviceMesh is collective), and put
+    in the call's agreed record, so ranks that would choose differently raise instead of hanging.
+    ``shape`` None (worked out later): the runtime alone decides here."""
+    decide = getattr(b.mesh, "process_native", None) if b.mesh is not None else None
+    if decide is None:
+        return getattr(b.mesh, "process_sharding", None) is not None if b.mesh is not None else False
+    g = current()
+    return bool(decide(layout, shape, g.info.engine, g.rank))
+
+
 def _native_sharding(b: Backend, layout: Layout, shape: tuple[int, ...]) -> Any:
     """The framework's own sharding for ``layout`` in this group (its engine, this rank), or None
     (managed pieces)."""
@@ -168,11 +180,12 @@ def distribute(x: Any, layout: Layout, src: int | None = 0) -> Any:
         b, _ = checked_input(x, what)
         found["b"] = b
         found["shape"], found["dtype"] = _check_layout(b, x, layout, what)
-        return (layout, found["shape"], found["dtype"], src), 0
+        found["native"] = _native_possible(b, layout, found["shape"])
+        return (layout, found["shape"], found["dtype"], src, found["native"]), 0
 
     _agreed(what, check)  # (the native sharding only after: making a DeviceMesh is collective)
     b, shape, dtype = found["b"], found["shape"], found["dtype"]
-    native = _native_sharding(b, layout, shape)
+    native = _native_sharding(b, layout, shape) if found["native"] else None
     place = getattr(b.mesh, "process_place", None) if native is not None and b.mesh is not None else None
     if place is not None:  # the framework's own (torch's distribute_tensor: a scatter from src)
         placed = place(x, native, src)
@@ -252,13 +265,14 @@ def _relayout(x: Any, layout: Layout, what: str) -> Any:
         layout.check_rank(len(shape), what)
         if layout.partial and dtype == "bool":
             raise InvalidArgumentError(f"{what}: partial sums of bool tensors are undefined")
-        return (lay, layout, shape, dtype), 0
+        found["native"] = lay != layout and _native_possible(b, layout, shape)
+        return (lay, layout, shape, dtype, found["native"]), 0
 
     _agreed(what, check)
     if found["lay"] == layout:
         return x
     b, shape, dtype = found["b"], found["shape"], found["dtype"]
-    native = _native_sharding(b, layout, shape)
+    native = _native_sharding(b, layout, shape) if found["native"] else None
     move = getattr(b.mesh, "process_relayout", None) if native is not None and x.__class__ is not ShardedTensor \
         else None
     if move is not None:
@@ -305,13 +319,15 @@ def from_local(piece: Any, layout: Layout, shape: Any = None) -> Any:
         if layout.partial and dtype == "bool":
             raise InvalidArgumentError(f"{what}: partial sums of bool tensors are undefined")
         found.update(b=b, mine=tuple(mine), shp=shp, dtype=dtype)
-        return (layout, shp, dtype, len(mine)), 0
+        found["native"] = _native_possible(b, layout, shp)
+        return (layout, shp, dtype, len(mine), found["native"]), 0
 
     _agreed(what, check)
     b, shp, dtype = found["b"], found["shp"], found["dtype"]
     if shp is None:
         shp = _agreed_shape(found["mine"], layout, what)
-    return _build(b, piece, layout, shp, dtype, _native_sharding(b, layout, shp))
+    native = _native_sharding(b, layout, shp) if found["native"] else None
+    return _build(b, piece, layout, shp, dtype, native)
 
 
 def _agreed_shape(mine: tuple[int, ...], layout: Layout, what: str) -> tuple[int, ...]:
@@ -326,11 +342,15 @@ def _agreed_shape(mine: tuple[int, ...], layout: Layout, what: str) -> tuple[int
     if len({len(s) for s in shapes}) > 1:
         raise CollectiveMismatchError(f"{what}: the ranks' pieces have different ranks: {shapes}")
     total = list(shapes[0])
+    coords = [m.coords(r) for r in range(m.size)]
     for d, entry in enumerate(layout.spec):
         if entry:
+            # the ranks of this rank's subgroup along the entry's axes: the same coordinates elsewhere
+            other = [i for i, n in enumerate(m.axis_names) if n not in entry]
+            here = [coords[g.rank][i] for i in other]
             firsts: dict[int, int] = {}
             for r, s in enumerate(shapes):
-                if m.group_of(r, entry) == m.group_of(g.rank, entry):
+                if [coords[r][i] for i in other] == here:
                     firsts.setdefault(m.index_along(r, entry), s[d])
             total[d] = sum(firsts.values())
     shp = tuple(total)

@@ -282,6 +282,11 @@ def allreduce_along_one(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "s
     else:
         agree_call(what, check)
     group = found["group"]
+    if len(group) == 1:  # a subgroup of one rank (an axis of size 1): its own tensor, nothing moves
+        if inplace:
+            return x
+        b = backend_of(x)
+        return b.copy(x, b.device_of(x))
     sub = _split(mesh, axes, group)
     g = current()
     if sub is not None:
@@ -326,6 +331,8 @@ def allgather_along_one(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 
     else:
         lengths = agree_call(what, check)
     b, ax, group = backend_of(x), found["axis"], found["group"]
+    if len(group) == 1:  # a subgroup of one rank: its own tensor, nothing moves
+        return b.copy(x, b.device_of(x))
     sub = _split(mesh, axes, group)
     if sub is not None:
         mine = [lengths[r] for r in group]
@@ -362,6 +369,9 @@ def _reduce_scatter_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = 
 
     agree_call(what, check)
     group, ax = found["group"], found["axis"]
+    if len(group) == 1:  # a subgroup of one rank: the whole of its own tensor, nothing moves
+        b = backend_of(x)
+        return b.copy(x, b.device_of(x))
     sub = _split(mesh, axes, group)
     if sub is not None:
         sizes, k, base = _sizes(found["shape"][ax], len(group)), group.index(current().rank), \
@@ -398,6 +408,9 @@ def _all_to_all_along(x: Any, mesh: ProcessMesh, axes: AxisNames, split_axis: in
 
     agree_call(what, check)
     group, sa, ca = found["group"], found["sa"], found["ca"]
+    if len(group) == 1:  # a subgroup of one rank: its own tensor, nothing moves
+        b = backend_of(x)
+        return b.copy(x, b.device_of(x))
     sizes, k = _sizes(found["shape"][sa], len(group)), group.index(current().rank)
     sub = _split(mesh, axes, group)
     if sub is not None:
