@@ -133,12 +133,19 @@ def test_structure_calls_leave_no_reference_cycle_holding_their_results() -> Non
     gc.disable()
     try:
         for name, call in calls.items():
-            out = call({"a": [x, (x, x)], "b": x})
-            probe = weakref.ref(out["a"][0]) if isinstance(out, dict) and hasattr(out["a"][0], "shape") else None
-            del out
-            assert gc.collect() == 0, f"md.{name} of a structure left a reference cycle"
-            if probe is not None and probe() is not None and probe() is not x:
-                raise AssertionError(f"md.{name}'s result outlived the caller's last reference")
+            # a cycle the call makes shows on every call; garbage another thread happened to leave
+            # during one (a loaded CI machine once showed 29,648 objects from elsewhere) does not
+            found = []
+            for _ in range(3):
+                out = call({"a": [x, (x, x)], "b": x})
+                probe = weakref.ref(out["a"][0]) if isinstance(out, dict) and hasattr(out["a"][0], "shape") else None
+                del out
+                if probe is not None and probe() is not None and probe() is not x:
+                    raise AssertionError(f"md.{name}'s result outlived the caller's last reference")
+                found.append(gc.collect())
+                if found[-1] == 0:
+                    break
+            assert found[-1] == 0, f"md.{name} of a structure left a reference cycle on every call: {found}"
     finally:
         if enabled:
             gc.enable()
