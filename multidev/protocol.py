@@ -512,7 +512,31 @@ class SupportsDeviceScope(Protocol):
 class SupportsMesh(Protocol):
     """The framework's own device mesh, for :func:`multidev.make_mesh` (its device order) and
     :func:`multidev.to_native_mesh` / :func:`multidev.from_native_mesh`. Meshes are
-    :class:`multidev.Mesh` values (``multidev.adapter.Mesh``)."""
+    :class:`multidev.Mesh` values (``multidev.adapter.Mesh``).
+
+    Optional methods, for a framework with its own mesh of processes and sharded type across them
+    (torch: ``DeviceMesh`` and DTensor; JAX: a ``jax.sharding.Mesh`` of one device per process and
+    global arrays); the core asks for each with ``getattr`` and uses multidev's managed pieces
+    without them. ``layout`` is a :class:`multidev.Layout` over a ``ProcessMesh``
+    (``multidev.adapter.ProcessMesh``); ``engine`` the group's engine name, ``rank`` this rank.
+
+    - ``to_native_process_mesh(shape, axis_names, engine)`` / ``from_native_process_mesh(obj)``:
+      the framework's mesh of the group's processes, row-major, and back (``(shape, names)`` or None).
+    - ``process_native(layout, shape, engine, rank) -> bool``: whether this rank would use the
+      framework's own type (its runtime runs the group's ranks, rank for rank), decided without
+      making anything; the core agrees it across ranks first. ``shape`` may be None.
+    - ``process_sharding(layout, shape, engine, rank)``: the framework's placement object (it may
+      make collective objects: called on every rank, after the agreement), or None for managed
+      pieces (a layout its type does not express).
+    - ``from_local(piece, sharding, shape)``: the sharded tensor of this rank's ``piece``, no
+      communication. ``process_layout_of(x)``: the layout of the framework's own tensor sharded
+      across processes, None otherwise (cheap: asked of every tensor of the framework in the
+      layout calls). ``local_pieces(x)``: this rank's pieces, no copy.
+    - Each optional, the core's own path without it: ``process_place(x, sharding, src)`` (the
+      framework's scatter of rank ``src``'s whole tensor, a new buffer; None to decline),
+      ``process_cut(whole, sharding)`` (each rank cutting its piece of a whole it holds),
+      ``process_whole(x)`` (the whole on this rank's device, a new buffer, on every rank),
+      ``process_relayout(x, sharding)`` (the framework's change of layout; None to decline)."""
 
     def mesh_device_order(self, shape: tuple[int, ...], devices: Sequence[Device]) -> list[Device]:
         """``devices`` (as many as the mesh has) in the row-major order the framework's own mesh
