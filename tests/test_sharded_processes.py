@@ -226,6 +226,12 @@ for data_axis in ("data", ("data", "model")):
     assert glob["['b2']"].addressable_data(0).shape == (3,)  # 3 does not divide by 2: whole everywhere
     assert all(v.is_fully_addressable and v.shape == ref[k].shape for k, v in dp.model.items())  # a checkpoint
     assert err(dp.replica.opt_state[0].mu, ref_opt[0].mu) < 1e-5
+# rows that differ along "model" (each rank its own quarter, not dp.shard's halves): every row counts in
+# the mean, as in FSDP2's average (never one replica's rows mixed with another's)
+dp = md.data_parallel(make(), tx, mesh=pm, data_axis="data", param_axis="model")
+losses = [dp.step((X[4 * r:4 * r + 4], Y[4 * r:4 * r + 4]), loss_fn) for _ in range(4)]
+assert np.allclose([float(lo) for lo in losses], ref_losses, rtol=1e-5), (losses, ref_losses)
+assert err(dp.model, ref) < 1e-5, err(dp.model, ref)
 
 # no_sync: two halves accumulated, then one step = one step on the whole batch
 tx = optax.sgd(0.1, momentum=0.9)
