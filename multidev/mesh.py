@@ -62,8 +62,32 @@ def check_axis_names(names: Any) -> tuple[str, ...]:
     return _names(names, "axis names")
 
 
+class _Grid:
+    """What a mesh of devices and a mesh of processes share: named axes of given sizes."""
+
+    shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+
+    def axis(self, name: str) -> int:  # (each kind of mesh names itself in its error)
+        raise NotImplementedError
+
+    @property
+    def ndim(self) -> int:
+        """The number of axes."""
+        return len(self.shape)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Axis name -> size, in axis order (JAX's ``Mesh.shape``)."""
+        return dict(zip(self.axis_names, self.shape))
+
+    def axis_size(self, names: AxisNames) -> int:
+        """The size of an axis, or the product of several."""
+        return math.prod(self.shape[self.axis(n)] for n in _names(names, "axis_size"))
+
+
 @dataclass(frozen=True, init=False)
-class Mesh:
+class Mesh(_Grid):
     """An n-dimensional grid of devices with named axes (row-major: the last axis varies fastest).
 
     ``Mesh((2, 2), ("data", "model"), devices)`` puts ``devices[0], devices[1]`` on the first row.
@@ -122,15 +146,6 @@ class Mesh:
         """The number of devices."""
         return len(self.devices)
 
-    @property
-    def ndim(self) -> int:
-        """The number of axes."""
-        return len(self.shape)
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        """Axis name -> size, in axis order (JAX's ``Mesh.shape``)."""
-        return dict(zip(self.axis_names, self.shape))
 
     def axis(self, name: str) -> int:
         """The position of axis ``name``; InvalidArgumentError naming the axes where there is none."""
@@ -140,9 +155,6 @@ class Mesh:
             raise InvalidArgumentError(f"mesh has no axis {name!r:.40}; its axes: {', '.join(self.axis_names)}") \
                 from None
 
-    def axis_size(self, names: AxisNames) -> int:
-        """The size of an axis, or the product of several."""
-        return math.prod(self.shape[self.axis(n)] for n in _names(names, "axis_size"))
 
     def coords(self, device: Device) -> tuple[int, ...]:
         """The position of ``device`` on the grid; InvalidArgumentError where it is not on the mesh."""
@@ -213,7 +225,7 @@ class Mesh:
 
 
 @dataclass(frozen=True)
-class ProcessMesh:
+class ProcessMesh(_Grid):
     """The ranks of a ``multidev.distributed`` group on a grid with named axes, row-major (rank ``r``
     at the ``r``-th place): made by :func:`multidev.distributed.process_mesh`. A :class:`Layout` over
     it lays a tensor out across processes, each rank holding its piece. Frozen, hashable, equal by
@@ -236,15 +248,6 @@ class ProcessMesh:
         """The number of ranks."""
         return math.prod(self.shape)
 
-    @property
-    def ndim(self) -> int:
-        """The number of axes."""
-        return len(self.shape)
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        """Axis name -> size, in axis order."""
-        return dict(zip(self.axis_names, self.shape))
 
     def axis(self, name: str) -> int:
         """The position of axis ``name``; InvalidArgumentError naming the axes where there is none."""
@@ -254,9 +257,6 @@ class ProcessMesh:
 
     _axis = axis
 
-    def axis_size(self, names: AxisNames) -> int:
-        """The size of an axis, or the product of several."""
-        return math.prod(self.shape[self.axis(n)] for n in _names(names, "axis_size"))
 
     def coords(self, rank: int) -> tuple[int, ...]:
         """The grid position of ``rank``."""

@@ -43,3 +43,41 @@ class LossCache:
         except TypeError:
             pass
         return fn
+
+
+def is_train_state(obj: Any) -> bool:
+    """A flax ``TrainState``, or any object like it."""
+    return all(hasattr(obj, a) for a in ("params", "opt_state", "tx", "apply_gradients", "replace"))
+
+
+def trainable(jax: Any, model: Any, optimizer: Any, call: str) -> tuple[bool, Any] | None:
+    """``(is a TrainState, its parameter tree)`` of a model data_parallel takes (a tree of
+    ``jax.Array`` with an optax transformation, or a TrainState without one); None where ``model``
+    is no JAX tree; InvalidArgumentError for an optimizer that does not fit (``call``: how to call
+    it with a TrainState)."""
+    from multidev.adapter import InvalidArgumentError
+
+    state = is_train_state(model)
+    params = model.params if state else model
+    arrays = jax.tree_util.tree_leaves(params)
+    if not arrays or not all(isinstance(a, jax.Array) for a in arrays):
+        return None
+    if state and optimizer is not None:
+        raise InvalidArgumentError(f"data_parallel: a TrainState carries its own optimizer (its tx): pass {call}")
+    if not state and not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))):
+        raise InvalidArgumentError(f"data_parallel: JAX parameters train with an optax GradientTransformation "
+                                   f"(init and update), got {type(optimizer).__name__}")
+    return state, params
+
+
+def refuse_uneven(layout: Any, shape: Any, hint: str = "") -> None:
+    """CapabilityError where ``layout`` cuts a dimension of ``shape`` into pieces of several sizes
+    (a ``NamedSharding`` places pieces of one size only)."""
+    from multidev.adapter import CapabilityError
+
+    odd = layout.uneven(shape)
+    if odd:
+        d, n, k = odd[0]
+        raise CapabilityError(f"jax backend: a NamedSharding cuts a dimension into pieces of one size, but "
+                              f"dimension {d} of shape {tuple(shape)} has {n} elements for {k} pieces "
+                              f"(layout {layout.spec_text()}); pad it to a multiple of {k}{hint}")

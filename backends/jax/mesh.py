@@ -10,6 +10,7 @@ import numpy as np
 
 from multidev.adapter import CapabilityError, Concern, Device, Layout, Mesh, ProcessMesh, SupportsMesh
 
+from ._common import refuse_uneven
 from .core import JaxCore
 
 
@@ -88,12 +89,7 @@ class JaxMesh(Concern, SupportsMesh):
         jax = self.core.jax
         if not self.process_native(layout, shape, engine, rank):
             return None
-        odd = layout.uneven(shape)
-        if odd:
-            d, n, k = odd[0]
-            raise CapabilityError(f"jax backend: a NamedSharding cuts a dimension into pieces of one size, but "
-                                  f"dimension {d} of shape {tuple(shape)} has {n} elements for {k} pieces "
-                                  f"(layout {layout.spec_text()}); pad it to a multiple of {k}")
+        refuse_uneven(layout, shape)
         hit = self._process_shardings.get(layout)
         if hit is None or hit[0] != jax.process_count():
             P = jax.sharding.PartitionSpec

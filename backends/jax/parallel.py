@@ -29,12 +29,8 @@ from multidev.adapter import (
     SupportsDataParallel,
 )
 
-from ._common import LossCache
+from ._common import LossCache, trainable
 from .core import JaxCore
-
-
-def _is_train_state(obj: Any) -> bool:
-    return all(hasattr(obj, a) for a in ("params", "opt_state", "tx", "apply_gradients", "replace"))
 
 
 def _scalar_loss(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -56,18 +52,10 @@ class JaxParallel(Concern, SupportsDataParallel):
 
     def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
         jax = self.core.jax
-        state = _is_train_state(model)
-        params = model.params if state else model
-        arrays = jax.tree_util.tree_leaves(params)
-        if not arrays or not all(isinstance(a, jax.Array) for a in arrays):
+        found = trainable(jax, model, optimizer, "data_parallel(state)")
+        if found is None:
             return None
-        if state and optimizer is not None:
-            raise InvalidArgumentError("data_parallel: a TrainState carries its own optimizer (its tx): "
-                                       "pass data_parallel(state)")
-        if not state and not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update",
-                                                                                               None))):
-            raise InvalidArgumentError(f"data_parallel: JAX parameters train with an optax GradientTransformation "
-                                       f"(init and update), got {type(optimizer).__name__}")
+        state, params = found
         kinds = sorted({d.kind for d in devices})
         if len(kinds) > 1:
             raise CapabilityError(f"data_parallel: JAX replicates over one mesh, whose devices are of one kind; got "

@@ -23,13 +23,9 @@ from multidev.adapter import (
     param_spec,
 )
 
-from ._common import LossCache
+from ._common import LossCache, trainable
 from .core import JaxCore
 from .parallel import JaxReplica
-
-
-def _is_train_state(obj: Any) -> bool:  # (parallel.py's test: a flax TrainState, or any object like it)
-    return all(hasattr(obj, a) for a in ("params", "opt_state", "tx", "apply_gradients", "replace"))
 
 
 class JaxShardedTraining(Concern, SupportsShardedTraining):
@@ -40,18 +36,10 @@ class JaxShardedTraining(Concern, SupportsShardedTraining):
     def sharded_replica(self, model: Any, optimizer: Any, mesh: Any, data_axes: tuple[str, ...],
                         layout_for: Any) -> Any:
         jax = self.core.jax
-        state = _is_train_state(model)
-        params = model.params if state else model
-        arrays = jax.tree_util.tree_leaves(params)
-        if not arrays or not all(isinstance(a, jax.Array) for a in arrays):
+        found = trainable(jax, model, optimizer, "data_parallel(state, mesh=...)")
+        if found is None:
             return None
-        if state and optimizer is not None:
-            raise InvalidArgumentError("data_parallel: a TrainState carries its own optimizer (its tx): "
-                                       "pass data_parallel(state, mesh=...)")
-        if not state and not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update",
-                                                                                               None))):
-            raise InvalidArgumentError(f"data_parallel: JAX parameters train with an optax GradientTransformation "
-                                       f"(init and update), got {type(optimizer).__name__}")
+        state, params = found
         return JaxMeshReplica(self.core, jax, model if state else None, params, optimizer, mesh, data_axes, layout_for)
 
     def sharded_process_replica(self, model: Any, optimizer: Any, grid: Any, data_axes: tuple[str, ...],
@@ -61,18 +49,10 @@ class JaxShardedTraining(Concern, SupportsShardedTraining):
         each tensor cut by the core's rule (:func:`multidev.adapter.param_spec`) along
         ``param_axes``, the batch along ``data_axes``. None where ``model`` is no JAX tree."""
         jax = self.core.jax
-        state = _is_train_state(model)
-        params = model.params if state else model
-        arrays = jax.tree_util.tree_leaves(params)
-        if not arrays or not all(isinstance(a, jax.Array) for a in arrays):
+        found = trainable(jax, model, optimizer, "data_parallel(state, mesh=...)")
+        if found is None:
             return None
-        if state and optimizer is not None:
-            raise InvalidArgumentError("data_parallel: a TrainState carries its own optimizer (its tx): "
-                                       "pass data_parallel(state, mesh=...)")
-        if not state and not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update",
-                                                                                               None))):
-            raise InvalidArgumentError(f"data_parallel: JAX parameters train with an optax GradientTransformation "
-                                       f"(init and update), got {type(optimizer).__name__}")
+        state, params = found
         if jax.process_count() != grid.size:
             raise CapabilityError(f"data_parallel over a process mesh of {grid.size} ranks shards JAX arrays with "
                                   f"JAX's multi-controller runtime, which has {jax.process_count()} process(es) here: "

@@ -9,6 +9,7 @@ from typing import Any
 
 from multidev.adapter import CapabilityError, Concern, Device, Layout, SupportsSharding
 
+from ._common import refuse_uneven
 from .core import JaxCore
 
 
@@ -25,13 +26,7 @@ class JaxSharding(Concern, SupportsSharding):
     def sharding_for(self, layout: Any, shape: tuple[int, ...]) -> Any:
         if layout.partial:
             return None
-        odd = layout.uneven(shape)
-        if odd:
-            d, n, k = odd[0]
-            raise CapabilityError(f"jax backend: a NamedSharding cuts a dimension into pieces of one size, but "
-                                  f"dimension {d} of shape {tuple(shape)} has {n} elements for {k} pieces "
-                                  f"(layout {layout.spec_text()}); pad it to a multiple of {k}, or use a backend "
-                                  "with managed shards, which follow numpy.array_split")
+        refuse_uneven(layout, shape, ", or use a backend with managed shards, which follow numpy.array_split")
         cache = self._shardings  # layout -> its NamedSharding (one object: JAX's own caches key by it)
         hit = cache.get(layout)
         if hit is None:
