@@ -167,7 +167,9 @@ class GradientSync:
         self._works: list[Any] = []
         self._next = 0
         self._checked = False
-        self.prechecked = False  # the step's exchange ran before its forward pass (check_ahead)
+        self.prechecked = False  # the step's record went ahead of its forward pass (check_ahead)
+        self._ahead: Any = None  # that record's exchange, completed before the first bucket (_settle)
+        self.refused = False  # the ranks' records differed: the step's gradients are dropped
         self.collectives = 0  # bucket collectives started so far (tests count them)
 
     def _start_round(self) -> None:
@@ -178,14 +180,14 @@ class GradientSync:
         self._checked, self.prechecked = self.prechecked, False
 
     def check_ahead(self) -> None:
-        """The step's consistency exchange, before its forward pass (:meth:`DataParallel.step`): the
-        record the first bucket's allreduce would send (its op, dtype, length and device kind: the
-        same on every rank that runs a step of this model), exchanged while the ranks are still
-        together after the last step's final wait, so no rank waits for another in the middle of
-        its backward pass; the step's buckets then go unchecked. A mismatch raises here, before
-        anything is computed. (Where the user's loop runs the backward pass itself, the first
-        bucket carries the exchange instead.)"""
-        from .distributed.consistency import Call, agree
+        """Send the step's consistency record ahead, before its forward pass (:meth:`DataParallel.step`):
+        the record the first bucket's allreduce would send (its op, dtype, length and device kind: the
+        same on every rank that runs a step of this model). The exchange completes when the first
+        bucket launches, so the round trip overlaps the forward and backward passes and no rank waits
+        for another before computing; the step's buckets then go unchecked. Ranks whose steps differ
+        raise there, on every rank, before any gradient moves (:attr:`refused` set). (Where the user's
+        loop runs the backward pass itself, the first bucket carries the exchange instead.)"""
+        from .distributed.consistency import Call, ahead
         from .distributed.transport import transport_backend
 
         dp, g = self._dp, self._dp.group
@@ -194,8 +196,25 @@ class GradientSync:
         dtype = dp.grad_dtype or b.dtype_of(first[0])
         length = sum(buckets.numel(b.shape_of(t)) for t in first)
         tkind = transport_backend(g, b.device_of(first[0]), b)[1].kind  # the kind of device it travels on
-        agree(g, "allreduce", lambda: Call("allreduce", op="sum", dtype=dtype, shape=(length,), tkind=tkind))
+        self._ahead = ahead(g, "allreduce", lambda: Call("allreduce", op="sum", dtype=dtype, shape=(length,),
+                                                          tkind=tkind))
         self.prechecked = True
+
+    def _settle(self) -> None:
+        """Complete the exchange :meth:`check_ahead` sent (before the step's first collective)."""
+        pending, self._ahead = self._ahead, None
+        if pending is not None:
+            try:
+                pending.wait()
+            except MultidevError:
+                self.refused = True
+                raise
+
+    def drop_ahead(self) -> None:
+        """The step ended before its first collective (an error): its record stays with the group,
+        whose next checked call exchanges it first."""
+        self._ahead = None
+        self.refused = False
 
     def reset(self) -> None:
         """Forget a round left unfinished (a backward pass that raised)."""
@@ -219,6 +238,7 @@ class GradientSync:
     def _launch(self, k: int) -> None:
         dp, g = self._dp, self._dp.group
         assert self._grads is not None
+        self._settle()
         flat = dp.replica.flatten([self._grads[i] for i in self.buckets[k]], dp.grad_dtype)
         first = not self._checked and dp.checks == "step"  # the step's first collective carries the exchange
         with _checked(g, first):  # in place where the framework writes in place: the bucket is ours
@@ -440,9 +460,15 @@ class DataParallel:
                 else:
                     loss = rep.backward(batch, loss_fn, sync.ready)
                     grads = sync.finish()
+            except BaseException:
+                if sync.refused:  # the ranks' steps differ: nothing moved; this step's gradients go
+                    sync.reset()
+                    rep.drop_gradients()
+                raise
             finally:
                 sync.in_step = False
                 sync.prechecked = False  # consumed by the round's start; never left for a later loop
+                sync.drop_ahead()
             if self.buffers == "broadcast":
                 self.sync_buffers()  # rank 0's statistics, updated by its forward, everywhere
             rep.apply(grads)

@@ -132,6 +132,11 @@ class Replica(ABC):
     def detach(self) -> None:  # noqa: B027 - an optional hook: most replicas install nothing
         """Remove what :meth:`attach` installed (the default: nothing)."""
 
+    def drop_gradients(self) -> None:  # noqa: B027 - optional: a replica that keeps none needs nothing
+        """Clear the gradients accumulated since the last :meth:`apply` (a step refused by the other
+        ranks after its backward pass: nothing was exchanged, the parameters and optimizer state stay
+        as they were). The default: nothing (a replica that accumulates gradients overrides it)."""
+
     def zeros_like(self, x: Any) -> Any:
         """A zero tensor like ``x`` (a parameter's gradient that never came)."""
         b = self.backend

@@ -232,6 +232,49 @@ def test_meanwhile_runs_between_post_and_exchange_only_for_a_call_this_rank_acce
     assert events == ["exchange 2"]  # the refusal travels; nothing prepared for a call this rank refused
 
 
+def test_a_record_sent_ahead_is_exchanged_where_it_settles_or_before_the_next_checked_call() -> None:
+    from multidev.distributed.consistency import ahead
+
+    events: list[str] = []
+
+    class G(_Group):
+        def post(self, seq: int, row: list[int]) -> None:
+            events.append(f"post {seq}")
+
+        def exchange(self, seq: int, row: list[int], timeout: float) -> list[list[int] | None]:
+            events.append(f"exchange {seq}")
+            return super().exchange(seq, row, timeout)
+
+    mine = Call("allreduce", op="sum", dtype="float32", shape=(4,), tkind="cpu")
+    g = G([None, None])
+    a = ahead(g, "allreduce", lambda: mine)  # type: ignore[arg-type]
+    assert a is not None and events == ["post 0"] and g.seq == 1
+    events.append("forward")
+    assert a.wait()[1].shape == (4,) and events == ["post 0", "forward", "exchange 0"]
+    assert a.wait()[0].op == "sum" and events[-1] == "exchange 0"  # settled once
+
+    # a checked call made before it settles exchanges it first: the records keep their order
+    del events[:]
+    a = ahead(g, "allreduce", lambda: mine)  # type: ignore[arg-type]
+    agree(g, "broadcast", lambda: Call("broadcast", root=0, dtype="float32", shape=(2,), tkind="cpu"))  # type: ignore[arg-type]
+    assert events == ["post 1", "exchange 1", "exchange 2"]
+    a.wait()
+    assert events == ["post 1", "exchange 1", "exchange 2"]
+
+    # the other ranks' records differ: settling raises on every rank, and again if asked again
+    other = Call("allreduce", op="sum", dtype="bfloat16", shape=(4,), tkind="cpu", seq=3).encode()
+    g.rows = [None, other]
+    a = ahead(g, "allreduce", lambda: mine)  # type: ignore[arg-type]
+    assert a is not None
+    for _ in range(2):
+        with pytest.raises(CollectiveMismatchError, match="dtype"):
+            a.wait()
+
+    # unchecked: nothing is sent
+    g.check = False
+    assert ahead(g, "allreduce", lambda: mine) is None  # type: ignore[arg-type]
+
+
 def test_torch_queue_exchange_raises_a_typed_error_when_the_store_itself_is_gone() -> None:
     class DistNetworkError(RuntimeError):  # torch's class of that name: the store's connection failed
         pass
@@ -260,6 +303,7 @@ dp = md.data_parallel(net, opt, grad_dtype=None if r == 0 else "bfloat16")  # th
 calls = []
 loss = lambda m, b: (calls.append(1), m(b).square().mean())[1]
 out = {"rank": r}
+before = [p.detach().clone() for p in net.parameters()]
 try:
     dp.step(torch.ones(3, 8), loss)
     out["step"] = "ok"
@@ -267,6 +311,8 @@ except md.MultidevError as e:
     out.update(step=type(e).__name__, message=str(e)[:400])
 out["forward ran"] = bool(calls)
 out["grads"] = [p.grad is not None for p in net.parameters()]
+out["params kept"] = all(torch.equal(a, p) for a, p in zip(before, net.parameters()))
+out["optimizer kept"] = not opt.state
 out["after"] = float(dist.allreduce(torch.ones(2))[0])  # the group is still usable
 net2 = torch.nn.Linear(8, 2)
 dp2 = md.data_parallel(net2, torch.optim.SGD(net2.parameters(), lr=0.1))  # the same step on every rank: it runs
@@ -278,10 +324,12 @@ print("MDOUT " + json.dumps(out), flush=True)
 
 
 @pytest.mark.multiprocess
-def test_data_parallel_steps_that_differ_raise_on_every_rank_before_any_compute(tmp_path: Any) -> None:
-    """dp.step's one exchange comes before its forward pass: ranks whose steps differ (here the
-    gradients' dtype) all raise CollectiveMismatchError naming each rank's, having computed
-    nothing (no forward, no gradient), and the group stays usable."""
+def test_data_parallel_steps_that_differ_raise_on_every_rank_before_any_gradient_moves(tmp_path: Any) -> None:
+    """dp.step's record goes ahead of its forward pass and its exchange completes before the first
+    bucket: ranks whose steps differ (here the gradients' dtype) all raise CollectiveMismatchError
+    naming each rank's, before any gradient is exchanged. The forward and backward passes ran, but
+    the step's gradients are dropped, the parameters and the optimizer's state are untouched, and
+    the group stays usable."""
     import json
     import os
     import subprocess
@@ -300,5 +348,6 @@ def test_data_parallel_steps_that_differ_raise_on_every_rank_before_any_compute(
     for o in outs:
         assert o["step"] == "CollectiveMismatchError", o
         assert "rank 0: float32" in o["message"] and "rank 1: bfloat16" in o["message"], o
-        assert not o["forward ran"] and o["grads"] == [False] * 4, o
+        assert o["forward ran"] and o["grads"] == [False] * 4, o
+        assert o["params kept"] and o["optimizer kept"], o
         assert o["after"] == 2.0 and o["same step"] == "ok", o

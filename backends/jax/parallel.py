@@ -226,6 +226,9 @@ class JaxReplica(Replica):
                 ready(i, gs[i])
         return loss
 
+    def drop_gradients(self) -> None:
+        self._acc = None
+
     def local_step(self, batch: Any, loss_fn: Callable[..., Any]) -> Any:
         """The gradient and the optimizer's update in one jitted call (one dispatch, as a JAX
         user's own ``train_step``), where no gradients were accumulated before."""

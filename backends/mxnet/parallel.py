@@ -160,6 +160,10 @@ class MxnetReplica(Replica):
             total = total + extra.reshape((1,)).as_in_context(self._ctxs[0])
         return total
 
+    def drop_gradients(self) -> None:
+        self._zero()
+        self._pending = False
+
     def _summed(self, p: Any) -> Any:
         gs = p.list_grad()
         total = gs[0].copy()

@@ -157,6 +157,9 @@ class TensorflowReplica(Replica):
                     ready(i, self._acc[i])
         return total
 
+    def drop_gradients(self) -> None:
+        self._acc = None
+
     def apply(self, grads: Sequence[Any | None] | None) -> None:
         gs = self._acc if grads is None else list(grads)
         self._acc = None

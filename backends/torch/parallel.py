@@ -110,6 +110,9 @@ class TorchReplica(Replica):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def drop_gradients(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+
     def attach(self, sync: Any) -> bool:
         torch = self.torch
         queued = [False]
@@ -229,6 +232,11 @@ class TorchDevicesReplica(TorchReplica):
                     q.copy_(p)
                 for (_, b), (_, cb) in zip(self.model.named_buffers(), c.named_buffers()):
                     cb.copy_(b)
+
+    def drop_gradients(self) -> None:
+        super().drop_gradients()
+        for c in self._copies:
+            c.zero_grad(set_to_none=True)
 
     def attach(self, sync: Any) -> bool:
         return False  # the hooks of the first copy would fire before the others' gradients exist

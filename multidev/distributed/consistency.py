@@ -27,7 +27,7 @@ from .group import Group, current
 from .handles import Work
 from .hangs import classify_lost
 
-__all__ = ["MAX_DIMS", "Call", "agree", "set_checks"]
+__all__ = ["MAX_DIMS", "Ahead", "Call", "agree", "ahead", "set_checks"]
 
 KINDS_OF_CALL = ("allreduce", "broadcast", "reduce", "allgather", "gather", "reduce_scatter", "scatter", "barrier",
                  "set_checks", "along", "batch")
@@ -163,15 +163,83 @@ def agree(g: Group, kind: str, local: Callable[[], Call], async_op: bool = False
     here, or with ``async_op`` come back as a failed :class:`Work` whose ``wait()`` raises them, as
     the collective's own errors would."""
     try:
-        return _exchange_calls(g, kind, local, meanwhile)
+        opened = _open(g, kind, local)
+        if opened is None:
+            return None
+        if meanwhile is not None and opened.err is None:
+            g.engine.post(opened.call.seq, opened.row)
+            try:
+                meanwhile()
+            except Exception:  # noqa: BLE001 - the caller's own step raises it again, after the exchange
+                pass
+        return opened.settle()
     except PeerFailure as f:
         if async_op:
             return Work.failed(f.error, f"distributed.{kind}", g)
         raise f.error from f.error.__cause__
 
 
-def _exchange_calls(g: Group, kind: str, local: Callable[[], Call],
-                    meanwhile: Callable[[], object] | None = None) -> list[Call] | None:
+class Ahead:
+    """A call's record sent ahead of the call (:func:`ahead`): :meth:`settle` completes the
+    exchange, where the call runs. Until then the group's next checked call settles it first, so
+    records are always exchanged in the order they were made."""
+
+    def __init__(self, g: Group, kind: str, call: Call, row: list[int], err: MultidevError | None) -> None:
+        self.g, self.kind, self.call, self.row, self.err = g, kind, call, row, err
+        self.rows: list[Call] | None = None
+        self.failure: PeerFailure | None = None
+        self.done = False
+
+    def settle(self) -> list[Call]:
+        """Every rank's record of the call (exchanged now, or already by a call in between);
+        raises what :func:`agree` raises, as PeerFailure for errors from the other ranks."""
+        if not self.done:
+            self.done = True
+            if getattr(self.g, "ahead", None) is self:
+                self.g.ahead = None
+            try:
+                self.rows = _close(self.g, self.kind, self.call, self.row, self.err)
+            except PeerFailure as f:
+                self.failure = f
+                raise
+        if self.failure is not None:
+            raise self.failure
+        assert self.rows is not None
+        return self.rows
+
+    def wait(self) -> list[Call]:
+        """:meth:`settle`, raising the errors that come from the other ranks as :func:`agree` does."""
+        try:
+            return self.settle()
+        except PeerFailure as f:
+            raise f.error from f.error.__cause__
+
+
+def ahead(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:
+    """Send this rank's record of a call that comes later (:meth:`Engine.post`) and return what
+    settles it (:meth:`Ahead.settle`, where the call runs), so the round trip overlaps the work in
+    between; None where the group does not check this call. This rank's own argument error, and
+    an engine that cannot send ahead, make the whole exchange now (an error raises here)."""
+    try:
+        opened = _open(g, kind, local)
+        if opened is None:
+            return None
+        if opened.err is None:
+            g.engine.post(opened.call.seq, opened.row)
+            g.ahead = opened
+            return opened
+        opened.settle()
+    except PeerFailure as f:
+        raise f.error from f.error.__cause__
+    return None  # (settle raised this rank's own error)
+
+
+def _open(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:
+    """This rank's record of the call, numbered (None when the call goes unchecked): a record sent
+    ahead by an earlier call settles first, so the ranks exchange records in one order."""
+    pending = getattr(g, "ahead", None)
+    if pending is not None:
+        pending.settle()
     what = f"distributed.{kind}"
     err: MultidevError | None = None
     try:
@@ -187,14 +255,12 @@ def _exchange_calls(g: Group, kind: str, local: Callable[[], Call],
         return None
     call = replace(call, seq=g.seq)
     g.seq += 1
-    row = call.encode()
+    return Ahead(g, kind, call, call.encode(), err)
+
+
+def _close(g: Group, kind: str, call: Call, row: list[int], err: MultidevError | None) -> list[Call]:
+    what = f"distributed.{kind}"
     try:
-        if meanwhile is not None and err is None:
-            g.engine.post(call.seq, row)
-            try:
-                meanwhile()
-            except Exception:  # noqa: BLE001 - the caller's own step raises it again, after the exchange
-                pass
         rows = g.engine.exchange(call.seq, row, g.timeout)
     except Exception as e:  # noqa: BLE001 - classified, the group marked unusable, and raised
         fail = classify_lost(e, f"{what} (call #{call.seq}, consistency exchange) on rank {g.rank}", g)

@@ -85,6 +85,9 @@ class Group:
     pairs: dict[tuple[int, int], int] = field(default_factory=dict)
     #: The last receive posted from each rank (p2p's handle: the next waits for its header first).
     receiving: dict[int, Any] = field(default_factory=dict)
+    #: A call's record sent ahead of the call (consistency.ahead), not yet exchanged: the next checked
+    #: call settles it first.
+    ahead: Any = None
 
     @property
     def rank(self) -> int:
