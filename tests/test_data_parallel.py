@@ -99,6 +99,33 @@ def test_no_sync_accumulates_and_the_next_step_applies_the_sum() -> None:
     assert all(p.grad is None for p in a.parameters())  # the step cleared them
 
 
+def test_drop_gradients_forgets_a_refused_step_on_one_device_and_on_several() -> None:
+    """A step the other ranks refused after its backward pass (dp.step's exchange completes before
+    the first bucket): Replica.drop_gradients clears what it accumulated, on the first device and the
+    copies, so the next step is the one a fresh model takes."""
+    from multidev.data_parallel import DataParallel
+
+    b = md.backend("torch")
+    cpu = md.device("cpu:0")
+    for devices in ([cpu], [cpu, cpu]):  # several devices: the replica over two copies of the CPU device
+        dps, nets = [], []
+        for _ in range(2):
+            net = _net()
+            rep = b.parallel.data_parallel_replica(net, torch.optim.SGD(net.parameters(), lr=0.1), devices)
+            dps.append(DataParallel(rep, None, bucket_mb=25, grad_dtype=None, buffers="broadcast", unused="error",
+                                    verify=False))
+            nets.append(net)
+        fresh, used = dps
+        used.replica.backward(_batch(1), _loss, None)
+        assert any(p.grad is not None for p in nets[1].parameters())
+        used.replica.drop_gradients()
+        assert all(p.grad is None for p in nets[1].parameters())
+        assert all(p.grad is None for c in getattr(used.replica, "_copies", []) for p in c.parameters())
+        fresh.step(_batch(2, n=13), _loss)
+        used.step(_batch(2, n=13), _loss)
+        assert all(torch.equal(p, q) for p, q in zip(nets[0].parameters(), nets[1].parameters())), devices
+
+
 def test_the_several_device_path_matches_one_device() -> None:
     """torch's one-process mode over several devices needs GPUs; its replica is driven here over two
     copies of the CPU device: the batch split by rows, the copies' gradients weighted and added into
@@ -232,6 +259,12 @@ JAX_DEVICES = textwrap.dedent("""
         except md.InvalidArgumentError as e:
             assert "scalar" in str(e) and "(16, 3)" in str(e), e
     assert all(np.array_equal(before[n], two.model[n]) for n in p0)
+    # a step the other ranks refused after its backward pass: its gradients are dropped
+    fresh, used = md.data_parallel(p0, tx()), md.data_parallel(p0, tx())
+    used.replica.backward(batch(1), loss, None)
+    used.replica.drop_gradients()
+    fresh.step(batch(2), loss), used.step(batch(2), loss)
+    assert all(np.array_equal(fresh.model[n], used.model[n]) for n in p0)
     print("OK")
 """)
 
@@ -349,6 +382,13 @@ TF_DEVICES = textwrap.dedent("""
         raise AssertionError("sharded parameters on a framework without sharded training")
     except md.CapabilityError:
         pass
+    # a step the other ranks refused after its backward pass: its gradients are dropped
+    e, f = make(), make()
+    fresh, used = md.data_parallel(e, sgd()), md.data_parallel(f, sgd())
+    used.replica.backward(batch(1), loss_fn, None)
+    used.replica.drop_gradients()
+    fresh.step(batch(2), loss_fn), used.step(batch(2), loss_fn)
+    assert all(np.array_equal(np.asarray(x.value), np.asarray(y.value)) for x, y in zip(e.weights, f.weights))
     print("OK")
 """)
 
@@ -399,6 +439,14 @@ MX_DEVICES = textwrap.dedent("""
         np.testing.assert_allclose(r.data(mx.cpu(1)).asnumpy(), q.data().asnumpy(), rtol=1e-5, atol=1e-6)
     rows = two.replica.fingerprints()
     assert len(rows) == 2 and rows[0] == rows[1]
+    # a step the other ranks refused after its backward pass: its gradients are dropped
+    e, f = make(), make()
+    fresh, used = md.data_parallel(e, sgd(e)), md.data_parallel(f, sgd(f))
+    used.replica.backward(batch(1), loss_fn, None)
+    used.replica.drop_gradients()
+    fresh.step(batch(2), loss_fn), used.step(batch(2), loss_fn)
+    for p, q in zip(e.collect_params().values(), f.collect_params().values()):
+        assert np.array_equal(p.data().asnumpy(), q.data().asnumpy())
     print("OK")
 """)
 
