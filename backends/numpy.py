@@ -35,6 +35,7 @@ from multidev.adapter import (
     InvalidDeviceError,
     SupportsCompile,
     SupportsDLPack,
+    aligned_empty,
     canonical_dtype,
     concern,
     host_aligned,
@@ -49,6 +50,7 @@ _DTYPE_NAMES: dict[Any, str] = {}  # NumPy dtype -> canonical name (dtype_of)
 _NATIVE_DTYPES: dict[str, Any] = {}  # canonical name -> NumPy dtype, once to_native_dtype allowed it
 _BLOCK_BYTES = 1 << 20  # the block shared_memory_allreduce reduces at a time
 _REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}  # combine's ufuncs
+_POOLED_FROM = 1 << 18  # from here aligned_empty may give a recycled buffer (multidev.hostpool.MIN_BYTES)
 _address = ctypes.addressof
 _first_byte = ctypes.c_char.from_buffer  # (an array's address without building __array_interface__)
 
@@ -62,6 +64,8 @@ def _aligned(shape: tuple[int, ...], dt: Any) -> np.ndarray:
     for n in shape:
         numel *= n
     nbytes = numel * dt.itemsize
+    if nbytes >= _POOLED_FROM:  # a buffer multidev made before and nothing refers to any more
+        return aligned_empty(shape, dt)
     raw = np.empty(nbytes + HOST_ALIGNMENT, np.uint8)
     off = -_address(_first_byte(raw)) % HOST_ALIGNMENT  # type: ignore[arg-type]  # (an ndarray is a buffer)
     out = raw[off:off + nbytes].view(dt)

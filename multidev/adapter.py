@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
 import numpy as np
 
+from . import hostpool
 from ._device import KINDS, Device, same_device
 from .dlpack import DLPackCapsule, DLPackInfo, dlpack_info
 from .dtypes import (
@@ -193,14 +194,19 @@ _VIRTUAL_WARNED: set[tuple[Any, ...]] = set()  # (backend, variable, asked, got)
 
 
 #: Bytes a host buffer's address must be a multiple of for XLA (JAX, TensorFlow) to share it.
-HOST_ALIGNMENT = 64
+HOST_ALIGNMENT = hostpool.HOST_ALIGNMENT
 
 
 def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
-    """A new, uninitialised C-contiguous NumPy array whose buffer is :data:`HOST_ALIGNMENT`-aligned."""
+    """A new, uninitialised C-contiguous NumPy array whose buffer is :data:`HOST_ALIGNMENT`-aligned;
+    from 256 KiB to 64 MiB a buffer multidev made before and nothing refers to any more, where one
+    is free (:mod:`multidev.hostpool`: no page faults to fill it again)."""
     dt = np.dtype(dtype)
     shape = tuple(int(s) for s in shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    pooled = hostpool.empty(shape, dt, nbytes)
+    if pooled is not None:
+        return pooled
     raw = np.empty(nbytes + HOST_ALIGNMENT, dtype=np.uint8)
     off = (-raw.ctypes.data) % HOST_ALIGNMENT
     return raw[off:off + nbytes].view(dt).reshape(shape)
