@@ -65,8 +65,7 @@ def _aligned(shape: tuple[int, ...], dt: Any) -> np.ndarray:
     if nbytes >= 1 << 18:  # multidev.hostpool.MIN_BYTES: a buffer nothing refers to any more, if one is free
         return aligned_empty(shape, dt)
     raw = np.empty(nbytes + HOST_ALIGNMENT, np.uint8)
-    off = -_address(_first_byte(raw)) % HOST_ALIGNMENT  # type: ignore[arg-type]  # (an ndarray is a buffer)
-    out = raw[off:off + nbytes].view(dt)
+    out = raw[(off := -_address(_first_byte(raw)) % HOST_ALIGNMENT):off + nbytes].view(dt)  # type: ignore[arg-type]
     return out if len(shape) == 1 else out.reshape(shape)
 
 
