@@ -145,6 +145,40 @@ if engine == "mpi" and "torch" in NAMES:  # torch.distributed started beside MPI
         outcome.append("order")
     tdist.destroy_process_group()
 
+# changes of layout on managed pieces: each rank's new piece exactly, and only what it lacks moved
+# (one all-to-all where a cut moves to another dimension along the same axes and the pieces are even;
+# a gather along one dimension; nothing at all towards a finer cut)
+import multidev.distributed.layouts as L
+moves = []
+for fn in ("allgather_along_one", "all_to_all_along", "allreduce_along_one"):
+    def counted(*a, _f=getattr(L, fn), _n=fn, **k):
+        moves.append(_n.split("_")[0] if _n != "all_to_all_along" else "a2a")
+        return _f(*a, **k)
+    setattr(L, fn, counted)
+PAIRS = [((("a",), ()), (None, "a"), ["a2a"], ["allgather"]),
+         (((None, "a"), ()), ("a",), ["a2a"], ["allgather"]),
+         (((("a", "b"),), ()), (None, ("a", "b")), ["a2a"], ["allgather"]),
+         ((("a", "b"), ()), ("b", "a"), ["allgather", "allgather"], ["allgather", "allgather"]),
+         (((), ()), ("a", "b"), [], []),
+         ((("a",), ()), (("a", "b"),), [], []),
+         (((("a", "b"),), ()), ("a",), ["allgather"], ["allgather"]),
+         ((("a",), ("b",)), (None, "a"), ["allreduce", "a2a"], ["allreduce", "allgather"])]
+for name in NAMES:
+    if (engine, name) in NATIVE:
+        continue  # (the framework's own change of layout: redistribute, a jitted resharding)
+    for w, which in ((whole(7, (8, 6)), 2), (whole(8, (7, 5)), 3)):
+        for (spec, partial), new_spec, even, uneven in PAIRS:
+            old_lay, new_lay = md.Layout(pm, spec, partial), md.Layout(pm, new_spec)
+            summand = piece_of(w, old_lay, r) * (1 if not partial else (pm.coords(r)[1] + 1) / 3)
+            src = dist.from_local(md.asarray(summand.astype(np.float32), backend=name), old_lay, shape=w.shape)
+            del moves[:]
+            z = md.to(src, new_lay)
+            got = np.asarray(md.to_numpy(md.shards_of(z)[0]))
+            assert np.allclose(got, piece_of(w, new_lay, r)), (name, spec, partial, new_spec, got)
+            assert moves == (even if which == 2 else uneven), (name, spec, partial, new_spec, moves)
+            if not moves:  # nothing moved: still a buffer of its own
+                assert not np.shares_memory(got, np.asarray(md.to_numpy(md.shards_of(src)[0])))
+
 # ranks that lay out differently: every rank raises, the group stays usable
 x = md.asarray(whole(r), backend=NAMES[0])
 try:

@@ -4,7 +4,7 @@
 - :func:`distribute` (``multidev.to(x, layout)``, rank ``src``'s tensor) cuts a whole tensor into
   the layout's pieces, each rank keeping its own; :func:`from_local` builds the sharded tensor from
   each rank's piece (no data moves); :func:`gather` (``multidev.to_host``, ``multidev.to(x, device)``)
-  brings the whole tensor back on every rank; a change of layout gathers and cuts.
+  brings the whole tensor back on every rank; a change of layout moves only what each rank lacks.
 - The result is the framework's own sharded type where it has one for this group's engine
   (torch's ``DTensor`` under the torch engine, a global ``jax.Array`` with a ``NamedSharding``
   under the jax engine: the adapter's mesh concern says, ``process_sharding``), else a
@@ -38,7 +38,7 @@ from ..sharding import ShardedTensor, cut_piece
 from .collectives import allgather, broadcast
 from .consistency import MAX_DIMS
 from .group import current
-from .mesh import agree_call, allgather_along_one, allreduce_along_one, checked_input
+from .mesh import agree_call, all_to_all_along, allgather_along_one, allreduce_along_one, checked_input
 
 __all__ = ["distribute", "from_local", "is_process_layout", "local_piece", "process_layout_of", "whole_of"]
 
@@ -161,7 +161,7 @@ def distribute(x: Any, layout: Layout, src: int | None = 0) -> Any:
     as the whole (no data moves; ranks holding different values give a tensor whose pieces come
     from different wholes). Placing into a layout with partial sums puts the whole on the first
     rank along the partial axes and zeros on the others. A tensor already sharded across processes
-    changes layout (gathered, then cut); one sharded over one process's devices is gathered onto its
+    changes layout (moving only what each rank lacks); one sharded over one process's devices is gathered onto its
     first device first."""
     what = "distributed.distribute"
     from ..sharding import is_sharded, shards_of, unshard
@@ -251,8 +251,8 @@ def whole_of(x: Any) -> Any:
 def _relayout(x: Any, layout: Layout, what: str) -> Any:
     """``x`` (sharded across processes) laid out by ``layout`` (over a process mesh): by the
     framework's own change of layout where both are its sharded type (a DTensor's ``redistribute``,
-    a jitted resharding on JAX), else gathered whole on every rank, then cut; ``x`` itself where the
-    layout is its own."""
+    a jitted resharding on JAX), else moving only what each rank lacks (:func:`_moved`); ``x`` itself
+    where the layout is its own."""
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
@@ -279,9 +279,62 @@ def _relayout(x: Any, layout: Layout, what: str) -> Any:
         moved = move(x, native)
         if moved is not None:
             return moved
-    whole = _whole(b, found["piece"], found["lay"], shape, x)
-    piece = _local_piece_of(b, whole, layout, current().rank, shape, dtype, True)
+    piece = _moved(b, found["piece"], found["lay"], layout, shape, dtype)
     return _build(b, piece, layout, shape, dtype, native)
+
+
+def _swaps(old: Layout, new: Layout, shape: tuple[int, ...]) -> list[tuple[int, int]]:
+    """The dimension pairs ``(i, j)`` one all-to-all moves from ``old`` to ``new``: dimension ``i``
+    cut along some axes in ``old`` and whole in ``new``, dimension ``j`` the reverse, along the
+    same axes, ``i`` cut evenly (every member's tensor has one shape)."""
+    def axes(lay: Layout, d: int) -> tuple[str, ...]:
+        return lay.spec[d] if d < len(lay.spec) else ()
+
+    out: list[tuple[int, int]] = []
+    for i in range(len(shape)):
+        a = axes(old, i)
+        if not a or axes(new, i) or shape[i] % old.mesh.axis_size(a):
+            continue
+        for j in range(len(shape)):
+            if j != i and axes(new, j) == a and not axes(old, j) and all(j not in p for p in out):
+                out.append((i, j))
+                break
+    return out
+
+
+def _moved(b: Backend, piece: Any, old: Layout, new: Layout, shape: tuple[int, ...], dtype: str) -> Any:
+    """This rank's piece of the tensor laid out by ``old`` (``piece``; ``x`` the sharded tensor) in
+    ``new`` (a new buffer), moving only what the ranks lack: partial sums added along ``old``'s
+    partial axes; a dimension whose cut moves to another one along the same axes by one all-to-all;
+    each dimension whose ``new`` piece some rank does not hold yet gathered along ``old``'s axes
+    for it; then cut here. A dimension each rank already holds enough of moves nothing (from
+    replicated to cut, or a finer cut). Every rank decides from the layouts and the shape alone,
+    so all take the same steps."""
+    m = old.mesh
+    assert isinstance(m, ProcessMesh)
+    rank = current().rank
+    cover = [list(old.block(r, shape)) for r in range(m.size)]  # what each rank's t holds, per dimension
+    t = piece
+    if old.partial:
+        t = allreduce_along_one(t, m, old.partial, "sum", agreed=True)
+    for i, j in _swaps(old, new, shape):
+        a = old.spec[i]
+        t = all_to_all_along(t, m, a, split_axis=j, concat_axis=i)
+        for r in range(m.size):
+            cover[r][i], cover[r][j] = (0, shape[i]), new.block(r, shape)[j]
+    want = [new.block(r, shape) for r in range(m.size)]
+    for d in range(len(shape)):
+        if all(cover[r][d][0] <= want[r][d][0] and want[r][d][1] <= cover[r][d][1] for r in range(m.size)):
+            continue  # every rank holds its new piece along d already
+        a = old.spec[d] if d < len(old.spec) else ()  # (cut along d in old: a whole dimension covers all)
+        t = allgather_along_one(t, m, a, d, agreed=[cover[q][d][1] - cover[q][d][0] for q in range(m.size)])
+        for r in range(m.size):
+            cover[r][d] = (0, shape[d])
+    mine = cover[rank]
+    box = tuple((s - c0, e - c0) for (s, e), (c0, _) in zip(want[rank], mine))
+    if any(m.coords(rank)[m.axis(a)] != 0 for a in new.partial):  # zeros off the first rank along partial axes
+        return b.full(tuple(e - s for s, e in box), False if dtype == "bool" else 0, dtype, b.device_of(t))
+    return cut_piece(b, t, box, tuple(e - s for s, e in mine), b.device_of(t), t is not piece)
 
 
 def from_local(piece: Any, layout: Layout, shape: Any = None) -> Any:
