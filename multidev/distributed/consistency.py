@@ -17,8 +17,8 @@ skips it for the rest.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from .._device import KINDS
 from ..errors import CollectiveMismatchError, DistributedError, MultidevError, translate_errors
@@ -63,6 +63,16 @@ _AGREE: dict[str, tuple[str, ...]] = {
     "batch": ("leaves", "sig")}
 
 
+_ROWS: dict[Call, list[int]] = {}  # a record (its call count 0) -> its row after the count (Call.encode)
+
+
+def _with_seq(call: Call, seq: int) -> Call:
+    """``dataclasses.replace(call, seq=seq)`` in a fraction of its time (a hot path: every checked call)."""
+    out = object.__new__(Call)
+    vars(out).update(vars(call), seq=seq)
+    return out
+
+
 def _pick(names: Sequence[str], i: int) -> str | None:
     return names[i] if 0 <= i < len(names) else None
 
@@ -94,7 +104,19 @@ class Call:
     leaves: int | None = None  # a structure's tensor count (None: one tensor)
     sig: int | None = None  # a structure's signature (62 bits: its leaves' dtypes, shapes, devices)
 
-    def encode(self) -> list[int]:
+    def encode(self, seq: int | None = None) -> list[int]:
+        """The record as a row of integers (``seq`` in place of :attr:`seq` where given). The rows
+        of a record other than its call count are kept (up to 256 records), so a collective called
+        again with the same arguments encodes in one dictionary lookup."""
+        key = self if self.seq == 0 else _with_seq(self, 0)
+        tail = _ROWS.get(key)
+        if tail is None:
+            tail = key._encode()[1:]
+            if len(_ROWS) < 256:
+                _ROWS[key] = tail
+        return [self.seq if seq is None else seq, *tail]
+
+    def _encode(self) -> list[int]:
         shape = self.shape or ()
         row = [self.seq, KINDS_OF_CALL.index(self.kind), _OP_CODES.index(self.op) if self.op else -1,
                _NONE if self.root is None else self.root, _NONE if self.axis is None else self.axis,
@@ -167,7 +189,7 @@ def agree(g: Group, kind: str, local: Callable[[], Call], async_op: bool = False
         if opened is None:
             return None
         if meanwhile is not None and opened.err is None:
-            g.engine.post(opened.call.seq, opened.row)
+            g.engine.post(opened.seq, opened.row)
             try:
                 meanwhile()
             except Exception:  # noqa: BLE001 - the caller's own step raises it again, after the exchange
@@ -184,8 +206,9 @@ class Ahead:
     exchange, where the call runs. Until then the group's next checked call settles it first, so
     records are always exchanged in the order they were made."""
 
-    def __init__(self, g: Group, kind: str, call: Call, row: list[int], err: MultidevError | None) -> None:
-        self.g, self.kind, self.call, self.row, self.err = g, kind, call, row, err
+    def __init__(self, g: Group, kind: str, call: Call, row: list[int], err: MultidevError | None,
+                 seq: int) -> None:
+        self.g, self.kind, self.call, self.row, self.err, self.seq = g, kind, call, row, err, seq
         self.rows: list[Call] | None = None
         self.failure: PeerFailure | None = None
         self.done = False
@@ -198,7 +221,7 @@ class Ahead:
             if getattr(self.g, "ahead", None) is self:
                 self.g.ahead = None
             try:
-                self.rows = _close(self.g, self.kind, self.call, self.row, self.err)
+                self.rows = _close(self.g, self.kind, self.call, self.row, self.err, self.seq)
             except PeerFailure as f:
                 self.failure = f
                 raise
@@ -225,7 +248,7 @@ def ahead(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:
         if opened is None:
             return None
         if opened.err is None:
-            g.engine.post(opened.call.seq, opened.row)
+            g.engine.post(opened.seq, opened.row)
             g.ahead = opened
             return opened
         opened.settle()
@@ -253,33 +276,39 @@ def _open(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:
         if err is not None:
             raise err
         return None
-    call = replace(call, seq=g.seq)
+    seq = g.seq
     g.seq += 1
-    return Ahead(g, kind, call, call.encode(), err)
+    return Ahead(g, kind, call, call.encode(seq), err, seq)
 
 
-def _close(g: Group, kind: str, call: Call, row: list[int], err: MultidevError | None) -> list[Call]:
-    what = f"distributed.{kind}"
+def _close(g: Group, kind: str, call: Call, row: list[int], err: MultidevError | None, seq: int) -> list[Call]:
     try:
-        rows = g.engine.exchange(call.seq, row, g.timeout)
+        rows = g.engine.exchange(seq, row, g.timeout)
     except Exception as e:  # noqa: BLE001 - classified, the group marked unusable, and raised
-        fail = classify_lost(e, f"{what} (call #{call.seq}, consistency exchange) on rank {g.rank}", g)
+        fail = classify_lost(e, f"distributed.{kind} (call #{seq}, consistency exchange) on rank {g.rank}", g)
         g.fail(str(fail))
         raise PeerFailure(fail) from None
-    if any(row is None for row in rows):
-        fail = missing_ranks_error(f"{what} on rank {g.rank}", rows, g.timeout, f"{what} (call #{call.seq})")
-        g.fail(str(fail))
-        raise PeerFailure(fail)
     if err is not None:
+        if any(r is None for r in rows):
+            _missing(g, kind, rows, seq)
         raise err
-    first = rows[0]
-    if first is not None and all(row == first for row in rows):  # the common case: one record, decoded once
-        return [Call.decode(first)] * len(rows)
+    if all(r == row for r in rows):  # the common case: every rank's record is this rank's
+        return [call if call.seq == seq else _with_seq(call, seq)] * len(rows)
+    if any(r is None for r in rows):
+        _missing(g, kind, rows, seq)
+    what = f"distributed.{kind}"
     calls = [Call.decode(row) for row in rows if row is not None]
     problem = _disagreement(calls, kind, what, g.rank)
     if problem is not None:
         raise PeerFailure(problem)
     return calls
+
+
+def _missing(g: Group, kind: str, rows: list[list[int] | None], seq: int) -> NoReturn:
+    what = f"distributed.{kind}"
+    fail = missing_ranks_error(f"{what} on rank {g.rank}", rows, g.timeout, f"{what} (call #{seq})")
+    g.fail(str(fail))
+    raise PeerFailure(fail)
 
 
 def set_checks(enabled: bool) -> None:
