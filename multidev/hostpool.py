@@ -136,6 +136,7 @@ def empty(shape: Sequence[int], dtype: Any, nbytes: int | None = None) -> np.nda
                 if _held + size > _cap:
                     return None
                 entries = _sizes.setdefault(size, [])
+                _used[size] = _tick  # (eviction may have let this size's last free buffer go)
             owner = np.empty(size + HOST_ALIGNMENT, np.uint8)
             found = (owner, (-owner.ctypes.data) % HOST_ALIGNMENT)
             entries.append(found)

@@ -318,6 +318,11 @@ net2 = torch.nn.Linear(8, 2)
 dp2 = md.data_parallel(net2, torch.optim.SGD(net2.parameters(), lr=0.1))  # the same step on every rank: it runs
 dp2.step(torch.ones(3, 8), loss)
 out["same step"] = "ok"
+dp.grad_dtype = None  # the refused model trains on once the ranks agree: its gradients averaged again
+for _ in range(2):
+    dp.step(torch.full((3, 8), float(r + 1)), loss)
+flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+out["replicas equal after"] = bool(torch.equal(dist.broadcast(flat.clone(), src=0), flat))
 dist.shutdown()
 print("MDOUT " + json.dumps(out), flush=True)
 '''
@@ -350,4 +355,60 @@ def test_data_parallel_steps_that_differ_raise_on_every_rank_before_any_gradient
         assert "rank 0: float32" in o["message"] and "rank 1: bfloat16" in o["message"], o
         assert o["forward ran"] and o["grads"] == [False] * 4, o
         assert o["params kept"] and o["optimizer kept"], o
-        assert o["after"] == 2.0 and o["same step"] == "ok", o
+        assert o["after"] == 2.0 and o["same step"] == "ok" and o["replicas equal after"], o
+
+
+_MPI_DROPPED = r'''
+import gc, json, time
+import numpy as np
+import multidev as md
+from multidev import distributed as dist
+from multidev.distributed.group import current
+
+dist.init(engine="mpi", timeout=30)
+r = dist.rank()
+dist.set_checks(False)  # (no exchange first: rank 0's request is in flight while rank 1 sleeps)
+x = np.ones(1 << 18, np.float32)
+out = {"rank": r}
+if r == 0:
+    w = dist.allreduce(x, async_op=True)
+    del w  # dropped before rank 1 joins: MPI still owns its buffer
+    gc.collect()
+    out["kept"] = len(current().engine.orphans)
+else:
+    time.sleep(1.0)
+    dist.allreduce(x)
+for _ in range(3):
+    y = dist.allreduce(x)
+out["sum"] = float(y[0])
+out["left"] = len(current().engine.orphans) if r == 0 else 0
+dist.shutdown()
+print("MDOUT " + json.dumps(out), flush=True)
+'''
+
+
+@pytest.mark.multiprocess
+def test_mpi_keeps_a_dropped_request_and_its_buffers_until_mpi_is_done(tmp_path: Any) -> None:
+    """A Work dropped while MPI still owns its buffers: the engine keeps the request (and so the
+    buffers, which multidev.hostpool would otherwise hand out again) until it completes."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("mpi4py")
+    from multidev.adapters.engines.mpi import mpiexec, open_mpi
+
+    if not open_mpi(mpiexec()):
+        pytest.skip("needs Open MPI's mpiexec (the flags below are Open MPI's)")
+    script = tmp_path / "dropped.py"
+    script.write_text(_MPI_DROPPED)
+    flags = ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    proc = subprocess.run([mpiexec(), *flags, "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    dec = json.JSONDecoder()
+    outs = [dec.raw_decode(part)[0] for part in proc.stdout.split("MDOUT ")[1:]]
+    assert proc.returncode == 0 and len(outs) == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    first = next(o for o in outs if o["rank"] == 0)
+    assert first["kept"] == 1 and first["left"] == 0, first
+    assert all(o["sum"] == 2.0 for o in outs), outs

@@ -178,6 +178,20 @@ for name in NAMES:
             assert moves == (even if which == 2 else uneven), (name, spec, partial, new_spec, moves)
             if not moves:  # nothing moved: still a buffer of its own
                 assert not np.shares_memory(got, np.asarray(md.to_numpy(md.shards_of(src)[0])))
+    # onto another mesh of the same ranks (its axes named the other way): each rank's new piece
+    flipped = dist.process_mesh((2, 2), ("b", "a"))
+    w = whole(9, (4, 6))
+    for (spec, partial), new_spec, new_partial in (((("a",), ()), (None, "a"), ()), ((("a",), ()), ("a",), ("b",)),
+                                                  ((("a",), ("b",)), (None, ("a", "b")), ())):
+        old_lay, new_lay = md.Layout(pm, spec, partial), md.Layout(flipped, new_spec, new_partial)
+        summand = piece_of(w, old_lay, r) * (1 if not partial else (pm.coords(r)[1] + 1) / 3)
+        src = dist.from_local(md.asarray(summand.astype(np.float32), backend=name), old_lay, shape=w.shape)
+        z = md.to(src, new_lay)
+        got = np.asarray(md.to_numpy(md.shards_of(z)[0]))
+        want = np.zeros_like(piece_of(w, new_lay, r)) if any(flipped.coords(r)[flipped.axis(a)] for a in new_partial) \
+            else piece_of(w, new_lay, r)
+        assert got.shape == want.shape and np.allclose(got, want), (name, spec, new_spec, new_partial, got.shape)
+        assert np.allclose(md.to_host(z), w)
 
 # ranks that lay out differently: every rank raises, the group stays usable
 x = md.asarray(whole(r), backend=NAMES[0])

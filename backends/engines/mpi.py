@@ -243,6 +243,16 @@ class _Request(Handle):
     def result(self) -> Any:
         return self.finish()
 
+    def __del__(self) -> None:
+        # A handle dropped while MPI still reads or writes its buffers (a wait that timed out, an
+        # async Work never waited for): the engine keeps the request and the buffers its finish holds
+        # until MPI is done with them, so their memory is not reused (multidev.hostpool) under it.
+        try:
+            if not self.done and not _finished(self.req):
+                self.engine.orphans.append((self.req, self.finish))
+        except Exception:  # noqa: BLE001 - the interpreter is shutting down
+            pass
+
 
 class MpiEngine(Engine):
     name = "mpi"
@@ -519,7 +529,13 @@ class MpiEngine(Engine):
             return t.astype(np.float32), MPI.FLOAT, lambda r: r.astype(t.dtype)
         return t, mt, lambda r: r
 
+    #: Requests whose handle was dropped before MPI finished with them, with their buffers (_Request.__del__).
+    orphans: list[tuple[Any, Any]]
+
     def _req(self, what: str, start: Callable[[], Any], finish: Callable[[], Any]) -> Handle:
+        held = self.__dict__.setdefault("orphans", [])
+        if held:
+            held[:] = [o for o in held if not _finished(o[0])]
         with self.errors(what):
             req = start()
         return _Request(self, req, finish, what)

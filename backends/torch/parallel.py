@@ -129,10 +129,15 @@ class TorchReplica(Replica):
                 if not queued[0]:
                     queued[0] = True
                     torch.autograd.Variable._execution_engine.queue_callback(finish)
-                sync.ready(i, p.grad)
+                try:
+                    sync.ready(i, p.grad)
+                except BaseException:
+                    queued[0] = False  # the backward pass ends here: torch drops the queued finish
+                    raise
             return hook
 
         def before(module: Any, args: Any) -> None:
+            queued[0] = False  # (a backward pass that raised elsewhere left its finish unrun)
             if module.training and torch.is_grad_enabled():
                 sync.before_forward()
 

@@ -189,7 +189,7 @@ def agree(g: Group, kind: str, local: Callable[[], Call], async_op: bool = False
         if opened is None:
             return None
         if meanwhile is not None and opened.err is None:
-            g.engine.post(opened.seq, opened.row)
+            _post(g, kind, opened)
             try:
                 meanwhile()
             except Exception:  # noqa: BLE001 - the caller's own step raises it again, after the exchange
@@ -248,13 +248,24 @@ def ahead(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:
         if opened is None:
             return None
         if opened.err is None:
-            g.engine.post(opened.seq, opened.row)
+            _post(g, kind, opened)
             g.ahead = opened
             return opened
         opened.settle()
     except PeerFailure as f:
         raise f.error from f.error.__cause__
     return None  # (settle raised this rank's own error)
+
+
+def _post(g: Group, kind: str, opened: Ahead) -> None:
+    """This rank's row of ``opened`` sent ahead (:meth:`Engine.post`); an engine error is classified,
+    the group marked unusable, as an exchange's."""
+    try:
+        g.engine.post(opened.seq, opened.row)
+    except Exception as e:  # noqa: BLE001 - classified, the group marked unusable, and raised
+        fail = classify_lost(e, f"distributed.{kind} (call #{opened.seq}, consistency exchange) on rank {g.rank}", g)
+        g.fail(str(fail))
+        raise PeerFailure(fail) from None
 
 
 def _open(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:

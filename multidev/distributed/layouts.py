@@ -252,7 +252,7 @@ def _relayout(x: Any, layout: Layout, what: str) -> Any:
     """``x`` (sharded across processes) laid out by ``layout`` (over a process mesh): by the
     framework's own change of layout where both are its sharded type (a DTensor's ``redistribute``,
     a jitted resharding on JAX), else moving only what each rank lacks (:func:`_moved`); ``x`` itself
-    where the layout is its own."""
+    where the layout is its own. A layout over another mesh of the group's ranks: gathered, then cut."""
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
@@ -279,7 +279,11 @@ def _relayout(x: Any, layout: Layout, what: str) -> Any:
         moved = move(x, native)
         if moved is not None:
             return moved
-    piece = _moved(b, found["piece"], found["lay"], layout, shape, dtype)
+    if found["lay"].mesh == layout.mesh:
+        piece = _moved(b, found["piece"], found["lay"], layout, shape, dtype)
+    else:  # another mesh of the group's ranks (its axes named or ordered otherwise): gathered, then cut
+        whole = _whole(b, found["piece"], found["lay"], shape, x)
+        piece = _local_piece_of(b, whole, layout, current().rank, shape, dtype, True)
     return _build(b, piece, layout, shape, dtype, native)
 
 
@@ -309,9 +313,9 @@ def _moved(b: Backend, piece: Any, old: Layout, new: Layout, shape: tuple[int, .
     each dimension whose ``new`` piece some rank does not hold yet gathered along ``old``'s axes
     for it; then cut here. A dimension each rank already holds enough of moves nothing (from
     replicated to cut, or a finer cut). Every rank decides from the layouts and the shape alone,
-    so all take the same steps."""
+    so all take the same steps. Both layouts lie on one mesh."""
     m = old.mesh
-    assert isinstance(m, ProcessMesh)
+    assert isinstance(m, ProcessMesh) and m == new.mesh
     rank = current().rank
     cover = [list(old.block(r, shape)) for r in range(m.size)]  # what each rank's t holds, per dimension
     t = piece
