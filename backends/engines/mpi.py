@@ -247,9 +247,10 @@ class _Request(Handle):
         # A handle dropped while MPI still reads or writes its buffers (a wait that timed out, an
         # async Work never waited for): the engine keeps the request and the buffers its finish holds
         # until MPI is done with them, so their memory is not reused (multidev.hostpool) under it.
+        # (no MPI call here: a handle may die after MPI_Finalize, where any call aborts the process)
         try:
-            if not self.done and not _finished(self.req):
-                self.engine.orphans.append((self.req, self.finish))
+            if not self.done:
+                self.engine.__dict__.setdefault("orphans", []).append((self.req, self.finish))
         except Exception:  # noqa: BLE001 - the interpreter is shutting down
             pass
 
