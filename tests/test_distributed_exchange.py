@@ -190,6 +190,18 @@ class _Group:
         raise AssertionError(why)
 
 
+def _recording(events: list[str]) -> type[_Group]:
+    """A _Group whose post and exchange note themselves in ``events``."""
+    class G(_Group):
+        def post(self, seq: int, row: list[int]) -> None:
+            events.append(f"post {seq}")
+
+        def exchange(self, seq: int, row: list[int], timeout: float) -> list[list[int] | None]:
+            events.append(f"exchange {seq}")
+            return super().exchange(seq, row, timeout)
+    return G
+
+
 def test_identical_records_decode_once_and_different_ones_name_every_rank() -> None:
     mine = Call("allreduce", op="sum", dtype="float32", shape=(4,), tkind="cpu")
     g = _Group([None, None, None])  # every rank sends this rank's own record
@@ -204,15 +216,7 @@ def test_identical_records_decode_once_and_different_ones_name_every_rank() -> N
 
 def test_meanwhile_runs_between_post_and_exchange_only_for_a_call_this_rank_accepts() -> None:
     events: list[str] = []
-
-    class G(_Group):
-        def post(self, seq: int, row: list[int]) -> None:
-            events.append(f"post {seq}")
-
-        def exchange(self, seq: int, row: list[int], timeout: float) -> list[list[int] | None]:
-            events.append(f"exchange {seq}")
-            return super().exchange(seq, row, timeout)
-
+    G = _recording(events)
     mine = Call("broadcast", root=0, dtype="float32", shape=(2,), tkind="cpu")
     g = G([None, None])
     agree(g, "broadcast", lambda: mine, meanwhile=lambda: events.append("meanwhile"))  # type: ignore[arg-type]
@@ -236,15 +240,7 @@ def test_a_record_sent_ahead_is_exchanged_where_it_settles_or_before_the_next_ch
     from multidev.distributed.consistency import ahead
 
     events: list[str] = []
-
-    class G(_Group):
-        def post(self, seq: int, row: list[int]) -> None:
-            events.append(f"post {seq}")
-
-        def exchange(self, seq: int, row: list[int], timeout: float) -> list[list[int] | None]:
-            events.append(f"exchange {seq}")
-            return super().exchange(seq, row, timeout)
-
+    G = _recording(events)
     mine = Call("allreduce", op="sum", dtype="float32", shape=(4,), tkind="cpu")
     g = G([None, None])
     a = ahead(g, "allreduce", lambda: mine)  # type: ignore[arg-type]
