@@ -20,6 +20,7 @@ import importlib.util
 import os
 import threading
 from collections.abc import Callable, Sequence
+from math import prod
 from typing import Any, ClassVar
 
 import numpy as np
@@ -40,6 +41,7 @@ from multidev.adapter import (
     concern,
     host_aligned,
     numpy_dtype,
+    run_parts,
     same_device,
 )
 
@@ -58,10 +60,7 @@ def _aligned(shape: tuple[int, ...], dt: Any) -> np.ndarray:
     """A new, uninitialised C-contiguous array of ``shape`` and ``dt`` whose buffer is
     HOST_ALIGNMENT-aligned: aligned_empty's (recycled from 256 KiB), in fewer steps below that."""
     dt = np.dtype(dt)
-    numel = 1
-    for n in shape:
-        numel *= n
-    nbytes = numel * dt.itemsize
+    nbytes = prod(shape) * dt.itemsize
     if nbytes >= 1 << 18:  # multidev.hostpool.MIN_BYTES: a buffer nothing refers to any more, if one is free
         return aligned_empty(shape, dt)
     raw = np.empty(nbytes + HOST_ALIGNMENT, np.uint8)
@@ -108,9 +107,7 @@ def _dev(a: Any) -> Device | None:
     """The device an operand pins, or None where it mixes with anything (scalars, 0-d host arrays)."""
     if isinstance(a, VirtualDeviceArray):
         return a._md_device
-    if isinstance(a, np.ndarray) and a.ndim > 0:
-        return _HOST
-    return None
+    return _HOST if isinstance(a, np.ndarray) and a.ndim > 0 else None
 
 
 def _collect(obj: Any, out: list[Device]) -> None:
@@ -118,11 +115,8 @@ def _collect(obj: Any, out: list[Device]) -> None:
         d = _dev(obj)
         if d is not None:
             out.append(d)
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            _collect(o, out)
-    elif isinstance(obj, dict):
-        for o in obj.values():
+    elif isinstance(obj, (list, tuple, dict)):
+        for o in obj.values() if isinstance(obj, dict) else obj:
             _collect(o, out)
 
 
@@ -389,26 +383,30 @@ class NumpyBackend(BaseBackend):
             return None
         flat, unit = [a.reshape(-1) for a in flat], max(1, HOST_ALIGNMENT // dt.itemsize)  # (rows start aligned)
         outs = flat if inplace else list(_aligned((len(xs), -(-size // unit) * unit), dt)[:, :size])
-        fn, blk = _REDUCE[op], _BLOCK_BYTES // dt.itemsize
-        scratch: list[np.ndarray] = []  # partial results' blocks, never written while an operand (NumPy's
+        fn, blk, err = _REDUCE[op], _BLOCK_BYTES // dt.itemsize, np.geterr()
 
-        def value(e: Any, lo: int, hi: int, busy: tuple[int, ...]) -> tuple[np.ndarray, int]:  # loops round
-            if isinstance(e, int):  # complex products differently where the output aliases an input)
-                return flat[e][lo:hi], -1
-            a, i = value(e[0], lo, hi, busy)
-            b, j = value(e[1], lo, hi, (*busy, i))
-            k = min(set(range(len(busy) + 3)) - {*busy, i, j})  # the first block not in use
-            if k == len(scratch):
-                scratch.append(np.empty(min(blk, size), dt))
-            return fn(a, b, out=scratch[k][:hi - lo]), k
+        def run(part: Sequence[tuple[int, int, Any]]) -> None:  # blocks (lo, hi, expr), on one thread
+            scratch: list[np.ndarray] = []  # partial results' blocks, never written while an operand (NumPy's
 
-        for lo, hi, e in orders:
-            for a in range(lo, hi, blk):
-                v = value(e, a, min(hi, a + blk), ())[0]
-                if divide_by is not None:
-                    np.divide(v, divide_by, out=v, casting="unsafe")  # = (v / n).astype(v.dtype)
-                for o in outs:
-                    o[a:a + v.size] = v
+            def value(e: Any, lo: int, hi: int, busy: tuple[int, ...]) -> tuple[np.ndarray, int]:  # loops
+                if isinstance(e, int):  # round complex products differently where the output aliases an input)
+                    return flat[e][lo:hi], -1
+                a, i = value(e[0], lo, hi, busy)
+                b, j = value(e[1], lo, hi, (*busy, i))
+                k = min(set(range(len(busy) + 3)) - {*busy, i, j})  # the first block not in use
+                if k == len(scratch):
+                    scratch.append(np.empty(min(blk, size), dt))
+                return fn(a, b, out=scratch[k][:hi - lo]), k
+
+            with np.errstate(**err):  # the caller's (NumPy 1 keeps it per thread)
+                for lo, hi, e in part:
+                    v = value(e, lo, hi, ())[0]
+                    if divide_by is not None:
+                        np.divide(v, divide_by, out=v, casting="unsafe")  # = (v / n).astype(v.dtype)
+                    for o in outs:
+                        o[lo:hi] = v
+        blocks = [(a, min(hi, a + blk), e) for lo, hi, e in orders for a in range(lo, hi, blk)]
+        run_parts(run, blocks, 2 * len(xs) * size * dt.itemsize)  # every block independent: on several cores
         return list(xs) if inplace else [_tag(o.reshape(shape), self.device_of(x)) for o, x in zip(outs, xs)]
 
     def writable(self, x: Any) -> bool | None:

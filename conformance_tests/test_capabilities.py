@@ -189,6 +189,56 @@ def test_dlpack_concern_matches_behaviour(md_backend: Any, md_devices: list) -> 
                          "say True here")
 
 
+def _views(x: Any) -> dict[str, Any]:
+    """Views of the 2-d tensor ``x`` made by Python's own operators, where the framework has them:
+    what a framework exports with odd strides if it exports views at all."""
+    out: dict[str, Any] = {"whole": x}
+    for name, make in (("transposed", lambda: x.T), ("reversed rows", lambda: x[::-1]),
+                       ("every other column", lambda: x[:, ::2]), ("a new axis", lambda: x[None]),
+                       ("one row", lambda: x[1])):
+        try:
+            out[name] = make()
+        except Exception:  # noqa: BLE001 - a view this framework has no operator for
+            continue
+    return out
+
+
+@isolated
+def test_plain_host_exports_match_behaviour(md_backend: Any, md_devices: list) -> None:
+    """A dlpack concern declaring ``plain_host_exports`` (``convert`` then hands its host exports
+    to the consumer unread and without waiting): every host export, views and results of pending work
+    included, is an object with ``__dlpack__`` whose capsule is not flagged read-only, has no negative or
+    zero strides, and holds the finished values."""
+    b = md_backend
+    if b.dlpack is None or not getattr(b.dlpack, "plain_host_exports", False):
+        pytest.skip(f"{b.name} does not declare plain_host_exports: convert reads each host export's header")
+    from multidev.exchange import peek
+
+    src = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for dev in [d for d in md_devices if d.kind == "cpu"]:
+        x = md.asarray(src, device=dev, backend=b.name)
+        expected = _views(src)
+        views: dict[str, tuple[Any, Any]] = {k: (v, np.asarray(expected[k])) for k, v in _views(x).items()}
+        q = pending_work(b, dev)
+        views["pending work"] = (q.y, None)
+        for name, (v, expect) in views.items():
+            obj = b.dlpack.export_dlpack(v)
+            assert hasattr(obj, "__dlpack__"), f"{b.name}: the export of {name} on {dev} has no __dlpack__"
+            info = peek(obj)
+            assert info is not None, f"{b.name}: the export of {name} on {dev} gave no readable capsule"
+            assert not info.read_only, f"{b.name} declares plain host exports, but {name} exports read-only"
+            assert not info.has_negative_or_zero_strides, (
+                f"{b.name} declares plain host exports, but {name} exports strides {info.strides}")
+            got = np.from_dlpack(b.dlpack.export_dlpack(v))
+            if expect is None:  # x + x + ... + x: read at once from the export, finished
+                want = np.asarray(md.to_numpy(q.x), np.float64) * q.terms
+                np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5,
+                                           err_msg=f"{b.name}: an export of pending work gave unfinished values")
+            else:
+                np.testing.assert_array_equal(got, expect, err_msg=f"{b.name}: the export of {name}")
+    found(b, "plain_host_exports", True)
+
+
 def _native_set(devices: list[Device]) -> list[Device]:
     gpus = [d for d in devices if d.is_gpu]
     return gpus if len(gpus) >= 2 else [d for d in devices if d.kind == "cpu"]

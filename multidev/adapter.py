@@ -44,7 +44,8 @@ Host memory: XLA (JAX, TensorFlow) shares a host buffer through DLPack only when
 multiple of :data:`HOST_ALIGNMENT` (64 bytes), and the exchange layer refuses to hand such a
 partner an unaligned buffer zero-copy (an explicit copy, or CapabilityError under ``copy=False``).
 An adapter whose host tensors should reach them zero-copy allocates aligned buffers
-(:func:`aligned_empty`, :func:`host_aligned`).
+(:func:`aligned_empty`, :func:`host_aligned`); host loops over large arrays may run on several
+cores through :func:`run_parts` (the one pool, :mod:`multidev.hostthreads`).
 """
 from __future__ import annotations
 
@@ -87,6 +88,7 @@ from .errors import (
     MultidevError,
     UnsupportedTensorError,
 )
+from .hostthreads import run_parts
 from .mesh import Layout, Mesh, ProcessMesh
 from .protocol import (
     CAPABILITY_PROTOCOLS,
@@ -178,6 +180,7 @@ __all__ = [
     "parallel_put",
     "param_spec",
     "protocol_methods",
+    "run_parts",
     "same_device",
     "staged_upload",
     "start_move",
@@ -604,7 +607,7 @@ def _stubbed(obj: Any, protocol: type) -> list[str]:
 
 
 #: Optional methods a concern object may have beside its protocol's (SupportsModels' scalar leaves).
-_EXTRA_METHODS = {"models": ("tree_scalar", "put_scalar"), "dlpack": ("dlpack_c_exchange",)}
+_EXTRA_METHODS = {"models": ("tree_scalar", "put_scalar"), "dlpack": ("dlpack_c_exchange", "plain_host_exports")}
 
 
 class _FlatConcern:

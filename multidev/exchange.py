@@ -430,7 +430,8 @@ class _Route:
     is one), the stream handshake, whether to wait first, and the calls the DLPack route makes (the
     producer's export, the consumer's import, the consumer's C exchange API for host buffers)."""
 
-    __slots__ = ("dc", "export", "handshake", "host", "imp", "sc", "steady", "to", "wait", "why")
+    __slots__ = ("dc", "export", "handshake", "host", "imp", "plain", "sc", "steady", "to", "versioned", "wait",
+                 "why")
 
     def __init__(self, src: Backend, dst: Backend, here: Any, dev: Any, dtype: str, sc: Any, dc: Any) -> None:
         if dev not in dst.devices():
@@ -451,6 +452,12 @@ class _Route:
         self.imp: Any = None
         self.to: Any = None
         self.host = not here.is_gpu
+        #: a host route whose producer declares every host export plain (``plain_host_exports``: an
+        #: object with ``__dlpack__`` whose capsule comes once the buffer is written, of positive
+        #: strides, never flagged read-only): once a first convert read its header and found it so,
+        #: later ones hand its capsule straight to the consumer, unread and with no wait first
+        self.plain = False
+        self.versioned = bool(dc.mutable)
         if src.dlpack is None or dst.dlpack is None:
             self.why = f"{src.name if src.dlpack is None else dst.name} has no DLPack support"
             return
@@ -462,6 +469,8 @@ class _Route:
         self.handshake = bool(here.kind != "cpu" and sc.dlpack_streams and dc.dlpack_streams)
         self.wait = bool(sc.async_execution and not self.handshake)
         self.to = _consumer_api(dst) if self.host else None
+        self.versioned = bool(dc.mutable or self.to is not None)  # the capsule _host_share asks for
+        self.plain = self.host and bool(getattr(src.dlpack, "plain_host_exports", False))
 
 
 def _export(route: _Route, src: Backend, x: Any) -> Any:
@@ -507,6 +516,10 @@ def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None)
     why = route.why
     if route.steady and not copy:
         try:
+            if route.host:  # a plain producer's host route (see _Route.plain), checked on its first call;
+                obj = route.export(x)  # its export has __dlpack__ and waits for the producer's work
+                cap = obj.__dlpack__(max_version=(1, 0)) if route.versioned else obj.__dlpack__()
+                return route.imp(cap if route.to is not None else _Exported(obj, cap, route.versioned), dev)
             return route.imp(_export(route, src, x), dev)
         except (MultidevError, BufferError, RuntimeError, TypeError, ValueError) as e:
             why = f"{type(e).__name__}: {e}"
@@ -515,17 +528,22 @@ def _convert(x: Any, backend: str, copy: bool | None, device: DeviceLike | None)
             if route.wait:
                 src.wait(x)  # a bare capsule carries no stream: the producer's work must be done
             obj = _export(route, src, x)
-            y = None
+            y, capsule = None, False
             if route.host:  # host buffers: layouts that abort or alias unsafely stay unshared
                 y, prod = _host_share(obj, dst, src.name, route.to)
                 if y is not None and dst.device_of(y) is not dev:  # (the C route lands on cpu:0)
                     y, prod = None, _export(route, src, x)
+                capsule = y is None and prod is not obj  # a header read and found shareable
                 obj = prod
             if y is None:
                 y = route.imp(obj, dev)
             if (route.handshake or dst.device_of(y) is dev) and dst.dtype_of(y) == dtype:
                 if not copy:
                     route.steady = route.handshake and not route.wait and not route.host
+                    if route.plain and capsule and hasattr(obj0 := route.export(x), "__dlpack__"):
+                        info = peek(obj0)  # once per route: the declaration against this export
+                        route.steady = (info is not None and info.device[0] == _KDLCPU
+                                        and _share_refusal(info, dst) is None)
                     return y
                 out = dst.copy(y, dev)
                 # The copy reads memory the producer's framework may write next, unseen by the

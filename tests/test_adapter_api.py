@@ -49,7 +49,8 @@ ADDED_0_3 = {
 #: What 0.4 adds: capabilities as concern objects (issue 31).
 ADDED_0_4 = {"CONCERNS", "Concern", "concern",
              "ProcessMesh",  # layouts across processes: the process-sharding hooks of a mesh concern (issue 34)
-             "param_spec"}  # the core's parameter layout rule, for sharding over processes (issue 34)
+             "param_spec",  # the core's parameter layout rule, for sharding over processes (issue 34)
+             "run_parts"}  # host loops over the one thread pool (issue 36)
 
 
 def test_the_exported_names_are_the_documented_api() -> None:

@@ -73,3 +73,47 @@ def test_a_failing_import_on_the_steady_route_falls_back_to_a_copy() -> None:
     assert y[0] == 0.0, "the fallback is a copy"
     with pytest.raises(CapabilityError, match="refuses the buffer now"):
         md.convert(t, "numpy", copy=False)
+
+
+# -- host routes of producers declaring plain host exports (JAX, TensorFlow) ------------------------
+def test_a_plain_producers_host_route_reads_one_header_then_hands_capsules_over() -> None:
+    """JAX declares ``plain_host_exports``: the first JAX -> torch convert on the host reads the
+    export's header (the core's sharing rules) and finds it plain; later ones hand the capsule to
+    torch unread (no ``_host_share``), still zero-copy and with the finished values."""
+    jnp = pytest.importorskip("jax.numpy", reason="JAX is the producer that declares plain host exports")
+    x = jnp.arange(6, dtype=jnp.float32) * 2
+    exchange._ROUTES.clear()
+    first = md.convert(x, "torch")
+    route = _route()
+    assert route.plain and route.steady, "a plain producer's host route is steady after one checked call"
+    reads: list[Any] = []
+    share = exchange._host_share
+    try:
+        exchange._host_share = lambda *a: reads.append(a) or share(*a)  # type: ignore[assignment]
+        z = jnp.arange(6, dtype=jnp.float32) * 3  # pending work: the export waits for it
+        second = md.convert(z, "torch")
+        copied = md.convert(z, "torch", copy=True)
+    finally:
+        exchange._host_share = share  # type: ignore[assignment]
+    assert len(reads) == 1, "only copy=True goes the checked way again"
+    np.testing.assert_array_equal(second.numpy(), np.arange(6, dtype=np.float32) * 3)
+    assert second.data_ptr() == z.unsafe_buffer_pointer(), "the steady host route shares memory"
+    assert first.data_ptr() == x.unsafe_buffer_pointer()
+    assert copied.data_ptr() != z.unsafe_buffer_pointer()
+
+
+def test_a_refused_first_export_leaves_a_plain_route_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A route is made steady only by a first export the core read and found shareable: a producer
+    declaring plain exports whose first export is refused (a reversed view) keeps being checked, so the
+    next refused view is copied too."""
+    monkeypatch.setattr(type(md.backend("numpy").dlpack), "plain_host_exports", True, raising=False)
+    exchange._ROUTES.clear()
+    a = np.arange(8, dtype=np.float32)
+    y = md.convert(a[::-1], "torch")  # negative strides: refused, copied
+    route = _route()
+    assert route.plain and not route.steady
+    np.testing.assert_array_equal(y.numpy(), a[::-1])
+    again = md.convert(a[::-1], "torch")
+    np.testing.assert_array_equal(again.numpy(), a[::-1])
+    a[0] = 5.0
+    assert again[-1] == 0.0, "still a copy"

@@ -146,6 +146,18 @@ class JaxImportForeignOnHost(JaxBackend):
     dlpack = concern(_JaxImportForeignOnHostDlpack)
 
 
+class _JaxExportsNumpyViewDlpack(JaxDLPack):
+    def export_dlpack(self, x: Any) -> Any:
+        return np.asarray(super().export_dlpack(x))  # zero-copy on the host, but NumPy flags it read-only
+
+
+@mutant("jax", "export_dlpack hands out NumPy's read-only view of the buffer while declaring plain host exports",
+        ["test_plain_host_exports_match_behaviour"])
+class JaxExportsNumpyView(JaxBackend):
+    name = "jax_exports_numpy_view"
+    dlpack = concern(_JaxExportsNumpyViewDlpack)
+
+
 class _JaxImportCopiesDlpack(JaxDLPack):
     def import_dlpack(self, obj: Any, device: Device) -> Any:
         if device.kind != "cpu":
