@@ -137,6 +137,16 @@ class Replica(ABC):
         ranks after its backward pass: nothing was exchanged, the parameters and optimizer state stay
         as they were). The default: nothing (a replica that accumulates gradients overrides it)."""
 
+    def piece_optimizer(self, pieces: list[Any]) -> Any:
+        """For multidev's own sharded training (:mod:`multidev.managed_sharding`): this replica's
+        optimizer rebuilt, with its configuration and no state, over ``pieces`` (this rank's piece of
+        each parameter in :meth:`parameters` order, a parameter that is not cut whole): an object whose
+        ``step(grads)`` takes one gradient per piece, steps the optimizer and returns the updated
+        pieces (new tensors). None (the default): the framework has no such mode. CapabilityError for
+        an optimizer that has stepped already (its state would be lost) or whose update is not element
+        by element (a norm over a whole tensor differs on a piece)."""
+        return None
+
     def zeros_like(self, x: Any) -> Any:
         """A zero tensor like ``x`` (a parameter's gradient that never came)."""
         b = self.backend

@@ -8,8 +8,9 @@ optimizer, mesh=m, data_axis="data", param_axis="model")`` adds to data parallel
   :func:`param_layout`.
 - One process per device (a :class:`~multidev.distributed.ProcessMesh` of the group's ranks): the
   framework's own sharded data parallelism (torch: FSDP2, its own layout rule; JAX: one jitted
-  program over global arrays on the jax engine's processes, the rule above), every rank starting
-  from rank 0's state; each rank takes its rows of a batch cut along the data axes.
+  program over global arrays on the jax engine's processes, the rule above), or multidev's own where
+  the framework has none (Keras: the optimizer's state sharded, :mod:`multidev.managed_sharding`),
+  every rank starting from rank 0's state; each rank takes its rows of a batch cut along the data axes.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import math
 from typing import Any
 
 from .errors import CapabilityError, InvalidArgumentError
+from .managed_sharding import ManagedShardedReplica, has_piece_optimizer
 from .mesh import Layout, Mesh
 from .placement import device_list
 from .protocol import SupportsShardedTraining
@@ -98,20 +100,26 @@ def sharded_process_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_
     if not params:
         raise InvalidArgumentError(f"{what}: no parameter axis: parameters replicated on every rank are "
                                    "data_parallel(model, optimizer) without a mesh")
-    sharded = require(b, SupportsShardedTraining, f"{what}(mesh=process mesh)",
-                      "training with parameters sharded over processes is not supported for this framework yet "
-                      "(supported: torch, with FSDP2 under the torch engine; jax, multi-controller jit under the "
-                      "jax engine)")
-    make = getattr(sharded, "sharded_process_replica", None)
-    if make is None:
-        raise CapabilityError(f"{what}: the {b.name} backend shards parameters over one process's devices only "
-                              "(a multidev.Mesh); over processes: torch (FSDP2), jax (multi-controller jit)")
+    make: Any = getattr(b.sharded_training, "sharded_process_replica", None)
     rep0 = plain()
+    managed = make is None and has_piece_optimizer(rep0)  # multidev shards the optimizer itself
+    if make is None and not managed:
+        if b.sharded_training is not None:
+            raise CapabilityError(f"{what}: the {b.name} backend shards parameters over one process's devices only "
+                                  "(a multidev.Mesh); over processes: torch (FSDP2), jax (multi-controller jit), "
+                                  "Keras (multidev's own)")
+        require(b, SupportsShardedTraining, f"{what}(mesh=process mesh)",
+                "training with parameters sharded over processes is not supported for this framework yet "
+                "(supported: torch, with FSDP2 under the torch engine; jax, multi-controller jit under the "
+                "jax engine; Keras, multidev's own, under any engine)")
     if group is not None:
         broadcast(rep0, group, 0)  # every rank starts from rank 0's parameters, buffers and optimizer state
-    rep0.detach()
-    # rep0.model: the model given where it trained in place (torch), else the broadcast tree (JAX)
-    rep = make(rep0.model, optimizer, mesh, data, params, grad_dtype)
+    if managed:
+        rep: Any = ManagedShardedReplica(rep0, mesh, g.rank, data, params, grad_dtype)
+    else:
+        rep0.detach()
+        # rep0.model: the model given where it trained in place (torch), else the broadcast tree (JAX)
+        rep = make(rep0.model, optimizer, mesh, data, params, grad_dtype)
     if rep is None:
         raise InvalidArgumentError(f"{what}: the {b.name} backend does not take a {type(model).__name__} as a model")
     rep.unused = unused

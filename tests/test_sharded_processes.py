@@ -295,6 +295,94 @@ dist.shutdown()
 '''
 
 
+KERAS_WORKER = '''
+import os
+os.environ["KERAS_BACKEND"] = "tensorflow"
+import numpy as np
+import keras
+import tensorflow as tf
+import multidev as md
+from multidev import distributed as dist
+
+dist.init()
+r = dist.rank()
+pm = dist.process_mesh((2, 2), ("data", "model"))
+rng = np.random.default_rng(1)
+X, Y = rng.normal(size=(16, 6)).astype(np.float32), rng.normal(size=(16, 3)).astype(np.float32)
+X2 = rng.normal(size=(16, 6)).astype(np.float32)
+
+
+def make(shift=0.0):
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(10, activation="tanh"), keras.layers.Dense(3)])
+    for v in m.trainable_variables:
+        v.assign(v + shift)
+    return m
+
+
+def opt(**kw):
+    return keras.optimizers.AdamW(learning_rate=keras.optimizers.schedules.CosineDecay(1e-2, 6), weight_decay=0.1,
+                                  **kw)
+
+
+def loss_fn(m, b):
+    return tf.reduce_mean(tf.square(m(b[0]) - b[1]))
+
+
+def ref_step(ref, ropt, *batches):
+    total = None
+    for b in batches:
+        with tf.GradientTape() as t:
+            loss = loss_fn(ref, b)
+        g = t.gradient(loss, ref.trainable_variables)
+        total = g if total is None else [a + c for a, c in zip(total, g)]
+    ropt.apply_gradients(zip(total, ref.trainable_variables))
+
+
+def err(net, ref):
+    return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+               for a, b in zip(net.trainable_variables, ref.trainable_variables))
+
+
+out = []
+for data_axis in ("data", ("data", "model")):
+    ref, ropt = make(), opt()
+    net, o = make(1.0 if r else 0.0), opt()  # rank 0's state must win at the start
+    dp = md.data_parallel(net, o, mesh=pm, data_axis=data_axis, param_axis="model", verify=True)
+    pieces = [tuple(v.shape) for v in dp.replica._pieces.variables]
+    assert pieces == [(3, 10), (5,), (5, 3), (3,)], pieces  # the core's rule: the first dimension 2 divides
+    for step in range(3):
+        loss = dp.step(dp.shard((X, Y)), loss_fn)
+        ref_step(ref, ropt, (X, Y))
+        assert np.isfinite(float(loss))
+    with dp.no_sync():
+        dp.step(dp.shard((X2, Y)), loss_fn)
+    dp.step(dp.shard((X, Y)), loss_fn)
+    ref_step(ref, ropt, (X2, Y), (X, Y))
+    assert err(net, ref) < 1e-5, (data_axis, err(net, ref))
+    assert int(dp.replica._pieces.optimizer.iterations.numpy()) == 4 and int(o.iterations.numpy()) == 0
+    out.append("match")
+for bad in (lambda: keras.optimizers.Lamb(1e-2), lambda: keras.optimizers.Adam(1e-2, clipnorm=1.0)):
+    try:
+        md.data_parallel(make(), bad(), mesh=pm, param_axis="model")
+    except md.CapabilityError:
+        out.append("CapabilityError")
+stepped, net = opt(), make()
+stepped.apply_gradients(zip([tf.zeros_like(v) for v in net.trainable_variables], net.trainable_variables))
+try:
+    md.data_parallel(net, stepped, mesh=pm, param_axis="model")
+except md.CapabilityError:
+    out.append("CapabilityError")
+dp = md.data_parallel(make(), opt(), mesh=pm, param_axis="model")
+try:
+    dp.broadcast_state()
+except md.CapabilityError:
+    out.append("CapabilityError")
+print(f"MDKERAS rank {r}: {' '.join(out)}", flush=True)
+dist.shutdown()
+'''
+
+
 def _run(tmp_path: Path, source: str, n: int, engine: str) -> subprocess.CompletedProcess:
     script = tmp_path / "worker.py"
     script.write_text(source)
@@ -367,3 +455,23 @@ def test_the_mesh_training_example_matches_one_process() -> None:
                        capture_output=True, text=True, timeout=400, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
     assert "the same losses" in p.stdout and "2x2 process mesh" in p.stdout, p.stdout
+
+
+@pytest.mark.multiprocess
+def test_keras_with_its_optimizer_state_sharded_by_multidev_matches_one_process(tmp_path: Path) -> None:
+    """Keras has no sharded data parallelism of its own: multidev shards the optimizer's state
+    (:mod:`multidev.managed_sharding`). 4 processes on the 2x2 mesh under the torch engine: AdamW with
+    weight decay and a schedule, both batch layouts, rank 0's state winning, ``verify=True``,
+    ``no_sync``: the weights within 1e-5 of one process's, each rank's optimizer over its pieces only;
+    typed refusals (LAMB, clipnorm, an optimizer that has stepped, ``broadcast_state``)."""
+    for mod in ("tensorflow", "keras", "torch"):
+        pytest.importorskip(mod, reason=f"{mod}: Keras on TensorFlow, under the torch engine")
+    from multidev.distributed.engine import engine_class
+
+    if engine_class("torch").missing():
+        pytest.skip("the torch engine is not available here")
+    p = _run(tmp_path, KERAS_WORKER, 4, "torch")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
+    found = sorted(re.findall(r"MDKERAS rank (\d): (match match(?: CapabilityError)+)", p.stdout))
+    want = "match match CapabilityError CapabilityError CapabilityError CapabilityError"
+    assert found == [(str(r), want) for r in range(4)], p.stdout[-3000:]

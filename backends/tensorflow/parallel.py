@@ -23,7 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from multidev.adapter import Concern, Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+from multidev.adapter import (
+    CapabilityError,
+    Concern,
+    Device,
+    InvalidArgumentError,
+    Ready,
+    Replica,
+    SupportsDataParallel,
+)
 
 from .core import TensorflowCore
 
@@ -169,6 +177,33 @@ class TensorflowReplica(Replica):
                 self.optimizer.apply_gradients(pairs)
         self._sync_copies()
 
+    #: Keras optimizers whose update is element by element: a piece of a parameter steps as it would
+    #: within the whole (multidev's own sharding of their state over processes)
+    ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam", "Ftrl", "Lion")
+
+    def piece_optimizer(self, pieces: list[Any]) -> Any:
+        """A fresh optimizer of the given one's class and configuration over Keras variables holding
+        ``pieces``, on the replica's device (see :meth:`multidev.adapter.Replica.piece_optimizer`)."""
+        keras, opt = sys.modules["keras"], self.optimizer
+        kind = type(opt).__name__
+        if kind not in self.ELEMENTWISE or type(opt) is not getattr(keras.optimizers, kind, None):
+            raise CapabilityError(f"data_parallel over a process mesh: multidev cannot shard a {kind}'s state (its "
+                                  "update is not known to be element by element: a piece would step differently); "
+                                  f"sharded: keras.optimizers.{', '.join(self.ELEMENTWISE)}")
+        cfg = opt.get_config()
+        if cfg.get("clipnorm") is not None or cfg.get("global_clipnorm") is not None:
+            raise CapabilityError("data_parallel over a process mesh: clipnorm and global_clipnorm take a norm over "
+                                  "whole gradients, which a rank holding a piece does not have (clipvalue clips "
+                                  "element by element: it shards)")
+        if int(opt.iterations.numpy()) != 0:
+            raise CapabilityError("data_parallel over a process mesh: the optimizer has stepped already, and its "
+                                  "state cannot be cut into pieces; give data_parallel a fresh optimizer")
+        new = type(opt).from_config(cfg)
+        with self.tf.device(self.backend.to_native_device(self.devices[0])):
+            variables = [keras.Variable(p, trainable=True, name=f"piece_{i}") for i, p in enumerate(pieces)]
+        new.build(variables)
+        return _KerasPieces(new, variables)
+
     def zeros_like(self, x: Any) -> Any:
         return self.tf.zeros_like(x)
 
@@ -195,3 +230,14 @@ class TensorflowReplica(Replica):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
+
+
+class _KerasPieces:
+    """A Keras optimizer over one rank's pieces of the parameters (Keras variables)."""
+
+    def __init__(self, optimizer: Any, variables: list[Any]) -> None:
+        self.optimizer, self.variables = optimizer, variables
+
+    def step(self, grads: Sequence[Any]) -> list[Any]:
+        self.optimizer.apply_gradients(zip(grads, self.variables))
+        return [v.value for v in self.variables]

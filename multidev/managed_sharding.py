@@ -1,0 +1,155 @@
+"""Parameters and optimizer state sharded over processes by multidev itself (ZeRO-style), for the
+frameworks with no sharded data parallelism of their own (Keras): what
+``multidev.data_parallel(model, optimizer, mesh=process_mesh, param_axis=...)`` builds for them.
+
+Each rank holds the whole model (its forward and backward run as in plain data parallelism) and
+updates only its piece of each parameter, with an optimizer over those pieces: the optimizer's state
+(Adam's moments, momentum) is held once over the ranks along the parameter axes, not on every rank.
+A step:
+
+1. forward and backward on this rank's rows (the batch cut along the data axes; ranks along the
+   parameter axes are given the same rows, so they compute the same gradient);
+2. the gradients averaged over the data axes (one flattened allreduce along them);
+3. each rank's piece of each gradient (the core's layout rule, :func:`multidev.adapter.param_spec`:
+   the first dimension the parameter axes divide evenly; a parameter no dimension divides is whole on
+   every rank and updated by all alike) stepped by the piece optimizer;
+4. the updated pieces gathered along the parameter axes (one flattened allgather) into the model.
+
+The pieces' optimizer is the adapter's (:meth:`multidev.adapter.Replica.piece_optimizer`): the
+optimizer given, rebuilt over the pieces with its configuration and no state, so it must start
+fresh and update element by element (Adam, SGD, RMSprop...; not LAMB's per-tensor trust ratio or a
+norm clip over a whole tensor: the adapter refuses those with CapabilityError).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .errors import CapabilityError, InvalidArgumentError
+from .replicas import Replica, param_spec
+
+__all__ = ["ManagedShardedReplica", "has_piece_optimizer"]
+
+
+def has_piece_optimizer(rep: Replica) -> bool:
+    """Whether ``rep``'s class gives an optimizer over pieces (overrides ``piece_optimizer``)."""
+    return type(rep).piece_optimizer is not Replica.piece_optimizer
+
+
+class ManagedShardedReplica(Replica):
+    """``plain`` (a replica of the whole model on this rank's device, rank 0's state already on
+    every rank) trained with its optimizer's state sharded over ``param_axes`` of the process mesh
+    ``mesh`` (see the module doc)."""
+
+    #: the core runs no gradient buckets: :meth:`local_step` exchanges what it needs
+    syncs_itself = True
+    #: a parameter without a gradient at the step: "error" (named) or "zero"
+    unused = "error"
+
+    def __init__(self, plain: Replica, mesh: Any, rank: int, data_axes: tuple[str, ...],
+                 param_axes: tuple[str, ...], grad_dtype: str | None) -> None:
+        self.plain, self.mesh, self.data_axes, self.param_axes = plain, mesh, data_axes, param_axes
+        self.backend, self.model, self.optimizer = plain.backend, plain.model, plain.optimizer
+        self.devices = plain.devices
+        self.grad_dtype = grad_dtype
+        if plain.optimizer is None:
+            raise InvalidArgumentError("data_parallel over a process mesh needs the optimizer: data_parallel(model, "
+                                       "optimizer, mesh=...)")
+        b = self.backend
+        self._group = mesh.group_of(rank, param_axes)  # the ranks holding the other pieces, in gather order
+        self._k, self._n = self._group.index(rank), len(self._group)
+        self._data_n = len(mesh.group_of(rank, data_axes))
+        params = [t for _, t in plain.parameters()]
+        self._shapes = [tuple(b.shape_of(p)) for p in params]
+        #: per parameter: the dimension cut along the parameter axes, None where it is whole everywhere
+        self._cut = [next((d for d, s in enumerate(param_spec(mesh.sizes, shp, param_axes)) if s is not None), None)
+                     for shp in self._shapes]
+        self._pieces = self.plain.piece_optimizer([self._piece(p, i) for i, p in enumerate(params)])
+        if self._pieces is None:
+            raise CapabilityError(f"data_parallel over a process mesh: the {b.name} replica gives no optimizer over "
+                                  "pieces")
+        #: ranks that hold the same optimizer pieces (for verify: every rank holds the whole model)
+        self.peers = None
+
+    def _piece(self, t: Any, i: int) -> Any:
+        d = self._cut[i]
+        if d is None:
+            return t
+        b = self.backend
+        return b.split(t, [self._shapes[i][d] // self._n] * self._n, d)[self._k]
+
+    # -- what the core asks of a replica -------------------------------------------------------------
+    def parameters(self) -> list[tuple[str, Any]]:
+        return self.plain.parameters()
+
+    def buffers(self) -> list[tuple[str, Any]]:
+        return self.plain.buffers()
+
+    def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
+        if params is not None:
+            raise CapabilityError("data_parallel over a process mesh: the optimizer's state is sharded; load a "
+                                  "checkpoint into the plain model on every rank before data_parallel (which takes "
+                                  "rank 0's state at its start)")
+        self.plain.load(None, buffers)
+
+    def optimizer_state(self) -> Any:
+        raise CapabilityError("data_parallel over a process mesh: each rank holds a piece of the optimizer's state; "
+                              "there is no whole state to read on one rank")
+
+    def load_optimizer_state(self, state: Any) -> None:
+        raise CapabilityError("data_parallel over a process mesh: each rank holds a piece of the optimizer's state; "
+                              "start from a fresh optimizer")
+
+    def backward(self, batch: Any, loss_fn: Callable[..., Any], ready: Any) -> Any:
+        return self.plain.backward(batch, loss_fn, None)  # (no_sync: accumulate; the next step averages the sum)
+
+    def drop_gradients(self) -> None:
+        self.plain.drop_gradients()
+
+    def local_step(self, batch: Any, loss_fn: Callable[..., Any]) -> Any:
+        from .distributed import mesh as dmesh
+
+        grads: list[Any] = [None] * len(self._shapes)
+
+        def got(i: int, g: Any) -> None:
+            grads[i] = g
+        try:
+            loss = self.plain.backward(batch, loss_fn, got)
+        finally:
+            self.plain.drop_gradients()  # this replica steps the pieces: the plain one keeps none
+        missing = [i for i, g in enumerate(grads) if g is None]
+        if missing and self.unused == "error":
+            names = [n for n, _ in self.plain.parameters()]
+            raise InvalidArgumentError(f"data_parallel: {len(missing)} parameter(s) received no gradient in this step: "
+                                       f"{', '.join(names[i] for i in missing[:5])} (data_parallel(unused='zero') "
+                                       "counts them as zero)")
+        params = [t for _, t in self.plain.parameters()]
+        grads = [self.plain.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+        if self._data_n > 1:  # the mean over the data axes (ranks along the parameter axes hold the same)
+            flat = dmesh.allreduce_along(self.plain.flatten(grads, self.grad_dtype), self.mesh, self.data_axes)
+            grads = self.plain.unflatten(flat, grads, 1.0 / self._data_n)
+        new = self._pieces.step([self._piece(g, i) for i, g in enumerate(grads)])
+        cut = [i for i, d in enumerate(self._cut) if d is not None]
+        whole = list(new)
+        if cut:
+            b = self.backend
+            like = [new[i] for i in cut]
+            gathered = dmesh.allgather_along(self.plain.flatten(like, None), self.mesh, self.param_axes, 0)
+            size = b.shape_of(gathered)[0] // self._n
+            ranks = [self.plain.unflatten(part, like, None) for part in b.split(gathered, [size] * self._n, 0)]
+            for j, i in enumerate(cut):
+                whole[i] = b.concat([r[j] for r in ranks], self._cut[i])
+        self.plain.load(whole, None)
+        return loss
+
+    def apply(self, grads: Sequence[Any | None] | None) -> None:
+        raise CapabilityError("data_parallel over a process mesh steps in DataParallel.step (local_step)")
+
+    def zeros_like(self, x: Any) -> Any:
+        return self.plain.zeros_like(x)
+
+    def fingerprints(self) -> list[list[int]]:
+        return self.plain.fingerprints()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.plain.forward(*args, **kwargs)
