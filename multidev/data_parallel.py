@@ -617,7 +617,7 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
       replicated along the rest, with the framework's own sharded data parallelism (torch: FSDP2
       under the torch engine; JAX: global arrays and one jitted step on every process under the jax
       engine, the step's loss the whole batch's mean; :mod:`multidev.sharded_training`), or
-      multidev's own where the framework has none (Keras, under any engine: the optimizer's state
+      multidev's own where the framework has none (Keras, Gluon, under any engine: the optimizer's state
       sharded, the weights whole on every rank; :mod:`multidev.managed_sharding`); gradients
       are averaged over every rank, ``grad_dtype`` the dtype they are reduced in (torch, Keras), buffers
       rank 0's after each step (``buffers="broadcast"``). CapabilityError for frameworks without it.

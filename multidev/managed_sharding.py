@@ -1,5 +1,5 @@
-"""Parameters and optimizer state sharded over processes by multidev itself (ZeRO-style), for the
-frameworks with no sharded data parallelism of their own (Keras): what
+"""The optimizer's state sharded over processes by multidev itself (ZeRO's stage 1), for the
+frameworks with no sharded data parallelism of their own (Keras, Gluon): what
 ``multidev.data_parallel(model, optimizer, mesh=process_mesh, param_axis=...)`` builds for them.
 
 Each rank holds the whole model (its forward and backward run as in plain data parallelism) and

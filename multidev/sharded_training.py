@@ -9,7 +9,7 @@ optimizer, mesh=m, data_axis="data", param_axis="model")`` adds to data parallel
 - One process per device (a :class:`~multidev.distributed.ProcessMesh` of the group's ranks): the
   framework's own sharded data parallelism (torch: FSDP2, its own layout rule; JAX: one jitted
   program over global arrays on the jax engine's processes, the rule above), or multidev's own where
-  the framework has none (Keras: the optimizer's state sharded, :mod:`multidev.managed_sharding`),
+  the framework has none (Keras, Gluon: the optimizer's state sharded, :mod:`multidev.managed_sharding`),
   every rank starting from rank 0's state; each rank takes its rows of a batch cut along the data axes.
 """
 from __future__ import annotations
@@ -107,11 +107,11 @@ def sharded_process_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_
         if b.sharded_training is not None:
             raise CapabilityError(f"{what}: the {b.name} backend shards parameters over one process's devices only "
                                   "(a multidev.Mesh); over processes: torch (FSDP2), jax (multi-controller jit), "
-                                  "Keras (multidev's own)")
+                                  "Keras and Gluon (multidev's own)")
         require(b, SupportsShardedTraining, f"{what}(mesh=process mesh)",
                 "training with parameters sharded over processes is not supported for this framework yet "
                 "(supported: torch, with FSDP2 under the torch engine; jax, multi-controller jit under the "
-                "jax engine; Keras, multidev's own, under any engine)")
+                "jax engine; Keras and Gluon, multidev's own, under any engine)")
     if group is not None:
         broadcast(rep0, group, 0)  # every rank starts from rank 0's parameters, buffers and optimizer state
     if managed:

@@ -130,7 +130,8 @@ fi
 if [[ $LANES == *,mx,* ]]; then
   job 1 mx-suite "$(conformance .venv-mx mxnet,numpy,jax)"
   # the JAX engine of JAX 0.7.1 with JAX's and MXNet's tensors (the modern lane runs every engine)
-  job 1 mx-data-parallel ".venv-mx/bin/pytest -q -m multiprocess tests/test_data_parallel_processes.py -k mxnet"
+  job 1 mx-data-parallel ".venv-mx/bin/pytest -q -m multiprocess tests/test_data_parallel_processes.py \
+tests/test_sharded_processes.py -k mxnet"
   job 1 mx-multiprocess "MULTIDEV_DISTRIBUTED_ENGINES='jax=jax+mxnet' $(conformance .venv-mx mxnet,jax --multiprocess \
 -- -m "'multiprocess and not timing'")"
 fi

@@ -383,6 +383,87 @@ dist.shutdown()
 '''
 
 
+MXNET_WORKER = '''
+import numpy as np
+import multidev as md
+md.backend("mxnet")  # the adapter first: it prepares MXNet's import on NumPy 1.26
+import mxnet as mx
+from mxnet import autograd, gluon
+from multidev import distributed as dist
+
+dist.init()
+r = dist.rank()
+pm = dist.process_mesh((2, 2), ("data", "model"))
+rng = np.random.default_rng(1)
+X, Y = rng.normal(size=(16, 6)).astype(np.float32), rng.normal(size=(16, 3)).astype(np.float32)
+X2 = rng.normal(size=(16, 6)).astype(np.float32)
+
+
+def make(shift=0.0):
+    mx.random.seed(0)
+    net = gluon.nn.Sequential()
+    net.add(gluon.nn.Dense(10, in_units=6, activation="tanh"), gluon.nn.Dense(3, in_units=10))
+    net.initialize(mx.init.Xavier())
+    for p in net.collect_params().values():
+        p.set_data(p.data() + shift)
+    return net
+
+
+def trainer(net, kind="adam", **kw):
+    return gluon.Trainer(net.collect_params(), kind, {"learning_rate": 1e-2, "wd": 0.01, **kw})
+
+
+def loss_fn(m, b):
+    return ((m(b[0]) - b[1]) ** 2).mean()
+
+
+def ref_step(ref, rt, *batches):
+    for b in batches:
+        with autograd.record():
+            loss = loss_fn(ref, (mx.nd.array(b[0]), mx.nd.array(b[1])))
+        loss.backward()  # (grad_req "write": the second batch would overwrite the first)
+        if len(batches) > 1:
+            acc = [p.grad().copy() for p in ref.collect_params().values()] if b is batches[0] else \
+                [a + p.grad() for a, p in zip(acc, ref.collect_params().values())]
+    if len(batches) > 1:
+        for p, a in zip(ref.collect_params().values(), acc):
+            p.grad()[:] = a
+    rt.step(1)
+
+
+def err(net, ref):
+    return max(float(np.abs(a.data().asnumpy() - b.data().asnumpy()).max())
+               for a, b in zip(net.collect_params().values(), ref.collect_params().values()))
+
+
+out = []
+for data_axis in ("data", ("data", "model")):
+    ref, net = make(), make(1.0 if r else 0.0)  # rank 0's state must win at the start
+    rt, t = trainer(ref), trainer(net)
+    dp = md.data_parallel(net, t, mesh=pm, data_axis=data_axis, param_axis="model", verify=True)
+    pieces = [tuple(p.shape) for p in dp.replica._pieces.params]
+    assert pieces == [(5, 6), (5,), (3, 5), (3,)], pieces  # the core's rule: the first dimension 2 divides
+    for step in range(3):
+        loss = dp.step(dp.shard((mx.nd.array(X), mx.nd.array(Y))), loss_fn)
+        ref_step(ref, rt, (X, Y))
+        assert np.isfinite(float(loss.asnumpy()[0]))
+    with dp.no_sync():
+        dp.step(dp.shard((mx.nd.array(X2), mx.nd.array(Y))), loss_fn)
+    dp.step(dp.shard((mx.nd.array(X), mx.nd.array(Y))), loss_fn)
+    ref_step(ref, rt, (X2, Y), (X, Y))
+    assert err(net, ref) < 1e-5, (data_axis, err(net, ref))
+    assert not any(u.states for u in t._updaters), "the Trainer given keeps no state: the pieces' Trainer does"
+    out.append("match")
+try:
+    net = make()
+    md.data_parallel(net, trainer(net, "lamb"), mesh=pm, param_axis="model")
+except md.CapabilityError:
+    out.append("CapabilityError")
+print(f"MDGLUON rank {r}: {' '.join(out)}", flush=True)
+dist.shutdown()
+'''
+
+
 def _run(tmp_path: Path, source: str, n: int, engine: str) -> subprocess.CompletedProcess:
     script = tmp_path / "worker.py"
     script.write_text(source)
@@ -475,3 +556,23 @@ def test_keras_with_its_optimizer_state_sharded_by_multidev_matches_one_process(
     found = sorted(re.findall(r"MDKERAS rank (\d): (match match(?: CapabilityError)+)", p.stdout))
     want = "match match CapabilityError CapabilityError CapabilityError CapabilityError"
     assert found == [(str(r), want) for r in range(4)], p.stdout[-3000:]
+
+
+@pytest.mark.multiprocess
+def test_gluon_with_its_optimizer_state_sharded_by_multidev_matches_one_process_mxnet(tmp_path: Path) -> None:
+    """Gluon, as Keras: multidev shards the Trainer's optimizer state (4 processes on the 2x2 mesh,
+    torch engine): Adam with weight decay, both batch layouts, rank 0's state winning, ``verify=True``,
+    ``no_sync``: the parameters within 1e-5 of one process's; LAMB (a per-layer trust ratio) refused."""
+    import importlib.util
+
+    for mod in ("mxnet", "torch"):  # (found, not imported: MXNet's import is the adapter's to prepare)
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"{mod} is not installed: Gluon, under the torch engine (the MXNet lane has both)")
+    from multidev.distributed.engine import engine_class
+
+    if engine_class("torch").missing():
+        pytest.skip("the torch engine is not available here")
+    p = _run(tmp_path, MXNET_WORKER, 4, "torch")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
+    found = sorted(re.findall(r"MDGLUON rank (\d): (match match CapabilityError)", p.stdout))
+    assert found == [(str(r), "match match CapabilityError") for r in range(4)], p.stdout[-3000:]

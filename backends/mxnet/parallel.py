@@ -15,6 +15,7 @@ function returns a mean, not the D2L sum that ``step(batch_size)`` rescales.
 """
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 import zlib
@@ -23,7 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from multidev.adapter import Concern, Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+from multidev.adapter import (
+    CapabilityError,
+    Concern,
+    Device,
+    InvalidArgumentError,
+    Ready,
+    Replica,
+    SupportsDataParallel,
+)
 
 from .core import MxnetCore
 
@@ -186,6 +195,35 @@ class MxnetReplica(Replica):
             if len(self._ctxs) > 1:
                 p.set_data(p.data(self._ctxs[0]))
 
+    #: MXNet optimizers whose update is element by element: a piece of a parameter steps as it would
+    #: within the whole (multidev's own sharding of their state over processes)
+    ELEMENTWISE = ("SGD", "NAG", "Adam", "RMSProp", "AdaGrad", "AdaDelta", "Adamax", "Nadam", "Ftrl", "Signum", "FTML")
+
+    def piece_optimizer(self, pieces: list[Any]) -> Any:
+        """A fresh copy of the Trainer's optimizer (its settings, no state) in a Trainer of its own over
+        Gluon parameters holding ``pieces`` on the first context, each with its parameter's ``lr_mult``
+        and ``wd_mult`` (see :meth:`multidev.adapter.Replica.piece_optimizer`)."""
+        mx, trainer = self.mx, self.optimizer
+        opt = trainer._optimizer
+        kind = type(opt).__name__
+        if kind not in self.ELEMENTWISE or type(opt) is not getattr(mx.optimizer, kind, None):
+            raise CapabilityError(f"data_parallel over a process mesh: multidev cannot shard a {kind}'s state (its "
+                                  "update is not known to be element by element: a piece would step differently); "
+                                  f"sharded: mxnet.optimizer.{', '.join(self.ELEMENTWISE)}")
+        if opt.num_update > opt.begin_num_update or any(u.states for u in trainer._updaters):
+            raise CapabilityError("data_parallel over a process mesh: the Trainer has stepped already, and its "
+                                  "optimizer's state cannot be cut into pieces; give data_parallel a fresh Trainer")
+        fresh = copy.deepcopy(opt)
+        fresh.param_dict, fresh._index_update_count = {}, {}
+        params = []
+        for i, ((_, p), piece) in enumerate(zip(self._trained, pieces)):
+            q = mx.gluon.Parameter(f"piece{i}", shape=piece.shape, dtype=piece.dtype, lr_mult=p.lr_mult,
+                                   wd_mult=p.wd_mult)
+            q.initialize(ctx=self._ctxs[0])
+            q.set_data(piece)
+            params.append(q)
+        return _GluonPieces(mx.gluon.Trainer(params, fresh, kvstore=None), params)
+
     def zeros_like(self, x: Any) -> Any:
         return self.mx.nd.zeros_like(x)
 
@@ -212,3 +250,17 @@ class MxnetReplica(Replica):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
+
+
+class _GluonPieces:
+    """A Trainer over one rank's pieces of the parameters (Gluon parameters of their own)."""
+
+    def __init__(self, trainer: Any, params: list[Any]) -> None:
+        self.trainer, self.params = trainer, params
+
+    def step(self, grads: Sequence[Any]) -> list[Any]:
+        for p, g in zip(self.params, grads):
+            p.grad()[:] = g
+            p.data()._fresh_grad = True  # (what backward would mark: the Trainer steps only fresh gradients)
+        self.trainer.step(1)  # (the loss is a mean: no rescaling by a batch size)
+        return [p.data().copy() for p in self.params]
