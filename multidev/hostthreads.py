@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["MAX_THREADS", "MIN_PART_BYTES", "run_parts", "threads"]
+__all__ = ["MAX_THREADS", "MIN_PART_BYTES", "executor", "run_parts", "threads"]
 
 T = TypeVar("T")
 MAX_THREADS = 16
@@ -49,11 +49,14 @@ def threads() -> int:
     return _count
 
 
-def _executor() -> ThreadPoolExecutor:
+def executor() -> ThreadPoolExecutor:
+    """The one pool of multidev's host threads (made at the first call; its threads start as work
+    comes): :func:`run_parts`'s, and the staging uploads' (:mod:`multidev.staging`). Work given to
+    it must not wait for other work of the pool."""
     global _pool
     with _lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(threads() - 1, thread_name_prefix="multidev-host",
+            _pool = ThreadPoolExecutor(max(8, threads()), thread_name_prefix="multidev-host",
                                        initializer=lambda: setattr(_inside, "pool", True))
         return _pool
 
@@ -68,7 +71,7 @@ def run_parts(fn: Callable[[Sequence[T]], Any], items: Sequence[T], nbytes: int)
         return
     step = -(-len(items) // k)
     parts = [items[i:i + step] for i in range(0, len(items), step)]
-    pool = _executor()
+    pool = executor()
     futures: list[Future[Any]] = [pool.submit(contextvars.copy_context().run, fn, p) for p in parts[1:]]
     error: BaseException | None = None
     _inside.pool = True  # a call from a part runs inline, on this thread as on the pool's

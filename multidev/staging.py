@@ -15,7 +15,8 @@ the GIL) while the copy engine drains the previous one, ``depth`` buffers deep. 
   wait on;
 - ``wait(event)``: block until that copy has finished with the buffer.
 
-Thread-safe: each upload has its own buffers; the worker threads are a shared pool. The source must
+Thread-safe: each upload has its own buffers; the worker threads are multidev's one pool of host
+threads (:func:`multidev.hostthreads.executor`). The source must
 not be written until :func:`staged_upload` returns (it returns after the last chunk was copied
 into pinned memory; the copies to the device may still be running on the copy stream, ordered
 before later work by the adapter).
@@ -23,30 +24,17 @@ before later work by the adapter).
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from .hostthreads import executor
+
 __all__ = ["StagingPlan", "parallel_put", "staged_upload"]
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
 
 def _workers() -> int:
     return max(1, min(8, (os.cpu_count() or 2)))
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="multidev-stage")
-    return _pool
 
 
 class StagingPlan:
@@ -74,7 +62,7 @@ def _copy_into(dst: np.ndarray, src: np.ndarray, parts: int) -> None:
         return
     step = -(-n // parts)
     step = (step + 4095) & ~4095  # page-aligned pieces
-    futures = [_executor().submit(np.copyto, dst[o:o + step], src[o:o + step]) for o in range(0, n, step)]
+    futures = [executor().submit(np.copyto, dst[o:o + step], src[o:o + step]) for o in range(0, n, step)]
     for f in futures:
         f.result()
 
@@ -116,7 +104,7 @@ def parallel_put(src: np.ndarray, put: Callable[[np.ndarray], Any], plan: Stagin
     pieces = [flat[i:i + step] for i in range(0, flat.size, step)] or [flat]
     if len(pieces) == 1 or plan.threads <= 1:
         return [put(p) for p in pieces]
-    futures = [_executor().submit(put, p) for p in pieces]
+    futures = [executor().submit(put, p) for p in pieces]
     errors = [f.exception() for f in futures]
     for e in errors:
         if e is not None:
