@@ -35,6 +35,17 @@ _count: int | None = None
 _inside = threading.local()
 
 
+def _forget_pool() -> None:
+    """In a forked child: the parent's pool threads do not exist there; a new pool starts on demand."""
+    global _pool, _lock
+    _pool, _lock = None, threading.Lock()
+    _inside.pool = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def threads() -> int:
     """How many threads :func:`run_parts` uses at most (``MULTIDEV_HOST_THREADS``, read once)."""
     global _count

@@ -102,3 +102,31 @@ def test_the_thread_count_comes_from_the_environment(monkeypatch: pytest.MonkeyP
         monkeypatch.setenv("MULTIDEV_HOST_THREADS", raw)
         assert hostthreads.threads() == want, raw
     monkeypatch.setattr(hostthreads, "_count", None)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork is POSIX only")
+@pytest.mark.usefixtures("four_threads")
+def test_a_forked_child_gets_a_pool_of_its_own() -> None:
+    """After fork the parent's pool threads are gone in the child: run_parts there starts a new pool
+    instead of waiting forever on threads that do not exist."""
+    import os
+
+    run_parts(lambda part: None, list(range(8)), 64 * MIB)  # the parent's pool exists now
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 once the parts ran
+        try:
+            done: list[int] = []
+            run_parts(lambda part: done.extend(part), list(range(8)), 64 * MIB)
+            os._exit(0 if sorted(done) == list(range(8)) else 1)
+        except BaseException:  # noqa: BLE001
+            os._exit(2)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's run_parts hung")

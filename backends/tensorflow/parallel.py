@@ -195,6 +195,11 @@ class TensorflowReplica(Replica):
             raise CapabilityError("data_parallel over a process mesh: clipnorm and global_clipnorm take a norm over "
                                   "whole gradients, which a rank holding a piece does not have (clipvalue clips "
                                   "element by element: it shards)")
+        if any(getattr(v, "constraint", None) is not None for v in self.model.trainable_variables) or getattr(
+                opt, "_exclude_from_weight_decay", None) or getattr(opt, "_exclude_from_weight_decay_pattern", None):
+            raise CapabilityError("data_parallel over a process mesh: a variable constraint or "
+                                  "exclude_from_weight_decay belongs to the model's own variables, which the "
+                                  "optimizer over pieces does not step; train this model without a process mesh")
         if int(opt.iterations.numpy()) != 0:
             raise CapabilityError("data_parallel over a process mesh: the optimizer has stepped already, and its "
                                   "state cannot be cut into pieces; give data_parallel a fresh optimizer")
