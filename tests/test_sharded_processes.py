@@ -295,6 +295,15 @@ dist.shutdown()
 '''
 
 
+#: What the Keras and Gluon workers share: the group, the 2x2 process mesh and the batches.
+_MESH_BATCHES = '''dist.init()
+r = dist.rank()
+pm = dist.process_mesh((2, 2), ("data", "model"))
+rng = np.random.default_rng(1)
+X, Y = rng.normal(size=(16, 6)).astype(np.float32), rng.normal(size=(16, 3)).astype(np.float32)
+X2 = rng.normal(size=(16, 6)).astype(np.float32)
+'''
+
 KERAS_WORKER = '''
 import os
 os.environ["KERAS_BACKEND"] = "tensorflow"
@@ -304,13 +313,7 @@ import tensorflow as tf
 import multidev as md
 from multidev import distributed as dist
 
-dist.init()
-r = dist.rank()
-pm = dist.process_mesh((2, 2), ("data", "model"))
-rng = np.random.default_rng(1)
-X, Y = rng.normal(size=(16, 6)).astype(np.float32), rng.normal(size=(16, 3)).astype(np.float32)
-X2 = rng.normal(size=(16, 6)).astype(np.float32)
-
+''' + _MESH_BATCHES + '''
 
 def make(shift=0.0):
     keras.utils.set_random_seed(0)
@@ -391,13 +394,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 from multidev import distributed as dist
 
-dist.init()
-r = dist.rank()
-pm = dist.process_mesh((2, 2), ("data", "model"))
-rng = np.random.default_rng(1)
-X, Y = rng.normal(size=(16, 6)).astype(np.float32), rng.normal(size=(16, 3)).astype(np.float32)
-X2 = rng.normal(size=(16, 6)).astype(np.float32)
-
+''' + _MESH_BATCHES + '''
 
 def make(shift=0.0):
     mx.random.seed(0)
