@@ -8,7 +8,9 @@ updates only its piece of each parameter, with an optimizer over those pieces: t
 A step:
 
 1. forward and backward on this rank's rows (the batch cut along the data axes; ranks along the
-   parameter axes are given the same rows, so they compute the same gradient);
+   parameter axes are given the same rows, so they compute the same gradient), then one consistency
+   exchange over every rank (the step's collectives, and a parameter without a gradient decided by
+   all alike): nothing is stepped on any rank before every rank agreed;
 2. the gradients averaged over the data axes (one flattened allreduce along them);
 3. each rank's piece of each gradient (the core's layout rule, :func:`multidev.adapter.param_spec`:
    the first dimension the parameter axes divide evenly; a parameter no dimension divides is whole on
@@ -18,10 +20,14 @@ A step:
 The pieces' optimizer is the adapter's (:meth:`multidev.adapter.Replica.piece_optimizer`): the
 optimizer given, rebuilt over the pieces with its configuration and no state, so it must start
 fresh and update element by element (Adam, SGD, RMSprop...; not LAMB's per-tensor trust ratio or a
-norm clip over a whole tensor: the adapter refuses those with CapabilityError).
+norm clip over a whole tensor: the adapter refuses those with CapabilityError). The optimizer given
+stays the user's handle: its learning rate and weight decay, changed between steps, are the
+pieces' at the next step, and its step count follows theirs. The model is the source of the
+weights: each step starts the pieces from the model's values.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,9 +43,9 @@ def has_piece_optimizer(rep: Replica) -> bool:
 
 
 class ManagedShardedReplica(Replica):
-    """``plain`` (a replica of the whole model on this rank's device, rank 0's state already on
-    every rank) trained with its optimizer's state sharded over ``param_axes`` of the process mesh
-    ``mesh`` (see the module doc)."""
+    """``plain`` (a replica of the whole model on this rank's device; made before rank 0's state is
+    broadcast, so the adapter's refusals come before anything moves) trained with its optimizer's
+    state sharded over ``param_axes`` of the process mesh ``mesh`` (see the module doc)."""
 
     #: the core runs no gradient buckets: :meth:`local_step` exchanges what it needs
     syncs_itself = True
@@ -117,26 +123,38 @@ class ManagedShardedReplica(Replica):
             loss = self.plain.backward(batch, loss_fn, got)
         finally:
             self.plain.drop_gradients()  # this replica steps the pieces: the plain one keeps none
-        missing = [i for i, g in enumerate(grads) if g is None]
-        if missing and self.unused == "error":
-            names = [n for n, _ in self.plain.parameters()]
-            raise InvalidArgumentError(f"data_parallel: {len(missing)} parameter(s) received no gradient in this step: "
-                                       f"{', '.join(names[i] for i in missing[:5])} (data_parallel(unused='zero') "
-                                       "counts them as zero)")
         params = [t for _, t in self.plain.parameters()]
+        cut = [i for i, d in enumerate(self._cut) if d is not None]
+        length = sum(math.prod(self._shapes[i]) // self._n for i in cut)
+
+        def check() -> tuple[tuple[Any, ...], int]:
+            # a parameter without a gradient is decided by every rank alike, before anything moves:
+            # the rank missing one raises naming it, the others CollectiveMismatchError naming that rank
+            missing = [i for i, g in enumerate(grads) if g is None]
+            if missing and self.unused == "error":
+                names = [n for n, _ in self.plain.parameters()]
+                raise InvalidArgumentError(f"data_parallel: {len(missing)} parameter(s) received no gradient in this "
+                                           f"step: {', '.join(names[i] for i in missing[:5])} (data_parallel("
+                                           "unused='zero') counts them as zero)")
+            return (self.mesh, self.data_axes, self.param_axes, tuple(self._shapes), self.grad_dtype), length
+
+        # one consistency exchange for the step (the two collectives below are covered by it): the
+        # optimizer over pieces steps only once every rank agreed, so a refused step changes nothing
+        lengths = dmesh.agree_call("DataParallel.step (process mesh)", check)
         grads = [self.plain.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
         if self._data_n > 1:  # the mean over the data axes (ranks along the parameter axes hold the same)
-            flat = dmesh.allreduce_along(self.plain.flatten(grads, self.grad_dtype), self.mesh, self.data_axes)
+            flat = dmesh.allreduce_along_one(self.plain.flatten(grads, self.grad_dtype), self.mesh, self.data_axes,
+                                             agreed=True)
             grads = self.plain.unflatten(flat, grads, 1.0 / self._data_n)
-        new = self._pieces.step([self._piece(g, i) for i, g in enumerate(grads)])
-        cut = [i for i, d in enumerate(self._cut) if d is not None]
+        new = self._pieces.step([self._piece(g, i) for i, g in enumerate(grads)],
+                                [self._piece(p, i) for i, p in enumerate(params)])
         whole = list(new)
         if cut:
             b = self.backend
             like = [new[i] for i in cut]
-            gathered = dmesh.allgather_along(self.plain.flatten(like, None), self.mesh, self.param_axes, 0)
-            size = b.shape_of(gathered)[0] // self._n
-            ranks = [self.plain.unflatten(part, like, None) for part in b.split(gathered, [size] * self._n, 0)]
+            gathered = dmesh.allgather_along_one(self.plain.flatten(like, None), self.mesh, self.param_axes, 0,
+                                                 agreed=lengths)
+            ranks = [self.plain.unflatten(part, like, None) for part in b.split(gathered, [length] * self._n, 0)]
             for j, i in enumerate(cut):
                 whole[i] = b.concat([r[j] for r in ranks], self._cut[i])
         self.plain.load(whole, None)

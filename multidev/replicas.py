@@ -141,10 +141,12 @@ class Replica(ABC):
         """For multidev's own sharded training (:mod:`multidev.managed_sharding`): this replica's
         optimizer rebuilt, with its configuration and no state, over ``pieces`` (this rank's piece of
         each parameter in :meth:`parameters` order, a parameter that is not cut whole): an object whose
-        ``step(grads)`` takes one gradient per piece, steps the optimizer and returns the updated
-        pieces (new tensors). None (the default): the framework has no such mode. CapabilityError for
-        an optimizer that has stepped already (its state would be lost) or whose update is not element
-        by element (a norm over a whole tensor differs on a piece)."""
+        ``step(grads, values)`` sets the pieces to ``values`` (the model's now), takes one gradient per
+        piece, steps the optimizer with the given optimizer's current learning rate and weight decay,
+        advances the given optimizer's step count with its own, and returns the updated pieces (new
+        tensors). None (the default): the framework has no such mode. CapabilityError for an optimizer
+        that has stepped already (its state would be lost) or whose update is not element by element
+        (a norm over a whole tensor differs on a piece), raised before anything moves."""
         return None
 
     def zeros_like(self, x: Any) -> Any:

@@ -112,11 +112,17 @@ def sharded_process_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_
                 "training with parameters sharded over processes is not supported for this framework yet "
                 "(supported: torch, with FSDP2 under the torch engine; jax, multi-controller jit under the "
                 "jax engine; Keras and Gluon, multidev's own, under any engine)")
+    rep: Any = None
+    if managed:  # refusals (the optimizer, grad_dtype) before anything moves
+        from .data_parallel import _carried
+
+        if grad_dtype is not None and not _carried(grad_dtype, rep0.devices[0], b):
+            raise CapabilityError(f"{what}(grad_dtype={grad_dtype!r}): the {g.info.engine} engine cannot carry "
+                                  f"{grad_dtype} tensors of this backend")
+        rep = ManagedShardedReplica(rep0, mesh, g.rank, data, params, grad_dtype)
     if group is not None:
         broadcast(rep0, group, 0)  # every rank starts from rank 0's parameters, buffers and optimizer state
-    if managed:
-        rep: Any = ManagedShardedReplica(rep0, mesh, g.rank, data, params, grad_dtype)
-    else:
+    if not managed:
         rep0.detach()
         # rep0.model: the model given where it trained in place (torch), else the broadcast tree (JAX)
         rep = make(rep0.model, optimizer, mesh, data, params, grad_dtype)

@@ -363,13 +363,45 @@ for data_axis in ("data", ("data", "model")):
     dp.step(dp.shard((X, Y)), loss_fn)
     ref_step(ref, ropt, (X2, Y), (X, Y))
     assert err(net, ref) < 1e-5, (data_axis, err(net, ref))
-    assert int(dp.replica._pieces.optimizer.iterations.numpy()) == 4 and int(o.iterations.numpy()) == 0
+    assert int(dp.replica._pieces.optimizer.iterations.numpy()) == 4 and int(o.iterations.numpy()) == 4
     out.append("match")
-for bad in (lambda: keras.optimizers.Lamb(1e-2), lambda: keras.optimizers.Adam(1e-2, clipnorm=1.0)):
+# the optimizer given stays the handle: a learning rate set between steps is the pieces' next step's
+net, o = make(), keras.optimizers.Adam(1e-2)
+dp = md.data_parallel(net, o, mesh=pm, param_axis="model")
+dp.step(dp.shard((X, Y)), loss_fn)
+before = [np.asarray(v) for v in net.trainable_variables]
+o.learning_rate = 0.0
+dp.step(dp.shard((X, Y)), loss_fn)
+assert all(np.array_equal(a, np.asarray(v)) for a, v in zip(before, net.trainable_variables)), "lr 0 moved weights"
+o.learning_rate = 1e-2
+dp.step(dp.shard((X, Y)), loss_fn)
+assert not all(np.array_equal(a, np.asarray(v)) for a, v in zip(before, net.trainable_variables))
+out.append("lr")
+# a parameter without a gradient on one rank only: every rank refuses the step at once, nothing moved
+
+
+def partial(m, b):  # rank 1's loss leaves the second layer out
+    return tf.reduce_mean(tf.square(m.layers[0](b[0]))) if r == 1 else loss_fn(m, b)
+
+
+before = [np.asarray(v) for v in net.trainable_variables]
+steps = int(dp.replica._pieces.optimizer.iterations.numpy())
+try:
+    dp.step(dp.shard((X, Y)), partial)
+except (md.InvalidArgumentError, md.CollectiveMismatchError) as e:
+    out.append("InvalidArgumentError" if r == 1 else type(e).__name__)
+assert all(np.array_equal(a, np.asarray(v)) for a, v in zip(before, net.trainable_variables))
+assert int(dp.replica._pieces.optimizer.iterations.numpy()) == steps
+dp.step(dp.shard((X, Y)), loss_fn)  # the group and the optimizer go on
+for bad in (lambda: keras.optimizers.Lamb(1e-2), lambda: keras.optimizers.Adam(1e-2, clipnorm=1.0),
+            lambda: keras.optimizers.Adam(1e-2, use_ema=True)):
+    net = make(1.0 if r else 0.0)
     try:
-        md.data_parallel(make(), bad(), mesh=pm, param_axis="model")
+        md.data_parallel(net, bad(), mesh=pm, param_axis="model")
     except md.CapabilityError:
         out.append("CapabilityError")
+    # refused before anything moved: this rank's weights are its own, not rank 0's
+    assert err(net, make(1.0 if r else 0.0)) == 0.0
 stepped, net = opt(), make()
 stepped.apply_gradients(zip([tf.zeros_like(v) for v in net.trainable_variables], net.trainable_variables))
 try:
@@ -450,12 +482,25 @@ for data_axis in ("data", ("data", "model")):
     ref_step(ref, rt, (X2, Y), (X, Y))
     assert err(net, ref) < 1e-5, (data_axis, err(net, ref))
     assert not any(u.states for u in t._updaters), "the Trainer given keeps no state: the pieces' Trainer does"
+    assert t._optimizer.num_update == 4, t._optimizer.num_update  # the Trainer given follows the steps
     out.append("match")
+# the Trainer given stays the handle: set_learning_rate between steps is the pieces' next step's
+net = make()
+t = trainer(net, wd=0.0)
+dp = md.data_parallel(net, t, mesh=pm, param_axis="model")
+batch = dp.shard((mx.nd.array(X), mx.nd.array(Y)))
+dp.step(batch, loss_fn)
+before = [p.data().asnumpy() for p in net.collect_params().values()]
+t.set_learning_rate(0.0)
+dp.step(batch, loss_fn)
+assert all(np.array_equal(a, p.data().asnumpy()) for a, p in zip(before, net.collect_params().values()))
+out.append("lr")
+net = make(1.0 if r else 0.0)
 try:
-    net = make()
     md.data_parallel(net, trainer(net, "lamb"), mesh=pm, param_axis="model")
 except md.CapabilityError:
     out.append("CapabilityError")
+assert err(net, make(1.0 if r else 0.0)) == 0.0  # refused before anything moved: not rank 0's weights
 print(f"MDGLUON rank {r}: {' '.join(out)}", flush=True)
 dist.shutdown()
 '''
@@ -541,7 +586,9 @@ def test_keras_with_its_optimizer_state_sharded_by_multidev_matches_one_process(
     (:mod:`multidev.managed_sharding`). 4 processes on the 2x2 mesh under the torch engine: AdamW with
     weight decay and a schedule, both batch layouts, rank 0's state winning, ``verify=True``,
     ``no_sync``: the weights within 1e-5 of one process's, each rank's optimizer over its pieces only;
-    typed refusals (LAMB, clipnorm, an optimizer that has stepped, ``broadcast_state``)."""
+    the optimizer given followed (its learning rate set between steps, its step count); a parameter
+    without a gradient on one rank refused on every rank at once, nothing stepped; typed refusals
+    before anything moves (LAMB, clipnorm, use_ema, an optimizer that has stepped, ``broadcast_state``)."""
     for mod in ("tensorflow", "keras", "torch"):
         pytest.importorskip(mod, reason=f"{mod}: Keras on TensorFlow, under the torch engine")
     from multidev.distributed.engine import engine_class
@@ -550,16 +597,20 @@ def test_keras_with_its_optimizer_state_sharded_by_multidev_matches_one_process(
         pytest.skip("the torch engine is not available here")
     p = _run(tmp_path, KERAS_WORKER, 4, "torch")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
-    found = sorted(re.findall(r"MDKERAS rank (\d): (match match(?: CapabilityError)+)", p.stdout))
-    want = "match match CapabilityError CapabilityError CapabilityError CapabilityError"
-    assert found == [(str(r), want) for r in range(4)], p.stdout[-3000:]
+    found = sorted(re.findall(r"MDKERAS rank (\d): (match match lr (?:[A-Za-z]+Error ?)+)", p.stdout))
+    refused = "CapabilityError " * 5
+    want = [(str(r), f"match match lr {'InvalidArgumentError' if r == 1 else 'CollectiveMismatchError'} {refused}"
+             .strip()) for r in range(4)]
+    assert found == want, p.stdout[-3000:]
 
 
 @pytest.mark.multiprocess
 def test_gluon_with_its_optimizer_state_sharded_by_multidev_matches_one_process_mxnet(tmp_path: Path) -> None:
     """Gluon, as Keras: multidev shards the Trainer's optimizer state (4 processes on the 2x2 mesh,
     torch engine): Adam with weight decay, both batch layouts, rank 0's state winning, ``verify=True``,
-    ``no_sync``: the parameters within 1e-5 of one process's; LAMB (a per-layer trust ratio) refused."""
+    ``no_sync``: the parameters within 1e-5 of one process's; the Trainer given followed (its update
+    count, ``set_learning_rate`` between steps); LAMB (a per-layer trust ratio) refused before rank
+    0's state moved."""
     import importlib.util
 
     for mod in ("mxnet", "torch"):  # (found, not imported: MXNet's import is the adapter's to prepare)
@@ -571,5 +622,5 @@ def test_gluon_with_its_optimizer_state_sharded_by_multidev_matches_one_process_
         pytest.skip("the torch engine is not available here")
     p = _run(tmp_path, MXNET_WORKER, 4, "torch")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
-    found = sorted(re.findall(r"MDGLUON rank (\d): (match match CapabilityError)", p.stdout))
-    assert found == [(str(r), "match match CapabilityError") for r in range(4)], p.stdout[-3000:]
+    found = sorted(re.findall(r"MDGLUON rank (\d): (match match lr CapabilityError)", p.stdout))
+    assert found == [(str(r), "match match lr CapabilityError") for r in range(4)], p.stdout[-3000:]

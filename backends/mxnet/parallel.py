@@ -222,7 +222,7 @@ class MxnetReplica(Replica):
             q.initialize(ctx=self._ctxs[0])
             q.set_data(piece)
             params.append(q)
-        return _GluonPieces(mx.gluon.Trainer(params, fresh, kvstore=None), params)
+        return _GluonPieces(mx.gluon.Trainer(params, fresh, kvstore=None), params, trainer)
 
     def zeros_like(self, x: Any) -> Any:
         return self.mx.nd.zeros_like(x)
@@ -253,14 +253,22 @@ class MxnetReplica(Replica):
 
 
 class _GluonPieces:
-    """A Trainer over one rank's pieces of the parameters (Gluon parameters of their own)."""
+    """A Trainer over one rank's pieces of the parameters (Gluon parameters of their own), following
+    the user's Trainer ``given``: its optimizer's learning rate and weight decay now, its update count
+    after (the optimizer is read at each step: loading the Trainer's states replaces it)."""
 
-    def __init__(self, trainer: Any, params: list[Any]) -> None:
-        self.trainer, self.params = trainer, params
+    def __init__(self, trainer: Any, params: list[Any], given: Any) -> None:
+        self.trainer, self.params, self.given = trainer, params, given
 
-    def step(self, grads: Sequence[Any]) -> list[Any]:
-        for p, g in zip(self.params, grads):
+    def step(self, grads: Sequence[Any], values: Sequence[Any]) -> list[Any]:
+        opt, given = self.trainer._optimizer, self.given._optimizer
+        for p, x, g in zip(self.params, values, grads):
+            p.set_data(x)
             p.grad()[:] = g
             p.data()._fresh_grad = True  # (what backward would mark: the Trainer steps only fresh gradients)
+        if given.lr_scheduler is None:  # (Trainer.set_learning_rate sets it; a scheduler follows num_update)
+            opt.lr = given.lr
+        opt.wd = given.wd
         self.trainer.step(1)  # (the loss is a mean: no rescaling by a batch size)
+        given.num_update = opt.num_update
         return [p.data().copy() for p in self.params]

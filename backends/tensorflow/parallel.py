@@ -200,6 +200,9 @@ class TensorflowReplica(Replica):
             raise CapabilityError("data_parallel over a process mesh: a variable constraint or "
                                   "exclude_from_weight_decay belongs to the model's own variables, which the "
                                   "optimizer over pieces does not step; train this model without a process mesh")
+        if cfg.get("use_ema"):
+            raise CapabilityError("data_parallel over a process mesh: use_ema keeps a moving average of whole "
+                                  "variables, which the optimizer over pieces does not hold")
         if int(opt.iterations.numpy()) != 0:
             raise CapabilityError("data_parallel over a process mesh: the optimizer has stepped already, and its "
                                   "state cannot be cut into pieces; give data_parallel a fresh optimizer")
@@ -207,7 +210,7 @@ class TensorflowReplica(Replica):
         with self.tf.device(self.backend.to_native_device(self.devices[0])):
             variables = [keras.Variable(p, trainable=True, name=f"piece_{i}") for i, p in enumerate(pieces)]
         new.build(variables)
-        return _KerasPieces(new, variables)
+        return _KerasPieces(new, variables, opt)
 
     def zeros_like(self, x: Any) -> Any:
         return self.tf.zeros_like(x)
@@ -238,11 +241,22 @@ class TensorflowReplica(Replica):
 
 
 class _KerasPieces:
-    """A Keras optimizer over one rank's pieces of the parameters (Keras variables)."""
+    """A Keras optimizer over one rank's pieces of the parameters (Keras variables), following the
+    user's optimizer ``given``: its learning rate and weight decay now, its step count after."""
 
-    def __init__(self, optimizer: Any, variables: list[Any]) -> None:
-        self.optimizer, self.variables = optimizer, variables
+    def __init__(self, optimizer: Any, variables: list[Any], given: Any) -> None:
+        self.optimizer, self.variables, self.given = optimizer, variables, given
 
-    def step(self, grads: Sequence[Any]) -> list[Any]:
-        self.optimizer.apply_gradients(zip(grads, self.variables))
+    def step(self, grads: Sequence[Any], values: Sequence[Any]) -> list[Any]:
+        opt, given = self.optimizer, self.given
+        for v, x in zip(self.variables, values):
+            v.assign(x)
+        lr = given._learning_rate  # a variable the user may have set, or a schedule or callable
+        if hasattr(lr, "assign") and hasattr(opt._learning_rate, "assign"):
+            opt._learning_rate.assign(lr)
+        else:
+            opt._learning_rate = lr
+        opt.weight_decay = given.weight_decay
+        opt.apply_gradients(zip(grads, self.variables))
+        given._iterations.assign(opt._iterations)
         return [v.value for v in self.variables]
