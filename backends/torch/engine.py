@@ -30,7 +30,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -52,6 +52,7 @@ from multidev.distributed.engine import (
 )
 from multidev.errors import CapabilityError, DistributedError, DistributedSetupError, DistributedTimeoutError
 
+_HOST = Device("cpu", 0)
 _generation = 0  # inits in this process: a later init under torchrun must not meet an earlier one's keys
 
 
@@ -83,33 +84,48 @@ def _env_int(env: Mapping[str, str], name: str) -> int | None:
         raise DistributedError(f"${name}={v!r:.40} is not an integer") from None
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """torch.distributed warns on some calls about its own deprecated internals; keep logs clean."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        yield
+#: What ``simplefilter("ignore", UserWarning)`` then ``simplefilter("ignore", FutureWarning)`` put first.
+_IGNORED = [("ignore", None, FutureWarning, None, 0), ("ignore", None, UserWarning, None, 0)]
 
+
+class _quiet:
+    """torch.distributed warns on some calls about its own deprecated internals; keep logs clean.
+    A ``catch_warnings`` with those two filters in front, entered with one list insertion (every
+    primitive's start runs in it: ``simplefilter`` costs more than the collective's own Python)."""
+
+    __slots__ = ("saved",)
+
+    def __enter__(self) -> None:
+        self.saved = warnings.catch_warnings()
+        self.saved.__enter__()
+        warnings.filters[:0] = _IGNORED  # type: ignore[index]  # (a copy that catch_warnings restores)
+
+    def __exit__(self, *exc: object) -> None:
+        self.saved.__exit__(None, None, None)
+
+
+#: torch.distributed.ReduceOp's names of the primitives' reductions.
+_REDUCE_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}
 
 #: The tag of multidev's point-to-point messages (the user's tag travels in the message's header).
 _P2P_TAG = 0x6D64
 
 
 class _Work(Handle):
-    """A torch.distributed work object and how to read its result."""
+    """A torch.distributed work object and how to read its result; ``lost``: the engine's
+    :meth:`TorchEngine.lost` for it (a reusable context manager, made once per primitive)."""
 
-    def __init__(self, engine: TorchEngine, work: Any, result: Callable[[], Any], what: str) -> None:
-        self.engine, self.work, self._result, self.what = engine, work, result, what
+    def __init__(self, lost: Any, work: Any, result: Callable[[], Any]) -> None:
+        self.lost, self.work, self._result = lost, work, result
 
     def test(self) -> bool:
-        with self.engine.lost(self.what):
+        with self.lost:
             return self.work is None or bool(self.work.is_completed())
 
     def wait(self, timeout: float) -> bool:
         if self.work is None:
             return True
-        with self.engine.lost(self.what):
+        with self.lost:
             self.work.wait(timeout=timedelta(seconds=max(timeout, 1e-3)))
         return True
 
@@ -322,8 +338,8 @@ class TorchEngine(Engine):
         if device.kind == "gpu" and gpu is not None:
             return "torch", gpu
         if device.kind == "cpu" and self.host_transport:
-            return "torch", Device("cpu", 0)
-        return "torch", gpu if gpu is not None else Device("cpu", 0)
+            return "torch", _HOST
+        return "torch", gpu if gpu is not None else _HOST
 
     def prepare(self, t: Any) -> tuple[Any, bool]:
         d = t.detach()  # collectives are not autograd operations (the memory is shared)
@@ -405,13 +421,13 @@ class TorchEngine(Engine):
 
     # -- primitives ------------------------------------------------------------------------------
     def _reduce_op(self, op: str) -> Any:
-        ro = self.tdist.ReduceOp
-        return {"sum": ro.SUM, "prod": ro.PRODUCT, "max": ro.MAX, "min": ro.MIN}[op]
+        return getattr(self.tdist.ReduceOp, _REDUCE_OPS[op])
 
     def _start(self, what: str, call: Callable[[], Any], result: Callable[[], Any]) -> Handle:
-        with self.lost(what), _quiet():
+        lost = self.lost(what)
+        with lost, _quiet():
             w = call()
-        return _Work(self, w, result, what)
+        return _Work(lost, w, result)
 
     def _rank(self, r: int) -> int:
         """Rank ``r`` of this (sub)group as torch.distributed names it (a rank of the whole group)."""

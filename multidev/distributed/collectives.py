@@ -13,6 +13,7 @@ MAX_DIMS leaves in one more small allgather).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,11 +31,11 @@ from ..registry import backend_of, get_backend
 from ..structured import Leaves, rebuild, structure_leaves
 from ..trees import owner_or_structure
 from ..validate import OPS, check_axis, check_op, check_writable
-from .consistency import MAX_DIMS, Call, agree
+from .consistency import ALWAYS, KINDS_OF_CALL, MAX_DIMS, Call, agree
 from .engine import Handle
 from .group import Group, current
 from .handles import Work, run
-from .transport import Origin, from_transport, to_transport, transport_backend
+from .transport import Origin, Placement, from_transport, to_transport, transport_backend
 
 __all__ = ["allgather", "allreduce", "barrier", "broadcast", "carries", "gather", "reduce", "reduce_scatter",
            "scatter"]
@@ -43,6 +44,24 @@ _HOST = Device("cpu", 0)
 
 
 # -- this rank's checks ------------------------------------------------------------------------------
+_CALL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Call)}
+_BARE = {kind: Call(kind) for kind in KINDS_OF_CALL}
+
+
+def _record(g: Group, kind: str, **given: Any) -> Call:
+    """This rank's record of a call: ``Call(kind, **given)``, built without the frozen dataclass's
+    ``__init__`` (one ``object.__setattr__`` per field, a sixth of an unchecked allreduce's own
+    time); a bare ``Call(kind)`` where :func:`agree` sends none (an unchecked call of a kind not
+    in :data:`ALWAYS`), which it then never reads."""
+    if not g.check and kind not in ALWAYS:
+        return _BARE[kind]
+    call = object.__new__(Call)
+    fields = vars(call)
+    fields.update(_CALL_DEFAULTS)
+    fields.update(given, kind=kind)
+    return call
+
+
 def _shape(b: Backend, x: Any, what: str) -> tuple[int, ...]:
     shape = b.shape_of(x)
     if len(shape) > MAX_DIMS:
@@ -53,7 +72,14 @@ def _shape(b: Backend, x: Any, what: str) -> tuple[int, ...]:
 def carried_kind(g: Group, b: Backend, x: Any, dtype: str, what: str) -> str:
     """The kind of device x travels on; CapabilityError (naming the engine) for a dtype the group
     cannot carry."""
-    tb, tdev = transport_backend(g, b.device_of(x), b)
+    return _placement(g, b, x, dtype, what)[3].kind
+
+
+def _placement(g: Group, b: Backend, x: Any, dtype: str, what: str) -> Placement:
+    """Where x travels (what :func:`working` takes, so a call finds it once); CapabilityError
+    (naming the engine) for a dtype the group cannot carry."""
+    dev = b.device_of(x)
+    tb, tdev = transport_backend(g, dev, b)
     allowed = g.engine.dtypes()
     if allowed is not None and dtype not in allowed:
         raise CapabilityError(f"{what}: the {g.info.engine} engine cannot carry {dtype} tensors "
@@ -67,7 +93,7 @@ def carried_kind(g: Group, b: Backend, x: Any, dtype: str, what: str) -> str:
                                   f"{dtype} here: {e}") from None
         raise CapabilityError(f"{what}: the {g.info.engine} engine moves {tb.name} tensors, which cannot hold {dtype} "
                               f"on {tdev}")
-    return tdev.kind
+    return b, dev, tb, tdev
 
 
 def carries(dtype: str, device: DeviceLike | None = None, *, backend: str | None = None) -> bool:
@@ -90,6 +116,15 @@ def _probe(b: Backend, x: Any) -> Any:
     if len(shape) == 0 or shape[0] <= 1:
         return x
     return b.split(x, [1, shape[0] - 1], 0)[0]
+
+
+def _check_inplace(b: Backend, x: Any, what: str) -> None:
+    """:func:`~multidev.validate.check_writable` for ``inplace=True``: passed at once where the
+    adapter's flag says ``x`` is writable (so is every view of it), else the probe of
+    :func:`_probe`'s row (what an immutable backend, a read-only or inference tensor meets)."""
+    if b.capabilities.mutable and hasattr(b, "writable") and b.writable(x) is True:
+        return
+    check_writable(b, _probe(b, x), f"{what}(inplace=True)")
 
 
 def _is_tree(x: Any) -> bool:
@@ -121,11 +156,11 @@ def _writes_through(origin: Origin) -> bool:
     return origin.is_transport or (caps.mutable and not caps.async_execution)
 
 
-def working(x: Any, g: Group, inplace: bool) -> tuple[Any, Origin, bool, bool]:
+def working(x: Any, g: Group, inplace: bool, placed: Placement | None = None) -> tuple[Any, Origin, bool, bool]:
     """The transport tensor a primitive may write into, ``(t, origin, shares x's memory, writes
     through)``: x's own memory only when the call is in place and writes reach x; else a copy
-    (none for engines that never write into their inputs)."""
-    t, origin, shared, _ = to_transport(x, g)
+    (none for engines that never write into their inputs). ``placed``: x's :func:`_placement`."""
+    t, origin, shared, _ = to_transport(x, g, placed)
     through = _writes_through(origin)
     if shared and g.engine.writes_inputs and not (inplace and through):
         tb = backend_of(t)
@@ -249,7 +284,7 @@ def _tree_agree(g: Group, kind: str, x: Any, op: str | None, root: int | None, i
                     seen[key] = carried_kind(g, b, t, dtype, what)
                 tkinds.append(seen[key])
                 if inplace:
-                    check_writable(b, _probe(b, t), f"{what}(inplace=True)")
+                    _check_inplace(b, t, what)
         mine.update(leaves=lv, axes=axes)
         one = set(tkinds)
         lengths = masked = None
@@ -483,21 +518,25 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
         return _tree_run(g, "allreduce", x, tree[0], inplace, async_op, lambda t: g.engine.allreduce(t, base),
                          lambda res: mean_of(res, op, g.world_size))
 
+    placed: list[Placement] = []  # where x travels, which local() finds for the code below
+
     def local() -> Call:
         b = backend_of(x)
         dtype = b.dtype_of(x)
         check_op(op, dtype, what)
         if inplace:
-            check_writable(b, _probe(b, x), f"{what}(inplace=True)")
-        return Call("allreduce", op=op, dtype=dtype, shape=_shape(b, x, what), tkind=carried_kind(g, b, x, dtype, what))
+            _check_inplace(b, x, what)
+        shape = _shape(b, x, what)
+        placed.append(_placement(g, b, x, dtype, what))
+        return _record(g, "allreduce", op=op, dtype=dtype, shape=shape, tkind=placed[0][3].kind)
 
     early: list[Any] = []  # the transport tensor, prepared while the records travel
-    agreed = agree(g, "allreduce", local, async_op, lambda: early.append(working(x, g, inplace)))
+    agreed = agree(g, "allreduce", local, async_op, lambda: early.append(working(x, g, inplace, placed[0])))
     if isinstance(agreed, Work):
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, shared, through = early.pop() if early else working(x, g, inplace)
+        t, origin, shared, through = early.pop() if early else working(x, g, inplace, placed[0])
         h = g.engine.allreduce(t, "sum" if op == "mean" else op)
         return h, lambda res: landed(mean_of(res, op, g.world_size), t, origin, x, inplace, shared, through)
 
@@ -520,22 +559,25 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
         return _tree_run(g, "broadcast", x, tree[0], inplace, async_op, lambda t: g.engine.broadcast(t, src),
                          lambda res: res)
 
+    placed: list[Placement] = []  # where x travels, which local() finds for the code below
+
     def local() -> Call:
         _check_rank(src, g, what, "src")
         b = backend_of(x)
         dtype = b.dtype_of(x)
         if inplace:
-            check_writable(b, _probe(b, x), f"{what}(inplace=True)")
-        return Call("broadcast", root=src, dtype=dtype, shape=_shape(b, x, what),
-                    tkind=carried_kind(g, b, x, dtype, what))
+            _check_inplace(b, x, what)
+        shape = _shape(b, x, what)
+        placed.append(_placement(g, b, x, dtype, what))
+        return _record(g, "broadcast", root=src, dtype=dtype, shape=shape, tkind=placed[0][3].kind)
 
     early: list[Any] = []  # the transport tensor, prepared while the records travel
-    agreed = agree(g, "broadcast", local, async_op, lambda: early.append(working(x, g, inplace)))
+    agreed = agree(g, "broadcast", local, async_op, lambda: early.append(working(x, g, inplace, placed[0])))
     if isinstance(agreed, Work):
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, shared, through = early.pop() if early else working(x, g, inplace)
+        t, origin, shared, through = early.pop() if early else working(x, g, inplace, placed[0])
         return g.engine.broadcast(t, src), lambda res: landed(res, t, origin, x, inplace, shared, through)
 
     return run(g, what, start, async_op)
@@ -555,21 +597,24 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
         return _tree_run(g, "reduce", x, tree[0], False, async_op, lambda t: g.engine.reduce(t, dst, base),
                          lambda res: mean_of(res, op, g.world_size), keep=g.rank == dst)
 
+    placed: list[Placement] = []  # where x travels, which local() finds for the code below
+
     def local() -> Call:
         b = _tensor(x, what)
         _check_rank(dst, g, what, "dst")
         dtype = b.dtype_of(x)
         check_op(op, dtype, what)
-        return Call("reduce", op=op, root=dst, dtype=dtype, shape=_shape(b, x, what),
-                    tkind=carried_kind(g, b, x, dtype, what))
+        shape = _shape(b, x, what)
+        placed.append(_placement(g, b, x, dtype, what))
+        return _record(g, "reduce", op=op, root=dst, dtype=dtype, shape=shape, tkind=placed[0][3].kind)
 
     early: list[Any] = []  # the transport tensor, prepared while the records travel
-    agreed = agree(g, "reduce", local, async_op, lambda: early.append(working(x, g, False)))
+    agreed = agree(g, "reduce", local, async_op, lambda: early.append(working(x, g, False, placed[0])))
     if isinstance(agreed, Work):
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, _, _ = early.pop() if early else working(x, g, False)
+        t, origin, _, _ = early.pop() if early else working(x, g, False, placed[0])
 
         def finish(res: Any) -> Any:
             return None if g.rank != dst else from_transport(mean_of(res, op, g.world_size), origin)

@@ -39,10 +39,10 @@ import socket
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from .._device import Device
 from ..errors import (
@@ -230,24 +230,40 @@ def run_with_deadline(fn: Callable[[], Any], timeout: float, what: str) -> Any:
     raise value
 
 
-@contextlib.contextmanager
-def peer_errors(what: str | Callable[[], str], lost: tuple[type[BaseException], ...],
-                timeout: float | None = None) -> Iterator[None]:
-    """Inside a primitive: exceptions of the types in ``lost`` (what the runtime raises for a peer
-    that died or stopped answering, given that the core checked every argument before) become
-    :class:`~multidev.errors.DistributedTimeoutError`; every other framework exception goes
-    through :func:`translate_errors`, and multidev's own errors pass as they are."""
-    with translate_errors(what):
-        try:
-            yield
-        except lost as e:
-            if isinstance(e, MultidevError):
-                raise
+class _PeerErrors(contextlib.ContextDecorator):
+    """:func:`peer_errors`' context manager: a class, not a generator, for it wraps every primitive's
+    start and wait (a hot path): entering it costs one call, leaving it without an error another."""
+
+    def __init__(self, what: str | Callable[[], str], lost: tuple[type[BaseException], ...],
+                 timeout: float | None) -> None:
+        self.what, self.lost, self.timeout = what, lost, timeout
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, tp: Any, e: BaseException | None, tb: Any) -> Literal[False]:
+        if e is None:
+            return False
+        what = self.what
+        if isinstance(e, self.lost) and not isinstance(e, MultidevError):
             name = what() if callable(what) else what
-            limit = f" (timeout {timeout:g} s)" if timeout is not None else ""
+            limit = f" (timeout {self.timeout:g} s)" if self.timeout is not None else ""
             msg = (str(e).strip().splitlines() or [""])[0][:400]
             raise DistributedTimeoutError(f"{name}: another rank died, hung or never arrived{limit}: "
                                           f"{type(e).__name__}: {msg}") from e
+        if isinstance(e, MultidevError) or not isinstance(e, Exception):
+            return False
+        translate_errors(what).reraise(e)
+
+
+def peer_errors(what: str | Callable[[], str], lost: tuple[type[BaseException], ...],
+                timeout: float | None = None) -> _PeerErrors:
+    """Inside a primitive: exceptions of the types in ``lost`` (what the runtime raises for a peer
+    that died or stopped answering, given that the core checked every argument before) become
+    :class:`~multidev.errors.DistributedTimeoutError`; every other framework exception goes
+    through :func:`translate_errors`, and multidev's own errors pass as they are. A context
+    manager (or a decorator)."""
+    return _PeerErrors(what, lost, timeout)
 
 
 def env_int(environ: Mapping[str, str], name: str, *, low: int | None = 0, high: int | None = None) -> int | None:

@@ -63,27 +63,8 @@ class Work:
         """Block until done and return the result (raises the collective's error)."""
         with self._lock:
             if not self._done:
-                g = self._group
-                try:
-                    if self._handle is not None:
-                        wait_for(self._handle, max(0.0, self._deadline - time.monotonic()),
-                                 f"{self._what} on rank {g.rank}", g if self._probe else None)
-                        with translate_errors(self._what):
-                            raw = self._handle.result()
-                    else:
-                        raw = None
-                    self._result = self._finish(raw)
-                except Kept as e:
-                    self._error = e.error
-                except DistributedError as e:
-                    g.fail(str(e))
-                    self._error = e
-                except MultidevError as e:  # converting the result back failed: this rank's own
-                    self._error = e
-                except Exception as e:  # noqa: BLE001 - the engine's own, classified; the group is unusable
-                    err = classify_lost(e, f"{self._what} on rank {g.rank}", g)
-                    g.fail(str(err))
-                    self._error = err
+                self._result, self._error = _complete(self._handle, self._finish, self._what, self._group,
+                                                      self._probe, self._deadline)
                 self._done = True
                 self._handle = None
         if self._error is not None:
@@ -92,6 +73,33 @@ class Work:
 
     def __repr__(self) -> str:
         return f"<multidev.distributed.Work {self._what} {'done' if self._done else 'in flight'}>"
+
+
+def _complete(h: Handle | None, finish: Callable[[Any], Any], what: str, g: Group, probe: bool,
+              deadline: float) -> tuple[Any, BaseException | None]:
+    """``(result, None)`` of primitive ``h`` waited for until ``deadline`` (``time.monotonic``) and
+    finished, or ``(None, error)``: a DistributedError, or the engine's own failure classified,
+    marks the group unusable; converting the result back (this rank's own) and a :class:`Kept`
+    error do not."""
+    try:
+        if h is not None:
+            wait_for(h, max(0.0, deadline - time.monotonic()), f"{what} on rank {g.rank}", g if probe else None)
+            with translate_errors(what):
+                raw = h.result()
+        else:
+            raw = None
+        return finish(raw), None
+    except Kept as e:
+        return None, e.error
+    except DistributedError as e:
+        g.fail(str(e))
+        return None, e
+    except MultidevError as e:  # converting the result back failed: this rank's own
+        return None, e
+    except Exception as e:  # noqa: BLE001 - the engine's own, classified; the group is unusable
+        err = classify_lost(e, f"{what} on rank {g.rank}", g)
+        g.fail(str(err))
+        return None, err
 
 
 def run(g: Group, what: str, start: Callable[[], tuple[Handle, Callable[[Any], Any]]], async_op: bool, *,
@@ -108,5 +116,10 @@ def run(g: Group, what: str, start: Callable[[], tuple[Handle, Callable[[Any], A
         if err is e:
             raise
         raise err from e
-    w = Work(h, finish, what, g, probe=probe)
-    return w if async_op else w.wait()
+    if async_op:
+        return Work(h, finish, what, g, probe=probe)
+    # (what Work(...).wait() does, without the handle: the caller waits here, so nothing else can)
+    result, error = _complete(h, finish, what, g, probe, time.monotonic() + g.timeout)
+    if error is not None:
+        raise error
+    return result

@@ -20,7 +20,7 @@ from ..protocol import Backend
 from ..registry import backend_of, get_backend
 from .group import Group, current
 
-__all__ = ["Origin", "from_transport", "to_transport", "transport_backend", "transport_path"]
+__all__ = ["Origin", "Placement", "from_transport", "to_transport", "transport_backend", "transport_path"]
 
 _HOST = Device("cpu", 0)
 
@@ -43,14 +43,21 @@ def transport_backend(g: Group, device: Device, b: Backend | None = None) -> tup
     return get_backend(name), dev
 
 
-def to_transport(x: Any, g: Group) -> tuple[Any, Origin, bool, str]:
+#: Where a tensor travels: ``(its backend, its device, the transport backend, the transport device)``.
+Placement = tuple[Backend, Device, Backend, Device]
+
+
+def to_transport(x: Any, g: Group, placed: Placement | None = None) -> tuple[Any, Origin, bool, str]:
     """``(t, origin, shared, path)``: x's values as a transport tensor the engine's primitives take;
     ``shared`` when it aliases x's memory; ``path`` is ``"native"`` (x is a transport tensor on
     the transport's device), ``"dlpack"`` (shared through DLPack), ``"staged"`` (through host
-    memory) or ``"copy"``."""
-    b = backend_of(x)
-    dev = b.device_of(x)
-    tb, tdev = transport_backend(g, dev, b)
+    memory) or ``"copy"``. ``placed``: x's placement, where this call's checks found it already."""
+    if placed is None:
+        b = backend_of(x)
+        dev = b.device_of(x)
+        tb, tdev = transport_backend(g, dev, b)
+    else:
+        b, dev, tb, tdev = placed
     origin = Origin(b, dev, b.dtype_of(x), b is tb, x)
     if origin.is_transport and dev == tdev:
         t, shared, path = x, True, "native"
