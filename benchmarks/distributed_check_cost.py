@@ -1,5 +1,6 @@
 """The cost of multidev.distributed's cross-rank consistency checks, as a share of the call they
-guard: per engine, the exchange alone (:meth:`Engine.exchange` of a collective's record), an
+guard: per engine, the exchange alone (a collective's record through the group's channel: the
+shared-memory mailbox where every rank runs on one host, else :meth:`Engine.exchange`), an
 allreduce with the checks off and on, and the engine's own primitive (no multidev layer), for a
 tiny and a 1 MiB float32 NumPy array. Run under the engine's launcher::
 
@@ -39,7 +40,7 @@ def _cases(x: Any) -> dict[str, Callable[[], Any]]:
     t, _, _, _ = to_transport(np.zeros_like(x), g)  # zeros: the primitive sums in place, and stays 0
 
     def exchange() -> None:
-        g.engine.exchange(g.seq, row, g.timeout)  # a call number of its own, on every rank alike
+        (g.channel or g.engine).exchange(g.seq, row, g.timeout)  # a call number of its own, on every rank alike
         g.seq += 1
 
     def unchecked() -> None:
@@ -91,16 +92,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", help="write the figures here (rank 0)")
     args = p.parse_args(argv)
     from multidev import distributed as dist
+    from multidev.distributed.group import current
 
     info = dist.init(timeout=120)
+    g = current()
+    channel = "engine" if (g.channel or g.engine) is g.engine else "shared memory"
     rows = measure(args.blocks, {"4 floats": 10 * args.calls, "1 MiB": args.calls})
     rank = dist.rank()
     dist.shutdown()
     if rank != 0:
         return
-    head = f"{info.engine} engine ({info.transport}), {info.world_size} processes"
+    head = f"{info.engine} engine ({info.transport}), {info.world_size} processes, the records through {channel}"
     print(head)
     report: dict[str, Any] = {"engine": info.engine, "transport": info.transport, "world_size": info.world_size,
+                              "channel": channel,
                               "blocks": args.blocks, "calls_per_block": args.calls, "sizes": {}}
     for name, r in rows.items():
         off, on = r["allreduce, checks off"], r["allreduce, checks on"]

@@ -113,7 +113,10 @@ def worker_env(**extra: str) -> dict[str, str]:
     env.update(PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                # several JAX processes share a GPU: none may take 75% of its memory at start
-               XLA_PYTHON_CLIENT_PREALLOCATE=os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"))
+               XLA_PYTHON_CLIENT_PREALLOCATE=os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
+               # the suite certifies the engine: its own consistency channel, not the core's shared-memory
+               # mailbox that ranks on one host would use (multidev.distributed.mailbox)
+               MULTIDEV_SHARED_EXCHANGE="0")
     env.update(extra)
     return env
 

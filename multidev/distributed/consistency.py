@@ -9,10 +9,11 @@ whole structure), a call counter, and, for a rank that refused its own input (``
 a read-only tensor for ``inplace=True``, a bad ``src``), the class of its error: every other rank
 then raises DistributedError naming it, and nothing is sent, so the group stays usable.
 
-The exchange is one small all-to-all of integer rows per call. Checked calls (the default), every
-gather (they need every rank's length), every scatter (the tensor's shape and dtype travel from
-``src`` in it) and every barrier (the exchange is the barrier) make it; ``init(check=False)``
-skips it for the rest.
+The exchange is one small all-to-all of integer rows per call, through the group's channel: a
+shared-memory mailbox where every rank runs on one host (:mod:`.mailbox`), else the engine's.
+Checked calls (the default), every gather (they need every rank's length), every scatter (the
+tensor's shape and dtype travel from ``src`` in it) and every barrier (the exchange is the
+barrier) make it; ``init(check=False)`` skips it for the rest.
 """
 from __future__ import annotations
 
@@ -261,7 +262,7 @@ def _post(g: Group, kind: str, opened: Ahead) -> None:
     """This rank's row of ``opened`` sent ahead (:meth:`Engine.post`); an engine error is classified,
     the group marked unusable, as an exchange's."""
     try:
-        g.engine.post(opened.seq, opened.row)
+        (g.channel or g.engine).post(opened.seq, opened.row)
     except Exception as e:  # noqa: BLE001 - classified, the group marked unusable, and raised
         fail = classify_lost(e, f"distributed.{kind} (call #{opened.seq}, consistency exchange) on rank {g.rank}", g)
         g.fail(str(fail))
@@ -294,7 +295,7 @@ def _open(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:
 
 def _close(g: Group, kind: str, call: Call, row: list[int], err: MultidevError | None, seq: int) -> list[Call]:
     try:
-        rows = g.engine.exchange(seq, row, g.timeout)
+        rows = (g.channel or g.engine).exchange(seq, row, g.timeout)
     except Exception as e:  # noqa: BLE001 - classified, the group marked unusable, and raised
         fail = classify_lost(e, f"distributed.{kind} (call #{seq}, consistency exchange) on rank {g.rank}", g)
         g.fail(str(fail))

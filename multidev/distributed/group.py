@@ -33,6 +33,7 @@ from .engine import (
     local_rank_from,
     missing_ranks_error,
 )
+from .mailbox import Mailbox, open_mailbox
 from .solo import SoloEngine
 
 __all__ = ["CHECK_ENV", "DEFAULT_TIMEOUT", "ENGINE_ENV", "GroupInfo", "checks_enabled", "current", "detect_launch",
@@ -88,6 +89,9 @@ class Group:
     #: A call's record sent ahead of the call (consistency.ahead), not yet exchanged: the next checked
     #: call settles it first.
     ahead: Any = None
+    #: Where the records of calls numbered from 0 travel: the engine, or a shared-memory
+    #: :class:`~multidev.distributed.mailbox.Mailbox` where every rank runs on one host.
+    channel: Any = None
 
     @property
     def rank(self) -> int:
@@ -322,7 +326,12 @@ def init(engine: str | None = None, *, transport: str | None = None, rank: int |
         if lr is None:
             lr = local_rank_from(rows, r, 1)
         info = GroupInfo(cls.name, member.transport, r, w, lr, reason)
-        _group = Group(eng, info, tmo, checked)
+        try:
+            box = open_mailbox(eng, r, w, len({row[1] for row in full}) == 1, rdv)
+        except BaseException:
+            eng.stop(False)
+            raise
+        _group = Group(eng, info, tmo, checked, channel=box if box is not None else eng)
         _register_exit_hook()
     log.info("%s", info)
     return info
@@ -361,6 +370,8 @@ def shutdown() -> None:
         _group = None
         with contextlib.suppress(Exception):  # a broken group may fail to tear down; it is gone either way
             g.engine.stop(g.broken is None)
+        if isinstance(g.channel, Mailbox):
+            g.channel.close()
 
 
 # -- queries -----------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@
 #   2. `multidev.distributed`'s collectives against the engine's own call, checks off and on, 2
 #      processes, the torch engine, 4 KiB-256 MiB (multidev.benchmarks.distributed_run; the bench
 #      judges each row's stability itself);
-#   3. the consistency check's cost and md.data_parallel against DDP (scripts/gpu/round6-check.sh).
+#   3. the consistency check's cost (the records through shared memory, and through the engines' own
+#      channels for comparison) and md.data_parallel against DDP (scripts/gpu/round6-check.sh).
 # Writes into $OUT: log.txt, rows-numpy.md, distributed.{json,md}, check/.
 #   OUT=/path/to/out bash scripts/gpu/round12.sh
 set -uo pipefail
@@ -35,6 +36,6 @@ OMP_NUM_THREADS=4 MKL_NUM_THREADS=4 timeout -k 10 200 "$PY" -m multidev.benchmar
 echo "exit $?"; tail -n 45 "$OUT/distributed.txt"
 
 stamp "3. the check's cost and data_parallel against DDP (scripts/gpu/round6-check.sh)"
-OUT="$OUT/check" timeout -k 10 200 bash scripts/gpu/round6-check.sh > /dev/null 2>&1; echo "exit $?"
+BLOCKS=40 OUT="$OUT/check" timeout -k 10 260 bash scripts/gpu/round6-check.sh > /dev/null 2>&1; echo "exit $?"
 cat "$OUT/check/summary.md" 2>/dev/null | head -60
 stamp "finished"

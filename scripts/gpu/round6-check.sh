@@ -28,6 +28,10 @@ run check-torch "$PY" -m multidev.distributed.launch -n 2 --engine torch "${BENC
 run check-mpi2 mpiexec --allow-run-as-root --oversubscribe -n 2 -x OMP_NUM_THREADS "$PY" "${BENCH[@]}"
 run check-mpi3 mpiexec --allow-run-as-root --oversubscribe -n 3 -x OMP_NUM_THREADS "$PY" "${BENCH[@]}"
 run check-jax "$PY" -m multidev.distributed.launch -n 2 --engine jax "${BENCH[@]}"
+# the engines' own channels, for comparison (the ranks above share a host: the records went through shared memory)
+MULTIDEV_SHARED_EXCHANGE=0 run check-torch-store "$PY" -m multidev.distributed.launch -n 2 --engine torch "${BENCH[@]}"
+MULTIDEV_SHARED_EXCHANGE=0 run check-mpi2-messages mpiexec --allow-run-as-root --oversubscribe -n 2 -x OMP_NUM_THREADS \
+  -x MULTIDEV_SHARED_EXCHANGE "$PY" "${BENCH[@]}"
 run ddp "$PY" -m multidev.distributed.launch -n 2 --engine torch -m multidev.benchmarks.baselines.data_parallel_ddp \
   --steps "${STEPS:-80}"
 uptime >> "$LOG"
@@ -37,16 +41,16 @@ from pathlib import Path
 out = Path(sys.argv[1])
 print("# The consistency check's cost (round 6, scripts/gpu/round6-check.sh)\n")
 print("Medians of alternating blocks, rank 0's clock; share = (checks on - checks off) / checks off.\n")
-print("| engine | procs | size | engine primitive us | exchange alone us | checks off us | checks on us | check share | exchange / off |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-for name in ("check-torch", "check-mpi2", "check-mpi3", "check-jax"):
+print("| engine | procs | records through | size | engine primitive us | exchange alone us | checks off us | checks on us | check share | exchange / off |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for name in ("check-torch", "check-mpi2", "check-mpi3", "check-jax", "check-torch-store", "check-mpi2-messages"):
     f = out / f"{name}.json"
     if not f.exists():
-        print(f"| {name} | - | - | missing (see log.txt) | | | | | |")
+        print(f"| {name} | - | - | - | missing (see log.txt) | | | | | |")
         continue
     d = json.loads(f.read_text())
     for size, r in d["sizes"].items():
-        print(f"| {d['engine']} | {d['world_size']} | {size} | {r['engine primitive']:.1f} | {r['exchange alone']:.1f} | "
+        print(f"| {d['engine']} | {d['world_size']} | {d.get('channel', 'engine')} | {size} | {r['engine primitive']:.1f} | {r['exchange alone']:.1f} | "
               f"{r['allreduce, checks off']:.1f} | {r['allreduce, checks on']:.1f} | {r['check share']:+.1%} | "
               f"{r['exchange share']:.1%} |")
 f = out / "ddp.json"

@@ -1,0 +1,182 @@
+"""The consistency exchange through shared memory, where every rank of the group runs on one host.
+
+Each collective's records (:mod:`.consistency`) travel, by default, through the engine's own
+channel (torch's store, MPI's messages, JAX's coordination service): a round trip of tens of
+microseconds, a share of a small collective's time. When every rank is on one machine, a
+:class:`Mailbox` carries them instead: one mapped file, each rank writing its row into a slot of
+its own and reading the others' from theirs (a few microseconds).
+
+Each rank has two slots, used by call number parity. A rank writes call ``s``'s row only after its
+exchange of call ``s - 1`` ended, which needed every rank's row of ``s - 1``, which each rank wrote
+only after it had read every row of ``s - 2``: so the slot a row goes into is never still being
+read. A slot holds the call number plus one (written last), a checksum of the row and the row. The wait
+backs off as :func:`~multidev.engine.poll_until` does; a rank whose process is gone is counted
+missing at once (its pid is read at the start), one that hangs once ``timeout`` passes, as the
+engine's channel would.
+
+The mailbox starts at ``init`` (two small exchanges over the engine's channel: rank 0's file name,
+then every rank's answer, so that all ranks use it or none does), is used for every call numbered
+from 0 (init's and shutdown's own exchanges stay on the engine's channel), and the file is removed
+as soon as every rank has mapped it. ``$MULTIDEV_SHARED_EXCHANGE=0`` keeps the engine's channel.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import tempfile
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import DistributedError
+from .engine import poll_until
+
+__all__ = ["ENV", "Mailbox", "open_mailbox"]
+
+#: ``0`` (or ``off``, ``false``, ``no``) keeps the engine's own channel for the consistency exchange.
+ENV = "MULTIDEV_SHARED_EXCHANGE"
+#: The longest row a slot holds (a collective's record is 47 integers).
+WIDTH = 64
+_HEAD = 3  # a slot: call number, checksum, row length, then the row
+_SLOT = _HEAD + WIDTH
+_NAME_SEQ, _AGREE_SEQ = -6, -7  # init's two exchanges over the engine's channel
+_PREFIX = "multidev-exchange-"
+
+
+def _where() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, dead but not reaped, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _checksum(row: Sequence[int]) -> int:
+    return zlib.crc32(np.asarray(row, dtype=np.int64).tobytes())
+
+
+class Mailbox:
+    """The records of one group's calls in shared memory (see the module doc): :meth:`post` and
+    :meth:`exchange` as :meth:`multidev.distributed.engine.Engine.post` and ``exchange`` for calls
+    numbered from 0. ``pids``: every rank's process id."""
+
+    def __init__(self, mapped: mmap.mmap, rank: int, world: int, pids: Sequence[int]) -> None:
+        self._map = mapped
+        self.rank, self.world, self._pids = rank, world, list(pids)
+        self._slots = np.frombuffer(mapped, dtype=np.int64).reshape(world, 2, _SLOT)
+        self._posted: int | None = None
+
+    @staticmethod
+    def size(world: int) -> int:
+        return 8 * world * 2 * _SLOT
+
+    def post(self, seq: int, row: Sequence[int]) -> None:
+        n = len(row)
+        if n > WIDTH:
+            raise DistributedError(f"the consistency exchange's row of {n} integers exceeds the shared slot ({WIDTH})")
+        slot = self._slots[self.rank, seq & 1]
+        slot[0] = -1  # being written
+        slot[_HEAD:_HEAD + n] = row
+        slot[1], slot[2] = _checksum(row), n
+        slot[0] = seq + 1  # (0: never written, -1: being written)
+        self._posted = seq
+
+    def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        if self._posted != seq:
+            self.post(seq, row)
+        self._posted = None
+        out: list[list[int] | None] = [None] * self.world
+        out[self.rank] = [int(v) for v in row]
+        waiting = [p for p in range(self.world) if p != self.rank]
+        slots, parity, mark = self._slots, seq & 1, seq + 1
+        checks = [0]
+
+        def arrived() -> bool:
+            for p in list(waiting):
+                slot = slots[p, parity]
+                if slot[0] != mark:
+                    continue
+                n = int(slot[2])
+                got = slot[_HEAD:_HEAD + n].tolist()
+                if slot[0] == mark and 0 <= n <= WIDTH and _checksum(got) == slot[1]:
+                    out[p] = got
+                    waiting.remove(p)
+            if waiting:
+                checks[0] += 1
+                if checks[0] % 256 == 0 and any(not _alive(self._pids[p]) for p in waiting):
+                    return True  # a rank's process is gone: it stays missing
+            return not waiting
+
+        poll_until(arrived, timeout, spin=2e-5)  # (then yielding: the peers may share this core)
+        return out
+
+    def close(self) -> None:
+        """Unmap (views of the mapping may remain: then the mapping goes with them)."""
+        self._slots = None  # type: ignore[assignment]
+        try:
+            self._map.close()
+        except BufferError:
+            pass
+
+
+def _enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def open_mailbox(engine: Any, rank: int, world: int, same_host: bool, timeout: float) -> Mailbox | None:
+    """The group's mailbox where every rank runs on this host (``same_host``, from init's exchange)
+    and ``$MULTIDEV_SHARED_EXCHANGE`` allows it; None otherwise. Collective: every rank of the group
+    calls it with the same ``same_host``; the ranks agree, so all use the mailbox or none does."""
+    if world < 2 or not same_host or not _enabled():
+        return None
+    path, fd, mapped = "", -1, None
+    token = 0
+    if rank == 0:
+        try:
+            token = secrets.randbits(62)
+            path = os.path.join(_where(), f"{_PREFIX}{token:x}-{os.getpid()}")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.ftruncate(fd, Mailbox.size(world))
+        except OSError:
+            token = 0
+    rows = engine.exchange(_NAME_SEQ, [token, os.getpid()], timeout)
+    ok = 0
+    try:
+        first = rows[0]
+        if all(r is not None for r in rows) and first is not None and first[0] != 0:
+            pids = [int(r[1]) for r in rows if r is not None]
+            if rank != 0:
+                path = os.path.join(_where(), f"{_PREFIX}{first[0]:x}-{first[1]}")
+                fd = os.open(path, os.O_RDWR)
+            mapped = mmap.mmap(fd, Mailbox.size(world))
+            ok = int(all(_alive(pid) for pid in pids))  # every rank's process seen here: one pid namespace
+    except (OSError, ValueError):
+        ok = 0
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    answers = engine.exchange(_AGREE_SEQ, [ok], timeout)
+    if rank == 0 and path:
+        try:
+            os.unlink(path)  # every rank has mapped it, or given up: the mapping stays
+        except OSError:
+            pass
+    if mapped is not None and all(a is not None and a[0] == 1 for a in answers):
+        return Mailbox(mapped, rank, world, pids)
+    if mapped is not None:
+        mapped.close()
+    return None

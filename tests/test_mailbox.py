@@ -1,0 +1,179 @@
+"""The consistency exchange through shared memory (multidev.distributed.mailbox): rows by call
+number, a missing rank after the timeout, a dead rank at once, init's agreement over a fake
+engine, and a group of processes on one host using it (checked calls, a mismatch named)."""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from multidev.distributed.mailbox import Mailbox, open_mailbox
+
+
+def _boxes(world: int, pids: list[int] | None = None) -> list[Mailbox]:
+    mapped = mmap.mmap(-1, Mailbox.size(world))  # anonymous: the threads below share it
+    return [Mailbox(mapped, r, world, pids or [os.getpid()] * world) for r in range(world)]
+
+
+def test_every_rank_reads_every_row_of_each_call_in_order() -> None:
+    world, calls = 3, 300
+    boxes = _boxes(world)
+    got: dict[int, list[list[list[int] | None]]] = {r: [] for r in range(world)}
+
+    def rank(r: int) -> None:
+        for seq in range(calls):
+            row = [seq, r, *range(r + 40)][:47]
+            if seq % 3 == 0:  # sent ahead, then exchanged (Engine.post's contract)
+                boxes[r].post(seq, row)
+            got[r].append(boxes[r].exchange(seq, row, 10.0))
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for r in range(world):
+        assert len(got[r]) == calls
+        for seq, rows in enumerate(got[r]):
+            assert rows == [[seq, p, *range(p + 40)][:47] for p in range(world)], (r, seq)
+
+
+def test_a_rank_that_never_writes_is_missing_after_the_timeout() -> None:
+    boxes = _boxes(2)
+    t = time.monotonic()
+    rows = boxes[0].exchange(0, [7, 7], 0.3)
+    assert rows == [[7, 7], None]
+    assert 0.29 <= time.monotonic() - t < 5
+
+
+def test_a_rank_whose_process_is_gone_is_missing_at_once() -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    boxes = _boxes(2, [os.getpid(), dead.pid])
+    t = time.monotonic()
+    rows = boxes[0].exchange(0, [1], 30.0)
+    assert rows == [[1], None]
+    assert time.monotonic() - t < 10, "a dead rank must not cost the whole timeout"
+
+
+def test_a_row_longer_than_a_slot_is_refused() -> None:
+    from multidev.errors import DistributedError
+
+    with pytest.raises(DistributedError, match="exceeds the shared slot"):
+        _boxes(2)[0].post(0, list(range(65)))
+
+
+class _FakeEngine:
+    """Init's exchanges between threads (each rank its own instance over shared rows)."""
+
+    def __init__(self, rank: int, world: int, board: dict, fail_map: bool = False) -> None:
+        self.rank, self.world, self.board, self.fail_map = rank, world, board, fail_map
+
+    def exchange(self, seq: int, row: list[int], timeout: float) -> list[list[int] | None]:
+        cond = self.board["cond"]
+        with cond:
+            self.board.setdefault(seq, {})[self.rank] = list(row)
+            cond.notify_all()
+            cond.wait_for(lambda: len(self.board[seq]) == self.world, timeout)
+            return [self.board[seq].get(p) for p in range(self.world)]
+
+
+def _open_all(world: int, same_host: bool, env: str | None = None) -> list[Mailbox | None]:
+    board: dict = {"cond": threading.Condition()}
+    out: list[Mailbox | None] = [None] * world
+    old = os.environ.get("MULTIDEV_SHARED_EXCHANGE")
+    if env is not None:
+        os.environ["MULTIDEV_SHARED_EXCHANGE"] = env
+    try:
+        def rank(r: int) -> None:
+            out[r] = open_mailbox(_FakeEngine(r, world, board), r, world, same_host, 10.0)
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        if env is not None:
+            if old is None:
+                os.environ.pop("MULTIDEV_SHARED_EXCHANGE")
+            else:
+                os.environ["MULTIDEV_SHARED_EXCHANGE"] = old
+    return out
+
+
+def test_init_opens_one_mailbox_for_every_rank_and_leaves_no_file() -> None:
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    boxes = _open_all(3, True)
+    assert all(isinstance(b, Mailbox) for b in boxes)
+    rows: list = [None] * 3
+
+    def rank(r: int) -> None:
+        box = boxes[r]
+        assert box is not None
+        rows[r] = box.exchange(0, [r], 10.0)
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert rows == [[[0], [1], [2]]] * 3
+    after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert not {f for f in after - before if f.startswith("multidev-exchange-")}, "the file outlived init"
+    for b in boxes:
+        assert b is not None
+        b.close()
+
+
+@pytest.mark.parametrize(("same_host", "env"), [(False, None), (True, "0")])
+def test_ranks_on_several_hosts_or_turned_off_keep_the_engines_channel(same_host: bool, env: str | None) -> None:
+    assert _open_all(2, same_host, env) == [None, None]
+
+
+WORKER = '''
+import numpy as np
+import multidev as md
+from multidev import distributed as dist
+from multidev.distributed.group import current
+
+dist.init(timeout=30)
+r = dist.rank()
+channel = type(current().channel).__name__
+for _ in range(50):  # checked calls, sent ahead by data parallelism's buckets too
+    y = dist.allreduce(np.full(4, float(r + 1)))
+assert y.tolist() == [3.0] * 4, y
+try:
+    dist.allreduce(np.ones(3 + r, np.float32))
+    out = "ran"
+except md.CollectiveMismatchError as e:
+    out = "mismatch" if "shape" in str(e) else str(e)[:200]
+dist.barrier()
+print(f"MDBOX {r} {channel} {out}", flush=True)
+dist.shutdown()
+'''
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("shared", ["1", "0"])
+def test_a_group_on_one_host_exchanges_through_the_mailbox(tmp_path: Path, shared: str) -> None:
+    """Two processes of the torch engine on this host: the records go through the mailbox (or,
+    turned off, the engine's store) and a mismatch is named on both ranks either way."""
+    pytest.importorskip("torch")
+    from multidev.distributed.engine import engine_class
+
+    if engine_class("torch").missing():
+        pytest.skip("the torch engine is not available here")
+    script = tmp_path / "w.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", MULTIDEV_SHARED_EXCHANGE=shared)
+    p = subprocess.run([sys.executable, "-m", "multidev.distributed.launch", "-n", "2", "--engine", "torch",
+                        str(script)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    channel = "Mailbox" if shared == "1" else "TorchEngine"
+    found = sorted(re.findall(r"MDBOX (\d) ([A-Za-z]+) ([a-z]+)", p.stdout))  # (lines may interleave)
+    assert found == [(str(r), channel, "mismatch") for r in range(2)], p.stdout[-3000:]
