@@ -66,6 +66,11 @@ class ManagedShardedReplica(Replica):
         self._k, self._n = self._group.index(rank), len(self._group)
         self._data_n = len(mesh.group_of(rank, data_axes))
         params = [t for _, t in plain.parameters()]
+        dtypes = sorted({b.dtype_of(p) for p in params})
+        if len(dtypes) > 1:
+            raise CapabilityError(f"data_parallel over a process mesh: the parameters are of one dtype here (the "
+                                  f"gradients and pieces travel flattened), got {', '.join(dtypes)}")
+        self._dtype = dtypes[0] if dtypes else None
         self._shapes = [tuple(b.shape_of(p)) for p in params]
         #: per parameter: the dimension cut along the parameter axes, None where it is whole everywhere
         self._cut = [next((d for d, s in enumerate(param_spec(mesh.sizes, shp, param_axes)) if s is not None), None)
@@ -136,7 +141,8 @@ class ManagedShardedReplica(Replica):
                 raise InvalidArgumentError(f"data_parallel: {len(missing)} parameter(s) received no gradient in this "
                                            f"step: {', '.join(names[i] for i in missing[:5])} (data_parallel("
                                            "unused='zero') counts them as zero)")
-            return (self.mesh, self.data_axes, self.param_axes, tuple(self._shapes), self.grad_dtype), length
+            return (self.mesh, self.data_axes, self.param_axes, tuple(self._shapes), self._dtype,
+                    self.grad_dtype), length
 
         # one consistency exchange for the step (the two collectives below are covered by it): the
         # optimizer over pieces steps only once every rank agreed, so a refused step changes nothing

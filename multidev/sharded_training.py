@@ -113,16 +113,22 @@ def sharded_process_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_
                 "(supported: torch, with FSDP2 under the torch engine; jax, multi-controller jit under the "
                 "jax engine; Keras and Gluon, multidev's own, under any engine)")
     rep: Any = None
-    if managed:  # refusals (the optimizer, grad_dtype) before anything moves
+    if managed:  # the refusals (the optimizer, the dtypes) agreed by every rank before anything moves
         from .data_parallel import _carried
+        from .distributed.mesh import agree_call
 
-        if grad_dtype is not None and not _carried(grad_dtype, rep0.devices[0], b):
-            raise CapabilityError(f"{what}(grad_dtype={grad_dtype!r}): the {g.info.engine} engine cannot carry "
-                                  f"{grad_dtype} tensors of this backend")
-        rep = ManagedShardedReplica(rep0, mesh, g.rank, data, params, grad_dtype)
+        def refusals() -> tuple[tuple[Any, ...], int]:
+            if grad_dtype is not None and not _carried(grad_dtype, rep0.devices[0], b):
+                raise CapabilityError(f"{what}(grad_dtype={grad_dtype!r}): the {g.info.engine} engine cannot carry "
+                                      f"{grad_dtype} tensors of this backend")
+            ManagedShardedReplica(rep0, mesh, g.rank, data, params, grad_dtype)  # (made again after the broadcast)
+            return (what, "managed sharding"), 0
+        agree_call(f"{what}(mesh=process mesh)", refusals)
     if group is not None:
         broadcast(rep0, group, 0)  # every rank starts from rank 0's parameters, buffers and optimizer state
-    if not managed:
+    if managed:
+        rep = ManagedShardedReplica(rep0, mesh, g.rank, data, params, grad_dtype)  # over rank 0's optimizer
+    else:
         rep0.detach()
         # rep0.model: the model given where it trained in place (torch), else the broadcast tree (JAX)
         rep = make(rep0.model, optimizer, mesh, data, params, grad_dtype)

@@ -182,6 +182,7 @@ class _Group:
     def __init__(self, rows: list[list[int] | None]) -> None:
         self.rows, self.check, self.seq, self.rank, self.timeout = rows, True, 0, 0, 5.0
         self.engine = self
+        self.channel = None  # (the engine: no shared-memory mailbox)
 
     def exchange(self, seq: int, row: list[int], timeout: float) -> list[list[int] | None]:
         return [list(row) if r is None else r for r in self.rows]

@@ -62,6 +62,17 @@ def test_a_rank_whose_process_is_gone_is_missing_at_once() -> None:
     assert time.monotonic() - t < 10, "a dead rank must not cost the whole timeout"
 
 
+def test_a_dead_rank_is_missing_and_a_late_live_one_still_awaited() -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    boxes = _boxes(3, [os.getpid(), os.getpid(), dead.pid])
+    late = threading.Timer(0.5, lambda: boxes[1].post(0, [11]))
+    late.start()
+    rows = boxes[0].exchange(0, [10], 30.0)
+    late.join()
+    assert rows == [[10], [11], None]
+
+
 def test_a_row_longer_than_a_slot_is_refused() -> None:
     from multidev.errors import DistributedError
 
@@ -70,10 +81,11 @@ def test_a_row_longer_than_a_slot_is_refused() -> None:
 
 
 class _FakeEngine:
-    """Init's exchanges between threads (each rank its own instance over shared rows)."""
+    """Init's exchanges between threads (each rank its own instance over shared rows); ``drop``:
+    (seq, rank) rows this rank does not see."""
 
-    def __init__(self, rank: int, world: int, board: dict, fail_map: bool = False) -> None:
-        self.rank, self.world, self.board, self.fail_map = rank, world, board, fail_map
+    def __init__(self, rank: int, world: int, board: dict, drop: tuple[int, int] | None = None) -> None:
+        self.rank, self.world, self.board, self.drop = rank, world, board, drop
 
     def exchange(self, seq: int, row: list[int], timeout: float) -> list[list[int] | None]:
         cond = self.board["cond"]
@@ -81,19 +93,23 @@ class _FakeEngine:
             self.board.setdefault(seq, {})[self.rank] = list(row)
             cond.notify_all()
             cond.wait_for(lambda: len(self.board[seq]) == self.world, timeout)
-            return [self.board[seq].get(p) for p in range(self.world)]
+            return [None if (seq, p) == self.drop else self.board[seq].get(p) for p in range(self.world)]
 
 
-def _open_all(world: int, same_host: bool, env: str | None = None) -> list[Mailbox | None]:
+def _open_all(world: int, same_host: bool, env: str | None = None,
+              drop: tuple[int, int] | None = None) -> list[Mailbox | BaseException | None]:
     board: dict = {"cond": threading.Condition()}
-    out: list[Mailbox | None] = [None] * world
+    out: list[Mailbox | BaseException | None] = [None] * world
     old = os.environ.get("MULTIDEV_SHARED_EXCHANGE")
     if env is not None:
         os.environ["MULTIDEV_SHARED_EXCHANGE"] = env
     try:
         def rank(r: int) -> None:
-            out[r] = open_mailbox(_FakeEngine(r, world, board), r, world, same_host, 10.0)
-        threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+            try:
+                out[r] = open_mailbox(_FakeEngine(r, world, board, drop if r == 0 else None), r, world, same_host, 10.0)
+            except BaseException as e:  # noqa: BLE001 - reported to the test
+                out[r] = e
+        threads = [threading.Thread(target=rank, args=(r,), name=f"rank{r}") for r in range(world)]
         for t in threads:
             t.start()
         for t in threads:
@@ -115,7 +131,7 @@ def test_init_opens_one_mailbox_for_every_rank_and_leaves_no_file() -> None:
 
     def rank(r: int) -> None:
         box = boxes[r]
-        assert box is not None
+        assert isinstance(box, Mailbox)
         rows[r] = box.exchange(0, [r], 10.0)
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
     for t in threads:
@@ -126,13 +142,37 @@ def test_init_opens_one_mailbox_for_every_rank_and_leaves_no_file() -> None:
     after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert not {f for f in after - before if f.startswith("multidev-exchange-")}, "the file outlived init"
     for b in boxes:
-        assert b is not None
+        assert isinstance(b, Mailbox)
         b.close()
 
 
 @pytest.mark.parametrize(("same_host", "env"), [(False, None), (True, "0")])
 def test_ranks_on_several_hosts_or_turned_off_keep_the_engines_channel(same_host: bool, env: str | None) -> None:
     assert _open_all(2, same_host, env) == [None, None]
+
+
+def test_one_rank_turning_it_off_keeps_every_rank_on_the_engines_channel(monkeypatch: pytest.MonkeyPatch) -> None:
+    from multidev.distributed import mailbox
+
+    monkeypatch.setattr(mailbox, "_enabled", lambda: threading.current_thread().name != "rank1")
+    assert _open_all(3, True) == [None, None, None]
+    assert not _leftovers()
+
+
+def test_a_rank_missing_from_inits_exchange_fails_init_and_leaves_no_file() -> None:
+    from multidev.errors import DistributedTimeoutError
+
+    out = _open_all(3, True, drop=(-7, 2))  # rank 0 does not see rank 2's answer
+    assert isinstance(out[0], DistributedTimeoutError) and "rank 2 did not arrive" in str(out[0]), out[0]
+    assert not _leftovers()
+    for b in out[1:]:
+        if isinstance(b, Mailbox):
+            b.close()
+
+
+def _leftovers() -> set[str]:
+    return {f for f in os.listdir("/dev/shm") if f.startswith("multidev-exchange-")
+            and f.endswith(f"-{os.getpid()}")} if os.path.isdir("/dev/shm") else set()
 
 
 WORKER = '''

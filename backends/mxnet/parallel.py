@@ -266,6 +266,7 @@ class _GluonPieces:
             p.set_data(x)
             p.grad()[:] = g
             p.data()._fresh_grad = True  # (what backward would mark: the Trainer steps only fresh gradients)
+        opt.lr_scheduler = given.lr_scheduler  # (the user's, shared: the optimizer given never steps)
         if given.lr_scheduler is None:  # (Trainer.set_learning_rate sets it; a scheduler follows num_update)
             opt.lr = given.lr
         opt.wd = given.wd

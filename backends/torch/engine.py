@@ -28,6 +28,7 @@ import hashlib
 import importlib.util
 import os
 import socket
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -84,6 +85,9 @@ def _env_int(env: Mapping[str, str], name: str) -> int | None:
         raise DistributedError(f"${name}={v!r:.40} is not an integer") from None
 
 
+#: Whether warnings filters live in a context variable (Python 3.14 with ``-X context_aware_warnings``,
+#: the default on free-threaded builds), not in ``warnings.filters``.
+_CONTEXT_WARNINGS = bool(getattr(sys.flags, "context_aware_warnings", False))
 #: What ``simplefilter("ignore", UserWarning)`` then ``simplefilter("ignore", FutureWarning)`` put first.
 _IGNORED = [("ignore", None, FutureWarning, None, 0), ("ignore", None, UserWarning, None, 0)]
 
@@ -98,7 +102,11 @@ class _quiet:
     def __enter__(self) -> None:
         self.saved = warnings.catch_warnings()
         self.saved.__enter__()
-        warnings.filters[:0] = _IGNORED  # type: ignore[index]  # (a copy that catch_warnings restores)
+        if _CONTEXT_WARNINGS:  # (Python 3.14's context-aware filters: the module's list is not the one in force)
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", FutureWarning)
+        else:
+            warnings.filters[:0] = _IGNORED  # type: ignore[index]  # (a copy that catch_warnings restores)
 
     def __exit__(self, *exc: object) -> None:
         self.saved.__exit__(None, None, None)

@@ -9,7 +9,8 @@ its own and reading the others' from theirs (a few microseconds).
 Each rank has two slots, used by call number parity. A rank writes call ``s``'s row only after its
 exchange of call ``s - 1`` ended, which needed every rank's row of ``s - 1``, which each rank wrote
 only after it had read every row of ``s - 2``: so the slot a row goes into is never still being
-read. A slot holds the call number plus one (written last), a checksum of the row and the row. The wait
+read. A slot holds the call number plus one (written last), a checksum of the call number, the
+row's length and the row, then the length and the row. The wait
 backs off as :func:`~multidev.engine.poll_until` does; a rank whose process is gone is counted
 missing at once (its pid is read at the start), one that hangs once ``timeout`` passes, as the
 engine's channel would.
@@ -21,6 +22,7 @@ as soon as every rank has mapped it. ``$MULTIDEV_SHARED_EXCHANGE=0`` keeps the e
 """
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import secrets
@@ -32,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DistributedError
-from .engine import poll_until
+from .engine import missing_ranks_error, poll_until
 
 __all__ = ["ENV", "Mailbox", "open_mailbox"]
 
@@ -65,8 +67,10 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _checksum(row: Sequence[int]) -> int:
-    return zlib.crc32(np.asarray(row, dtype=np.int64).tobytes())
+def _checksum(seq: int, row: Sequence[int]) -> int:
+    """The slot's checksum: of the call number, the length and the row (a reader on a weakly ordered
+    CPU that sees a new call number beside an older row and checksum does not take them)."""
+    return zlib.crc32(np.asarray([seq, len(row), *row], dtype=np.int64).tobytes())
 
 
 class Mailbox:
@@ -91,7 +95,7 @@ class Mailbox:
         slot = self._slots[self.rank, seq & 1]
         slot[0] = -1  # being written
         slot[_HEAD:_HEAD + n] = row
-        slot[1], slot[2] = _checksum(row), n
+        slot[1], slot[2] = _checksum(seq, row), n
         slot[0] = seq + 1  # (0: never written, -1: being written)
         self._posted = seq
 
@@ -102,6 +106,7 @@ class Mailbox:
         out: list[list[int] | None] = [None] * self.world
         out[self.rank] = [int(v) for v in row]
         waiting = [p for p in range(self.world) if p != self.rank]
+        dead: set[int] = set()
         slots, parity, mark = self._slots, seq & 1, seq + 1
         checks = [0]
 
@@ -111,15 +116,16 @@ class Mailbox:
                 if slot[0] != mark:
                     continue
                 n = int(slot[2])
-                got = slot[_HEAD:_HEAD + n].tolist()
-                if slot[0] == mark and 0 <= n <= WIDTH and _checksum(got) == slot[1]:
+                got = slot[_HEAD:_HEAD + n].tolist() if 0 <= n <= WIDTH else []
+                if slot[0] == mark and 0 <= n <= WIDTH and _checksum(seq, got) == slot[1]:
                     out[p] = got
                     waiting.remove(p)
+                    dead.discard(p)
             if waiting:
                 checks[0] += 1
-                if checks[0] % 256 == 0 and any(not _alive(self._pids[p]) for p in waiting):
-                    return True  # a rank's process is gone: it stays missing
-            return not waiting
+                if checks[0] % 256 == 0:  # a rank whose process is gone stays missing; the others are awaited
+                    dead.update(p for p in waiting if not _alive(self._pids[p]))
+            return len(dead) == len(waiting)
 
         poll_until(arrived, timeout, spin=2e-5)  # (then yielding: the peers may share this core)
         return out
@@ -139,44 +145,54 @@ def _enabled() -> bool:
 
 def open_mailbox(engine: Any, rank: int, world: int, same_host: bool, timeout: float) -> Mailbox | None:
     """The group's mailbox where every rank runs on this host (``same_host``, from init's exchange)
-    and ``$MULTIDEV_SHARED_EXCHANGE`` allows it; None otherwise. Collective: every rank of the group
-    calls it with the same ``same_host``; the ranks agree, so all use the mailbox or none does."""
-    if world < 2 or not same_host or not _enabled():
+    and every rank's ``$MULTIDEV_SHARED_EXCHANGE`` allows it; None otherwise. Collective: every rank
+    of the group calls it with the same ``same_host`` (two exchanges over the engine's channel); the
+    ranks decide on what they exchanged, so all use the mailbox or none does. A rank missing from
+    either exchange raises DistributedTimeoutError naming it (init fails, as at its own exchange)."""
+    if world < 2 or not same_host:
         return None
-    path, fd, mapped = "", -1, None
-    token = 0
-    if rank == 0:
-        try:
-            token = secrets.randbits(62)
-            path = os.path.join(_where(), f"{_PREFIX}{token:x}-{os.getpid()}")
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            os.ftruncate(fd, Mailbox.size(world))
-        except OSError:
-            token = 0
-    rows = engine.exchange(_NAME_SEQ, [token, os.getpid()], timeout)
-    ok = 0
+    path, fd, mapped, size = "", -1, None, Mailbox.size(world)
+    enabled = int(_enabled())
+    token, pids = 0, [0] * world
     try:
-        first = rows[0]
-        if all(r is not None for r in rows) and first is not None and first[0] != 0:
-            pids = [int(r[1]) for r in rows if r is not None]
-            if rank != 0:
-                path = os.path.join(_where(), f"{_PREFIX}{first[0]:x}-{first[1]}")
-                fd = os.open(path, os.O_RDWR)
-            mapped = mmap.mmap(fd, Mailbox.size(world))
-            ok = int(all(_alive(pid) for pid in pids))  # every rank's process seen here: one pid namespace
-    except (OSError, ValueError):
+        if rank == 0 and enabled:
+            try:
+                token = secrets.randbits(62)
+                path = os.path.join(_where(), f"{_PREFIX}{token:x}-{os.getpid()}")
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                os.posix_fallocate(fd, 0, size)  # the pages now: a full /dev/shm fails here, not later
+            except OSError:
+                token = 0
+        rows = engine.exchange(_NAME_SEQ, [token, os.getpid(), enabled], timeout)
+        _arrived(rows, rank, timeout, "init's shared-memory exchange (its file's name)")
         ok = 0
+        first = rows[0]
+        if first is not None and first[0] != 0 and all(r is not None and r[2] == 1 for r in rows):
+            pids = [int(r[1]) for r in rows if r is not None]
+            try:
+                if rank != 0:
+                    path = os.path.join(_where(), f"{_PREFIX}{first[0]:x}-{first[1]}")
+                    fd = os.open(path, os.O_RDWR)
+                mapped = mmap.mmap(fd, size)
+                ok = int(all(_alive(pid) for pid in pids))  # every rank's process seen here: one pid namespace
+            except (OSError, ValueError):
+                ok = 0
+        answers = engine.exchange(_AGREE_SEQ, [ok], timeout)
+        _arrived(answers, rank, timeout, "init's shared-memory exchange (every rank's answer)")
+        if mapped is not None and all(a is not None and a[0] == 1 for a in answers):
+            box, mapped = Mailbox(mapped, rank, world, pids), None  # (kept open: the finally below)
+            return box
+        return None
     finally:
         if fd >= 0:
             os.close(fd)
-    answers = engine.exchange(_AGREE_SEQ, [ok], timeout)
-    if rank == 0 and path:
-        try:
-            os.unlink(path)  # every rank has mapped it, or given up: the mapping stays
-        except OSError:
-            pass
-    if mapped is not None and all(a is not None and a[0] == 1 for a in answers):
-        return Mailbox(mapped, rank, world, pids)
-    if mapped is not None:
-        mapped.close()
-    return None
+        if rank == 0 and path:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # every rank has mapped it, given up, or failed: the mappings stay
+        if mapped is not None:
+            mapped.close()
+
+
+def _arrived(rows: Sequence[Sequence[int] | None], rank: int, timeout: float, call: str) -> None:
+    if any(r is None for r in rows):
+        raise missing_ranks_error(f"multidev.distributed.init on rank {rank}", rows, timeout, call)
