@@ -22,16 +22,14 @@ as soon as every rank has mapped it. ``$MULTIDEV_SHARED_EXCHANGE=0`` keeps the e
 """
 from __future__ import annotations
 
+import array
 import contextlib
 import mmap
 import os
 import secrets
 import tempfile
-import zlib
 from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
 
 from ..errors import DistributedError
 from .engine import missing_ranks_error, poll_until
@@ -69,8 +67,9 @@ def _alive(pid: int) -> bool:
 
 def _checksum(seq: int, row: Sequence[int]) -> int:
     """The slot's checksum: of the call number, the length and the row (a reader on a weakly ordered
-    CPU that sees a new call number beside an older row and checksum does not take them)."""
-    return zlib.crc32(np.asarray([seq, len(row), *row], dtype=np.int64).tobytes())
+    CPU that sees a new call number beside an older row and checksum does not take them). A tuple's
+    hash: the same in every process for integers (no hash randomisation), within int64."""
+    return hash((seq, len(row), *row))
 
 
 class Mailbox:
@@ -81,7 +80,7 @@ class Mailbox:
     def __init__(self, mapped: mmap.mmap, rank: int, world: int, pids: Sequence[int]) -> None:
         self._map = mapped
         self.rank, self.world, self._pids = rank, world, list(pids)
-        self._slots = np.frombuffer(mapped, dtype=np.int64).reshape(world, 2, _SLOT)
+        self._words: memoryview | None = memoryview(mapped).cast("q")  # int64 words, read and written in place
         self._posted: int | None = None
 
     @staticmethod
@@ -92,11 +91,13 @@ class Mailbox:
         n = len(row)
         if n > WIDTH:
             raise DistributedError(f"the consistency exchange's row of {n} integers exceeds the shared slot ({WIDTH})")
-        slot = self._slots[self.rank, seq & 1]
-        slot[0] = -1  # being written
-        slot[_HEAD:_HEAD + n] = row
-        slot[1], slot[2] = _checksum(seq, row), n
-        slot[0] = seq + 1  # (0: never written, -1: being written)
+        w = self._words
+        assert w is not None
+        at = (self.rank * 2 + (seq & 1)) * _SLOT
+        w[at] = -1  # being written
+        w[at + _HEAD:at + _HEAD + n] = array.array("q", row)
+        w[at + 1], w[at + 2] = _checksum(seq, row), n
+        w[at] = seq + 1  # (0: never written, -1: being written)
         self._posted = seq
 
     def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
@@ -107,17 +108,19 @@ class Mailbox:
         out[self.rank] = [int(v) for v in row]
         waiting = [p for p in range(self.world) if p != self.rank]
         dead: set[int] = set()
-        slots, parity, mark = self._slots, seq & 1, seq + 1
+        w, mark = self._words, seq + 1
+        assert w is not None
+        starts = {p: (p * 2 + (seq & 1)) * _SLOT for p in waiting}
         checks = [0]
 
         def arrived() -> bool:
             for p in list(waiting):
-                slot = slots[p, parity]
-                if slot[0] != mark:
+                at = starts[p]
+                if w[at] != mark:
                     continue
-                n = int(slot[2])
-                got = slot[_HEAD:_HEAD + n].tolist() if 0 <= n <= WIDTH else []
-                if slot[0] == mark and 0 <= n <= WIDTH and _checksum(seq, got) == slot[1]:
+                n = w[at + 2]
+                got = w[at + _HEAD:at + _HEAD + n].tolist() if 0 <= n <= WIDTH else []
+                if w[at] == mark and 0 <= n <= WIDTH and _checksum(seq, got) == w[at + 1]:
                     out[p] = got
                     waiting.remove(p)
                     dead.discard(p)
@@ -127,12 +130,14 @@ class Mailbox:
                     dead.update(p for p in waiting if not _alive(self._pids[p]))
             return len(dead) == len(waiting)
 
-        poll_until(arrived, timeout, spin=2e-5)  # (then yielding: the peers may share this core)
+        poll_until(arrived, timeout, spin=2e-4)  # (then yielding: the peers may share this core)
         return out
 
     def close(self) -> None:
         """Unmap (views of the mapping may remain: then the mapping goes with them)."""
-        self._slots = None  # type: ignore[assignment]
+        if self._words is not None:
+            self._words.release()
+            self._words = None
         try:
             self._map.close()
         except BufferError:
