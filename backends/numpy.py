@@ -383,7 +383,8 @@ class NumpyBackend(BaseBackend):
             return None
         flat, unit = [a.reshape(-1) for a in flat], max(1, HOST_ALIGNMENT // dt.itemsize)  # (rows start aligned)
         outs = flat if inplace else list(_aligned((len(xs), -(-size // unit) * unit), dt)[:, :size])
-        fn, blk, err = _REDUCE[op], _BLOCK_BYTES // dt.itemsize, np.geterr()
+        fn, blk, err, call = _REDUCE[op], _BLOCK_BYTES // dt.itemsize, np.geterr(), np.geterrcall()
+        state: dict[str, Any] = {**err, **({} if call is None else {"call": call})}
 
         def run(part: Sequence[tuple[int, int, Any]]) -> None:  # blocks (lo, hi, expr), on one thread
             scratch: list[np.ndarray] = []  # partial results' blocks, never written while an operand (NumPy's
@@ -398,7 +399,7 @@ class NumpyBackend(BaseBackend):
                     scratch.append(np.empty(min(blk, size), dt))
                 return fn(a, b, out=scratch[k][:hi - lo]), k
 
-            with np.errstate(**err):  # the caller's (NumPy 1 keeps it per thread)
+            with np.errstate(**state):  # the caller's, its callback too (NumPy 1 keeps it per thread)
                 for lo, hi, e in part:
                     v = value(e, lo, hi, ())[0]
                     if divide_by is not None:

@@ -92,8 +92,15 @@ def run_parts(fn: Callable[[Sequence[T]], Any], items: Sequence[T], nbytes: int)
         error = e
     finally:
         _inside.pool = False
-    for f in futures:
-        e2 = f.exception()
+    for f in futures:  # every part has ended before this returns or raises (they write the caller's memory)
+        while True:
+            try:
+                e2 = None if f.cancelled() else f.exception()
+                break
+            except BaseException as e:  # noqa: BLE001 - an interrupt while waiting: the parts not started
+                error = error or e  # are cancelled, the running ones awaited, then it is raised
+                for g in futures:
+                    g.cancel()
         if error is None and e2 is not None:
             error = e2
     if error is not None:

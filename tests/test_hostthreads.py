@@ -94,6 +94,40 @@ def test_numpys_allreduce_on_several_threads_keeps_the_callers_errstate() -> Non
     big = [md.asarray(h, device=d, backend="numpy") for d in devs]
     with np.errstate(over="raise"), pytest.raises(md.MultidevError, match="overflow"):
         md.allreduce(big)
+    seen: list[str] = []
+    with np.errstate(over="call", call=lambda kind, flag: seen.append(kind)):  # the caller's callback, too
+        md.allreduce(big)
+    assert seen and all("overflow" in k for k in seen), seen
+
+
+def test_an_interrupt_while_waiting_leaves_no_part_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """KeyboardInterrupt in the caller's wait for the other parts: the parts not started are
+    cancelled and the running ones finish before run_parts raises (they write the caller's memory)."""
+    import time
+    from concurrent.futures import Future
+
+    monkeypatch.setattr(hostthreads, "threads", lambda: 4)
+    ended: list[int] = []
+    wait = Future.exception
+    interrupted: list[bool] = []
+
+    def exception(self: Future, timeout: float | None = None) -> BaseException | None:
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return wait(self, timeout)
+    monkeypatch.setattr(Future, "exception", exception)
+
+    def fn(part: list[int]) -> None:
+        if part[0] != 0:
+            time.sleep(0.3)
+            ended.append(part[0])
+    with pytest.raises(KeyboardInterrupt):
+        run_parts(fn, list(range(4)), 64 * MIB)
+    done = list(ended)
+    assert done, "no other part had run"
+    time.sleep(0.5)
+    assert ended == done, "a part still ran after run_parts raised"
 
 
 def test_the_thread_count_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
