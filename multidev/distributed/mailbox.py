@@ -105,7 +105,7 @@ class Mailbox:
             self.post(seq, row)
         self._posted = None
         out: list[list[int] | None] = [None] * self.world
-        out[self.rank] = [int(v) for v in row]
+        out[self.rank] = list(row)
         waiting = [p for p in range(self.world) if p != self.rank]
         dead: set[int] = set()
         w, mark = self._words, seq + 1
