@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .errors import CapabilityError, InvalidArgumentError
+from .errors import CapabilityError, InvalidArgumentError, MultidevError
 from .managed_sharding import ManagedShardedReplica, has_piece_optimizer
 from .mesh import Layout, Mesh
 from .placement import device_list
@@ -114,11 +114,17 @@ def sharded_process_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_
                 "jax engine; Keras and Gluon, multidev's own, under any engine)")
     rep: Any = None
     if managed:  # the refusals (the optimizer, the dtypes) agreed by every rank before anything moves
-        from .data_parallel import _carried
+        from . import distributed
         from .distributed.mesh import agree_call
 
+        def carried(dtype: str) -> bool:
+            try:
+                return bool(distributed.carries(dtype, rep0.devices[0], backend=b.name))
+            except MultidevError:
+                return False
+
         def refusals() -> tuple[tuple[Any, ...], int]:
-            if grad_dtype is not None and not _carried(grad_dtype, rep0.devices[0], b):
+            if grad_dtype is not None and not carried(grad_dtype):
                 raise CapabilityError(f"{what}(grad_dtype={grad_dtype!r}): the {g.info.engine} engine cannot carry "
                                       f"{grad_dtype} tensors of this backend")
             ManagedShardedReplica(rep0, mesh, g.rank, data, params, grad_dtype)  # (made again after the broadcast)

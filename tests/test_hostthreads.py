@@ -118,14 +118,19 @@ def test_an_interrupt_while_waiting_leaves_no_part_running(monkeypatch: pytest.M
         return wait(self, timeout)
     monkeypatch.setattr(Future, "exception", exception)
 
+    running = threading.Event()
+
     def fn(part: list[int]) -> None:
-        if part[0] != 0:
-            time.sleep(0.3)
-            ended.append(part[0])
+        if part[0] == 0:  # the caller's part: on until another part is running (a slow machine's pool
+            assert running.wait(30), "no pool thread started a part"  # may not have started any yet)
+            return
+        running.set()
+        time.sleep(0.3)
+        ended.append(part[0])
     with pytest.raises(KeyboardInterrupt):
         run_parts(fn, list(range(4)), 64 * MIB)
     done = list(ended)
-    assert done, "no other part had run"
+    assert done, "run_parts raised before the running part had finished"
     time.sleep(0.5)
     assert ended == done, "a part still ran after run_parts raised"
 
