@@ -128,6 +128,19 @@ class JaxDLPack(Concern, SupportsDLPack):
         itself refuses what it would copy (``copy=False``: an unaligned buffer raises, a strided one
         is refused), so the capsule's header is not read a second time; the dtype and the device of
         the result are checked (JAX without x64 narrows 64-bit types, refused above)."""
+        fast = self._host_call
+        if fast is not None and int(obj.__dlpack_device__()[0]) == 1:  # kDLCPU (not pinned: kDLCUDAHost)
+            try:
+                y = fast(obj.__dlpack__(), self.core.to_native_device(device))
+            except TypeError:  # not the call this jaxlib was seen to take: the public one from now on
+                self.__dict__["_host_call"] = None
+            except Exception:  # noqa: BLE001 - what JAX refuses (a copy, a stride), classified below
+                pass
+            else:
+                if self.core.dtype_of(y) != src:
+                    raise CapabilityError(f"jax backend: a {src} DLPack buffer arrived as {y.dtype} (a copy); "
+                                          f"{x64_hint(src)}")
+                return y  # on the device asked for: it was passed
         try:
             y = self.core.jax.dlpack.from_dlpack(_Producer(obj, cpu_id, inspect=False), copy=False)
         except ValueError as e:
@@ -145,6 +158,23 @@ class JaxDLPack(Concern, SupportsDLPack):
             raise CapabilityError(f"jax backend: a DLPack buffer of {device} arrived on "
                                   f"{self.core.device_of(y)}; moving it would copy, so JAX cannot share it there")
         return y
+
+    @functools.cached_property
+    def _host_call(self) -> Any:
+        """``(capsule, jax device) -> jax.Array``: jaxlib's C import of a host DLPack buffer, zero-copy
+        or raising, which ``jax.dlpack.from_dlpack`` calls after ~40 us of Python on a CPU (a stream
+        probe that fails there, a no-op ``asarray``); None where this jaxlib's is not the one known
+        (extension version 467 on: ``(capsule, device, stream, copy, device type)``); the public call
+        then, as after a TypeError from it."""
+        try:
+            from jax._src.lib import _jax, jaxlib_extension_version
+
+            call = _jax.dlpack_managed_tensor_to_buffer
+        except (ImportError, AttributeError):
+            return None
+        if not isinstance(jaxlib_extension_version, int) or jaxlib_extension_version < 467:
+            return None
+        return lambda capsule, dev: call(capsule, dev, None, False, 1)  # no stream, no copy, kDLCPU
 
     def _import_accelerator(self, obj: Any, device: Device) -> Any:
         """The accelerator path of import_dlpack: JAX passes its stream to the producer (ordered on
