@@ -17,6 +17,13 @@ A step:
    every rank and updated by all alike) stepped by the piece optimizer;
 4. the updated pieces gathered along the parameter axes (one flattened allgather) into the model.
 
+Over one process's devices (``data_parallel(model, optimizer, mesh=md.make_mesh(...), param_axis=...)``),
+:class:`ManagedDeviceShardedReplica` does the same without processes: the framework's own replica
+over every device of the mesh computes the batch's mean gradient (on the first device), piece ``k``
+of each parameter is stepped on the ``k``-th device along the parameter axes (those of the mesh's
+first device) by an optimizer whose state lives there, and the updated pieces make the model's new
+weights on every device.
+
 The pieces' optimizer is the adapter's (:meth:`multidev.adapter.Replica.piece_optimizer`): the
 optimizer given, rebuilt over the pieces with its configuration and no state, so it must start
 fresh and update element by element (Adam, SGD, RMSprop...; not LAMB's per-tensor trust ratio or a
@@ -34,7 +41,7 @@ from typing import Any
 from .errors import CapabilityError, InvalidArgumentError
 from .replicas import Replica, param_spec
 
-__all__ = ["ManagedShardedReplica", "has_piece_optimizer"]
+__all__ = ["ManagedDeviceShardedReplica", "ManagedShardedReplica", "has_piece_optimizer"]
 
 
 def has_piece_optimizer(rep: Replica) -> bool:
@@ -168,6 +175,121 @@ class ManagedShardedReplica(Replica):
 
     def apply(self, grads: Sequence[Any | None] | None) -> None:
         raise CapabilityError("data_parallel over a process mesh steps in DataParallel.step (local_step)")
+
+    def zeros_like(self, x: Any) -> Any:
+        return self.plain.zeros_like(x)
+
+    def fingerprints(self) -> list[list[int]]:
+        return self.plain.fingerprints()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.plain.forward(*args, **kwargs)
+
+
+class ManagedDeviceShardedReplica(Replica):
+    """``plain`` (the framework's replica of the whole model on every device of the one-process mesh
+    ``mesh``) trained with its optimizer's state cut over the devices along ``param_axes`` of the
+    mesh's first device (see the module doc): piece ``k`` of each parameter (the core's layout rule)
+    and its state live on the ``k``-th of them; a parameter no dimension divides is stepped whole on
+    the first. Synchronous as the framework's step is; the model is updated in place."""
+
+    syncs_itself = True
+    #: a parameter without a gradient at the step: "error" (named) or "zero"
+    unused = "error"
+
+    def __init__(self, plain: Replica, mesh: Any, param_axes: tuple[str, ...]) -> None:
+        self.plain, self.mesh, self.param_axes = plain, mesh, param_axes
+        self.backend, self.model, self.optimizer = plain.backend, plain.model, plain.optimizer
+        self.devices = plain.devices
+        if plain.optimizer is None:
+            raise InvalidArgumentError("data_parallel with param_axis needs the optimizer: data_parallel(model, "
+                                       "optimizer, mesh=..., param_axis=...)")
+        first = mesh.devices[0]
+        #: the devices holding piece 0, 1, ... of each parameter (gather order along the parameter axes)
+        self.holders = next(g for g in mesh.groups(param_axes) if first in g)
+        n = len(self.holders)
+        params = [t for _, t in plain.parameters()]
+        self._shapes = [tuple(self.backend.shape_of(p)) for p in params]
+        self._cut = [next((d for d, s in enumerate(param_spec(mesh.sizes, shp, param_axes)) if s is not None), None)
+                     for shp in self._shapes]
+        #: per holder: the parameters it steps (its piece of each cut one; the whole ones on the first)
+        self._mine = [[i for i, d in enumerate(self._cut) if d is not None or k == 0] for k in range(n)]
+        self._pieces = [self.plain.piece_optimizer([self._piece(p, i, k) for i, p in enumerate(params)
+                                                    if i in set(idx)]) if idx else None
+                        for k, idx in enumerate(self._mine)]
+        if any(o is None for o, idx in zip(self._pieces, self._mine) if idx):
+            raise CapabilityError(f"data_parallel with param_axis: the {self.backend.name} replica gives no "
+                                  "optimizer over pieces")
+
+    def _on(self, t: Any, device: Any) -> Any:
+        b = self.backend
+        return t if b.device_of(t) == device else b.move(t, device)
+
+    def _piece(self, t: Any, i: int, k: int) -> Any:
+        """Piece ``k`` of parameter (or gradient) ``i``, on its holder."""
+        d = self._cut[i]
+        if d is not None:
+            n = len(self.holders)
+            t = self.backend.split(t, [self._shapes[i][d] // n] * n, d)[k]
+        return self._on(t, self.holders[k])
+
+    # -- what the core asks of a replica -------------------------------------------------------------
+    def parameters(self) -> list[tuple[str, Any]]:
+        return self.plain.parameters()
+
+    def buffers(self) -> list[tuple[str, Any]]:
+        return self.plain.buffers()
+
+    def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
+        self.plain.load(params, buffers)  # (the pieces start from the model's values at each step)
+
+    def optimizer_state(self) -> Any:
+        raise CapabilityError("data_parallel with param_axis: the optimizer's state is cut over the mesh's devices; "
+                              "there is no whole state to read")
+
+    def load_optimizer_state(self, state: Any) -> None:
+        raise CapabilityError("data_parallel with param_axis: the optimizer's state is cut over the mesh's devices; "
+                              "start from a fresh optimizer")
+
+    def backward(self, batch: Any, loss_fn: Callable[..., Any], ready: Any) -> Any:
+        return self.plain.backward(batch, loss_fn, None)  # (no_sync: accumulate; the next step takes the sum)
+
+    def drop_gradients(self) -> None:
+        self.plain.drop_gradients()
+
+    def local_step(self, batch: Any, loss_fn: Callable[..., Any]) -> Any:
+        grads: list[Any] = [None] * len(self._shapes)
+
+        def got(i: int, g: Any) -> None:
+            grads[i] = g
+        try:
+            loss = self.plain.backward(batch, loss_fn, got)
+        finally:
+            self.plain.drop_gradients()  # this replica steps the pieces: the plain one keeps none
+        missing = [i for i, g in enumerate(grads) if g is None]
+        names = [n for n, _ in self.plain.parameters()]
+        if missing and self.unused == "error":  # (before any piece steps: a refused step changes nothing)
+            raise InvalidArgumentError(f"data_parallel: {len(missing)} parameter(s) received no gradient in this "
+                                       f"step: {', '.join(names[i] for i in missing[:5])} (data_parallel("
+                                       "unused='zero') counts them as zero)")
+        params = [t for _, t in self.plain.parameters()]
+        grads = [self.plain.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+        first = self.devices[0]
+        new: dict[tuple[int, int], Any] = {}
+        for k, (opt, idx) in enumerate(zip(self._pieces, self._mine)):
+            if opt is None:
+                continue
+            out = opt.step([self._piece(grads[i], i, k) for i in idx], [self._piece(params[i], i, k) for i in idx])
+            for i, t in zip(idx, out):
+                new[i, k] = self._on(t, first)
+        b = self.backend
+        whole = [new[i, 0] if d is None else b.concat([new[i, k] for k in range(len(self.holders))], d)
+                 for i, d in enumerate(self._cut)]
+        self.plain.load(whole, None)
+        return loss
+
+    def apply(self, grads: Sequence[Any | None] | None) -> None:
+        raise CapabilityError("data_parallel with param_axis steps in DataParallel.step (local_step)")
 
     def zeros_like(self, x: Any) -> Any:
         return self.plain.zeros_like(x)

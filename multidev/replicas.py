@@ -139,8 +139,9 @@ class Replica(ABC):
 
     def piece_optimizer(self, pieces: list[Any]) -> Any:
         """For multidev's own sharded training (:mod:`multidev.managed_sharding`): this replica's
-        optimizer rebuilt, with its configuration and no state, over ``pieces`` (this rank's piece of
-        each parameter in :meth:`parameters` order, a parameter that is not cut whole): an object whose
+        optimizer rebuilt, with its configuration and no state, over ``pieces`` (this rank's or device's
+        piece of some parameters in :meth:`parameters` order, a parameter that is not cut whole, all on
+        one device, which holds the optimizer's state over them): an object whose
         ``step(grads, values)`` sets the pieces to ``values`` (the model's now), takes one gradient per
         piece, steps the optimizer with the given optimizer's current learning rate and weight decay,
         advances the given optimizer's step count with its own, and returns the updated pieces (new

@@ -201,17 +201,17 @@ class MxnetReplica(Replica):
 
     def piece_optimizer(self, pieces: list[Any]) -> Any:
         """A fresh copy of the Trainer's optimizer (its settings, no state) in a Trainer of its own over
-        Gluon parameters holding ``pieces`` on the first context, each with its parameter's ``lr_mult``
+        Gluon parameters holding ``pieces`` on their context, each with its parameter's ``lr_mult``
         and ``wd_mult`` (see :meth:`multidev.adapter.Replica.piece_optimizer`)."""
         mx, trainer = self.mx, self.optimizer
         opt = trainer._optimizer
         kind = type(opt).__name__
         if kind not in self.ELEMENTWISE or type(opt) is not getattr(mx.optimizer, kind, None):
-            raise CapabilityError(f"data_parallel over a process mesh: multidev cannot shard a {kind}'s state (its "
+            raise CapabilityError(f"data_parallel(param_axis=...): multidev cannot shard a {kind}'s state (its "
                                   "update is not known to be element by element: a piece would step differently); "
                                   f"sharded: mxnet.optimizer.{', '.join(self.ELEMENTWISE)}")
         if opt.num_update > opt.begin_num_update or any(u.states for u in trainer._updaters):
-            raise CapabilityError("data_parallel over a process mesh: the Trainer has stepped already, and its "
+            raise CapabilityError("data_parallel(param_axis=...): the Trainer has stepped already, and its "
                                   "optimizer's state cannot be cut into pieces; give data_parallel a fresh Trainer")
         fresh = copy.deepcopy(opt)
         fresh.param_dict, fresh._index_update_count = {}, {}
@@ -219,7 +219,7 @@ class MxnetReplica(Replica):
         for i, ((_, p), piece) in enumerate(zip(self._trained, pieces)):
             q = mx.gluon.Parameter(f"piece{i}", shape=piece.shape, dtype=piece.dtype, lr_mult=p.lr_mult,
                                    wd_mult=p.wd_mult)
-            q.initialize(ctx=self._ctxs[0])
+            q.initialize(ctx=piece.context)  # the pieces' device holds their state
             q.set_data(piece)
             params.append(q)
         return _GluonPieces(mx.gluon.Trainer(params, fresh, kvstore=None), params, trainer)

@@ -183,33 +183,34 @@ class TensorflowReplica(Replica):
 
     def piece_optimizer(self, pieces: list[Any]) -> Any:
         """A fresh optimizer of the given one's class and configuration over Keras variables holding
-        ``pieces``, on the replica's device (see :meth:`multidev.adapter.Replica.piece_optimizer`)."""
+        ``pieces``, on the pieces' device (see :meth:`multidev.adapter.Replica.piece_optimizer`)."""
         keras, opt = sys.modules["keras"], self.optimizer
         kind = type(opt).__name__
         if kind not in self.ELEMENTWISE or type(opt) is not getattr(keras.optimizers, kind, None):
-            raise CapabilityError(f"data_parallel over a process mesh: multidev cannot shard a {kind}'s state (its "
+            raise CapabilityError(f"data_parallel(param_axis=...): multidev cannot shard a {kind}'s state (its "
                                   "update is not known to be element by element: a piece would step differently); "
                                   f"sharded: keras.optimizers.{', '.join(self.ELEMENTWISE)}")
         cfg = opt.get_config()
         if cfg.get("clipnorm") is not None or cfg.get("global_clipnorm") is not None:
-            raise CapabilityError("data_parallel over a process mesh: clipnorm and global_clipnorm take a norm over "
+            raise CapabilityError("data_parallel(param_axis=...): clipnorm and global_clipnorm take a norm over "
                                   "whole gradients, which a rank holding a piece does not have (clipvalue clips "
                                   "element by element: it shards)")
         if any(getattr(v, "constraint", None) is not None for v in self.model.trainable_variables) or getattr(
                 opt, "_exclude_from_weight_decay", None) or getattr(opt, "_exclude_from_weight_decay_pattern", None):
-            raise CapabilityError("data_parallel over a process mesh: a variable constraint or "
+            raise CapabilityError("data_parallel(param_axis=...): a variable constraint or "
                                   "exclude_from_weight_decay belongs to the model's own variables, which the "
-                                  "optimizer over pieces does not step; train this model without a process mesh")
+                                  "optimizer over pieces does not step; train this model without param_axis")
         if cfg.get("use_ema"):
-            raise CapabilityError("data_parallel over a process mesh: use_ema keeps a moving average of whole "
+            raise CapabilityError("data_parallel(param_axis=...): use_ema keeps a moving average of whole "
                                   "variables, which the optimizer over pieces does not hold")
         if int(opt.iterations.numpy()) != 0:
-            raise CapabilityError("data_parallel over a process mesh: the optimizer has stepped already, and its "
+            raise CapabilityError("data_parallel(param_axis=...): the optimizer has stepped already, and its "
                                   "state cannot be cut into pieces; give data_parallel a fresh optimizer")
-        new = type(opt).from_config(cfg)
-        with self.tf.device(self.backend.to_native_device(self.devices[0])):
+        dev = self.backend.device_of(pieces[0]) if pieces else self.devices[0]
+        with self.tf.device(self.backend.to_native_device(dev)):  # the pieces' device holds their state
+            new = type(opt).from_config(cfg)
             variables = [keras.Variable(p, trainable=True, name=f"piece_{i}") for i, p in enumerate(pieces)]
-        new.build(variables)
+            new.build(variables)
         return _KerasPieces(new, variables, opt)
 
     def zeros_like(self, x: Any) -> Any:
