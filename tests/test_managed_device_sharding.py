@@ -99,6 +99,21 @@ def test_keras_optimizer_state_cut_over_one_process_devices_matches_one_device()
             else:
                 raise AssertionError("not refused")
             assert all(np.array_equal(a, b) for a, b in zip(w, other.get_weights()))
+        # no_sync accumulates: the next step takes the sum of both batches' gradients
+        ra, rao, na, nao = make(), keras.optimizers.Adam(1e-2), make(), keras.optimizers.Adam(1e-2)
+        da = md.data_parallel(na, nao, mesh=mesh)
+        gs = None
+        for x, y in batches[:2]:
+            with tf.GradientTape() as t:
+                l = loss_fn(ra, (x, y))
+            g = t.gradient(l, ra.trainable_variables)
+            gs = g if gs is None else [a + b for a, b in zip(gs, g)]
+        rao.apply_gradients(zip(gs, ra.trainable_variables))
+        with da.no_sync():
+            da.step((tf.constant(batches[0][0]), tf.constant(batches[0][1])), loss_fn)
+        da.step((tf.constant(batches[1][0]), tf.constant(batches[1][1])), loss_fn)
+        err = max(float(np.abs(a - b).max()) for a, b in zip(ra.get_weights(), na.get_weights()))
+        assert err < 1e-5 and int(nao.iterations.numpy()) == 1, (err, int(nao.iterations.numpy()))
         # a parameter without a gradient is named before any piece steps
         lonely = make()
         lo = keras.optimizers.Adam(1e-2)
