@@ -214,8 +214,8 @@ class ManagedDeviceShardedReplica(Replica):
                      for shp in self._shapes]
         #: per holder: the parameters it steps (its piece of each cut one; the whole ones on the first)
         self._mine = [[i for i, d in enumerate(self._cut) if d is not None or k == 0] for k in range(n)]
-        self._pieces = [self.plain.piece_optimizer([self._piece(p, i, k) for i, p in enumerate(params)
-                                                    if i in set(idx)]) if idx else None
+        self._pieces = [self.plain.piece_optimizer([self._piece(p, i, k) if i in idx else None
+                                                    for i, p in enumerate(params)]) if idx else None
                         for k, idx in enumerate(self._mine)]
         if any(o is None for o, idx in zip(self._pieces, self._mine) if idx):
             raise CapabilityError(f"data_parallel with param_axis: the {self.backend.name} replica gives no "

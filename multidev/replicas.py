@@ -139,10 +139,11 @@ class Replica(ABC):
 
     def piece_optimizer(self, pieces: list[Any]) -> Any:
         """For multidev's own sharded training (:mod:`multidev.managed_sharding`): this replica's
-        optimizer rebuilt, with its configuration and no state, over ``pieces`` (this rank's or device's
-        piece of some parameters in :meth:`parameters` order, a parameter that is not cut whole, all on
-        one device, which holds the optimizer's state over them): an object whose
-        ``step(grads, values)`` sets the pieces to ``values`` (the model's now), takes one gradient per
+        optimizer rebuilt, with its configuration and no state, over ``pieces`` (one entry per parameter
+        in :meth:`parameters` order: this rank's or device's piece of it, the whole parameter where it
+        is not cut, None where this holder steps none of it; all on one device, which holds the
+        optimizer's state over them): an object whose ``step(grads, values)`` sets the pieces to
+        ``values`` (the model's now; one per piece that is not None, in order), takes one gradient per
         piece, steps the optimizer with the given optimizer's current learning rate and weight decay,
         advances the given optimizer's step count with its own, and returns the updated pieces (new
         tensors). None (the default): the framework has no such mode. CapabilityError for an optimizer

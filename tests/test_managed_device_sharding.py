@@ -147,11 +147,12 @@ def test_mxnet_gluon_trainer_state_cut_over_one_process_devices_matches_one_devi
         from mxnet import autograd, gluon
         from multidev.managed_sharding import ManagedDeviceShardedReplica
 
-        def make():
+        def make():  # a whole bias (3 rows) before cut parameters, one of them with an lr_mult of its own
             mx.random.seed(0)
             net = gluon.nn.Sequential()
-            net.add(gluon.nn.Dense(10, in_units=6, activation="tanh"), gluon.nn.Dense(3, in_units=10))
+            net.add(gluon.nn.Dense(3, in_units=6, activation="tanh"), gluon.nn.Dense(4, in_units=3))
             net.initialize(mx.init.Xavier())
+            net[1].weight.lr_mult = 0.5
             return net
 
         def trainer(net, kind="adam"):
@@ -164,7 +165,7 @@ def test_mxnet_gluon_trainer_state_cut_over_one_process_devices_matches_one_devi
             return [p.data().asnumpy() for p in net.collect_params().values()]
 
         rng = np.random.default_rng(0)
-        batches = [(rng.normal(size=(8, 6)).astype(np.float32), rng.normal(size=(8, 3)).astype(np.float32))
+        batches = [(rng.normal(size=(8, 6)).astype(np.float32), rng.normal(size=(8, 4)).astype(np.float32))
                    for _ in range(4)]
         mesh = md.make_mesh((2, 2), ("data", "model"), backend="mxnet")
         ref, net = make(), make()
@@ -184,6 +185,7 @@ def test_mxnet_gluon_trainer_state_cut_over_one_process_devices_matches_one_devi
         assert t._optimizer.num_update == 4, t._optimizer.num_update
         ctxs = [[p.list_ctx() for p in pieces.params] for pieces in rep._pieces]
         assert ctxs == [[[mx.cpu(0)]] * 4, [[mx.cpu(1)]] * 3], ctxs
+        assert [p.lr_mult for p in rep._pieces[1].params] == [1.0, 0.5, 1.0]  # each piece its parameter's
         t.set_learning_rate(0.0)  # followed at the next step: nothing moves
         before = weights(net)
         dp.step((mx.nd.array(batches[0][0]), mx.nd.array(batches[0][1])), loss_fn)

@@ -217,6 +217,8 @@ class MxnetReplica(Replica):
         fresh.param_dict, fresh._index_update_count = {}, {}
         params = []
         for i, ((_, p), piece) in enumerate(zip(self._trained, pieces)):
+            if piece is None:  # (a parameter this holder steps none of)
+                continue
             q = mx.gluon.Parameter(f"piece{i}", shape=piece.shape, dtype=piece.dtype, lr_mult=p.lr_mult,
                                    wd_mult=p.wd_mult)
             q.initialize(ctx=piece.context)  # the pieces' device holds their state

@@ -206,10 +206,11 @@ class TensorflowReplica(Replica):
         if int(opt.iterations.numpy()) != 0:
             raise CapabilityError("data_parallel(param_axis=...): the optimizer has stepped already, and its "
                                   "state cannot be cut into pieces; give data_parallel a fresh optimizer")
-        dev = self.backend.device_of(pieces[0]) if pieces else self.devices[0]
+        held = [(i, p) for i, p in enumerate(pieces) if p is not None]
+        dev = self.backend.device_of(held[0][1]) if held else self.devices[0]
         with self.tf.device(self.backend.to_native_device(dev)):  # the pieces' device holds their state
             new = type(opt).from_config(cfg)
-            variables = [keras.Variable(p, trainable=True, name=f"piece_{i}") for i, p in enumerate(pieces)]
+            variables = [keras.Variable(p, trainable=True, name=f"piece_{i}") for i, p in held]
             new.build(variables)
         return _KerasPieces(new, variables, opt, self.tf)
 
