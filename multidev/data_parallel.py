@@ -386,6 +386,8 @@ class DataParallel:
             _broadcast(replica, group, 0)
             self.sync = GradientSync(self)
             self._attached = replica.attach(self.sync)
+        replica.drop_gradients()  # the first step averages what accumulates from now on (a refusal before
+        # this point leaves the model's gradients as they were)
 
     @property
     def model(self) -> Any:
@@ -667,8 +669,8 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
             # parameters replicated on every device of the mesh, and no sharded mode: plain data
             # parallelism over them (the batch cut over every device: the same mean gradient)
             rep = _replica_for(model, optimizer, list(mesh.devices), "data_parallel")
-        elif b.sharded_training is None and has_piece_optimizer(
-                whole := _replica_for(model, optimizer, list(mesh.devices), "data_parallel")):
+        elif plain and has_piece_optimizer(whole := _replica_for(model, optimizer, list(mesh.devices),
+                                                                  "data_parallel")):
             # no sharded mode of the framework's own: multidev cuts the optimizer's state over the
             # devices along the parameter axes (the batch cut over every device, as above)
             rep = ManagedDeviceShardedReplica(whole, mesh, param_axes)

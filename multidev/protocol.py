@@ -476,7 +476,12 @@ class SupportsShardedTraining(Protocol):
     Optional: a class attribute ``one_process_mesh = False`` where :meth:`sharded_replica` refuses
     every mesh of one process (torch: FSDP2 runs one process per device); the core then trains a
     mesh whose parameters are replicated (no parameter axis) with plain data parallelism over its
-    devices, as for a framework without this capability."""
+    devices, and one with a parameter axis with multidev's own sharding of the optimizer's state
+    where the replica gives :meth:`~multidev.adapter.Replica.piece_optimizer`, as for a framework
+    without this capability. A method ``sharded_process_replica(model, optimizer, process_mesh,
+    data_axes, param_axes, grad_dtype)`` shards over the processes of a group, and a class attribute
+    ``process_engine`` names the only engine it runs under (torch's FSDP2: ``"torch"``); under
+    another, multidev's own sharding of the optimizer's state is used where the replica gives one."""
 
     def sharded_replica(self, model: Any, optimizer: Any, mesh: Any, data_axes: tuple[str, ...],
                         layout_for: Any) -> Any:

@@ -101,8 +101,10 @@ def sharded_process_replica(b: Any, model: Any, optimizer: Any, mesh: Any, data_
         raise InvalidArgumentError(f"{what}: no parameter axis: parameters replicated on every rank are "
                                    "data_parallel(model, optimizer) without a mesh")
     make: Any = getattr(b.sharded_training, "sharded_process_replica", None)
+    native = make is not None and getattr(b.sharded_training, "process_engine", None) in (None, g.info.engine)
     rep0 = plain()
-    managed = make is None and has_piece_optimizer(rep0)  # multidev shards the optimizer itself
+    # multidev shards the optimizer itself where the framework has no mode of its own under this engine
+    managed = not native and has_piece_optimizer(rep0)
     if make is None and not managed:
         if b.sharded_training is not None:
             raise CapabilityError(f"{what}: the {b.name} backend shards parameters over one process's devices only "

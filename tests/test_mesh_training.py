@@ -49,15 +49,30 @@ def test_frameworks_without_sharded_training_refuse_and_change_nothing() -> None
         return
     import torch
 
+    from multidev.managed_sharding import ManagedDeviceShardedReplica
+
     model = torch.nn.Linear(2, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model(torch.ones(1, 2)).sum().backward()
     grad = model.weight.grad.clone()
     mt = md.make_mesh((1, 1), ("data", "model"), backend="torch")
-    with pytest.raises(md.CapabilityError, match="torch shards parameters with FSDP2, one process per device; use a "
-                                                 "process mesh"):  # (FSDP2 has no one-process mode)
-        md.data_parallel(model, opt, mesh=mt)
+    # FSDP2 has no one-process mode: multidev shards the optimizer's state, element by element only
+    with pytest.raises(md.CapabilityError, match="element by element"):
+        md.data_parallel(model, torch.optim.LBFGS(model.parameters()), mesh=mt)
     assert torch.equal(model.weight.grad, grad)  # the refusal cleared no gradient
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref = torch.nn.Linear(2, 2)
+    ref.load_state_dict(model.state_dict())
+    ro = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    dp = md.data_parallel(model, opt, mesh=mt)
+    assert isinstance(dp.replica, ManagedDeviceShardedReplica) and model.weight.grad is None
+    for i in range(3):
+        b = (torch.full((4, 2), float(i)), torch.ones(4, 2))
+        loss = torch.nn.functional.mse_loss(ref(b[0]), b[1])
+        ro.zero_grad()
+        loss.backward()
+        ro.step()
+        dp.step(b, lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]))
+    assert torch.allclose(model.weight, ref.weight) and torch.allclose(model.bias, ref.bias)
     # parameters replicated (no parameter axis): plain data parallelism over the mesh's devices
     dp = md.data_parallel(model, opt, mesh=mt, param_axis=())
     assert dp.replica.devices == list(mt.devices)

@@ -7,8 +7,9 @@ rank 0's state taken at the start (the others start elsewhere); ``verify=True`` 
 ``no_sync`` accumulation; BatchNorm buffers rank 0's after each step; gradients reduced in bfloat16
 (the error it costs, bounded); a parameter without a gradient named; typed refusals
 (``broadcast_state`` after sharding, bad axes, no parameter axis, a one-process mesh under a group).
-Under the MPI engine a torch model is refused (FSDP2 needs torch.distributed's group), and so is a
-JAX tree (its sharding over processes is the jax engine's multi-controller runtime), and a framework
+Under the MPI engine (FSDP2 needs torch.distributed's group) a torch model gets multidev's own sharding
+of its optimizer's state, as Keras and Gluon do, matching one process; an optimizer whose update is
+not element by element is refused there, and so is a JAX tree (its sharding over processes is the jax engine's multi-controller runtime), and a framework
 without sharded training over processes.
 
 JAX under the jax engine, 4 processes on the 2x2 mesh, one launch: global arrays over the processes'
@@ -144,10 +145,11 @@ from multidev import distributed as dist
 dist.init()
 pm = dist.process_mesh((1, dist.world_size()), ("data", "model"))
 out = []
-try:
-    md.data_parallel(torch.nn.Linear(2, 2), None, mesh=pm)
+lin = torch.nn.Linear(2, 2)
+try:  # (FSDP2 needs torch.distributed's group: under MPI multidev shards the state, element by element)
+    md.data_parallel(lin, torch.optim.LBFGS(lin.parameters()), mesh=pm)
 except md.CapabilityError as e:
-    out.append("torch-engine" if "torch engine" in str(e) else str(e))
+    out.append("torch-elementwise" if "element by element" in str(e) else str(e))
 import importlib.util
 if importlib.util.find_spec("jax") and importlib.util.find_spec("optax"):
     import jax.numpy as jnp
@@ -418,6 +420,52 @@ dist.shutdown()
 '''
 
 
+TORCH_MPI_WORKER = '''
+import numpy as np
+import torch
+import multidev as md
+from multidev import distributed as dist
+
+''' + _MESH_BATCHES + '''
+
+def make(shift=0.0):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(shift)
+    return m
+
+
+def opt(m):  # two groups of their own settings, and a schedule stepped by the user
+    o = torch.optim.AdamW([{"params": m[0].parameters(), "lr": 1e-2}, {"params": m[2].parameters(), "lr": 5e-3}],
+                          weight_decay=0.1)
+    return o, torch.optim.lr_scheduler.StepLR(o, 2, 0.5)
+
+
+loss_fn = lambda m, b: ((m(b[0]) - b[1]) ** 2).mean()
+out = []
+for data_axis in ("data", ("data", "model")):
+    ref, net = make(), make(1.0 if r else 0.0)  # rank 0's state must win at the start
+    (ro, rs), (o, s) = opt(ref), opt(net)
+    dp = md.data_parallel(net, o, mesh=pm, data_axis=data_axis, param_axis="model", verify=True)
+    assert type(dp.replica).__name__ == "ManagedShardedReplica", type(dp.replica)
+    assert [tuple(p.shape) for p in dp.replica._pieces.params] == [(5, 6), (5,), (3, 5), (3,)]
+    for xs in (X, X2, X, X2):
+        x, y = torch.from_numpy(xs), torch.from_numpy(Y)
+        loss = loss_fn(ref, (x, y))
+        ro.zero_grad()
+        loss.backward()
+        ro.step()
+        rs.step()
+        dp.step(dp.shard((x, y)), loss_fn)
+        s.step()
+    err = max(float((a - b).abs().max()) for a, b in zip(ref.parameters(), net.parameters()))
+    out.append("match" if err < 1e-5 and [g["lr"] for g in o.param_groups] == [2.5e-3, 1.25e-3] else f"err {err}")
+print(f"MDTORCHMPI rank {r}: {' '.join(out)}", flush=True)
+dist.shutdown()
+'''
+
 MXNET_WORKER = '''
 import numpy as np
 import multidev as md
@@ -537,8 +585,8 @@ def test_sharding_over_processes_is_refused_where_it_cannot_run(tmp_path: Path) 
         pytest.skip(f"the mpi engine is not available here: {engine_class('mpi').missing()}")
     p = _run(tmp_path, REFUSED, 2, "mpi")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
-    found = sorted(re.findall(r"MDFSDP refused (\d) (torch-engine jax-engine CapabilityError)", p.stdout))
-    assert found == [(str(r), "torch-engine jax-engine CapabilityError") for r in range(2)], p.stdout[-3000:]
+    found = sorted(re.findall(r"MDFSDP refused (\d) (torch-elementwise jax-engine CapabilityError)", p.stdout))
+    assert found == [(str(r), "torch-elementwise jax-engine CapabilityError") for r in range(2)], p.stdout[-3000:]
 
 
 @pytest.mark.multiprocess
@@ -602,6 +650,24 @@ def test_keras_with_its_optimizer_state_sharded_by_multidev_matches_one_process(
     want = [(str(r), f"match match lr {'InvalidArgumentError' if r == 1 else 'CollectiveMismatchError'} {refused}"
              .strip()) for r in range(4)]
     assert found == want, p.stdout[-3000:]
+
+
+@pytest.mark.multiprocess
+def test_torch_under_mpi_with_its_optimizer_state_sharded_by_multidev_matches_one_process(tmp_path: Path) -> None:
+    """FSDP2 runs on torch.distributed's group only: under the MPI engine multidev shards a torch
+    optimizer's state itself (4 processes on the 2x2 mesh): AdamW in two parameter groups of their
+    own learning rates with a StepLR schedule stepped by the user, both batch layouts, rank 0's state
+    winning, ``verify=True``: the weights within 1e-5 of one process's, each rank's optimizer over its
+    pieces only, the user's groups followed."""
+    pytest.importorskip("torch")
+    from multidev.distributed.engine import engine_class
+
+    if engine_class("mpi").missing():
+        pytest.skip(f"the mpi engine is not available here: {engine_class('mpi').missing()}")
+    p = _run(tmp_path, TORCH_MPI_WORKER, 4, "mpi")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
+    found = sorted(re.findall(r"MDTORCHMPI rank (\d): (.*)", p.stdout))
+    assert found == [(str(r), "match match") for r in range(4)], p.stdout[-3000:]
 
 
 @pytest.mark.multiprocess

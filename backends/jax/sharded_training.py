@@ -32,6 +32,7 @@ class JaxShardedTraining(Concern, SupportsShardedTraining):
     """Parameter pytrees with optax, and flax ``TrainState``s, on a mesh."""
 
     core: JaxCore
+    process_engine = "jax"  # (global arrays are JAX's multi-controller runtime's)
 
     def sharded_replica(self, model: Any, optimizer: Any, mesh: Any, data_axes: tuple[str, ...],
                         layout_for: Any) -> Any:

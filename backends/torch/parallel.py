@@ -21,7 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from multidev.adapter import Concern, Device, InvalidArgumentError, Ready, Replica, SupportsDataParallel
+from multidev.adapter import (
+    CapabilityError,
+    Concern,
+    Device,
+    InvalidArgumentError,
+    Ready,
+    Replica,
+    SupportsDataParallel,
+)
 
 from .core import TorchCore
 
@@ -62,8 +70,7 @@ class TorchReplica(Replica):
         self.backend, self.torch, self.model, self.optimizer, self.devices = backend, torch, model, optimizer, devices
         self._named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._params = [p for _, p in self._named]
-        self._handles: list[Any] = []
-        model.zero_grad(set_to_none=True)  # the step averages what accumulates from now on
+        self._handles: list[Any] = []  # (the gradients are dropped by DataParallel once it is made)
 
     def parameters(self) -> list[tuple[str, Any]]:
         return list(self._named)
@@ -149,6 +156,38 @@ class TorchReplica(Replica):
         for h in self._handles:
             h.remove()
         self._handles = []
+
+    #: torch optimizers whose update is element by element: a piece of a parameter steps as it would
+    #: within the whole (multidev's own sharding of their state; not LBFGS, Adafactor, SparseAdam...)
+    ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD",
+                   "Rprop")
+
+    def piece_optimizer(self, pieces: list[Any]) -> Any:
+        """The optimizer's class over new parameters holding the ``pieces`` on their device, in param
+        groups as the given optimizer's, with their settings (see
+        :meth:`multidev.adapter.Replica.piece_optimizer`)."""
+        torch, opt = self.torch, self.optimizer
+        kind = type(opt).__name__
+        if kind not in self.ELEMENTWISE or type(opt) is not getattr(torch.optim, kind, None):
+            raise CapabilityError(f"data_parallel(param_axis=...): multidev cannot shard a {kind}'s state (its update "
+                                  "is not known to be element by element: a piece would step differently); sharded: "
+                                  f"torch.optim.{', '.join(self.ELEMENTWISE)}")
+        if any(opt.state.get(p) for p in self._params):
+            raise CapabilityError("data_parallel(param_axis=...): the optimizer has stepped already, and its state "
+                                  "cannot be cut into pieces; give data_parallel a fresh optimizer")
+        at = {id(p): i for i, p in enumerate(self._params)}
+        made = [None if x is None else torch.nn.Parameter(x.detach().clone()) for x in pieces]
+        groups, follows = [], []  # the pieces' groups, and the given optimizer's group each follows
+        for j, g in enumerate(opt.param_groups):
+            mine = [made[at[id(p)]] for p in g["params"] if id(p) in at and made[at[id(p)]] is not None]
+            if mine:
+                groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": mine})
+                follows.append(j)
+        held = [p for p in made if p is not None]
+        if len(held) != sum(len(g["params"]) for g in groups):
+            raise CapabilityError("data_parallel(param_axis=...): the optimizer does not hold every trained "
+                                  "parameter of the model (freeze the others with requires_grad=False)")
+        return _TorchPieces(torch, type(opt)(groups), held, opt, follows)
 
     def zeros_like(self, x: Any) -> Any:
         return self.torch.zeros_like(x)
@@ -258,3 +297,25 @@ class TorchDevicesReplica(TorchReplica):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
+
+
+class _TorchPieces:
+    """A torch optimizer over one rank's (or device's) pieces of the parameters (parameters of their
+    own), following the user's optimizer ``given``: each group's settings (a learning rate set by
+    hand or by a scheduler, the weight decay) read at each step."""
+
+    def __init__(self, torch: Any, optimizer: Any, params: list[Any], given: Any, follows: list[int]) -> None:
+        self.torch, self.optimizer, self.params, self.given = torch, optimizer, params, given
+        self._follows = follows  # for each of the pieces' groups, the given optimizer's group it follows
+
+    def step(self, grads: Sequence[Any], values: Sequence[Any]) -> list[Any]:
+        torch = self.torch
+        for mine, j in zip(self.optimizer.param_groups, self._follows):
+            mine.update({k: v for k, v in self.given.param_groups[j].items() if k != "params"})
+        with torch.no_grad():
+            for p, x, g in zip(self.params, values, grads):
+                p.copy_(x)
+                p.grad = g.detach().to(p.dtype).contiguous()  # (a no-op where it is so already)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return [p.detach().clone() for p in self.params]

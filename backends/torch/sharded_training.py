@@ -32,7 +32,8 @@ class TorchShardedTraining(Concern, SupportsShardedTraining):
     """``nn.Module`` + ``torch.optim`` sharded with FSDP2 over the processes of a torch group."""
 
     core: TorchCore
-    one_process_mesh = False  # (FSDP2 runs one process per device: a one-process mesh is refused)
+    one_process_mesh = False  # (FSDP2 runs one process per device: a one-process mesh is multidev's own)
+    process_engine = "torch"  # (FSDP2 runs on torch.distributed's group; under other engines: multidev's own)
 
     def sharded_replica(self, model: Any, optimizer: Any, mesh: Any, data_axes: tuple[str, ...],
                         layout_for: Any) -> Any:
