@@ -285,7 +285,8 @@ class ManagedDeviceShardedReplica(Replica):
         b = self.backend
         whole = [new[i, 0] if d is None else b.concat([new[i, k] for k in range(len(self.holders))], d)
                  for i, d in enumerate(self._cut)]
-        self.plain.load(whole, None)
+        buffers = [t for _, t in self.plain.buffers()]  # (the first device's running statistics: every device's)
+        self.plain.load(whole, buffers or None)
         return loss
 
     def apply(self, grads: Sequence[Any | None] | None) -> None:

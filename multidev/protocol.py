@@ -455,7 +455,13 @@ class SupportsDataParallel(Protocol):
     """The framework's models and optimizers for :func:`multidev.data_parallel` and
     :func:`multidev.broadcast_state`: a :class:`~multidev.adapter.Replica` over the user's own
     model and the framework's own optimizer. The core does the buckets, the collectives across
-    processes, the broadcast and the replica check."""
+    processes, the broadcast and the replica check.
+
+    Optional: a method ``piece_refusal(model, optimizer)`` raising CapabilityError where the
+    replica's :meth:`~multidev.adapter.Replica.piece_optimizer` would refuse ``optimizer`` (None
+    otherwise); the core calls it before making a replica for multidev's own sharding of the
+    optimizer's state over one process's devices, so a refusal leaves the model and optimizer as
+    they were (a replica over several devices may move or copy them)."""
 
     def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
         """A :class:`~multidev.adapter.Replica` of ``model`` (this framework's model, or a tree of its

@@ -99,6 +99,26 @@ def test_keras_optimizer_state_cut_over_one_process_devices_matches_one_device()
             else:
                 raise AssertionError("not refused")
             assert all(np.array_equal(a, b) for a, b in zip(w, other.get_weights()))
+        # a schedule's Python state is read at each step, not when the step was traced (0: the weights stay)
+        @keras.saving.register_keras_serializable(package="test")
+        class Box(keras.optimizers.schedules.LearningRateSchedule):
+            def __init__(self, v=1e-2):
+                self.v = v
+
+            def __call__(self, step):
+                return self.v
+
+            def get_config(self):
+                return {"v": self.v}
+
+        box = Box()
+        cl = make()
+        dc = md.data_parallel(cl, keras.optimizers.SGD(box), mesh=mesh)
+        dc.step((tf.constant(batches[0][0]), tf.constant(batches[0][1])), loss_fn)
+        box.v = 0.0
+        before = cl.get_weights()
+        dc.step((tf.constant(batches[1][0]), tf.constant(batches[1][1])), loss_fn)
+        assert all(np.array_equal(a, b) for a, b in zip(before, cl.get_weights()))
         # no_sync accumulates: the next step takes the sum of both batches' gradients
         ra, rao, na, nao = make(), keras.optimizers.Adam(1e-2), make(), keras.optimizers.Adam(1e-2)
         da = md.data_parallel(na, nao, mesh=mesh)
@@ -191,12 +211,24 @@ def test_mxnet_gluon_trainer_state_cut_over_one_process_devices_matches_one_devi
         dp.step((mx.nd.array(batches[0][0]), mx.nd.array(batches[0][1])), loss_fn)
         assert all(np.array_equal(a, b) for a, b in zip(before, weights(net)))
         other = make()
+        ot = trainer(other, "lamb")
         try:
-            md.data_parallel(other, trainer(other, "lamb"), mesh=mesh)
+            md.data_parallel(other, ot, mesh=mesh)
         except md.CapabilityError as e:
             assert "data_parallel(param_axis=...)" in str(e), e
         else:
             raise AssertionError("not refused")
+        # the refusal came before the replica moved the block or the Trainer onto the other contexts
+        assert all(p.list_ctx() == [mx.cpu(0)] for p in other.collect_params().values())
+        assert ot._contexts == [mx.cpu(0)], ot._contexts
+        md.data_parallel(other, trainer(other), mesh=mesh)  # (and a fresh Trainer then shards)
+        # BatchNorm's running statistics: the first device's on every device after each step
+        bn = gluon.nn.Sequential()
+        bn.add(gluon.nn.Dense(4, in_units=6), gluon.nn.BatchNorm(in_channels=4))
+        bn.initialize(mx.init.Xavier())
+        dbn = md.data_parallel(bn, trainer(bn), mesh=mesh, verify=True)
+        for x, y in batches[:2]:
+            dbn.step((mx.nd.array(x), mx.nd.array(y)), loss_fn)  # (verify: every device's copy alike)
         print("ok")
     """)
     assert out.endswith("ok")

@@ -130,13 +130,19 @@ class JaxDLPack(Concern, SupportsDLPack):
         the result are checked (JAX without x64 narrows 64-bit types, refused above)."""
         fast = self._host_call
         if fast is not None and int(obj.__dlpack_device__()[0]) == 1:  # kDLCPU (not pinned: kDLCUDAHost)
+            y = None
             try:
-                y = fast(obj.__dlpack__(), self.core.to_native_device(device))
-            except TypeError:  # not the call this jaxlib was seen to take: the public one from now on
-                self.__dict__["_host_call"] = None
-            except Exception:  # noqa: BLE001 - what JAX refuses (a copy, a stride), classified below
-                pass
-            else:
+                capsule, dev = obj.__dlpack__(), self.core.to_native_device(device)
+            except Exception:  # noqa: BLE001 - the producer's own refusal: classified by the public call below
+                capsule = None
+            if capsule is not None:
+                try:
+                    y = fast(capsule, dev)
+                except TypeError:  # not the call this jaxlib was seen to take: the public one from now on
+                    self.__dict__["_host_call"] = None
+                except Exception:  # noqa: BLE001 - what JAX refuses (a copy, a stride), classified below
+                    pass
+            if y is not None:
                 if self.core.dtype_of(y) != src:
                     raise CapabilityError(f"jax backend: a {src} DLPack buffer arrived as {y.dtype} (a copy); "
                                           f"{x64_hint(src)}")

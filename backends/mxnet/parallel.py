@@ -36,11 +36,35 @@ from multidev.adapter import (
 
 from .core import MxnetCore
 
+#: MXNet optimizers whose update is element by element: a piece of a parameter steps as it would
+#: within the whole (multidev's own sharding of their state over processes)
+ELEMENTWISE = ("SGD", "NAG", "Adam", "RMSProp", "AdaGrad", "AdaDelta", "Adamax", "Nadam", "Ftrl", "Signum", "FTML")
+
+
+def piece_refusal(mx: Any, trainer: Any) -> None:
+    """CapabilityError where multidev cannot shard ``trainer``'s optimizer state (its update is not
+    known to be element by element, or it has stepped already); None otherwise."""
+    opt = trainer._optimizer
+    kind = type(opt).__name__
+    if kind not in ELEMENTWISE or type(opt) is not getattr(mx.optimizer, kind, None):
+        raise CapabilityError(f"data_parallel(param_axis=...): multidev cannot shard a {kind}'s state (its "
+                              "update is not known to be element by element: a piece would step differently); "
+                              f"sharded: mxnet.optimizer.{', '.join(ELEMENTWISE)}")
+    if opt.num_update > opt.begin_num_update or any(u.states for u in trainer._updaters):
+        raise CapabilityError("data_parallel(param_axis=...): the Trainer has stepped already, and its "
+                              "optimizer's state cannot be cut into pieces; give data_parallel a fresh Trainer")
 
 class MxnetParallel(Concern, SupportsDataParallel):
     """Gluon blocks with Gluon Trainers."""
 
     core: MxnetCore
+
+    def piece_refusal(self, model: Any, optimizer: Any) -> None:
+        """What :meth:`MxnetReplica.piece_optimizer` would refuse, raised before a replica moves the
+        block and the Trainer onto other contexts (nothing here for what the replica refuses itself)."""
+        mx = self.core.mx
+        if isinstance(model, mx.gluon.Block) and isinstance(optimizer, mx.gluon.Trainer):
+            piece_refusal(mx, optimizer)
 
     def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
         mx = self.core.mx
@@ -195,9 +219,6 @@ class MxnetReplica(Replica):
             if len(self._ctxs) > 1:
                 p.set_data(p.data(self._ctxs[0]))
 
-    #: MXNet optimizers whose update is element by element: a piece of a parameter steps as it would
-    #: within the whole (multidev's own sharding of their state over processes)
-    ELEMENTWISE = ("SGD", "NAG", "Adam", "RMSProp", "AdaGrad", "AdaDelta", "Adamax", "Nadam", "Ftrl", "Signum", "FTML")
 
     def piece_optimizer(self, pieces: list[Any]) -> Any:
         """A fresh copy of the Trainer's optimizer (its settings, no state) in a Trainer of its own over
@@ -205,14 +226,7 @@ class MxnetReplica(Replica):
         and ``wd_mult`` (see :meth:`multidev.adapter.Replica.piece_optimizer`)."""
         mx, trainer = self.mx, self.optimizer
         opt = trainer._optimizer
-        kind = type(opt).__name__
-        if kind not in self.ELEMENTWISE or type(opt) is not getattr(mx.optimizer, kind, None):
-            raise CapabilityError(f"data_parallel(param_axis=...): multidev cannot shard a {kind}'s state (its "
-                                  "update is not known to be element by element: a piece would step differently); "
-                                  f"sharded: mxnet.optimizer.{', '.join(self.ELEMENTWISE)}")
-        if opt.num_update > opt.begin_num_update or any(u.states for u in trainer._updaters):
-            raise CapabilityError("data_parallel(param_axis=...): the Trainer has stepped already, and its "
-                                  "optimizer's state cannot be cut into pieces; give data_parallel a fresh Trainer")
+        piece_refusal(mx, trainer)
         fresh = copy.deepcopy(opt)
         fresh.param_dict, fresh._index_update_count = {}, {}
         params = []

@@ -35,11 +35,48 @@ from multidev.adapter import (
 
 from .core import TensorflowCore
 
+#: Keras optimizers whose update is element by element: a piece of a parameter steps as it would
+#: within the whole (multidev's own sharding of their state over processes)
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam", "Ftrl", "Lion")
+
+
+def piece_refusal(keras: Any, model: Any, opt: Any) -> None:
+    """CapabilityError where multidev cannot shard ``opt``'s state over ``model``'s pieces (an update
+    not known to be element by element, a norm over whole gradients, the model's own constraints, an
+    EMA, an optimizer that has stepped); None otherwise."""
+    kind = type(opt).__name__
+    if kind not in ELEMENTWISE or type(opt) is not getattr(keras.optimizers, kind, None):
+        raise CapabilityError(f"data_parallel(param_axis=...): multidev cannot shard a {kind}'s state (its "
+                              "update is not known to be element by element: a piece would step differently); "
+                              f"sharded: keras.optimizers.{', '.join(ELEMENTWISE)}")
+    cfg = opt.get_config()
+    if cfg.get("clipnorm") is not None or cfg.get("global_clipnorm") is not None:
+        raise CapabilityError("data_parallel(param_axis=...): clipnorm and global_clipnorm take a norm over "
+                              "whole gradients, which a rank holding a piece does not have (clipvalue clips "
+                              "element by element: it shards)")
+    if any(getattr(v, "constraint", None) is not None for v in model.trainable_variables) or getattr(
+            opt, "_exclude_from_weight_decay", None) or getattr(opt, "_exclude_from_weight_decay_pattern", None):
+        raise CapabilityError("data_parallel(param_axis=...): a variable constraint or "
+                              "exclude_from_weight_decay belongs to the model's own variables, which the "
+                              "optimizer over pieces does not step; train this model without param_axis")
+    if cfg.get("use_ema"):
+        raise CapabilityError("data_parallel(param_axis=...): use_ema keeps a moving average of whole "
+                              "variables, which the optimizer over pieces does not hold")
+    if int(opt.iterations.numpy()) != 0:
+        raise CapabilityError("data_parallel(param_axis=...): the optimizer has stepped already, and its "
+                              "state cannot be cut into pieces; give data_parallel a fresh optimizer")
 
 class TensorflowParallel(Concern, SupportsDataParallel):
     """Keras models with Keras optimizers."""
 
     core: TensorflowCore
+
+    def piece_refusal(self, model: Any, optimizer: Any) -> None:
+        """What :meth:`TensorflowReplica.piece_optimizer` would refuse, raised before a replica copies
+        the model onto other devices (nothing here for what the replica refuses itself)."""
+        keras = sys.modules.get("keras")
+        if keras is not None and isinstance(model, keras.Model) and isinstance(optimizer, keras.optimizers.Optimizer):
+            piece_refusal(keras, model, optimizer)
 
     def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
         keras = sys.modules.get("keras")
@@ -177,42 +214,21 @@ class TensorflowReplica(Replica):
                 self.optimizer.apply_gradients(pairs)
         self._sync_copies()
 
-    #: Keras optimizers whose update is element by element: a piece of a parameter steps as it would
-    #: within the whole (multidev's own sharding of their state over processes)
-    ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam", "Ftrl", "Lion")
 
     def piece_optimizer(self, pieces: list[Any]) -> Any:
         """A fresh optimizer of the given one's class and configuration over Keras variables holding
         ``pieces``, on the pieces' device (see :meth:`multidev.adapter.Replica.piece_optimizer`)."""
         keras, opt = sys.modules["keras"], self.optimizer
-        kind = type(opt).__name__
-        if kind not in self.ELEMENTWISE or type(opt) is not getattr(keras.optimizers, kind, None):
-            raise CapabilityError(f"data_parallel(param_axis=...): multidev cannot shard a {kind}'s state (its "
-                                  "update is not known to be element by element: a piece would step differently); "
-                                  f"sharded: keras.optimizers.{', '.join(self.ELEMENTWISE)}")
+        piece_refusal(keras, self.model, opt)
         cfg = opt.get_config()
-        if cfg.get("clipnorm") is not None or cfg.get("global_clipnorm") is not None:
-            raise CapabilityError("data_parallel(param_axis=...): clipnorm and global_clipnorm take a norm over "
-                                  "whole gradients, which a rank holding a piece does not have (clipvalue clips "
-                                  "element by element: it shards)")
-        if any(getattr(v, "constraint", None) is not None for v in self.model.trainable_variables) or getattr(
-                opt, "_exclude_from_weight_decay", None) or getattr(opt, "_exclude_from_weight_decay_pattern", None):
-            raise CapabilityError("data_parallel(param_axis=...): a variable constraint or "
-                                  "exclude_from_weight_decay belongs to the model's own variables, which the "
-                                  "optimizer over pieces does not step; train this model without param_axis")
-        if cfg.get("use_ema"):
-            raise CapabilityError("data_parallel(param_axis=...): use_ema keeps a moving average of whole "
-                                  "variables, which the optimizer over pieces does not hold")
-        if int(opt.iterations.numpy()) != 0:
-            raise CapabilityError("data_parallel(param_axis=...): the optimizer has stepped already, and its "
-                                  "state cannot be cut into pieces; give data_parallel a fresh optimizer")
         held = [(i, p) for i, p in enumerate(pieces) if p is not None]
         dev = self.backend.device_of(held[0][1]) if held else self.devices[0]
         with self.tf.device(self.backend.to_native_device(dev)):  # the pieces' device holds their state
             new = type(opt).from_config(cfg)
             variables = [keras.Variable(p, trainable=True, name=f"piece_{i}") for i, p in held]
             new.build(variables)
-        return _KerasPieces(new, variables, opt, self.tf)
+            lr = keras.Variable(0.0, dtype="float32", trainable=False, name="piece_learning_rate")
+        return _KerasPieces(new, variables, opt, self.tf, lr)
 
     def zeros_like(self, x: Any) -> Any:
         return self.tf.zeros_like(x)
@@ -244,14 +260,15 @@ class TensorflowReplica(Replica):
 
 class _KerasPieces:
     """A Keras optimizer over one rank's (or device's) pieces of the parameters (Keras variables),
-    following the user's optimizer ``given``: its learning rate and weight decay now, its step count
-    after. Its step runs as one ``tf.function`` (Keras's eager update costs milliseconds a variable
-    on a CPU), traced again when the learning rate's schedule object or the weight decay changes
-    (both are read when it is traced; a learning rate held in a variable is read at each call)."""
+    following the user's optimizer ``given``: its learning rate (a value, a schedule or a callable,
+    evaluated eagerly at each step as Keras would, into a variable the step reads) and weight decay
+    now, its step count after. Its step runs as one ``tf.function`` (Keras's eager update costs
+    milliseconds a variable on a CPU), traced again when the weight decay changes."""
 
-    def __init__(self, optimizer: Any, variables: list[Any], given: Any, tf: Any) -> None:
-        self.optimizer, self.variables, self.given, self.tf = optimizer, variables, given, tf
-        self._traced: tuple[Any, Any] | None = None  # (what it was traced for, the function)
+    def __init__(self, optimizer: Any, variables: list[Any], given: Any, tf: Any, lr: Any) -> None:
+        self.optimizer, self.variables, self.given, self.tf, self._lr = optimizer, variables, given, tf, lr
+        optimizer._learning_rate = lr
+        self._traced: tuple[Any, Any] | None = None  # (the weight decay it was traced for, the function)
 
     def _run(self, grads: Sequence[Any], values: Sequence[Any]) -> list[Any]:
         for v, x in zip(self.variables, values):
@@ -262,15 +279,15 @@ class _KerasPieces:
     def step(self, grads: Sequence[Any], values: Sequence[Any]) -> list[Any]:
         opt, given = self.optimizer, self.given
         lr = given._learning_rate  # a variable the user may have set, or a schedule or callable
-        if hasattr(lr, "assign") and hasattr(opt._learning_rate, "assign"):
-            opt._learning_rate.assign(lr)
-            key: Any = ("variable", given.weight_decay)
-        else:
-            opt._learning_rate = lr
-            key = (id(lr), given.weight_decay)
+        schedules = sys.modules["keras"].optimizers.schedules
+        if isinstance(lr, schedules.LearningRateSchedule):
+            lr = lr(opt._iterations)  # (Keras's own rule: the schedule at the step count before this step)
+        elif callable(lr) and not hasattr(lr, "assign"):
+            lr = lr()
+        self._lr.assign(self.tf.cast(lr, self._lr.dtype))
         opt.weight_decay = given.weight_decay
-        if self._traced is None or self._traced[0] != key:
-            self._traced = (key, self.tf.function(self._run))
+        if self._traced is None or self._traced[0] != given.weight_decay:
+            self._traced = (given.weight_decay, self.tf.function(self._run))
         out = self._traced[1](list(grads), list(values))
         given._iterations.assign(opt._iterations)
         return list(out)

@@ -33,11 +33,35 @@ from multidev.adapter import (
 
 from .core import TorchCore
 
+#: torch optimizers whose update is element by element: a piece of a parameter steps as it would
+#: within the whole (multidev's own sharding of their state; not LBFGS, Adafactor, SparseAdam...)
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD",
+               "Rprop")
+
+
+def piece_refusal(torch: Any, opt: Any) -> None:
+    """CapabilityError where multidev cannot shard ``opt``'s state (its update is not known to be
+    element by element, or it has stepped already); None otherwise."""
+    kind = type(opt).__name__
+    if kind not in ELEMENTWISE or type(opt) is not getattr(torch.optim, kind, None):
+        raise CapabilityError(f"data_parallel(param_axis=...): multidev cannot shard a {kind}'s state (its update "
+                              "is not known to be element by element: a piece would step differently); sharded: "
+                              f"torch.optim.{', '.join(ELEMENTWISE)}")
+    if any(st for st in opt.state.values()):
+        raise CapabilityError("data_parallel(param_axis=...): the optimizer has stepped already, and its state "
+                              "cannot be cut into pieces; give data_parallel a fresh optimizer")
 
 class TorchParallel(Concern, SupportsDataParallel):
     """``nn.Module`` + ``torch.optim.Optimizer`` replicas."""
 
     core: TorchCore
+
+    def piece_refusal(self, model: Any, optimizer: Any) -> None:
+        """What :meth:`TorchReplica.piece_optimizer` would refuse, raised before a replica is made
+        (nothing here for what the replica refuses itself)."""
+        torch = self.core.torch
+        if isinstance(model, torch.nn.Module) and isinstance(optimizer, torch.optim.Optimizer):
+            piece_refusal(torch, optimizer)
 
     def data_parallel_replica(self, model: Any, optimizer: Any, devices: Sequence[Device]) -> Any:
         torch = self.core.torch
@@ -157,24 +181,13 @@ class TorchReplica(Replica):
             h.remove()
         self._handles = []
 
-    #: torch optimizers whose update is element by element: a piece of a parameter steps as it would
-    #: within the whole (multidev's own sharding of their state; not LBFGS, Adafactor, SparseAdam...)
-    ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD",
-                   "Rprop")
 
     def piece_optimizer(self, pieces: list[Any]) -> Any:
         """The optimizer's class over new parameters holding the ``pieces`` on their device, in param
         groups as the given optimizer's, with their settings (see
         :meth:`multidev.adapter.Replica.piece_optimizer`)."""
         torch, opt = self.torch, self.optimizer
-        kind = type(opt).__name__
-        if kind not in self.ELEMENTWISE or type(opt) is not getattr(torch.optim, kind, None):
-            raise CapabilityError(f"data_parallel(param_axis=...): multidev cannot shard a {kind}'s state (its update "
-                                  "is not known to be element by element: a piece would step differently); sharded: "
-                                  f"torch.optim.{', '.join(self.ELEMENTWISE)}")
-        if any(opt.state.get(p) for p in self._params):
-            raise CapabilityError("data_parallel(param_axis=...): the optimizer has stepped already, and its state "
-                                  "cannot be cut into pieces; give data_parallel a fresh optimizer")
+        piece_refusal(torch, opt)
         at = {id(p): i for i, p in enumerate(self._params)}
         made = [None if x is None else torch.nn.Parameter(x.detach().clone()) for x in pieces]
         groups, follows = [], []  # the pieces' groups, and the given optimizer's group each follows
