@@ -2,7 +2,8 @@
 (``md.data_parallel(model, opt, mesh=(1, N) mesh, param_axis="model")``, ZeRO's stage 1) against the
 same data-parallel step with the state whole on the first device (``param_axis=()``: the framework's
 replica over the same N devices, the same forward and backward) and against Keras's own step on
-one device (``GradientTape`` + ``apply_gradients``, eager, and with the update as one ``tf.function``). An MLP on 784 inputs, Adam, the same initial
+one device (``GradientTape`` + ``apply_gradients``, eager, and with the update as one
+``tf.function``). An MLP on 784 inputs, Adam, the same initial
 weights and batches; median step time of each (their steps interleaved, each waited for), the
 ratios, and the largest weight difference after the same steps::
 
