@@ -660,7 +660,7 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
             raise CapabilityError("data_parallel(mesh=...): a mesh of this process's devices under a process group of "
                                   "more than one rank; across processes pass a process mesh "
                                   "(multidev.distributed.process_mesh), one device per process")
-        from .managed_sharding import ManagedDeviceShardedReplica
+        from .managed_sharding import ManagedDeviceShardedReplica, has_piece_optimizer
         from .sharded_training import device_mesh_axes, sharded_replica
         b = _model_backend(model, "data_parallel")
         plain = b.sharded_training is None or getattr(b.sharded_training, "one_process_mesh", True) is False
@@ -669,13 +669,22 @@ def data_parallel(model: Any, optimizer: Any = None, *, devices: Sequence[Device
             # parameters replicated on every device of the mesh, and no sharded mode: plain data
             # parallelism over them (the batch cut over every device: the same mean gradient)
             rep = _replica_for(model, optimizer, list(mesh.devices), "data_parallel")
-        elif plain and (refusal := getattr(b.parallel, "piece_refusal", None)) is not None:
+        elif plain:
             # no sharded mode of the framework's own: multidev cuts the optimizer's state over the
             # devices along the parameter axes (the batch cut over every device, as above); what it
-            # cannot shard is refused before the replica moves or copies the model
-            refusal(model, optimizer)
-            rep = ManagedDeviceShardedReplica(_replica_for(model, optimizer, list(mesh.devices), "data_parallel"),
-                                              mesh, param_axes)
+            # cannot shard is refused before the replica moves or copies the model, where the adapter
+            # says so (its optional piece_refusal)
+            if optimizer is None:
+                raise InvalidArgumentError("data_parallel with param_axis needs the optimizer: data_parallel(model, "
+                                           "optimizer, mesh=..., param_axis=...)")
+            if (refusal := getattr(b.parallel, "piece_refusal", None)) is not None:
+                refusal(model, optimizer)
+            whole = _replica_for(model, optimizer, list(mesh.devices), "data_parallel")
+            if not has_piece_optimizer(whole):
+                raise CapabilityError(f"data_parallel(param_axis=...): the {b.name} backend has no sharded training of "
+                                      "its own and its replica gives no optimizer over pieces; train without "
+                                      "param_axis")
+            rep = ManagedDeviceShardedReplica(whole, mesh, param_axes)
             rep.unused = unused
         else:
             rep = sharded_replica(b, model, optimizer, mesh, data_axis, param_axis, "data_parallel")

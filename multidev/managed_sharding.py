@@ -49,25 +49,88 @@ def has_piece_optimizer(rep: Replica) -> bool:
     return type(rep).piece_optimizer is not Replica.piece_optimizer
 
 
-class ManagedShardedReplica(Replica):
-    """``plain`` (a replica of the whole model on this rank's device; made before rank 0's state is
-    broadcast, so the adapter's refusals come before anything moves) trained with its optimizer's
-    state sharded over ``param_axes`` of the process mesh ``mesh`` (see the module doc)."""
+class _PiecesReplica(Replica):
+    """What both managed sharded replicas share: ``plain`` (the framework's replica of the whole
+    model) runs the forward and backward, and an optimizer over pieces steps in :meth:`local_step`."""
 
     #: the core runs no gradient buckets: :meth:`local_step` exchanges what it needs
     syncs_itself = True
     #: a parameter without a gradient at the step: "error" (named) or "zero"
     unused = "error"
+    #: how the refusals name this mode
+    _what = "data_parallel with param_axis"
+
+    def __init__(self, plain: Replica, mesh: Any, param_axes: tuple[str, ...]) -> None:
+        self.plain, self.mesh, self.param_axes = plain, mesh, param_axes
+        self.backend, self.model, self.optimizer = plain.backend, plain.model, plain.optimizer
+        self.devices = plain.devices
+        if plain.optimizer is None:
+            raise InvalidArgumentError(f"{self._what} needs the optimizer: data_parallel(model, optimizer, mesh=..., "
+                                       "param_axis=...)")
+        self._shapes = [tuple(self.backend.shape_of(p)) for _, p in plain.parameters()]
+        #: per parameter: the dimension cut along the parameter axes, None where it is whole everywhere
+        self._cut = [next((d for d, s in enumerate(param_spec(mesh.sizes, shp, param_axes)) if s is not None), None)
+                     for shp in self._shapes]
+
+    def _gradients(self, batch: Any, loss_fn: Callable[..., Any], n: int) -> tuple[Any, list[Any]]:
+        """(the loss, the ``n`` parameters' gradients, None where one got none) of one backward of
+        ``plain``, whose own gradients are dropped (the pieces step: the plain replica keeps none)."""
+        grads: list[Any] = [None] * n
+
+        def got(i: int, g: Any) -> None:
+            grads[i] = g
+        try:
+            loss = self.plain.backward(batch, loss_fn, got)
+        finally:
+            self.plain.drop_gradients()
+        return loss, grads
+
+    def _refuse_missing(self, grads: Sequence[Any]) -> None:
+        """InvalidArgumentError naming the parameters without a gradient, where ``unused`` is "error"."""
+        missing = [i for i, g in enumerate(grads) if g is None]
+        if missing and self.unused == "error":
+            names = [n for n, _ in self.plain.parameters()]
+            raise InvalidArgumentError(f"data_parallel: {len(missing)} parameter(s) received no gradient in this "
+                                       f"step: {', '.join(names[i] for i in missing[:5])} (data_parallel("
+                                       "unused='zero') counts them as zero)")
+
+    # -- what the core asks of a replica -------------------------------------------------------------
+    def parameters(self) -> list[tuple[str, Any]]:
+        return self.plain.parameters()
+
+    def buffers(self) -> list[tuple[str, Any]]:
+        return self.plain.buffers()
+
+    def backward(self, batch: Any, loss_fn: Callable[..., Any], ready: Any) -> Any:
+        return self.plain.backward(batch, loss_fn, None)  # (no_sync: accumulate; the next step takes the sum)
+
+    def drop_gradients(self) -> None:
+        self.plain.drop_gradients()
+
+    def apply(self, grads: Sequence[Any | None] | None) -> None:
+        raise CapabilityError(f"{self._what} steps in DataParallel.step (local_step)")
+
+    def zeros_like(self, x: Any) -> Any:
+        return self.plain.zeros_like(x)
+
+    def fingerprints(self) -> list[list[int]]:
+        return self.plain.fingerprints()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.plain.forward(*args, **kwargs)
+
+
+class ManagedShardedReplica(_PiecesReplica):
+    """``plain`` (a replica of the whole model on this rank's device; made before rank 0's state is
+    broadcast, so the adapter's refusals come before anything moves) trained with its optimizer's
+    state sharded over ``param_axes`` of the process mesh ``mesh`` (see the module doc)."""
+
+    _what = "data_parallel over a process mesh"
 
     def __init__(self, plain: Replica, mesh: Any, rank: int, data_axes: tuple[str, ...],
                  param_axes: tuple[str, ...], grad_dtype: str | None) -> None:
-        self.plain, self.mesh, self.data_axes, self.param_axes = plain, mesh, data_axes, param_axes
-        self.backend, self.model, self.optimizer = plain.backend, plain.model, plain.optimizer
-        self.devices = plain.devices
-        self.grad_dtype = grad_dtype
-        if plain.optimizer is None:
-            raise InvalidArgumentError("data_parallel over a process mesh needs the optimizer: data_parallel(model, "
-                                       "optimizer, mesh=...)")
+        super().__init__(plain, mesh, param_axes)
+        self.data_axes, self.grad_dtype = data_axes, grad_dtype
         b = self.backend
         self._group = mesh.group_of(rank, param_axes)  # the ranks holding the other pieces, in gather order
         self._k, self._n = self._group.index(rank), len(self._group)
@@ -78,10 +141,6 @@ class ManagedShardedReplica(Replica):
             raise CapabilityError(f"data_parallel over a process mesh: the parameters are of one dtype here (the "
                                   f"gradients and pieces travel flattened), got {', '.join(dtypes)}")
         self._dtype = dtypes[0] if dtypes else None
-        self._shapes = [tuple(b.shape_of(p)) for p in params]
-        #: per parameter: the dimension cut along the parameter axes, None where it is whole everywhere
-        self._cut = [next((d for d, s in enumerate(param_spec(mesh.sizes, shp, param_axes)) if s is not None), None)
-                     for shp in self._shapes]
         self._pieces = self.plain.piece_optimizer([self._piece(p, i) for i, p in enumerate(params)])
         if self._pieces is None:
             raise CapabilityError(f"data_parallel over a process mesh: the {b.name} replica gives no optimizer over "
@@ -97,12 +156,6 @@ class ManagedShardedReplica(Replica):
         return b.split(t, [self._shapes[i][d] // self._n] * self._n, d)[self._k]
 
     # -- what the core asks of a replica -------------------------------------------------------------
-    def parameters(self) -> list[tuple[str, Any]]:
-        return self.plain.parameters()
-
-    def buffers(self) -> list[tuple[str, Any]]:
-        return self.plain.buffers()
-
     def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
         if params is not None:
             raise CapabilityError("data_parallel over a process mesh: the optimizer's state is sharded; load a "
@@ -118,23 +171,10 @@ class ManagedShardedReplica(Replica):
         raise CapabilityError("data_parallel over a process mesh: each rank holds a piece of the optimizer's state; "
                               "start from a fresh optimizer")
 
-    def backward(self, batch: Any, loss_fn: Callable[..., Any], ready: Any) -> Any:
-        return self.plain.backward(batch, loss_fn, None)  # (no_sync: accumulate; the next step averages the sum)
-
-    def drop_gradients(self) -> None:
-        self.plain.drop_gradients()
-
     def local_step(self, batch: Any, loss_fn: Callable[..., Any]) -> Any:
         from .distributed import mesh as dmesh
 
-        grads: list[Any] = [None] * len(self._shapes)
-
-        def got(i: int, g: Any) -> None:
-            grads[i] = g
-        try:
-            loss = self.plain.backward(batch, loss_fn, got)
-        finally:
-            self.plain.drop_gradients()  # this replica steps the pieces: the plain one keeps none
+        loss, grads = self._gradients(batch, loss_fn, len(self._shapes))
         params = [t for _, t in self.plain.parameters()]
         cut = [i for i, d in enumerate(self._cut) if d is not None]
         length = sum(math.prod(self._shapes[i]) // self._n for i in cut)
@@ -142,12 +182,7 @@ class ManagedShardedReplica(Replica):
         def check() -> tuple[tuple[Any, ...], int]:
             # a parameter without a gradient is decided by every rank alike, before anything moves:
             # the rank missing one raises naming it, the others CollectiveMismatchError naming that rank
-            missing = [i for i, g in enumerate(grads) if g is None]
-            if missing and self.unused == "error":
-                names = [n for n, _ in self.plain.parameters()]
-                raise InvalidArgumentError(f"data_parallel: {len(missing)} parameter(s) received no gradient in this "
-                                           f"step: {', '.join(names[i] for i in missing[:5])} (data_parallel("
-                                           "unused='zero') counts them as zero)")
+            self._refuse_missing(grads)
             return (self.mesh, self.data_axes, self.param_axes, tuple(self._shapes), self._dtype,
                     self.grad_dtype), length
 
@@ -173,45 +208,21 @@ class ManagedShardedReplica(Replica):
         self.plain.load(whole, None)
         return loss
 
-    def apply(self, grads: Sequence[Any | None] | None) -> None:
-        raise CapabilityError("data_parallel over a process mesh steps in DataParallel.step (local_step)")
 
-    def zeros_like(self, x: Any) -> Any:
-        return self.plain.zeros_like(x)
-
-    def fingerprints(self) -> list[list[int]]:
-        return self.plain.fingerprints()
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.plain.forward(*args, **kwargs)
-
-
-class ManagedDeviceShardedReplica(Replica):
+class ManagedDeviceShardedReplica(_PiecesReplica):
     """``plain`` (the framework's replica of the whole model on every device of the one-process mesh
     ``mesh``) trained with its optimizer's state cut over the devices along ``param_axes`` of the
     mesh's first device (see the module doc): piece ``k`` of each parameter (the core's layout rule)
     and its state live on the ``k``-th of them; a parameter no dimension divides is stepped whole on
     the first. Synchronous as the framework's step is; the model is updated in place."""
 
-    syncs_itself = True
-    #: a parameter without a gradient at the step: "error" (named) or "zero"
-    unused = "error"
-
     def __init__(self, plain: Replica, mesh: Any, param_axes: tuple[str, ...]) -> None:
-        self.plain, self.mesh, self.param_axes = plain, mesh, param_axes
-        self.backend, self.model, self.optimizer = plain.backend, plain.model, plain.optimizer
-        self.devices = plain.devices
-        if plain.optimizer is None:
-            raise InvalidArgumentError("data_parallel with param_axis needs the optimizer: data_parallel(model, "
-                                       "optimizer, mesh=..., param_axis=...)")
+        super().__init__(plain, mesh, param_axes)
         first = mesh.devices[0]
         #: the devices holding piece 0, 1, ... of each parameter (gather order along the parameter axes)
         self.holders = next(g for g in mesh.groups(param_axes) if first in g)
         n = len(self.holders)
         params = [t for _, t in plain.parameters()]
-        self._shapes = [tuple(self.backend.shape_of(p)) for p in params]
-        self._cut = [next((d for d, s in enumerate(param_spec(mesh.sizes, shp, param_axes)) if s is not None), None)
-                     for shp in self._shapes]
         #: per holder: the parameters it steps (its piece of each cut one; the whole ones on the first)
         self._mine = [[i for i, d in enumerate(self._cut) if d is not None or k == 0] for k in range(n)]
         self._pieces = [self.plain.piece_optimizer([self._piece(p, i, k) if i in idx else None
@@ -234,12 +245,6 @@ class ManagedDeviceShardedReplica(Replica):
         return self._on(t, self.holders[k])
 
     # -- what the core asks of a replica -------------------------------------------------------------
-    def parameters(self) -> list[tuple[str, Any]]:
-        return self.plain.parameters()
-
-    def buffers(self) -> list[tuple[str, Any]]:
-        return self.plain.buffers()
-
     def load(self, params: Sequence[Any] | None, buffers: Sequence[Any] | None) -> None:
         self.plain.load(params, buffers)  # (the pieces start from the model's values at each step)
 
@@ -251,27 +256,9 @@ class ManagedDeviceShardedReplica(Replica):
         raise CapabilityError("data_parallel with param_axis: the optimizer's state is cut over the mesh's devices; "
                               "start from a fresh optimizer")
 
-    def backward(self, batch: Any, loss_fn: Callable[..., Any], ready: Any) -> Any:
-        return self.plain.backward(batch, loss_fn, None)  # (no_sync: accumulate; the next step takes the sum)
-
-    def drop_gradients(self) -> None:
-        self.plain.drop_gradients()
-
     def local_step(self, batch: Any, loss_fn: Callable[..., Any]) -> Any:
-        grads: list[Any] = [None] * len(self._shapes)
-
-        def got(i: int, g: Any) -> None:
-            grads[i] = g
-        try:
-            loss = self.plain.backward(batch, loss_fn, got)
-        finally:
-            self.plain.drop_gradients()  # this replica steps the pieces: the plain one keeps none
-        missing = [i for i, g in enumerate(grads) if g is None]
-        names = [n for n, _ in self.plain.parameters()]
-        if missing and self.unused == "error":  # (before any piece steps: a refused step changes nothing)
-            raise InvalidArgumentError(f"data_parallel: {len(missing)} parameter(s) received no gradient in this "
-                                       f"step: {', '.join(names[i] for i in missing[:5])} (data_parallel("
-                                       "unused='zero') counts them as zero)")
+        loss, grads = self._gradients(batch, loss_fn, len(self._shapes))
+        self._refuse_missing(grads)  # (before any piece steps: a refused step changes nothing)
         params = [t for _, t in self.plain.parameters()]
         grads = [self.plain.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
         first = self.devices[0]
@@ -288,15 +275,3 @@ class ManagedDeviceShardedReplica(Replica):
         buffers = [t for _, t in self.plain.buffers()]  # (the first device's running statistics: every device's)
         self.plain.load(whole, buffers or None)
         return loss
-
-    def apply(self, grads: Sequence[Any | None] | None) -> None:
-        raise CapabilityError("data_parallel with param_axis steps in DataParallel.step (local_step)")
-
-    def zeros_like(self, x: Any) -> Any:
-        return self.plain.zeros_like(x)
-
-    def fingerprints(self) -> list[list[int]]:
-        return self.plain.fingerprints()
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.plain.forward(*args, **kwargs)

@@ -158,6 +158,49 @@ def test_keras_optimizer_state_cut_over_one_process_devices_matches_one_device()
     assert out.endswith("ok")
 
 
+def test_keras_float64_and_an_unregistered_schedule_match_one_device() -> None:
+    """The pieces' learning rate has the user's dtype (float64 here: no float32 rounding), and a
+    schedule Keras cannot rebuild from its configuration (not registered) still shards."""
+    _need("tensorflow", "keras")
+    out = _py("""
+        import numpy as np, multidev as md
+        md.devices(backend="tensorflow")
+        import keras, tensorflow as tf
+        keras.config.set_floatx("float64")
+
+        class Halving(keras.optimizers.schedules.LearningRateSchedule):  # (not registered with Keras)
+            def __call__(self, step):
+                return 0.0123 / (1.0 + tf.cast(step, "float64"))
+
+            def get_config(self):
+                return {}
+
+        def make():
+            keras.utils.set_random_seed(0)
+            return keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="tanh"),
+                                     keras.layers.Dense(2)])
+
+        def loss_fn(m, b):
+            return tf.reduce_mean((m(b[0]) - b[1]) ** 2)
+
+        rng = np.random.default_rng(1)
+        batches = [(rng.normal(size=(8, 6)), rng.normal(size=(8, 2))) for _ in range(4)]
+        mesh = md.make_mesh((2, 2), ("data", "model"), backend="tensorflow")
+        for opt in (lambda: keras.optimizers.Adam(0.0123), lambda: keras.optimizers.SGD(Halving(), momentum=0.5)):
+            ref, ro, net = make(), opt(), make()
+            dp = md.data_parallel(net, opt(), mesh=mesh, data_axis="data")
+            for x, y in batches:
+                with tf.GradientTape() as t:
+                    want = loss_fn(ref, (x, y))
+                ro.apply_gradients(zip(t.gradient(want, ref.trainable_variables), ref.trainable_variables))
+                dp.step((tf.constant(x), tf.constant(y)), loss_fn)
+            err = max(float(np.abs(a - b).max()) for a, b in zip(ref.get_weights(), net.get_weights()))
+            assert err < 1e-13, err  # (a float32 learning rate is off by about 1e-10 here)
+        print("ok")
+    """)
+    assert out.endswith("ok")
+
+
 def test_mxnet_gluon_trainer_state_cut_over_one_process_devices_matches_one_device() -> None:
     _need("mxnet")
     out = _py("""
@@ -210,6 +253,15 @@ def test_mxnet_gluon_trainer_state_cut_over_one_process_devices_matches_one_devi
         before = weights(net)
         dp.step((mx.nd.array(batches[0][0]), mx.nd.array(batches[0][1])), loss_fn)
         assert all(np.array_equal(a, b) for a, b in zip(before, weights(net)))
+        # no optimizer: refused before the block moves onto the other contexts
+        lone = make()
+        try:
+            md.data_parallel(lone, None, mesh=mesh)
+        except md.InvalidArgumentError as e:
+            assert "needs the optimizer" in str(e), e
+        else:
+            raise AssertionError("not refused")
+        assert all(p.list_ctx() == [mx.cpu(0)] for p in lone.collect_params().values())
         other = make()
         ot = trainer(other, "lamb")
         try:

@@ -81,6 +81,51 @@ def test_frameworks_without_sharded_training_refuse_and_change_nothing() -> None
     assert not torch.equal(model.weight, before)
 
 
+def test_torch_adagrad_fresh_state_shards_and_a_stepped_one_is_refused() -> None:
+    """Adagrad fills its state when it is made (a step count of 0): fresh, it shards; stepped, refused."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    import torch
+
+    mt = md.make_mesh((1, 1), ("data", "model"), backend="torch")
+    torch.manual_seed(0)
+    model, ref = torch.nn.Linear(3, 4), torch.nn.Linear(3, 4)
+    ref.load_state_dict(model.state_dict())
+    ro = torch.optim.Adagrad(ref.parameters(), lr=0.1, initial_accumulator_value=0.5)
+    dp = md.data_parallel(model, torch.optim.Adagrad(model.parameters(), lr=0.1, initial_accumulator_value=0.5),
+                          mesh=mt)
+    for i in range(3):
+        b = (torch.full((4, 3), float(i) + 0.5), torch.ones(4, 4))
+        ro.zero_grad()
+        torch.nn.functional.mse_loss(ref(b[0]), b[1]).backward()
+        ro.step()
+        dp.step(b, lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]))
+    assert torch.allclose(model.weight, ref.weight, atol=1e-6) and torch.allclose(model.bias, ref.bias, atol=1e-6)
+    with pytest.raises(md.CapabilityError, match="stepped already"):
+        md.data_parallel(ref, ro, mesh=mt)
+
+
+def test_piece_refusal_is_optional_for_an_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An adapter whose replica gives an optimizer over pieces but has no ``piece_refusal`` hook
+    still shards (the hook only moves the adapter's refusals before the replica is made)."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    import torch
+
+    from multidev.managed_sharding import ManagedDeviceShardedReplica
+
+    parallel = type(md.backend("torch").parallel)
+    monkeypatch.delattr(parallel, "piece_refusal")
+    mt = md.make_mesh((1, 1), ("data", "model"), backend="torch")
+    model = torch.nn.Linear(2, 2)
+    dp = md.data_parallel(model, torch.optim.SGD(model.parameters(), lr=0.1), mesh=mt)
+    assert isinstance(dp.replica, ManagedDeviceShardedReplica)
+    with pytest.raises(md.CapabilityError, match="element by element"):  # the replica refuses in its place
+        md.data_parallel(model, torch.optim.LBFGS(model.parameters()), mesh=mt)
+    with pytest.raises(md.InvalidArgumentError, match="needs the optimizer"):
+        md.data_parallel(model, None, mesh=mt)
+
+
 @pytest.mark.parametrize(("kwargs", "err", "match"), [
     ({"mesh": "data"}, md.InvalidArgumentError, "mesh must be a multidev.Mesh"),
     ({"mesh": _mesh(), "data_axis": "batch"}, md.InvalidArgumentError, r"distinct axes of the mesh .*'batch'"),

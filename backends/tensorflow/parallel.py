@@ -220,14 +220,18 @@ class TensorflowReplica(Replica):
         ``pieces``, on the pieces' device (see :meth:`multidev.adapter.Replica.piece_optimizer`)."""
         keras, opt = sys.modules["keras"], self.optimizer
         piece_refusal(keras, self.model, opt)
-        cfg = opt.get_config()
+        # the learning rate is the pieces' own variable, set from the given optimizer's at each step:
+        # its configuration is taken without it (a schedule of the user's may not be rebuildable)
+        cfg = {**opt.get_config(), "learning_rate": 0.0}
+        given_lr = getattr(opt, "_learning_rate", None)
+        lr_dtype = given_lr.dtype if given_lr is not None and hasattr(given_lr, "assign") else keras.config.floatx()
         held = [(i, p) for i, p in enumerate(pieces) if p is not None]
         dev = self.backend.device_of(held[0][1]) if held else self.devices[0]
         with self.tf.device(self.backend.to_native_device(dev)):  # the pieces' device holds their state
             new = type(opt).from_config(cfg)
             variables = [keras.Variable(p, trainable=True, name=f"piece_{i}") for i, p in held]
             new.build(variables)
-            lr = keras.Variable(0.0, dtype="float32", trainable=False, name="piece_learning_rate")
+            lr = keras.Variable(0.0, dtype=lr_dtype, trainable=False, name="piece_learning_rate")
         return _KerasPieces(new, variables, opt, self.tf, lr)
 
     def zeros_like(self, x: Any) -> Any:

@@ -47,9 +47,11 @@ def piece_refusal(torch: Any, opt: Any) -> None:
         raise CapabilityError(f"data_parallel(param_axis=...): multidev cannot shard a {kind}'s state (its update "
                               "is not known to be element by element: a piece would step differently); sharded: "
                               f"torch.optim.{', '.join(ELEMENTWISE)}")
-    if any(st for st in opt.state.values()):
+    # (Adagrad fills its state when it is made: a step count of 0 is a fresh state)
+    if any(st and float(st.get("step", 1)) > 0 for st in opt.state.values()):
         raise CapabilityError("data_parallel(param_axis=...): the optimizer has stepped already, and its state "
                               "cannot be cut into pieces; give data_parallel a fresh optimizer")
+
 
 class TorchParallel(Concern, SupportsDataParallel):
     """``nn.Module`` + ``torch.optim.Optimizer`` replicas."""
@@ -200,7 +202,12 @@ class TorchReplica(Replica):
         if len(held) != sum(len(g["params"]) for g in groups):
             raise CapabilityError("data_parallel(param_axis=...): the optimizer does not hold every trained "
                                   "parameter of the model (freeze the others with requires_grad=False)")
-        return _TorchPieces(torch, type(opt)(groups), held, opt, follows)
+        new = type(opt)(groups)
+        if "initial_accumulator_value" in opt.defaults:  # (Adagrad fills its sums from its constructor's value)
+            with torch.no_grad():
+                for st in new.state.values():
+                    st["sum"].fill_(opt.defaults["initial_accumulator_value"])
+        return _TorchPieces(torch, new, held, opt, follows)
 
     def zeros_like(self, x: Any) -> Any:
         return self.torch.zeros_like(x)
