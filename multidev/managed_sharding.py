@@ -62,7 +62,7 @@ class _PiecesReplica(Replica):
 
     def __init__(self, plain: Replica, mesh: Any, param_axes: tuple[str, ...]) -> None:
         self.plain, self.mesh, self.param_axes = plain, mesh, param_axes
-        self.backend, self.model, self.optimizer = plain.backend, plain.model, plain.optimizer
+        self.backend, self.optimizer = plain.backend, plain.optimizer
         self.devices = plain.devices
         if plain.optimizer is None:
             raise InvalidArgumentError(f"{self._what} needs the optimizer: data_parallel(model, optimizer, mesh=..., "
@@ -93,6 +93,11 @@ class _PiecesReplica(Replica):
             raise InvalidArgumentError(f"data_parallel: {len(missing)} parameter(s) received no gradient in this "
                                        f"step: {', '.join(names[i] for i in missing[:5])} (data_parallel("
                                        "unused='zero') counts them as zero)")
+
+    @property
+    def model(self) -> Any:
+        """The plain replica's model now (a JAX tree is rebound each step)."""
+        return self.plain.model
 
     # -- what the core asks of a replica -------------------------------------------------------------
     def parameters(self) -> list[tuple[str, Any]]:

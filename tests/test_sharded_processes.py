@@ -9,8 +9,9 @@ rank 0's state taken at the start (the others start elsewhere); ``verify=True`` 
 (``broadcast_state`` after sharding, bad axes, no parameter axis, a one-process mesh under a group).
 Under the MPI engine (FSDP2 needs torch.distributed's group) a torch model gets multidev's own sharding
 of its optimizer's state, as Keras and Gluon do, matching one process; an optimizer whose update is
-not element by element is refused there, and so is a JAX tree (its sharding over processes is the jax engine's multi-controller runtime), and a framework
-without sharded training over processes.
+not element by element is refused there (torch's LBFGS, an optax chain with a global norm clip), and so is a
+framework without sharded training over processes. A JAX tree under the MPI engine gets the same (JAX's global
+arrays are the jax engine's), its optax transformation checked element by element on its traced update.
 
 JAX under the jax engine, 4 processes on the 2x2 mesh, one launch: global arrays over the processes'
 devices against one process with plain optax on the whole batch (adamw with a schedule, both batch
@@ -154,12 +155,12 @@ import importlib.util
 if importlib.util.find_spec("jax") and importlib.util.find_spec("optax"):
     import jax.numpy as jnp
     import optax
-    try:
-        md.data_parallel({"w": jnp.ones(4)}, optax.sgd(0.1), mesh=pm)
+    try:  # (JAX's global arrays are the jax engine's: under MPI multidev shards the state, element by element)
+        md.data_parallel({"w": jnp.ones(4)}, optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)), mesh=pm)
     except md.CapabilityError as e:
-        out.append("jax-engine" if "jax engine" in str(e) else str(e))
+        out.append("jax-elementwise" if "element by element" in str(e) and "reduce_sum" in str(e) else str(e))
 else:
-    out.append("jax-engine")  # (not installed here: nothing to refuse)
+    out.append("jax-elementwise")  # (not installed here: nothing to refuse)
 import numpy as np
 try:
     md.data_parallel({"w": np.ones(2)}, None, mesh=pm)
@@ -466,6 +467,90 @@ print(f"MDTORCHMPI rank {r}: {' '.join(out)}", flush=True)
 dist.shutdown()
 '''
 
+JAX_MPI_WORKER = '''
+import numpy as np
+import multidev as md
+from multidev import distributed as dist
+
+dist.init()
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+r = dist.rank()
+pm = dist.process_mesh((2, 2), ("data", "model"))
+rng = np.random.default_rng(1)
+X, Y = rng.normal(size=(16, 6)).astype(np.float32), rng.normal(size=(16, 3)).astype(np.float32)
+
+
+def make(shift=0.0):
+    g = np.random.default_rng(0)
+    return {"w1": jnp.asarray(g.normal(size=(6, 8)) + shift, jnp.float32), "b1": jnp.zeros(8) + shift,
+            "w2": jnp.asarray(g.normal(size=(8, 3)) + shift, jnp.float32), "b2": jnp.zeros(3) + shift}
+
+
+def loss_fn(p, b):
+    return jnp.mean((jnp.tanh(b[0] @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"] - b[1]) ** 2)
+
+
+def err(a, b):
+    return max(float(np.abs(np.asarray(a[k]) - np.asarray(b[k])).max()) for k in b)
+
+
+def reference(tx, steps):  # one process, plain optax, the whole batch
+    p, s, losses = make(), tx.init(make()), []
+    for _ in range(steps):
+        lo, g = jax.value_and_grad(loss_fn)(p, (X, Y))
+        u, s = tx.update(g, s, p)
+        p = optax.apply_updates(p, u)
+        losses.append(float(lo))
+    return p, losses
+
+
+out = []
+tx = optax.adamw(optax.cosine_decay_schedule(1e-2, 5), weight_decay=0.1)
+ref = reference(tx, 4)[0]
+for data_axis in ("data", ("data", "model")):
+    dp = md.data_parallel(make(0.0 if r == 0 else 1.0), tx, mesh=pm, data_axis=data_axis, param_axis="model",
+                          verify=True)
+    assert type(dp.replica).__name__ == "ManagedShardedReplica", type(dp.replica)
+    for _ in range(4):
+        dp.step(dp.shard((X, Y)), loss_fn)  # (the loss of this rank's rows, as DDP's)
+    mu = dp.replica._pieces.state[0].mu  # this rank's pieces of Adam's first moment only
+    shapes = [tuple(mu[k].shape) for k in ("w1", "b1", "w2", "b2")]
+    ok = err(dp.model, ref) < 1e-5
+    out.append("match" if ok and shapes == [(3, 8), (4,), (4, 3), (3,)] else f"{err(dp.model, ref)} {shapes}")
+# a TrainState: its step count follows; its whole optimizer state is the pieces' now
+tx = optax.adam(1e-2)
+ref = reference(tx, 3)[0]
+st = train_state.TrainState.create(apply_fn=None, params=make(), tx=tx)
+dp = md.data_parallel(st, mesh=pm, param_axis="model")
+for _ in range(3):
+    dp.step(dp.shard((X, Y)), loss_fn)
+out.append("state" if int(dp.model.step) == 3 and dp.model.opt_state is None and err(dp.model.params, ref) < 1e-5
+           else f"state {int(dp.model.step)} {err(dp.model.params, ref)}")
+# no_sync: two halves accumulated, then one step = one step on the whole batch
+tx = optax.sgd(0.1, momentum=0.9)
+ref = reference(tx, 1)[0]
+dp = md.data_parallel(make(), tx, mesh=pm, param_axis="model")
+rows = dp.shard((X, Y))
+with dp.no_sync():
+    dp.step((rows[0][:4], rows[1][:4]), lambda p, b: loss_fn(p, b) / 2)
+dp.step((rows[0][4:], rows[1][4:]), lambda p, b: loss_fn(p, b) / 2)
+out.append("no_sync" if err(dp.model, ref) < 1e-5 else f"no_sync {err(dp.model, ref)}")
+for bad in (lambda: md.data_parallel(make(), optax.lamb(1e-2), mesh=pm, param_axis="model"),
+            lambda: md.data_parallel(make(), optax.chain(optax.add_noise(0.1, 0.5, 0), optax.sgd(0.1)), mesh=pm),
+            lambda: dp.replica.optimizer_state()):
+    try:
+        bad()
+        out.append("ran")
+    except md.CapabilityError as e:
+        out.append("refused" if "element by element" in str(e) or "piece of the optimizer" in str(e) else str(e))
+print(f"MDJAXMPI rank {r}: {' '.join(out)}", flush=True)
+dist.shutdown()
+'''
+
 MXNET_WORKER = '''
 import numpy as np
 import multidev as md
@@ -585,8 +670,8 @@ def test_sharding_over_processes_is_refused_where_it_cannot_run(tmp_path: Path) 
         pytest.skip(f"the mpi engine is not available here: {engine_class('mpi').missing()}")
     p = _run(tmp_path, REFUSED, 2, "mpi")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
-    found = sorted(re.findall(r"MDFSDP refused (\d) (torch-elementwise jax-engine CapabilityError)", p.stdout))
-    assert found == [(str(r), "torch-elementwise jax-engine CapabilityError") for r in range(2)], p.stdout[-3000:]
+    found = sorted(re.findall(r"MDFSDP refused (\d) (torch-elementwise jax-elementwise CapabilityError)", p.stdout))
+    assert found == [(str(r), "torch-elementwise jax-elementwise CapabilityError") for r in range(2)], p.stdout[-3000:]
 
 
 @pytest.mark.multiprocess
@@ -668,6 +753,24 @@ def test_torch_under_mpi_with_its_optimizer_state_sharded_by_multidev_matches_on
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
     found = sorted(re.findall(r"MDTORCHMPI rank (\d): (.*)", p.stdout))
     assert found == [(str(r), "match match") for r in range(4)], p.stdout[-3000:]
+
+
+@pytest.mark.multiprocess
+def test_jax_under_mpi_with_its_optimizer_state_sharded_by_multidev_matches_one_process(tmp_path: Path) -> None:
+    """JAX's global arrays are the jax engine's: under MPI multidev shards an optax transformation's
+    state itself, once its traced update reads element by element (4 processes on the 2x2 mesh): AdamW
+    with a schedule in both batch layouts, rank 0's state winning, ``verify=True``, a TrainState's
+    step count, ``no_sync``; LAMB and added noise refused on every rank."""
+    pytest.importorskip("optax")
+    pytest.importorskip("flax")
+    from multidev.distributed.engine import engine_class
+
+    if engine_class("mpi").missing():
+        pytest.skip(f"the mpi engine is not available here: {engine_class('mpi').missing()}")
+    p = _run(tmp_path, JAX_MPI_WORKER, 4, "mpi")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
+    found = sorted(re.findall(r"MDJAXMPI rank (\d): (.*)", p.stdout))
+    assert found == [(str(r), "match match state no_sync refused refused refused") for r in range(4)], p.stdout[-3000:]
 
 
 @pytest.mark.multiprocess

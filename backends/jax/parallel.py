@@ -284,6 +284,33 @@ class JaxReplica(Replica):
             self._state = self._state.replace(params=params, opt_state=opt_state, step=self._state.step + 1)
             self._params = params
 
+    def piece_optimizer(self, pieces: list[Any]) -> Any:
+        """The optax transformation over ``pieces`` (this rank's piece of every parameter), refused
+        where its traced update is not element by element (see ``backends/jax/_common.py``) or a
+        TrainState has stepped already (see :meth:`multidev.adapter.Replica.piece_optimizer`)."""
+        from ._common import JaxPieces, elementwise_refusal
+
+        if any(p is None for p in pieces):
+            raise CapabilityError("data_parallel(param_axis=...): a JAX optimizer over pieces steps a piece of "
+                                  "every parameter")
+        if self._state is not None and int(self._state.step) != 0:
+            raise CapabilityError("data_parallel(param_axis=...): the TrainState has stepped already, and its "
+                                  "optimizer's state cannot be cut into pieces; start from a fresh one")
+        tree = self.jax.tree_util.tree_unflatten(self._treedef, list(pieces))
+        why = elementwise_refusal(self.jax, self.optimizer, tree)
+        if why is not None:
+            raise CapabilityError(f"data_parallel(param_axis=...): multidev cannot shard this optax "
+                                  f"transformation's state, its update is not element by element: {why} (under "
+                                  "the jax engine JAX's own global arrays shard any transformation)")
+        return JaxPieces(self.jax, self.optimizer, list(pieces), self._treedef, self)
+
+    def drop_whole_optimizer_state(self) -> None:
+        """Forget the optimizer's state over the whole parameters (an optimizer over pieces holds it)."""
+        if self._state is None:
+            self._opt_state = None
+        else:
+            self._state = self._state.replace(opt_state=None)
+
     def zeros_like(self, x: Any) -> Any:
         return self.jnp.zeros_like(x)
 
