@@ -81,7 +81,10 @@ def test_a_plain_producers_host_route_reads_one_header_then_hands_capsules_over(
     export's header (the core's sharing rules) and finds it plain; later ones hand the capsule to
     torch unread (no ``_host_share``), still zero-copy and with the finished values."""
     jnp = pytest.importorskip("jax.numpy", reason="JAX is the producer that declares plain host exports")
-    x = jnp.arange(6, dtype=jnp.float32) * 2
+    import jax
+
+    with jax.default_device(jax.devices("cpu")[0]):  # (a GPU is JAX's default where there is one)
+        x = jnp.arange(6, dtype=jnp.float32) * 2
     exchange._ROUTES.clear()
     first = md.convert(x, "torch")
     route = _route()
@@ -90,7 +93,8 @@ def test_a_plain_producers_host_route_reads_one_header_then_hands_capsules_over(
     share = exchange._host_share
     try:
         exchange._host_share = lambda *a: reads.append(a) or share(*a)  # type: ignore[assignment]
-        z = jnp.arange(6, dtype=jnp.float32) * 3  # pending work: the export waits for it
+        with jax.default_device(jax.devices("cpu")[0]):
+            z = jnp.arange(6, dtype=jnp.float32) * 3  # pending work: the export waits for it
         second = md.convert(z, "torch")
         copied = md.convert(z, "torch", copy=True)
     finally:

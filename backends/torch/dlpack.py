@@ -97,7 +97,7 @@ class TorchDLPack(Concern, SupportsDLPack):
 
     core: TorchCore
 
-    #: import_dlpack is torch.from_dlpack and nothing more (it takes bare capsules too), so
+    #: import_dlpack of a host buffer is torch.from_dlpack and nothing more (it takes bare capsules too), so
     #: multidev's convert may hand host buffers to torch as capsules, or through the DLPack C
     #: exchange API of torch.Tensor (DLPack 1.3), instead of through ``__dlpack__`` in Python.
     dlpack_c_exchange = True
@@ -117,12 +117,43 @@ class TorchDLPack(Concern, SupportsDLPack):
             return OwnDeviceProducer(t, self.core.torch.cuda)
         return t  # torch.Tensor has __dlpack__/__dlpack_device__, strided layouts included
 
-    def import_dlpack(self, obj: Any, device: Device) -> Any:
+    def __init__(self, core: TorchCore) -> None:
+        super().__init__(core)
+        torch = core.torch
+        #: the current CUDA stream's raw handle of a device (what ``torch.cuda.current_stream`` wraps
+        #: in a Stream object); None without CUDA
+        self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) if core._n_cuda else None
+        self._hip = bool(getattr(torch.version, "hip", None))
+
+    def _import_gpu(self, obj: Any, device: Device) -> Any:
+        """``torch.from_dlpack(obj)`` for a producer on the GPU ``device`` (the caller's: convert
+        keeps the device), asking for the same capsule with the same stream handshake, without
+        ``__dlpack_device__`` (microseconds of Python on some producers) or a Stream object; None
+        where the producer takes no versioned request (torch's own call then tries the older forms)."""
+        torch = self.core.torch
+        ptr = self._raw_stream(device.index)  # type: ignore[misc]
+        if ptr == 0 and not self._hip:
+            ptr = 1  # DLPack's name for CUDA's legacy default stream
         try:
-            y = self.core.torch.from_dlpack(obj)
+            cap = obj.__dlpack__(max_version=(1, 0), stream=ptr)
+        except TypeError:
+            return None
+        return torch._C._from_dlpack(cap)
+
+    def import_dlpack(self, obj: Any, device: Device) -> Any:
+        """``torch.from_dlpack(obj)``, checked to land on ``device``; a producer on a GPU is asked
+        for its capsule directly, with the stream handshake ``torch.from_dlpack`` makes."""
+        try:
+            y = None
+            if device.kind == "gpu" and self._raw_stream is not None and hasattr(obj, "__dlpack__"):
+                y = self._import_gpu(obj, device)
+            if y is None:
+                y = self.core.torch.from_dlpack(obj)
         except (RuntimeError, TypeError, BufferError, ValueError, AttributeError) as e:
             raise CapabilityError(
                 f"torch backend cannot import {type(obj).__name__} through DLPack: {e}") from e
+        if device.kind == "gpu" and y.is_cuda and y.get_device() == device.index:
+            return y  # (the check below, without making a Device)
         if self.core.device_of(y) != device:
             raise CapabilityError(f"torch backend: a DLPack buffer of {device} arrived on "
                                   f"{self.core.device_of(y)}; torch has no {device} to share it on")
