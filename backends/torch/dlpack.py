@@ -145,14 +145,17 @@ class TorchDLPack(Concern, SupportsDLPack):
         for its capsule directly, with the stream handshake ``torch.from_dlpack`` makes."""
         try:
             y = None
-            if device.kind == "gpu" and self._raw_stream is not None and hasattr(obj, "__dlpack__"):
+            if type(obj).__name__ == "PyCapsule":
+                y = self.core.torch._C._from_dlpack(obj)  # (what torch.from_dlpack does with a capsule)
+            elif device.kind == "gpu" and self._raw_stream is not None and hasattr(obj, "__dlpack__"):
                 y = self._import_gpu(obj, device)
             if y is None:
                 y = self.core.torch.from_dlpack(obj)
         except (RuntimeError, TypeError, BufferError, ValueError, AttributeError) as e:
             raise CapabilityError(
                 f"torch backend cannot import {type(obj).__name__} through DLPack: {e}") from e
-        if device.kind == "gpu" and y.is_cuda and y.get_device() == device.index:
+        if (y.is_cuda and device.kind == "gpu" and y.get_device() == device.index) or (
+                y.is_cpu and device.index == 0 and device.kind == "cpu"):
             return y  # (the check below, without making a Device)
         if self.core.device_of(y) != device:
             raise CapabilityError(f"torch backend: a DLPack buffer of {device} arrived on "
