@@ -89,6 +89,7 @@ from .errors import (
     UnsupportedTensorError,
 )
 from .hostthreads import run_parts
+from .hostthreads import threads as host_threads
 from .mesh import Layout, Mesh, ProcessMesh
 from .protocol import (
     CAPABILITY_PROTOCOLS,
@@ -173,6 +174,7 @@ __all__ = [
     "concern",
     "dlpack_info",
     "host_aligned",
+    "host_threads",
     "is_complex",
     "is_floating",
     "is_integer",

@@ -50,7 +50,7 @@ ADDED_0_3 = {
 ADDED_0_4 = {"CONCERNS", "Concern", "concern",
              "ProcessMesh",  # layouts across processes: the process-sharding hooks of a mesh concern (issue 34)
              "param_spec",  # the core's parameter layout rule, for sharding over processes (issue 34)
-             "run_parts"}  # host loops over the one thread pool (issue 36)
+             "run_parts", "host_threads"}  # host loops over the one thread pool (issue 36)
 
 
 def test_the_exported_names_are_the_documented_api() -> None:

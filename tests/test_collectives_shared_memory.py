@@ -32,6 +32,7 @@ def eight_devices() -> Any:
 def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of 16 bytes: every tensor here spans several blocks and ring chunks cross them."""
     monkeypatch.setattr(npb, "_BLOCK_BYTES", 16)
+    monkeypatch.setattr(npb, "host_threads", lambda: 1 << 16)  # (blocks are cut about one per thread)
 
 
 def _inputs(n: int, shape: tuple[int, ...], dtype: str, seed: int = 0) -> list[Any]:
