@@ -85,18 +85,17 @@ def refuse_uneven(layout: Any, shape: Any, hint: str = "") -> None:
 
 
 # -- an optax transformation over pieces (multidev.managed_sharding) ----------------------------------
-# An optax transformation over one rank's pieces of the parameters, for multidev's own sharding of
-# the optimizer's state (:mod:`multidev.managed_sharding`: JAX trees over a process mesh under an
-# engine other than jax, where JAX's own global arrays do not exist).
-#
 # optax transformations do not declare whether their update is element by element (a piece of a
-# parameter stepped alone gives that piece of the whole's step). So the update is traced once over the
+# parameter stepped alone gives that piece of the whole's step). So the update is traced over the
 # pieces and its program read: every operation that touches the gradients, the parameters or the
 # state's tensors must act element by element (arithmetic, comparisons, ``where``, casts), and every
-# other operand a scalar or a scalar broadcast (a learning-rate schedule over the step count is
-# scalar arithmetic). A reduction over a tensor (a global norm clip, LAMB's trust ratio, Adafactor's
-# factored moments), a reshape, a position-dependent constant or a loop over tensors refuses it with
-# CapabilityError before anything moves.
+# other operand a scalar that does not depend on the tensors' shapes, or such a scalar broadcast (a
+# learning-rate schedule over the step count is scalar arithmetic). The update is also traced over
+# the whole parameters' shapes (abstractly: no memory), and the two programs must be the same but
+# for shapes: an update that decides by a shape (Adafactor factors large tensors only; a scale by
+# ``x.shape[0]`` or ``x.size``) differs there. A reduction over a tensor (a global norm clip, LAMB's
+# trust ratio), a reshape, a position-dependent array, a loop over tensors or a scalar computed from
+# a shape refuses it with CapabilityError before anything moves.
 
 #: lax primitives that act element by element (their operands of one shape, or rank-0)
 ELEMENTWISE = frozenset({
@@ -107,10 +106,23 @@ ELEMENTWISE = frozenset({
     "or", "pow", "real", "reduce_precision", "rem", "round", "rsqrt", "select_n", "sign", "sin", "sinh", "sqrt",
     "square", "stop_gradient", "sub", "tan", "tanh", "xor",
 })
+#: primitives whose result's shape comes from their operands' (no shape of their own): over constants
+#: and scalars only, a constant (a schedule's table of boundaries, stacked and sliced)
+_FROM_OPERANDS = frozenset({
+    "argmax", "argmin", "concatenate", "cumlogsumexp", "cummax", "cummin", "cumprod", "cumsum", "dot_general",
+    "dynamic_slice", "gather", "reduce_and", "reduce_max", "reduce_min", "reduce_or", "reduce_prod", "reduce_sum",
+    "rev", "slice", "sort", "squeeze", "stack", "transpose", "expand_dims",
+})
+#: primitives that call a program on their operands as they are (walked into)
+_CALLS = frozenset({"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+                    "custom_vjp_call_jaxpr", "remat", "checkpoint", "remat2"})
 
-# what a value of the traced program is: a scalar, a scalar broadcast to a shape, derived from the
-# pieces' tensors (element by element), or another tensor (a constant array, an iota: positions)
-_SCALAR, _UNIFORM, _TENSOR, _OTHER = "scalar", "uniform", "tensor", "other"
+# What a value of the traced program is:
+_SCALAR = "scalar"  # rank 0, the same for a piece as for the whole (a step count, a learning rate)
+_CONST = "const"  # a constant array of the program (a schedule's boundaries): not the tensors' shape
+_UNIFORM = "uniform"  # a shape-independent scalar broadcast to a shape (zeros_like)
+_SHAPED = "shaped"  # depends on the tensors' shapes or positions (an iota, a sum over a broadcast)
+_TENSOR = "tensor"  # derived from the pieces' tensors, element by element
 
 
 def _subprograms(params: dict[str, Any]) -> list[Any]:
@@ -129,68 +141,111 @@ def _shape(v: Any) -> tuple[int, ...]:
     return tuple(getattr(getattr(v, "aval", None), "shape", ()))
 
 
+def _refuse(what: str) -> CapabilityError:
+    return CapabilityError(f"the update's {what}, so a piece would step differently")
+
+
+def _merge(column: Sequence[str]) -> str:
+    """One status for a value that branches give differently (``cond``)."""
+    kinds = set(column)
+    if len(kinds) == 1:
+        return column[0]
+    if _TENSOR in kinds:
+        if kinds <= {_TENSOR, _UNIFORM, _SCALAR}:
+            return _TENSOR
+        raise _refuse("branches give a tensor or a shape-dependent array")
+    return _UNIFORM if kinds <= {_SCALAR, _UNIFORM} else _SHAPED
+
+
 def _walk(jaxpr: Any, ins: Sequence[str]) -> list[str]:
     """The statuses of ``jaxpr``'s outputs given its inputs'; CapabilityError naming the first
     operation that would step a piece otherwise than within the whole."""
     status: dict[Any, str] = {}
     for v in jaxpr.constvars:
-        status[v] = _SCALAR if _shape(v) == () else _OTHER
+        status[v] = _SCALAR if _shape(v) == () else _CONST
     for v, s in zip(jaxpr.invars, ins):
         status[v] = s
 
     def of(v: Any) -> str:
         if type(v).__name__ == "Literal":
-            return _SCALAR if _shape(v) == () else _OTHER
-        return status.get(v, _SCALAR if _shape(v) == () else _OTHER)
+            return _SCALAR if _shape(v) == () else _CONST
+        return status.get(v, _SCALAR if _shape(v) == () else _CONST)
 
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         ins_ = [of(v) for v in eqn.invars]
         subs = _subprograms(eqn.params)
+        scalar_out = all(_shape(o) == () for o in eqn.outvars)
         if name == "cond" and subs:
-            if ins_[0] == _TENSOR:
-                raise CapabilityError(f"the update branches on its tensors ({name})")
-            branches = [_walk(s, ins_[1:]) for s in subs]
-            outs = [max(col, key=[_SCALAR, _UNIFORM, _OTHER, _TENSOR].index) for col in zip(*branches)]
-        elif len(subs) == 1 and len(subs[0].invars) == len(eqn.invars):  # jit, custom_jvp/vjp, remat, closed_call
+            if ins_[0] != _SCALAR:
+                raise _refuse(f"branch ({name}) is chosen by its tensors or their shapes")
+            outs = [_merge(col) for col in zip(*(_walk(s, ins_[1:]) for s in subs))]
+        elif name in _CALLS and len(subs) == 1 and len(subs[0].invars) == len(eqn.invars):
             outs = _walk(subs[0], ins_)
         elif _TENSOR in ins_:
             shapes = {_shape(v) for v, s in zip(eqn.invars, ins_) if s == _TENSOR}
-            if (name not in ELEMENTWISE or _OTHER in ins_ or len(shapes) != 1
+            if (name not in ELEMENTWISE or any(s in (_CONST, _SHAPED) for s in ins_) or len(shapes) != 1
                     or any(_shape(o) not in shapes for o in eqn.outvars)):
-                raise CapabilityError(f"the update's {name} acts across elements of a tensor (or with a "
-                                      "position-dependent array), so a piece would step differently")
+                raise _refuse(f"{name} acts across elements of a tensor, or with a shape- or position-dependent "
+                              "value")
             outs = [_TENSOR] * len(eqn.outvars)
-        elif all(_shape(o) == () for o in eqn.outvars):
-            outs = [_SCALAR] * len(eqn.outvars)
-        elif name == "broadcast_in_dim" and ins_[0] == _SCALAR:
+        elif _SHAPED in ins_ or (_UNIFORM in ins_ and name not in ELEMENTWISE and name != "broadcast_in_dim"):
+            outs = [_SHAPED] * len(eqn.outvars)  # (a sum over a broadcast counts its elements: a shape)
+        elif name == "broadcast_in_dim" and ins_[0] == _SCALAR and not scalar_out:
             outs = [_UNIFORM]
-        elif name in ELEMENTWISE and _OTHER not in ins_:
-            outs = [_UNIFORM] * len(eqn.outvars)
-        else:
-            outs = [_OTHER] * len(eqn.outvars)
-        for o, s in zip(eqn.outvars, outs):
-            status[o] = s
+        elif name in ELEMENTWISE:
+            kind = _UNIFORM if _UNIFORM in ins_ else _CONST
+            outs = [_SCALAR if _shape(o) == () else kind for o in eqn.outvars]
+        elif name in _FROM_OPERANDS and ins_:  # (of scalars and constants only)
+            outs = [_SCALAR if _shape(o) == () else _CONST for o in eqn.outvars]
+        else:  # an iota, random bits, a reshape or broadcast of a constant, a loop: positions or shapes
+            outs = [_SHAPED] * len(eqn.outvars)
+        for o, st in zip(eqn.outvars, outs):
+            status[o] = st
     return [of(v) for v in jaxpr.outvars]
 
 
-def elementwise_refusal(jax: Any, tx: Any, pieces: Any) -> str | None:
-    """Why ``tx`` (an optax transformation) cannot step ``pieces`` (a parameter tree of pieces) as the
-    whole parameters would be stepped; None where its init and update are element by element."""
+def _program(jaxpr: Any) -> list[Any]:
+    """``jaxpr``'s operations and literal values, nested programs included, without shapes: what must
+    be alike for the pieces and the whole."""
+    out: list[Any] = []
+    for eqn in jaxpr.eqns:
+        lits = tuple(repr(getattr(v, "val", None)) for v in eqn.invars if type(v).__name__ == "Literal")
+        out.append((eqn.primitive.name, len(eqn.invars), len(eqn.outvars), lits,
+                    [_program(s) for s in _subprograms(eqn.params)]))
+    return out
+
+
+def elementwise_refusal(jax: Any, tx: Any, pieces: Any, whole: Any) -> str | None:
+    """Why ``tx`` (an optax transformation) cannot step ``pieces`` (a parameter tree of pieces of
+    ``whole``, a tree of the same structure: arrays or ``jax.ShapeDtypeStruct``) as the whole
+    parameters would be stepped; None where its init and update are element by element."""
     tu = jax.tree_util
 
     def status(tree: Any) -> list[str]:
-        return [_SCALAR if getattr(x, "ndim", 0) == 0 else _TENSOR for x in tu.tree_leaves(tree)]
+        return [_SCALAR if getattr(x, "ndim", len(getattr(x, "shape", ()))) == 0 else _TENSOR
+                for x in tu.tree_leaves(tree)]
+
+    def update(g: Any, s: Any, p: Any) -> Any:
+        return tx.update(g, s, p)
     try:
         init = jax.make_jaxpr(tx.init)(pieces)
-        bad = [s for s in _walk(init.jaxpr, status(pieces)) if s == _OTHER]
-        if bad:
-            return "its initial state holds a position-dependent tensor"
+        if any(s != _TENSOR and s not in (_SCALAR, _UNIFORM) for s in _walk(init.jaxpr, status(pieces))):
+            return "its initial state holds a shape- or position-dependent array"
         state = jax.eval_shape(tx.init, pieces)
-        update = jax.make_jaxpr(lambda g, s, p: tx.update(g, s, p))(pieces, state, pieces)
-        _walk(update.jaxpr, [*status(pieces), *status(state), *status(pieces)])
+        program = jax.make_jaxpr(update)(pieces, state, pieces)
+        _walk(program.jaxpr, [*status(pieces), *status(state), *status(pieces)])
     except CapabilityError as e:
         return str(e)
+    try:
+        whole_state = jax.eval_shape(tx.init, whole)
+        same = (_program(jax.make_jaxpr(tx.init)(whole).jaxpr) == _program(init.jaxpr)
+                and _program(jax.make_jaxpr(update)(whole, whole_state, whole).jaxpr) == _program(program.jaxpr))
+    except Exception as e:  # noqa: BLE001 - an update that traces over the pieces but not over the whole
+        return f"update traces over the pieces but not over the whole parameters ({type(e).__name__})"
+    if not same:
+        return ("update depends on the parameters' shapes (it is not the same program over a piece as over "
+                "the whole: a shape-dependent choice or scale)")
     return None
 
 

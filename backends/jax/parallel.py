@@ -297,7 +297,8 @@ class JaxReplica(Replica):
             raise CapabilityError("data_parallel(param_axis=...): the TrainState has stepped already, and its "
                                   "optimizer's state cannot be cut into pieces; start from a fresh one")
         tree = self.jax.tree_util.tree_unflatten(self._treedef, list(pieces))
-        why = elementwise_refusal(self.jax, self.optimizer, tree)
+        whole = self.jax.tree_util.tree_map(lambda x: self.jax.ShapeDtypeStruct(x.shape, x.dtype), self._params)
+        why = elementwise_refusal(self.jax, self.optimizer, tree, whole)
         if why is not None:
             raise CapabilityError(f"data_parallel(param_axis=...): multidev cannot shard this optax "
                                   f"transformation's state, its update is not element by element: {why} (under "

@@ -131,6 +131,7 @@ class TorchDLPack(Concern, SupportsDLPack):
         ``__dlpack_device__`` (microseconds of Python on some producers) or a Stream object; None
         where the producer takes no versioned request (torch's own call then tries the older forms)."""
         torch = self.core.torch
+        torch.cuda._lazy_init()  # (as torch.cuda.current_stream does first: a clean error where CUDA cannot start)
         ptr = self._raw_stream(device.index)  # type: ignore[misc]
         if ptr == 0 and not self._hip:
             ptr = 1  # DLPack's name for CUDA's legacy default stream

@@ -204,9 +204,10 @@ class TorchReplica(Replica):
                                   "parameter of the model (freeze the others with requires_grad=False)")
         new = type(opt)(groups)
         if "initial_accumulator_value" in opt.defaults:  # (Adagrad fills its sums from its constructor's value)
+            v = opt.defaults["initial_accumulator_value"]
             with torch.no_grad():
-                for st in new.state.values():
-                    st["sum"].fill_(opt.defaults["initial_accumulator_value"])
+                for p, st in new.state.items():
+                    st["sum"].fill_(complex(v, v) if torch.is_complex(p) else v)  # (torch's own rule)
         return _TorchPieces(torch, new, held, opt, follows)
 
     def zeros_like(self, x: Any) -> Any:
