@@ -122,8 +122,9 @@ class TorchDLPack(Concern, SupportsDLPack):
         torch = core.torch
         #: the current CUDA stream's raw handle of a device (what ``torch.cuda.current_stream`` wraps
         #: in a Stream object); None without CUDA
-        self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) if core._n_cuda else None
-        self._hip = bool(getattr(torch.version, "hip", None))
+        self._raw_stream = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None) if core._n_cuda \
+            else None
+        self._hip = bool(getattr(getattr(torch, "version", None), "hip", None))
 
     def _import_gpu(self, obj: Any, device: Device) -> Any:
         """``torch.from_dlpack(obj)`` for a producer on the GPU ``device`` (the caller's: convert
