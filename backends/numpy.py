@@ -1,17 +1,16 @@
 """NumPy reference backend: plain NumPy arrays on virtual CPU devices.
 
-Mechanism. NumPy has one memory space, so devices are virtual. An array placed on ``cpu:0`` (the
-host, the default device) is a plain ``numpy.ndarray``: native in, native out. An array placed on
-another virtual device is a ``VirtualDeviceArray``: a ``numpy.ndarray`` subclass whose only addition is a device tag
-(``_md_device``). It is a real ndarray (every NumPy function takes it, no copy is made to tag it),
-and the tag travels with views (``__array_finalize__``) and with results of ufuncs and NumPy
-functions (``__array_ufunc__``/``__array_function__``). Those hooks refuse operands from two
-devices with DeviceMismatchError, as a GPU framework would, so code tested here keeps its device
-discipline elsewhere. An untagged ndarray (or NumPy scalar) is on ``cpu:0``; 0-d untagged arrays
-mix with any device, like torch's CPU scalars.
+Mechanism. NumPy has one memory space, so devices are virtual. An array placed on ``cpu:0`` (the host, the default
+device) is a plain ``numpy.ndarray``: native in, native out. An array placed on another virtual device is a
+``VirtualDeviceArray``: a ``numpy.ndarray`` subclass whose only addition is a device tag (``_md_device``). It is a
+real ndarray (every NumPy function takes it, no copy is made to tag it), and the tag travels with views
+(``__array_finalize__``) and with results of ufuncs and NumPy functions
+(``__array_ufunc__``/``__array_function__``). Those hooks refuse operands from two devices with DeviceMismatchError,
+as a GPU framework would, so code tested here keeps its device discipline elsewhere. An untagged ndarray (or NumPy
+scalar) is on ``cpu:0``; 0-d untagged arrays mix with any device, like torch's CPU scalars.
 
-The number of virtual devices is ``$MULTIDEV_NUMPY_DEVICES`` (default 2), or
-``set_device_count(n)`` at run time. Execution is synchronous; ``synchronize`` returns at once.
+The number of virtual devices is ``$MULTIDEV_NUMPY_DEVICES`` (default 2), or ``set_device_count(n)`` at run time.
+Execution is synchronous; ``synchronize`` returns at once.
 """
 from __future__ import annotations
 
@@ -83,10 +82,7 @@ _ENV = "MULTIDEV_NUMPY_DEVICES"
 
 def _count_from_env() -> int:
     raw = os.environ.get(_ENV, "2")
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
+    n = int(raw) if raw.strip().isdigit() else 0
     if n < 1:
         raise InvalidDeviceError(f"${_ENV} must be an integer >= 1, got {raw!r:.40}")
     return n
@@ -141,10 +137,9 @@ def _plain(obj: Any) -> Any:
 
 
 def _tag(obj: Any, device: Device) -> Any:
-    """``obj`` tagged with ``device``: on cpu:0 (the host itself) a plain ``numpy.ndarray``, native in,
-    native out; on another virtual device a VirtualDeviceArray. NumPy turns 0-d results into
-    scalars, which carry no tag: on a device other than cpu:0 they become 0-d arrays, so the device
-    is never lost."""
+    """``obj`` tagged with ``device``: on cpu:0 (the host itself) a plain ``numpy.ndarray``, native in, native
+    out; on another virtual device a VirtualDeviceArray. NumPy turns 0-d results into scalars, which carry no
+    tag: on a device other than cpu:0 they become 0-d arrays, so the device is never lost."""
     if device is _HOST or device == _HOST:
         return obj.view(np.ndarray) if isinstance(obj, VirtualDeviceArray) else (
             [_tag(o, device) for o in obj] if isinstance(obj, list) else
@@ -233,8 +228,8 @@ class NumpyBackend(BaseBackend):
 
     @classmethod
     def configure_devices(cls, count: int, strict: bool = False) -> bool:
-        """Virtual devices can change at any time: applies at once unless the user set
-        $MULTIDEV_NUMPY_DEVICES (then ``strict=True`` raises CapabilityError where it differs)."""
+        """Virtual devices can change at any time: applies at once unless the user set $MULTIDEV_NUMPY_DEVICES
+        (then ``strict=True`` raises CapabilityError where it differs)."""
         if _ENV in os.environ:
             ok = os.environ[_ENV] == str(count)
             if not ok and strict:
@@ -372,11 +367,11 @@ class NumpyBackend(BaseBackend):
 
     def shared_memory_allreduce(self, xs: Sequence[Any], op: str, orders: Sequence[tuple[int, int, Any]],
                                 divide_by: int | None, inplace: bool) -> list[Any] | None:
-        """The core's allreduce over virtual devices in one synchronous pass: per block of _BLOCK_BYTES each
-        input read once, reduced in ``orders``' fixed order (``(lo, hi, expr)`` on the flat elements, ``expr``
-        an input or a pair ``combine(op, left, right)``), divided as :meth:`divide` does, written into each
-        result: the inputs with ``inplace`` (nothing allocated), else the rows of one allocation. None:
-        declined (0-d, not C-contiguous; in place: overlapping, or NumPy set to raise mid-way)."""
+        """The core's allreduce over virtual devices in one synchronous pass: per block each input read once, reduced
+        in ``orders``' fixed order (``(lo, hi, expr)`` on the flat elements, ``expr`` an input or a pair ``combine(op,
+        left, right)``), divided as :meth:`divide` does, written into each result: the inputs with ``inplace``
+        (nothing allocated), else the rows of one allocation. None: declined (0-d, not C-contiguous; in place:
+        overlapping, or NumPy set to raise mid-way)."""
         flat = [np.asarray(_plain(x)) for x in xs]
         shape, dt, size = flat[0].shape, flat[0].dtype, flat[0].size
         if not shape or not all(a.flags.c_contiguous for a in flat) or (inplace and (any(np.may_share_memory(
@@ -384,52 +379,29 @@ class NumpyBackend(BaseBackend):
             return None
         flat, unit = [a.reshape(-1) for a in flat], max(1, HOST_ALIGNMENT // dt.itemsize)  # (rows start aligned)
         outs = flat if inplace else list(_aligned((len(xs), -(-size // unit) * unit), dt)[:, :size])
-        # about one block per host thread (each block's Python holds the GIL: fewer, larger blocks
-        # scale over the cores; measured on a 16-core host), none under _BLOCK_BYTES, rows aligned
-        blk = max(_BLOCK_BYTES // dt.itemsize, -(-size // host_threads()))
+        blk = max(_BLOCK_BYTES // dt.itemsize, -(-size // host_threads()))  # ~one a thread: each holds the GIL
         fn, blk, err, call = _REDUCE[op], -(-blk // unit) * unit, np.geterr(), np.geterrcall()
         state: dict[str, Any] = {**err, **({} if call is None else {"call": call})}
 
-        # Each input appears once in an expression, so a partial result may be written into the result
-        # of its subexpression's leftmost input (an input itself in place, new memory otherwise: both are
-        # overwritten by the sum at the end): no scratch memory, and each block's partial results stay
-        # where the next step reads them. Not for complex products, which NumPy rounds differently where
-        # the output aliases an input: those go through scratch blocks.
+        # Each input appears once in an expression: a partial result goes where its leftmost input's result goes
+        # (in place: that input); complex products get new blocks (NumPy rounds them otherwise into an operand)
         direct = not (op == "prod" and dt.kind == "c")
 
+        def into(e: Any, lo: int, hi: int) -> tuple[np.ndarray, int]:  # (its block, its leftmost input)
+            if isinstance(e, int):
+                return flat[e][lo:hi], e
+            a, i = into(e[0], lo, hi)
+            return fn(a, into(e[1], lo, hi)[0], out=outs[i][lo:hi] if direct else None), i
+
         def run(part: Sequence[tuple[int, int, Any]]) -> None:  # blocks (lo, hi, expr), on one thread
-            scratch: list[np.ndarray] = []  # partial results' blocks, never written while an operand
-
-            def into(e: Any, lo: int, hi: int) -> tuple[np.ndarray, int]:  # (its block, its leftmost input)
-                if isinstance(e, int):
-                    return flat[e][lo:hi], e
-                a, i = into(e[0], lo, hi)
-                b = into(e[1], lo, hi)[0]
-                return fn(a, b, out=outs[i][lo:hi]), i
-
-            def value(e: Any, lo: int, hi: int, busy: tuple[int, ...]) -> tuple[np.ndarray, int]:
-                if isinstance(e, int):
-                    return flat[e][lo:hi], -1
-                a, i = value(e[0], lo, hi, busy)
-                b, j = value(e[1], lo, hi, (*busy, i))
-                k = min(set(range(len(busy) + 3)) - {*busy, i, j})  # the first block not in use
-                if k == len(scratch):
-                    scratch.append(np.empty(min(blk, size), dt))
-                return fn(a, b, out=scratch[k][:hi - lo]), k
-
             with np.errstate(**state):  # the caller's, its callback too (NumPy 1 keeps it per thread)
                 for lo, hi, e in part:
-                    if direct:
-                        v, at = into(e, lo, hi)
-                        if isinstance(e, int) and outs[at] is not flat[at]:  # (one input: its copy)
-                            at = -1
-                    else:
-                        v, at = value(e, lo, hi, ())[0], -1
+                    v, at = into(e, lo, hi)
+                    if isinstance(e, int) and outs[at] is not flat[at]:  # one input, out of place: its copy
+                        outs[at][lo:hi], v = v, outs[at][lo:hi]
+                    elif not direct:
+                        at = -1  # (a new block: written into every result)
                     if divide_by is not None:
-                        if at < 0 and isinstance(e, int):  # (the input itself: divided into each result)
-                            for o in outs:
-                                np.divide(v, divide_by, out=o[lo:hi], casting="unsafe")
-                            continue
                         np.divide(v, divide_by, out=v, casting="unsafe")  # = (v / n).astype(v.dtype)
                     for k, o in enumerate(outs):
                         if k != at:
