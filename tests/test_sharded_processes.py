@@ -171,10 +171,9 @@ dist.shutdown()
 '''
 
 
-JAX_WORKER = '''
-import json
-from typing import Any
-
+#: What the JAX workers share: the group, the 2x2 process mesh, the batch, the model, its loss, and one
+#: process's plain optax on the whole batch.
+_JAX_TREES = '''
 import numpy as np
 import multidev as md
 from multidev import distributed as dist
@@ -215,7 +214,13 @@ def reference(tx, steps):  # one process, plain optax, the whole batch
     return p, s, losses
 
 
-tx = optax.adamw(optax.cosine_decay_schedule(1e-2, 5), weight_decay=0.1)
+'''
+
+JAX_WORKER = '''
+import json
+from typing import Any
+
+''' + _JAX_TREES + '''tx = optax.adamw(optax.cosine_decay_schedule(1e-2, 5), weight_decay=0.1)
 ref, ref_opt, ref_losses = reference(tx, 4)
 for data_axis in ("data", ("data", "model")):
     dp = md.data_parallel(make(0.0 if r == 0 else 1.0), tx, mesh=pm, data_axis=data_axis, param_axis="model",
@@ -467,47 +472,7 @@ print(f"MDTORCHMPI rank {r}: {' '.join(out)}", flush=True)
 dist.shutdown()
 '''
 
-JAX_MPI_WORKER = '''
-import numpy as np
-import multidev as md
-from multidev import distributed as dist
-
-dist.init()
-import jax
-import jax.numpy as jnp
-import optax
-from flax.training import train_state
-
-r = dist.rank()
-pm = dist.process_mesh((2, 2), ("data", "model"))
-rng = np.random.default_rng(1)
-X, Y = rng.normal(size=(16, 6)).astype(np.float32), rng.normal(size=(16, 3)).astype(np.float32)
-
-
-def make(shift=0.0):
-    g = np.random.default_rng(0)
-    return {"w1": jnp.asarray(g.normal(size=(6, 8)) + shift, jnp.float32), "b1": jnp.zeros(8) + shift,
-            "w2": jnp.asarray(g.normal(size=(8, 3)) + shift, jnp.float32), "b2": jnp.zeros(3) + shift}
-
-
-def loss_fn(p, b):
-    return jnp.mean((jnp.tanh(b[0] @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"] - b[1]) ** 2)
-
-
-def err(a, b):
-    return max(float(np.abs(np.asarray(a[k]) - np.asarray(b[k])).max()) for k in b)
-
-
-def reference(tx, steps):  # one process, plain optax, the whole batch
-    p, s, losses = make(), tx.init(make()), []
-    for _ in range(steps):
-        lo, g = jax.value_and_grad(loss_fn)(p, (X, Y))
-        u, s = tx.update(g, s, p)
-        p = optax.apply_updates(p, u)
-        losses.append(float(lo))
-    return p, losses
-
-
+JAX_MPI_WORKER = _JAX_TREES + '''
 out = []
 tx = optax.adamw(optax.cosine_decay_schedule(1e-2, 5), weight_decay=0.1)
 ref = reference(tx, 4)[0]
