@@ -50,6 +50,7 @@ cores through :func:`run_parts` (the one pool, :mod:`multidev.hostthreads`).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import warnings
@@ -208,7 +209,7 @@ def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
     is free (:mod:`multidev.hostpool`: no page faults to fill it again)."""
     dt = np.dtype(dtype)
     shape = tuple(int(s) for s in shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    nbytes = math.prod(shape) * dt.itemsize  # (exact: numpy's int64 product would wrap)
     pooled = hostpool.empty(shape, dt, nbytes)
     if pooled is not None:
         return pooled

@@ -46,6 +46,7 @@ import numpy as np
 
 import multidev as md
 from multidev import Device
+from multidev.adapter import aligned_empty
 from multidev.distributed.engine import (
     Engine,
     Handle,
@@ -542,6 +543,8 @@ class MpiEngine(Engine):
         return _Request(self, req, finish, what)
 
     def _alloc(self, like: Any, shape: tuple[int, ...]) -> Any:
+        if type(like) is np.ndarray:  # the host transport (the NumPy backend's empty on cpu:0, in fewer steps)
+            return aligned_empty(shape, like.dtype)
         tb = md.backend_of(like)
         return tb.empty(shape, md.dtype_of(like), tb.device_of(like))
 
@@ -555,6 +558,16 @@ class MpiEngine(Engine):
             return t
         return self._req("MPI_Iallreduce", lambda: self.comm.Iallreduce(
             self.MPI.IN_PLACE, [buf, mt], self._op(op, dtype)), finish)
+
+    def allreduce_new(self, t: Any, op: str) -> Handle | None:
+        buf, mt, _ = self._numeric(t)
+        dtype = md.dtype_of(t)
+        if buf.dtype != t.dtype and dtype != "bool":  # reduced in float32: the core's copy is that one
+            return None
+        out = self._alloc(t, t.shape)
+        dst = out.view(np.uint8) if dtype == "bool" else out
+        return self._req("MPI_Iallreduce", lambda: self.comm.Iallreduce(
+            [buf, mt], [dst, mt], self._op(op, dtype)), lambda: (buf, out)[1])  # (buf held until done)
 
     def broadcast(self, t: Any, src: int) -> Handle:
         return self._req("MPI_Ibcast", lambda: self.comm.Ibcast(self._bytes(t), root=src), lambda: t)

@@ -32,7 +32,7 @@ from ..structured import Leaves, rebuild, structure_leaves
 from ..trees import owner_or_structure
 from ..validate import OPS, check_axis, check_op, check_writable
 from .consistency import ALWAYS, KINDS_OF_CALL, MAX_DIMS, Call, agree
-from .engine import Handle
+from .engine import Engine, Handle
 from .group import Group, current
 from .handles import Work, run
 from .transport import Origin, Placement, from_transport, to_transport, transport_backend
@@ -162,11 +162,18 @@ def working(x: Any, g: Group, inplace: bool, placed: Placement | None = None) ->
     (none for engines that never write into their inputs). ``placed``: x's :func:`_placement`."""
     t, origin, shared, _ = to_transport(x, g, placed)
     through = _writes_through(origin)
+    t, shared = private(t, g, inplace, shared, through)
+    return t, origin, shared, through
+
+
+def private(t: Any, g: Group, inplace: bool, shared: bool, through: bool) -> tuple[Any, bool]:
+    """``(t, shares x's memory)``: a copy of transport tensor ``t`` where the engine may write into
+    it and the caller's memory must not change (:func:`working`'s rule), else ``t``."""
     if shared and g.engine.writes_inputs and not (inplace and through):
         tb = backend_of(t)
         t, _ = g.engine.prepare(tb.copy(t, tb.device_of(t)))
         shared = False
-    return t, origin, shared, through
+    return t, shared
 
 
 def _landing(res: Any, t: Any, origin: Origin, x: Any, inplace: bool, shared: bool,
@@ -530,14 +537,21 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
         placed.append(_placement(g, b, x, dtype, what))
         return _record(g, "allreduce", op=op, dtype=dtype, shape=shape, tkind=placed[0][3].kind)
 
+    # a synchronous out-of-place call where the engine reduces into new memory: x's values are read, not copied
+    fresh = not inplace and not async_op and type(g.engine).allreduce_new is not Engine.allreduce_new
     early: list[Any] = []  # the transport tensor, prepared while the records travel
-    agreed = agree(g, "allreduce", local, async_op, lambda: early.append(working(x, g, inplace, placed[0])))
+    agreed = agree(g, "allreduce", local, async_op, lambda: early.append(working(x, g, inplace or fresh, placed[0])))
     if isinstance(agreed, Work):
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, shared, through = early.pop() if early else working(x, g, inplace, placed[0])
-        h = g.engine.allreduce(t, "sum" if op == "mean" else op)
+        t, origin, shared, through = early.pop() if early else working(x, g, inplace or fresh, placed[0])
+        base = "sum" if op == "mean" else op
+        h = g.engine.allreduce_new(t, base) if fresh else None
+        if h is None:
+            if fresh:  # the engine declined: its primitive writes into a private copy, as for any other engine
+                t, shared = private(t, g, False, shared, through)
+            h = g.engine.allreduce(t, base)
         return h, lambda res: landed(mean_of(res, op, g.world_size), t, origin, x, inplace, shared, through)
 
     return run(g, what, start, async_op)

@@ -464,6 +464,14 @@ class Engine(ABC):
         """Every rank's ``t`` reduced elementwise by ``op`` (:data:`OPS`). Result: the reduction, on
         ``t``'s device (``t`` itself, written in place, or a new tensor)."""
 
+    def allreduce_new(self, t: Any, op: str) -> Handle | None:
+        """Optional: :meth:`allreduce` into new memory, reading ``t`` and leaving it unchanged, so an
+        out-of-place call needs no private copy of its input first (MPI's out-of-place
+        ``Iallreduce``). Result: the new tensor. None where the engine does not for this ``t`` (the
+        core then copies ``t`` and calls :meth:`allreduce`). The core calls it only for synchronous
+        calls (the caller cannot change ``t`` while it is read). Default: None."""
+        return None
+
     @abstractmethod
     def broadcast(self, t: Any, src: int) -> Handle:
         """Rank ``src``'s ``t`` on every rank. Result: it (``t`` itself, written, or a new tensor)."""

@@ -1,6 +1,7 @@
 """Why multidev's out-of-place MPI allreduce costs several times the in-place primitive at 1 MiB
 (issue 36's multi-process row: 1,386 against 319 us on the quiet H200 host): mpi4py's own
-Allreduce on a buffer used again and again, on a new buffer each call (freed, or kept), cycling
+Allreduce on a buffer used again and again, on a new buffer each call (a copy of the input reduced
+in place, freed or kept; MPI's out-of-place call into new memory, blocking and nonblocking), cycling
 through 10 long-lived buffers, and through one reused staging buffer (copy in, reduce, copy back),
 MPI's nonblocking Iallreduce (waited, and polled with Test as the engine does), the engine's own
 primitive, then multidev's allreduce (checks off) out of place and in place. Medians of alternating blocks;
@@ -13,13 +14,15 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 import multidev as md  # noqa: F401
 from multidev import distributed as dist
 from multidev.distributed.group import current
 
-comm = MPI.COMM_WORLD
+# mpi4py is imported after dist.init: MPI starts there, with the engine's settings (Open MPI's nonblocking
+# allreduce algorithm), so mpi4py's own calls below run with the same ones
+MPI: Any = None
+comm: Any = None
 
 
 def cases(mib: int, g: Any) -> tuple[Callable[[], None], ...]:
@@ -50,6 +53,13 @@ def cases(mib: int, g: Any) -> tuple[Callable[[], None], ...]:
         b = np.copy(x)
         comm.Allreduce(MPI.IN_PLACE, b)
 
+    def out_of_place() -> None:  # mpi4py's own out-of-place call, into new memory
+        comm.Allreduce(x, np.empty_like(x))
+
+    def iallreduce_out() -> None:
+        out = np.empty_like(x)  # held: mpi4py's request does not keep it, and MPI writes into it until Wait
+        comm.Iallreduce(x, out).Wait()
+
     def fresh_kept() -> None:
         b = np.copy(x)
         keep.append(b)
@@ -74,11 +84,15 @@ def cases(mib: int, g: Any) -> tuple[Callable[[], None], ...]:
     def md_in() -> None:
         dist.allreduce(fixed, inplace=True)
 
-    return (reuse, iallreduce_wait, iallreduce_test, engine, fresh_freed, fresh_kept, cycle10, staged, md_out, md_in)
+    return (reuse, iallreduce_wait, iallreduce_test, engine, fresh_freed, out_of_place, iallreduce_out, fresh_kept,
+            cycle10, staged, md_out, md_in)
 
 
 def main() -> None:
+    global MPI, comm
     dist.init(timeout=120)
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
     g = current()
     g.check = False
     for mib in (1, 16):
