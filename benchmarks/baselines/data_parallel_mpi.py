@@ -34,12 +34,12 @@ def main(argv: list[str] | None = None) -> None:
     import numpy as np
     import torch
     import torch.nn.functional as F
-    from mpi4py import MPI
 
     import multidev as md
     from multidev import distributed as dist
 
     info = dist.init(engine="mpi", timeout=120)
+    from mpi4py import MPI  # after init: MPI starts there with the engine's Open MPI settings, for both loops
     torch.set_num_threads(1)
     rank, world = dist.rank(), dist.world_size()
     comm = MPI.COMM_WORLD.Dup()  # the native loop's own communicator
