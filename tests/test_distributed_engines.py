@@ -325,6 +325,58 @@ def test_transport_paths_say_how_a_tensor_travels(one_rank: Any) -> None:
     assert dist.carries("bfloat16") == ("bfloat16" in md.backend("numpy").capabilities.dtypes)
 
 
+class _NewMemory(_OneRank):
+    """A one-process engine that reduces into new memory (:meth:`Engine.allreduce_new`), or declines
+    when ``declines``; it records what each primitive was handed."""
+
+    name = "new-memory"
+    declines = False
+    seen: list[tuple[str, Any]] = []  # noqa: RUF012 - (primitive, its tensor), for the tests
+
+    def allreduce(self, t: Any, op: str) -> eng.Handle:
+        self.seen.append(("allreduce", t))
+        return _Done(t)
+
+    def allreduce_new(self, t: Any, op: str) -> eng.Handle | None:
+        self.seen.append(("allreduce_new", t))
+        return None if self.declines else _Done(np.array(t, copy=True))
+
+
+@pytest.mark.parametrize("declines", [False, True])
+def test_out_of_place_allreduce_hands_the_engine_its_input_only_to_read(declines: bool) -> None:
+    """A synchronous out-of-place call gives an engine with ``allreduce_new`` the input's own memory
+    (no private copy first); one that declines, an async call and an in-place call get what the
+    other engines get: a private copy to write into, or (in place) the input itself."""
+    if "new-memory" not in dist.engine_names():
+        dist.register_engine("new-memory", _NewMemory)
+    _NewMemory.declines, _NewMemory.seen = declines, []
+    dist.init("new-memory", timeout=5)
+    try:
+        x = md.asarray(np.arange(6, dtype=np.float32), device=md.devices(backend="numpy")[-1])
+        before = np.array(x, copy=True)
+        for op in ("sum", "mean"):
+            _NewMemory.seen.clear()
+            y = dist.allreduce(x, op=op)
+            np.testing.assert_array_equal(np.asarray(y), before)  # one rank: its own values (mean: / 1)
+            assert md.device_of(y) == md.device_of(x) and not np.shares_memory(np.asarray(y), np.asarray(x))
+            kinds = [k for k, _ in _NewMemory.seen]
+            assert kinds == (["allreduce_new", "allreduce"] if declines else ["allreduce_new"]), kinds
+            assert np.shares_memory(_NewMemory.seen[0][1], np.asarray(x))  # read where it lies
+            if declines:  # the primitive that may write got a private copy
+                assert not np.shares_memory(_NewMemory.seen[1][1], np.asarray(x))
+        _NewMemory.seen.clear()
+        dist.allreduce(x, async_op=True).wait()
+        assert [k for k, _ in _NewMemory.seen] == ["allreduce"]
+        assert not np.shares_memory(_NewMemory.seen[0][1], np.asarray(x))  # x may change before wait()
+        _NewMemory.seen.clear()
+        assert dist.allreduce(x, inplace=True) is x
+        assert [k for k, _ in _NewMemory.seen] == ["allreduce"] and np.shares_memory(_NewMemory.seen[0][1],
+                                                                                      np.asarray(x))
+        np.testing.assert_array_equal(np.asarray(x), before)
+    finally:
+        dist.shutdown()
+
+
 _SLOW_RANK = """
 import sys, time
 import numpy as np
