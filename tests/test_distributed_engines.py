@@ -411,6 +411,46 @@ def test_mpi_exit_waits_for_a_working_rank_and_not_for_a_lost_one() -> None:
     assert took >= 12, f"the job ended after {took:.1f} s, before its slow rank's work was done"
 
 
+_MPI_BUFFERS = """
+import numpy as np
+import multidev.distributed as dist
+dist.init("mpi", timeout=30)
+r, w = dist.rank(), dist.world_size()
+want = np.arange(6) * w + w * (w - 1) / 2
+for dt in (">f4", "<f8", ">i8", "float16", "bool"):  # big-endian ones: MPI reduces in the machine's order
+    a = (np.arange(6) + r).astype(dt)
+    x, keep = a.copy(), a.copy()
+    y = dist.allreduce(x, op="max" if dt == "bool" else "sum")
+    exp = (np.arange(6) + w - 1 > 0) if dt == "bool" else want
+    assert np.array_equal(np.asarray(y, dtype=float), exp), (dt, y)
+    assert np.array_equal(x, keep) and not np.shares_memory(x, y), dt  # out of place: x unchanged, not aliased
+    ro = a.copy(); ro.flags.writeable = False
+    assert np.array_equal(np.asarray(dist.allreduce(ro, op="max" if dt == "bool" else "sum"), dtype=float), exp), dt
+    assert dist.allreduce(x, op="max" if dt == "bool" else "sum", inplace=True) is x, dt
+    assert np.array_equal(np.asarray(x, dtype=float), exp), (dt, x)
+print(f"MDOK {r}", flush=True)
+dist.shutdown()
+"""
+
+
+@pytest.mark.multiprocess
+def test_mpi_allreduce_reduces_every_byte_order_read_only_and_in_place() -> None:
+    """The mpi engine's allreduce in and out of place over inputs MPI cannot take as they are
+    (big-endian arrays: copied into the machine's byte order; read-only ones) and over dtypes it
+    reduces through a view or a copy (bool, float16): values right, inputs unchanged out of place.
+    (Big-endian arrays were summed as native ones, into garbage, before.)"""
+    from multidev.conformance.test_distributed import engine_unavailable, worker_env
+
+    why = engine_unavailable("mpi")
+    if why:
+        pytest.skip(why)
+    cmd = eng.engine_class("mpi").launch_command(2, [sys.executable, "-c", _MPI_BUFFERS])
+    assert cmd is not None
+    p = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert sorted(ln for ln in p.stdout.splitlines() if ln.startswith("MDOK")) == ["MDOK 0", "MDOK 1"], p.stdout
+
+
 def test_the_torch_engine_chooses_nccl_only_where_no_two_ranks_share_a_gpu() -> None:
     """NCCL refuses two ranks on one GPU ("invalid usage": seen on a one-GPU H200 with 3 ranks), so
     the torch engine's default transport is NCCL only where every rank has a GPU of its own, told

@@ -435,9 +435,10 @@ class MpiEngine(Engine):
 
     def prepare(self, t: Any) -> tuple[Any, bool]:
         if isinstance(t, np.ndarray):
-            if t.flags.c_contiguous and t.flags.writeable:
+            if t.flags.c_contiguous and t.flags.writeable and t.dtype.isnative:
                 return t, True
-            return np.array(t, order="C", copy=True), False
+            # (MPI reduces in the machine's byte order: a big-endian array is copied into it)
+            return np.array(t, dtype=t.dtype.newbyteorder("="), order="C", copy=True), False
         md.synchronize(t)  # a device buffer: MPI reads it from the host's side of the stream
         return t, True
 
@@ -560,10 +561,11 @@ class MpiEngine(Engine):
             self.MPI.IN_PLACE, [buf, mt], self._op(op, dtype)), finish)
 
     def allreduce_new(self, t: Any, op: str) -> Handle | None:
-        buf, mt, _ = self._numeric(t)
         dtype = md.dtype_of(t)
-        if buf.dtype != t.dtype and dtype != "bool":  # reduced in float32: the core's copy is that one
-            return None
+        MPI, name = self.MPI, _MPI_TYPES.get(dtype)
+        if dtype != "bool" and (name is None or getattr(MPI, name, MPI.DATATYPE_NULL) == MPI.DATATYPE_NULL):
+            return None  # reduced through a float32 copy (bfloat16; float16 where MPI lacks it): the core's copy
+        buf, mt, _ = self._numeric(t)
         out = self._alloc(t, t.shape)
         dst = out.view(np.uint8) if dtype == "bool" else out
         return self._req("MPI_Iallreduce", lambda: self.comm.Iallreduce(

@@ -158,8 +158,9 @@ def _writes_through(origin: Origin) -> bool:
 
 def working(x: Any, g: Group, inplace: bool, placed: Placement | None = None) -> tuple[Any, Origin, bool, bool]:
     """The transport tensor a primitive may write into, ``(t, origin, shares x's memory, writes
-    through)``: x's own memory only when the call is in place and writes reach x; else a copy
-    (none for engines that never write into their inputs). ``placed``: x's :func:`_placement`."""
+    through)``: x's own memory only when ``inplace`` (the call is in place, or its primitive only
+    reads: :meth:`Engine.allreduce_new`) and writes reach x; else a copy (none for engines that
+    never write into their inputs). ``placed``: x's :func:`_placement`."""
     t, origin, shared, _ = to_transport(x, g, placed)
     through = _writes_through(origin)
     t, shared = private(t, g, inplace, shared, through)
@@ -547,7 +548,8 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
         t, origin, shared, through = early.pop() if early else working(x, g, inplace or fresh, placed[0])
         base = "sum" if op == "mean" else op
-        h = g.engine.allreduce_new(t, base) if fresh else None
+        # (t not shared: a copy already, which the engine's allreduce reduces in place)
+        h = g.engine.allreduce_new(t, base) if fresh and shared else None
         if h is None:
             if fresh:  # the engine declined: its primitive writes into a private copy, as for any other engine
                 t, shared = private(t, g, False, shared, through)

@@ -469,7 +469,10 @@ class Engine(ABC):
         out-of-place call needs no private copy of its input first (MPI's out-of-place
         ``Iallreduce``). Result: the new tensor. None where the engine does not for this ``t`` (the
         core then copies ``t`` and calls :meth:`allreduce`). The core calls it only for synchronous
-        calls (the caller cannot change ``t`` while it is read). Default: None."""
+        calls whose transport tensor is the input's own memory (the caller cannot change it while it
+        is read; after a wait that timed out, as with ``inplace=True``, the runtime may still read it
+        until the lost rank's call ends). Out-of-place calls go here, not to :meth:`allreduce`, in
+        a subclass that overrides only that. Default: None."""
         return None
 
     @abstractmethod
