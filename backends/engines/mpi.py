@@ -539,8 +539,11 @@ class MpiEngine(Engine):
         held = self.__dict__.setdefault("orphans", [])
         if held:
             held[:] = [o for o in held if not _finished(o[0])]
-        with self.errors(what):
+        try:
             req = start()
+        except Exception:  # classified by errors() (its context manager costs 2 us a call on the way in)
+            with self.errors(what):
+                raise
         return _Request(self, req, finish, what)
 
     def _alloc(self, like: Any, shape: tuple[int, ...]) -> Any:
