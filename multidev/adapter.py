@@ -210,6 +210,8 @@ def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
     is free (:mod:`multidev.hostpool`: no page faults to fill it again)."""
     dt = np.dtype(dtype)
     shape = tuple(map(int, shape))
+    if min(shape, default=0) < 0:
+        raise InvalidArgumentError(f"aligned_empty: shape {shape!r:.80} has a negative size; sizes are >= 0")
     nbytes = math.prod(shape) * dt.itemsize  # (exact: numpy's int64 product would wrap)
     if nbytes >= hostpool.MIN_BYTES:
         pooled = hostpool.empty(shape, dt, nbytes)

@@ -69,6 +69,21 @@ def test_small_and_huge_requests_are_plain_allocations() -> None:
     assert hostpool.empty((1000,), np.float32) is None
 
 
+@pytest.mark.parametrize("shape", [(), (0,), (3,), (2, 3), (0, 5), (3, 1, 2), [4, 2], (np.int64(5),)])
+@pytest.mark.parametrize("dtype", ["float32", "bool", "complex128", ">f4"])
+def test_small_buffers_have_the_shape_dtype_and_alignment_asked(shape: tuple, dtype: str) -> None:
+    a = aligned_empty(shape, dtype)
+    assert a.shape == tuple(int(s) for s in shape) and a.dtype == np.dtype(dtype)
+    assert a.flags.c_contiguous and a.flags.writeable and (a.size == 0 or a.ctypes.data % HOST_ALIGNMENT == 0)
+
+
+def test_a_negative_size_is_refused() -> None:
+    with pytest.raises(md.InvalidArgumentError, match="negative"):
+        aligned_empty((-16,), np.uint8)  # (numpy's slice would give a buffer of the wrong size)
+    with pytest.raises(md.InvalidArgumentError, match="negative"):
+        aligned_empty((-2, 4), np.float32)
+
+
 def test_the_caps_per_size_and_in_all() -> None:
     alive = [aligned_empty((MiB,), np.uint8) for _ in range(6)]  # 4 per size: the last two are plain
     held, free = hostpool.held_bytes()
