@@ -79,6 +79,10 @@ def dist_allreduce(ctx: Context) -> Iterator[Case]:
                 native = ctx.native_call(f"dist_allreduce_{engine}", md.copy(x))
                 if native is not None:
                     native.inner = 1
+                # the least a call that can give up on a lost peer does (where the baseline has one: MPI)
+                floor = None if checked else ctx.native_call(f"dist_allreduce_floor_{engine}", md.copy(x))
+                if floor is not None:
+                    floor.inner = 1
                 # like with like: in place where the backend is mutable (as the engines' own calls are),
                 # out of place where it is not (JAX: the jitted sum makes a new array too)
                 mutable = ctx.b.capabilities.mutable
@@ -90,7 +94,7 @@ def dist_allreduce(ctx: Context) -> Iterator[Case]:
                                 if mutable and not checked else None)
                 label = " checks on" if checked else ""
                 yield Case(f"dist allreduce {engine} {w} processes {fmt_bytes(size)}{label}",
-                           {"md": main, "md_out_of_place": out_of_place, "native": native},
+                           {"md": main, "md_out_of_place": out_of_place, "native": native, "floor": floor},
                            devices=[dev], check=check, before=mdist.barrier,
                            params={"engine": engine, "transport": mdist.transport_name(), "processes": w,
                                    "size": size, "dtype": "float32", "rank": r, "checks": checked},

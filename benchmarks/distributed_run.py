@@ -69,7 +69,8 @@ def _fault_rows(engine: str, n: int, runs: int, timeout: float, run_index: int) 
 
 def _table(doc: dict[str, Any]) -> str:
     rows = ["| engine | processes | size | md busbw GB/s (checks off) | engine's own call GB/s | ratio | md out of "
-            "place | md, checks on | check's cost per call |", "|" + " --- |" * 9]
+            "place | md, checks on | check's cost per call | md over the floor (MPI: Iallreduce + Test loop) |",
+            "|" + " --- |" * 10]
     by: dict[tuple, dict[bool, dict[str, Any]]] = {}
     for r in doc["results"]:
         if r.get("group") in ("dist allreduce", "dist allreduce checked") and r.get("variants"):
@@ -90,9 +91,12 @@ def _table(doc: dict[str, Any]) -> str:
             cost = (on["md"]["median_s"] - off["md"]["median_s"]) * 1e6
         fmt = lambda x: "-" if x is None else f"{x:.3g}"
         ratio = "-" if md_off is None or not nat else f"{md_off / nat:.2f}x"
+        floor = off.get("floor")
+        over = "-" if not floor or not off.get("md") else (
+            f"{(off['md']['median_s'] - floor['median_s']) * 1e6:+.0f} µs ({floor['median_s'] * 1e6:.0f} µs floor)")
         rows.append(f"| {engine} | {n} | {fmt_bytes(size)} | {fmt(md_off)} | {fmt(nat)} | {ratio} | {fmt(oop)} | "
                     f"{fmt(md_on)} | "
-                    + ("-" if cost is None else f"{cost:+.0f} µs") + " |")
+                    + ("-" if cost is None else f"{cost:+.0f} µs") + f" | {over} |")
     rows += ["", "| engine | processes | timeout | time-to-error (median, min-max of the waiting ranks) | ratio | "
              "typed, naming the rank |", "| --- | --- | --- | --- | --- | --- |"]
     for r in doc["results"]:

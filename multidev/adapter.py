@@ -494,7 +494,7 @@ class BaseBackend:
 
     # -- arithmetic for collectives ---------------------------------------------------------
     def shape_of(self, x: Any) -> tuple[int, ...]:
-        return tuple(int(s) for s in x.shape)
+        return tuple(map(int, x.shape))
 
     # -- helpers ----------------------------------------------------------------------------
     def same_device(self, what: str, xs: Sequence[Any], note: str = "") -> Device:

@@ -72,6 +72,23 @@ _MPI_TYPES = {"int8": "INT8_T", "int16": "INT16_T", "int32": "INT32_T", "int64":
               "bfloat16": None, "float32": "FLOAT", "float64": "DOUBLE", "complex64": "C_FLOAT_COMPLEX",
               "complex128": "C_DOUBLE_COMPLEX"}
 
+#: (op, on bools) -> the name of MPI's reduction (bools as bytes: max is logical or, min logical and).
+_OPS = {("sum", False): "SUM", ("prod", False): "PROD", ("max", False): "MAX", ("min", False): "MIN",
+        ("max", True): "LOR", ("min", True): "LAND"}
+
+
+#: Results under this many bytes are plain ``np.empty`` memory (aligned_empty's alignment costs 2 us a call).
+_SMALL = 4096
+
+
+def _same(r: Any) -> Any:
+    return r
+
+
+def _bools(r: Any) -> Any:
+    return r.view(np.bool_)
+
+
 _exit: dict[str, Any] = {"registered": False, "own_finalize": False, "broken": False, "deadline": 30.0}
 
 
@@ -510,10 +527,7 @@ class MpiEngine(Engine):
 
     # -- primitives ------------------------------------------------------------------------------
     def _op(self, op: str, dtype: str) -> Any:
-        MPI = self.MPI
-        if dtype == "bool":
-            return {"max": MPI.LOR, "min": MPI.LAND}[op]
-        return {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}[op]
+        return getattr(self.MPI, _OPS[(op, dtype == "bool")])
 
     def _bytes(self, a: Any) -> list[Any]:
         return [a.reshape(-1).view(np.uint8), self.MPI.BYTE]
@@ -525,12 +539,19 @@ class MpiEngine(Engine):
         MPI = self.MPI
         dtype = md.dtype_of(t)
         if dtype == "bool":
-            return t.view(np.uint8), MPI.UINT8_T, lambda r: r.view(np.bool_)
-        name = _MPI_TYPES[dtype]
-        mt = getattr(MPI, name, MPI.DATATYPE_NULL) if name else MPI.DATATYPE_NULL
-        if mt == MPI.DATATYPE_NULL:  # bfloat16; float16 on an MPI without it
+            return t.view(np.uint8), MPI.UINT8_T, _bools
+        mt = self._type(dtype)
+        if mt is None:  # bfloat16; float16 on an MPI without it
             return t.astype(np.float32), MPI.FLOAT, lambda r: r.astype(t.dtype)
-        return t, mt, lambda r: r
+        return t, mt, _same
+
+    def _type(self, dtype: str) -> Any:
+        """MPI's predefined datatype for ``dtype`` (bool: bytes), or None where it has none."""
+        MPI, name = self.MPI, _MPI_TYPES.get(dtype)
+        if dtype == "bool":
+            return MPI.UINT8_T
+        mt = getattr(MPI, name, MPI.DATATYPE_NULL) if name else MPI.DATATYPE_NULL
+        return None if mt == MPI.DATATYPE_NULL else mt
 
     #: Requests whose handle was dropped before MPI finished with them, with their buffers (_Request.__del__).
     orphans: list[tuple[Any, Any]]
@@ -548,6 +569,8 @@ class MpiEngine(Engine):
 
     def _alloc(self, like: Any, shape: tuple[int, ...]) -> Any:
         if type(like) is np.ndarray:  # the host transport (the NumPy backend's empty on cpu:0, in fewer steps)
+            if like.nbytes * self.world < _SMALL:  # (XLA shares aligned buffers only: JAX copies these few bytes)
+                return np.empty(shape, like.dtype)
             return aligned_empty(shape, like.dtype)
         tb = md.backend_of(like)
         return tb.empty(shape, md.dtype_of(like), tb.device_of(like))
@@ -565,14 +588,14 @@ class MpiEngine(Engine):
 
     def allreduce_new(self, t: Any, op: str) -> Handle | None:
         dtype = md.dtype_of(t)
-        MPI, name = self.MPI, _MPI_TYPES.get(dtype)
-        if dtype != "bool" and (name is None or getattr(MPI, name, MPI.DATATYPE_NULL) == MPI.DATATYPE_NULL):
+        mt = self._type(dtype)
+        if mt is None:
             return None  # reduced through a float32 copy (bfloat16; float16 where MPI lacks it): the core's copy
-        buf, mt, _ = self._numeric(t)
         out = self._alloc(t, t.shape)
-        dst = out.view(np.uint8) if dtype == "bool" else out
-        return self._req("MPI_Iallreduce", lambda: self.comm.Iallreduce(
-            [buf, mt], [dst, mt], self._op(op, dtype)), lambda: (buf, out)[1])  # (buf held until done)
+        buf, dst = (t.view(np.uint8), out.view(np.uint8)) if dtype == "bool" else (t, out)
+        mop = self._op(op, dtype)
+        return self._req("MPI_Iallreduce", lambda: self.comm.Iallreduce([buf, mt], [dst, mt], mop),
+                         lambda: (buf, out)[1])  # (buf held until done)
 
     def broadcast(self, t: Any, src: int) -> Handle:
         return self._req("MPI_Ibcast", lambda: self.comm.Ibcast(self._bytes(t), root=src), lambda: t)

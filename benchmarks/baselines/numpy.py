@@ -59,6 +59,21 @@ class NumpyNative(Native):
         return (functools.partial(MPI.COMM_WORLD.Allreduce, MPI.IN_PLACE, buf), (),
                 "mpi4py: MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, buf) on a NumPy buffer")
 
+    def op_dist_allreduce_floor_mpi(self, x: Any) -> Call:
+        """The least an allreduce that honours a timeout does on MPI (suite ``distributed``'s floor row):
+        mpi4py's nonblocking ``Iallreduce`` in place, then ``Test()`` in a loop (a blocking call cannot
+        give up on a lost peer)."""
+        from mpi4py import MPI
+
+        buf = np.ascontiguousarray(np.asarray(x))
+        comm = MPI.COMM_WORLD
+
+        def floor() -> None:
+            req = comm.Iallreduce(MPI.IN_PLACE, buf)
+            while not req.Test():
+                pass
+        return floor, (), "mpi4py: Iallreduce(MPI.IN_PLACE, buf), then req.Test() until done"
+
     def op_dist_allreduce_group_mpi(self, x: Any, groups: Any) -> Call:
         """mpi4py's ``Allreduce`` in place within this rank's subgroup of ``groups`` (a communicator made
         here by ``Split``, every rank calling it): the engine's own subgroup call."""

@@ -77,8 +77,12 @@ def carried_kind(g: Group, b: Backend, x: Any, dtype: str, what: str) -> str:
 
 def _placement(g: Group, b: Backend, x: Any, dtype: str, what: str) -> Placement:
     """Where x travels (what :func:`working` takes, so a call finds it once); CapabilityError
-    (naming the engine) for a dtype the group cannot carry."""
+    (naming the engine) for a dtype the group cannot carry. Kept by the group (:attr:`Group.placements`)."""
     dev = b.device_of(x)
+    key = (b, dev, dtype)
+    hit = g.placements.get(key)
+    if hit is not None:
+        return hit
     tb, tdev = transport_backend(g, dev, b)
     allowed = g.engine.dtypes()
     if allowed is not None and dtype not in allowed:
@@ -93,6 +97,8 @@ def _placement(g: Group, b: Backend, x: Any, dtype: str, what: str) -> Placement
                                   f"{dtype} here: {e}") from None
         raise CapabilityError(f"{what}: the {g.info.engine} engine moves {tb.name} tensors, which cannot hold {dtype} "
                               f"on {tdev}")
+    if len(g.placements) < 256:
+        g.placements[key] = (b, dev, tb, tdev)
     return b, dev, tb, tdev
 
 

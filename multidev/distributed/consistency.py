@@ -275,11 +275,12 @@ def _open(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:
     pending = getattr(g, "ahead", None)
     if pending is not None:
         pending.settle()
-    what = f"distributed.{kind}"
     err: MultidevError | None = None
     try:
-        with translate_errors(what):
+        try:
             call = local()
+        except Exception as e:  # noqa: BLE001 - as translate_errors' exit would (without entering it: a hot path)
+            translate_errors(f"distributed.{kind}").reraise(e)
     except MultidevError as e:  # reported to the other ranks, then raised here
         err = e
         name = type(e).__name__

@@ -84,8 +84,10 @@ def _complete(h: Handle | None, finish: Callable[[Any], Any], what: str, g: Grou
     try:
         if h is not None:
             wait_for(h, max(0.0, deadline - time.monotonic()), f"{what} on rank {g.rank}", g if probe else None)
-            with translate_errors(what):
+            try:
                 raw = h.result()
+            except Exception as e:  # noqa: BLE001 - translated as translate_errors' exit would (a hot path)
+                translate_errors(what).reraise(e)
         else:
             raw = None
         return finish(raw), None

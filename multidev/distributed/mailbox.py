@@ -22,11 +22,12 @@ as soon as every rank has mapped it. ``$MULTIDEV_SHARED_EXCHANGE=0`` keeps the e
 """
 from __future__ import annotations
 
-import array
 import contextlib
+import functools
 import mmap
 import os
 import secrets
+import struct
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -65,6 +66,12 @@ def _alive(pid: int) -> bool:
         return True
 
 
+@functools.lru_cache(maxsize=WIDTH + 1)
+def _layout(n: int) -> struct.Struct:
+    """A slot after its call number: checksum, length and an ``n``-integer row (native int64)."""
+    return struct.Struct(f"={n + 2}q")
+
+
 def _checksum(seq: int, row: Sequence[int]) -> int:
     """The slot's checksum: of the call number, the length and the row (a reader on a weakly ordered
     CPU that sees a new call number beside an older row and checksum does not take them). A tuple's
@@ -95,10 +102,22 @@ class Mailbox:
         assert w is not None
         at = (self.rank * 2 + (seq & 1)) * _SLOT
         w[at] = -1  # being written
-        w[at + _HEAD:at + _HEAD + n] = array.array("q", row)
-        w[at + 1], w[at + 2] = _checksum(seq, row), n
+        _layout(n).pack_into(self._map, 8 * (at + 1), _checksum(seq, row), n, *row)  # checksum, length, row
         w[at] = seq + 1  # (0: never written, -1: being written)
         self._posted = seq
+
+    def _read(self, p: int, seq: int) -> list[int] | None:
+        """Rank ``p``'s row of call ``seq`` where it is written whole, else None."""
+        w, mark = self._words, seq + 1
+        assert w is not None
+        at = (p * 2 + (seq & 1)) * _SLOT
+        if w[at] != mark:
+            return None
+        n = w[at + 2]
+        if not 0 <= n <= WIDTH:
+            return None
+        got: list[int] = w[at + _HEAD:at + _HEAD + n].tolist()
+        return got if w[at] == mark and _checksum(seq, got) == w[at + 1] else None
 
     def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
         if self._posted != seq:
@@ -106,21 +125,21 @@ class Mailbox:
         self._posted = None
         out: list[list[int] | None] = [None] * self.world
         out[self.rank] = list(row)
-        waiting = [p for p in range(self.world) if p != self.rank]
+        waiting = []
+        for p in range(self.world):  # (one pass first: the rows that are there already, without the wait's set-up)
+            if p != self.rank:
+                out[p] = self._read(p, seq)
+                if out[p] is None:
+                    waiting.append(p)
+        if not waiting:
+            return out
         dead: set[int] = set()
-        w, mark = self._words, seq + 1
-        assert w is not None
-        starts = {p: (p * 2 + (seq & 1)) * _SLOT for p in waiting}
         checks = [0]
 
         def arrived() -> bool:
             for p in list(waiting):
-                at = starts[p]
-                if w[at] != mark:
-                    continue
-                n = w[at + 2]
-                got = w[at + _HEAD:at + _HEAD + n].tolist() if 0 <= n <= WIDTH else []
-                if w[at] == mark and 0 <= n <= WIDTH and _checksum(seq, got) == w[at + 1]:
+                got = self._read(p, seq)
+                if got is not None:
                     out[p] = got
                     waiting.remove(p)
                     dead.discard(p)
