@@ -46,6 +46,7 @@ _HOST = Device("cpu", 0)
 # -- this rank's checks ------------------------------------------------------------------------------
 _CALL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Call)}
 _BARE = {kind: Call(kind) for kind in KINDS_OF_CALL}
+_RECORDS: dict[tuple[Any, ...], Call] = {}  # (kind, *arguments) -> this rank's record of such a call
 
 
 def _record(g: Group, kind: str, **given: Any) -> Call:
@@ -55,10 +56,15 @@ def _record(g: Group, kind: str, **given: Any) -> Call:
     in :data:`ALWAYS`), which it then never reads."""
     if not g.check and kind not in ALWAYS:
         return _BARE[kind]
-    call = object.__new__(Call)
-    fields = vars(call)
-    fields.update(_CALL_DEFAULTS)
-    fields.update(given, kind=kind)
+    key = (kind, *given.items())
+    call = _RECORDS.get(key)
+    if call is None:  # (records are frozen: one made for these arguments serves every call with them)
+        call = object.__new__(Call)
+        fields = vars(call)
+        fields.update(_CALL_DEFAULTS)
+        fields.update(given, kind=kind)
+        if len(_RECORDS) < 256:
+            _RECORDS[key] = call
     return call
 
 

@@ -109,12 +109,15 @@ class Call:
         """The record as a row of integers (``seq`` in place of :attr:`seq` where given). The rows
         of a record other than its call count are kept (up to 256 records), so a collective called
         again with the same arguments encodes in one dictionary lookup."""
-        key = self if self.seq == 0 else _with_seq(self, 0)
-        tail = _ROWS.get(key)
+        tail = vars(self).get("_tail")  # (a record made once and used again: collectives._record)
         if tail is None:
-            tail = key._encode()[1:]
-            if len(_ROWS) < 256:
-                _ROWS[key] = tail
+            key = self if self.seq == 0 else _with_seq(self, 0)
+            tail = _ROWS.get(key)
+            if tail is None:
+                tail = key._encode()[1:]
+                if len(_ROWS) < 256:
+                    _ROWS[key] = tail
+            object.__setattr__(self, "_tail", tail)  # (not a field: equality, hashing and repr ignore it)
         return [self.seq if seq is None else seq, *tail]
 
     def _encode(self) -> list[int]:
