@@ -181,6 +181,7 @@ def test_jax_exchange_reads_no_row_of_its_own_and_deletes_a_directory_per_block(
 class _Group:
     def __init__(self, rows: list[list[int] | None]) -> None:
         self.rows, self.check, self.seq, self.rank, self.timeout = rows, True, 0, 0, 5.0
+        self.world_size = len(rows)
         self.engine = self
         self.channel = None  # (the engine: no shared-memory mailbox)
 

@@ -302,7 +302,8 @@ def _open(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:
 def _close(g: Group, kind: str, call: Call, row: list[int], err: MultidevError | None, seq: int) -> list[Call]:
     try:
         # (one rank: its own row is every row; the engine's channel would send nothing)
-        rows = [row] if g.world_size == 1 else (g.channel or g.engine).exchange(seq, row, g.timeout)
+        rows: list[list[int] | None] = [row] if g.world_size == 1 else (g.channel or g.engine).exchange(
+            seq, row, g.timeout)
     except Exception as e:  # noqa: BLE001 - classified, the group marked unusable, and raised
         fail = classify_lost(e, f"distributed.{kind} (call #{seq}, consistency exchange) on rank {g.rank}", g)
         g.fail(str(fail))
