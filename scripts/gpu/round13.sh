@@ -8,7 +8,7 @@
 #           place against mpi4py's calls (scripts/gpu/mpi_buffers_probe.py).
 #   PART=2: the torch and jax engines against their own calls, 2 processes (distributed_run).
 # Writes into $OUT: log.txt, versions.txt, and each step's files.
-#   PART=1 OUT=/path/to/out bash scripts/gpu/round13.sh   (CAP: the bench's cap in seconds)
+#   PART=1 OUT=/path/to/out bash scripts/gpu/round13.sh   (CAP: the bench's cap in seconds; PROCS: its process counts)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(mkdir -p "${OUT:-$REPO/build/gpu-round13}" && cd "${OUT:-$REPO/build/gpu-round13}" && pwd)
@@ -26,7 +26,7 @@ export OMP_NUM_THREADS=4 MKL_NUM_THREADS=4
 if [ "${PART:-1}" = 1 ]; then
   stamp "1. the mpi engine against mpi4py and the floor, 2 and 4 processes"
   timeout -k 10 "${CAP:-360}" "$PY" -m multidev.benchmarks.distributed_run --out "$OUT/distributed-mpi" \
-    --processes 2,4 --reps 10 --faults 0 --engines mpi > "$OUT/distributed-mpi.txt" 2>&1; echo "exit $?"
+    --processes "${PROCS:-2,4}" --reps 10 --faults 0 --engines mpi > "$OUT/distributed-mpi.txt" 2>&1; echo "exit $?"
   head -n 30 "$OUT/distributed-mpi.md"
   stamp "2. the check's cost step by step (2 processes)"
   for e in 4 262144; do
