@@ -256,7 +256,10 @@ class _Request(Handle):
         return self.done
 
     def wait(self, timeout: float) -> bool:
-        return poll_until(self.test, timeout)
+        # (never asleep: MPI moves a large message's fragments only inside MPI_Test, so a sleeping poll
+        # starves it (256 MiB took 11x mpi4py's call on a host without single-copy shared memory);
+        # MPI's own blocking calls poll without sleeping too, yielding here where others wait for the core)
+        return poll_until(self.test, timeout, busy=timeout)
 
     def result(self) -> Any:
         return self.finish()
