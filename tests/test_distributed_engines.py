@@ -377,6 +377,38 @@ def test_out_of_place_allreduce_hands_the_engine_its_input_only_to_read(declines
         dist.shutdown()
 
 
+class _JaxTransport(_OneRank):
+    """A one-process engine whose transport is JAX (what it can hold follows ``jax_enable_x64``)."""
+
+    name = "jax-transport"
+    tensors = "jax"
+
+    def transport_for(self, device: md.Device) -> tuple[str, md.Device]:
+        return "jax", md.Device("cpu", 0)
+
+
+def test_a_kept_placement_is_found_again_when_the_transport_changes_what_it_holds() -> None:
+    """The group keeps where each kind of tensor travels; once JAX's 64-bit mode is switched off, a
+    float64 call is refused again (CapabilityError, the group still usable), as before it was kept."""
+    jax = pytest.importorskip("jax", reason="the transport here is JAX's, whose dtypes follow jax_enable_x64")
+    if "jax-transport" not in dist.engine_names():
+        dist.register_engine("jax-transport", _JaxTransport)
+    was = bool(jax.config.jax_enable_x64)
+    jax.config.update("jax_enable_x64", True)
+    dist.init("jax-transport", timeout=5)
+    try:
+        x = np.ones(3)
+        assert md.dtype_of(dist.allreduce(x)) == "float64"
+        jax.config.update("jax_enable_x64", False)
+        assert not dist.carries("float64")
+        with pytest.raises(md.CapabilityError, match="float64"):
+            dist.allreduce(x)
+        np.testing.assert_array_equal(np.asarray(dist.allreduce(np.ones(2, np.float32))), 1)  # still usable
+    finally:
+        dist.shutdown()
+        jax.config.update("jax_enable_x64", was)
+
+
 _SLOW_RANK = """
 import sys, time
 import numpy as np
@@ -428,6 +460,16 @@ for dt in (">f4", "<f8", ">i8", "float16", "bool"):  # big-endian ones: MPI redu
     assert np.array_equal(np.asarray(dist.allreduce(ro, op="max" if dt == "bool" else "sum"), dtype=float), exp), dt
     assert dist.allreduce(x, op="max" if dt == "bool" else "sum", inplace=True) is x, dt
     assert np.array_equal(np.asarray(x, dtype=float), exp), (dt, x)
+try:
+    from ml_dtypes import bfloat16
+except ImportError:
+    bfloat16 = None
+for dt in ("float16",) + ((bfloat16,) if bfloat16 is not None else ()):  # reduced through a float32 copy
+    for n in (1000, 4000, 100000):  # (that copy must outlive the nonblocking call: it was freed under it)
+        for _ in range(5):
+            got = dist.reduce_scatter((np.arange(n) % 7 + r).astype(dt))
+            exp = ((np.arange(n) % 7) * w + w * (w - 1) / 2).reshape(w, -1)[r]
+            assert np.array_equal(np.asarray(got, dtype=float), exp), (dt, n, got[:8])
 print(f"MDOK {r}", flush=True)
 dist.shutdown()
 """
@@ -438,7 +480,8 @@ def test_mpi_allreduce_reduces_every_byte_order_read_only_and_in_place() -> None
     """The mpi engine's allreduce in and out of place over inputs MPI cannot take as they are
     (big-endian arrays: copied into the machine's byte order; read-only ones) and over dtypes it
     reduces through a view or a copy (bool, float16): values right, inputs unchanged out of place.
-    (Big-endian arrays were summed as native ones, into garbage, before.)"""
+    (Big-endian arrays were summed as native ones, into garbage, before.) And reduce_scatter of
+    bfloat16 and float16, which go through a float32 copy (it was freed while MPI still read it)."""
     from multidev.conformance.test_distributed import engine_unavailable, worker_env
 
     why = engine_unavailable("mpi")

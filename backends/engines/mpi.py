@@ -77,6 +77,9 @@ _OPS = {("sum", False): "SUM", ("prod", False): "PROD", ("max", False): "MAX", (
         ("max", True): "LOR", ("min", True): "LAND"}
 
 
+#: Seconds a request's wait polls MPI_Test without sleeping (then it naps up to 1 ms between tests).
+_BUSY = 10.0
+
 #: Results under this many bytes are plain ``np.empty`` memory (aligned_empty's alignment costs 2 us a call).
 _SMALL = 4096
 
@@ -256,10 +259,11 @@ class _Request(Handle):
         return self.done
 
     def wait(self, timeout: float) -> bool:
-        # (never asleep: MPI moves a large message's fragments only inside MPI_Test, so a sleeping poll
-        # starves it (256 MiB took 11x mpi4py's call on a host without single-copy shared memory);
-        # MPI's own blocking calls poll without sleeping too, yielding here where others wait for the core)
-        return poll_until(self.test, timeout, busy=timeout)
+        # (not asleep for _BUSY seconds: MPI moves a large message's fragments only inside MPI_Test, so a
+        # poll that sleeps after 50 ms starves it (256 MiB took 11x mpi4py's call on the H200 host's Open
+        # MPI 4.1); MPI's own blocking calls poll without sleeping, yielding here where others wait for
+        # the core; past _BUSY (a peer late or lost) it naps as other waits do, not burning a core)
+        return poll_until(self.test, timeout, busy=min(timeout, _BUSY))
 
     def result(self) -> Any:
         return self.finish()
@@ -630,7 +634,7 @@ class MpiEngine(Engine):
         dtype = md.dtype_of(blocks)
         out = self._alloc(buf, tuple(buf.shape[1:]))
         return self._req("MPI_Ireduce_scatter_block", lambda: self.comm.Ireduce_scatter_block(
-            [buf, mt], [out, mt], self._op(op, dtype)), lambda: back(out))
+            [buf, mt], [out, mt], self._op(op, dtype)), lambda: (buf, back(out))[1])  # (buf held until done)
 
     def scatter(self, blocks: Any | None, like: Any, src: int) -> Handle:
         return self._req("MPI_Iscatter", lambda: self.comm.Iscatter(

@@ -27,7 +27,7 @@ from ..dtypes import ITEMSIZE
 from ..errors import CapabilityError, CollectiveInputError, MultidevError, translate_errors
 from ..placement import resolve
 from ..protocol import Backend
-from ..registry import backend_of, get_backend
+from ..registry import backend_of, get_backend, registry_generation
 from ..structured import Leaves, rebuild, structure_leaves
 from ..trees import owner_or_structure
 from ..validate import OPS, check_axis, check_op, check_writable
@@ -87,8 +87,12 @@ def _placement(g: Group, b: Backend, x: Any, dtype: str, what: str) -> Placement
     dev = b.device_of(x)
     key = (b, dev, dtype)
     hit = g.placements.get(key)
-    if hit is not None:
-        return hit
+    # (valid while the registry and the transport backend's capabilities are those it was found with:
+    # JAX's change with jax_enable_x64, an adapter loaded may change the engine's transport)
+    if hit is not None and hit[1] == registry_generation() and (
+            hit[0][2].capabilities is hit[2] or hit[0][2].capabilities == hit[2]):
+        return hit[0]
+    generation = registry_generation()
     tb, tdev = transport_backend(g, dev, b)
     allowed = g.engine.dtypes()
     if allowed is not None and dtype not in allowed:
@@ -103,8 +107,8 @@ def _placement(g: Group, b: Backend, x: Any, dtype: str, what: str) -> Placement
                                   f"{dtype} here: {e}") from None
         raise CapabilityError(f"{what}: the {g.info.engine} engine moves {tb.name} tensors, which cannot hold {dtype} "
                               f"on {tdev}")
-    if len(g.placements) < 256:
-        g.placements[key] = (b, dev, tb, tdev)
+    if len(g.placements) < 256 or key in g.placements:
+        g.placements[key] = ((b, dev, tb, tdev), generation, tb.capabilities)
     return b, dev, tb, tdev
 
 

@@ -264,8 +264,6 @@ def ahead(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:
 def _post(g: Group, kind: str, opened: Ahead) -> None:
     """This rank's row of ``opened`` sent ahead (:meth:`Engine.post`); an engine error is classified,
     the group marked unusable, as an exchange's."""
-    if g.world_size == 1:
-        return  # (nothing to send: _close finds this rank's row alone)
     try:
         (g.channel or g.engine).post(opened.seq, opened.row)
     except Exception as e:  # noqa: BLE001 - classified, the group marked unusable, and raised
@@ -301,9 +299,7 @@ def _open(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:
 
 def _close(g: Group, kind: str, call: Call, row: list[int], err: MultidevError | None, seq: int) -> list[Call]:
     try:
-        # (one rank: its own row is every row; the engine's channel would send nothing)
-        rows: list[list[int] | None] = [row] if g.world_size == 1 else (g.channel or g.engine).exchange(
-            seq, row, g.timeout)
+        rows = (g.channel or g.engine).exchange(seq, row, g.timeout)
     except Exception as e:  # noqa: BLE001 - classified, the group marked unusable, and raised
         fail = classify_lost(e, f"distributed.{kind} (call #{seq}, consistency exchange) on rank {g.rank}", g)
         g.fail(str(fail))

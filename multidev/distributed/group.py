@@ -92,8 +92,8 @@ class Group:
     #: Where the records of calls numbered from 0 travel: the engine, or a shared-memory
     #: :class:`~multidev.distributed.mailbox.Mailbox` where every rank runs on one host.
     channel: Any = None
-    #: Where tensors travel, by (backend, device, dtype): the collectives' :func:`_placement`
-    #: answers (the engine's transport and dtypes are fixed for the group's life), bounded.
+    #: Where tensors travel, by (backend, device, dtype): the collectives' placement answers, each
+    #: with the registry's generation and the transport's capabilities it was found with, bounded.
     placements: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
     @property
