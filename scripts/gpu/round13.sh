@@ -6,7 +6,7 @@
 #           2 and 4 processes, 4 KiB-256 MiB, checks off and on (multidev.benchmarks.distributed_run);
 #           the check's cost step by step (scripts/bench/check_parts.py, 4 floats and 1 MiB); out of
 #           place against mpi4py's calls (scripts/gpu/mpi_buffers_probe.py).
-#   PART=2: the torch and jax engines against their own calls, 2 processes (distributed_run).
+#   PART=2: the torch and jax engines against their own calls, 2 processes (distributed_run; ENGINES picks).
 #   PART=3: MPI at 16 and 256 MiB with the engine's wait that never sleeps against the sleeping one
 #           (scripts/gpu/mpi_big_probe.py; the old wait restored by sed in this copy, then put back),
 #           then the MPI bench of PART=1 again at 2 processes.
@@ -56,7 +56,7 @@ elif [ "${PART:-1}" = 3 ]; then
 else
   stamp "4. the torch and jax engines against their own calls, 2 processes"
   timeout -k 10 "${CAP:-420}" "$PY" -m multidev.benchmarks.distributed_run --out "$OUT/distributed-torch-jax" \
-    --processes 2 --reps 10 --faults 0 --engines torch,jax > "$OUT/distributed-torch-jax.txt" 2>&1; echo "exit $?"
+    --processes 2 --reps 10 --faults 0 --engines "${ENGINES:-torch,jax}" > "$OUT/distributed-torch-jax.txt" 2>&1; echo "exit $?"
   head -n 30 "$OUT/distributed-torch-jax.md"
 fi
 uptime
