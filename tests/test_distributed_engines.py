@@ -394,9 +394,9 @@ def test_a_kept_placement_is_found_again_when_the_transport_changes_what_it_hold
     if "jax-transport" not in dist.engine_names():
         dist.register_engine("jax-transport", _JaxTransport)
     was = bool(jax.config.jax_enable_x64)
-    jax.config.update("jax_enable_x64", True)
-    dist.init("jax-transport", timeout=5)
     try:
+        jax.config.update("jax_enable_x64", True)
+        dist.init("jax-transport", timeout=5)
         x = np.ones(3)
         assert md.dtype_of(dist.allreduce(x)) == "float64"
         jax.config.update("jax_enable_x64", False)
@@ -405,7 +405,8 @@ def test_a_kept_placement_is_found_again_when_the_transport_changes_what_it_hold
             dist.allreduce(x)
         np.testing.assert_array_equal(np.asarray(dist.allreduce(np.ones(2, np.float32))), 1)  # still usable
     finally:
-        dist.shutdown()
+        if dist.is_initialized():
+            dist.shutdown()
         jax.config.update("jax_enable_x64", was)
 
 

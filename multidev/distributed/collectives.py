@@ -88,7 +88,8 @@ def _placement(g: Group, b: Backend, x: Any, dtype: str, what: str) -> Placement
     key = (b, dev, dtype)
     hit = g.placements.get(key)
     # (valid while the registry and the transport backend's capabilities are those it was found with:
-    # JAX's change with jax_enable_x64, an adapter loaded may change the engine's transport)
+    # JAX's change with jax_enable_x64, an adapter loaded may change the engine's transport; an
+    # engine's dtypes() are its own for the group's life, as Engine.dtypes says)
     if hit is not None and hit[1] == registry_generation() and (
             hit[0][2].capabilities is hit[2] or hit[0][2].capabilities == hit[2]):
         return hit[0]
@@ -98,7 +99,8 @@ def _placement(g: Group, b: Backend, x: Any, dtype: str, what: str) -> Placement
     if allowed is not None and dtype not in allowed:
         raise CapabilityError(f"{what}: the {g.info.engine} engine cannot carry {dtype} tensors "
                               f"(it carries {', '.join(sorted(allowed))})")
-    if dtype not in tb.capabilities.dtypes_on(tdev):
+    caps = tb.capabilities  # (read once: what is checked is what the kept answer is tied to)
+    if dtype not in caps.dtypes_on(tdev):
         try:
             with translate_errors(what):
                 tb.to_native_dtype(dtype)
@@ -108,7 +110,7 @@ def _placement(g: Group, b: Backend, x: Any, dtype: str, what: str) -> Placement
         raise CapabilityError(f"{what}: the {g.info.engine} engine moves {tb.name} tensors, which cannot hold {dtype} "
                               f"on {tdev}")
     if len(g.placements) < 256 or key in g.placements:
-        g.placements[key] = ((b, dev, tb, tdev), generation, tb.capabilities)
+        g.placements[key] = ((b, dev, tb, tdev), generation, caps)
     return b, dev, tb, tdev
 
 

@@ -439,7 +439,8 @@ class Engine(ABC):
 
     def dtypes(self) -> frozenset[str] | None:
         """The dtypes this group can carry (the core refuses others on every rank with
-        CapabilityError naming the engine), or None for every dtype the transport holds."""
+        CapabilityError naming the engine), or None for every dtype the transport holds. Fixed for
+        the group's life: the core keeps its answers per kind of tensor."""
         return None
 
     # -- the consistency channel -----------------------------------------------------------------
