@@ -11,17 +11,8 @@
 #      channels for comparison) and md.data_parallel against DDP (scripts/gpu/round6-check.sh).
 # Writes into $OUT: log.txt, rows-numpy.md, distributed.{json,md}, check/.
 #   OUT=/path/to/out bash scripts/gpu/round12.sh   (T1, T2, T3: each step's cap in seconds; BLOCKS, STEPS: step 3's)
-set -uo pipefail
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=$(mkdir -p "${OUT:-$REPO/build/gpu-round12}" && cd "${OUT:-$REPO/build/gpu-round12}" && pwd)
-PY=${PY:-python3}
-export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore COLUMNS=200 CUDA_VISIBLE_DEVICES= TF_CPP_MIN_LOG_LEVEL=2
-exec > >(tee -a "$OUT/log.txt") 2>&1
-start=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - start )) s] $*"; }
-stamp "install multidev (editable, no dependencies)"
-(cd "$REPO" && "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .) || exit 1
-cd "$REPO"
+NAME=round12
+source "$(dirname "$0")/prelude.sh"
 nproc; uptime
 "$PY" -c "import numpy, torch, jax, mpi4py; print('numpy', numpy.__version__, 'torch', torch.__version__, 'jax', jax.__version__, 'mpi4py', mpi4py.__version__)"
 

@@ -12,17 +12,8 @@
 #           then the MPI bench of PART=1 again at 2 processes.
 # Writes into $OUT: log.txt, versions.txt, and each step's files.
 #   PART=1 OUT=/path/to/out bash scripts/gpu/round13.sh   (CAP: the bench's cap in seconds; PROCS: its process counts)
-set -uo pipefail
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=$(mkdir -p "${OUT:-$REPO/build/gpu-round13}" && cd "${OUT:-$REPO/build/gpu-round13}" && pwd)
-PY=${PY:-python3}
-export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore COLUMNS=200 CUDA_VISIBLE_DEVICES= TF_CPP_MIN_LOG_LEVEL=2
-exec > >(tee -a "$OUT/log.txt") 2>&1
-start=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - start )) s] $*"; }
-stamp "install multidev (editable, no dependencies)"
-(cd "$REPO" && "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .) || exit 1
-cd "$REPO"
+NAME=round13
+source "$(dirname "$0")/prelude.sh"
 { nproc; uptime; "$PY" -c "import numpy, torch, jax, mpi4py; print('numpy', numpy.__version__, 'torch', torch.__version__, 'jax', jax.__version__, 'mpi4py', mpi4py.__version__)"; mpiexec --version | head -1; } > "$OUT/versions.txt" 2>&1
 cat "$OUT/versions.txt"
 export OMP_NUM_THREADS=4 MKL_NUM_THREADS=4
