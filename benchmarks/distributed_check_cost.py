@@ -12,8 +12,9 @@ The cases run in alternating blocks (a barrier before each, so every rank starts
 together), each block timing ``--calls`` calls back to back; a case's figure is the median over
 ``--blocks`` blocks of the time per call, on rank 0, which prints one line per size and case and
 the check's share: (checked - unchecked) / unchecked, in wall time and in the process's CPU time
-(the work the check adds, without the waits: steadier on a loaded machine). The ``distributed`` bench suite measures the
-same at every size against the engine's own call (``dist allreduce checked`` rows).
+(the work the check adds, without the waits: steadier on a loaded machine). The ``distributed`` bench
+suite measures the same at every size against the engine's own call (variant ``md_checked`` of the
+``dist allreduce`` rows, sampled alternately with the unchecked call).
 """
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ For each installed engine and each process count it launches (``python -m multid
 ``--faults`` launches of :mod:`multidev.benchmarks.distributed_faults` (a rank that never joins; the
 time the others take to raise, against the timeout). The rows are merged into one document, the
 suite's goals judged on it (``multidev bench --report OUT.json --check`` judges them again), and
-the table written beside it: busbw of multidev (checks off and on) and of the engine's own call,
-their ratio, the check's cost per call, and the time-to-error.
+the table written beside it: busbw of multidev (checks off, and the same call checked, sampled
+alternately with it) and of the engine's own call, their ratio, the check's cost per call, and the
+time-to-error.
 """
 from __future__ import annotations
 
@@ -71,28 +72,26 @@ def _table(doc: dict[str, Any]) -> str:
     rows = ["| engine | processes | size | md busbw GB/s (checks off) | engine's own call GB/s | ratio | md out of "
             "place | md, checks on | check's cost per call | md over the floor (MPI: Iallreduce + Test loop) |",
             "|" + " --- |" * 10]
-    by: dict[tuple, dict[bool, dict[str, Any]]] = {}
+    by: dict[tuple, dict[str, Any]] = {}
     for r in doc["results"]:
-        if r.get("group") in ("dist allreduce", "dist allreduce checked") and r.get("variants"):
+        if r.get("group") == "dist allreduce" and r.get("variants"):
             p = r["params"]
-            by.setdefault((p["engine"], p["processes"], p["size"]), {})[bool(p.get("checks"))] = r["variants"]
+            by[(p["engine"], p["processes"], p["size"])] = r["variants"]
     from .suite import fmt_bytes
 
-    for (engine, n, size), v in sorted(by.items()):
-        off, on = v.get(False, {}), v.get(True, {})
-
+    for (engine, n, size), off in sorted(by.items()):
         def bw(x: dict[str, Any] | None) -> float | None:
             return None if not x else x.get("busbw_GBps")
 
-        md_off, nat, md_on = bw(off.get("md")), bw(off.get("native")), bw(on.get("md"))
+        md_off, nat, md_on = bw(off.get("md")), bw(off.get("native")), bw(off.get("md_checked"))
         oop = bw(off.get("md_out_of_place"))
         cost = None
-        if on.get("md") and off.get("md"):
-            cost = (on["md"]["median_s"] - off["md"]["median_s"]) * 1e6
+        if (off.get("md_checked") or {}).get("median_s") and (off.get("md") or {}).get("median_s"):
+            cost = (off["md_checked"]["median_s"] - off["md"]["median_s"]) * 1e6
         fmt = lambda x: "-" if x is None else f"{x:.3g}"
         ratio = "-" if md_off is None or not nat else f"{md_off / nat:.2f}x"
-        floor = off.get("floor")
-        over = "-" if not floor or not off.get("md") else (
+        floor = off.get("floor") or {}
+        over = "-" if not floor.get("median_s") or not (off.get("md") or {}).get("median_s") else (
             f"{(off['md']['median_s'] - floor['median_s']) * 1e6:+.0f} µs ({floor['median_s'] * 1e6:.0f} µs floor)")
         rows.append(f"| {engine} | {n} | {fmt_bytes(size)} | {fmt(md_off)} | {fmt(nat)} | {ratio} | {fmt(oop)} | "
                     f"{fmt(md_on)} | "
