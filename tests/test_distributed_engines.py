@@ -169,6 +169,24 @@ def test_run_with_deadline_gives_the_result_the_error_or_a_timeout() -> None:
     done.set()
 
 
+def test_the_jax_dispatchers_stop_waits_for_a_dispatch_it_has_not_started_yet() -> None:
+    """The JAX engine's dispatch thread at stop: a dispatch queued just before (not yet taken off the
+    queue, so it did not look busy) still runs to its end before stop returns; the interpreter's
+    exit would otherwise kill the thread inside XLA, which aborts the process."""
+    from multidev.adapters.jax.engine import _Dispatcher
+
+    for _ in range(20):
+        d = _Dispatcher()
+        done: list[int] = []
+        fut = d.submit(lambda done=done: time.sleep(0.02) or done.append(1))
+        d.close()
+        assert done == [1] and fut.done() and not d.thread.is_alive()
+    d = _Dispatcher()  # an idle one stops at once
+    t0 = time.monotonic()
+    d.close()
+    assert not d.thread.is_alive() and time.monotonic() - t0 < 1.0
+
+
 def test_peer_errors_turn_lost_peers_into_timeouts_and_pass_the_rest() -> None:
     with pytest.raises(dist.DistributedTimeoutError, match="another rank died") as e, \
             eng.peer_errors("all_reduce", (RuntimeError,), 3.0):

@@ -95,7 +95,6 @@ class _Dispatcher:
     DRAIN = 40.0
 
     def __init__(self) -> None:
-        self.busy = False
         self.q: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._loop, name="multidev jax engine dispatch", daemon=True)
         self.thread.start()
@@ -111,20 +110,19 @@ class _Dispatcher:
             if item is None:
                 return
             fn, fut = item
-            self.busy = True
             try:
                 fut.set_result(fn())
             except BaseException as e:  # noqa: BLE001 - the caller's to raise
                 fut.set_exception(e)
-            finally:
-                self.busy = False
 
     def close(self) -> None:
         """Stop the thread; when it is still inside a collective (a peer that never came), wait for
         the runtime to give up on it (at most :attr:`DRAIN` s): the interpreter's exit would kill
         it inside XLA's C++ code, which aborts the process ("FATAL: exception not rethrown")."""
         self.q.put(None)
-        if self.busy:
+        if threading.current_thread() is not self.thread:
+            # (joined always: a flag saying whether a dispatch runs is set only after the thread took
+            # it off the queue, too late for a check here; an idle thread takes the None and ends at once)
             self.thread.join(self.DRAIN)
 
 
