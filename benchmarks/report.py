@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Collection
 from typing import Any
 
 from . import SUITES, fmt_bytes
@@ -123,12 +124,15 @@ def run_warnings(run: dict[str, Any]) -> list[str]:
     return out
 
 
-def stability(rec: dict[str, Any], run: dict[str, Any]) -> list[str]:
+def stability(rec: dict[str, Any], run: dict[str, Any], only: Collection[str] | None = None) -> list[str]:
     """Why the bench cannot stand behind row ``rec``'s figures (empty: it can): the md/native ratio
     of its alternating samples spreads (:data:`PAIR_SPREAD_MAX`), a variant's samples spread
     (:data:`SPREAD_MAX`), a variant of a CPU-only row was off the CPU (:data:`CPU_SHARE_MIN`), or the
-    machine was loaded beyond :data:`LOAD_MAX` times its CPUs."""
+    machine was loaded beyond :data:`LOAD_MAX` times its CPUs. ``only``: the variants a goal reads
+    (the others' spread does not make its figure one the bench cannot stand behind)."""
     v = rec.get("variants") or {}
+    if only is not None:
+        v = {k: x for k, x in v.items() if k in only}
     out = []
     r = rec.get("ratio") or {}
     of = r.get("of") or []
@@ -443,8 +447,14 @@ def evaluate_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 row["above_s"] = goal.above_s(r)
             if bad:
                 row["invalid"] = f"reads {', '.join(bad)}, which the run refused (above its bound)"
-            if r.get("unstable"):
-                row["unstable"] = list(r["unstable"])
+            why: list[str] = []
+            if r.get("unstable"):  # the reasons about what this goal reads (a file without samples: the row's)
+                reads = set(goal.variants_of(r))
+                sampled = any((r["variants"].get(k) or {}).get("samples_s") for k in reads)
+                why = (stability(r, doc["runs"][min(r.get("run", 0), len(doc["runs"]) - 1)], reads) if sampled
+                       else list(r["unstable"]))
+            if why:
+                row["unstable"] = why
                 if strict_runs:
                     row["measured_met"], row["met"] = row["met"], False
             rows.append(row)

@@ -343,7 +343,7 @@ def test_the_headline_is_built_from_the_goal_data() -> None:
         ["_No goal of the suites applies to these rows._"]
 
 
-def test_stability_marks_rows_it_cannot_stand_behind() -> None:
+def test_stability_marks_rows_it_cannot_stand_behind(monkeypatch: pytest.MonkeyPatch) -> None:
     """Row 4 of issue 36: spread between alternating samples, a CPU row off the CPU, an overloaded
     machine: the row is marked and, under strict stability, its goals are not judged."""
     from multidev.benchmarks import report
@@ -362,6 +362,10 @@ def test_stability_marks_rows_it_cannot_stand_behind() -> None:
     off = {**steady, "md": var([1.0, 1.01, 0.99, 1.0, 1.02, 1.0], cpu_share=0.5)}
     assert any("on the CPU 50%" in w for w in report.stability({**rec, "variants": off}, run))
     assert report.stability({**rec, "devices": ["gpu:0"], "variants": off}, run) == [], "a GPU row may wait off the CPU"
+    # a goal is judged on the variants it reads: another variant's noise leaves it judged
+    noisy = {**steady, "md_checked": var([1.0, 3.0, 1.0, 3.0, 1.0, 3.0], cpu_share=0.5)}
+    assert len(report.stability({**rec, "variants": noisy}, run)) == 2
+    assert report.stability({**rec, "variants": noisy}, run, only={"md", "native"}) == []
     loaded = {**run, "loadavg_after": [5.0, 0, 0]}
     assert any("load average 5.0" in w for w in report.stability(rec, loaded))
     assert any("load average" in w for w in report.run_warnings(loaded))
@@ -371,6 +375,22 @@ def test_stability_marks_rows_it_cannot_stand_behind() -> None:
                                        "case": "c", "group": "g"}]}
     report.mark_stability(doc)
     assert doc["results"][0]["unstable"]
+    # evaluate_goals: a goal reading md and native is not judged on a row where md is off the CPU; on a
+    # row where only md_checked is, the goal on md is judged and the goal on md_checked is not
+    import multidev.benchmarks as benchmarks
+    from multidev.benchmarks.suite import Goal
+
+    plain, checked = Goal("g1", "g", 3.0), Goal("g2", "g", 10.0, num="md_checked")
+    bench = type("B", (), {"name": "b", "suite": "s", "goals": (plain, checked)})
+    noisy_doc = {"runs": [{**run, "backends": {}}], "results": [{**rec, "variants": noisy, "suite": "s",
+                                                                 "benchmark": "b", "backend": "numpy",
+                                                                 "case": "c", "group": "g"}]}
+    report.mark_stability(noisy_doc)
+    monkeypatch.setattr(benchmarks, "goals", lambda: [(bench, plain), (bench, checked)])
+    rows = report.evaluate_goals(noisy_doc)
+    by = {r["goal"]: r for r in rows}
+    assert by["g1"]["met"] and "unstable" not in by["g1"], by["g1"]
+    assert not by["g2"]["met"] and by["g2"]["unstable"] and by["g2"]["measured_met"], by["g2"]
     assert report.strict(doc) and not report.strict({"runs": [{"settings": {"stability": "warn"}}]})
 
 

@@ -185,6 +185,21 @@ def test_the_jax_dispatchers_stop_waits_for_a_dispatch_it_has_not_started_yet() 
     t0 = time.monotonic()
     d.close()
     assert not d.thread.is_alive() and time.monotonic() - t0 < 1.0
+    # after a lost rank: the dispatch inside a "collective" is waited for (at most DRAIN s), the ones
+    # queued behind it never start and their futures fail
+    d = _Dispatcher()
+    d.DRAIN = 0.3
+    stuck, ran = threading.Event(), []
+    first = d.submit(lambda: stuck.wait(10))
+    while d.q.qsize():  # (until the first is taken off the queue)
+        time.sleep(0.01)
+    later = d.submit(lambda: ran.append(1))
+    d.close(drop_pending=True)
+    with pytest.raises(dist.DistributedError, match="stopped before this collective was dispatched"):
+        later.result(0)
+    stuck.set()
+    d.thread.join(5)
+    assert first.result(0) is True and ran == [] and not d.thread.is_alive()
 
 
 def test_peer_errors_turn_lost_peers_into_timeouts_and_pass_the_rest() -> None:

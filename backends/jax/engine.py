@@ -115,10 +115,21 @@ class _Dispatcher:
             except BaseException as e:  # noqa: BLE001 - the caller's to raise
                 fut.set_exception(e)
 
-    def close(self) -> None:
+    def close(self, drop_pending: bool = False) -> None:
         """Stop the thread; when it is still inside a collective (a peer that never came), wait for
         the runtime to give up on it (at most :attr:`DRAIN` s): the interpreter's exit would kill
-        it inside XLA's C++ code, which aborts the process ("FATAL: exception not rethrown")."""
+        it inside XLA's C++ code, which aborts the process ("FATAL: exception not rethrown").
+        ``drop_pending`` (a group that lost a rank): the dispatches not started yet never start, their
+        futures failed, so the wait covers the one running at most."""
+        if drop_pending:
+            while True:
+                try:
+                    item = self.q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None and item[1].set_running_or_notify_cancel():
+                    item[1].set_exception(DistributedError("the jax engine stopped before this collective was "
+                                                           "dispatched (the group had lost a rank)"))
         self.q.put(None)
         if threading.current_thread() is not self.thread:
             # (joined always: a flag saying whether a dispatch runs is set only after the thread took
@@ -297,7 +308,9 @@ class JaxEngine(Engine):
                 time.sleep(0.2)  # the others disconnect from process 0's service before it stops
         dispatch = getattr(self, "_dispatch", None)
         if dispatch is not None:
-            dispatch.close()  # before the runtime goes: a dispatch still inside a collective ends first
+            # before the runtime goes: a dispatch still inside a collective ends first (after a lost rank,
+            # the ones queued behind it never start)
+            dispatch.close(drop_pending=not healthy)
         with contextlib.suppress(Exception):
             jax.distributed.shutdown()
         self.client = None
