@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
@@ -151,7 +152,15 @@ class _Ready(Handle):
             return bool(self.fut.result().is_ready())
 
     def wait(self, timeout: float) -> bool:
-        return poll_until(self.test, timeout)
+        # the dispatch runs on the dispatcher's thread, which needs the GIL: its future is waited for
+        # without holding it (a spin here kept it from that thread up to poll_until's 1 ms spin a
+        # call); then the computation, which XLA's own threads finish, is polled
+        start = time.monotonic()
+        try:
+            self.fut.exception(timeout)
+        except FutureTimeout:
+            return False
+        return poll_until(self.test, max(0.0, timeout - (time.monotonic() - start)))
 
     def result(self) -> Any:
         with self.engine.lost(self.what):
