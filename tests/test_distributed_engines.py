@@ -202,6 +202,23 @@ def test_the_jax_dispatchers_stop_waits_for_a_dispatch_it_has_not_started_yet() 
     assert first.result(0) is True and ran == [] and not d.thread.is_alive()
 
 
+def test_a_jax_collectives_wait_takes_any_timeout() -> None:
+    """The JAX engine's wait blocks on its dispatch's future first: an infinite timeout (which
+    init accepts) must not overflow the lock's, and a dispatch not done in time is a False."""
+    import contextlib
+    from concurrent.futures import Future
+
+    from multidev.adapters.jax.engine import _Ready
+
+    engine = type("E", (), {"lost": lambda self, what: contextlib.nullcontext()})()
+    later: Future = Future()  # (dispatched while the wait blocks on it)
+    threading.Timer(0.05, lambda: later.set_result(type("A", (), {"is_ready": lambda self: True})())).start()
+    assert _Ready(engine, later, lambda a: a, "x").wait(float("inf")) is True
+    t0 = time.monotonic()
+    assert _Ready(engine, Future(), lambda a: a, "x").wait(0.1) is False
+    assert time.monotonic() - t0 < 1.0
+
+
 def test_peer_errors_turn_lost_peers_into_timeouts_and_pass_the_rest() -> None:
     with pytest.raises(dist.DistributedTimeoutError, match="another rank died") as e, \
             eng.peer_errors("all_reduce", (RuntimeError,), 3.0):

@@ -157,7 +157,7 @@ class _Ready(Handle):
         # call); then the computation, which XLA's own threads finish, is polled
         start = time.monotonic()
         try:
-            self.fut.exception(timeout)
+            self.fut.exception(min(timeout, threading.TIMEOUT_MAX))  # (an infinite timeout overflows the lock's)
         except FutureTimeout:
             return False
         return poll_until(self.test, max(0.0, timeout - (time.monotonic() - start)))
