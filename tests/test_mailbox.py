@@ -44,6 +44,26 @@ def test_every_rank_reads_every_row_of_each_call_in_order() -> None:
             assert rows == [[seq, p, *range(p + 40)][:47] for p in range(world)], (r, seq)
 
 
+def test_rows_that_differ_from_this_ranks_in_one_integer_are_read_as_they_are() -> None:
+    # a call repeated rewrites only the call count and checksum; a peer equal to this rank is read
+    # byte for byte: a row differing in any one integer (its first, its last, its length) still
+    # comes back as that rank wrote it, never as this rank's own
+    boxes = _boxes(3)
+    base = [0, *range(100, 146)]
+    variants = [lambda s: [s, *base[1:]], lambda s: [s, *base[1:-1], 7], lambda s: [s + 1, *base[1:]],
+                lambda s: [s, *base[1:-1]], lambda s: [s]]
+    seq = 0
+    for i in range(40):
+        for v in variants:
+            rows = [[seq, *base[1:]], v(seq) if i % 2 else [seq, *base[1:]], v(seq)]
+            for r in (1, 2):
+                boxes[r].post(seq, rows[r])
+            got = boxes[0].exchange(seq, rows[0], 5.0)
+            assert got == rows, (i, seq)
+            assert got[0] is rows[0]
+            seq += 1
+
+
 def test_a_rank_that_never_writes_is_missing_after_the_timeout() -> None:
     boxes = _boxes(2)
     t = time.monotonic()

@@ -308,7 +308,7 @@ def _close(g: Group, kind: str, call: Call, row: list[int], err: MultidevError |
         if any(r is None for r in rows):
             _missing(g, kind, rows, seq)
         raise err
-    if all(r == row for r in rows):  # the common case: every rank's record is this rank's
+    if all(r is row or r == row for r in rows):  # the common case: every rank's record is this rank's
         return [call if call.seq == seq else _with_seq(call, seq)] * len(rows)
     if any(r is None for r in rows):
         _missing(g, kind, rows, seq)

@@ -9,8 +9,10 @@ its own and reading the others' from theirs (a few microseconds).
 Each rank has two slots, used by call number parity. A rank writes call ``s``'s row only after its
 exchange of call ``s - 1`` ended, which needed every rank's row of ``s - 1``, which each rank wrote
 only after it had read every row of ``s - 2``: so the slot a row goes into is never still being
-read. A slot holds the call number plus one (written last), a checksum of the call number, the
-row's length and the row, then the length and the row. The wait
+read. A slot holds the call number plus one (written last), a checksum of the call number and the
+row, the row's length and the row. A call made again with the same record rewrites only the row's
+first integer (its call count) and the checksum; a rank reads another's row as its own when the two
+slots match byte for byte (the common case: nothing decoded, nothing hashed). The wait
 backs off as :func:`~multidev.engine.poll_until` does; a rank whose process is gone is counted
 missing at once (its pid is read at the start), one that hangs once ``timeout`` passes, as the
 engine's channel would.
@@ -72,11 +74,17 @@ def _layout(n: int) -> struct.Struct:
     return struct.Struct(f"={n + 2}q")
 
 
-def _checksum(seq: int, row: Sequence[int]) -> int:
-    """The slot's checksum: of the call number, the length and the row (a reader on a weakly ordered
-    CPU that sees a new call number beside an older row and checksum does not take them). A tuple's
-    hash: the same in every process for integers (no hash randomisation), within int64."""
-    return hash((seq, len(row), *row))
+def _tail_hash(row: Sequence[int]) -> int:
+    """The hash of a row after its first integer (the call count, which changes every call)."""
+    return hash(tuple(row[1:]))
+
+
+def _checksum(seq: int, row: Sequence[int], tail: int) -> int:
+    """The slot's checksum: of the call number, the length, the row's first integer and ``tail``
+    (:func:`_tail_hash`), so a reader on a weakly ordered CPU that sees a new call number beside an
+    older row and checksum does not take them. Tuples' hashes: the same in every process for
+    integers (no hash randomisation), within int64."""
+    return hash((seq, len(row), row[0] if row else 0, tail))
 
 
 class Mailbox:
@@ -89,6 +97,8 @@ class Mailbox:
         self.rank, self.world, self._pids = rank, world, list(pids)
         self._words: memoryview | None = memoryview(mapped).cast("q")  # int64 words, read and written in place
         self._posted: int | None = None
+        # per slot (call number parity): the row it holds after its first integer, and that part's hash
+        self._tails: list[tuple[list[int], int] | None] = [None, None]
 
     @staticmethod
     def size(world: int) -> int:
@@ -100,9 +110,18 @@ class Mailbox:
             raise DistributedError(f"the consistency exchange's row of {n} integers exceeds the shared slot ({WIDTH})")
         w = self._words
         assert w is not None
-        at = (self.rank * 2 + (seq & 1)) * _SLOT
+        parity = seq & 1
+        at = (self.rank * 2 + parity) * _SLOT
+        tail, last = row[1:], self._tails[parity]
         w[at] = -1  # being written
-        _layout(n).pack_into(self._map, 8 * (at + 1), _checksum(seq, row), n, *row)  # checksum, length, row
+        if last is not None and n and last[0] == tail:  # the slot's row of call seq - 2 but for its first integer
+            w[at + 1] = _checksum(seq, row, last[1])
+            w[at + _HEAD] = row[0]
+        else:
+            self._tails[parity] = None  # (until written whole)
+            th = _tail_hash(row)
+            _layout(n).pack_into(self._map, 8 * (at + 1), _checksum(seq, row, th), n, *row)  # checksum, length, row
+            self._tails[parity] = (list(tail), th)
         w[at] = seq + 1  # (0: never written, -1: being written)
         self._posted = seq
 
@@ -117,17 +136,33 @@ class Mailbox:
         if not 0 <= n <= WIDTH:
             return None
         got: list[int] = w[at + _HEAD:at + _HEAD + n].tolist()
-        return got if w[at] == mark and _checksum(seq, got) == w[at + 1] else None
+        return got if w[at] == mark and _checksum(seq, got, _tail_hash(got)) == w[at + 1] else None
+
+    def _same(self, p: int, seq: int, n: int) -> bool:
+        """Whether rank ``p``'s slot holds call ``seq``'s row written whole and equal to this rank's
+        (written by :meth:`post`): its checksum, length and row, byte for byte. (A torn read cannot
+        pass: this rank's checksum would then have to be that of a different row.)"""
+        w, mark = self._words, seq + 1
+        assert w is not None
+        parity = seq & 1
+        at = (p * 2 + parity) * _SLOT
+        if w[at] != mark:
+            return False
+        mine = 8 * ((self.rank * 2 + parity) * _SLOT + 1)
+        theirs, end = 8 * (at + 1), 8 * (_HEAD - 1 + n)
+        m = self._map
+        return m[theirs:theirs + end] == m[mine:mine + end] and w[at] == mark
 
     def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
         if self._posted != seq:
             self.post(seq, row)
         self._posted = None
-        out: list[list[int] | None] = [None] * self.world
-        out[self.rank] = list(row)
+        mine = row if isinstance(row, list) else list(row)
+        out: list[list[int] | None] = [mine] * self.world  # (a rank whose row equals this one's: this very list)
+        n = len(mine)
         waiting = []
         for p in range(self.world):  # (one pass first: the rows that are there already, without the wait's set-up)
-            if p != self.rank:
+            if p != self.rank and not self._same(p, seq, n):
                 out[p] = self._read(p, seq)
                 if out[p] is None:
                     waiting.append(p)
@@ -138,7 +173,7 @@ class Mailbox:
 
         def arrived() -> bool:
             for p in list(waiting):
-                got = self._read(p, seq)
+                got = mine if self._same(p, seq, n) else self._read(p, seq)
                 if got is not None:
                     out[p] = got
                     waiting.remove(p)
