@@ -269,9 +269,14 @@ def nbytes(shape: Sequence[int], dtype: str) -> int:
     return numel(shape) * ITEMSIZE.get(dtype, 8)
 
 
+_OPS_PASSED: set[tuple[str, str]] = set()  # (op, dtype) pairs check_op passed (a hot path: every collective)
+
+
 def check_op(op: Any, dtype: str, what: str) -> None:
     """A reduction defined for ``dtype``: ``mean`` needs a floating dtype, bool takes max/min only,
     complex has no max/min."""
+    if type(op) is str and (op, dtype) in _OPS_PASSED:
+        return
     if not isinstance(op, str) or op not in OPS:
         raise CollectiveInputError(f"{what}: unknown op {op!r:.40}; expected one of {', '.join(OPS)}")
     if op == "mean" and not is_floating(dtype):
@@ -286,6 +291,8 @@ def check_op(op: Any, dtype: str, what: str) -> None:
         )
     if is_complex(dtype) and op in ("max", "min"):
         raise CollectiveInputError(f"{what}: op={op!r} is undefined for {dtype} tensors")
+    if type(op) is str and type(dtype) is str and len(_OPS_PASSED) < 256:
+        _OPS_PASSED.add((op, dtype))
 
 
 def check_axis(axis: Any, ndim: int, what: str) -> int:

@@ -205,3 +205,25 @@ def test_in_place_under_raising_float_errors_writes_nothing_on_failure(small_blo
         md.allreduce(xs, "sum", algorithm="naive", inplace=True)
     assert "overflow" in str(e.value).lower()
     assert [_bits(x) for x in xs] == before
+
+
+def test_check_op_refuses_the_same_pairs_after_passing_others() -> None:
+    # check_op keeps the (op, dtype) pairs it passed (a hot path): a refused pair stays refused
+    # however often the others pass, and an op that is no string is refused, not hashed
+    names = ("bool", "int32", "float32", "complex64", "bfloat16")
+
+    def refused() -> set[tuple[str, str]]:
+        out = set()
+        for dtype in names:
+            for op in C.OPS:
+                try:
+                    check_op(op, dtype, "test")
+                except CollectiveInputError:
+                    out.add((op, dtype))
+        return out
+    first = refused()
+    assert {("mean", "int32"), ("sum", "bool"), ("max", "complex64")} <= first
+    assert refused() == first
+    for bad in (["sum"], "avg", None):
+        with pytest.raises(CollectiveInputError, match="unknown op"):
+            check_op(bad, "float32", "test")

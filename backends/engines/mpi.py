@@ -393,6 +393,8 @@ class MpiEngine(Engine):
             os.environ.setdefault("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "ring")
             _init(MPI, rdv)
         self.MPI = MPI
+        self._ops = {key: getattr(MPI, name) for key, name in _OPS.items()}
+        self._kinds: dict[Any, tuple[str, Any]] = {}  # a buffer's NumPy dtype -> (its dtype name, MPI's type or None)
         self._arg_classes = {getattr(MPI, n) for n in ("ERR_TYPE", "ERR_OP", "ERR_COUNT", "ERR_BUFFER", "ERR_ARG",
                                                         "ERR_ROOT", "ERR_TRUNCATE") if hasattr(MPI, n)}
         world = MPI.COMM_WORLD
@@ -537,23 +539,30 @@ class MpiEngine(Engine):
 
     # -- primitives ------------------------------------------------------------------------------
     def _op(self, op: str, dtype: str) -> Any:
-        return getattr(self.MPI, _OPS[(op, dtype == "bool")])
+        return self._ops[(op, dtype == "bool")]
+
+    def _kind(self, t: Any) -> tuple[str, Any]:
+        """``(t's dtype name, MPI's predefined datatype for it or None)``, kept per NumPy dtype (host
+        and CuPy buffers both have one)."""
+        hit = self._kinds.get(t.dtype)
+        if hit is None:
+            dtype = md.dtype_of(t)
+            hit = self._kinds[t.dtype] = (dtype, self._type(dtype))
+        return hit
 
     def _bytes(self, a: Any) -> list[Any]:
         return [a.reshape(-1).view(np.uint8), self.MPI.BYTE]
 
-    def _numeric(self, t: Any) -> tuple[Any, Any, Callable[[Any], Any]]:
-        """A buffer MPI can reduce for ``t``, its predefined MPI datatype, and how to give the result
-        t's dtype: bool as bytes, bfloat16 (and float16 where MPI lacks it) as float32, rounded
-        back; the rest as they are."""
-        MPI = self.MPI
-        dtype = md.dtype_of(t)
+    def _numeric(self, t: Any) -> tuple[Any, Any, Callable[[Any], Any], str]:
+        """A buffer MPI can reduce for ``t``, its predefined MPI datatype, how to give the result
+        t's dtype (bool as bytes, bfloat16 and float16 where MPI lacks it as float32, rounded back;
+        the rest as they are), and t's dtype name."""
+        dtype, mt = self._kind(t)
         if dtype == "bool":
-            return t.view(np.uint8), MPI.UINT8_T, _bools
-        mt = self._type(dtype)
+            return t.view(np.uint8), mt, _bools, dtype
         if mt is None:  # bfloat16; float16 on an MPI without it
-            return t.astype(np.float32), MPI.FLOAT, lambda r: r.astype(t.dtype)
-        return t, mt, _same
+            return t.astype(np.float32), self.MPI.FLOAT, lambda r: r.astype(t.dtype), dtype
+        return t, mt, _same, dtype
 
     def _type(self, dtype: str) -> Any:
         """MPI's predefined datatype for ``dtype`` (bool: bytes), or None where it has none."""
@@ -586,8 +595,7 @@ class MpiEngine(Engine):
         return tb.empty(shape, md.dtype_of(like), tb.device_of(like))
 
     def allreduce(self, t: Any, op: str) -> Handle:
-        buf, mt, back = self._numeric(t)
-        dtype = md.dtype_of(t)
+        buf, mt, back, dtype = self._numeric(t)
 
         def finish() -> Any:
             if buf.dtype != t.dtype:
@@ -597,8 +605,7 @@ class MpiEngine(Engine):
             self.MPI.IN_PLACE, [buf, mt], self._op(op, dtype)), finish)
 
     def allreduce_new(self, t: Any, op: str) -> Handle | None:
-        dtype = md.dtype_of(t)
-        mt = self._type(dtype)
+        dtype, mt = self._kind(t)
         if mt is None:
             return None  # reduced through a float32 copy (bfloat16; float16 where MPI lacks it): the core's copy
         out = self._alloc(t, t.shape)
@@ -611,8 +618,7 @@ class MpiEngine(Engine):
         return self._req("MPI_Ibcast", lambda: self.comm.Ibcast(self._bytes(t), root=src), lambda: t)
 
     def reduce(self, t: Any, dst: int, op: str) -> Handle:
-        buf, mt, back = self._numeric(t)
-        dtype = md.dtype_of(t)
+        buf, mt, back, dtype = self._numeric(t)
         MPI = self.MPI
         spec = [buf, mt]
         if self.rank == dst:
@@ -633,8 +639,7 @@ class MpiEngine(Engine):
             lambda: None if out is None else [out[i] for i in range(self.world)])
 
     def reduce_scatter(self, blocks: Any, op: str) -> Handle:
-        buf, mt, back = self._numeric(blocks)
-        dtype = md.dtype_of(blocks)
+        buf, mt, back, dtype = self._numeric(blocks)
         out = self._alloc(buf, tuple(buf.shape[1:]))
         return self._req("MPI_Ireduce_scatter_block", lambda: self.comm.Ireduce_scatter_block(
             [buf, mt], [out, mt], self._op(op, dtype)), lambda: (buf, back(out))[1])  # (buf held until done)

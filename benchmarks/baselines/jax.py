@@ -126,6 +126,28 @@ class JaxNative(Native):
         f = jax.jit(lambda a: a.sum(0), out_shardings=NamedSharding(mesh, PartitionSpec()))
         return f, (g,), "jax.jit(lambda a: a.sum(0), out_shardings=replicated)(global array of the processes' shards)"
 
+    def op_dist_allreduce_floor_jax(self, x: Any) -> Call:
+        """The least a call that takes this process's array and hands back its own does on JAX (suite
+        ``distributed``'s floor row): :meth:`op_dist_allreduce_jax`'s jitted sum, the global array made
+        from ``x`` (the shard along a first axis of the processes: no copy) on every call, and this
+        process's piece of the replicated result taken, as multidev's call must."""
+        jax = self.jax
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        n, me = jax.process_count(), jax.process_index()
+        devs = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)[0] for p in range(n)]
+        mesh = Mesh(np.array(devs, dtype=object), ("p",))
+        sharded, dev = NamedSharding(mesh, PartitionSpec("p")), devs[me]
+        shape = tuple(x.shape)
+        f = jax.jit(lambda a: a.reshape((n, *shape)).sum(0), out_shardings=NamedSharding(mesh, PartitionSpec()))
+        a = jax.device_put(x, dev)
+
+        def floor(a: Any) -> Any:
+            g = jax.make_array_from_single_device_arrays((n * shape[0], *shape[1:]), sharded, [a])
+            return f(g).addressable_data(0)
+        return floor, (a,), ("jax.make_array_from_single_device_arrays(its shard) then the jitted sum, this "
+                             "process's piece of the result taken, every call")
+
     def op_dist_allreduce_group_jax(self, x: Any, groups: Any) -> Call:
         """The jax engine's own subgroup call: a jitted sum over a global array of the shards of this
         process's subgroup of ``groups`` (a mesh of their devices; only they run it)."""
