@@ -32,13 +32,13 @@ if [[ $STEPS != *,2,* ]]; then
 elif [ -d "$OLD/multidev" ]; then
   stamp "2. the mpi engine's call step by step and the check's cost: $OLD against this checkout, alternated"
   S_OLD=$(bash scripts/bench/shadow_tree.sh "$OLD") && S_NEW=$(bash scripts/bench/shadow_tree.sh "$REPO") || exit 1
-  MPI=(mpiexec --allow-run-as-root --oversubscribe -n 2 -x OMP_NUM_THREADS=1 -x PYTHONPATH -x ELEMS -x INPLACE)
+  MPI=(mpiexec --allow-run-as-root --oversubscribe -n 2 -x OMP_NUM_THREADS=1 -x PYTHONPATH)
   for i in $(seq "${ROUNDS:-2}"); do
     for t in old new; do
       S=$S_OLD; [ $t = new ] && S=$S_NEW
       for e in 4 262144; do
         echo "-- round $i, $t, check_parts ELEMS=$e" | tee -a "$W/parts.txt"
-        (cd "$W" && PYTHONPATH=$S ELEMS=$e INPLACE=1 timeout -k 5 "${CAP2:-40}" "${MPI[@]}" "$PY" "$REPO/scripts/bench/check_parts.py") 2>&1 \
+        (cd "$W" && PYTHONPATH=$S ELEMS=$e INPLACE=1 timeout -k 5 "${CAP2:-40}" "${MPI[@]}" -x ELEMS -x INPLACE "$PY" "$REPO/scripts/bench/check_parts.py") 2>&1 \
           | tee -a "$W/parts.txt"
       done
       echo "-- round $i, $t, distributed_check_cost" | tee -a "$W/ab-mpi.txt"
