@@ -219,37 +219,6 @@ def test_a_jax_collectives_wait_takes_any_timeout() -> None:
     assert time.monotonic() - t0 < 1.0
 
 
-def test_a_jax_dispatch_on_cpu_is_done_once_its_output_is_computed() -> None:
-    """On CPU devices the dispatch thread waits for each computation (the caller then blocks on
-    one future instead of polling with the GIL held): the future is done only once the output
-    is, and the computation's error comes through it."""
-    from multidev.adapters.jax.engine import _Dispatcher, _settled
-
-    class Out:
-        def __init__(self, error: BaseException | None = None) -> None:
-            self.computed, self.error = threading.Event(), error
-
-        def block_until_ready(self) -> None:
-            assert self.computed.wait(10)
-            if self.error is not None:
-                raise self.error
-
-    d = _Dispatcher()
-    try:
-        out = Out()
-        fut = d.submit(lambda: _settled(out))
-        time.sleep(0.1)
-        assert not fut.done()  # dispatched, still computing
-        out.computed.set()
-        assert fut.result(5) is out
-        bad = Out(RuntimeError("gloo: connection closed by peer"))
-        fut = d.submit(lambda: _settled(bad))
-        bad.computed.set()
-        assert isinstance(fut.exception(5), RuntimeError)
-    finally:
-        d.close()
-
-
 def test_peer_errors_turn_lost_peers_into_timeouts_and_pass_the_rest() -> None:
     with pytest.raises(dist.DistributedTimeoutError, match="another rank died") as e, \
             eng.peer_errors("all_reduce", (RuntimeError,), 3.0):

@@ -138,15 +138,6 @@ class _Dispatcher:
             self.thread.join(self.DRAIN)
 
 
-def _settled(out: Any) -> Any:
-    """``out`` once computed (its error raised here): waited for inside the dispatch thread, where the
-    wait releases the GIL, so the caller blocks on the dispatch's future alone, not polling the
-    computation with the GIL held while XLA's threads need the cores (a 4 KiB allreduce of 2
-    processes on a 2-core VM took 1.9-2.0 ms polled, 0.9-1.2 ms waited for here)."""
-    out.block_until_ready()
-    return out
-
-
 class _Ready(Handle):
     """A JAX computation being dispatched (``fut``) and computed; ``pick`` gives the primitive's
     result from its output."""
@@ -304,9 +295,6 @@ class JaxEngine(Engine):
         self.devs = devs
         self.mesh = Mesh(np.array(devs, dtype=object), ("p",))
         self.native = devs[self.rank]
-        # on CPU devices the dispatch thread also waits for each computation (_settled): XLA's threads
-        # compute it on the cores the caller would poll from
-        self._settle = getattr(self.native, "platform", "cpu") == "cpu"
         self.device = md.backend("jax").from_native_device(self.native) or Device("cpu", 0)
         self.sharded = NamedSharding(self.mesh, PartitionSpec("p"))
         self.whole = NamedSharding(self.mesh, PartitionSpec())
@@ -422,8 +410,7 @@ class JaxEngine(Engine):
         with self.lost(what):
             g, local = self._global(t)
             f = self._fn((*key, local), lambda: self._stacked(fn, local), out)
-        run = (lambda: _settled(f(g))) if self._settle else (lambda: f(g))
-        return _Ready(self, self._dispatch.submit(run), lambda a: pick(a, local), what)
+        return _Ready(self, self._dispatch.submit(lambda: f(g)), lambda a: pick(a, local), what)
 
     @staticmethod
     def _mine(a: Any) -> Any:
