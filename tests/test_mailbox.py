@@ -64,6 +64,35 @@ def test_rows_that_differ_from_this_ranks_in_one_integer_are_read_as_they_are() 
             seq += 1
 
 
+def test_rows_changing_length_in_a_slot_are_read_whole() -> None:
+    # a slot that held a row of length 0 then takes one of length 1 (the same empty rest): its
+    # length is written too, so the row is read, never a rank counted missing
+    for peer in ([2], [3]):
+        boxes = _boxes(2)
+        for seq, (mine, theirs) in enumerate([([], []), ([1], [1]), ([2], peer), ([], []), ([4, 5], [4, 5])]):
+            boxes[1].post(seq, theirs if seq != 2 else peer)
+            assert boxes[0].exchange(seq, mine, 2.0) == [mine, theirs if seq != 2 else peer], (seq, peer)
+
+
+def test_a_half_written_slot_is_never_taken_for_this_ranks_row() -> None:
+    # what a reader on a weakly ordered CPU may see: a peer's new call number and checksum beside
+    # a word of the row that call seq - 2 left there (-1 where the new row has -2: Python's integer
+    # hash cannot tell them apart; the checksum must)
+    from multidev.distributed.mailbox import _HEAD, _SLOT
+
+    boxes = _boxes(2)
+    old, mine, theirs = [0, 5, -1, 7], [2, 5, -1, 7], [2, 5, -2, 7]
+    boxes[1].post(0, old)
+    boxes[0].exchange(0, old, 1.0)
+    boxes[1].post(2, theirs)  # written whole: then put back the stale word
+    w = boxes[1]._words
+    assert w is not None
+    w[(1 * 2 + 0) * _SLOT + _HEAD + 2] = -1
+    boxes[0].post(2, mine)
+    assert not boxes[0]._same(1, 2, len(mine))
+    assert boxes[0]._read(1, 2) is None  # neither as this rank's row nor as the peer's: awaited
+
+
 def test_a_rank_that_never_writes_is_missing_after_the_timeout() -> None:
     boxes = _boxes(2)
     t = time.monotonic()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import mmap
 import os
 import secrets
@@ -70,21 +71,27 @@ def _alive(pid: int) -> bool:
 
 @functools.lru_cache(maxsize=WIDTH + 1)
 def _layout(n: int) -> struct.Struct:
-    """A slot after its call number: checksum, length and an ``n``-integer row (native int64)."""
-    return struct.Struct(f"={n + 2}q")
+    """``n`` native int64 words."""
+    return struct.Struct(f"={n}q")
 
 
-def _tail_hash(row: Sequence[int]) -> int:
-    """The hash of a row after its first integer (the call count, which changes every call)."""
-    return hash(tuple(row[1:]))
+# odd 64-bit multipliers: a checksum that differs in one head field differs (mod 2**64) for any difference
+_P_SEQ, _P_LEN, _P_FIRST = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
+_M64 = (1 << 64) - 1
 
 
-def _checksum(seq: int, row: Sequence[int], tail: int) -> int:
-    """The slot's checksum: of the call number, the length, the row's first integer and ``tail``
-    (:func:`_tail_hash`), so a reader on a weakly ordered CPU that sees a new call number beside an
-    older row and checksum does not take them. Tuples' hashes: the same in every process for
-    integers (no hash randomisation), within int64."""
-    return hash((seq, len(row), row[0] if row else 0, tail))
+def _digest(tail: bytes) -> int:
+    """A 64-bit digest of a row's words after its first (BLAKE2b: no two integers alike, unlike
+    Python's integer hash, where -1 and -2 hash alike; the same in every process)."""
+    return int.from_bytes(hashlib.blake2b(tail, digest_size=8).digest(), "little")
+
+
+def _checksum(seq: int, n: int, first: int, digest: int) -> int:
+    """The slot's checksum, as a signed int64 word: of the call number, the row's length, its first
+    integer and :func:`_digest` of the rest, so a reader on a weakly ordered CPU that sees a new
+    call number beside an older row does not take it."""
+    v = (seq * _P_SEQ + n * _P_LEN + first * _P_FIRST + digest) & _M64
+    return v - (1 << 64) if v >> 63 else v
 
 
 class Mailbox:
@@ -97,14 +104,17 @@ class Mailbox:
         self.rank, self.world, self._pids = rank, world, list(pids)
         self._words: memoryview | None = memoryview(mapped).cast("q")  # int64 words, read and written in place
         self._posted: int | None = None
-        # per slot (call number parity): the row it holds after its first integer, and that part's hash
-        self._tails: list[tuple[list[int], int] | None] = [None, None]
+        # per slot (call number parity): the length of the row it holds, the row after its first
+        # integer, and that part's digest
+        self._tails: list[tuple[int, list[int], int] | None] = [None, None]
 
     @staticmethod
     def size(world: int) -> int:
         return 8 * world * 2 * _SLOT
 
     def post(self, seq: int, row: Sequence[int]) -> None:
+        if type(row) is not list:
+            row = [int(v) for v in row]
         n = len(row)
         if n > WIDTH:
             raise DistributedError(f"the consistency exchange's row of {n} integers exceeds the shared slot ({WIDTH})")
@@ -112,16 +122,22 @@ class Mailbox:
         assert w is not None
         parity = seq & 1
         at = (self.rank * 2 + parity) * _SLOT
-        tail, last = row[1:], self._tails[parity]
-        w[at] = -1  # being written
-        if last is not None and n and last[0] == tail:  # the slot's row of call seq - 2 but for its first integer
-            w[at + 1] = _checksum(seq, row, last[1])
-            w[at + _HEAD] = row[0]
+        first, tail, last = (row[0] if n else 0), row[1:], self._tails[parity]
+        if last is not None and last[0] == n and n and last[1] == tail:  # call seq - 2's row but its first integer
+            w[at] = -1  # being written
+            w[at + 1] = _checksum(seq, n, first, last[2])
+            w[at + _HEAD] = first
         else:
             self._tails[parity] = None  # (until written whole)
-            th = _tail_hash(row)
-            _layout(n).pack_into(self._map, 8 * (at + 1), _checksum(seq, row, th), n, *row)  # checksum, length, row
-            self._tails[parity] = (list(tail), th)
+            rest = _layout(max(n - 1, 0)).pack(*tail)
+            digest = _digest(rest)
+            w[at] = -1
+            _layout(3 if n else 2).pack_into(self._map, 8 * (at + 1), _checksum(seq, n, first, digest), n,
+                                             *([first] if n else []))
+            if rest:
+                start = 8 * (at + _HEAD + 1)
+                self._map[start:start + len(rest)] = rest
+            self._tails[parity] = (n, tail, digest)
         w[at] = seq + 1  # (0: never written, -1: being written)
         self._posted = seq
 
@@ -132,16 +148,19 @@ class Mailbox:
         at = (p * 2 + (seq & 1)) * _SLOT
         if w[at] != mark:
             return None
-        n = w[at + 2]
+        check, n = w[at + 1], w[at + 2]
         if not 0 <= n <= WIDTH:
             return None
-        got: list[int] = w[at + _HEAD:at + _HEAD + n].tolist()
-        return got if w[at] == mark and _checksum(seq, got, _tail_hash(got)) == w[at + 1] else None
+        start = 8 * (at + _HEAD)
+        raw = self._map[start:start + 8 * n]  # (one read: the digest is of the words returned)
+        got = list(_layout(n).unpack(raw))
+        ok = w[at] == mark and _checksum(seq, n, got[0] if n else 0, _digest(raw[8:])) == check
+        return got if ok else None
 
     def _same(self, p: int, seq: int, n: int) -> bool:
         """Whether rank ``p``'s slot holds call ``seq``'s row written whole and equal to this rank's
         (written by :meth:`post`): its checksum, length and row, byte for byte. (A torn read cannot
-        pass: this rank's checksum would then have to be that of a different row.)"""
+        pass but for a 64-bit collision: this rank's checksum would have to be a different row's.)"""
         w, mark = self._words, seq + 1
         assert w is not None
         parity = seq & 1
@@ -154,6 +173,8 @@ class Mailbox:
         return m[theirs:theirs + end] == m[mine:mine + end] and w[at] == mark
 
     def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:
+        """Every rank's row of call ``seq`` (None: missing). This rank's entry, and every rank's whose
+        row equals it, is ``row`` itself (a list; else a list of it): read them, do not change them."""
         if self._posted != seq:
             self.post(seq, row)
         self._posted = None
