@@ -9,8 +9,11 @@
 #      against this one on the mpi engine, alternated ROUNDS times, each tree imported whole
 #      (scripts/bench/shadow_tree.sh): scripts/bench/check_parts.py (in place, 4 floats and 1 MiB: each
 #      step of the call, checks on and off, and MPI's floor alternated call by call), then
-#      multidev.benchmarks.distributed_check_cost (the check's share in alternating blocks).
-# STEPS picks steps (default 1,2), CAP1 caps step 1, CAP2 each run of step 2 (about 420 s in all by default):
+#      multidev.benchmarks.distributed_check_cost (the check's share in alternating blocks);
+#   3. checkout OLDJ (default $REPO/.oldj) against this one on the jax engine, alternated ROUNDS times:
+#      scripts/bench/jax_percall.py (a 4 KiB allreduce, in blocks and one by one).
+# STEPS picks steps (default 1,2; 3 where asked), CAP1 caps step 1, CAP2 each run of steps 2 and 3
+# (about 420 s in all by default):
 #   OUT=/path/to/out bash scripts/gpu/round15.sh
 NAME=round15
 source "$(dirname "$0")/prelude.sh"
@@ -48,6 +51,21 @@ elif [ -d "$OLD/multidev" ]; then
   done
 else
   stamp "2. skipped: no $OLD/multidev (carry .old, or set OLD)"
+fi
+OLDJ=${OLDJ:-$REPO/.oldj}
+if [[ $STEPS == *,3,* && -d "$OLDJ/multidev" ]]; then
+  stamp "3. the jax engine's per-call time: $OLDJ against this checkout, alternated"
+  S_OLD=$(bash scripts/bench/shadow_tree.sh "$OLDJ") && S_NEW=$(bash scripts/bench/shadow_tree.sh "$REPO") || exit 1
+  for i in $(seq "${ROUNDS:-2}"); do
+    for t in old new; do
+      S=$S_OLD; [ $t = new ] && S=$S_NEW
+      echo "-- round $i, $t" | tee -a "$W/ab-jax.txt"
+      (cd "$W" && OMP_NUM_THREADS=1 PYTHONPATH=$S timeout -k 5 "${CAP2:-40}" "$PY" -m multidev.distributed.launch -n 2 \
+        --engine jax "$REPO/scripts/bench/jax_percall.py") 2>&1 | grep median | tee -a "$W/ab-jax.txt"
+    done
+  done
+elif [[ $STEPS == *,3,* ]]; then
+  stamp "3. skipped: no $OLDJ/multidev (carry .oldj, or set OLDJ)"
 fi
 uptime
 stamp "finished"
