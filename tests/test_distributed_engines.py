@@ -219,6 +219,22 @@ def test_a_jax_collectives_wait_takes_any_timeout() -> None:
     assert time.monotonic() - t0 < 1.0
 
 
+def test_the_jax_engine_refuses_a_deleted_or_donated_array_by_name() -> None:
+    """A shard already on its device goes into the global array as it is: a deleted (or donated)
+    one would reach XLA without data, so it is refused with a typed error first."""
+    jax = pytest.importorskip("jax")
+    from types import SimpleNamespace
+
+    from multidev.adapters.jax.engine import JaxEngine
+    from multidev.errors import InvalidArgumentError
+
+    x = jax.numpy.ones(3)
+    x.delete()
+    engine = SimpleNamespace(jax=jax, world=1, native=jax.devices()[0], _home=jax.numpy.ones(1).sharding)
+    with pytest.raises(InvalidArgumentError, match="deleted or donated"):
+        JaxEngine._global(engine, x)  # type: ignore[arg-type]
+
+
 def test_peer_errors_turn_lost_peers_into_timeouts_and_pass_the_rest() -> None:
     with pytest.raises(dist.DistributedTimeoutError, match="another rank died") as e, \
             eng.peer_errors("all_reduce", (RuntimeError,), 3.0):

@@ -93,6 +93,15 @@ def test_a_half_written_slot_is_never_taken_for_this_ranks_row() -> None:
     assert boxes[0]._read(1, 2) is None  # neither as this rank's row nor as the peer's: awaited
 
 
+def test_rows_of_numpy_integers_are_taken_as_ints() -> None:
+    import numpy as np
+
+    boxes = _boxes(2)
+    row = [np.int64(3), np.int64(-2), 5]
+    boxes[1].post(3, row)
+    assert boxes[0].exchange(3, np.array([3, -2, 5]), 2.0) == [[3, -2, 5], [3, -2, 5]]
+
+
 def test_a_rank_that_never_writes_is_missing_after_the_timeout() -> None:
     boxes = _boxes(2)
     t = time.monotonic()

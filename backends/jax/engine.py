@@ -55,7 +55,7 @@ from multidev.distributed.engine import (
     run_with_deadline,
     translate_errors,
 )
-from multidev.errors import CapabilityError, DistributedError, DistributedSetupError
+from multidev.errors import CapabilityError, DistributedError, DistributedSetupError, InvalidArgumentError
 
 _generation = [0]
 
@@ -378,6 +378,9 @@ class JaxEngine(Engine):
         if not shape or shape[0] == 0:
             t = t.reshape((1, *shape))
         local = tuple(t.shape)
+        if getattr(t, "is_deleted", lambda: False)():  # (handed on as it is, a donated buffer can crash XLA)
+            raise InvalidArgumentError("the array was deleted or donated (jax.Array.delete, or donate_argnums "
+                                       "of a jitted call): it holds no data to send")
         sh = getattr(t, "sharding", None)
         if sh is None or sh.device_set != self._home.device_set or sh.memory_kind != self._home.memory_kind:
             t = jax.device_put(t, self.native)

@@ -75,7 +75,8 @@ def _layout(n: int) -> struct.Struct:
     return struct.Struct(f"={n}q")
 
 
-# odd 64-bit multipliers: a checksum that differs in one head field differs (mod 2**64) for any difference
+# odd 64-bit multipliers: one head field that differs alone changes the checksum (mod 2**64) for any difference
+# below 2**63
 _P_SEQ, _P_LEN, _P_FIRST = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
 _M64 = (1 << 64) - 1
 
@@ -122,7 +123,7 @@ class Mailbox:
         assert w is not None
         parity = seq & 1
         at = (self.rank * 2 + parity) * _SLOT
-        first, tail, last = (row[0] if n else 0), row[1:], self._tails[parity]
+        first, tail, last = (int(row[0]) if n else 0), row[1:], self._tails[parity]
         if last is not None and last[0] == n and n and last[1] == tail:  # call seq - 2's row but its first integer
             w[at] = -1  # being written
             w[at + 1] = _checksum(seq, n, first, last[2])
