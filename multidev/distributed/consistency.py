@@ -185,6 +185,9 @@ def agree(g: Group, kind: str, local: Callable[[], Call], async_op: bool = False
     this rank's checks passed; an error of its own is swallowed here (the caller's later step
     meets it again, after the exchange).
 
+    Where every rank's record equals this rank's (the common case), each entry of the list is
+    this rank's record as ``local`` made it: its :attr:`Call.seq` may be an earlier call's.
+
     This rank's own argument errors raise at once. Errors that come from the other ranks raise
     here, or with ``async_op`` come back as a failed :class:`Work` whose ``wait()`` raises them, as
     the collective's own errors would."""
@@ -192,13 +195,14 @@ def agree(g: Group, kind: str, local: Callable[[], Call], async_op: bool = False
         opened = _open(g, kind, local)
         if opened is None:
             return None
-        if meanwhile is not None and opened.err is None:
-            _post(g, kind, opened)
+        call, row, err, seq = opened
+        if meanwhile is not None and err is None:
+            _post(g, kind, seq, row)
             try:
                 meanwhile()
             except Exception:  # noqa: BLE001 - the caller's own step raises it again, after the exchange
                 pass
-        return opened.settle()
+        return _close(g, kind, call, row, err, seq)
     except PeerFailure as f:
         if async_op:
             return Work.failed(f.error, f"distributed.{kind}", g)
@@ -251,30 +255,32 @@ def ahead(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:
         opened = _open(g, kind, local)
         if opened is None:
             return None
-        if opened.err is None:
-            _post(g, kind, opened)
-            g.ahead = opened
-            return opened
-        opened.settle()
+        call, row, err, seq = opened
+        if err is None:
+            _post(g, kind, seq, row)
+            g.ahead = sent = Ahead(g, kind, call, row, err, seq)
+            return sent
+        _close(g, kind, call, row, err, seq)  # (raises err, or what came from the other ranks)
     except PeerFailure as f:
         raise f.error from f.error.__cause__
     return None  # (settle raised this rank's own error)
 
 
-def _post(g: Group, kind: str, opened: Ahead) -> None:
-    """This rank's row of ``opened`` sent ahead (:meth:`Engine.post`); an engine error is classified,
-    the group marked unusable, as an exchange's."""
+def _post(g: Group, kind: str, seq: int, row: list[int]) -> None:
+    """This rank's ``row`` of call ``seq`` sent ahead (:meth:`Engine.post`); an engine error is
+    classified, the group marked unusable, as an exchange's."""
     try:
-        (g.channel or g.engine).post(opened.seq, opened.row)
+        (g.channel or g.engine).post(seq, row)
     except Exception as e:  # noqa: BLE001 - classified, the group marked unusable, and raised
-        fail = classify_lost(e, f"distributed.{kind} (call #{opened.seq}, consistency exchange) on rank {g.rank}", g)
+        fail = classify_lost(e, f"distributed.{kind} (call #{seq}, consistency exchange) on rank {g.rank}", g)
         g.fail(str(fail))
         raise PeerFailure(fail) from None
 
 
-def _open(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:
-    """This rank's record of the call, numbered (None when the call goes unchecked): a record sent
-    ahead by an earlier call settles first, so the ranks exchange records in one order."""
+def _open(g: Group, kind: str, local: Callable[[], Call]) -> tuple[Call, list[int], MultidevError | None, int] | None:
+    """This rank's record of the call, its row, its own error and its number (None when the call
+    goes unchecked): a record sent ahead by an earlier call settles first, so the ranks exchange
+    records in one order."""
     pending = getattr(g, "ahead", None)
     if pending is not None:
         pending.settle()
@@ -294,7 +300,7 @@ def _open(g: Group, kind: str, local: Callable[[], Call]) -> Ahead | None:
         return None
     seq = g.seq
     g.seq += 1
-    return Ahead(g, kind, call, call.encode(seq), err, seq)
+    return call, call.encode(seq), err, seq
 
 
 def _close(g: Group, kind: str, call: Call, row: list[int], err: MultidevError | None, seq: int) -> list[Call]:
@@ -308,8 +314,11 @@ def _close(g: Group, kind: str, call: Call, row: list[int], err: MultidevError |
         if any(r is None for r in rows):
             _missing(g, kind, rows, seq)
         raise err
-    if all(r is row or r == row for r in rows):  # the common case: every rank's record is this rank's
-        return [call if call.seq == seq else _with_seq(call, seq)] * len(rows)
+    for r in rows:  # the common case: every rank's record is this rank's (the mailbox hands back `row`)
+        if r is not row and r != row:
+            break
+    else:
+        return [call] * len(rows)
     if any(r is None for r in rows):
         _missing(g, kind, rows, seq)
     what = f"distributed.{kind}"
