@@ -14,12 +14,14 @@
 #                          else: MXNet's tests and suite, and the NumPy and JAX adapters on NumPy 1.26 and
 #                          JAX 0.7.1 (their suite, their adapter tests, the tests that take every backend
 #                          except whole programs and tools over NumPy and JAX: the modern lane runs those)
-# Each thing is tested once, in the environment that adds information. The jobs run side by side
-# (JOBS at a time, default 2, the longest first), each into build/ci/NAME.log with its JUnit XML
-# beside it (per-test times), printed whole when it fails and as its last lines when it passes;
-# each job's wall and processor time and each environment's time are printed, then one closing line adding up every pytest
-# run. The multi-process tests and checks that time how soon a fault surfaces (marker `timing`) run
-# after them, one at a time.
+# Each thing is tested once, in the environment that adds information. The environments are made
+# side by side, and a lane's jobs start as soon as its own is ready (the fast one, without torch, in
+# about a third of the others' time). The jobs run side by side (JOBS at a time, default 2, the
+# longest first), each into build/ci/NAME.log with its JUnit XML beside it (per-test times), printed
+# whole when it fails and as its last lines when it passes; each job's wall and processor time and
+# each environment's time are printed, then one closing line adding up every pytest run. The
+# multi-process tests and checks that time how soon a fault surfaces (marker `timing`) run after
+# them: the project's own alone, then the suite's two side by side.
 #   MULTIDEV_LANES=fast,modern,mx picks environments (default all three); JOBS=N; PYTHON=python3.11.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,28 +61,23 @@ setup() {  # setup VENV PACKAGES...: a fresh venv; torch's CPU pin first (pip fi
   fi
 }
 t0=$(date +%s)
-stamp "environments (uv: ${UV:-no, pip})"
-pids=()
-if [[ $LANES == *,fast,* ]]; then
-  (TORCH=0 setup .venv-fast -e ".[test,lint,docs]" >build/ci/setup-fast.log 2>&1; echo $? >build/ci/setup-fast.rc) &
-  pids+=($!)
-fi
-if [[ $LANES == *,modern,* ]]; then
-  (setup .venv jax tensorflow-cpu mpi4py openmpi flax optax -e ".[all,mpi,test]" >build/ci/setup-modern.log 2>&1
-   echo $? >build/ci/setup-modern.rc) &
-  pids+=($!)
-fi
-if [[ $LANES == *,mx,* ]]; then
-  (setup .venv-mx tensorflow-cpu==2.21.0 jax==0.7.1 jaxlib==0.7.1 mxnet==1.9.1 numpy==1.26.4 \
-     -e ".[all,mxnet,test]" >build/ci/setup-mx.log 2>&1; echo $? >build/ci/setup-mx.rc) &
-  pids+=($!)
-fi
-wait "${pids[@]}"
-for f in build/ci/setup-*.rc; do
-  [ -f "$f" ] || continue
-  if [ "$(cat "$f")" != 0 ]; then cat "${f%.rc}.log"; stamp "FAILED: ${f%.rc} (see above)"; exit 1; fi
-done
-stamp "environments ready in $(( $(date +%s) - t0 )) s"
+stamp "environments (uv: ${UV:-no, pip}), made side by side; a lane's jobs start as soon as its own is ready"
+made() {  # made LANE VENV PACKAGES...: LANE's environment, its status in build/ci/setup-LANE.rc (written whole)
+  local lane=$1; shift
+  setup "$@" >"build/ci/setup-$lane.log" 2>&1
+  echo $? >"build/ci/setup-$lane.rc.tmp" && mv "build/ci/setup-$lane.rc.tmp" "build/ci/setup-$lane.rc"
+}
+[[ $LANES == *,fast,* ]] && (TORCH=0 made fast .venv-fast -e ".[test,lint,docs]") &
+[[ $LANES == *,modern,* ]] && (made modern .venv jax tensorflow-cpu mpi4py openmpi flax optax -e ".[all,mpi,test]") &
+[[ $LANES == *,mx,* ]] && (made mx .venv-mx tensorflow-cpu==2.21.0 jax==0.7.1 jaxlib==0.7.1 mxnet==1.9.1 numpy==1.26.4 \
+  -e ".[all,mxnet,test]") &
+ready() {  # ready LANE: status 0 when LANE's environment is made, 1 while it is being made, 2 when it failed
+  local f="build/ci/setup-$1.rc"
+  [ -f "$f" ] || return 1
+  [ "$(cat "$f")" = 0 ] && return 0
+  return 2
+}
+envs_failed=""
 
 # -- jobs ---------------------------------------------------------------------------------------------
 # Two phases: first the jobs that time nothing (side by side, JOBS at a time), then the multi-process
@@ -115,7 +112,7 @@ if [[ $LANES == *,mx,* ]]; then
 fi
 if [[ $LANES == *,modern,* ]]; then
   job 1 modern-catalogue ".venv/bin/pytest -q tests/test_mutation_catalogue.py"
-  # the multi-process tests and checks that time nothing (the ones that do run in phase 2)
+  # the multi-process tests and checks that time nothing (the ones that do run in phases 2 and 3)
   job 1 modern-multiprocess ".venv/bin/pytest -q --durations=10 -m 'multiprocess and not timing' \
 --ignore=tests/test_mutation_catalogue.py"
   job 1 modern-suite-multiprocess "$(conformance .venv numpy,torch,jax,tensorflow --multiprocess \
@@ -135,13 +132,15 @@ tests/test_sharded_processes.py -k mxnet"
   job 1 mx-multiprocess "MULTIDEV_DISTRIBUTED_ENGINES='jax=jax+mxnet' $(conformance .venv-mx mxnet,jax --multiprocess \
 -- -m "'multiprocess and not timing'")"
 fi
-# Phase 2: the tests and checks that time how soon a fault surfaces (marker `timing`), one at a time.
+# Phases 2 and 3: the tests and checks that time how soon a fault surfaces (marker `timing`): the
+# project's own (test_faults_engines: every scenario at once, 2.5 s of slack beyond 1.2x a 3 s
+# timeout) alone, then the suite's in both environments side by side (15 s of slack each).
 if [[ $LANES == *,modern,* ]]; then
   job 2 modern-timing ".venv/bin/pytest -q --durations=10 -m 'multiprocess and timing' --ignore=tests/test_mutation_catalogue.py"
-  job 2 modern-suite-timing "$(conformance .venv numpy,torch,jax,tensorflow --multiprocess -- -m "'multiprocess and timing'")"
+  job 3 modern-suite-timing "$(conformance .venv numpy,torch,jax,tensorflow --multiprocess -- -m "'multiprocess and timing'")"
 fi
 if [[ $LANES == *,mx,* ]]; then
-  job 2 mx-suite-timing "MULTIDEV_DISTRIBUTED_ENGINES='jax=jax+mxnet' $(conformance .venv-mx mxnet,jax --multiprocess \
+  job 3 mx-suite-timing "MULTIDEV_DISTRIBUTED_ENGINES='jax=jax+mxnet' $(conformance .venv-mx mxnet,jax --multiprocess \
 -- -m "'multiprocess and timing'")"
 fi
 
@@ -160,30 +159,55 @@ cpu_seconds() {  # user + system seconds of the finished children of this shell 
     "build/ci/.times.$BASHPID"
   rm -f "build/ci/.times.$BASHPID"
 }
-for phase in 1 2; do
+for phase in 1 2 3; do
   limit=$JOBS; [ $phase = 2 ] && limit=1
+  pending=()
+  for i in "${!names[@]}"; do [ "${phases[$i]}" = $phase ] && pending+=("$i"); done
   slots=()  # the pids of the jobs running now (polled: `wait -n` can return for an earlier child)
-  for i in "${!names[@]}"; do
-    [ "${phases[$i]}" = $phase ] || continue
-    if [ "$limit" = 1 ]; then stamp "start ${names[$i]}: ${cmds[$i]}"; (run_job "$i"); continue; fi  # alone (a subshell: its own children's times)
-    while :; do
-      live=()
-      for p in "${slots[@]}"; do kill -0 "$p" 2>/dev/null && live+=("$p"); done
-      slots=("${live[@]}")
-      [ "${#slots[@]}" -lt "$limit" ] && break
-      sleep 1
-    done
-    stamp "start ${names[$i]}: ${cmds[$i]}"
-    run_job "$i" &
+  while [ "${#pending[@]}" -gt 0 ]; do
+    live=()
+    for p in "${slots[@]}"; do kill -0 "$p" 2>/dev/null && live+=("$p"); done
+    slots=("${live[@]}")
+    pick=""; rest=()
+    if [ "${#slots[@]}" -lt "$limit" ]; then  # a free slot: the first job (longest first) whose lane is ready
+      for i in "${pending[@]}"; do
+        lane=${names[$i]%%-*}
+        if [ -z "$pick" ]; then
+          ready "$lane"; st=$?
+          if [ $st = 0 ]; then pick=$i; continue; fi
+          if [ $st = 2 ]; then  # its environment failed: its jobs never start (the run fails below)
+            [[ $envs_failed == *" $lane "* ]] || { envs_failed+=" $lane "; cat "build/ci/setup-$lane.log"
+              stamp "FAILED: the $lane environment (its log above); its jobs do not run"; }
+            continue
+          fi
+        fi
+        rest+=("$i")
+      done
+      pending=("${rest[@]}")
+    fi
+    if [ -z "$pick" ]; then sleep 1; continue; fi
+    stamp "start ${names[$pick]}: ${cmds[$pick]}"
+    if [ "$limit" = 1 ]; then (run_job "$pick"); continue; fi  # alone (a subshell: its own children's times)
+    run_job "$pick" &
     slots+=($!)
   done
   wait
+  if [ $phase = 1 ]; then
+    for f in build/ci/setup-*.rc; do
+      [ -f "$f" ] || continue
+      f2=${f#build/ci/setup-}; echo "== environment ${f2%.rc}: $(( $(stat -c %Y "$f") - t0 )) s"
+    done
+  fi
   stamp "phase $phase done"
 done
 
 # -- report -------------------------------------------------------------------------------------------
 failed=0; passed=0; nfailed=0; skipped=0
+[ -n "$envs_failed" ] && failed=1
 for name in "${names[@]}"; do
+  if [[ $envs_failed == *" ${name%%-*} "* ]] && [ ! -f "build/ci/$name.rc" ]; then
+    echo; echo "== $name: not run (the ${name%%-*} environment failed; its log above)"; continue
+  fi
   rc=$(cat "build/ci/$name.rc" 2>/dev/null || echo 99)
   secs=$(cat "build/ci/$name.time" 2>/dev/null || echo "?")
   secs="$secs s (processor $(cat "build/ci/$name.cpu" 2>/dev/null || echo "?") s)"
