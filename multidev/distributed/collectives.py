@@ -56,7 +56,7 @@ def _record(g: Group, kind: str, **given: Any) -> Call:
     in :data:`ALWAYS`), which it then never reads."""
     if not g.check and kind not in ALWAYS:
         return _BARE[kind]
-    key = (kind, *given.items())
+    key = (kind, *given, *given.values())  # (flat: no pair made per argument)
     call = _RECORDS.get(key)
     if call is None:  # (records are frozen: one made for these arguments serves every call with them)
         call = object.__new__(Call)

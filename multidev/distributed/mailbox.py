@@ -105,8 +105,8 @@ class Mailbox:
         self.rank, self.world, self._pids = rank, world, list(pids)
         self._words: memoryview | None = memoryview(mapped).cast("q")  # int64 words, read and written in place
         self._posted: int | None = None
-        # per slot (call number parity): the length of the row it holds, the row after its first
-        # integer, and that part's digest
+        # per slot (call number parity): the length of the row it holds, a copy of the row (its first
+        # integer overwritten by each comparison), and the digest of the row after its first integer
         self._tails: list[tuple[int, list[int], int] | None] = [None, None]
 
     @staticmethod
@@ -123,14 +123,21 @@ class Mailbox:
         assert w is not None
         parity = seq & 1
         at = (self.rank * 2 + parity) * _SLOT
-        first, tail, last = (int(row[0]) if n else 0), row[1:], self._tails[parity]
-        if last is not None and last[0] == n and n and last[1] == tail:  # call seq - 2's row but its first integer
+        first, last = (int(row[0]) if n else 0), self._tails[parity]
+        if last is not None and n and last[0] == n:  # call seq - 2's row but its first integer? (its copy's first set)
+            prev = last[1]
+            prev[0] = row[0]
+            same = prev == row
+        else:
+            same = False
+        if same:
+            assert last is not None
             w[at] = -1  # being written
             w[at + 1] = _checksum(seq, n, first, last[2])
             w[at + _HEAD] = first
         else:
             self._tails[parity] = None  # (until written whole)
-            rest = _layout(max(n - 1, 0)).pack(*tail)
+            rest = _layout(max(n - 1, 0)).pack(*row[1:])
             digest = _digest(rest)
             w[at] = -1
             _layout(3 if n else 2).pack_into(self._map, 8 * (at + 1), _checksum(seq, n, first, digest), n,
@@ -138,7 +145,7 @@ class Mailbox:
             if rest:
                 start = 8 * (at + _HEAD + 1)
                 self._map[start:start + len(rest)] = rest
-            self._tails[parity] = (n, tail, digest)
+            self._tails[parity] = (n, list(row), digest)
         w[at] = seq + 1  # (0: never written, -1: being written)
         self._posted = seq
 
@@ -160,8 +167,10 @@ class Mailbox:
 
     def _same(self, p: int, seq: int, n: int) -> bool:
         """Whether rank ``p``'s slot holds call ``seq``'s row written whole and equal to this rank's
-        (written by :meth:`post`): its checksum, length and row, byte for byte. (A torn read cannot
-        pass but for a 64-bit collision: this rank's checksum would have to be a different row's.)"""
+        (written by :meth:`post`): its checksum, length and first integer equal this rank's, word
+        for word. The checksum covers the rest of the row through its 64-bit digest, so a row that
+        differs there, or a torn read, passes only for a 64-bit collision; the rows' other words are
+        not read (after a large collective has gone through the caches, each line read costs)."""
         w, mark = self._words, seq + 1
         assert w is not None
         parity = seq & 1
@@ -169,7 +178,7 @@ class Mailbox:
         if w[at] != mark:
             return False
         mine = 8 * ((self.rank * 2 + parity) * _SLOT + 1)
-        theirs, end = 8 * (at + 1), 8 * (_HEAD - 1 + n)
+        theirs, end = 8 * (at + 1), 8 * (_HEAD - 1 + min(n, 1))
         m = self._map
         return m[theirs:theirs + end] == m[mine:mine + end] and w[at] == mark
 
