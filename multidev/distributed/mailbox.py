@@ -12,7 +12,8 @@ only after it had read every row of ``s - 2``: so the slot a row goes into is ne
 read. A slot holds the call number plus one (written last), a checksum of the call number and the
 row, the row's length and the row. A call made again with the same record rewrites only the row's
 first integer (its call count) and the checksum; a rank reads another's row as its own when the two
-slots match byte for byte (the common case: nothing decoded, nothing hashed). The wait
+slots' checksums, lengths and first integers match (the common case: nothing decoded, nothing hashed,
+three words of the other slot compared; the checksum covers the rest of the row). The wait
 backs off as :func:`~multidev.engine.poll_until` does; a rank whose process is gone is counted
 missing at once (its pid is read at the start), one that hangs once ``timeout`` passes, as the
 engine's channel would.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 36's consistency-check row after round 16, on a lent GPU machine's quiet host (CPU tensors only),
 # every step under a time cap, all into $OUT/round16.tgz beside log.txt:
-#   1. multidev.benchmarks.distributed_check_cost with ABBLOCKS (default 300) alternating blocks, checkout
+#   1. multidev.benchmarks.distributed_check_cost in ABBLOCKS alternating blocks (default: 300 on mpi, 100
+#      on torch, 40 on jax, whose 4-float call takes over 1 ms on a host: 300 ran past a call's cap), checkout
 #      OLD (default $REPO/.old) against this one, alternated ROUNDS (default 2) times, on each engine of
 #      ENGINES (default torch,jax,mpi), 2 processes under the engine's own launcher;
 #   2. where STEPS names it, multidev.benchmarks.distributed_run on ENGINES2 (default torch,jax), 2 processes.
@@ -23,7 +24,8 @@ if [[ $STEPS == *,1,* ]]; then
     for e in "${engines[@]}"; do
       for t in old new; do
         S=$S_OLD; [ $t = new ] && S=$S_NEW
-        args=(-m multidev.benchmarks.distributed_check_cost --blocks "${ABBLOCKS:-300}" --json "$W/dcc-$e-$t-$i.json")
+        case $e in mpi) blocks=300 ;; torch) blocks=100 ;; *) blocks=40 ;; esac
+        args=(-m multidev.benchmarks.distributed_check_cost --blocks "${ABBLOCKS:-$blocks}" --json "$W/dcc-$e-$t-$i.json")
         case $e in
           torch) launch=("$PY" -m torch.distributed.run --nproc_per_node=2 "${args[@]}") ;;
           jax) launch=("$PY" -m multidev.distributed.launch -n 2 --engine jax "${args[@]}") ;;
