@@ -21,7 +21,8 @@
 # whole when it fails and as its last lines when it passes; each job's wall and processor time and
 # each environment's time are printed, then one closing line adding up every pytest run. The
 # multi-process tests that time how soon a fault surfaces (marker `timing`) run after them, alone;
-# the suite's checks of that kind (15 s of slack past each timeout) run among phase 1's last jobs.
+# the suite's checks of that kind (15 s of slack past each timeout) and the adversarial ranks' (20 s)
+# run among phase 1's last jobs.
 #   MULTIDEV_LANES=fast,modern,mx picks environments (default all three); JOBS=N; PYTHON=python3.11.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -80,8 +81,8 @@ ready() {  # ready LANE: status 0 when LANE's environment is made, 1 while it is
 envs_failed=""
 
 # -- jobs ---------------------------------------------------------------------------------------------
-# Two phases: first the jobs that time nothing (side by side, JOBS at a time), then the multi-process
-# tests and checks that measure time-outs (marker `timing`), one at a time on a quiet machine.
+# Two phases: first every job but one (side by side, JOBS at a time), then the project's multi-process
+# tests that measure time-outs with little slack (marker `timing`), alone on a quiet machine.
 names=(); cmds=(); phases=()
 job() {  # job PHASE NAME COMMAND; a pytest command also writes build/ci/NAME.xml (JUnit: per-test times)
   names+=("$2"); cmds+=("${3/\/bin\/pytest /\/bin\/pytest --junitxml=build/ci/$2.xml }"); phases+=("$1"); }
@@ -133,6 +134,8 @@ fi
 # times time-to-error), which another job beside them does not approach.
 if [[ $LANES == *,modern,* ]]; then
   job 1 modern-suite-timing "$(conformance .venv numpy,torch,jax,tensorflow --multiprocess -- -m "'multiprocess and timing'")"
+  # (and the adversarial ranks' timing tests: a mismatch must raise well before the workers' 20 s timeout)
+  job 1 modern-timing-ranks ".venv/bin/pytest -q -m 'multiprocess and timing' tests/adversarial/test_ranks.py"
 fi
 if [[ $LANES == *,mx,* ]]; then
   job 1 mx-suite-timing "MULTIDEV_DISTRIBUTED_ENGINES='jax=jax+mxnet' $(conformance .venv-mx mxnet,jax --multiprocess \
@@ -147,7 +150,8 @@ fi
 # (test_faults_engines starts every scenario at once, ~15 processes, with 2.5 s of slack beyond 1.2x
 # a 3 s timeout).
 if [[ $LANES == *,modern,* ]]; then
-  job 2 modern-timing ".venv/bin/pytest -q --durations=10 -m 'multiprocess and timing' --ignore=tests/test_mutation_catalogue.py"
+  job 2 modern-timing ".venv/bin/pytest -q --durations=10 -m 'multiprocess and timing' --ignore=tests/test_mutation_catalogue.py \
+--ignore=tests/adversarial/test_ranks.py"
 fi
 
 run_job() {  # run_job I: job I into build/ci/NAME.log, its status and seconds beside it
