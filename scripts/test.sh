@@ -68,13 +68,22 @@ made() {  # made LANE VENV PACKAGES...: LANE's environment, its status in build/
   setup "$@" >"build/ci/setup-$lane.log" 2>&1
   echo $? >"build/ci/setup-$lane.rc.tmp" && mv "build/ci/setup-$lane.rc.tmp" "build/ci/setup-$lane.rc"
 }
-[[ $LANES == *,fast,* ]] && (TORCH=0 made fast .venv-fast -e ".[test,lint,docs]") &
-[[ $LANES == *,modern,* ]] && (made modern .venv jax tensorflow-cpu mpi4py openmpi flax optax -e ".[all,mpi,test]") &
-[[ $LANES == *,mx,* ]] && (made mx .venv-mx tensorflow-cpu==2.21.0 jax==0.7.1 jaxlib==0.7.1 mxnet==1.9.1 numpy==1.26.4 \
-  -e ".[all,mxnet,test]") &
-ready() {  # ready LANE: status 0 when LANE's environment is made, 1 while it is being made, 2 when it failed
+declare -A setup_pid=()
+if [[ $LANES == *,fast,* ]]; then (TORCH=0 made fast .venv-fast -e ".[test,lint,docs]") & setup_pid[fast]=$!; fi
+if [[ $LANES == *,modern,* ]]; then
+  (made modern .venv jax tensorflow-cpu mpi4py openmpi flax optax -e ".[all,mpi,test]") & setup_pid[modern]=$!
+fi
+if [[ $LANES == *,mx,* ]]; then
+  (made mx .venv-mx tensorflow-cpu==2.21.0 jax==0.7.1 jaxlib==0.7.1 mxnet==1.9.1 numpy==1.26.4 \
+    -e ".[all,mxnet,test]") & setup_pid[mx]=$!
+fi
+ready() {  # ready LANE: status 0 when LANE's environment is made, 1 while it is being made, 2 when it
+  # failed (or its maker ended without writing a status: killed, or the disk full)
   local f="build/ci/setup-$1.rc"
-  [ -f "$f" ] || return 1
+  if [ ! -f "$f" ]; then
+    kill -0 "${setup_pid[$1]:-}" 2>/dev/null && return 1
+    [ -f "$f" ] || return 2
+  fi
   [ "$(cat "$f")" = 0 ] && return 0
   return 2
 }
