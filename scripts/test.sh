@@ -32,10 +32,12 @@ JOBS=${JOBS:-2}
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "JOBS must be a positive integer, got $JOBS" >&2; exit 2; }
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore::DeprecationWarning TF_CPP_MIN_LOG_LEVEL=2
 export MULTIDEV_CACHE_DIR="$PWD/build/cache"  # the devices cache stays in the clone
-# Bytecode: the frameworks are compiled once at install (uv does not by default), and the interpreter
-# may cache the project's own (a machine that sets PYTHONDONTWRITEBYTECODE otherwise recompiles
-# TensorFlow, JAX and torch from source in every process: ~12 s of each child's start-up).
-export UV_COMPILE_BYTECODE=1
+# Bytecode: nothing is compiled at install (pip's and uv's compile steps took about 70 of the modern
+# environment's 105 s, mostly on modules no test imports); the interpreter caches each module's
+# bytecode at its first import instead, frameworks included (~15 s once per environment for torch,
+# JAX and TensorFlow). PYTHONDONTWRITEBYTECODE is unset for that: a machine that sets it would
+# recompile them from source in every process, ~12 s of each child's start-up.
+export UV_COMPILE_BYTECODE=0
 unset PYTHONDONTWRITEBYTECODE
 start=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - start )) s] $*"; }
@@ -54,7 +56,7 @@ setup() {  # setup VENV PACKAGES...: a fresh venv; torch's CPU pin first (pip fi
   else
     "$PY" -m venv "$venv" && "$venv/bin/pip" install -q --upgrade "pip>=23.1" setuptools || return 1
   fi
-  if [ "${TORCH:-1}" = 1 ]; then "$venv/bin/python" -m pip install -q torch==2.13.0 || return 1; fi
+  if [ "${TORCH:-1}" = 1 ]; then "$venv/bin/python" -m pip install -q --no-compile torch==2.13.0 || return 1; fi
   if [ -n "$UV" ]; then
     "$UV" pip install -q -p "$venv/bin/python" "$@" && "$UV" pip check -q -p "$venv/bin/python"
   else
