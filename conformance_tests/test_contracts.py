@@ -92,6 +92,13 @@ def test_move_keeps_every_dtype(md_backend: Any, md_device: Device, md_devices: 
     _same(b, md.to(y, md_device), md_device, dtype, src, f"to({dtype}) and back")
     _same(b, md.copy(x, other), other, dtype, src, f"copy({dtype}, {other})")
     _same(b, md.to(x, other, non_blocking=True).wait(), other, dtype, src, f"to({dtype}, non_blocking=True)")
+    # a structure's tensors move together (the adapter's move_all where it has one): each as to() gives it
+    srcs = [sample(dtype, shape, seed=7 + i, high=5) for i, shape in enumerate(_SHAPES)]
+    xs = [x, *(md.asarray(s, dtype=dtype, device=md_device, backend=b.name) for s in srcs)]
+    moved = md.to(xs, other)
+    assert type(moved) is list and len(moved) == len(xs)
+    for i, (t, want) in enumerate(zip(moved, [src, *srcs], strict=True)):
+        _same(b, t, other, dtype, want, f"to([{len(xs)} {dtype} tensors], {other})[{i}]")
 
 
 _SHAPES = [(), (0,), (2, 0), (2, 3)]

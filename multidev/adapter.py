@@ -369,6 +369,12 @@ class BaseBackend:
     #: compiles for separately) defines ``commit_resident(x)``: ``x`` fixed to its own device without a
     #: copy (``x`` itself where it is fixed already); ``to`` of a resident tensor returns that.
     commit_resident: Any = None
+    #: None (the default): a structure's tensors move one by one through ``move``. An adapter whose
+    #: framework moves many arrays in one call for less than a call each (JAX's ``device_put`` of a
+    #: list) defines ``move_all(xs, device)``: the list of ``move(x, device)`` for each of ``xs``
+    #: (distinct tensors, each on one device that is not ``device``), in order, with ``move``'s
+    #: contract; ``to`` of a structure calls it once for that adapter's tensors.
+    move_all: Any = None
 
     @classmethod
     def install_hint(cls) -> str | None:

@@ -745,7 +745,43 @@ def _structure_to(x: Any, device: DeviceLike) -> Any:
         with translate_errors(lambda: f"{b.name} to({dev}) of a model"):
             return require(b, SupportsModels, "to").move_module(m, resolve(b, dev))
     return tree_map(lambda t: to(t, dev), x, "to", module=move_module, check=lambda b: resolve(b, dev),
-                    scalar=lambda b, v: require(b, SupportsModels, "to").put_scalar(v, resolve(b, dev)))
+                    scalar=lambda b, v: require(b, SupportsModels, "to").put_scalar(v, resolve(b, dev)),
+                    batch=lambda ts: _moved_all(ts, dev))
+
+
+def _moved_all(xs: list[Any], dev: Device) -> list[Any]:
+    """``[to(x, dev) for x in xs]`` (a structure's distinct tensors), the tensors of an adapter with
+    ``move_all`` (see :class:`~multidev.adapter.BaseBackend`) that are not on ``dev`` moved in one
+    call per adapter."""
+    out: list[Any] = [None] * len(xs)
+    groups: dict[int, tuple[Any, list[int], list[Any]]] = {}  # adapter, where, its tensors
+    for i, x in enumerate(xs):
+        b = cached_owner(x.__class__)
+        if b is not None and getattr(b, "move_all", None) is not None:
+            try:
+                here: Device | None = b.device_of(x)
+            except MultidevError:  # no single device (a framework's sharded array): to() gathers it
+                here = None
+            if here is not None and here is not dev:
+                group = groups.get(id(b))
+                if group is None:
+                    group = groups[id(b)] = (b, [], [])
+                group[1].append(i)
+                group[2].append(x)
+                continue
+        out[i] = to(x, dev)
+    for b, at, ts in groups.values():
+        if len(ts) == 1:
+            out[at[0]] = to(ts[0], dev)
+            continue
+        target = resolve(b, dev)
+        try:
+            ys = b.move_all(ts, target)
+        except Exception as e:  # noqa: BLE001 - translated by reraise
+            translate_errors(lambda: f"{b.name} to({target})").reraise(e)  # noqa: B023 - called at once
+        for i, y in zip(at, ys, strict=True):
+            out[i] = y
+    return out
 
 
 def copy(x: _T, device: DeviceLike | None = None) -> _T:

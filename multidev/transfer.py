@@ -164,9 +164,17 @@ def _start_host_copy(x: Any, where: str) -> _Landing:
     if across is not None and across(x) is not None:  # a DTensor, a global jax.Array: gathered (collective)
         host = sharded_to_host(x)
         return _Landing(lambda: host)
-    with translate_errors(lambda: f"to_host: {where}"):
+    try:
         moves = b.transfers
         return _Landing(moves.start_to_numpy(x) if moves is not None else start_to_numpy(b, x))
+    except Exception as e:  # noqa: BLE001 - translated by reraise (a try costs nothing until something raises)
+        translate_errors(lambda: f"to_host: {where}").reraise(e)
+
+
+def _hosted_all(xs: list[Any]) -> list[np.ndarray]:
+    """Blocking to_host of a structure's distinct tensors: every copy started, then each landed."""
+    started = [_start_host_copy(t, "a tensor") for t in xs]
+    return [h.wait() for h in started]
 
 
 @overload
@@ -197,10 +205,14 @@ def to_host(xs: Any, non_blocking: bool = False) -> Any:
     if xs.__class__ is ShardedTensor:
         host = sharded_to_host(xs)
         return Transfer(host, None) if non_blocking else host
+    if not non_blocking and cached_owner(xs.__class__) is not None:  # one tensor of a class seen before: no walk
+        return _start_host_copy(xs, "a tensor").wait()
     if isinstance(xs, (str, bytes)) or not (hasattr(xs, "__iter__") or is_structure(xs) or _is_tensor(xs)):
         raise InvalidArgumentError(f"to_host takes a tensor, a structure or an iterable of tensors, got "
                                    f"{type(xs).__name__}")
     if isinstance(xs, (list, tuple, dict)) or _is_tensor(xs) or is_structure(xs):  # a tensor is a leaf
+        if not non_blocking:  # one walk: every copy started, then each landed
+            return tree_map(lambda t: _start_host_copy(t, "a tensor").wait(), xs, "to_host", batch=_hosted_all)
         pending: Any = tree_map(lambda t: _start_host_copy(t, "a tensor"), xs, "to_host")
     else:
         pending = []

@@ -171,11 +171,14 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
              module: Callable[[Backend, Any], Any] | None = None,
              is_leaf: Callable[[Any], bool] | None = None,
              check: Callable[[Backend], Any] | None = None,
-             scalar: Callable[[Backend, Any], Any] | None = None) -> Any:
+             scalar: Callable[[Backend, Any], Any] | None = None,
+             batch: Callable[[list[Any]], list[Any]] | None = None) -> Any:
     """``obj`` with ``leaf(x)`` for every tensor ``x`` (or every object ``is_leaf`` accepts),
     ``module(b, m)`` for every framework module ``m`` (owned by adapter ``b``) and ``scalar(b, v)`` for
     every scalar ``v`` of a tree of ``b``'s framework (kept as it is without ``scalar``); the structure
     rebuilt. ``what`` names the call in errors. Without ``module``, a module raises UnsupportedTensorError.
+    ``batch``: called once with the structure's distinct tensors (in order) in place of ``leaf``, it
+    gives their results as a list of as many, in the same order (a framework's one call for many).
 
     All or nothing where it can be: the whole structure is walked first (every leaf recognised,
     every container's rebuild found, ``check(b)`` called once for each adapter owning a tensor or a
@@ -186,6 +189,11 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
     nor a deep caller leaks RecursionError."""
     if obj is None:
         raise UnsupportedTensorError(f"{what}: got None, not a tensor or a structure of tensors")
+    cls = obj.__class__
+    if (cls is list or cls is tuple or cls is dict) and is_leaf is None:
+        flat = _flat_map(leaf, obj, cls, check, batch, what)
+        if flat is not _NOT_FLAT:
+            return flat
     # -- 1. flatten: nodes in pre-order (a node's children follow it), nothing called yet ------------
     kinds: list[int] = []
     payload: list[Any] = []
@@ -220,6 +228,10 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
         if k == _LEAF:
             x = payload[i]
             hit = memo.get(id(x))
+            if batch is not None:  # (its result: filled in after the one call)
+                if hit is None:
+                    memo[id(x)] = (x, len(memo))
+                continue
             if hit is None:
                 hit = memo[id(x)] = (x, leaf(x))  # x kept alive so its id stays unique during the call
             out[i] = hit[1]
@@ -227,6 +239,14 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
             out[i] = scalar(*payload[i])  # type: ignore[misc]
         elif k == _KEPT:
             out[i] = payload[i]
+    if batch is not None and memo:
+        xs = [x for x, _ in memo.values()]
+        ys = batch(xs)
+        if len(ys) != len(xs):
+            raise RuntimeError(f"{what}: the batched call gave {len(ys)} results for {len(xs)} tensors")
+        for i, k in enumerate(kinds):
+            if k == _LEAF:
+                out[i] = ys[memo[id(payload[i])][1]]
     done: list[str] = []
     for i, k in enumerate(kinds):
         if k == _MODULE:
@@ -269,6 +289,53 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
         else:  # _TREE
             out[i] = data(items)
     return out[0]
+
+
+_NOT_FLAT: Any = object()
+
+
+def _flat_map(leaf: Callable[[Any], Any], obj: Any, cls: type, check: Callable[[Backend], Any] | None,
+              batch: Callable[[list[Any]], list[Any]] | None, what: str) -> Any:
+    """:func:`tree_map` of a plain list, tuple or dict (not empty, at most :data:`RESIDENT_MAX` items)
+    whose items are all tensors of classes seen before (``cached_owner``), without the walk: what
+    the walk gives for it (each item a leaf, ``check`` per adapter first, the container rebuilt);
+    :data:`_NOT_FLAT` for anything else (the walk takes it)."""
+    items = list(obj.values()) if cls is dict else obj
+    if not items or len(items) > RESIDENT_MAX:
+        return _NOT_FLAT
+    owners: dict[int, Backend] = {}
+    for t in items:
+        b = cached_owner(t.__class__)
+        if b is None or t.__class__ is ShardedTensor:
+            return _NOT_FLAT
+        owners[id(b)] = b
+    if check is not None:
+        for b in owners.values():
+            check(b)
+    if batch is not None:
+        at: dict[int, int] = {}
+        xs: list[Any] = []
+        for t in items:
+            if id(t) not in at:
+                at[id(t)] = len(xs)
+                xs.append(t)
+        ys = batch(xs)
+        if len(ys) != len(xs):
+            raise RuntimeError(f"{what}: the batched call gave {len(ys)} results for {len(xs)} tensors")
+        res = [ys[at[id(t)]] for t in items]
+    else:
+        memo: dict[int, Any] = {}
+        res = []
+        for t in items:
+            hit = memo.get(id(t))
+            if hit is None:
+                hit = memo[id(t)] = (leaf(t),)  # (items keep t alive, so its id stays unique during the call)
+            res.append(hit[0])
+    if cls is list:
+        return res
+    if cls is tuple:
+        return tuple(res)
+    return dict(zip(obj.keys(), res))
 
 
 def _classify(x: Any, path: tuple[Any, ...], what: str, modules: bool, is_leaf: Callable[[Any], bool] | None,

@@ -270,6 +270,36 @@ def test_sharded_array_has_no_single_device():
     assert out == "ok"
 
 
+def test_a_structure_moves_in_one_device_put():
+    """md.to of a structure: the JAX tensors not on the target go to ``move_all`` in one call (one
+    ``device_put`` of the list), each landing on the target with its values; a resident one is kept
+    (the same object), a tied one stays one object, a sharded one is gathered onto the target."""
+    out = _py("""
+        import jax, jax.numpy as jnp, numpy as np, multidev as md
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        from multidev import Device
+        b = md.backend("jax")
+        calls, real = [], b.move_all
+        b.move_all = lambda xs, d: calls.append(len(xs)) or real(xs, d)
+        here = md.ones(3, device="cpu:2", backend="jax")
+        w = md.arange(4, device="cpu:0", backend="jax")
+        g = jax.device_put(jnp.arange(8.0), NamedSharding(Mesh(np.array(jax.devices()[:2]), ("i",)), P("i")))
+        tree = {"w": w, "tied": w, "z": md.zeros((2, 2), device="cpu:1", backend="jax"), "here": here, "g": g,
+                "n": None, "t": (md.full(2, 5.0, device="cpu:0", backend="jax"),)}
+        got = md.to(tree, "cpu:2")
+        assert calls == [3], calls  # w, z and t[0]; not the resident or the sharded one
+        assert got["here"] is here and got["tied"] is got["w"] and got["n"] is None
+        assert all(md.device_of(got[k]) == Device("cpu", 2) for k in ("w", "z", "here", "g"))
+        assert md.device_of(got["t"][0]) == Device("cpu", 2) and got["t"][0].committed
+        np.testing.assert_array_equal(np.asarray(got["g"]), np.arange(8.0))
+        np.testing.assert_array_equal(np.asarray(got["w"]), np.arange(4))
+        assert md.to_numpy(got["t"][0]).tolist() == [5.0, 5.0]
+        assert md.to([w], "cpu:1")[0] is not w and calls == [3]  # one tensor: to() itself
+        print("ok")
+    """)
+    assert out == "ok"
+
+
 # -- interchange --------------------------------------------------------------------------------------
 def _aligned(n: int, offset: int = 0) -> np.ndarray:
     """A float32 array whose data starts ``offset`` bytes past a 64-byte boundary."""

@@ -193,3 +193,64 @@ def test_to_of_a_resident_tuple_or_list_walks_nothing(monkeypatch: pytest.Monkey
     np.testing.assert_array_equal(md.to_numpy(moved[0]), np.ones(3))
     assert not resident_container((a, [b]), md.device("cpu:0")), "nested: the walk"
     assert not resident_container((), md.device("cpu:0")) and not resident_container((a, "x"), md.device("cpu:0"))
+
+
+@pytest.mark.parametrize("make", [list, tuple, lambda xs: {f"k{i}": x for i, x in enumerate(xs)}])
+def test_a_flat_container_of_tensors_maps_as_the_walk_does(make: Any) -> None:
+    """A plain list, tuple or dict of tensors skips the walk (``_flat_map``) and gives what the walk
+    gives: a tensor reached twice called once and one object, ``check`` once per adapter first, the
+    container rebuilt; ``batch`` gets the distinct tensors once, in order."""
+    from multidev.trees import _flat_map, _NOT_FLAT, tree_map
+
+    a, b = md.ones(2, device="cpu:0", backend="numpy"), md.zeros(3, device="cpu:0", backend="numpy")
+    md.device_of(a)  # the class's owner is known from here on
+    obj = make([a, b, a])
+    assert _flat_map(lambda t: t, obj, type(obj), None, None, "x") is not _NOT_FLAT
+    calls: list[Any] = []
+    checked: list[Any] = []
+    out = tree_map(lambda t: calls.append(t) or t + 1, obj, "x", check=checked.append)
+    assert type(out) is type(obj) and len(calls) == 2 and checked == [md.backend("numpy")]
+    vals = list(out.values()) if isinstance(out, dict) else list(out)
+    assert vals[0] is vals[2] and np.array_equal(vals[1], np.ones(3))
+    if isinstance(out, dict):
+        assert list(out) == ["k0", "k1", "k2"]
+    batches: list[list[Any]] = []
+    out = tree_map(lambda t: pytest.fail("leaf called with batch="), obj, "x",
+                   batch=lambda ts: batches.append(ts) or [t * 2 for t in ts])
+    assert len(batches) == 1 and [id(t) for t in batches[0]] == [id(a), id(b)]
+    vals = list(out.values()) if isinstance(out, dict) else list(out)
+    assert vals[0] is vals[2] and np.array_equal(vals[0], np.full(2, 2.0))
+    with pytest.raises(RuntimeError, match="gave 1 results for 2 tensors"):
+        tree_map(lambda t: t, obj, "x", batch=lambda ts: ts[:1])
+
+
+def test_batch_takes_the_distinct_tensors_of_a_nested_structure_in_order() -> None:
+    """Through the walk (a nested structure, a named tuple, None kept): ``batch`` once, the distinct
+    tensors in pre-order, each result put back where its tensor was (a tied tensor one object)."""
+    from multidev.trees import tree_map
+
+    t = _tree()
+    seen: list[list[Any]] = []
+    out = tree_map(lambda x: pytest.fail("leaf called with batch="), t, "x",
+                   batch=lambda ts: seen.append(ts) or [x + 10 for x in ts])
+    order = [t["layers"][0].w, t["layers"][0].b, t["layers"][1].w, t["step"][0]]
+    assert len(seen) == 1 and [id(x) for x in seen[0]] == [id(x) for x in order]
+    assert out["tied"] is out["layers"][0].w and out["layers"][1].b is None and type(out["layers"][0]) is P
+    np.testing.assert_array_equal(out["step"][0], np.arange(3) + 10)
+
+
+def test_a_flat_container_with_a_stranger_takes_the_walk_and_its_error() -> None:
+    a = md.ones(2, device="cpu:0", backend="numpy")
+    md.device_of(a)
+    with pytest.raises(md.UnsupportedTensorError, match=r"\[1\]"):
+        md.to([a, "x"], "cpu:1")
+    assert md.to([], "cpu:1") == [] and md.to({}, "cpu:1") == {}
+
+
+def test_to_host_of_one_tensor_and_of_a_flat_list_gives_arrays() -> None:
+    """The blocking to_host of one tensor (no walk) and of a list (one walk, every copy started
+    first): NumPy arrays of the values, a tensor reached twice one array."""
+    a = md.arange(4, device="cpu:1")
+    assert type(md.to_host(a)) is np.ndarray and md.to_host(a).tolist() == [0, 1, 2, 3]
+    got = md.to_host([a, md.ones(2, device="cpu:1"), a])
+    assert [type(x) for x in got] == [np.ndarray] * 3 and got[0] is got[2] and got[1].tolist() == [1, 1]

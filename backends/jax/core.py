@@ -287,14 +287,39 @@ class JaxCore(BaseBackend):
         accelerator staged (waits for ``x``, reads it before returning); else an asynchronous
         ``device_put``."""
         native = self.to_native_device(device)
+        y = self._routed_move(x, device, native)
+        return y if y is not None else self.jax.device_put(x, native)
+
+    def move_all(self, xs: list[Any], device: Device) -> list[Any]:
+        """:meth:`move` of each of ``xs``: the plain ``device_put``s in one call (JAX moves a list in
+        one dispatch, for a fraction of a call's cost each), the pinned and staged routes one by one."""
+        native = self.to_native_device(device)
+        out: list[Any] = [None] * len(xs)
+        at: list[int] = []
+        plain: list[Any] = []
+        for i, x in enumerate(xs):
+            y = self._routed_move(x, device, native)
+            if y is None:
+                at.append(i)
+                plain.append(x)
+            else:
+                out[i] = y
+        if plain:
+            for i, y in zip(at, self.jax.device_put(plain, native), strict=True):
+                out[i] = y
+        return out
+
+    def _routed_move(self, x: Any, device: Device, native: Any) -> Any:
+        """:meth:`move` where it is not a plain ``device_put`` (accelerator to host through pinned
+        memory, a host-memory array landed, a large host array staged), else None."""
         if device.kind == "cpu":
             z = self.transfers.pinned(x)
             if z is not None:
                 return self.transfers.land(z, x, native)
             if getattr(x.sharding, "memory_kind", None) not in (None, "device"):  # a host-memory array
                 return self.transfers.land(x, x, native)
-        staged = self.transfers.staged_from_host(x, device, native)
-        return staged if staged is not None else self.jax.device_put(x, native)
+            return None
+        return self.transfers.staged_from_host(x, device, native)
 
     def copy(self, x: Any, device: Device) -> Any:
         # device_put to x's own device may return an alias of x's buffer; may_alias=False forces a copy.

@@ -325,13 +325,18 @@ class TorchCore(BaseBackend):
 
     def to_numpy(self, x: Any) -> np.ndarray:
         torch = self.torch
-        t = x.detach()
-        if t.device.type == "cuda":
-            host, waiter = self.transfers.start_download(t)  # through pinned memory, far faster than pageable
-            waiter()
-            t = host
-        elif t.device.type != "cpu":
-            t = t.cpu()  # blocking: waits for the work that produces x on its stream
+        t = x.detach() if x.requires_grad else x  # numpy() refuses a tensor that requires grad
+        if not t.is_cpu:
+            if t.is_cuda:
+                host, waiter = self.transfers.start_download(t)  # through pinned memory, far faster than pageable
+                waiter()
+                t = host
+            else:
+                t = t.cpu()  # blocking: waits for the work that produces x on its stream
+        try:  # (a plain host tensor: its view, with none of the checks below)
+            return t.numpy()
+        except (RuntimeError, TypeError):  # a lazily conjugated or negated view, bfloat16: below
+            pass
         t = t.resolve_conj().resolve_neg()  # numpy() refuses lazily conjugated/negated views
         if t.dtype == torch.bfloat16:
             try:

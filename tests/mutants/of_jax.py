@@ -46,6 +46,16 @@ class JaxCopyAliases(JaxBackend):
         return self.jax.device_put(x, self.to_native_device(device))
 
 
+@mutant("jax", "move_all (a structure's tensors in one device_put) turns float16 and bfloat16 into float32",
+        ["test_move_keeps_every_dtype"])
+class JaxMoveAllUpcasts(JaxBackend):
+    name = "jax_move_all_upcasts"
+
+    def move_all(self, xs: list[Any], device: Device) -> list[Any]:
+        return super().move_all([x.astype(self.jnp.float32) if x.dtype.name in ("float16", "bfloat16") else x
+                                 for x in xs], device)
+
+
 @mutant("jax", "asarray device_puts the caller's NumPy array (XLA aliases aligned host buffers)",
         ["test_asarray_never_shares"])
 class JaxAsarrayShares(JaxBackend):
