@@ -144,15 +144,20 @@ def _is_handle(v: Any) -> bool:
 
 
 class _Landing:
-    """A host copy in flight: ``wait()`` gives its NumPy array."""
+    """A host copy in flight: ``wait()`` gives its NumPy array (a framework's error on the way as its
+    MultidevError, naming ``where``)."""
 
-    __slots__ = ("land",)
+    __slots__ = ("land", "where")
 
-    def __init__(self, land: Callable[[], np.ndarray]) -> None:
+    def __init__(self, land: Callable[[], np.ndarray], where: str = "a tensor") -> None:
         self.land = land
+        self.where = where
 
     def wait(self) -> np.ndarray:
-        return self.land()
+        try:
+            return self.land()
+        except Exception as e:  # noqa: BLE001 - translated by reraise (a try costs nothing until something raises)
+            translate_errors(lambda: f"to_host: {self.where}").reraise(e)
 
 
 def _start_host_copy(x: Any, where: str) -> _Landing:
@@ -166,7 +171,7 @@ def _start_host_copy(x: Any, where: str) -> _Landing:
         return _Landing(lambda: host)
     try:
         moves = b.transfers
-        return _Landing(moves.start_to_numpy(x) if moves is not None else start_to_numpy(b, x))
+        return _Landing(moves.start_to_numpy(x) if moves is not None else start_to_numpy(b, x), where)
     except Exception as e:  # noqa: BLE001 - translated by reraise (a try costs nothing until something raises)
         translate_errors(lambda: f"to_host: {where}").reraise(e)
 

@@ -300,7 +300,11 @@ def _flat_map(leaf: Callable[[Any], Any], obj: Any, cls: type, check: Callable[[
     whose items are all tensors of classes seen before (``cached_owner``), without the walk: what
     the walk gives for it (each item a leaf, ``check`` per adapter first, the container rebuilt);
     :data:`_NOT_FLAT` for anything else (the walk takes it)."""
-    items = list(obj.values()) if cls is dict else obj
+    if cls is dict:
+        keys = list(obj)  # (read once: the rebuilt dict pairs each key with its own value's result)
+        items = [obj[k] for k in keys]
+    else:
+        items = obj if cls is tuple else list(obj)  # (a list read once, as the walk reads it)
     if not items or len(items) > RESIDENT_MAX:
         return _NOT_FLAT
     owners: dict[int, Backend] = {}
@@ -335,7 +339,7 @@ def _flat_map(leaf: Callable[[Any], Any], obj: Any, cls: type, check: Callable[[
         return res
     if cls is tuple:
         return tuple(res)
-    return dict(zip(obj.keys(), res))
+    return dict(zip(keys, res))
 
 
 def _classify(x: Any, path: tuple[Any, ...], what: str, modules: bool, is_leaf: Callable[[Any], bool] | None,

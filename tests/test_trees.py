@@ -254,3 +254,25 @@ def test_to_host_of_one_tensor_and_of_a_flat_list_gives_arrays() -> None:
     assert type(md.to_host(a)) is np.ndarray and md.to_host(a).tolist() == [0, 1, 2, 3]
     got = md.to_host([a, md.ones(2, device="cpu:1"), a])
     assert [type(x) for x in got] == [np.ndarray] * 3 and got[0] is got[2] and got[1].tolist() == [1, 1]
+
+
+def test_a_flat_container_is_read_once_before_any_call() -> None:
+    """A dict or list changed while its tensors are mapped (another thread, a leaf call with side
+    effects) gives each result under its own key, from the container as it was read."""
+    from multidev.trees import tree_map
+
+    ts = {k: np.full(1, float(i)) for i, k in enumerate("abc")}
+    for t in ts.values():
+        md.device_of(t), md.device_of(t)  # the class's owner is cached: the walk is skipped
+    d = dict(ts)
+
+    def leaf(t: Any) -> Any:
+        v = d.pop("a")  # re-inserted last: the dict's order changes mid-call
+        d["a"] = v
+        return t + 10
+
+    out = tree_map(leaf, d, "x")
+    assert {k: float(v[0]) for k, v in out.items()} == {"a": 10.0, "b": 11.0, "c": 12.0}
+    xs = [ts["a"], ts["b"]]
+    out_l = tree_map(lambda t: xs.append(t) or t, xs, "x")
+    assert len(out_l) == 2

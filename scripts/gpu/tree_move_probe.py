@@ -1,0 +1,71 @@
+"""Where md.to of a JAX pytree spends its time on a real host -> GPU move (issue 36's LeNet row: 1.33-1.44x
+``jax.device_put(tree, device)`` on an H100 after round 17's one-call move): D2L's LeNet parameters (a
+dict per layer, on JAX's CPU device) put on gpu:0 by ``md.to``, by ``jax.device_put`` of the tree, of
+its leaves as a list and leaf by leaf, and by the adapter's ``move_all`` alone; every variant once per
+round in turn, the result waited for, medians of 300 rounds; then cProfiles of md.to (top 30 by own and
+by cumulative time). ``--device cpu:1`` runs it between two virtual CPU devices instead.
+
+    python scripts/gpu/tree_move_probe.py [--device gpu:0]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--device", default="gpu:0")
+ap.add_argument("--rounds", type=int, default=300)
+args = ap.parse_args()
+if args.device.startswith("cpu"):
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import multidev as md  # noqa: E402
+
+b = md.backend("jax")
+target = md.device(args.device)
+dst = b.to_native_device(target)
+host = b.to_native_device(md.device("cpu:0"))
+rng = np.random.default_rng(0)
+shapes = {"conv1": (6, 1, 5, 5), "conv2": (16, 6, 5, 5), "fc1": (400, 120), "fc2": (120, 84), "fc3": (84, 10)}
+tree = jax.device_put({k: {"w": rng.normal(size=s).astype(np.float32), "b": np.zeros(s[0] if len(s) == 4 else s[1],
+                                                                                    np.float32)}
+                       for k, s in shapes.items()}, host)
+leaves = jax.tree_util.tree_leaves(tree)
+variants = {
+    "md.to(tree, device)": lambda: md.to(tree, target),
+    "jax.device_put(tree, device)": lambda: jax.device_put(tree, dst),
+    "jax.device_put(leaves, device)": lambda: jax.device_put(leaves, dst),
+    "[jax.device_put(leaf, device) ...]": lambda: [jax.device_put(x, dst) for x in leaves],
+    "b.move_all(leaves, device)": lambda: b.move_all(leaves, target),
+}
+times: dict[str, list[float]] = {k: [] for k in variants}
+for _ in range(20):
+    for f in variants.values():
+        jax.block_until_ready(f())
+for _ in range(args.rounds):
+    for k, f in variants.items():
+        t = time.perf_counter()
+        jax.block_until_ready(f())
+        times[k].append(time.perf_counter() - t)
+base = statistics.median(times["jax.device_put(tree, device)"])
+print(f"{len(leaves)} leaves, cpu:0 -> {target}, median of {args.rounds} alternating rounds:")
+for k, v in times.items():
+    m = statistics.median(v)
+    print(f"  {m * 1e6:9.1f} us  ({m / base:4.2f}x the tree put)  {k}")
+for sort in ("tottime", "cumulative"):
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(200):
+        jax.block_until_ready(md.to(tree, target))
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats(sort).print_stats(30)
+    print(s.getvalue())
