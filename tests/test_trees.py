@@ -200,7 +200,7 @@ def test_a_flat_container_of_tensors_maps_as_the_walk_does(make: Any) -> None:
     """A plain list, tuple or dict of tensors skips the walk (``_flat_map``) and gives what the walk
     gives: a tensor reached twice called once and one object, ``check`` once per adapter first, the
     container rebuilt; ``batch`` gets the distinct tensors once, in order."""
-    from multidev.trees import _flat_map, _NOT_FLAT, tree_map
+    from multidev.trees import _NOT_FLAT, _flat_map, tree_map
 
     a, b = md.ones(2, device="cpu:0", backend="numpy"), md.zeros(3, device="cpu:0", backend="numpy")
     md.device_of(a)  # the class's owner is known from here on
