@@ -356,14 +356,15 @@ def _classify(x: Any, path: tuple[Any, ...], what: str, modules: bool, is_leaf: 
         b = get_backend(x.backend)
         owners[id(b)] = b
         return _LEAF, x
-    try:
-        b = backend_of(x)
-    except UnsupportedTensorError:
-        pass
-    else:
-        owners[id(b)] = b
-        return _LEAF, x
     cls = type(x)
+    if cls is not dict and cls is not list and cls is not tuple:  # (Python's own containers are no tensors)
+        try:
+            b = backend_of(x)
+        except UnsupportedTensorError:
+            pass
+        else:
+            owners[id(b)] = b
+            return _LEAF, x
     if isinstance(x, list) and not _framework_node(x):
         kids.extend((v, (*path, i), inside) for i, v in enumerate(x))
         return _LIST, cls

@@ -5,7 +5,8 @@
 #   1. the models suite (md.to(model) resident and a real move, cpu:0 <-> gpu:0, against module.to and
 #      jax.device_put(tree, device); the train steps) for each backend of BACKENDS (default jax,torch),
 #      checkout OLD (default $REPO/.old) and this one alternated ROUNDS (default 2) times, a fresh process
-#      each, into $OUT/models-BACKEND-{old,new}-I.{md,json};
+#      each, into models-BACKEND-{old,new}-I.{txt,md,json} of $OUT/round17.tgz (one file: the lent machine
+#      hands back a few files only);
 #   2. the suite's checks of this change on cpu:0,gpu:0: structures, every dtype's move, to_numpy.
 #   OUT=/path/to/out bash scripts/gpu/round17.sh
 set -uo pipefail
@@ -23,6 +24,8 @@ cd "$REPO"
 OLD=${OLD:-$REPO/.old}
 [ -d "$OLD/multidev" ] || { stamp "no $OLD/multidev (carry .old, or set OLD)"; exit 1; }
 S_OLD=$(bash scripts/bench/shadow_tree.sh "$OLD") && S_NEW=$(bash scripts/bench/shadow_tree.sh "$REPO") || exit 1
+W="$OUT/w" && rm -rf "$W" && mkdir -p "$W"
+trap 'tar czf "$OUT/round17.tgz" -C "$W" . && rm -rf "$W"' EXIT
 IFS=, read -r -a backends <<< "${BACKENDS:-jax,torch}"
 stamp "1. the models suite, $OLD against this checkout"
 for i in $(seq "${ROUNDS:-2}"); do
@@ -30,10 +33,10 @@ for i in $(seq "${ROUNDS:-2}"); do
     for t in old new; do
       S=$S_OLD; [ $t = new ] && S=$S_NEW
       stamp "round $i, $b, $t"
-      (cd "$OUT" && PYTHONPATH=$S timeout -k 5 "${CAP:-150}" "$PY" -m multidev.cli bench --backend "$b" --suite models \
+      (cd "$W" && PYTHONPATH=$S timeout -k 5 "${CAP:-150}" "$PY" -m multidev.cli bench --backend "$b" --suite models \
         --device cpu:0,gpu:0 --no-progress --json "models-$b-$t-$i.json" --markdown "models-$b-$t-$i.md" \
         > "models-$b-$t-$i.txt" 2>&1); echo "exit $?"
-      grep -E "^(met|MISSED) +md.to\(model\)" "$OUT/models-$b-$t-$i.txt"
+      grep -E -A2 "^(met|MISSED|UNSTABLE) +md.to\(model\) move" "$W/models-$b-$t-$i.txt"
     done
   done
 done
