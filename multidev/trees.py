@@ -191,9 +191,9 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
         raise UnsupportedTensorError(f"{what}: got None, not a tensor or a structure of tensors")
     cls = obj.__class__
     if (cls is list or cls is tuple or cls is dict) and is_leaf is None:
-        flat = _flat_map(leaf, obj, cls, check, batch, what)
-        if flat is not _NOT_FLAT:
-            return flat
+        plain = _plain_map(leaf, obj, check, batch, what)
+        if plain is not _NOT_FLAT:
+            return plain
     # -- 1. flatten: nodes in pre-order (a node's children follow it), nothing called yet ------------
     kinds: list[int] = []
     payload: list[Any] = []
@@ -294,52 +294,69 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
 _NOT_FLAT: Any = object()
 
 
-def _flat_map(leaf: Callable[[Any], Any], obj: Any, cls: type, check: Callable[[Backend], Any] | None,
-              batch: Callable[[list[Any]], list[Any]] | None, what: str) -> Any:
-    """:func:`tree_map` of a plain list, tuple or dict (not empty, at most :data:`RESIDENT_MAX` items)
-    whose items are all tensors of classes seen before (``cached_owner``), without the walk: what
-    the walk gives for it (each item a leaf, ``check`` per adapter first, the container rebuilt);
-    :data:`_NOT_FLAT` for anything else (the walk takes it)."""
-    if cls is dict:
-        keys = list(obj)  # (read once: the rebuilt dict pairs each key with its own value's result)
-        items = [obj[k] for k in keys]
-    else:
-        items = obj if cls is tuple else list(obj)  # (a list read once, as the walk reads it)
-    if not items or len(items) > RESIDENT_MAX:
-        return _NOT_FLAT
+def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], Any] | None,
+               batch: Callable[[list[Any]], list[Any]] | None, what: str) -> Any:
+    """:func:`tree_map` of Python's own lists, tuples and dicts, nested (at most :data:`RESIDENT_MAX`
+    nodes), whose leaves are all tensors of classes seen before (``cached_owner``), without the walk's
+    bookkeeping (paths, node tables): what the walk gives for it (``check`` per adapter first, each
+    distinct tensor once in pre-order, a tied tensor one object, every container rebuilt as its own
+    type); :data:`_NOT_FLAT` for anything else (the walk takes it, and names what it refuses). Each
+    container is read once."""
+    shape: list[Any] = []  # pre-order: (type, item count, a dict's keys) per container, None per tensor
+    found: list[Any] = []  # the tensors, each occurrence, in pre-order
     owners: dict[int, Backend] = {}
-    for t in items:
-        b = cached_owner(t.__class__)
-        if b is None or t.__class__ is ShardedTensor:
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        cls = x.__class__
+        if cls is dict:
+            keys = list(x)
+            vals = [x[k] for k in keys]
+            shape.append((cls, len(vals), keys))
+            stack.extend(reversed(vals))
+        elif cls is list or cls is tuple:
+            vals = list(x)
+            shape.append((cls, len(vals), None))
+            stack.extend(reversed(vals))
+        else:
+            b = cached_owner(cls)
+            if b is None or cls is ShardedTensor:
+                return _NOT_FLAT
+            owners[id(b)] = b
+            shape.append(None)
+            found.append(x)
+        if len(shape) > RESIDENT_MAX:  # (a circular structure ends here too: the walk names it)
             return _NOT_FLAT
-        owners[id(b)] = b
+    if not found:
+        return _NOT_FLAT
     if check is not None:
         for b in owners.values():
             check(b)
+    at: dict[int, int] = {}
+    xs: list[Any] = []
+    for t in found:
+        if id(t) not in at:
+            at[id(t)] = len(xs)
+            xs.append(t)
     if batch is not None:
-        at: dict[int, int] = {}
-        xs: list[Any] = []
-        for t in items:
-            if id(t) not in at:
-                at[id(t)] = len(xs)
-                xs.append(t)
         ys = batch(xs)
         if len(ys) != len(xs):
             raise RuntimeError(f"{what}: the batched call gave {len(ys)} results for {len(xs)} tensors")
-        res = [ys[at[id(t)]] for t in items]
     else:
-        memo: dict[int, Any] = {}
-        res = []
-        for t in items:
-            hit = memo.get(id(t))
-            if hit is None:
-                hit = memo[id(t)] = (leaf(t),)  # (items keep t alive, so its id stays unique during the call)
-            res.append(hit[0])
-    if cls is list:
-        return res
-    if cls is tuple:
-        return tuple(res)
-    return dict(zip(keys, res))
+        ys = [leaf(t) for t in xs]
+    # rebuilt children before parents: a container's items are the top of the stack, first item on top
+    built: list[Any] = []
+    i = len(found)
+    for node in reversed(shape):
+        if node is None:
+            i -= 1
+            built.append(ys[at[id(found[i])]])
+            continue
+        cls, n, keys = node
+        items = built[len(built) - n:][::-1] if n else []
+        del built[len(built) - n:]
+        built.append(items if cls is list else tuple(items) if cls is tuple else dict(zip(keys, items)))
+    return built[0]
 
 
 def _classify(x: Any, path: tuple[Any, ...], what: str, modules: bool, is_leaf: Callable[[Any], bool] | None,

@@ -197,15 +197,15 @@ def test_to_of_a_resident_tuple_or_list_walks_nothing(monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize("make", [list, tuple, lambda xs: {f"k{i}": x for i, x in enumerate(xs)}])
 def test_a_flat_container_of_tensors_maps_as_the_walk_does(make: Any) -> None:
-    """A plain list, tuple or dict of tensors skips the walk (``_flat_map``) and gives what the walk
+    """A plain list, tuple or dict of tensors skips the walk (``_plain_map``) and gives what the walk
     gives: a tensor reached twice called once and one object, ``check`` once per adapter first, the
     container rebuilt; ``batch`` gets the distinct tensors once, in order."""
-    from multidev.trees import _NOT_FLAT, _flat_map, tree_map
+    from multidev.trees import _NOT_FLAT, _plain_map, tree_map
 
     a, b = md.ones(2, device="cpu:0", backend="numpy"), md.zeros(3, device="cpu:0", backend="numpy")
     md.device_of(a)  # the class's owner is known from here on
     obj = make([a, b, a])
-    assert _flat_map(lambda t: t, obj, type(obj), None, None, "x") is not _NOT_FLAT
+    assert _plain_map(lambda t: t, obj, None, None, "x") is not _NOT_FLAT
     calls: list[Any] = []
     checked: list[Any] = []
     out = tree_map(lambda t: calls.append(t) or t + 1, obj, "x", check=checked.append)
@@ -276,3 +276,26 @@ def test_a_flat_container_is_read_once_before_any_call() -> None:
     xs = [ts["a"], ts["b"]]
     out_l = tree_map(lambda t: xs.append(t) or t, xs, "x")
     assert len(out_l) == 2
+
+
+def test_nested_plain_containers_map_as_the_walk_does() -> None:
+    """Python's own lists, tuples and dicts nested (empty ones too) skip the walk and give what it
+    gives: the same types, keys in their order, a tied tensor one object, each tensor called once in
+    pre-order; anything else inside (None, a named tuple) takes the walk."""
+    from multidev.trees import _NOT_FLAT, _plain_map, tree_map
+
+    a, b = np.ones(2), np.zeros(3)
+    md.device_of(a), md.device_of(a)  # the class's owner is cached
+    objs = [{"z": [a, (b, a)], "y": {}, "x": ([], {"k": b})}, [[a], (b,), {"q": a}], (a, [b, [a, (b,)]])]
+    for obj in objs:
+        order: list[Any] = []
+        fast = tree_map(order.append, obj, "x")
+        walk = tree_map(lambda t: t * 2, obj, "x", is_leaf=lambda v: False)  # (is_leaf: the walk)
+        assert _plain_map(lambda t: t, obj, None, None, "x") is not _NOT_FLAT
+        assert repr(tree_map(lambda t: t * 2, obj, "x")) == repr(walk)
+        assert [id(t) for t in order] == [id(a), id(b)] and fast is not obj
+    tied = tree_map(lambda t: t + 1, {"p": [a, a], "q": (a,)}, "x")
+    assert tied["p"][0] is tied["p"][1] is tied["q"][0]
+    assert list(tree_map(lambda t: t, {"z": a, "a": b}, "x")) == ["z", "a"]
+    for other in ([a, None], [P(a, b)], [a, [None]], {"k": [a, "s"]}):
+        assert _plain_map(lambda t: t, other, None, None, "x") is _NOT_FLAT

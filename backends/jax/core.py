@@ -300,11 +300,21 @@ class JaxCore(BaseBackend):
         out: list[Any] = [None] * len(xs)
         at: list[int] = []
         plain: list[Any] = []
+        to_host = device.kind == "cpu"
+        direct: set[Any] = set()  # (to a host device) shardings whose arrays take no route of their own
         for i, x in enumerate(xs):
+            if to_host:  # the host routes depend on the array's sharding alone
+                sh = x.sharding
+                if sh in direct:
+                    at.append(i)
+                    plain.append(x)
+                    continue
             y = self._routed_move(x, device, native)
             if y is None:
                 at.append(i)
                 plain.append(x)
+                if to_host:
+                    direct.add(sh)
             else:
                 out[i] = y
         if plain:

@@ -5,6 +5,7 @@ blocking moves share: copies into the ``pinned_host`` memory kind, and large pag
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -77,7 +78,9 @@ class JaxTransfers(Concern, SupportsNonBlocking):
         """A large host array ``x`` (on a CPU device) put on accelerator ``device`` through the staged
         upload (read before this returns), or None where the plain ``device_put`` applies."""
         jax = self.core.jax
-        if device.kind == "cpu" or x.nbytes < self.core.staging.threshold or x.ndim == 0 \
+        threshold = self.core.staging.threshold
+        # (16 bytes an element at most: JAX's nbytes, a Python property, read only near the threshold)
+        if device.kind == "cpu" or math.prod(x.shape) * 16 < threshold or x.nbytes < threshold or x.ndim == 0 \
                 or jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):  # PRNG keys: no NumPy view
             return None
         ds = x.sharding.device_set
