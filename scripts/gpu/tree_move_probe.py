@@ -20,6 +20,8 @@ import time
 ap = argparse.ArgumentParser()
 ap.add_argument("--device", default="gpu:0")
 ap.add_argument("--rounds", type=int, default=300)
+ap.add_argument("--bench-sync", action="store_true", help="as the bench samples: every device synchronized by the "
+                "adapter around each sample, the garbage collector off, torch loaded")
 args = ap.parse_args()
 if args.device.startswith("cpu"):
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
@@ -28,6 +30,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import multidev as md  # noqa: E402
+
+if args.bench_sync:
+    import gc
+
+    import torch  # noqa: F401
+    md.backend("torch")
 
 b = md.backend("jax")
 target = md.device(args.device)
@@ -50,11 +58,27 @@ times: dict[str, list[float]] = {k: [] for k in variants}
 for _ in range(20):
     for f in variants.values():
         jax.block_until_ready(f())
+devs = [md.device("cpu:0"), target]
+
+
+def sync() -> None:
+    if args.bench_sync:
+        for d in devs:
+            b.synchronize(d)
+
+
+if args.bench_sync:
+    gc.collect()
+    gc.disable()
 for _ in range(args.rounds):
     for k, f in variants.items():
+        sync()
         t = time.perf_counter()
-        jax.block_until_ready(f())
+        r = f()
+        jax.block_until_ready(r)
+        sync()
         times[k].append(time.perf_counter() - t)
+        del r
 base = statistics.median(times["jax.device_put(tree, device)"])
 print(f"{len(leaves)} leaves, cpu:0 -> {target}, median of {args.rounds} alternating rounds:")
 for k, v in times.items():
