@@ -306,18 +306,22 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
     found: list[Any] = []  # the tensors, each occurrence, in pre-order
     owners: dict[int, Backend] = {}
     stack = [obj]
+    depth = [0]  # (each stacked item's: the walk's limit, MAX_DEPTH, applies)
     while stack:
         x = stack.pop()
+        d = depth.pop()
         cls = x.__class__
-        if cls is dict:
-            keys = list(x)
-            vals = [x[k] for k in keys]
+        if cls is dict or cls is list or cls is tuple:
+            if d >= MAX_DEPTH:
+                return _NOT_FLAT
+            if cls is dict:
+                keys = list(x)
+                vals = [x[k] for k in keys]
+            else:
+                keys, vals = None, list(x)
             shape.append((cls, len(vals), keys))
             stack.extend(reversed(vals))
-        elif cls is list or cls is tuple:
-            vals = list(x)
-            shape.append((cls, len(vals), None))
-            stack.extend(reversed(vals))
+            depth.extend([d + 1] * len(vals))
         else:
             b = cached_owner(cls)
             if b is None or cls is ShardedTensor:
