@@ -756,30 +756,27 @@ def _moved_all(xs: list[Any], dev: Device) -> list[Any]:
     out: list[Any] = [None] * len(xs)
     groups: dict[int, tuple[Any, list[int], list[Any]]] = {}  # adapter, where, its tensors
     cls: Any = None
-    group: Any = None
+    b: Any = None
     for i, x in enumerate(xs):
-        if x.__class__ is not cls:  # (a structure's tensors are mostly of one class)
-            cls = x.__class__
+        if type(x) is not cls:  # (a structure's tensors are mostly of one class)
+            cls = type(x)
             b = cached_owner(cls)
-            if b is None or getattr(b, "move_all", None) is None:
-                group = None
-            else:
-                group = groups.get(id(b))
-                if group is None:
-                    group = groups[id(b)] = (b, [], [])
-        if group is not None:
+            if b is not None and getattr(b, "move_all", None) is None:
+                b = None
+        if b is not None:
             try:
-                here: Device | None = group[0].device_of(x)
+                here: Device | None = b.device_of(x)
             except MultidevError:  # no single device (a framework's sharded array): to() gathers it
                 here = None
             if here is not None and here is not dev:
+                group = groups.get(id(b))
+                if group is None:  # (the adapters' calls in the order of their first tensor to move)
+                    group = groups[id(b)] = (b, [], [])
                 group[1].append(i)
                 group[2].append(x)
                 continue
         out[i] = to(x, dev)
     for b, at, ts in groups.values():
-        if not ts:
-            continue
         if len(ts) == 1:
             out[at[0]] = to(ts[0], dev)
             continue

@@ -189,9 +189,11 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
     nor a deep caller leaks RecursionError."""
     if obj is None:
         raise UnsupportedTensorError(f"{what}: got None, not a tensor or a structure of tensors")
-    cls = obj.__class__
+    cls = type(obj)
     if (cls is list or cls is tuple or cls is dict) and is_leaf is None:
-        plain = _plain_map(leaf, obj, check, batch, what)
+        plain = _flat_map(leaf, obj, cls, check, batch, what)
+        if plain is _NESTED:
+            plain = _plain_map(leaf, obj, check, batch, what)
         if plain is not _NOT_FLAT:
             return plain
     # -- 1. flatten: nodes in pre-order (a node's children follow it), nothing called yet ------------
@@ -292,6 +294,57 @@ def tree_map(leaf: Callable[[Any], Any], obj: Any, what: str, *,
 
 
 _NOT_FLAT: Any = object()
+_NESTED: Any = object()
+
+
+def _flat_map(leaf: Callable[[Any], Any], obj: Any, cls: type, check: Callable[[Backend], Any] | None,
+              batch: Callable[[list[Any]], list[Any]] | None, what: str) -> Any:
+    """:func:`tree_map` of a plain list, tuple or dict (not empty, at most :data:`RESIDENT_MAX` items)
+    whose items are all tensors of classes seen before (``cached_owner``), without the walk: what
+    the walk gives for it (each item a leaf, ``check`` per adapter first, the container rebuilt);
+    :data:`_NESTED` where an item is one of Python's own containers (:func:`_plain_map` takes it),
+    :data:`_NOT_FLAT` for anything else (the walk takes it)."""
+    if cls is dict:
+        keys = list(obj)  # (read once: the rebuilt dict pairs each key with its own value's result)
+        items = [obj[k] for k in keys]
+    else:
+        items = obj if cls is tuple else list(obj)  # (a list read once, as the walk reads it)
+    if not items or len(items) > RESIDENT_MAX:
+        return _NOT_FLAT
+    owners: dict[int, Backend] = {}
+    for t in items:
+        c = type(t)
+        b = cached_owner(c)
+        if b is None or c is ShardedTensor:
+            return _NESTED if c is dict or c is list or c is tuple else _NOT_FLAT
+        owners[id(b)] = b
+    if check is not None:
+        for b in owners.values():
+            check(b)
+    if batch is not None:
+        at: dict[int, int] = {}
+        xs: list[Any] = []
+        for t in items:
+            if id(t) not in at:
+                at[id(t)] = len(xs)
+                xs.append(t)
+        ys = batch(xs)
+        if len(ys) != len(xs):
+            raise RuntimeError(f"{what}: the batched call gave {len(ys)} results for {len(xs)} tensors")
+        res = [ys[at[id(t)]] for t in items]
+    else:
+        memo: dict[int, Any] = {}
+        res = []
+        for t in items:
+            hit = memo.get(id(t))
+            if hit is None:
+                hit = memo[id(t)] = (leaf(t),)  # (items keep t alive, so its id stays unique during the call)
+            res.append(hit[0])
+    if cls is list:
+        return res
+    if cls is tuple:
+        return tuple(res)
+    return dict(zip(keys, res))
 
 
 def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], Any] | None,
@@ -310,7 +363,7 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
     while stack:
         x = stack.pop()
         d = depth.pop()
-        cls = x.__class__
+        cls = type(x)
         if cls is dict or cls is list or cls is tuple:
             if d >= MAX_DEPTH:
                 return _NOT_FLAT
