@@ -318,33 +318,36 @@ def _flat_map(leaf: Callable[[Any], Any], obj: Any, cls: type, check: Callable[[
         if b is None or c is ShardedTensor:
             return _NESTED if c is dict or c is list or c is tuple else _NOT_FLAT
         owners[id(b)] = b
-    if check is not None:
-        for b in owners.values():
-            check(b)
-    if batch is not None:
-        at: dict[int, int] = {}
-        xs: list[Any] = []
-        for t in items:
-            if id(t) not in at:
-                at[id(t)] = len(xs)
-                xs.append(t)
-        ys = batch(xs)
-        if len(ys) != len(xs):
-            raise RuntimeError(f"{what}: the batched call gave {len(ys)} results for {len(xs)} tensors")
-        res = [ys[at[id(t)]] for t in items]
-    else:
-        memo: dict[int, Any] = {}
-        res = []
-        for t in items:
-            hit = memo.get(id(t))
-            if hit is None:
-                hit = memo[id(t)] = (leaf(t),)  # (items keep t alive, so its id stays unique during the call)
-            res.append(hit[0])
+    res = _leaf_results(leaf, items, owners, check, batch, what)
     if cls is list:
         return res
     if cls is tuple:
         return tuple(res)
     return dict(zip(keys, res))
+
+
+def _leaf_results(leaf: Callable[[Any], Any], found: list[Any], owners: dict[int, Backend],
+                  check: Callable[[Backend], Any] | None, batch: Callable[[list[Any]], list[Any]] | None,
+                  what: str) -> list[Any]:
+    """The fast paths' calls: ``check`` once per adapter of ``owners``, then the result of each of
+    ``found`` (tensors in pre-order, a tensor reached twice once): ``leaf`` once per distinct tensor,
+    in order, or ``batch`` once with them all; one result per item of ``found``."""
+    if check is not None:
+        for b in owners.values():
+            check(b)
+    at: dict[int, int] = {}
+    xs: list[Any] = []
+    for t in found:
+        if id(t) not in at:
+            at[id(t)] = len(xs)
+            xs.append(t)
+    if batch is not None:
+        ys = batch(xs)
+        if len(ys) != len(xs):
+            raise RuntimeError(f"{what}: the batched call gave {len(ys)} results for {len(xs)} tensors")
+    else:
+        ys = [leaf(t) for t in xs]
+    return [ys[at[id(t)]] for t in found]
 
 
 def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], Any] | None,
@@ -386,28 +389,14 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
             return _NOT_FLAT
     if not found:
         return _NOT_FLAT
-    if check is not None:
-        for b in owners.values():
-            check(b)
-    at: dict[int, int] = {}
-    xs: list[Any] = []
-    for t in found:
-        if id(t) not in at:
-            at[id(t)] = len(xs)
-            xs.append(t)
-    if batch is not None:
-        ys = batch(xs)
-        if len(ys) != len(xs):
-            raise RuntimeError(f"{what}: the batched call gave {len(ys)} results for {len(xs)} tensors")
-    else:
-        ys = [leaf(t) for t in xs]
+    res = _leaf_results(leaf, found, owners, check, batch, what)
     # rebuilt children before parents: a container's items are the top of the stack, first item on top
     built: list[Any] = []
     i = len(found)
     for node in reversed(shape):
         if node is None:
             i -= 1
-            built.append(ys[at[id(found[i])]])
+            built.append(res[i])
             continue
         cls, n, keys = node
         items = built[len(built) - n:][::-1] if n else []
