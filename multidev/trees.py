@@ -329,29 +329,37 @@ def _flat_map(leaf: Callable[[Any], Any], obj: Any, cls: type, check: Callable[[
 def _leaf_results(leaf: Callable[[Any], Any], found: list[Any], owners: dict[int, Backend],
                   check: Callable[[Backend], Any] | None, batch: Callable[[list[Any]], list[Any]] | None,
                   what: str) -> list[Any]:
-    """The fast paths' calls: ``check`` once per adapter of ``owners``, then the result of each of
-    ``found`` (tensors in pre-order, a tensor reached twice once): ``leaf`` once per distinct tensor,
-    in order, or ``batch`` once with them all; one result per item of ``found``."""
-    if check is not None:
-        for b in owners.values():
-            check(b)
+    """The flat path's calls: each of ``found`` (tensors in order) deduplicated, then :func:`_calls`;
+    one result per item of ``found``."""
     at: dict[int, int] = {}
     xs: list[Any] = []
     for t in found:
         if id(t) not in at:
             at[id(t)] = len(xs)
             xs.append(t)
-    if batch is not None:
-        ys = batch(xs)
-        if len(ys) != len(xs):
-            raise RuntimeError(f"{what}: the batched call gave {len(ys)} results for {len(xs)} tensors")
-    else:
-        ys = [leaf(t) for t in xs]
+    ys = _calls(leaf, xs, owners, check, batch, what)
     return [ys[at[id(t)]] for t in found]
 
 
+def _calls(leaf: Callable[[Any], Any], xs: list[Any], owners: dict[int, Backend],
+           check: Callable[[Backend], Any] | None, batch: Callable[[list[Any]], list[Any]] | None,
+           what: str) -> list[Any]:
+    """The fast paths' calls: ``check`` once per adapter of ``owners``, then the result of each of
+    ``xs`` (distinct tensors, in pre-order): ``leaf`` once each, in order, or ``batch`` once with them
+    all."""
+    if check is not None:
+        for b in owners.values():
+            check(b)
+    if batch is None:
+        return [leaf(t) for t in xs]
+    ys = batch(xs)
+    if len(ys) != len(xs):
+        raise RuntimeError(f"{what}: the batched call gave {len(ys)} results for {len(xs)} tensors")
+    return ys
+
+
 def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], Any] | None,
-               batch: Callable[[list[Any]], list[Any]] | None, what: str) -> Any:
+               batch: Callable[[list[Any]], list[Any]] | None, what: str, deep: bool = False) -> Any:
     """:func:`tree_map` of Python's own lists, tuples and dicts, nested (at most :data:`RESIDENT_MAX`
     nodes), whose leaves are all tensors of classes seen before (``cached_owner``), without the walk's
     bookkeeping (paths, node tables): what the walk gives for it (``check`` per adapter first, each
@@ -359,17 +367,23 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
     type); :data:`_NOT_FLAT` for anything else (the walk takes it, and names what it refuses). Each
     container is read once."""
     shape: list[Any] = []  # pre-order: (type, item count, a dict's keys) per container, None per tensor
-    found: list[Any] = []  # the tensors, each occurrence, in pre-order
+    xs: list[Any] = []  # the distinct tensors, in pre-order
+    at: dict[int, int] = {}  # id -> index in xs
+    slots: list[int] = []  # each tensor occurrence's index in xs, in pre-order
     owners: dict[int, Backend] = {}
+    seen: Any = None  # the last tensor class looked up (a structure's tensors are mostly of one class)
+    containers = 0
     stack = [obj]
-    depth = [0]  # (each stacked item's: the walk's limit, MAX_DEPTH, applies)
+    # (the walk's depth limit, MAX_DEPTH, applies: depths are tracked only in a structure of more than
+    # MAX_DEPTH containers, as no smaller one can be deeper; a larger one is walked again tracking them)
+    depth: list[int] | None = [0] if deep else None
+    d = 0
     while stack:
         x = stack.pop()
-        d = depth.pop()
+        if depth is not None:
+            d = depth.pop()
         cls = type(x)
         if cls is dict or cls is list or cls is tuple:
-            if d >= MAX_DEPTH:
-                return _NOT_FLAT
             if cls is dict:
                 keys = list(x)
                 vals = [x[k] for k in keys]
@@ -377,26 +391,40 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
                 keys, vals = None, list(x)
             shape.append((cls, len(vals), keys))
             stack.extend(reversed(vals))
-            depth.extend([d + 1] * len(vals))
+            if depth is not None:
+                if d >= MAX_DEPTH:
+                    return _NOT_FLAT
+                depth.extend([d + 1] * len(vals))
+            else:
+                containers += 1
+                if containers > MAX_DEPTH:
+                    return _plain_map(leaf, obj, check, batch, what, deep=True)
         else:
-            b = cached_owner(cls)
-            if b is None or cls is ShardedTensor:
-                return _NOT_FLAT
-            owners[id(b)] = b
+            if cls is not seen:
+                b = cached_owner(cls)
+                if b is None or cls is ShardedTensor:
+                    return _NOT_FLAT
+                owners[id(b)] = b
+                seen = cls
+            k = id(x)
+            j = at.get(k)
+            if j is None:
+                j = at[k] = len(xs)
+                xs.append(x)
+            slots.append(j)
             shape.append(None)
-            found.append(x)
         if len(shape) > RESIDENT_MAX:  # (a circular structure ends here too: the walk names it)
             return _NOT_FLAT
-    if not found:
+    if not xs:
         return _NOT_FLAT
-    res = _leaf_results(leaf, found, owners, check, batch, what)
+    ys = _calls(leaf, xs, owners, check, batch, what)
     # rebuilt children before parents: a container's items are the top of the stack, first item on top
     built: list[Any] = []
-    i = len(found)
+    i = len(slots)
     for node in reversed(shape):
         if node is None:
             i -= 1
-            built.append(res[i])
+            built.append(ys[slots[i]])
             continue
         cls, n, keys = node
         items = built[len(built) - n:][::-1] if n else []

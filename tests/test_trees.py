@@ -299,3 +299,29 @@ def test_nested_plain_containers_map_as_the_walk_does() -> None:
     assert list(tree_map(lambda t: t, {"z": a, "a": b}, "x")) == ["z", "a"]
     for other in ([a, None], [P(a, b)], [a, [None]], {"k": [a, "s"]}):
         assert _plain_map(lambda t: t, other, None, None, "x") is _NOT_FLAT
+
+
+def test_the_nested_path_keeps_the_depth_limit_past_its_container_count() -> None:
+    """``_plain_map`` counts depths only in a structure of more than MAX_DEPTH containers (no smaller
+    one can be deeper): a wide one of many containers still maps, a chain deeper than the limit (with
+    many containers beside it, so the count is passed before the chain is reached) still goes to the
+    walk, which refuses it by name."""
+    from multidev.trees import _NOT_FLAT, MAX_DEPTH, _plain_map, tree_map
+
+    a = np.ones(2)
+    md.device_of(a)
+    wide = [{"w": a, "b": (a,)} for _ in range(3 * MAX_DEPTH)]
+    got = tree_map(lambda t: t, wide, "x")
+    assert len(got) == len(wide) and got[-1]["b"][0] is a
+    assert _plain_map(lambda t: t, wide, None, None, "x") is not _NOT_FLAT
+    chain: Any = [a]
+    for _ in range(MAX_DEPTH + 5):
+        chain = [chain]
+    for deep in (chain, [*[(a,)] * (2 * MAX_DEPTH), chain], [chain, *[(a,)] * (2 * MAX_DEPTH)]):
+        assert _plain_map(lambda t: t, deep, None, None, "x") is _NOT_FLAT
+        with pytest.raises(md.InvalidArgumentError, match="nested deeper"):
+            md.to(deep, "cpu:1")
+    ok: Any = [a]
+    for _ in range(MAX_DEPTH - 2):
+        ok = [ok]
+    assert _plain_map(lambda t: t, [*[(a,)] * (2 * MAX_DEPTH), ok], None, None, "x") is not _NOT_FLAT
