@@ -7,7 +7,10 @@
 #      checkout OLD (default $REPO/.old) and this one alternated ROUNDS (default 2) times, a fresh process
 #      each, into models-BACKEND-{old,new}-I.{txt,md,json} of $OUT/round17.tgz (one file: the lent machine
 #      hands back a few files only);
-#   2. the suite's checks of this change on cpu:0,gpu:0: structures, every dtype's move, to_numpy.
+#   2. the suite's checks of this change on cpu:0,gpu:0: structures, every dtype's move, to_numpy (CHECKS=0
+#      skips them);
+#   3. with PROBE_INNER="1 20" (round 18), scripts/gpu/tree_move_probe.py on gpu:0 with --inner 1, then 20
+#      (ROUNDS_PROBE rounds, default 200), this checkout, into the same archive.
 #   OUT=/path/to/out bash scripts/gpu/round17.sh
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -40,8 +43,16 @@ for i in $(seq "${ROUNDS:-2}"); do
     done
   done
 done
-stamp "2. the suite's structure, dtype-move and to_numpy checks on cpu:0,gpu:0"
-timeout -k 5 "${CAP2:-240}" "$PY" -m multidev.cli conformance --backend jax,torch --device cpu:0,gpu:0 -- -q \
-  -k "move_keeps_every_dtype or structures_move or to_numpy_gives or start_to_numpy" > "$OUT/conformance.txt" 2>&1
-echo "exit $?"; tail -n 5 "$OUT/conformance.txt"
+if [ "${CHECKS:-1}" = 1 ]; then
+  stamp "2. the suite's structure, dtype-move and to_numpy checks on cpu:0,gpu:0"
+  timeout -k 5 "${CAP2:-240}" "$PY" -m multidev.cli conformance --backend jax,torch --device cpu:0,gpu:0 -- -q \
+    -k "move_keeps_every_dtype or structures_move or to_numpy_gives or start_to_numpy" > "$OUT/conformance.txt" 2>&1
+  echo "exit $?"; tail -n 5 "$OUT/conformance.txt"
+fi
+for n in ${PROBE_INNER:-}; do
+  stamp "3. the tree move probe on gpu:0, --inner $n"
+  (cd "$W" && PYTHONPATH=$S_NEW timeout -k 5 "${CAP3:-120}" "$PY" "$REPO/scripts/gpu/tree_move_probe.py" --device gpu:0 \
+    --rounds "${ROUNDS_PROBE:-200}" --inner "$n" > "tree-move-gpu-inner$n.txt" 2>&1); echo "exit $?"
+  head -n 8 "$W/tree-move-gpu-inner$n.txt"
+done
 stamp "finished"
