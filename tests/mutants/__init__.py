@@ -61,12 +61,19 @@ def _backend_of(item: pytest.Item) -> str | None:
     return None if cs is None else cs.params.get("md_backend_name")
 
 
+def _selects(s: str, nodeid: str) -> bool:
+    """Whether selection ``s`` takes the check ``nodeid``: each of its words joined by `` and `` is part
+    of the id (``"test_collectives_across_processes and 2procs-torch]"``: that check over 2 processes of
+    the torch engine alone, for the mutant and its control)."""
+    return all(w in nodeid for w in s.split(" and "))
+
+
 def _wanted(item: pytest.Item) -> bool:
     name = _backend_of(item)
     if name in _BY_NAME:
-        return any(s in item.nodeid for s in _BY_NAME[name].select)
+        return any(_selects(s, item.nodeid) for s in _BY_NAME[name].select)
     if name in _UNIONS:
-        return any(s in item.nodeid for s in _UNIONS[name]) and not _other_dtype(item.nodeid)
+        return any(_selects(s, item.nodeid) for s in _UNIONS[name]) and not _other_dtype(item.nodeid)
     return True
 
 

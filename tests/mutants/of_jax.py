@@ -322,7 +322,8 @@ class JaxImportAcceptsCopy(JaxBackend):
 
 
 @mutant("jax", "synchronize waits for the live arrays only (as before issue 21): work whose results were dropped is "
-        "still queued when it returns", ["test_synchronize_waits_for_work_whose_results_were_dropped"])
+        "still queued when it returns",
+        ["test_synchronize_waits_for_work_whose_results_were_dropped and -synchronize(device)]"])
 class JaxSynchronizeLiveOnly(JaxBackend):
     name = "jax_synchronize_live_only"
 
@@ -402,7 +403,7 @@ class _JaxNativeDropsTailCollectives(JaxCollectives):
 
 @mutant("jax", "native_allreduce reduces whole chunks of 2**18 elements and drops the tail of a larger array (its "
         "last numel % 2**18 elements keep each device's own values)",
-        ["test_allreduce_at_sizes_around_every_boundary"])
+        ["test_allreduce_at_sizes_around_every_boundary and -native]"])
 class JaxNativeDropsTail(JaxBackend):
     name = "jax_native_drops_tail"
     collectives = concern(_JaxNativeDropsTailCollectives)

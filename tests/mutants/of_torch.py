@@ -572,7 +572,7 @@ class _TorchDTensorAxesReversedMesh(TorchMesh):
 
 @mutant("torch", "a layout across the torch engine's processes becomes a DTensor whose placements run over the "
         "DeviceMesh's dimensions in reverse: each rank holds the piece of another mesh axis's cut",
-        ["test_collectives_across_processes"], multiprocess=True)
+        ["test_collectives_across_processes and 2procs-torch]"], multiprocess=True)
 class TorchDTensorAxesReversed(TorchBackend):
     name = "torch_dtensor_axes_reversed"
     mesh = concern(_TorchDTensorAxesReversedMesh)
