@@ -7,8 +7,9 @@ Method (applies to every figure):
   apart from the statistics; then ``warmup`` more calls;
 - every device a case involves is synchronized before the clock starts and before it stops
   (except rows that measure dispatch on purpose, which say so);
-- fast calls are batched (``inner`` calls per sample, ~1 ms a sample) and the per-call time is
-  reported; variants of a row are sampled alternately, so drift hits them alike;
+- fast calls are batched (``inner`` calls per sample, ~1 ms a sample, as many in every variant of a
+  row) and the per-call time is reported; variants of a row are sampled alternately, so drift hits
+  them alike;
 - at least ``--reps`` samples (20), or until the ``--budget`` per variant is spent (3 at least);
   median and IQR (q1, q3); raw samples kept in the JSON;
 - one untimed correctness check per row against NumPy;
