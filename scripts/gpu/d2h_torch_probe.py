@@ -7,7 +7,8 @@ rounds (median of ROUNDS, GB/s), so the routes differ only in what they do:
 - ``pinned prealloc, current stream``: the bench's ``native_pinned`` (the bound);
 - ``pinned prealloc, copy stream + events``: the adapter's stream and events, the buffer kept;
 - ``pinned cached, current stream``: a fresh ``torch.empty(pin_memory=True)`` each call, no events;
-- ``pinned cached, copy stream + events``: the adapter's route written out (``_start_download``);
+- ``pinned cached, current stream + event``: the same, waiting on an event recorded after the copy;
+- ``pinned cached, copy stream + events``: the adapter's route (``transfers.start_download``);
 - ``pageable x.cpu()``: torch's own pageable download.
 
     python3 scripts/gpu/d2h_torch_probe.py [--rounds 9] [--sizes-mib 1,4,16,64,256] [--json OUT.json]
@@ -55,8 +56,16 @@ def routes(x: Any) -> dict[str, Callable[[], Any]]:
         torch.cuda.current_stream(dev).synchronize()
         return host
 
+    def cached_current_event() -> Any:
+        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        host.copy_(x, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(dev))
+        done.synchronize()
+        return host
+
     def adapter_route() -> Any:
-        host, waiter = b._start_download(x)  # the adapter's own download (backends/torch/transfers.py)
+        host, waiter = b.transfers.start_download(x)  # the adapter's own download (backends/torch/transfers.py)
         waiter()
         return host
 
@@ -64,6 +73,7 @@ def routes(x: Any) -> dict[str, Callable[[], Any]]:
             "pinned prealloc, current stream": pre_current,
             "pinned prealloc, copy stream + events": lambda: on_copy_stream(pre2),
             "pinned cached, current stream": cached_current,
+            "pinned cached, current stream + event": cached_current_event,
             "pinned cached, copy stream + events (adapter)": adapter_route,
             "pageable x.cpu()": lambda: x.cpu()}
 
