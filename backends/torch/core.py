@@ -310,10 +310,8 @@ class TorchCore(BaseBackend):
         if x.device.type == "cuda" and device.kind == "cpu":
             # Pageable device-to-host copies are many times slower than pinned ones (docs/transfers.md):
             # go through a pinned buffer and wait for it, never reading it early (pytorch#86264).
-            y, waiter = self.transfers.start_move(x, device)
-            if waiter is not None:
-                waiter()
-            return y
+            self._target(self.dtype_of(x), device)
+            return self.transfers.download(x)
         self._target(self.dtype_of(x), device)
         if x.device.type == "cpu" and device.kind == "gpu" and self.transfers.stageable(x):
             return self.transfers.upload(x.detach().numpy(), x.dtype, device)
@@ -328,9 +326,7 @@ class TorchCore(BaseBackend):
         t = x.detach() if x.requires_grad else x  # numpy() refuses a tensor that requires grad
         if not t.is_cpu:
             if t.is_cuda:
-                host, waiter = self.transfers.start_download(t)  # through pinned memory, far faster than pageable
-                waiter()
-                t = host
+                t = self.transfers.download(t)  # through pinned memory, far faster than pageable
             else:
                 t = t.cpu()  # blocking: waits for the work that produces x on its stream
         try:  # (a plain host tensor: its view, with none of the checks below)

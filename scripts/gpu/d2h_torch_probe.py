@@ -8,7 +8,8 @@ rounds (median of ROUNDS, GB/s), so the routes differ only in what they do:
 - ``pinned prealloc, copy stream + events``: the adapter's stream and events, the buffer kept;
 - ``pinned cached, current stream``: a fresh ``torch.empty(pin_memory=True)`` each call, no events;
 - ``pinned cached, current stream + event``: the same, waiting on an event recorded after the copy;
-- ``pinned cached, copy stream + events``: the adapter's route (``transfers.start_download``);
+- ``pinned cached, copy stream + events``: the adapter's asynchronous route (``transfers.start_download``);
+- ``adapter download``: the adapter's blocking route (``transfers.download``: ``to_numpy``, ``to(x, host)``);
 - ``pageable x.cpu()``: torch's own pageable download.
 
     python3 scripts/gpu/d2h_torch_probe.py [--rounds 9] [--sizes-mib 1,4,16,64,256] [--json OUT.json]
@@ -64,6 +65,9 @@ def routes(x: Any) -> dict[str, Callable[[], Any]]:
         done.synchronize()
         return host
 
+    def adapter_download() -> Any:
+        return b.transfers.download(x)  # the blocking reads' route (to_numpy, to(x, host))
+
     def adapter_route() -> Any:
         host, waiter = b.transfers.start_download(x)  # the adapter's own download (backends/torch/transfers.py)
         waiter()
@@ -75,6 +79,7 @@ def routes(x: Any) -> dict[str, Callable[[], Any]]:
             "pinned cached, current stream": cached_current,
             "pinned cached, current stream + event": cached_current_event,
             "pinned cached, copy stream + events (adapter)": adapter_route,
+            "adapter download (to_numpy's route)": adapter_download,
             "pageable x.cpu()": lambda: x.cpu()}
 
 
