@@ -234,8 +234,12 @@ def _same_inner(timed: list[_Timed], s: Settings) -> None:
     a sample stays within 20 target samples. A sample's fixed part (the synchronization around it, the
     wait for an asynchronous call's last copy) is then spread over as many calls in each variant, and
     their ratio compares the calls (JAX's LeNet move on the VM: md.to timed one call a sample against
-    ``device_put`` five read 1.88x). Variants with an ``inner`` of their own, or self-timed, keep theirs."""
-    auto = [t for t in timed if t.error is None and not t.v.inner and not t.v.self_timed]
+    ``device_put`` five read 1.88x). Variants with an ``inner`` of their own, self-timed ones, those
+    with a ``finish`` (run once a sample: a time-to-result row, which more calls a sample would turn
+    into throughput) and those that stop the clock before waiting (dispatch rows, whose one call's time
+    says nothing of the work they queue) keep theirs."""
+    auto = [t for t in timed if t.error is None and not t.v.inner and not t.v.self_timed and t.v.finish is None
+            and t.v.sync]
     if len(auto) < 2:
         return
     most = max(t.inner for t in auto)

@@ -359,7 +359,7 @@ def _calls(leaf: Callable[[Any], Any], xs: list[Any], owners: dict[int, Backend]
 
 
 def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], Any] | None,
-               batch: Callable[[list[Any]], list[Any]] | None, what: str, deep: bool = False) -> Any:
+               batch: Callable[[list[Any]], list[Any]] | None, what: str) -> Any:
     """:func:`tree_map` of Python's own lists, tuples and dicts, nested (at most :data:`RESIDENT_MAX`
     nodes), whose leaves are all tensors of classes seen before (``cached_owner``), without the walk's
     bookkeeping (paths, node tables): what the walk gives for it (``check`` per adapter first, each
@@ -374,14 +374,8 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
     seen: Any = None  # the last tensor class looked up (a structure's tensors are mostly of one class)
     containers = 0
     stack = [obj]
-    # (the walk's depth limit, MAX_DEPTH, applies: depths are tracked only in a structure of more than
-    # MAX_DEPTH containers, as no smaller one can be deeper; a larger one is walked again tracking them)
-    depth: list[int] | None = [0] if deep else None
-    d = 0
     while stack:
         x = stack.pop()
-        if depth is not None:
-            d = depth.pop()
         cls = type(x)
         if cls is dict or cls is list or cls is tuple:
             if cls is dict:
@@ -391,14 +385,7 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
                 keys, vals = None, list(x)
             shape.append((cls, len(vals), keys))
             stack.extend(reversed(vals))
-            if depth is not None:
-                if d >= MAX_DEPTH:
-                    return _NOT_FLAT
-                depth.extend([d + 1] * len(vals))
-            else:
-                containers += 1
-                if containers > MAX_DEPTH:
-                    return _plain_map(leaf, obj, check, batch, what, deep=True)
+            containers += 1
         else:
             if cls is not seen:
                 b = cached_owner(cls)
@@ -415,7 +402,8 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
             shape.append(None)
         if len(shape) > RESIDENT_MAX:  # (a circular structure ends here too: the walk names it)
             return _NOT_FLAT
-    if not xs:
+    # (the walk's depth limit, MAX_DEPTH: read from the shape once the structure has more containers)
+    if not xs or (containers > MAX_DEPTH and _deeper_than_the_limit(shape)):
         return _NOT_FLAT
     ys = _calls(leaf, xs, owners, check, batch, what)
     # rebuilt children before parents: a container's items are the top of the stack, first item on top
@@ -431,6 +419,23 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
         del built[len(built) - n:]
         built.append(items if cls is list else tuple(items) if cls is tuple else dict(zip(keys, items)))
     return built[0]
+
+
+def _deeper_than_the_limit(shape: list[Any]) -> bool:
+    """Whether a container of ``shape`` (:func:`_plain_map`'s nodes in pre-order) lies MAX_DEPTH levels
+    down or deeper, where the walk refuses the structure. (Read only for a structure of more than
+    MAX_DEPTH containers: no smaller one is so deep.)"""
+    pending: list[int] = []  # the children still to come of each open container, innermost last
+    for node in shape:
+        if pending:
+            pending[-1] -= 1
+        if node is not None:
+            if len(pending) >= MAX_DEPTH:
+                return True
+            pending.append(node[1])
+        while pending and pending[-1] == 0:
+            pending.pop()
+    return False
 
 
 def _classify(x: Any, path: tuple[Any, ...], what: str, modules: bool, is_leaf: Callable[[Any], bool] | None,

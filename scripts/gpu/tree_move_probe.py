@@ -30,6 +30,8 @@ ap.add_argument("--inner", type=int, default=1, help="calls per sample, back to 
 ap.add_argument("--bench-sync", action="store_true", help="as the bench samples: every device synchronized by the "
                 "adapter around each sample, the garbage collector off, torch loaded")
 args = ap.parse_args()
+if args.inner < 1 or args.rounds < 1:
+    ap.error("--inner and --rounds take a positive count")
 if args.device.startswith("cpu"):
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
@@ -83,9 +85,9 @@ def floor_to(obj: Any, dev: md.Device) -> Any:
                 raise TypeError(cls)
             xs.append(x)
             shape.append(None)
-    moving = [x for x in xs if owner.device_of(x) is not dev]
-    ys = iter(jax.device_put(moving, dst))
-    out = [next(ys) if owner.device_of(x) is not dev else x for x in xs]
+    away = [owner.device_of(x) is not dev for x in xs]
+    ys = iter(jax.device_put([x for x, m in zip(xs, away) if m], dst))
+    out = [next(ys) if m else x for x, m in zip(xs, away)]
     built: list[Any] = []
     i = len(out)
     for node in reversed(shape):
