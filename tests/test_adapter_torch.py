@@ -193,6 +193,24 @@ def test_to_numpy_resolves_conj_and_neg_views(tb):
     assert np.array_equal(tb.to_numpy(torch._neg_view(c)), -c.numpy())
 
 
+@needs_cuda
+def test_device_to_host_reads_of_conj_and_neg_views_keep_their_values(tb):
+    """An asynchronous device-to-host copy of a conj or neg view into a plain host tensor applies the bit
+    on the host before the copy lands (pytorch#146286): the blocking reads and the asynchronous
+    download resolve the view on the device first. Work queued ahead makes the copy land late."""
+    c = torch.tensor([1 + 2j, 3 - 1j], device="cuda:0")
+    want = np.array([1 - 2j, 3 + 1j], np.complex64)
+    for view, expected in ((c.conj(), want), (torch._neg_view(c), -c.cpu().numpy())):
+        torch.cuda._sleep(50_000_000)  # (the copy queued behind it)
+        assert np.array_equal(tb.to_numpy(view), expected)
+        torch.cuda._sleep(50_000_000)
+        assert np.array_equal(tb.move(view, Device("cpu", 0)).numpy(), expected)
+        torch.cuda._sleep(50_000_000)
+        host, wait = tb.transfers.start_download(view)
+        wait()
+        assert np.array_equal(host.numpy(), expected)
+
+
 def test_to_numpy_bfloat16(tb):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     x = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)

@@ -1,8 +1,9 @@
 """The core protocol for PyTorch: identity, devices, dtypes, creation, placement, synchronize and its
 hooks, host copies, and the arithmetic the portable collectives are built from.
 
-Blocking moves and host copies of CUDA tensors go through the transfer machinery (pinned buffers,
-copy streams, staged uploads) of :mod:`.transfers`.
+Moves and host copies of CUDA tensors go through the transfer machinery of :mod:`.transfers`
+(pinned buffers; the blocking reads on the tensor's stream, the asynchronous ones on copy streams;
+staged uploads).
 """
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ class TorchTransfers(NonBlockingMoves):
         in 37 µs this way against 66 through the copy stream, 32 for a copy into a buffer kept from
         call to call; ``scripts/gpu/d2h_torch_probe.py``)."""
         torch = self.core.torch
-        t = x.detach()
+        t = _resolved(x)
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         host.copy_(t, non_blocking=True)  # (on the current stream of t's device)
         done = torch.cuda.Event()
@@ -90,9 +90,9 @@ class TorchTransfers(NonBlockingMoves):
         dev = x.device
         producer = torch.cuda.current_stream(dev)
         cs = self._copy_stream(dev)
+        t = _resolved(x)  # (queued on the producer's stream: before the event)
         ready = torch.cuda.Event()
         ready.record(producer)  # x is complete once the work queued on its stream so far is
-        t = x.detach()
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         cs.wait_event(ready)
         with torch.cuda.stream(cs):
@@ -141,3 +141,16 @@ class TorchTransfers(NonBlockingMoves):
         cur.wait_stream(cs)  # later work on the device sees the whole upload
         out.record_stream(cs)  # and out's memory outlives the copies into it
         return out
+
+
+def _resolved(x: Any) -> Any:
+    """``x`` detached, its lazy conjugation or negation applied (on its device; ``x`` itself, detached,
+    where it has none): an asynchronous device-to-host copy of such a view into a plain host tensor
+    applies the bit on the host before the copy lands, so the copy's values overwrite it
+    (pytorch#146286)."""
+    t = x.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t

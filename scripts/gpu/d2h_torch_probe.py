@@ -2,8 +2,9 @@
 (the H200 row read 0.855x pinned at 64 MiB, 0.977x at 256 MiB). Each route is timed in interleaved
 rounds (median of ROUNDS, GB/s), so the routes differ only in what they do:
 
-- ``md.to_numpy`` / ``md.to_host``: the adapter's download (a pinned buffer from torch's caching host
-  allocator, a copy on the GPU's copy stream after an event, a wait on an event);
+- ``md.to_numpy``: the adapter's blocking read (a pinned buffer from torch's caching host allocator, the
+  copy on the tensor's current stream, a wait on an event); ``md.to_host``: the asynchronous route's
+  (the copy on the GPU's copy stream after an event, a wait on an event);
 - ``pinned prealloc, current stream``: the bench's ``native_pinned`` (the bound);
 - ``pinned prealloc, copy stream + events``: the adapter's stream and events, the buffer kept;
 - ``pinned cached, current stream``: a fresh ``torch.empty(pin_memory=True)`` each call, no events;
