@@ -56,6 +56,18 @@ _address = ctypes.addressof
 _first_byte = ctypes.c_char.from_buffer  # (an array's address without building __array_interface__)
 
 
+def _block(e: Any, lo: int, hi: int, flat: list[np.ndarray], outs: list[np.ndarray], fn: Any,
+           direct: bool) -> tuple[np.ndarray, int]:
+    """Elements ``lo:hi`` of :meth:`NumpyBackend.shared_memory_allreduce`'s expression ``e`` (an input's
+    index, or a pair reduced by ``fn``) and the index of its leftmost input, whose result (``outs``)
+    takes the partial sums where ``direct``. (A module function, not a closure: a recursive closure is a
+    reference cycle, which would keep the call's results alive until a garbage collection.)"""
+    if isinstance(e, int):
+        return flat[e][lo:hi], e
+    a, i = _block(e[0], lo, hi, flat, outs, fn, direct)
+    return fn(a, _block(e[1], lo, hi, flat, outs, fn, direct)[0], out=outs[i][lo:hi] if direct else None), i
+
+
 def _aligned(shape: tuple[int, ...], dt: Any) -> np.ndarray:
     """A new, uninitialised C-contiguous array of ``shape`` and ``dt`` whose buffer is
     HOST_ALIGNMENT-aligned: aligned_empty's (recycled from 256 KiB), in fewer steps below that."""
@@ -387,16 +399,10 @@ class NumpyBackend(BaseBackend):
         # (in place: that input); complex products get new blocks (NumPy rounds them otherwise into an operand)
         direct = not (op == "prod" and dt.kind == "c")
 
-        def into(e: Any, lo: int, hi: int) -> tuple[np.ndarray, int]:  # (its block, its leftmost input)
-            if isinstance(e, int):
-                return flat[e][lo:hi], e
-            a, i = into(e[0], lo, hi)
-            return fn(a, into(e[1], lo, hi)[0], out=outs[i][lo:hi] if direct else None), i
-
         def run(part: Sequence[tuple[int, int, Any]]) -> None:  # blocks (lo, hi, expr), on one thread
             with np.errstate(**state):  # the caller's, its callback too (NumPy 1 keeps it per thread)
                 for lo, hi, e in part:
-                    v, at = into(e, lo, hi)
+                    v, at = _block(e, lo, hi, flat, outs, fn, direct)
                     if isinstance(e, int) and outs[at] is not flat[at]:  # one input, out of place: its copy
                         outs[at][lo:hi], v = v, outs[at][lo:hi]
                     elif not direct:

@@ -181,6 +181,58 @@ def test_allreduce_results_do_not_alias_inputs(md_backend: Any, md_devices: list
     assert not np.array_equal(total, np.zeros_like(total)), "the reduction must be nonzero here"
 
 
+def _freed_when_dropped(b: Any, make: Callable[[], list[Any]], what: str) -> None:
+    """The memory of the tensors ``make()`` returns is freed as soon as the caller drops them: by
+    reference counting, the call leaving no reference cycle behind (the garbage collector off, a
+    collection after the results are dropped finds nothing). A result's buffer held by a cycle (a
+    recursive closure over the results, say) lives on until the next collection: the process grows by
+    a result a call meanwhile, and a pool of buffers (multidev's host pool, a framework's pinned
+    pool) cannot reuse it. Garbage a framework or another thread happens to leave during one call
+    does not fail the check: a cycle the call makes shows on every call."""
+    import gc
+
+    make()  # (first calls fill caches: compiled programs, routes)
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        found = []
+        for _ in range(3):
+            out = make()
+            del out
+            found.append(gc.collect())
+            if not found[-1]:
+                return
+        raise AssertionError(f"{b.name} {what}: every call left cyclic garbage ({found} objects found by a "
+                             "collection after the results were dropped): a reference cycle keeps them, or "
+                             "what they hold, alive until the next garbage collection")
+    finally:
+        if was:
+            gc.enable()
+
+
+def test_allreduce_results_are_freed_when_dropped(md_backend: Any, md_devices: list, md_algorithm: str) -> None:
+    """Out of place, on 2 devices: the results go when the caller drops them (no reference cycle)."""
+    b, alg = md_backend, md_algorithm
+    devs = _devs(md_devices, 2)
+    xs = _inputs(b, devs, _arrays(2, SHAPE, "float32", "sum"), "float32")
+    _freed_when_dropped(b, lambda: _allreduce(b, devs, xs, algorithm=alg), f"allreduce(algorithm={alg!r})")
+
+
+def test_other_collectives_results_are_freed_when_dropped(md_backend: Any, md_devices: list) -> None:
+    """broadcast, reduce, allgather, gather, reduce_scatter and scatter on 2 devices: their results go
+    when the caller drops them (no reference cycle)."""
+    b = md_backend
+    devs = _devs(md_devices, 2)
+    xs = _inputs(b, devs, _arrays(2, SHAPE, "float32", "sum"), "float32")
+    calls: dict[str, Callable[[], list[Any]]] = {
+        "broadcast": lambda: md.broadcast(xs[0], devs), "reduce": lambda: [md.reduce(xs, devs[1])],
+        "allgather": lambda: md.allgather(xs), "gather": lambda: [md.gather(xs, devs[0])],
+        "reduce_scatter": lambda: md.reduce_scatter(xs), "scatter": lambda: md.scatter(xs[1], devs)}
+    for what, make in calls.items():
+        _freed_when_dropped(b, make, what)
+
+
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_allreduce_bool(md_backend: Any, md_devices: list, md_algorithm: str, op: str) -> None:
     b, alg = md_backend, md_algorithm

@@ -431,13 +431,18 @@ def _piece(b: Backend, blocks: list[_Block], box: tuple[tuple[int, int], ...], d
             return b.move(x, dev)
         return b.copy(x, dev) if single and not (blk.fresh and x is blk.tensor) else x
 
-    def stitch(d: int, prefix: tuple[tuple[int, int, tuple[int, int]], ...]) -> Any:
-        if d == len(box):
-            return cut(prefix)
-        parts = [stitch(d + 1, (*prefix, iv)) for iv in per_dim[d]]
-        return parts[0] if len(parts) == 1 else b.concat(parts, d)
+    return _stitch(b, cut, per_dim, 0, ())
 
-    return stitch(0, ())
+
+def _stitch(b: Backend, cut: Callable[[tuple[Any, ...]], Any], per_dim: list[list[tuple[int, int, tuple[int, int]]]],
+            d: int, prefix: tuple[tuple[int, int, tuple[int, int]], ...]) -> Any:
+    """The block of :func:`_piece` from dimension ``d`` on, ``prefix`` chosen before it: each interval's
+    cut, concatenated along ``d``. (A module function, not a closure: a recursive closure is a
+    reference cycle, which held the source pieces until a garbage collection.)"""
+    if d == len(per_dim):
+        return cut(prefix)
+    parts = [_stitch(b, cut, per_dim, d + 1, (*prefix, iv)) for iv in per_dim[d]]
+    return parts[0] if len(parts) == 1 else b.concat(parts, d)
 
 
 def _relayout(src: _Source, target: Layout) -> list[Any]:

@@ -385,3 +385,35 @@ def test_the_ring_between_devices_and_along_an_axis(four: None) -> None:
         md.sendrecv(xs, shift=0.5)  # type: ignore[arg-type]
     with pytest.raises(md.CollectiveInputError, match="one shape"):
         md.sendrecv([xs[0], md.asarray(np.ones(2), device=devs[1], backend="numpy")])
+
+
+def test_placement_leaves_no_reference_cycle(four: None) -> None:
+    """Placing, relaying out and gathering a sharded tensor free their temporaries (the source pieces a
+    move made) by reference counting: the recursive helper that stitches a block used to be a closure
+    cycle that held them until a garbage collection (100, 132 and 47 objects a call)."""
+    import gc
+
+    mesh = md.Mesh((2, 2), ("a", "b"), [md.cpu(i) for i in range(4)])
+    x = md.asarray(np.arange(24.0).reshape(4, 6), backend="numpy")
+    y = md.to(x, md.Layout(mesh, ("a", "b")))
+    calls = {"place": lambda: md.to(x, md.Layout(mesh, ("a", "b"))),
+             "relayout": lambda: md.to(y, md.Layout(mesh, ("b", None))),
+             "gather": lambda: md.to(y, md.cpu(1))}
+    for make in calls.values():
+        make()
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for name, make in calls.items():
+            found = []
+            for _ in range(3):  # a cycle the call makes shows on every call
+                out = make()
+                del out
+                found.append(gc.collect())
+                if not found[-1]:
+                    break
+            assert not found[-1], f"{name} left cyclic garbage on every call: {found}"
+    finally:
+        if was:
+            gc.enable()

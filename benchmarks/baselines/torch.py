@@ -156,6 +156,20 @@ class TorchNative(Native):
         """The torch engine's own call (suite ``distributed``): torch.distributed.all_reduce in place."""
         return self.op_dist_allreduce(t)
 
+    def op_dist_allreduce_floor_torch(self, t: Any) -> Call:
+        """The least an allreduce that honours a timeout does on torch.distributed (suite
+        ``distributed``'s floor row): ``all_reduce(t, async_op=True)`` in place, then the work's
+        ``wait`` with a timeout (a blocking call cannot give up on a lost peer)."""
+        from datetime import timedelta
+
+        import torch.distributed as tdist
+
+        limit = timedelta(seconds=300)
+
+        def floor() -> None:
+            tdist.all_reduce(t, async_op=True).wait(timeout=limit)
+        return floor, (), "torch.distributed.all_reduce(t, async_op=True).wait(timeout=...) (in place)"
+
     def op_allreduce_framework(self, bufs: list[Any]) -> Call | None:
         """NCCL's allreduce in place on preallocated buffers, one per GPU (the nccl-tests baseline)."""
         t = self.torch

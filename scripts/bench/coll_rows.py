@@ -6,6 +6,9 @@ every variant once, in turn, so the machine's load hits them alike), reported as
   the size (read ``n`` inputs once, write ``n`` results once), timed as one preallocated copy of
   ``n x size`` bytes in the same rounds (same working set), the faster of that copy on one thread and
   cut over every core (multidev's host loops run on several threads);
+- the floor of any out-of-place call beside it: the same ``n`` copies written into ``n`` new arrays
+  (its results are new memory, whose pages are touched for the first time), the faster of one thread
+  and every core; out of place cannot read above floor / bound of the bound;
 - ``auto`` (and the algorithm it chose) against the best algorithm measured.
 
 A row whose per-round ratios spread (IQR / median above ``--spread``) is marked UNSTABLE, the
@@ -68,6 +71,20 @@ def _copy_on_every_core(dst: np.ndarray, src: np.ndarray) -> None:
     list(_POOL.map(lambda lo: np.copyto(dst[lo:lo + step], src[lo:lo + step]), range(0, src.size, step)))
 
 
+def _copy_into_new_arrays(parts: list[np.ndarray], cores: bool) -> list[np.ndarray]:
+    """Each of ``parts`` copied into a new array (``np.empty``, then written once: its pages touched
+    for the first time), on one thread or cut over every core: the least an out-of-place call
+    writes, since its results are new memory; the arrays are dropped by the caller, as a sample drops
+    an allreduce's results."""
+    outs = [np.empty_like(p) for p in parts]
+    for o, p in zip(outs, parts):
+        if cores:
+            _copy_on_every_core(o, p)
+        else:
+            np.copyto(o, p)
+    return outs
+
+
 def measure(md: Any, backend: str, devs: list[Any], size: int, rounds: int, spread_max: float) -> dict[str, Any]:
     b = md.backend(backend)
     n = len(devs)
@@ -98,6 +115,9 @@ def measure(md: Any, backend: str, devs: list[Any], size: int, rounds: int, spre
         np.copyto(dst, src)
         fns["memcpy"] = lambda: np.copyto(dst, src)
         fns["memcpy-cores"] = lambda: _copy_on_every_core(dst, src)
+        parts = np.array_split(src, n)
+        fns["memcpy-fresh"] = lambda: _copy_into_new_arrays(parts, False)
+        fns["memcpy-fresh-cores"] = lambda: _copy_into_new_arrays(parts, True)
     for f in fns.values():  # warm-up: allocator growth, first touch, compilation
         f()
         f()
@@ -124,6 +144,10 @@ def measure(md: Any, backend: str, devs: list[Any], size: int, rounds: int, spre
         unit = min(("memcpy", "memcpy-cores"), key=lambda k: med[k])
         row["bound_s"], row["bound_copy"] = med[unit], unit
         row["fraction_of_bound"] = {k: med[unit] / med[k] for k in fns if not k.startswith("memcpy")}
+        # the floor of any out-of-place call: its n results are new memory, each written once
+        fresh = min(("memcpy-fresh", "memcpy-fresh-cores"), key=lambda k: med[k])
+        row["fresh_floor_s"], row["fresh_floor_copy"] = med[fresh], fresh
+        row["fraction_of_fresh_floor"] = {k: med[fresh] / med[k] for k in fns if k.startswith("alg:") or k == "auto"}
         for k in ("auto", *(f"inplace:{best}",) * (bufs is not None and best != "native")):
             pairs[f"{unit}/{k}"] = [m / x for m, x in zip(samples[unit], samples[k])]
     for name, ps in pairs.items():
@@ -137,8 +161,9 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
     out = [header, "", "auto's choice / best: the chosen algorithm's median over the best one's; auto measured: "
            "the auto call's own median over the best (the same code where the choice is the best: noise).", "",
            "| backend | n | size | best | auto's choice / best | auto measured / best | in place / out of place "
-           "(naive, ring, tree) | fraction of the bound: naive, ring, tree, auto | in place | stable |",
-           "|---" * 10 + "|"]
+           "(naive, ring, tree) | fraction of the bound: naive, ring, tree, auto | in place | the fresh-memory floor "
+           "/ the bound; auto out of place / the floor | stable |",
+           "|---" * 11 + "|"]
     for r in rows:
         ip = r.get("inplace_over_outofplace")
         fb = r.get("fraction_of_bound")
@@ -147,10 +172,13 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
         fbi = ", ".join(f"{fb[f'inplace:{a}']:.2f}" for a in ALGS) if fb and ip else "-"
         if fb:
             fbc += " (copy on every core)" if r.get("bound_copy") == "memcpy-cores" else " (copy on one thread)"
+        ff = r.get("fraction_of_fresh_floor")
+        fl = "-" if not ff else f"{r['bound_s'] / r['fresh_floor_s']:.2f}; {ff['auto']:.2f}"
         st = "UNSTABLE: " + "; ".join(r["unstable"]) if r["unstable"] else "yes"
         cb = r.get("choice_over_best")
         out.append(f"| {r['backend']} | {r['n']} | {_fmt(r['size'])} | {r['best']} | {r['auto_choice']}: "
-                   f"{'-' if cb is None else f'{cb:.2f}'} | {r['auto_over_best']:.2f} | {ipc} | {fbc} | {fbi} | {st} |")
+                   f"{'-' if cb is None else f'{cb:.2f}'} | {r['auto_over_best']:.2f} | {ipc} | {fbc} | {fbi} | {fl} | "
+                   f"{st} |")
     return "\n".join(out) + "\n"
 
 

@@ -343,3 +343,30 @@ class NumpyWritableAlwaysTrue(NumpyBackend):
 
     def writable(self, x: Any) -> bool | None:
         return True
+
+
+@mutant("numpy", "the one-pass allreduce leaves its results in a reference cycle (a recursive closure over them): "
+        "their memory lives until a garbage collection", ["test_allreduce_results_are_freed_when_dropped"])
+class NumpyAllreduceResultsInACycle(NumpyBackend):
+    name = "numpy_allreduce_results_in_a_cycle"
+
+    def shared_memory_allreduce(self, xs: Sequence[Any], op: str, orders: Sequence[tuple[int, int, Any]],
+                                divide_by: int | None, inplace: bool) -> list[Any] | None:
+        out = super().shared_memory_allreduce(xs, op, orders, divide_by, inplace)
+
+        def keep() -> Any:  # (refers to itself: a function-cell cycle that holds ``out``)
+            return keep, out
+        return out
+
+
+@mutant("numpy", "copy leaves its result in a reference cycle (a recursive closure over it): its memory lives "
+        "until a garbage collection", ["test_other_collectives_results_are_freed_when_dropped"])
+class NumpyCopyResultInACycle(NumpyBackend):
+    name = "numpy_copy_result_in_a_cycle"
+
+    def copy(self, x: Any, device: Device) -> Any:
+        out = super().copy(x, device)
+
+        def keep() -> Any:  # (refers to itself: a function-cell cycle that holds ``out``)
+            return keep, out
+        return out
