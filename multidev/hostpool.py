@@ -10,8 +10,9 @@ it handed out and gives one again once nothing else refers to it.
 - A buffer is free again when nothing but the pool refers to the array that owns its memory:
   CPython's reference count is exact, and every view, buffer-protocol export, DLPack capsule or
   ``torch.from_numpy`` tensor of it holds a reference to that owner.
-- Buffers from :data:`MIN_BYTES` (256 KiB) to :data:`MAX_BYTES` (64 MiB), sizes rounded up to 64 KiB;
-  at most 4 per size, and :data:`DEFAULT_CAP_MB` (256 MiB) held in all, in use or free. Past the
+- Buffers from :data:`MIN_BYTES` (256 KiB) to :data:`MAX_BYTES` (128 MiB: half the default cap, so a
+  call making the largest buffer while its caller still holds the last call's is served; an
+  out-of-place collective's results are one buffer), sizes rounded up to 64 KiB; at most 4 per size, and :data:`DEFAULT_CAP_MB` (256 MiB) held in all, in use or free. Past the
   cap, free buffers of the least recently used sizes are let go first; a request that still does
   not fit is an ordinary allocation.
 - ``MULTIDEV_HOST_POOL_MB`` sets the cap (read once, at the first large allocation); 0 turns the
@@ -35,7 +36,7 @@ __all__ = ["DEFAULT_CAP_MB", "HOST_ALIGNMENT", "MAX_BYTES", "MIN_BYTES", "clear"
 #: a multiple of 64 bytes).
 HOST_ALIGNMENT = 64
 MIN_BYTES = 256 << 10
-MAX_BYTES = 64 << 20
+MAX_BYTES = 128 << 20
 DEFAULT_CAP_MB = 256
 _ENV = "MULTIDEV_HOST_POOL_MB"
 _ROUND = 64 << 10
