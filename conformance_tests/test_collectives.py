@@ -182,17 +182,20 @@ def test_allreduce_results_do_not_alias_inputs(md_backend: Any, md_devices: list
 
 
 def _freed_when_dropped(b: Any, make: Callable[[], list[Any]], what: str) -> None:
-    """The memory of the tensors ``make()`` returns is freed as soon as the caller drops them: by
-    reference counting, the call leaving no reference cycle behind (the garbage collector off, a
-    collection after the results are dropped finds nothing). A result's buffer held by a cycle (a
-    recursive closure over the results, say) lives on until the next collection: the process grows by
-    a result a call meanwhile, and a pool of buffers (multidev's host pool, a framework's pinned
-    pool) cannot reuse it. Garbage a framework or another thread happens to leave during one call
-    does not fail the check: a cycle the call makes shows on every call."""
+    """The tensors ``make()`` returns, and any tensor the call made, are freed as soon as the caller
+    drops the results: by reference counting, the call leaving no reference cycle that holds a tensor
+    (the garbage collector off; a collection after the results are dropped finds no tensor among the
+    unreachable objects or what they refer to). A result's buffer held by a cycle (a recursive closure
+    over the results, say) lives on until the next collection: the process grows by a result a call
+    meanwhile, and a pool of buffers (multidev's host pool, a framework's pinned pool) cannot reuse it.
+    Cyclic garbage without tensors (MXNet's ctypes array types, made per call) is not this check's
+    business; garbage a framework or another thread happens to leave during one call does not fail
+    it either: a cycle the call makes shows on every call."""
     import gc
 
+    kinds = (*b.tensor_types(), np.ndarray)
     make()  # (first calls fill caches: compiled programs, routes)
-    was = gc.isenabled()
+    was, debug = gc.isenabled(), gc.get_debug()
     gc.collect()
     gc.disable()
     try:
@@ -200,13 +203,22 @@ def _freed_when_dropped(b: Any, make: Callable[[], list[Any]], what: str) -> Non
         for _ in range(3):
             out = make()
             del out
-            found.append(gc.collect())
+            gc.set_debug(gc.DEBUG_SAVEALL)  # (what a collection finds unreachable is kept in gc.garbage to be read)
+            gc.collect()
+            held = [r for o in gc.garbage for r in (o, *gc.get_referents(o)) if isinstance(r, kinds)]
+            found.append(len(held))
+            del held
+            gc.set_debug(debug)
+            gc.garbage.clear()
+            gc.collect()  # (now freed)
             if not found[-1]:
                 return
-        raise AssertionError(f"{b.name} {what}: every call left cyclic garbage ({found} objects found by a "
-                             "collection after the results were dropped): a reference cycle keeps them, or "
-                             "what they hold, alive until the next garbage collection")
+        raise AssertionError(f"{b.name} {what}: every call left tensors in cyclic garbage ({found} found by a "
+                             "collection after the results were dropped): a reference cycle keeps them alive "
+                             "until the next garbage collection")
     finally:
+        gc.garbage.clear()
+        gc.set_debug(debug)
         if was:
             gc.enable()
 
