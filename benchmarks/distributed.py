@@ -80,7 +80,7 @@ def dist_allreduce(ctx: Context) -> Iterator[Case]:
             native = ctx.native_call(f"dist_allreduce_{engine}", md.copy(x))
             if native is not None:
                 native.inner = 1
-            # the least a call that can give up on a lost peer does (where the baseline has one: MPI)
+            # the least a call that can give up on a lost peer does (where the baseline has one: MPI, torch)
             floor = ctx.native_call(f"dist_allreduce_floor_{engine}", md.copy(x))
             if floor is not None:
                 floor.inner = 1

@@ -206,7 +206,7 @@ HOST_ALIGNMENT = hostpool.HOST_ALIGNMENT
 
 def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
     """A new, uninitialised C-contiguous NumPy array whose buffer is :data:`HOST_ALIGNMENT`-aligned;
-    from 256 KiB to 64 MiB a buffer multidev made before and nothing refers to any more, where one
+    from 256 KiB to 128 MiB a buffer multidev made before and nothing refers to any more, where one
     is free (:mod:`multidev.hostpool`: no page faults to fill it again)."""
     dt = np.dtype(dtype)
     shape = tuple(map(int, shape))

@@ -12,9 +12,10 @@ it handed out and gives one again once nothing else refers to it.
   ``torch.from_numpy`` tensor of it holds a reference to that owner.
 - Buffers from :data:`MIN_BYTES` (256 KiB) to :data:`MAX_BYTES` (128 MiB: half the default cap, so a
   call making the largest buffer while its caller still holds the last call's is served; an
-  out-of-place collective's results are one buffer), sizes rounded up to 64 KiB; at most 4 per size, and :data:`DEFAULT_CAP_MB` (256 MiB) held in all, in use or free. Past the
-  cap, free buffers of the least recently used sizes are let go first; a request that still does
-  not fit is an ordinary allocation.
+  out-of-place collective's results are one buffer), sizes rounded up to 64 KiB; at most 4 per
+  size, and :data:`DEFAULT_CAP_MB` (256 MiB) held in all, in use or free. Past the cap, free buffers
+  of the least recently used sizes are let go first; a request that still does not fit is an
+  ordinary allocation.
 - ``MULTIDEV_HOST_POOL_MB`` sets the cap (read once, at the first large allocation); 0 turns the
   pool off. :func:`clear` lets every free buffer go.
 - Thread-safe (one lock). The buffers are uninitialised, as ``numpy.empty``'s, and
