@@ -56,12 +56,9 @@ _address = ctypes.addressof
 _first_byte = ctypes.c_char.from_buffer  # (an array's address without building __array_interface__)
 
 
-def _block(e: Any, lo: int, hi: int, flat: list[np.ndarray], outs: list[np.ndarray], fn: Any,
-           direct: bool) -> tuple[np.ndarray, int]:
-    """Elements ``lo:hi`` of :meth:`NumpyBackend.shared_memory_allreduce`'s expression ``e`` (an input's
-    index, or a pair reduced by ``fn``) and the index of its leftmost input, whose result (``outs``)
-    takes the partial sums where ``direct``. (A module function, not a closure: a recursive closure is a
-    reference cycle, which would keep the call's results alive until a garbage collection.)"""
+def _block(e: Any, lo: int, hi: int, flat: list[Any], outs: list[Any], fn: Any, direct: bool) -> tuple[Any, int]:
+    """Elements ``lo:hi`` of shared_memory_allreduce's expression ``e`` and its leftmost input's index (a module
+    function: a recursive closure is a reference cycle, which kept the call's results until a garbage collection)."""
     if isinstance(e, int):
         return flat[e][lo:hi], e
     a, i = _block(e[0], lo, hi, flat, outs, fn, direct)
@@ -394,10 +391,8 @@ class NumpyBackend(BaseBackend):
         blk = max(_BLOCK_BYTES // dt.itemsize, -(-size // host_threads()))  # ~one a thread: each holds the GIL
         fn, blk, err, call = _REDUCE[op], -(-blk // unit) * unit, np.geterr(), np.geterrcall()
         state: dict[str, Any] = {**err, **({} if call is None else {"call": call})}
-
-        # Each input appears once in an expression: a partial result goes where its leftmost input's result goes
-        # (in place: that input); complex products get new blocks (NumPy rounds them otherwise into an operand)
-        direct = not (op == "prod" and dt.kind == "c")
+        # A partial result goes where its leftmost input's result goes (in place: that input), but complex products:
+        direct = not (op == "prod" and dt.kind == "c")  # new blocks (NumPy rounds them otherwise into an operand)
 
         def run(part: Sequence[tuple[int, int, Any]]) -> None:  # blocks (lo, hi, expr), on one thread
             with np.errstate(**state):  # the caller's, its callback too (NumPy 1 keeps it per thread)

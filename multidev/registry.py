@@ -88,6 +88,9 @@ class _State:
         self.instances: dict[str, Backend] = {}
         self.name_locks: dict[str, threading.Lock] = {}  # per-backend creation locks
         self.failures: dict[str, str] = {}  # name -> why it could not load
+        #: name -> why its adapter was refused (validate_adapter's AdapterError, a wrong name): raised
+        #: again without making another instance, until the name is registered or forgotten anew
+        self.invalid: dict[str, str] = {}
         self.type_cache: dict[type, str] = {}  # tensor class -> its adapter's name
         #: tensor class -> its adapter: the hot path of ``backend_of`` and ``device_of`` (one lookup).
         self.owner_cache: dict[type, Backend] = {}
@@ -194,6 +197,7 @@ def unregister_backend(name: str) -> None:
 def _forget(name: str) -> None:
     old = _s.instances.pop(name, None)
     _s.failures.pop(name, None)
+    _s.invalid.pop(name, None)
     _s.frameworks.pop(name, None)
     for t in [t for t, n in _s.type_cache.items() if n == name]:
         del _s.type_cache[t]
@@ -328,6 +332,9 @@ def get_backend(name: str | None = None) -> Backend:
             )
         if failure is not None:
             raise BackendNotAvailableError(failure)
+        refused = _s.invalid.get(name)
+        if refused is not None:  # (a search of the adapters, backend_of's, asks it again on every miss)
+            raise AdapterError(refused)
         if _family(name) is not None:
             return _load_member(name, None)
         try:
@@ -345,10 +352,16 @@ def get_backend(name: str | None = None) -> Backend:
             if isinstance(e, MultidevError):
                 raise  # raised on purpose (a bad device count, say): as it is
             raise _factory_error(name, e) from e
-        validate_adapter(inst, name)
-        if inst.name != name:
-            raise AdapterError(f"the adapter registered as {name!r} names itself {inst.name!r}; register it "
-                               "under its own name")
+        try:
+            validate_adapter(inst, name)
+            if inst.name != name:
+                raise AdapterError(f"the adapter registered as {name!r} names itself {inst.name!r}; register "
+                                   "it under its own name")
+        except AdapterError as e:  # a property of the adapter's class: the same next time
+            with _s.lock:
+                if _s.factories.get(name) is fac:
+                    _s.invalid[name] = str(e)
+            raise
         with _s.lock:
             _s.instances[name] = inst
             _s.frameworks[name] = inst.framework

@@ -374,3 +374,44 @@ def test_a_class_no_adapter_owns_is_remembered_until_an_adapter_claims_it() -> N
         registry.unregister_backend("adopter")
     with pytest.raises(md.UnsupportedTensorError, match="Orphan"):
         md.backend_of(x)
+
+
+def test_a_refused_adapter_is_not_made_again_on_every_search() -> None:
+    """An adapter refused at load (validate_adapter's AdapterError) is refused again from the record,
+    not made anew: backend_of's search of the adapters asks it on every miss, and a new instance each
+    time cost an adapter's construction per call and left its cycles for the garbage collector (a
+    relayout of a sharded tensor made one per call once a test had registered a broken adapter).
+    Registering the name again gives the new factory its chance."""
+    from multidev import adapter as api
+
+    made = []
+
+    class Broken(NumpyBackend):
+        name: ClassVar[str] = "refused_once"
+        training = api.concern(api.TrainingDefaults)  # declares SupportsTraining, leaves value_and_grad
+
+        def __init__(self) -> None:
+            made.append(1)
+            super().__init__()
+
+    md.register_backend("refused_once", Broken, replace=True)
+    try:
+        for _ in range(2):
+            with pytest.raises(md.AdapterError, match="value_and_grad"):
+                md.backend("refused_once")
+
+        class Nobody:
+            pass
+
+        for _ in range(3):
+            with pytest.raises(md.UnsupportedTensorError, match="refused_once"):
+                md.backend_of(Nobody())
+        assert len(made) == 1, f"the refused adapter was made {len(made)} times"
+
+        class Fixed(Broken):
+            training = None
+
+        md.register_backend("refused_once", Fixed, replace=True)
+        assert md.backend("refused_once").name == "refused_once" and len(made) == 2
+    finally:
+        registry.unregister_backend("refused_once")
