@@ -141,13 +141,22 @@ def test_synchronize_device_waits_on_backends_loaded_after_its_first_call() -> N
             calls.append((self.name, device))
 
         def tensor_types(self) -> tuple[type, ...]:
-            return (type(f"{self.name}Array", (), {}),)  # its own class: no shared claim
+            return (own[self.name],)  # its own class: no shared claim (made once: later searches ask again)
 
     class Later(Waiting):
         name: ClassVar[str] = "waitfake2"
 
+    own = {n: type(f"{n}Array", (), {}) for n in ("waitfake", "waitfake2")}
     md.register_backend("waitfake", Waiting, replace=True)
     md.register_backend("waitfake2", Later, replace=True)
+    try:
+        _synchronize_waits_on_later_backends(calls)
+    finally:
+        registry.unregister_backend("waitfake")
+        registry.unregister_backend("waitfake2")
+
+
+def _synchronize_waits_on_later_backends(calls: list[tuple[str, Any]]) -> None:
     md.backend("waitfake")
     cpu0 = md.Device("cpu", 0)
     for spelling in ("cpu:0", cpu0, "cpu:0"):
