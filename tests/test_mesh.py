@@ -6,7 +6,9 @@ suite's (``conformance_tests/test_mesh.py``); the frameworks' own meshes and sha
 from __future__ import annotations
 
 import pickle
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -15,6 +17,9 @@ import pytest
 import multidev as md
 from multidev.adapters import numpy as npa
 from multidev.mesh import block_bounds
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cycles import cyclic_garbage
 
 
 @pytest.fixture
@@ -391,29 +396,13 @@ def test_placement_leaves_no_reference_cycle(four: None) -> None:
     """Placing, relaying out and gathering a sharded tensor free their temporaries (the source pieces a
     move made) by reference counting: the recursive helper that stitches a block used to be a closure
     cycle that held them until a garbage collection (100, 132 and 47 objects a call)."""
-    import gc
-
     mesh = md.Mesh((2, 2), ("a", "b"), [md.cpu(i) for i in range(4)])
     x = md.asarray(np.arange(24.0).reshape(4, 6), backend="numpy")
     y = md.to(x, md.Layout(mesh, ("a", "b")))
     calls = {"place": lambda: md.to(x, md.Layout(mesh, ("a", "b"))),
              "relayout": lambda: md.to(y, md.Layout(mesh, ("b", None))),
              "gather": lambda: md.to(y, md.cpu(1))}
-    for make in calls.values():
+    for name, make in calls.items():
         make()
-    was = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        for name, make in calls.items():
-            found = []
-            for _ in range(3):  # a cycle the call makes shows on every call
-                out = make()
-                del out
-                found.append(gc.collect())
-                if not found[-1]:
-                    break
-            assert not found[-1], f"{name} left cyclic garbage on every call: {found}"
-    finally:
-        if was:
-            gc.enable()
+        found = cyclic_garbage(make)
+        assert not found[-1], f"{name} left cyclic garbage on every call: {found}"

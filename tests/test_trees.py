@@ -6,12 +6,18 @@ the frameworks' own trees and models are checked in their adapters' tests and th
 from __future__ import annotations
 
 import collections
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 import multidev as md
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cycles import cyclic_garbage
 
 P = collections.namedtuple("P", "w b")
 
@@ -121,34 +127,22 @@ def test_structure_calls_leave_no_reference_cycle_holding_their_results() -> Non
     """A structure call's results are freed when the caller drops them, not at the next garbage
     collection: a cycle through tree_map's recursive helper kept md.to_host's pinned buffers alive on
     an H200 (CuPy then paid a fresh 50 ms cudaHostAlloc for every 64 MiB copy)."""
-    import gc
     import weakref
 
     x = md.ones((16,), device="cpu:0", backend="numpy")
     calls = {"to_host": lambda s: md.to_host(s), "to": lambda s: md.to(s, "cpu:0"),
              "copy": lambda s: md.copy(s, "cpu:0"), "device_of": md.device_of,
              "to_host non_blocking": lambda s: md.to_host(s, non_blocking=True).wait()}
-    enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        for name, call in calls.items():
-            # a cycle the call makes shows on every call; garbage another thread happened to leave
-            # during one (a loaded CI machine once showed 29,648 objects from elsewhere) does not
-            found = []
-            for _ in range(3):
-                out = call({"a": [x, (x, x)], "b": x})
-                probe = weakref.ref(out["a"][0]) if isinstance(out, dict) and hasattr(out["a"][0], "shape") else None
-                del out
+    for name, call in calls.items():
+        def dropped(out: Any, name: str = name) -> Callable[[], None]:
+            probe = weakref.ref(out["a"][0]) if isinstance(out, dict) and hasattr(out["a"][0], "shape") else None
+
+            def check() -> None:
                 if probe is not None and probe() is not None and probe() is not x:
                     raise AssertionError(f"md.{name}'s result outlived the caller's last reference")
-                found.append(gc.collect())
-                if found[-1] == 0:
-                    break
-            assert found[-1] == 0, f"md.{name} of a structure left a reference cycle on every call: {found}"
-    finally:
-        if enabled:
-            gc.enable()
+            return check
+        found = cyclic_garbage(lambda call=call: call({"a": [x, (x, x)], "b": x}), dropped)
+        assert found[-1] == 0, f"md.{name} of a structure left a reference cycle on every call: {found}"
 
 
 def test_numpy_default_device_is_native_in_native_out() -> None:
