@@ -695,6 +695,8 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
         dev = device if device.__class__ is Device else as_device(device)
         if resident_container(x, dev):  # (trees.resident_container)
             return x if cls is tuple else cls(x)  # (a list or dict: a new one, as tree_map gives)
+        if cached_owner(cls) is None:  # (Python's own containers are no tensors: owner_or_structure's answer)
+            return _structure_to(x, dev)
     b = cached_owner(type(x))  # a tensor of a class seen before: one lookup (owner_or_structure's first)
     if b is None:
         try:  # (the layouts and sharded tensors of multidev.sharding are dispatched where they raise: no cost here)
@@ -753,10 +755,21 @@ def _moved_all(xs: list[Any], dev: Device) -> list[Any]:
     """``[to(x, dev) for x in xs]`` (a structure's distinct tensors), the tensors of an adapter with
     ``move_all`` (see :class:`~multidev.adapter.BaseBackend`) that are not on ``dev`` moved in one
     call per adapter."""
+    kinds = set(map(type, xs))
+    b: Any = None
+    if len(kinds) == 1 and len(xs) > 1:  # (a structure's tensors mostly are of one class, and none is on dev yet)
+        b = cached_owner(kinds.pop())
+        if b is not None and getattr(b, "move_all", None) is not None:
+            try:
+                heres = list(map(b.device_of, xs))
+            except MultidevError:  # no single device (a framework's sharded array): the loop below
+                pass
+            else:
+                if id(dev) not in set(map(id, heres)):  # (Devices are interned)
+                    return _all_moved(b, xs, dev)
     out: list[Any] = [None] * len(xs)
     groups: dict[int, tuple[Any, list[int], list[Any]]] = {}  # adapter, where, its tensors
     cls: Any = None
-    b: Any = None
     for i, x in enumerate(xs):
         if type(x) is not cls:  # (a structure's tensors are mostly of one class)
             cls = type(x)
@@ -780,14 +793,18 @@ def _moved_all(xs: list[Any], dev: Device) -> list[Any]:
         if len(ts) == 1:
             out[at[0]] = to(ts[0], dev)
             continue
-        target = resolve(b, dev)
-        try:
-            ys = b.move_all(ts, target)
-        except Exception as e:  # noqa: BLE001 - translated by reraise
-            translate_errors(lambda: f"{b.name} to({target})").reraise(e)  # noqa: B023 - called at once
-        for i, y in zip(at, ys, strict=True):
+        for i, y in zip(at, _all_moved(b, ts, dev), strict=True):
             out[i] = y
     return out
+
+
+def _all_moved(b: Any, ts: list[Any], dev: Device) -> list[Any]:
+    """``b.move_all(ts, dev)``: tensors of adapter ``b``, none on ``dev``, moved in one call."""
+    target = resolve(b, dev)
+    try:
+        return b.move_all(ts, target)
+    except Exception as e:  # noqa: BLE001 - translated by reraise
+        translate_errors(lambda: f"{b.name} to({target})").reraise(e)
 
 
 def copy(x: _T, device: DeviceLike | None = None) -> _T:

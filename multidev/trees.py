@@ -367,11 +367,7 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
     type); :data:`_NOT_FLAT` for anything else (the walk takes it, and names what it refuses). Each
     container is read once."""
     shape: list[Any] = []  # pre-order: (type, item count, a dict's keys) per container, None per tensor
-    xs: list[Any] = []  # the distinct tensors, in pre-order
-    at: dict[int, int] = {}  # id -> index in xs
-    slots: list[int] = []  # each tensor occurrence's index in xs, in pre-order
-    owners: dict[int, Backend] = {}
-    seen: Any = None  # the last tensor class looked up (a structure's tensors are mostly of one class)
+    found: list[Any] = []  # the tensors, in pre-order (a tied one as often as it occurs)
     containers = 0
     stack = [obj]
     while stack:
@@ -386,33 +382,38 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
             shape.append((cls, len(vals), keys))
             stack.extend(reversed(vals))
             containers += 1
+            if len(shape) + len(vals) > RESIDENT_MAX:  # (a circular structure ends here too: the walk names it)
+                return _NOT_FLAT
         else:
-            if cls is not seen:
-                b = cached_owner(cls)
-                if b is None or cls is ShardedTensor:
-                    return _NOT_FLAT
-                owners[id(b)] = b
-                seen = cls
-            k = id(x)
-            j = at.get(k)
-            if j is None:
-                j = at[k] = len(xs)
-                xs.append(x)
-            slots.append(j)
+            found.append(x)
             shape.append(None)
-        if len(shape) > RESIDENT_MAX:  # (a circular structure ends here too: the walk names it)
-            return _NOT_FLAT
     # (the walk's depth limit, MAX_DEPTH: read from the shape once the structure has more containers)
-    if not xs or (containers > MAX_DEPTH and _deeper_than_the_limit(shape)):
+    if not found or (containers > MAX_DEPTH and _deeper_than_the_limit(shape)):
         return _NOT_FLAT
-    ys = _calls(leaf, xs, owners, check, batch, what)
+    owners: dict[int, Backend] = {}
+    for c in set(map(type, found)):  # (a structure's tensors are mostly of one class)
+        b = cached_owner(c)
+        if b is None or c is ShardedTensor:
+            return _NOT_FLAT
+        owners[id(b)] = b
+    if len(set(map(id, found))) == len(found):  # no tensor twice (the common case): no index kept
+        res = _calls(leaf, found, owners, check, batch, what)
+    else:
+        at: dict[int, int] = {}  # id -> index in xs
+        xs: list[Any] = []  # the distinct tensors, in pre-order
+        for t in found:
+            if id(t) not in at:
+                at[id(t)] = len(xs)
+                xs.append(t)
+        ys = _calls(leaf, xs, owners, check, batch, what)
+        res = [ys[at[id(t)]] for t in found]
     # rebuilt children before parents: a container's items are the top of the stack, first item on top
     built: list[Any] = []
-    i = len(slots)
+    i = len(res)
     for node in reversed(shape):
         if node is None:
             i -= 1
-            built.append(ys[slots[i]])
+            built.append(res[i])
             continue
         cls, n, keys = node
         items = built[len(built) - n:][::-1] if n else []

@@ -205,6 +205,28 @@ def test_device_of_tracer_raises(jb):
     assert seen == [True]
 
 
+def test_device_of_reads_a_one_device_sharding_without_its_private_device(jb, monkeypatch):
+    """device_of reads a one-device sharding's ``_device`` directly; a sharding of that class without
+    the attribute (a JAX that renamed it) is read the public way, and one naming another process's
+    device is not taken for one of ours."""
+    x = jb.full((2,), 1.0, "float32", CPU0)
+
+    class Bare:  # JAX's one-device sharding as a release without ``_device`` would have it
+        device_set = x.sharding.device_set
+
+    class Stranger:
+        _device = object()  # no device of this process
+        device_set = x.sharding.device_set
+
+    monkeypatch.setattr(jb, "_single", Bare)
+    assert jb.device_of(type("A", (), {"sharding": Bare()})()) is CPU0
+    monkeypatch.setattr(jb, "_single", Stranger)
+    assert jb.device_of(type("A", (), {"sharding": Stranger()})()) is CPU0
+    monkeypatch.undo()
+    assert jb._single is type(x.sharding)  # (the direct read applies to JAX's own arrays)
+    assert jb.device_of(x) is CPU0
+
+
 class _FailingArray:
     """Stands for an array whose asynchronous computation failed (CPU JAX raises at dispatch)."""
 

@@ -7,6 +7,7 @@ host copies, staged uploads) of :mod:`.transfers`.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import secrets
 import sys
@@ -84,6 +85,8 @@ class JaxCore(BaseBackend):
         self._caps: dict[bool, Capabilities] = {}
         self._reported: list[weakref.ref] = []  # failed arrays whose error synchronize already raised
         self._sharding_devs: dict[Any, Device] = {}  # single-device sharding -> its Device (device_of)
+        #: JAX's one-device sharding class, whose ``_device`` device_of reads first (see there)
+        self._single = getattr(getattr(jax, "sharding", None), "SingleDeviceSharding", None)
         self._dtype_names: dict[Any, str] = {}  # NumPy dtype -> canonical name (dtype_of)
         #: Pageable uploads to an accelerator from this size up go in pieces from several threads
         #: (multidev.adapter.parallel_put), of the size measured fastest (docs/transfers.md).
@@ -254,6 +257,13 @@ class JaxCore(BaseBackend):
 
     def device_of(self, x: Any) -> Device:
         sh = getattr(x, "sharding", None)
+        # A one-device sharding's device read directly: looking the sharding up costs its Python
+        # __hash__ and __eq__, three times this whole read. (Its memory kind is no part of the device;
+        # should JAX rename the attribute, the public read below answers.)
+        if sh.__class__ is self._single:
+            dev = self._from_native.get(getattr(sh, "_device", None))
+            if dev is not None:
+                return dev
         try:
             dev = self._sharding_devs.get(sh)
         except TypeError:  # an unhashable sharding: read it the long way
@@ -301,20 +311,21 @@ class JaxCore(BaseBackend):
         at: list[int] = []
         plain: list[Any] = []
         to_host = device.kind == "cpu"
-        direct: set[Any] = set()  # (to a host device) shardings whose arrays take no route of their own
+        single, hosts = self._single, self._from_native
+        threshold = self.staging.threshold
         for i, x in enumerate(xs):
-            if to_host:  # the host routes depend on the array's sharding alone
+            # What takes no route is told without the route's calls: to a host device, a one-device
+            # array on a host device in its default memory (no pinned copy, nothing to land); to an
+            # accelerator, an array too small to stage (16 bytes an element at most).
+            if to_host:
                 sh = x.sharding
-                if sh in direct:
-                    at.append(i)
-                    plain.append(x)
-                    continue
-            y = self._routed_move(x, device, native)
-            if y is None:
+                quick = sh.__class__ is single and sh.memory_kind in (None, "device") and (
+                    (d := hosts.get(getattr(sh, "_device", None))) is not None and d.kind == "cpu")
+            else:
+                quick = math.prod(x.shape) * 16 < threshold
+            if quick or (y := self._routed_move(x, device, native)) is None:
                 at.append(i)
                 plain.append(x)
-                if to_host:
-                    direct.add(sh)
             else:
                 out[i] = y
         if plain:
