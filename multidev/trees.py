@@ -382,8 +382,8 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
             shape.append((cls, len(vals), keys))
             stack.extend(reversed(vals))
             containers += 1
-            if len(shape) + len(vals) > RESIDENT_MAX:  # (a circular structure ends here too: the walk names it)
-                return _NOT_FLAT
+            if len(shape) + len(stack) > RESIDENT_MAX:  # (the nodes read and to read; a circular structure ends
+                return _NOT_FLAT  # here too: the walk names it)
         else:
             found.append(x)
             shape.append(None)
@@ -391,7 +391,7 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
     if not found or (containers > MAX_DEPTH and _deeper_than_the_limit(shape)):
         return _NOT_FLAT
     owners: dict[int, Backend] = {}
-    for c in set(map(type, found)):  # (a structure's tensors are mostly of one class)
+    for c in dict.fromkeys(map(type, found)):  # (in the order first met: which adapter's check raises first)
         b = cached_owner(c)
         if b is None or c is ShardedTensor:
             return _NOT_FLAT

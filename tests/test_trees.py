@@ -319,3 +319,32 @@ def test_the_nested_path_keeps_the_depth_limit_past_its_container_count() -> Non
     for _ in range(MAX_DEPTH - 2):
         ok = [ok]
     assert _plain_map(lambda t: t, [*[(a,)] * (2 * MAX_DEPTH), ok], None, None, "x") is not _NOT_FLAT
+
+
+def test_the_nested_path_checks_adapters_in_the_order_their_tensors_come(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check`` runs once per adapter in the order of each one's first tensor (so the error of a target
+    several adapters lack names the first leaf's), and a structure of more than RESIDENT_MAX nodes
+    (counting those still to read) is left to the walk."""
+    import types
+
+    from multidev import trees
+
+    class T1:
+        pass
+
+    class T2:
+        pass
+
+    owners = {T1: types.SimpleNamespace(name="one"), T2: types.SimpleNamespace(name="two")}
+    monkeypatch.setattr(trees, "cached_owner", owners.get)
+    for obj, want in (({"a": [T2()], "b": (T1(), T2())}, ["two", "one"]),
+                      ({"a": [T1()], "b": (T2(), T1())}, ["one", "two"])):
+        seen: list[str] = []
+        trees._plain_map(lambda t: t, obj, lambda b, seen=seen: seen.append(b.name), None, "x")
+        assert seen == want
+    monkeypatch.undo()
+    a = np.ones(1)
+    md.device_of(a)
+    m = trees.RESIDENT_MAX
+    assert trees._plain_map(lambda t: t, [[a] * (m - 10), *[a] * (m - 10)], None, None, "x") is trees._NOT_FLAT
+    assert trees._plain_map(lambda t: t, [[a] * 10, *[a] * (m - 20)], None, None, "x") is not trees._NOT_FLAT
