@@ -39,8 +39,11 @@ def x64_off():
 
 
 def _py(code: str, devices: int | None = 4, **env: str) -> str:
-    """Run ``code`` in a fresh interpreter; returns its stdout, failing the test on a non-zero exit."""
+    """Run ``code`` in a fresh interpreter; returns its stdout, failing the test on a non-zero exit. JAX
+    there sees its CPU platform only (these runs are about its virtual CPU devices: on a machine with a
+    GPU, ``jax.devices()`` would list the GPU first)."""
     e = {k: v for k, v in os.environ.items() if k not in ("MULTIDEV_JAX_CPU_DEVICES", "XLA_FLAGS")}
+    e.setdefault("JAX_PLATFORMS", "cpu")
     if devices is not None:
         e["MULTIDEV_JAX_CPU_DEVICES"] = str(devices)
     e.update(env)

@@ -1,0 +1,86 @@
+"""The Python of ``md.to`` on a JAX pytree, without the copies: ``jax.device_put`` replaced by a function
+that returns its input, so what is timed is multidev's walk, checks and routes against the floor walk
+of ``scripts/gpu/tree_move_probe.py`` (``floor_to``) on the same tree (D2L's LeNet parameters, 10
+arrays in 5 dicts), and the parts of the call one by one. Best of 15 blocks of 2,000 calls (1,000 for
+the whole call), each variant in turn; ``--profile`` adds a cProfile of ``md.to`` by own time.
+
+    python scripts/bench/tree_move_python.py [--device gpu:0] [--profile]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--device", default="cpu:1")
+ap.add_argument("--profile", action="store_true")
+args = ap.parse_args()
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import multidev as md  # noqa: E402
+from multidev import api, trees  # noqa: E402
+from multidev.registry import cached_owner  # noqa: E402
+
+b = md.backend("jax")
+target = md.device(args.device)
+dst = b.to_native_device(target)
+host = b.to_native_device(md.device("cpu:0"))
+rng = np.random.default_rng(0)
+shapes = {"conv1": (6, 1, 5, 5), "conv2": (16, 6, 5, 5), "fc1": (400, 120), "fc2": (120, 84), "fc3": (84, 10)}
+tree = jax.device_put({k: {"w": rng.normal(size=s).astype(np.float32), "b": np.zeros(s[0] if len(s) == 4 else s[1],
+                                                                                    np.float32)}
+                       for k, s in shapes.items()}, host)
+leaves = jax.tree_util.tree_leaves(tree)
+md.to(tree, target)  # (the classes seen once)
+probe = (Path(__file__).resolve().parents[1] / "gpu" / "tree_move_probe.py").read_text()
+ns: dict[str, Any] = {"cached_owner": cached_owner, "owner": cached_owner(type(leaves[0])), "jax": jax, "dst": dst,
+                      "md": md, "Any": Any}
+exec(probe[probe.index("def floor_to"):probe.index("variants = {")], ns)  # the probe's floor, as it is there
+floor_to = ns["floor_to"]
+jax.device_put = lambda xs, device=None, **kw: xs  # (md's adapter and the floor read it from the module)
+
+
+def best(f: Callable[[], Any], n: int = 2000) -> float:
+    for _ in range(200):
+        f()
+    out = float("inf")
+    for _ in range(15):
+        t = time.perf_counter()
+        for _ in range(n):
+            f()
+        out = min(out, (time.perf_counter() - t) / n * 1e6)
+    return out
+
+
+ident = lambda xs: xs
+rows = {
+    "md.to(tree, device)": (lambda: md.to(tree, target), 1000),
+    "floor_to(tree, device) (the probe's floor)": (lambda: floor_to(tree, target), 1000),
+    "  trees._plain_map, identity batch": (lambda: trees._plain_map(None, tree, None, ident, "to"), 2000),
+    "  api._moved_all(leaves)": (lambda: api._moved_all(leaves, target), 2000),
+    "  b.move_all(leaves)": (lambda: b.move_all(leaves, target), 2000),
+    "  b.device_of(x) for the 10 leaves": (lambda: [b.device_of(x) for x in leaves], 2000),
+}
+print(f"jax {jax.__version__}, {len(leaves)} leaves, cpu:0 -> {target}, device_put stubbed; best of 15 blocks "
+      "(us a call):")
+for k, (f, n) in rows.items():
+    print(f"  {best(f, n):8.2f}  {k}")
+if args.profile:
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(20000):
+        md.to(tree, target)
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
+    print(s.getvalue())
