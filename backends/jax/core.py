@@ -257,9 +257,9 @@ class JaxCore(BaseBackend):
 
     def device_of(self, x: Any) -> Device:
         sh = getattr(x, "sharding", None)
-        # A one-device sharding's device read directly: looking the sharding up costs its Python
-        # __hash__ and __eq__, three times this whole read. (Its memory kind is no part of the device;
-        # should JAX rename the attribute, the public read below answers.)
+        # A one-device sharding's device read directly: looking the sharding up runs its Python
+        # __hash__ and __eq__, which cost more than this whole read. (Its memory kind is no part of the
+        # device; should JAX rename the attribute, the public read below answers.)
         if sh.__class__ is self._single:
             dev = self._from_native.get(getattr(sh, "_device", None))
             if dev is not None:
