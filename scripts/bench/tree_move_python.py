@@ -1,6 +1,6 @@
 """The Python of ``md.to`` on a JAX pytree, without the copies: ``jax.device_put`` replaced by a function
 that returns its input, so what is timed is multidev's walk, checks and routes against the floor walk
-of ``scripts/gpu/tree_move_probe.py`` (``floor_to``) on the same tree (D2L's LeNet parameters, 10
+of ``scripts/gpu/tree_move_probe.py`` (``floor_to``) on the models suite's LeNet parameters (10
 arrays in 5 dicts), and the parts of the call one by one. Best of 15 blocks of 2,000 calls (1,000 for
 the whole call), each variant in turn; ``--profile`` adds a cProfile of ``md.to`` by own time.
 
@@ -25,21 +25,16 @@ args = ap.parse_args()
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
 import multidev as md  # noqa: E402
 from multidev import api, trees  # noqa: E402
+from multidev.benchmarks.baseline import native_for  # noqa: E402
 from multidev.registry import cached_owner  # noqa: E402
 
 b = md.backend("jax")
 target = md.device(args.device)
 dst = b.to_native_device(target)
-host = b.to_native_device(md.device("cpu:0"))
-rng = np.random.default_rng(0)
-shapes = {"conv1": (6, 1, 5, 5), "conv2": (16, 6, 5, 5), "fc1": (400, 120), "fc2": (120, 84), "fc3": (84, 10)}
-tree = jax.device_put({k: {"w": rng.normal(size=s).astype(np.float32), "b": np.zeros(s[0] if len(s) == 4 else s[1],
-                                                                                    np.float32)}
-                       for k, s in shapes.items()}, host)
+tree = native_for(b).model_d2l("lenet", md.device("cpu:0"))  # (the models suite's LeNet, as its move row has it)
 leaves = jax.tree_util.tree_leaves(tree)
 md.to(tree, target)  # (the classes seen once)
 probe = (Path(__file__).resolve().parents[1] / "gpu" / "tree_move_probe.py").read_text()
