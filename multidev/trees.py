@@ -329,8 +329,10 @@ def _flat_map(leaf: Callable[[Any], Any], obj: Any, cls: type, check: Callable[[
 def _leaf_results(leaf: Callable[[Any], Any], found: list[Any], owners: dict[int, Backend],
                   check: Callable[[Backend], Any] | None, batch: Callable[[list[Any]], list[Any]] | None,
                   what: str) -> list[Any]:
-    """The flat path's calls: each of ``found`` (tensors in order) deduplicated, then :func:`_calls`;
+    """The fast paths' calls: each of ``found`` (tensors in order) deduplicated, then :func:`_calls`;
     one result per item of ``found``."""
+    if len(set(map(id, found))) == len(found):  # no tensor twice (the common case): no index kept
+        return _calls(leaf, found, owners, check, batch, what)
     at: dict[int, int] = {}
     xs: list[Any] = []
     for t in found:
@@ -396,17 +398,7 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
         if b is None or c is ShardedTensor:
             return _NOT_FLAT
         owners[id(b)] = b
-    if len(set(map(id, found))) == len(found):  # no tensor twice (the common case): no index kept
-        res = _calls(leaf, found, owners, check, batch, what)
-    else:
-        at: dict[int, int] = {}  # id -> index in xs
-        xs: list[Any] = []  # the distinct tensors, in pre-order
-        for t in found:
-            if id(t) not in at:
-                at[id(t)] = len(xs)
-                xs.append(t)
-        ys = _calls(leaf, xs, owners, check, batch, what)
-        res = [ys[at[id(t)]] for t in found]
+    res = _leaf_results(leaf, found, owners, check, batch, what)
     # rebuilt children before parents: a container's items are the top of the stack, first item on top
     built: list[Any] = []
     i = len(res)
