@@ -752,20 +752,21 @@ def _structure_to(x: Any, device: DeviceLike) -> Any:
 
 
 def _moved_all(xs: list[Any], dev: Device) -> list[Any]:
-    """``[to(x, dev) for x in xs]`` (a structure's distinct tensors), the tensors of an adapter with
-    ``move_all`` (see :class:`~multidev.adapter.BaseBackend`) that are not on ``dev`` moved in one
-    call per adapter."""
-    kinds = set(map(type, xs))
+    """``[to(x, dev) for x in xs]`` (a structure's distinct tensors, whose adapters the walk's
+    ``check`` found ``dev`` on), the tensors of an adapter with ``move_all`` (see
+    :class:`~multidev.adapter.BaseBackend`) that are not on ``dev`` moved in one call per adapter."""
     b: Any = None
-    if len(kinds) == 1 and len(xs) > 1:  # (a structure's tensors mostly are of one class, and none is on dev yet)
-        b = cached_owner(kinds.pop())
+    cls = xs[0].__class__ if len(xs) > 1 else None
+    if cls is not None and all(x.__class__ is cls for x in xs):  # (a structure's tensors: mostly one class, none
+        b = cached_owner(cls)  # on dev yet)
         if b is not None and getattr(b, "move_all", None) is not None:
             try:
-                heres = list(map(b.device_of, xs))
+                here = b.device_of
+                moving = all(here(x) is not dev for x in xs)  # (Devices are interned)
             except MultidevError:  # no single device (a framework's sharded array): the loop below
                 pass
             else:
-                if id(dev) not in set(map(id, heres)):  # (Devices are interned)
+                if moving:
                     return _all_moved(b, xs, dev)
     out: list[Any] = [None] * len(xs)
     groups: dict[int, tuple[Any, list[int], list[Any]]] = {}  # adapter, where, its tensors
@@ -799,12 +800,12 @@ def _moved_all(xs: list[Any], dev: Device) -> list[Any]:
 
 
 def _all_moved(b: Any, ts: list[Any], dev: Device) -> list[Any]:
-    """``b.move_all(ts, dev)``: tensors of adapter ``b``, none on ``dev``, moved in one call."""
-    target = resolve(b, dev)
+    """``b.move_all(ts, dev)``: tensors of adapter ``b`` (which has ``dev``: the walk's ``check``
+    resolved it), none on ``dev``, moved in one call."""
     try:
-        return b.move_all(ts, target)
+        return b.move_all(ts, dev)
     except Exception as e:  # noqa: BLE001 - translated by reraise
-        translate_errors(lambda: f"{b.name} to({target})").reraise(e)
+        translate_errors(lambda: f"{b.name} to({dev})").reraise(e)
 
 
 def copy(x: _T, device: DeviceLike | None = None) -> _T:

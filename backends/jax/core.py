@@ -307,23 +307,27 @@ class JaxCore(BaseBackend):
         if self._redefines("move", JaxCore):
             return [self.move(x, device) for x in xs]
         native = self.to_native_device(device)
-        out: list[Any] = [None] * len(xs)
-        at: list[int] = []
-        plain: list[Any] = []
         to_host = device.kind == "cpu"
         single, hosts = self._single, self._from_native
         threshold = self.staging.threshold
-        for i, x in enumerate(xs):
+
+        def quick(x: Any) -> bool:
             # What takes no route is told without the route's calls: to a host device, a one-device
             # array on a host device in its default memory (no pinned copy, nothing to land); to an
             # accelerator, an array too small to stage (16 bytes an element at most).
             if to_host:
                 sh = x.sharding
-                quick = sh.__class__ is single and sh.memory_kind in (None, "device") and (
+                return sh.__class__ is single and sh.memory_kind in (None, "device") and (
                     (d := hosts.get(getattr(sh, "_device", None))) is not None and d.kind == "cpu")
-            else:
-                quick = math.prod(x.shape) * 16 < threshold
-            if quick or (y := self._routed_move(x, device, native)) is None:
+            return math.prod(x.shape) * 16 < threshold
+
+        if all(map(quick, xs)):  # (a model's parameters, mostly: one device_put of the list, as it is)
+            return list(self.jax.device_put(xs, native))
+        out: list[Any] = [None] * len(xs)
+        at: list[int] = []
+        plain: list[Any] = []
+        for i, x in enumerate(xs):
+            if quick(x) or (y := self._routed_move(x, device, native)) is None:
                 at.append(i)
                 plain.append(x)
             else:

@@ -65,7 +65,16 @@ rows = {
     "  api._moved_all(leaves)": (lambda: api._moved_all(leaves, target), 2000),
     "  b.move_all(leaves)": (lambda: b.move_all(leaves, target), 2000),
     "  b.device_of(x) for the 10 leaves": (lambda: [b.device_of(x) for x in leaves], 2000),
+    "  x.sharding for the 10 leaves": (lambda: [x.sharding for x in leaves], 2000),
+    "  trees.tree_map as md.to calls it, identity batch": (
+        lambda: trees.tree_map(ident, tree, "to", module=ident, check=lambda b: api.resolve(b, target),
+                               scalar=ident, batch=ident), 2000),
+    "  api.resolve(b, device)": (lambda: api.resolve(b, target), 2000),
+    "  md.device(device) spelled": (lambda: md.device(args.device), 2000),
 }
+sh = leaves[0].sharding
+print(f"{type(sh).__name__} has _device: {hasattr(sh, '_device')}; device_of's class test: "
+      f"{sh.__class__ is getattr(b, '_single', None)}")
 print(f"jax {jax.__version__}, {len(leaves)} leaves, cpu:0 -> {target}, device_put stubbed; best of 15 blocks "
       "(us a call):")
 for k, (f, n) in rows.items():
