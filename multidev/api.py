@@ -756,13 +756,13 @@ def _moved_all(xs: list[Any], dev: Device) -> list[Any]:
     ``check`` found ``dev`` on), the tensors of an adapter with ``move_all`` (see
     :class:`~multidev.adapter.BaseBackend`) that are not on ``dev`` moved in one call per adapter."""
     b: Any = None
-    cls = xs[0].__class__ if len(xs) > 1 else None
-    if cls is not None and all(x.__class__ is cls for x in xs):  # (a structure's tensors: mostly one class, none
-        b = cached_owner(cls)  # on dev yet)
+    one = xs[0].__class__ if len(xs) > 1 else None
+    if one is not None and all(x.__class__ is one for x in xs):  # (a structure's tensors: mostly one class, none
+        b = cached_owner(one)  # on dev yet)
         if b is not None and getattr(b, "move_all", None) is not None:
             try:
-                here = b.device_of
-                moving = all(here(x) is not dev for x in xs)  # (Devices are interned)
+                device_of = b.device_of
+                moving = all(device_of(x) is not dev for x in xs)  # (Devices are interned)
             except MultidevError:  # no single device (a framework's sharded array): the loop below
                 pass
             else:

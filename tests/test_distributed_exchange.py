@@ -410,3 +410,59 @@ def test_mpi_keeps_a_dropped_request_and_its_buffers_until_mpi_is_done(tmp_path:
     first = next(o for o in outs if o["rank"] == 0)
     assert first["kept"] == 1 and first["left"] == 0, first
     assert all(o["sum"] == 2.0 for o in outs), outs
+
+
+def test_the_torch_engines_wait_limit_is_rounded_down_and_made_once_a_centisecond() -> None:
+    """A blocking call's wait asks for the group's timeout less what the call took so far: the
+    timedelta torch's wait takes is made once for every limit of the same centisecond, never longer
+    than the limit asked for, and at least a millisecond."""
+    _span = torch_engine._span
+    a = _span(299.99931)
+    assert a == timedelta(seconds=299.99) and _span(299.99912) is a
+    assert _span(0.5) == timedelta(seconds=0.5) and _span(0.0) == timedelta(milliseconds=1)
+    assert _span(0.004) == timedelta(milliseconds=1) and _span(2.0) == timedelta(seconds=2)
+
+
+_TORCH_QUIET = r'''
+import json, warnings
+import torch
+from multidev import distributed as dist
+
+dist.init(engine="torch", transport="gloo", timeout=30)
+x = torch.ones(4)
+with warnings.catch_warnings(record=True) as got:
+    warnings.simplefilter("always")
+    dist.allreduce(x, inplace=True)
+    dist.allreduce(x)
+    dist.broadcast(x)
+    dist.reduce(x)
+    dist.allgather(x)
+    dist.gather(x)
+    dist.reduce_scatter(x)
+    dist.scatter(x)
+    dist.allreduce(x, async_op=True).wait()
+said = [f"{w.category.__name__}: {w.message}" for w in got]
+dist.shutdown()
+print("MDOUT " + json.dumps(said), flush=True)
+'''
+
+
+@pytest.mark.multiprocess
+def test_the_torch_engines_collectives_leak_no_warning_of_torch(tmp_path: Any) -> None:
+    """torch deprecates some of the primitives the engine calls (``reduce_scatter_tensor``,
+    ``all_gather_into_tensor``): their warnings stay inside the engine, and ``all_reduce`` and
+    ``broadcast``, which it starts without that guard (a tenth of a small call's Python), warn of
+    nothing."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    script = tmp_path / "torch_quiet.py"
+    script.write_text(_TORCH_QUIET)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "multidev.distributed.launch", "-n", "1", "--engine", "torch",
+                           str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0 and "MDOUT " in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert json.loads(proc.stdout.split("MDOUT ")[1].splitlines()[0]) == []

@@ -119,6 +119,21 @@ _REDUCE_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}
 _P2P_TAG = 0x6D64
 
 
+#: The last wait's limit, whole centiseconds, and its timedelta: a blocking call's waits ask for the
+#: group's timeout less the microseconds since the call began, one timedelta for them all.
+_SPAN: tuple[int, timedelta] = (-1, timedelta(0))
+
+
+def _span(timeout: float) -> timedelta:
+    """``timeout`` seconds (at least a millisecond) as a timedelta, rounded down to the centisecond."""
+    global _SPAN
+    cs = int(timeout * 100)
+    last = _SPAN  # (one read: another thread may replace the pair, never half of it)
+    if last[0] != cs:
+        last = _SPAN = (cs, timedelta(seconds=max(cs / 100, 1e-3)))
+    return last[1]
+
+
 class _Work(Handle):
     """A torch.distributed work object and how to read its result; ``lost``: the engine's
     :meth:`TorchEngine.lost` for it (a reusable context manager, made once per primitive)."""
@@ -134,7 +149,7 @@ class _Work(Handle):
         if self.work is None:
             return True
         with self.lost:
-            self.work.wait(timeout=timedelta(seconds=max(timeout, 1e-3)))
+            self.work.wait(timeout=_span(timeout))
         return True
 
     def result(self) -> Any:
@@ -431,8 +446,14 @@ class TorchEngine(Engine):
     def _reduce_op(self, op: str) -> Any:
         return getattr(self.tdist.ReduceOp, _REDUCE_OPS[op])
 
-    def _start(self, what: str, call: Callable[[], Any], result: Callable[[], Any]) -> Handle:
+    def _start(self, what: str, call: Callable[[], Any], result: Callable[[], Any], quiet: bool = True) -> Handle:
+        """``call()`` (a torch.distributed primitive, ``async_op``) under :meth:`lost`, inside
+        :class:`_quiet` unless ``quiet`` is False (a primitive torch does not warn about: its
+        guard is a tenth of a small call's Python)."""
         lost = self.lost(what)
+        if not quiet:
+            with lost:
+                return _Work(lost, call(), result)
         with lost, _quiet():
             w = call()
         return _Work(lost, w, result)
@@ -443,11 +464,11 @@ class TorchEngine(Engine):
 
     def allreduce(self, t: Any, op: str) -> Handle:
         return self._start("all_reduce", lambda: self.tdist.all_reduce(t, op=self._reduce_op(op), group=self._group,
-                                                                       async_op=True), lambda: t)
+                                                                       async_op=True), lambda: t, quiet=False)
 
     def broadcast(self, t: Any, src: int) -> Handle:
         return self._start("broadcast", lambda: self.tdist.broadcast(t, src=self._rank(src), group=self._group,
-                                                                     async_op=True), lambda: t)
+                                                                     async_op=True), lambda: t, quiet=False)
 
     def reduce(self, t: Any, dst: int, op: str) -> Handle:
         return self._start("reduce", lambda: self.tdist.reduce(t, dst=self._rank(dst), op=self._reduce_op(op),
