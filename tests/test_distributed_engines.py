@@ -368,6 +368,28 @@ def test_refused_inputs_change_nothing_and_are_typed(one_rank: Any) -> None:
     assert dist.allreduce(np.ones(2, np.float32))[0] == 1  # the group is fine after refusals
 
 
+def test_an_infinite_timeout_waits_a_year() -> None:
+    """init and set_timeout take ``float("inf")`` (or any longer wait) as a year: no runtime's clock
+    takes an infinite wait (torch's timedelta, a thread's join overflow on one), and a year is
+    forever to a job."""
+    from multidev.distributed.group import MAX_TIMEOUT, current
+
+    if "one-rank" not in dist.engine_names():
+        dist.register_engine("one-rank", _OneRank)
+    dist.init("one-rank", timeout=float("inf"), rendezvous_timeout=1e300)
+    try:
+        assert current().timeout == MAX_TIMEOUT == 365 * 86400.0
+        dist.set_timeout(5.0)
+        assert current().timeout == 5.0
+        dist.set_timeout(float("inf"))
+        assert current().timeout == MAX_TIMEOUT
+        assert dist.allreduce(np.ones(2, np.float32))[0] == 1
+        with pytest.raises(md.DistributedSetupError, match="positive"):
+            dist.set_timeout(float("nan"))
+    finally:
+        dist.shutdown()
+
+
 def test_the_checks_can_be_turned_off_and_on_collectively(one_rank: Any) -> None:
     n = len(_OneRank.rows)
     dist.allreduce(np.ones(2, np.float32))

@@ -428,7 +428,7 @@ import json, warnings
 import torch
 from multidev import distributed as dist
 
-dist.init(engine="torch", transport="gloo", timeout=30)
+dist.init(engine="torch", transport="gloo", timeout=float("inf"))  # (a year: see MAX_TIMEOUT)
 x = torch.ones(4)
 with warnings.catch_warnings(record=True) as got:
     warnings.simplefilter("always")
@@ -452,7 +452,8 @@ def test_the_torch_engines_collectives_leak_no_warning_of_torch(tmp_path: Any) -
     """torch deprecates some of the primitives the engine calls (``reduce_scatter_tensor``,
     ``all_gather_into_tensor``): their warnings stay inside the engine, and ``all_reduce`` and
     ``broadcast``, which it starts without that guard (a tenth of a small call's Python), warn of
-    nothing."""
+    nothing. The group's timeout is infinite: every wait (the store's connection, the process
+    group's, each primitive's) takes it as a year."""
     import json
     import os
     import subprocess

@@ -119,18 +119,24 @@ _REDUCE_OPS = {"sum": "SUM", "prod": "PRODUCT", "max": "MAX", "min": "MIN"}
 _P2P_TAG = 0x6D64
 
 
+def _seconds(s: float) -> timedelta:
+    """``s`` seconds (the group's timeouts are a year at most: MAX_TIMEOUT) as torch takes a timeout:
+    at least a millisecond."""
+    return timedelta(seconds=max(s, 1e-3))
+
+
 #: The last wait's limit, whole centiseconds, and its timedelta: a blocking call's waits ask for the
 #: group's timeout less the microseconds since the call began, one timedelta for them all.
 _SPAN: tuple[int, timedelta] = (-1, timedelta(0))
 
 
 def _span(timeout: float) -> timedelta:
-    """``timeout`` seconds (at least a millisecond) as a timedelta, rounded down to the centisecond."""
+    """:func:`_seconds` of ``timeout`` rounded down to the centisecond, made once per centisecond."""
     global _SPAN
     cs = int(timeout * 100)
     last = _SPAN  # (one read: another thread may replace the pair, never half of it)
     if last[0] != cs:
-        last = _SPAN = (cs, timedelta(seconds=max(cs / 100, 1e-3)))
+        last = _SPAN = (cs, _seconds(cs / 100))
     return last[1]
 
 
@@ -261,7 +267,7 @@ class TorchEngine(Engine):
         generation = _generation
 
         def connect() -> Any:
-            td = timedelta(seconds=rdv)
+            td = _seconds(rdv)
             with self.lost(lambda: f"init ({self.where})", rdv):
                 if agent:
                     client = tdist.TCPStore(addr, port, ws, is_master=False, timeout=td)
@@ -320,7 +326,7 @@ class TorchEngine(Engine):
             kwargs["device_id"] = self.cuda_device
         with self.lost(lambda: f"init ({self.where})", rdv):
             tdist.init_process_group(pg, store=tdist.PrefixStore("pg", store), rank=r, world_size=ws,
-                                     timeout=timedelta(seconds=settings.timeout), **kwargs)
+                                     timeout=_seconds(settings.timeout), **kwargs)
         self.group_up = True
         return Membership(r, ws, lr, pg)
 
@@ -382,7 +388,7 @@ class TorchEngine(Engine):
         with self.lost(what, timeout):
             st.set(keys[self.rank], ",".join(str(int(v)) for v in row))
             try:
-                st.wait(keys, timedelta(seconds=max(timeout, 1e-3)))
+                st.wait(keys, _seconds(timeout))
             except RuntimeError:  # DistStoreError: a timeout; which ranks are missing is read below
                 present = [bool(st.check([k])) for k in keys]
                 return [[int(v) for v in st.get(k).decode().split(",")] if ok else None
@@ -426,7 +432,7 @@ class TorchEngine(Engine):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                q.set_timeout(timedelta(seconds=left))  # this connection's own: a local setting
+                q.set_timeout(_seconds(left))  # this connection's own: a local setting
                 try:
                     raw = q.queue_pop(f"q/{self.rank}")
                 except RuntimeError as e:  # DistStoreError: no row within the deadline; the missing stay None
@@ -502,7 +508,7 @@ class TorchEngine(Engine):
         assert self._members is None, "subgroups are split from the whole group"
         with self.lost("new_subgroups_by_enumeration"), _quiet():
             pg, _ = self.tdist.new_subgroups_by_enumeration([list(g) for g in groups],
-                                                            timeout=timedelta(seconds=self.timeout))
+                                                            timeout=_seconds(self.timeout))
         mine = next(g for g in groups if self.rank in g)
         v = copy.copy(self)
         v._group, v._members, v.rank, v.world = pg, mine, mine.index(self.rank), len(mine)

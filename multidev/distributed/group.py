@@ -42,6 +42,9 @@ __all__ = ["CHECK_ENV", "DEFAULT_TIMEOUT", "ENGINE_ENV", "GroupInfo", "checks_en
 
 #: Seconds a collective (and init's rendezvous) waits for the other ranks before raising.
 DEFAULT_TIMEOUT = 300.0
+#: The longest timeout, a year: a longer one, ``float("inf")`` among them, waits this long (no
+#: runtime's clock takes an infinite wait, and some overflow on a huge one).
+MAX_TIMEOUT = 365 * 86400.0
 #: The environment variable that turns the cross-rank consistency checks off ("0", "false", "off",
 #: "no") when init is not given ``check=``.
 CHECK_ENV = "MULTIDEV_DISTRIBUTED_CHECK"
@@ -215,9 +218,10 @@ def _choose(engine: str | None, environ: Mapping[str, str],
 
 # -- init and shutdown -------------------------------------------------------------------------------
 def _positive(name: str, v: Any) -> float:
+    """``v`` seconds, positive, at most :data:`MAX_TIMEOUT` (a longer one, infinity among them, waits that long)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
         raise DistributedSetupError(f"{name} must be a positive number of seconds, got {v!r:.40}")
-    return float(v)
+    return min(float(v), MAX_TIMEOUT)
 
 
 def _int_or_none(name: str, v: Any) -> int | None:
@@ -255,7 +259,8 @@ def init(engine: str | None = None, *, transport: str | None = None, rank: int |
       ranks from MPI itself.
     - ``timeout`` (seconds) bounds every collective: a rank that died, hung or never arrives makes
       the others raise :class:`DistributedTimeoutError` naming it and the call, instead of hanging.
-      ``rendezvous_timeout`` (default: ``timeout``) bounds init's wait for every rank.
+      ``rendezvous_timeout`` (default: ``timeout``) bounds init's wait for every rank. Either may be
+      ``float("inf")``: no timeout is longer than a year (:data:`MAX_TIMEOUT`).
     - ``check``: the cross-rank consistency checks (default on, or ``$MULTIDEV_DISTRIBUTED_CHECK``);
       every rank must pass the same, which init verifies.
 
