@@ -202,6 +202,69 @@ def test_the_jax_dispatchers_stop_waits_for_a_dispatch_it_has_not_started_yet() 
     assert first.result(0) is True and ran == [] and not d.thread.is_alive()
 
 
+def test_the_jax_dispatcher_lets_the_caller_dispatch_only_behind_nothing() -> None:
+    """An inline dispatch runs on the caller's thread, its error kept in the future as the thread
+    keeps one; while a dispatch is queued or running on the thread, an inline one queues behind it
+    (every rank must issue its collectives in one order)."""
+    from multidev.adapters.jax.engine import _Dispatcher
+
+    d = _Dispatcher()
+    try:
+        fut = d.submit(threading.current_thread, inline=True)
+        assert fut.result(0) is threading.current_thread()
+        bad = d.submit(lambda: 1 / 0, inline=True)
+        assert isinstance(bad.exception(0), ZeroDivisionError)
+        gate, order = threading.Event(), []
+        first = d.submit(lambda: gate.wait(10) and order.append("first"))
+        second = d.submit(lambda: (order.append("second"), threading.current_thread())[1], inline=True)
+        assert not second.done()  # (queued behind the first: not run by the caller)
+        gate.set()
+        assert second.result(5) is d.thread and first.result(5) is None and order == ["first", "second"]
+        assert d.queued == 0
+        assert d.submit(threading.current_thread, inline=True).result(0) is threading.current_thread()
+    finally:
+        d.close()
+
+
+def test_the_jax_engine_dispatches_a_function_from_its_thread_until_it_ran_once() -> None:
+    """A jitted collective's first dispatch runs the computation inside it (XLA's CPU client waits
+    there for a missing rank), so it goes to the dispatch thread, where the caller's deadline holds;
+    the same function's later dispatches only enqueue, and the caller makes them. Where JAX
+    dispatches synchronously (``_enqueues`` False), every one goes to the thread."""
+    jax = pytest.importorskip("jax")
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from multidev.adapters.jax.engine import JaxEngine, _Dispatcher
+
+    where: list[str] = []
+
+    class Seen(_Dispatcher):
+        def submit(self, fn: Any, inline: bool = False) -> Any:
+            return super().submit(lambda: (where.append(threading.current_thread().name), fn())[1], inline)
+
+    dev = jax.devices()[0]
+    mesh = Mesh(np.array([dev], dtype=object), ("p",))
+    e = object.__new__(JaxEngine)
+    e.jax, e.world, e.rank, e.native, e.platform, e.timeout = jax, 1, 0, dev, "cpu", 5.0
+    e.sharded, e.whole = NamedSharding(mesh, PartitionSpec("p")), NamedSharding(mesh, PartitionSpec())
+    e._home, e._fns, e._warm, e._lock = jax.device_put(np.zeros(1, np.float32), dev).sharding, {}, set(), threading.Lock()
+    e._dispatch, e._enqueues = Seen(), True
+    caller = threading.current_thread().name
+    try:
+        x = jax.numpy.arange(4.0)
+        for _ in range(3):
+            h = e.allreduce(x, "sum")
+            assert h.wait(5.0) and np.array_equal(np.asarray(h.result()), np.arange(4.0))
+        assert where == [e._dispatch.thread.name, caller, caller]
+        e.allreduce(jax.numpy.arange(3.0), "sum").wait(5.0)  # another shape: another function, its first
+        assert where[-1] == e._dispatch.thread.name
+        e._enqueues = False
+        e.allreduce(x, "sum").wait(5.0)
+        assert where[-1] == e._dispatch.thread.name
+    finally:
+        e._dispatch.close()
+
+
 def test_a_jax_collectives_wait_takes_any_timeout() -> None:
     """The JAX engine's wait blocks on its dispatch's future first: an infinite timeout (which
     init accepts) must not overflow the lock's, and a dispatch not done in time is a False."""
