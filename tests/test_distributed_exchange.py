@@ -413,14 +413,16 @@ def test_mpi_keeps_a_dropped_request_and_its_buffers_until_mpi_is_done(tmp_path:
 
 
 def test_the_torch_engines_wait_limit_is_rounded_down_and_made_once_a_centisecond() -> None:
-    """A blocking call's wait asks for the group's timeout less what the call took so far: the
-    timedelta torch's wait takes is made once for every limit of the same centisecond, never longer
-    than the limit asked for, and at least a millisecond."""
+    """A blocking call's wait asks for the group's timeout less what the call took so far: from a
+    second on, the timedelta torch's wait takes is made once for every limit of the same centisecond
+    and never longer than the limit asked for (at most 1% shorter); below a second it is the limit
+    itself, at least a millisecond."""
     _span = torch_engine._span
     a = _span(299.99931)
     assert a == timedelta(seconds=299.99) and _span(299.99912) is a
-    assert _span(0.5) == timedelta(seconds=0.5) and _span(0.0) == timedelta(milliseconds=1)
-    assert _span(0.004) == timedelta(milliseconds=1) and _span(2.0) == timedelta(seconds=2)
+    assert _span(2.0) == timedelta(seconds=2) and timedelta(seconds=2.28) <= _span(2.3) <= timedelta(seconds=2.3)
+    assert _span(0.29) == timedelta(seconds=0.29) and _span(0.004) == timedelta(milliseconds=4)
+    assert _span(0.0) == timedelta(milliseconds=1)
 
 
 _TORCH_QUIET = r'''
