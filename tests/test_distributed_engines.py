@@ -200,6 +200,7 @@ def test_the_jax_dispatchers_stop_waits_for_a_dispatch_it_has_not_started_yet() 
     stuck.set()
     d.thread.join(5)
     assert first.result(0) is True and ran == [] and not d.thread.is_alive()
+    assert d.queued == 0  # (the dropped one no longer counts as queued)
 
 
 def test_the_jax_dispatcher_lets_the_caller_dispatch_only_behind_nothing() -> None:

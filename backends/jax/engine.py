@@ -155,7 +155,11 @@ class _Dispatcher:
                     item = self.q.get_nowait()
                 except queue.Empty:
                     break
-                if item is not None and item[1].set_running_or_notify_cancel():
+                if item is None:
+                    continue
+                with self.lock:
+                    self.queued -= 1
+                if item[1].set_running_or_notify_cancel():
                     item[1].set_exception(DistributedError("the jax engine stopped before this collective was "
                                                            "dispatched (the group had lost a rank)"))
         self.q.put(None)
