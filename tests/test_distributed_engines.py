@@ -200,70 +200,6 @@ def test_the_jax_dispatchers_stop_waits_for_a_dispatch_it_has_not_started_yet() 
     stuck.set()
     d.thread.join(5)
     assert first.result(0) is True and ran == [] and not d.thread.is_alive()
-    assert d.queued == 0  # (the dropped one no longer counts as queued)
-
-
-def test_the_jax_dispatcher_lets_the_caller_dispatch_only_behind_nothing() -> None:
-    """An inline dispatch runs on the caller's thread, its error kept in the future as the thread
-    keeps one; while a dispatch is queued or running on the thread, an inline one queues behind it
-    (every rank must issue its collectives in one order)."""
-    from multidev.adapters.jax.engine import _Dispatcher
-
-    d = _Dispatcher()
-    try:
-        fut = d.submit(threading.current_thread, inline=True)
-        assert fut.result(0) is threading.current_thread()
-        bad = d.submit(lambda: 1 / 0, inline=True)
-        assert isinstance(bad.exception(0), ZeroDivisionError)
-        gate, order = threading.Event(), []
-        first = d.submit(lambda: gate.wait(10) and order.append("first"))
-        second = d.submit(lambda: (order.append("second"), threading.current_thread())[1], inline=True)
-        assert not second.done()  # (queued behind the first: not run by the caller)
-        gate.set()
-        assert second.result(5) is d.thread and first.result(5) is None and order == ["first", "second"]
-        assert d.queued == 0
-        assert d.submit(threading.current_thread, inline=True).result(0) is threading.current_thread()
-    finally:
-        d.close()
-
-
-def test_the_jax_engine_dispatches_a_function_from_its_thread_until_it_ran_once() -> None:
-    """A jitted collective's first dispatch runs the computation inside it (XLA's CPU client waits
-    there for a missing rank), so it goes to the dispatch thread, where the caller's deadline holds;
-    the same function's later dispatches only enqueue, and the caller makes them. Where JAX
-    dispatches synchronously (``_enqueues`` False), every one goes to the thread."""
-    jax = pytest.importorskip("jax")
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    from multidev.adapters.jax.engine import JaxEngine, _Dispatcher
-
-    where: list[str] = []
-
-    class Seen(_Dispatcher):
-        def submit(self, fn: Any, inline: bool = False) -> Any:
-            return super().submit(lambda: (where.append(threading.current_thread().name), fn())[1], inline)
-
-    dev = jax.devices()[0]
-    mesh = Mesh(np.array([dev], dtype=object), ("p",))
-    e = object.__new__(JaxEngine)
-    e.jax, e.world, e.rank, e.native, e.platform, e.timeout = jax, 1, 0, dev, "cpu", 5.0
-    e.sharded, e.whole = NamedSharding(mesh, PartitionSpec("p")), NamedSharding(mesh, PartitionSpec())
-    e._home, e._fns, e._warm, e._lock = jax.device_put(np.zeros(1, np.float32), dev).sharding, {}, set(), threading.Lock()
-    e._dispatch, e._enqueues = Seen(), True
-    caller = threading.current_thread().name
-    try:
-        x = jax.numpy.arange(4.0)
-        for _ in range(3):
-            h = e.allreduce(x, "sum")
-            assert h.wait(5.0) and np.array_equal(np.asarray(h.result()), np.arange(4.0))
-        assert where == [e._dispatch.thread.name, caller, caller]
-        e.allreduce(jax.numpy.arange(3.0), "sum").wait(5.0)  # another shape: another function, its first
-        assert where[-1] == e._dispatch.thread.name
-        e._enqueues = False
-        e.allreduce(x, "sum").wait(5.0)
-        assert where[-1] == e._dispatch.thread.name
-    finally:
-        e._dispatch.close()
 
 
 def test_a_jax_collectives_wait_takes_any_timeout() -> None:
@@ -594,6 +530,59 @@ def test_mpi_exit_waits_for_a_working_rank_and_not_for_a_lost_one() -> None:
     left = sorted(ln.split()[1] for ln in p.stdout.splitlines() if ln.startswith("MDLEFT"))
     assert left == ["0", "1"], p.stdout
     assert took >= 12, f"the job ended after {took:.1f} s, before its slow rank's work was done"
+
+
+_JAX_LATE_PEER = """
+import os, sys, time
+from multidev import distributed as dist
+dist.init("jax", timeout=2)
+import jax.numpy as jnp
+dist.set_checks(False)
+n = int(sys.argv[1])
+x = jnp.ones(n, jnp.float32)
+for _ in range(3):  # (the function has run: a later dispatch of it may still run it, see below)
+    dist.allreduce(x).block_until_ready()
+if dist.rank() == 1:
+    time.sleep(12)  # alive, never calling: rank 0's collective has no peer until this rank leaves
+    os._exit(0)
+t = time.monotonic()
+try:
+    hs = [dist.allreduce(x, async_op=True) for _ in range(int(sys.argv[2]))]
+    print(f"MDSUBMITTED {time.monotonic() - t:.2f}", flush=True)
+    hs[0].wait()
+    print("MDRESULT none", flush=True)
+except dist.DistributedError as e:
+    print(f"MDRESULT {type(e).__name__} {time.monotonic() - t:.2f} {'rank 1' in str(e)}", flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("n, calls", [(1, 1), (1024, 40)], ids=["a-cheap-call", "40-calls-in-flight"])
+def test_a_jax_collective_whose_peer_never_comes_times_out_on_the_callers_deadline(n: int, calls: int,
+                                                                                   tmp_path: Any) -> None:
+    """XLA's CPU client runs a cheap computation (under 1,000 flops: a 1-element allreduce) inside its
+    dispatch on every call, and makes the 33rd computation in flight wait inside the dispatch for
+    the first: either would hold a caller that dispatched itself until the peer's connection closed
+    (12 s here), then raise gloo's error as a refused input. The engine's dispatch thread keeps the
+    caller on its own deadline (2 s): DistributedTimeoutError naming the rank, the async calls handed
+    back at once."""
+    from multidev.conformance.test_distributed import engine_unavailable, worker_env
+
+    why = engine_unavailable("jax")
+    if why:
+        pytest.skip(why)
+    script = tmp_path / "late_peer.py"
+    script.write_text(_JAX_LATE_PEER)
+    cmd = [sys.executable, "-m", "multidev.distributed.launch", "-n", "2", "--grace", "30", "--engine", "jax",
+           str(script), str(n), str(calls)]
+    p = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=120)
+    out = p.stdout.split()
+    assert "MDRESULT" in out, p.stdout[-2000:] + p.stderr[-2000:]
+    submitted = float(out[out.index("MDSUBMITTED") + 1]) if "MDSUBMITTED" in out else float("inf")
+    kind, took, named = out[out.index("MDRESULT") + 1:out.index("MDRESULT") + 4]
+    assert kind == "DistributedTimeoutError" and named == "True", p.stdout[-2000:]
+    assert submitted < 1.0 and float(took) < 8.0, p.stdout[-2000:]
 
 
 _MPI_BUFFERS = """

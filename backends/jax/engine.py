@@ -84,14 +84,6 @@ def _split_address(address: str, what: str) -> tuple[str, int]:
 #: (by rank 0, two blocks later): one deletion per block instead of one per rank and call.
 _BLOCK = 32
 
-def _config(jax: Any, name: str) -> bool:
-    """JAX's setting ``name``, False where this JAX has no such setting."""
-    try:
-        return bool(jax.config.read(name))
-    except (AttributeError, KeyError, ValueError):
-        return False
-
-
 class _Dispatcher:
     """One daemon thread that dispatches the engine's jitted collectives, in the order they were
     called (every rank must issue them in one order). XLA's CPU client may run a collective inside
@@ -105,27 +97,11 @@ class _Dispatcher:
 
     def __init__(self) -> None:
         self.q: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()
-        self.queued = 0  # dispatches handed to the thread and not finished (under lock)
-        self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._loop, name="multidev jax engine dispatch", daemon=True)
         self.thread.start()
 
-    def submit(self, fn: Callable[[], Any], inline: bool = False) -> Future:
-        """``fn()``'s future: dispatched by the thread, or with ``inline`` (a dispatch known to return
-        at once) by the caller, where none is queued before it (the order holds), saving the thread's
-        two wake-ups (about a third of a small call on a CPU). Its error goes into the future alike."""
+    def submit(self, fn: Callable[[], Any]) -> Future:
         fut: Future = Future()
-        if inline:
-            with self.lock:
-                inline = self.queued == 0
-            if inline:
-                try:
-                    fut.set_result(fn())
-                except BaseException as e:  # noqa: BLE001 - the caller's to raise, as from the thread
-                    fut.set_exception(e)
-                return fut
-        with self.lock:
-            self.queued += 1
         self.q.put((fn, fut))
         return fut
 
@@ -139,9 +115,6 @@ class _Dispatcher:
                 fut.set_result(fn())
             except BaseException as e:  # noqa: BLE001 - the caller's to raise
                 fut.set_exception(e)
-            finally:
-                with self.lock:
-                    self.queued -= 1
 
     def close(self, drop_pending: bool = False) -> None:
         """Stop the thread; when it is still inside a collective (a peer that never came), wait for
@@ -155,11 +128,7 @@ class _Dispatcher:
                     item = self.q.get_nowait()
                 except queue.Empty:
                     break
-                if item is None:
-                    continue
-                with self.lock:
-                    self.queued -= 1
-                if item[1].set_running_or_notify_cancel():
+                if item is not None and item[1].set_running_or_notify_cancel():
                     item[1].set_exception(DistributedError("the jax engine stopped before this collective was "
                                                            "dispatched (the group had lost a rank)"))
         self.q.put(None)
@@ -332,10 +301,6 @@ class JaxEngine(Engine):
         # where a shard already is when device_put would copy nothing (it still costs ~20 us a call)
         self._home = jax.device_put(np.zeros(1, np.float32), self.native).sharding
         self._fns: dict[tuple, Callable[[Any], Any]] = {}
-        self._warm: set[tuple] = set()  # keys of _fns dispatched once (see _run)
-        # whether a dispatch only enqueues: JAX's CPU client dispatches asynchronously by default (read
-        # once: the client is made with it); off, every dispatch runs the computation, waits included
-        self._enqueues = self.platform != "cpu" or _config(jax, "jax_cpu_enable_async_dispatch")
         self._pairs: dict[tuple[int, int], JaxEngine] = {}
         self._lock = threading.Lock()
         self._dispatch = _Dispatcher()
@@ -451,19 +416,8 @@ class JaxEngine(Engine):
              pick: Callable[[Any, tuple[int, ...]], Any]) -> Handle:
         with self.lost(what):
             g, local = self._global(t)
-            fkey = (*key, local)
-            f = self._fn(fkey, lambda: self._stacked(fn, local), out)
-        # A function's first dispatch runs the collective inside it (XLA's CPU client: it waits there for a
-        # missing rank, up to gloo's own 30 s), so it goes to the thread, where the caller's deadline holds;
-        # once one returned, a dispatch only enqueues (asynchronous dispatch), so the caller may make it
-        warm = self._enqueues and fkey in self._warm
-
-        def dispatch() -> Any:
-            r = f(g)
-            self._warm.add(fkey)
-            return r
-        return _Ready(self, self._dispatch.submit(dispatch, inline=warm), lambda a: pick(a, local), what)
-
+            f = self._fn((*key, local), lambda: self._stacked(fn, local), out)
+        return _Ready(self, self._dispatch.submit(lambda: f(g)), lambda a: pick(a, local), what)
 
     @staticmethod
     def _mine(a: Any) -> Any:
@@ -538,7 +492,7 @@ class JaxEngine(Engine):
         v.mesh = Mesh(np.array([self.devs[r] for r in members], dtype=object), ("p",))
         v.sharded = NamedSharding(v.mesh, PartitionSpec("p"))
         v.whole = NamedSharding(v.mesh, PartitionSpec())
-        v._fns, v._warm, v._pairs = {}, set(), {}
+        v._fns, v._pairs = {}, {}
         return v
 
     def split(self, groups: tuple[tuple[int, ...], ...]) -> Engine:
