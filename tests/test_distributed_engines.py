@@ -372,8 +372,9 @@ def test_an_infinite_timeout_waits_a_year() -> None:
     """init and set_timeout take ``float("inf")`` (or any longer wait) as a year: no runtime's clock
     takes an infinite wait (torch's timedelta, a thread's join overflow on one), and a year is
     forever to a job."""
-    from multidev.distributed.group import MAX_TIMEOUT, current
+    from multidev.distributed.group import current
 
+    MAX_TIMEOUT = dist.MAX_TIMEOUT
     if "one-rank" not in dist.engine_names():
         dist.register_engine("one-rank", _OneRank)
     dist.init("one-rank", timeout=float("inf"), rendezvous_timeout=1e300)
@@ -535,13 +536,14 @@ def test_mpi_exit_waits_for_a_working_rank_and_not_for_a_lost_one() -> None:
 _JAX_LATE_PEER = """
 import os, sys, time
 from multidev import distributed as dist
-dist.init("jax", timeout=2)
+dist.init("jax", timeout=60)
 import jax.numpy as jnp
 dist.set_checks(False)
 n = int(sys.argv[1])
 x = jnp.ones(n, jnp.float32)
 for _ in range(3):  # (the function has run: a later dispatch of it may still run it, see below)
     dist.allreduce(x).block_until_ready()
+dist.set_timeout(2)
 if dist.rank() == 1:
     time.sleep(12)  # alive, never calling: rank 0's collective has no peer until this rank leaves
     os._exit(0)

@@ -36,8 +36,8 @@ from .engine import (
 from .mailbox import Mailbox, open_mailbox
 from .solo import SoloEngine
 
-__all__ = ["CHECK_ENV", "DEFAULT_TIMEOUT", "ENGINE_ENV", "GroupInfo", "checks_enabled", "current", "detect_launch",
-           "engine_name", "group_info", "init", "is_initialized", "launched", "local_rank", "rank",
+__all__ = ["CHECK_ENV", "DEFAULT_TIMEOUT", "ENGINE_ENV", "MAX_TIMEOUT", "GroupInfo", "checks_enabled", "current",
+           "detect_launch", "engine_name", "group_info", "init", "is_initialized", "launched", "local_rank", "rank",
            "set_timeout", "shutdown", "transport_name", "world_size"]
 
 #: Seconds a collective (and init's rendezvous) waits for the other ranks before raising.
