@@ -286,6 +286,21 @@ def test_torch_queue_exchange_raises_a_typed_error_when_the_store_itself_is_gone
         e.exchange(0, [1], 1.0)
 
 
+def _torch_launch(tmp_path: Any, code: str, n: int, timeout: float) -> Any:
+    """``code`` run as a script by ``n`` processes of the torch engine (one OpenMP thread each), its
+    completed process."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "multidev.distributed.launch", "-n", str(n), "--engine", "torch",
+                           str(script)], capture_output=True, text=True, timeout=timeout, env=env)
+
+
 _DP_MISMATCH = r'''
 import json, sys
 import torch
@@ -334,16 +349,8 @@ def test_data_parallel_steps_that_differ_raise_on_every_rank_before_any_gradient
     the step's gradients are dropped, the parameters and the optimizer's state are untouched, and
     the group stays usable."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    pytest.importorskip("torch")
-    script = tmp_path / "dp_mismatch.py"
-    script.write_text(_DP_MISMATCH)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "multidev.distributed.launch", "-n", "2", "--engine", "torch",
-                           str(script)], capture_output=True, text=True, timeout=240, env=env)
+    proc = _torch_launch(tmp_path, _DP_MISMATCH, 2, 240)
     # every record after its marker (the ranks' lines may interleave: two on one line)
     dec = json.JSONDecoder()
     outs = [dec.raw_decode(part)[0] for part in proc.stdout.split("MDOUT ")[1:]]
@@ -457,15 +464,7 @@ def test_the_torch_engines_collectives_leak_no_warning_of_torch(tmp_path: Any) -
     nothing. The group's timeout is infinite: every wait (the store's connection, the process
     group's, each primitive's) takes it as a year."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    pytest.importorskip("torch")
-    script = tmp_path / "torch_quiet.py"
-    script.write_text(_TORCH_QUIET)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "multidev.distributed.launch", "-n", "1", "--engine", "torch",
-                           str(script)], capture_output=True, text=True, timeout=120, env=env)
+    proc = _torch_launch(tmp_path, _TORCH_QUIET, 1, 120)
     assert proc.returncode == 0 and "MDOUT " in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert json.loads(proc.stdout.split("MDOUT ")[1].splitlines()[0]) == []
