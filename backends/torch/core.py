@@ -157,6 +157,9 @@ class TorchCore(BaseBackend):
                                   f"supported: {', '.join(sorted(self._caps.dtypes))}")
         return self._to_torch[dtype]
 
+    def shape_of(self, x: Any) -> tuple[int, ...]:
+        return tuple(x.shape)  # (torch.Size holds Python ints)
+
     def dtype_of(self, x: Any) -> str:
         name = self._from_torch.get(x.dtype)
         if name is None:

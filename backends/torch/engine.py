@@ -143,6 +143,12 @@ def _span(timeout: float) -> timedelta:
     return last[1]
 
 
+#: What torch.distributed raises for a lost or hung peer, and the guards :meth:`TorchEngine.lost`
+#: made for a primitive's name and a timeout (stateless context managers, shared by every group).
+_LOST = (RuntimeError, TimeoutError, ConnectionError)
+_GUARDS: dict[tuple[str, float], Any] = {}
+
+
 class _Work(Handle):
     """A torch.distributed work object and how to read its result; ``lost``: the engine's
     :meth:`TorchEngine.lost` for it (a reusable context manager, made once per primitive)."""
@@ -352,9 +358,18 @@ class TorchEngine(Engine):
 
     def lost(self, what: str | Callable[[], str], timeout: float | None = None) -> Any:
         """What torch.distributed raises for a lost or hung peer (its ``DistError`` family and
-        gloo's ``RuntimeError`` are RuntimeErrors): DistributedTimeoutError."""
-        return peer_errors(what, (RuntimeError, TimeoutError, ConnectionError),
-                           self.timeout if timeout is None else timeout)
+        gloo's ``RuntimeError`` are RuntimeErrors): DistributedTimeoutError. The guard of a
+        primitive (a name, the engine's timeout) is made once and reused: it keeps no state."""
+        limit = self.timeout if timeout is None else timeout
+        if timeout is None and type(what) is str:
+            key = (what, limit)
+            guard = _GUARDS.get(key)
+            if guard is None:
+                guard = peer_errors(what, _LOST, limit)
+                if len(_GUARDS) < 64:
+                    _GUARDS[key] = guard
+            return guard
+        return peer_errors(what, _LOST, limit)
 
     # -- placement -----------------------------------------------------------------------------
     @property
@@ -374,7 +389,9 @@ class TorchEngine(Engine):
         return "torch", gpu if gpu is not None else _HOST
 
     def prepare(self, t: Any) -> tuple[Any, bool]:
-        d = t.detach()  # collectives are not autograd operations (the memory is shared)
+        # collectives are not autograd operations (the memory is shared): what autograd tracks, a
+        # tensor that requires grad or a view (of one that may), goes as a detached alias
+        d = t.detach() if t.requires_grad or t._is_view() else t
         if d.is_contiguous():
             return d, True
         return d.contiguous(), False

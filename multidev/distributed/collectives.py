@@ -31,7 +31,7 @@ from ..registry import backend_of, get_backend, registry_generation
 from ..structured import Leaves, rebuild, structure_leaves
 from ..trees import owner_or_structure
 from ..validate import OPS, check_axis, check_op, check_writable
-from .consistency import ALWAYS, KINDS_OF_CALL, MAX_DIMS, Call, agree
+from .consistency import ALWAYS, KINDS_OF_CALL, MAX_DIMS, Call, agree, checked_here, unchecked
 from .engine import Engine, Handle
 from .group import Group, current
 from .handles import Work, run
@@ -544,9 +544,9 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
         return _tree_run(g, "allreduce", x, tree[0], inplace, async_op, lambda t: g.engine.allreduce(t, base),
                          lambda res: mean_of(res, op, g.world_size))
 
-    placed: list[Placement] = []  # where x travels, which local() finds for the code below
+    placed: list[Placement] = []  # where x travels, which checks() finds for the code below
 
-    def local() -> Call:
+    def checks() -> Call:  # this rank's argument checks; its record of the call where one is sent
         b = backend_of(x)
         dtype = b.dtype_of(x)
         check_op(op, dtype, what)
@@ -554,14 +554,12 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
             _check_inplace(b, x, what)
         shape = _shape(b, x, what)
         placed.append(_placement(g, b, x, dtype, what))
-        return _record(g, "allreduce", op=op, dtype=dtype, shape=shape, tkind=placed[0][3].kind)
+        return _BARE["allreduce"] if unsent else _record(g, "allreduce", op=op, dtype=dtype, shape=shape,
+                                                          tkind=placed[0][3].kind)
 
     # a synchronous out-of-place call where the engine reduces into new memory: x's values are read, not copied
     fresh = not inplace and not async_op and type(g.engine).allreduce_new is not Engine.allreduce_new
     early: list[Any] = []  # the transport tensor, prepared while the records travel
-    agreed = agree(g, "allreduce", local, async_op, lambda: early.append(working(x, g, inplace or fresh, placed[0])))
-    if isinstance(agreed, Work):
-        return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
         t, origin, shared, through = early.pop() if early else working(x, g, inplace or fresh, placed[0])
@@ -574,6 +572,13 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
             h = g.engine.allreduce(t, base)
         return h, lambda res: landed(mean_of(res, op, g.world_size), t, origin, x, inplace, shared, through)
 
+    unsent = unchecked(g, "allreduce")
+    if unsent:
+        checked_here(checks, what)
+        return run(g, what, start, async_op)
+    agreed = agree(g, "allreduce", checks, async_op, lambda: early.append(working(x, g, inplace or fresh, placed[0])))
+    if isinstance(agreed, Work):
+        return agreed
     return run(g, what, start, async_op)
 
 

@@ -209,6 +209,22 @@ def agree(g: Group, kind: str, local: Callable[[], Call], async_op: bool = False
         raise f.error from f.error.__cause__
 
 
+def unchecked(g: Group, kind: str) -> bool:
+    """Whether call ``kind`` goes unchecked now (the checks off, not a kind of :data:`ALWAYS`, no
+    record sent ahead to settle first): then the call may run its checks with :func:`checked_here`
+    instead of :func:`agree`, which would exchange nothing (a small unchecked call's own Python)."""
+    return not g.check and kind not in ALWAYS and getattr(g, "ahead", None) is None
+
+
+def checked_here(checks: Callable[[], object], what: str) -> None:
+    """This rank's argument ``checks`` of an :func:`unchecked` call, their errors raised at once as
+    :func:`agree` raises them (framework errors translated)."""
+    try:
+        checks()
+    except Exception as e:  # noqa: BLE001 - as translate_errors' exit would (without entering it: a hot path)
+        translate_errors(what).reraise(e)
+
+
 class Ahead:
     """A call's record sent ahead of the call (:func:`ahead`): :meth:`settle` completes the
     exchange, where the call runs. Until then the group's next checked call settles it first, so

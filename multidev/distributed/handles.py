@@ -76,14 +76,15 @@ class Work:
 
 
 def _complete(h: Handle | None, finish: Callable[[Any], Any], what: str, g: Group, probe: bool,
-              deadline: float) -> tuple[Any, BaseException | None]:
-    """``(result, None)`` of primitive ``h`` waited for until ``deadline`` (``time.monotonic``) and
-    finished, or ``(None, error)``: a DistributedError, or the engine's own failure classified,
-    marks the group unusable; converting the result back (this rank's own) and a :class:`Kept`
-    error do not."""
+              deadline: float | None) -> tuple[Any, BaseException | None]:
+    """``(result, None)`` of primitive ``h`` waited for until ``deadline`` (``time.monotonic``; None:
+    the group's timeout from now) and finished, or ``(None, error)``: a DistributedError, or the
+    engine's own failure classified, marks the group unusable; converting the result back (this
+    rank's own) and a :class:`Kept` error do not."""
     try:
         if h is not None:
-            wait_for(h, max(0.0, deadline - time.monotonic()), f"{what} on rank {g.rank}", g if probe else None)
+            left = g.timeout if deadline is None else deadline - time.monotonic()
+            wait_for(h, left if left > 0.0 else 0.0, what, g.rank, g if probe else None)
             try:
                 raw = h.result()
             except Exception as e:  # noqa: BLE001 - translated as translate_errors' exit would (a hot path)
@@ -121,7 +122,7 @@ def run(g: Group, what: str, start: Callable[[], tuple[Handle, Callable[[Any], A
     if async_op:
         return Work(h, finish, what, g, probe=probe)
     # (what Work(...).wait() does, without the handle: the caller waits here, so nothing else can)
-    result, error = _complete(h, finish, what, g, probe, time.monotonic() + g.timeout)
+    result, error = _complete(h, finish, what, g, probe, None)
     if error is not None:
         raise error
     return result

@@ -25,12 +25,12 @@ __all__ = ["PROBE_SEQ", "classify", "classify_lost", "wait_for"]
 PROBE_SEQ = -5
 
 
-def wait_for(h: Handle, timeout: float, what: str, group: Any = None) -> None:
-    """Wait for ``h`` up to ``timeout`` seconds; DistributedTimeoutError when it does not finish
-    (every rank had arrived at the call, so one died or stopped answering while the data moved, or
-    the checks are off). With ``group``, the ranks that time out post their arrival on the
-    consistency channel and read the others' for a short while (a tenth of the group's timeout, at
-    most 2 s), so the error names the ranks that never came."""
+def wait_for(h: Handle, timeout: float, what: str, rank: int, group: Any = None) -> None:
+    """Wait for ``h`` up to ``timeout`` seconds; DistributedTimeoutError naming call ``what`` on
+    ``rank`` when it does not finish (every rank had arrived at the call, so one died or stopped
+    answering while the data moved, or the checks are off). With ``group``, the ranks that time out
+    post their arrival on the consistency channel and read the others' for a short while (a tenth of
+    the group's timeout, at most 2 s), so the error names the ranks that never came."""
     try:
         done = h.wait(timeout)
     except DistributedTimeoutError as e:  # the runtime's own timeout (gloo's, NCCL's blocking wait)
@@ -41,7 +41,7 @@ def wait_for(h: Handle, timeout: float, what: str, group: Any = None) -> None:
     if not done:
         absent = _absent(group) if group is not None else ""
         raise DistributedTimeoutError(
-            f"{what} did not finish within {timeout:g} s{absent}: a rank died or stopped answering during it (every "
+            f"{what} on rank {rank} did not finish within {timeout:g} s{absent}: a rank died or stopped answering during it (every "
             "rank had called it, or the checks are off). The group is unusable now: shutdown(), and restart the job")
 
 
