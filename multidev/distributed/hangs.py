@@ -41,8 +41,9 @@ def wait_for(h: Handle, timeout: float, what: str, rank: int, group: Any = None)
     if not done:
         absent = _absent(group) if group is not None else ""
         raise DistributedTimeoutError(
-            f"{what} on rank {rank} did not finish within {timeout:g} s{absent}: a rank died or stopped answering during it (every "
-            "rank had called it, or the checks are off). The group is unusable now: shutdown(), and restart the job")
+            f"{what} on rank {rank} did not finish within {timeout:g} s{absent}: a rank died or stopped answering "
+            "during it (every rank had called it, or the checks are off). The group is unusable now: shutdown(), and "
+            "restart the job")
 
 
 def _absent(g: Any) -> str:
