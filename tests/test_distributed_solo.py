@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from multidev import distributed as dist
-from multidev.errors import CollectiveInputError
+from multidev.errors import CollectiveInputError, MultidevError, UnsupportedTensorError
 
 _LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",
                 "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
@@ -64,6 +64,30 @@ def test_the_checks_still_refuse_bad_input_typed(plain: None) -> None:
         dist.broadcast(np.zeros(3), src=1)
     with pytest.raises(Exception, match="mean"):
         dist.allreduce(np.arange(3), "mean")  # integers: no mean, as on every engine
+
+
+def test_with_the_checks_off_bad_input_is_still_refused_typed_and_loses_nothing(plain: None) -> None:
+    # (an unchecked allreduce or broadcast runs this rank's checks without the exchange's steps)
+    dist.init()
+    dist.set_checks(False)
+    x = np.arange(4, dtype=np.float32)
+    with pytest.raises(CollectiveInputError, match="unknown op"):
+        dist.allreduce(x, "median")
+    with pytest.raises(CollectiveInputError, match="mean"):
+        dist.allreduce(np.arange(3), "mean")
+    with pytest.raises(CollectiveInputError, match="src=1"):
+        dist.broadcast(x, src=1)
+    frozen = x.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(MultidevError, match="inplace=True"):
+        dist.allreduce(frozen, inplace=True)
+    with pytest.raises(UnsupportedTensorError):
+        dist.allreduce(object())
+    with pytest.raises(MultidevError, match="unknown op"):
+        dist.allreduce(x, "median", async_op=True)
+    assert np.array_equal(x, np.arange(4, dtype=np.float32))  # nothing was written
+    assert dist.allreduce(x, inplace=True) is x and np.array_equal(dist.allreduce(x, async_op=True).wait(), x)
+    assert np.array_equal(dist.broadcast(x, 0), x) and not dist.checks_enabled()
 
 
 def test_other_backends_travel_as_they_are(plain: None) -> None:

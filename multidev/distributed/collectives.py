@@ -611,14 +611,17 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
         return _record(g, "broadcast", root=src, dtype=dtype, shape=shape, tkind=placed[0][3].kind)
 
     early: list[Any] = []  # the transport tensor, prepared while the records travel
-    agreed = agree(g, "broadcast", local, async_op, lambda: early.append(working(x, g, inplace, placed[0])))
-    if isinstance(agreed, Work):
-        return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
         t, origin, shared, through = early.pop() if early else working(x, g, inplace, placed[0])
         return g.engine.broadcast(t, src), lambda res: landed(res, t, origin, x, inplace, shared, through)
 
+    if unchecked(g, "broadcast"):
+        checked_here(local, what)
+        return run(g, what, start, async_op)
+    agreed = agree(g, "broadcast", local, async_op, lambda: early.append(working(x, g, inplace, placed[0])))
+    if isinstance(agreed, Work):
+        return agreed
     return run(g, what, start, async_op)
 
 
