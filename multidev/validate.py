@@ -322,8 +322,8 @@ def check_writable(b: Any, x: Any, what: str, src: Any = None) -> None:
         if known is True:
             return
         if known is False:
-            raise CapabilityError(f"{what}: this {b.name} tensor cannot be written in place (it is read-only); "
-                                  "pass writable tensors or use inplace=False")
+            raise CapabilityError(f"{what}: this {b.name} tensor cannot be written in place (it is read-only, or "
+                                  "its elements share memory); pass writable tensors or use inplace=False")
     try:
         b.assign(x, b.copy(x, b.device_of(x)) if src is None else src)
     except MultidevError:

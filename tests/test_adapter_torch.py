@@ -442,8 +442,10 @@ def test_zeros_and_ones_through_the_filler_give_what_full_gives(tb, dtype):
 
 def test_writable_answers_only_where_assign_always_writes(tb):
     """``writable`` says True for a plain contiguous tensor (parameters too: assign writes under
-    no_grad) and None where only a write can tell (the core then probes): inference tensors and
-    strided views, which may overlap themselves."""
+    no_grad), False for one whose elements share memory (an expanded tensor: torch refuses the
+    write, and a probe of its first row, which the in-place collectives write, would not see it)
+    and None where only a write can tell (the core then probes): inference tensors and other
+    strided views."""
     from multidev.validate import check_writable
 
     assert tb.writable(torch.zeros(3)) is True
@@ -452,7 +454,10 @@ def test_writable_answers_only_where_assign_always_writes(tb):
         inf = torch.zeros(3)
     assert tb.writable(inf) is None
     expanded = torch.zeros(1).expand(4)
-    assert tb.writable(expanded) is None
+    assert tb.writable(expanded) is False and tb.writable(torch.zeros(3, 1).expand(3, 2)) is False
+    assert tb.writable(torch.zeros(4, 4)[:, 1]) is None and tb.writable(torch.zeros(1, 4).expand(1, 4)) is True
+    with pytest.raises(RuntimeError, match="single memory location"):
+        tb.assign(expanded, torch.ones(4))  # (what False stands for)
     with pytest.raises(CapabilityError, match="cannot be written in place"):
         check_writable(tb, inf, "probe")
     with pytest.raises(CapabilityError, match="cannot be written in place"):

@@ -216,28 +216,6 @@ def test_identical_records_decode_once_and_different_ones_name_every_rank() -> N
         agree(g, "allreduce", lambda: mine)  # type: ignore[arg-type]
 
 
-def test_meanwhile_runs_between_post_and_exchange_only_for_a_call_this_rank_accepts() -> None:
-    events: list[str] = []
-    G = _recording(events)
-    mine = Call("broadcast", root=0, dtype="float32", shape=(2,), tkind="cpu")
-    g = G([None, None])
-    agree(g, "broadcast", lambda: mine, meanwhile=lambda: events.append("meanwhile"))  # type: ignore[arg-type]
-    assert events == ["post 0", "meanwhile", "exchange 0"]
-
-    def broken() -> None:
-        events.append("broken")
-        raise ValueError("a conversion that fails: the call's own step raises it again")
-    agree(g, "broadcast", lambda: mine, meanwhile=broken)  # type: ignore[arg-type]
-    assert events[-3:] == ["post 1", "broken", "exchange 1"]  # swallowed: the exchange still ran
-
-    def refuse() -> Call:
-        raise CollectiveMismatchError("this rank's own input")
-    del events[:]
-    with pytest.raises(CollectiveMismatchError, match="own input"):
-        agree(g, "broadcast", refuse, meanwhile=lambda: events.append("meanwhile"))  # type: ignore[arg-type]
-    assert events == ["exchange 2"]  # the refusal travels; nothing prepared for a call this rank refused
-
-
 def test_a_record_sent_ahead_is_exchanged_where_it_settles_or_before_the_next_checked_call() -> None:
     from multidev.distributed.consistency import ahead
 
@@ -468,3 +446,79 @@ def test_the_torch_engines_collectives_leak_no_warning_of_torch(tmp_path: Any) -
     proc = _torch_launch(tmp_path, _TORCH_QUIET, 1, 120)
     assert proc.returncode == 0 and "MDOUT " in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert json.loads(proc.stdout.split("MDOUT ")[1].splitlines()[0]) == []
+
+
+_UNCARRIABLE = r'''
+import json, sys
+import torch
+from multidev import distributed as dist
+
+dist.init(engine="torch", transport="gloo", timeout=30)
+r = dist.rank()
+good = lambda: torch.ones(3)
+bad = {  # what the engine cannot carry or write: refused in this rank's checks, before anything is sent
+    "sparse": lambda: dist.allreduce(torch.ones(3).to_sparse()),
+    "expanded in place": lambda: dist.allreduce(torch.ones(1).expand(3), inplace=True),
+    "sparse broadcast": lambda: dist.broadcast(torch.ones(3).to_sparse()),
+    "sparse reduce": lambda: dist.reduce(torch.ones(3).to_sparse()),
+    "sparse allgather": lambda: dist.allgather(torch.ones(3).to_sparse()),
+    "sparse reduce_scatter": lambda: dist.reduce_scatter(torch.ones(4).to_sparse()),
+    "structure with a sparse leaf": lambda: dist.allreduce([torch.ones(3).to_sparse(), torch.ones(2)]),
+    "structure allgather": lambda: dist.allgather([torch.ones(3).to_sparse(), torch.ones(2)]),
+    "structure reduce_scatter": lambda: dist.reduce_scatter([torch.ones(4).to_sparse(), torch.ones(2)]),
+    "structure scatter": lambda: dist.scatter([torch.ones(4).to_sparse(), torch.ones(2)], src=1),
+}
+ok = {"sparse": lambda: dist.allreduce(good()), "expanded in place": lambda: dist.allreduce(good(), inplace=True),
+      "sparse broadcast": lambda: dist.broadcast(good()), "sparse reduce": lambda: dist.reduce(good()),
+      "sparse allgather": lambda: dist.allgather(good()), "sparse reduce_scatter": lambda: dist.reduce_scatter(torch.ones(4)),
+      "structure with a sparse leaf": lambda: dist.allreduce([torch.ones(3), torch.ones(2)]),
+      "structure allgather": lambda: dist.allgather([torch.ones(3), torch.ones(2)]),
+      "structure reduce_scatter": lambda: dist.reduce_scatter([torch.ones(4), torch.ones(2)]),
+      "structure scatter": lambda: dist.scatter([torch.ones(4), torch.ones(2)], src=1)}
+out = {}
+for checks in (True, False):
+    dist.set_checks(checks)
+    for name in bad:
+        # checks on: rank 1 alone passes the bad tensor (rank 0 learns it from the exchange);
+        # checks off: both do (nothing is exchanged, so a lone bad rank would leave the other waiting)
+        f = bad[name] if r == 1 or not checks else ok[name]
+        try:
+            f()
+            out[f"{checks} {name}"] = "no error"
+        except Exception as e:
+            out[f"{checks} {name}"] = type(e).__name__ + ": " + str(e)[:160]
+        y = dist.allreduce(good())  # the group is still usable
+        assert torch.equal(y, torch.full((3,), 2.0)), y
+# (a lazily conjugated complex tensor, in place: resolved for the primitive, written back)
+z = torch.ones(3, dtype=torch.complex64).conj()
+assert dist.allreduce(z, inplace=True) is z and torch.equal(z.resolve_conj(), torch.full((3,), 2 - 0j))
+json.dump(out, open(sys.argv[1] + f".{r}", "w"))
+dist.shutdown()
+'''
+
+
+def test_a_tensor_the_engine_cannot_carry_is_refused_typed_on_every_rank_and_the_group_lives(tmp_path: Any) -> None:
+    # (round 23's reviewer: a sparse tensor, or an expanded one in place, failed inside the primitive, after the
+    # ranks agreed, as a lost peer that broke the group; the transport tensor is now made in the rank's checks)
+    import json
+
+    script = _UNCARRIABLE.replace("sys.argv[1]", repr(str(tmp_path / "out")))
+    res = _torch_launch(tmp_path, script, 2, 240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = [json.loads((tmp_path / f"out.{r}").read_text()) for r in (0, 1)]
+    for name in ("sparse", "sparse broadcast", "sparse reduce", "sparse allgather", "sparse reduce_scatter",
+                 "structure allgather", "structure reduce_scatter", "structure scatter"):
+        assert out[1][f"True {name}"].startswith("UnsupportedTensorError: the torch engine's collectives take dense")
+        assert out[0][f"True {name}"].startswith("DistributedError") and "rank 1" in out[0][f"True {name}"]
+        for r in (0, 1):  # (a scatter always exchanges; its rank 0 sends nothing, so it hears of rank 1's refusal)
+            want = "DistributedError" if name == "structure scatter" and r == 0 else "UnsupportedTensorError"
+            assert out[r][f"False {name}"].startswith(want), out[r]
+    assert out[1]["True expanded in place"].startswith("CapabilityError") and "share memory" in \
+        out[1]["True expanded in place"]
+    assert out[0]["True expanded in place"].startswith("DistributedError")
+    assert all(out[r]["False expanded in place"].startswith("CapabilityError") for r in (0, 1))
+    leaf = "structure with a sparse leaf"  # (flattened into a bucket: torch's own refusal, translated)
+    assert out[1][f"True {leaf}"].startswith("BackendError") and "sparse" in out[1][f"True {leaf}"]
+    assert out[0][f"True {leaf}"].startswith("DistributedError")
+    assert all(out[r][f"False {leaf}"].startswith("BackendError") for r in (0, 1))
+

@@ -425,11 +425,14 @@ class TorchCore(BaseBackend):
 
     def writable(self, x: Any) -> bool | None:
         """True for a plain contiguous tensor (what ``assign``, under ``no_grad``, always writes);
-        None (the core probes) for inference tensors, other layouts and strided views, which may
-        overlap themselves (an expanded tensor)."""
-        if x.layout is not self.torch.strided or x.is_inference() or not x.is_contiguous():
+        False for one whose elements share memory (a stride of 0 over more than one element: an
+        expanded tensor, which torch refuses to write into); None (the core probes) for inference
+        tensors, other layouts and other strided views."""
+        if x.layout is not self.torch.strided or x.is_inference():
             return None
-        return True
+        if x.is_contiguous():
+            return True
+        return False if any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape)) else None
 
     def assign(self, dst: Any, src: Any) -> None:
         self.same_device("assign", (dst, src))

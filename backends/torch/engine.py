@@ -51,7 +51,13 @@ from multidev.distributed.engine import (
     peer_errors,
     run_with_deadline,
 )
-from multidev.errors import CapabilityError, DistributedError, DistributedSetupError, DistributedTimeoutError
+from multidev.errors import (
+    CapabilityError,
+    DistributedError,
+    DistributedSetupError,
+    DistributedTimeoutError,
+    UnsupportedTensorError,
+)
 
 _HOST = Device("cpu", 0)
 _generation = 0  # inits in this process: a later init under torchrun must not meet an earlier one's keys
@@ -389,12 +395,16 @@ class TorchEngine(Engine):
         return "torch", gpu if gpu is not None else _HOST
 
     def prepare(self, t: Any) -> tuple[Any, bool]:
+        if t.layout is not self.torch.strided:  # (the core calls this in a rank's checks: a refusal every rank sees)
+            raise UnsupportedTensorError(f"the torch engine's collectives take dense tensors, not {t.layout} ones; "
+                                         "pass x.to_dense()")
         # collectives are not autograd operations (the memory is shared): what autograd tracks, a
         # tensor that requires grad or a view (of one that may), goes as a detached alias
         d = t.detach() if t.requires_grad or t._is_view() else t
-        if d.is_contiguous():
+        if d.is_contiguous() and not (d.is_conj() or d.is_neg()):
             return d, True
-        return d.contiguous(), False
+        # (a lazily conjugated or negated view: the primitives read the memory as it is, so the values resolved)
+        return d.resolve_conj().resolve_neg().contiguous(), False
 
     # -- the consistency channel -----------------------------------------------------------------
     def exchange(self, seq: int, row: Sequence[int], timeout: float) -> list[list[int] | None]:

@@ -140,9 +140,10 @@ def _check_inplace(b: Backend, x: Any, what: str) -> None:
     """:func:`~multidev.validate.check_writable` for ``inplace=True``: passed at once where the
     adapter's flag says ``x`` is writable (so is every view of it), else the probe of
     :func:`_probe`'s row (what an immutable backend, a read-only or inference tensor meets)."""
-    if b.capabilities.mutable and hasattr(b, "writable") and b.writable(x) is True:
+    known = b.writable(x) if b.capabilities.mutable and hasattr(b, "writable") else None
+    if known is True:
         return
-    check_writable(b, _probe(b, x), f"{what}(inplace=True)")
+    check_writable(b, x if known is False else _probe(b, x), f"{what}(inplace=True)")  # (False: refused there)
 
 
 def _is_tree(x: Any) -> bool:
@@ -271,14 +272,17 @@ class _Many(Handle):
 
 
 def _tree_agree(g: Group, kind: str, x: Any, op: str | None, root: int | None, inplace: bool,
-                async_op: bool, axis: Any = None,
-                refuse: str | None = None) -> tuple[Leaves, list[int], list[Call] | None] | Work:
+                async_op: bool, axis: Any = None, refuse: str | None = None, sends: list[Any] | None = None,
+                leafwise: bool = False) -> tuple[Leaves, list[int], list[Call] | None] | Work:
     """The one consistency exchange of a collective over structure ``x``: this rank's checks of
     every leaf (one backend, each dtype's op, what the group carries, writability for
     ``inplace``, ``axis`` for each leaf's rank), then its record: the leaf count and the signature
     of the leaves' dtypes, shapes (a gather's without the joined axis: its lengths travel in the
     record's shape, up to MAX_DIMS leaves) and devices (and the kind of device each travels on).
     ``refuse``: an argument error of this rank's, raised (and told to the others) in the exchange.
+    ``sends``: a list that gets what this rank sends, made in its checks (a leaf the engine cannot
+    carry is refused there, on every rank alike): its buckets as :func:`_buckets` prepares them for
+    ``inplace``, or with ``leafwise`` each leaf's ``(transport tensor, origin)``.
     Returns ``(leaves, each leaf's axis, every rank's record)``, or a failed Work."""
     what = f"distributed.{kind}"
     gather = kind in ("allgather", "gather")
@@ -320,6 +324,8 @@ def _tree_agree(g: Group, kind: str, x: Any, op: str | None, root: int | None, i
                 raise CollectiveInputError(f"{what}: a structure of more than {MAX_DIMS} tensors joins lengths "
                                            "below 2**31 along the axis only; gather the longest tensor alone")
             masked = [s[:a] + (-1,) + s[a + 1:] for s, a in zip(lv.shapes, axes)]
+        if sends is not None:
+            sends.append([to_transport(t, g)[:2] for t in lv.tensors] if leafwise else _buckets(g, lv, inplace))
         return Call(kind, op=op, root=root, axis=axis, tkind=one.pop() if len(one) == 1 else None,
                     leaves=len(lv.tensors), sig=lv.signature(tkinds, shapes=masked),
                     shape=lengths if lengths is not None and len(lengths) <= MAX_DIMS else None)
@@ -344,29 +350,35 @@ def _tree_lengths(g: Group, kind: str, lv: Leaves, axes: list[int], calls: list[
     return list(run(g, f"distributed.{kind} (the leaves' lengths)", start, False))
 
 
-def _tree_run(g: Group, kind: str, x: Any, lv: Leaves, inplace: bool, async_op: bool,
+def _buckets(g: Group, lv: Leaves, inplace: bool) -> list[tuple[list[int], Any, Origin, bool, bool]]:
+    """A structure's leaves in buckets (one dtype and device each, up to
+    :data:`~multidev.buckets.DEFAULT_BUCKET_MB`), each as the transport tensor it travels as (a lone
+    tensor as the one-tensor collective sends it; several flattened into a new one), with
+    :func:`working`'s origin and flags: ``(the leaves' indices, t, origin, shared, through)``."""
+    b = lv.backend
+    xs = lv.tensors
+    sent: list[tuple[list[int], Any, Origin, bool, bool]] = []
+    if b is None:  # (a structure without tensors sends nothing)
+        return sent
+    for idx in plan_buckets(b, xs, DEFAULT_BUCKET_MB * 2**20):
+        if len(idx) == 1:
+            t, origin, shared, through = working(xs[idx[0]], g, inplace)
+        else:  # a new tensor of ours: the primitive may write into it
+            t, origin, shared, through = working(flatten(b, [xs[i] for i in idx]), g, True)
+        sent.append((idx, t, origin, shared, through))
+    return sent
+
+
+def _tree_run(g: Group, kind: str, x: Any, lv: Leaves, inplace: bool, async_op: bool, sent: list[Any],
               primitive: Callable[[Any], Handle], post: Callable[[Any], Any], keep: bool = True) -> Any:
-    """Structure ``x``'s leaves in buckets (one dtype and device each, up to
-    :data:`~multidev.buckets.DEFAULT_BUCKET_MB`), ``primitive`` on each bucket's transport tensor
-    (a lone tensor as the one-tensor collective sends it; several flattened into a new one), then
+    """``primitive`` on each of structure ``x``'s buckets (``sent``: :func:`_buckets`' for it), then
     ``post`` on each result, cut back into the leaves: written into them (``inplace``, returning
     ``x``) or ``x`` rebuilt with them; None where this rank gets nothing (``keep`` False)."""
     what = f"distributed.{kind}"
-    b = lv.backend
     xs = lv.tensors
-    plan = [] if b is None else plan_buckets(b, xs, DEFAULT_BUCKET_MB * 2**20)
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        sent: list[tuple[list[int], Any, Origin, bool, bool]] = []
-        handles: list[Handle] = []
-        for idx in plan:
-            if len(idx) == 1:
-                t, origin, shared, through = working(xs[idx[0]], g, inplace)
-            else:  # a new tensor of ours: the primitive may write into it
-                assert b is not None
-                t, origin, shared, through = working(flatten(b, [xs[i] for i in idx]), g, True)
-            handles.append(primitive(t))
-            sent.append((idx, t, origin, shared, through))
+        handles = [primitive(t) for _, t, _, _, _ in sent]
 
         def finish(results: Any) -> Any:
             # Every bucket converted back before the first write into x: a conversion that fails
@@ -397,13 +409,14 @@ def _tree_run(g: Group, kind: str, x: Any, lv: Leaves, inplace: bool, async_op: 
     return run(g, what, start, async_op)
 
 
-def _cut_run(g: Group, kind: str, x: Any, lv: Leaves, axes: list[int], sends: bool,
+def _cut_run(g: Group, kind: str, x: Any, lv: Leaves, axes: list[int], sends: list[tuple[Any, Origin]] | None,
              primitive: Callable[[Any, Any], Handle], post: Callable[[Any], Any]) -> Callable[[], Any]:
     """The ``start`` of a reduce_scatter or scatter of structure ``x``: per bucket, each leaf cut
     along its axis into ``world_size`` pieces (``numpy.array_split`` sizes, padded to the first),
     piece ``r`` of every leaf flattened into block ``r`` of one ``(world_size, L)`` transport tensor
-    (where this rank ``sends``), ``primitive(blocks or None, like)`` on it, and ``post`` on the
-    ``(L,)`` result, cut back into this rank's pieces: ``x`` rebuilt with them."""
+    (where this rank sends: ``sends``, each leaf's transport tensor and origin), ``primitive(blocks
+    or None, like)`` on it, and ``post`` on the ``(L,)`` result, cut back into this rank's pieces:
+    ``x`` rebuilt with them."""
     what = f"distributed.{kind}"
     b = lv.backend
     n, me = g.world_size, g.rank
@@ -419,10 +432,10 @@ def _cut_run(g: Group, kind: str, x: Any, lv: Leaves, axes: list[int], sends: bo
             assert b is not None
             origins: list[Origin] = []
             blocks = None
-            if sends:
+            if sends is not None:
                 rows = []
                 for i in idx:
-                    t, origin, _, _ = to_transport(lv.tensors[i], g)
+                    t, origin = sends[i]
                     origins.append(origin)
                     blk = blocks_of(g, t, sizes[i], axes[i])
                     tb = backend_of(blk)
@@ -460,9 +473,10 @@ def _cut_run(g: Group, kind: str, x: Any, lv: Leaves, axes: list[int], sends: bo
 
 
 def _gather_run(g: Group, kind: str, x: Any, lv: Leaves, axes: list[int], lengths: list[tuple[int, ...]],
-                primitive: Callable[[Any], Handle], keep: bool) -> Callable[[], Any]:
-    """The ``start`` of an allgather or gather of structure ``x``: per bucket, this rank's leaves
-    flattened into one transport tensor, padded to the longest rank's, ``primitive`` on it; then
+                sends: list[tuple[Any, Origin]], primitive: Callable[[Any], Handle], keep: bool) -> Callable[[], Any]:
+    """The ``start`` of an allgather or gather of structure ``x``: per bucket, this rank's leaves (as
+    ``sends`` has them: each one's transport tensor and origin) flattened into one transport tensor,
+    padded to the longest rank's, ``primitive`` on it; then
     every rank's part cut back into its leaves (their lengths along the axis: ``lengths[rank]``)
     and leaf ``i`` of every rank joined along its axis: ``x`` rebuilt with the joins (None where
     this rank gets nothing)."""
@@ -480,7 +494,7 @@ def _gather_run(g: Group, kind: str, x: Any, lv: Leaves, axes: list[int], length
         for idx in plan:
             ts, origins = [], []
             for i in idx:
-                t, origin, _, _ = to_transport(lv.tensors[i], g)
+                t, origin = sends[i]
                 ts.append(t)
                 origins.append(origin)
             tb = backend_of(ts[0])
@@ -537,14 +551,17 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     g = current()
     what = "distributed.allreduce"
     if _is_tree(x):
-        tree = _tree_agree(g, "allreduce", x, op, None, inplace, async_op)
+        sends: list[Any] = []
+        tree = _tree_agree(g, "allreduce", x, op, None, inplace, async_op, sends=sends)
         if isinstance(tree, Work):
             return tree
         base = "sum" if op == "mean" else op
-        return _tree_run(g, "allreduce", x, tree[0], inplace, async_op, lambda t: g.engine.allreduce(t, base),
+        return _tree_run(g, "allreduce", x, tree[0], inplace, async_op, sends[0], lambda t: g.engine.allreduce(t, base),
                          lambda res: mean_of(res, op, g.world_size))
 
-    placed: list[Placement] = []  # where x travels, which checks() finds for the code below
+    # a synchronous out-of-place call where the engine reduces into new memory: x's values are read, not copied
+    fresh = not inplace and not async_op and type(g.engine).allreduce_new is not Engine.allreduce_new
+    ready: list[Any] = []  # x as the transport tensor, which checks() makes for the code below
 
     def checks() -> Call:  # this rank's argument checks; its record of the call where one is sent
         b = backend_of(x)
@@ -553,16 +570,13 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
         if inplace:
             _check_inplace(b, x, what)
         shape = _shape(b, x, what)
-        placed.append(_placement(g, b, x, dtype, what))
+        placed = _placement(g, b, x, dtype, what)
+        ready.append(working(x, g, inplace or fresh, placed))
         return _BARE["allreduce"] if unsent else _record(g, "allreduce", op=op, dtype=dtype, shape=shape,
-                                                          tkind=placed[0][3].kind)
-
-    # a synchronous out-of-place call where the engine reduces into new memory: x's values are read, not copied
-    fresh = not inplace and not async_op and type(g.engine).allreduce_new is not Engine.allreduce_new
-    early: list[Any] = []  # the transport tensor, prepared while the records travel
+                                                          tkind=placed[3].kind)
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, shared, through = early.pop() if early else working(x, g, inplace or fresh, placed[0])
+        t, origin, shared, through = ready[0]
         base = "sum" if op == "mean" else op
         # (t not shared: a copy already, which the engine's allreduce reduces in place)
         h = g.engine.allreduce_new(t, base) if fresh and shared else None
@@ -576,7 +590,7 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     if unsent:
         checked_here(checks, what)
         return run(g, what, start, async_op)
-    agreed = agree(g, "allreduce", checks, async_op, lambda: early.append(working(x, g, inplace or fresh, placed[0])))
+    agreed = agree(g, "allreduce", checks, async_op)
     if isinstance(agreed, Work):
         return agreed
     return run(g, what, start, async_op)
@@ -592,13 +606,14 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
     g = current()
     what = "distributed.broadcast"
     if _is_tree(x):
-        tree = _tree_agree(g, "broadcast", x, None, src, inplace, async_op)
+        sends: list[Any] = []
+        tree = _tree_agree(g, "broadcast", x, None, src, inplace, async_op, sends=sends)
         if isinstance(tree, Work):
             return tree
-        return _tree_run(g, "broadcast", x, tree[0], inplace, async_op, lambda t: g.engine.broadcast(t, src),
+        return _tree_run(g, "broadcast", x, tree[0], inplace, async_op, sends[0], lambda t: g.engine.broadcast(t, src),
                          lambda res: res)
 
-    placed: list[Placement] = []  # where x travels, which local() finds for the code below
+    ready: list[Any] = []  # x as the transport tensor, which local() makes for the code below
 
     def local() -> Call:
         _check_rank(src, g, what, "src")
@@ -607,19 +622,18 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
         if inplace:
             _check_inplace(b, x, what)
         shape = _shape(b, x, what)
-        placed.append(_placement(g, b, x, dtype, what))
-        return _record(g, "broadcast", root=src, dtype=dtype, shape=shape, tkind=placed[0][3].kind)
-
-    early: list[Any] = []  # the transport tensor, prepared while the records travel
+        placed = _placement(g, b, x, dtype, what)
+        ready.append(working(x, g, inplace, placed))
+        return _record(g, "broadcast", root=src, dtype=dtype, shape=shape, tkind=placed[3].kind)
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, shared, through = early.pop() if early else working(x, g, inplace, placed[0])
+        t, origin, shared, through = ready[0]
         return g.engine.broadcast(t, src), lambda res: landed(res, t, origin, x, inplace, shared, through)
 
     if unchecked(g, "broadcast"):
         checked_here(local, what)
         return run(g, what, start, async_op)
-    agreed = agree(g, "broadcast", local, async_op, lambda: early.append(working(x, g, inplace, placed[0])))
+    agreed = agree(g, "broadcast", local, async_op)
     if isinstance(agreed, Work):
         return agreed
     return run(g, what, start, async_op)
@@ -632,14 +646,15 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
     g = current()
     what = "distributed.reduce"
     if _is_tree(x):
-        tree = _tree_agree(g, "reduce", x, op, dst, False, async_op)
+        sends: list[Any] = []
+        tree = _tree_agree(g, "reduce", x, op, dst, False, async_op, sends=sends)
         if isinstance(tree, Work):
             return tree
         base = "sum" if op == "mean" else op
-        return _tree_run(g, "reduce", x, tree[0], False, async_op, lambda t: g.engine.reduce(t, dst, base),
+        return _tree_run(g, "reduce", x, tree[0], False, async_op, sends[0], lambda t: g.engine.reduce(t, dst, base),
                          lambda res: mean_of(res, op, g.world_size), keep=g.rank == dst)
 
-    placed: list[Placement] = []  # where x travels, which local() finds for the code below
+    ready: list[Any] = []  # x as the transport tensor, which local() makes for the code below
 
     def local() -> Call:
         b = _tensor(x, what)
@@ -647,16 +662,16 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
         dtype = b.dtype_of(x)
         check_op(op, dtype, what)
         shape = _shape(b, x, what)
-        placed.append(_placement(g, b, x, dtype, what))
-        return _record(g, "reduce", op=op, root=dst, dtype=dtype, shape=shape, tkind=placed[0][3].kind)
+        placed = _placement(g, b, x, dtype, what)
+        ready.append(working(x, g, False, placed))
+        return _record(g, "reduce", op=op, root=dst, dtype=dtype, shape=shape, tkind=placed[3].kind)
 
-    early: list[Any] = []  # the transport tensor, prepared while the records travel
-    agreed = agree(g, "reduce", local, async_op, lambda: early.append(working(x, g, False, placed[0])))
+    agreed = agree(g, "reduce", local, async_op)
     if isinstance(agreed, Work):
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, _, _ = early.pop() if early else working(x, g, False, placed[0])
+        t, origin, _, _ = ready[0]
 
         def finish(res: Any) -> Any:
             return None if g.rank != dst else from_transport(mean_of(res, op, g.world_size), origin)
@@ -666,10 +681,11 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
 
 
 def _gather_call(g: Group, kind: str, x: Any, axis: Any, root: int | None,
-                 async_op: bool) -> tuple[int, list[int]] | Work:
-    """The gathers' agreement: ``(axis, every rank's length along it)``, or a failed Work."""
+                 async_op: bool) -> tuple[int, list[int], Any, Origin] | Work:
+    """The gathers' agreement: ``(axis, every rank's length along it, x as the transport tensor, its
+    origin)``, or a failed Work."""
     what = f"distributed.{kind}"
-    mine: dict[str, int] = {}  # this rank's checked axis, which local() finds for the code below
+    mine: dict[str, Any] = {}  # this rank's checked axis and transport tensor, which local() finds for the code below
 
     def local() -> Call:
         if root is not None:
@@ -678,33 +694,35 @@ def _gather_call(g: Group, kind: str, x: Any, axis: Any, root: int | None,
         shape = _shape(b, x, what)
         mine["axis"] = check_axis(axis, len(shape), what)
         dtype = b.dtype_of(x)
-        return Call(kind, root=root, axis=mine["axis"], dtype=dtype, shape=shape,
-                    tkind=carried_kind(g, b, x, dtype, what))
+        placed = _placement(g, b, x, dtype, what)
+        mine["t"], mine["origin"], _, _ = to_transport(x, g, placed)
+        return Call(kind, root=root, axis=mine["axis"], dtype=dtype, shape=shape, tkind=placed[3].kind)
 
     calls = agree(g, kind, local, async_op)
     if isinstance(calls, Work):
         return calls
     assert calls is not None  # the gathers always exchange
     ax = mine["axis"]
-    return ax, [c.shape[ax] if c.shape is not None else 0 for c in calls]
+    return ax, [c.shape[ax] if c.shape is not None else 0 for c in calls], mine["t"], mine["origin"]
 
 
 def _tree_gather(g: Group, kind: str, x: Any, axis: Any, root: int | None, async_op: bool) -> Any:
-    agreed = _tree_agree(g, kind, x, None, root, False, async_op, axis)
+    sends: list[Any] = []
+    agreed = _tree_agree(g, kind, x, None, root, False, async_op, axis, sends=sends, leafwise=True)
     if isinstance(agreed, Work):
         return agreed
     lv, axes, calls = agreed
     lengths = _tree_lengths(g, kind, lv, axes, calls)
     if root is None:
-        start = _gather_run(g, kind, x, lv, axes, lengths, g.engine.allgather, True)
+        start = _gather_run(g, kind, x, lv, axes, lengths, sends[0], g.engine.allgather, True)
     else:
-        start = _gather_run(g, kind, x, lv, axes, lengths, lambda t: g.engine.gather(t, root), g.rank == root)
+        start = _gather_run(g, kind, x, lv, axes, lengths, sends[0], lambda t: g.engine.gather(t, root),
+                            g.rank == root)
     return run(g, f"distributed.{kind}", start, async_op)
 
 
-def _padded_send(g: Group, x: Any, ax: int, lengths: list[int]) -> tuple[Any, Origin]:
-    t, origin, _, _ = to_transport(x, g)
-    return g.engine.prepare(pad_to(t, max(lengths), ax))[0], origin
+def _padded_send(g: Group, t: Any, ax: int, lengths: list[int]) -> Any:
+    return g.engine.prepare(pad_to(t, max(lengths), ax))[0]
 
 
 def _joined(parts: list[Any], lengths: list[int], ax: int, origin: Origin) -> Any:
@@ -726,10 +744,10 @@ def allgather(x: Any, axis: int = 0, *, async_op: bool = False) -> Any:
     agreed = _gather_call(g, "allgather", x, axis, None, async_op)
     if isinstance(agreed, Work):
         return agreed
-    ax, lengths = agreed
+    ax, lengths, t, origin = agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        send, origin = _padded_send(g, x, ax, lengths)
+        send = _padded_send(g, t, ax, lengths)
         return g.engine.allgather(send), holding(lambda parts: _joined(list(parts), lengths, ax, origin), send)
 
     return run(g, "distributed.allgather", start, async_op)
@@ -744,10 +762,10 @@ def gather(x: Any, dst: int = 0, axis: int = 0, *, async_op: bool = False) -> An
     agreed = _gather_call(g, "gather", x, axis, dst, async_op)
     if isinstance(agreed, Work):
         return agreed
-    ax, lengths = agreed
+    ax, lengths, t, origin = agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        send, origin = _padded_send(g, x, ax, lengths)
+        send = _padded_send(g, t, ax, lengths)
 
         def finish(parts: Any) -> Any:
             return None if g.rank != dst or parts is None else _joined(list(parts), lengths, ax, origin)
@@ -765,15 +783,16 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
     g = current()
     what = "distributed.reduce_scatter"
     if _is_tree(x):
-        tree = _tree_agree(g, "reduce_scatter", x, op, None, False, async_op, axis)
+        sends: list[Any] = []
+        tree = _tree_agree(g, "reduce_scatter", x, op, None, False, async_op, axis, sends=sends, leafwise=True)
         if isinstance(tree, Work):
             return tree
         lv, axes, _ = tree
         base = "sum" if op == "mean" else op
-        return run(g, what, _cut_run(g, "reduce_scatter", x, lv, axes, True,
+        return run(g, what, _cut_run(g, "reduce_scatter", x, lv, axes, sends[0],
                                      lambda blocks, like: g.engine.reduce_scatter(blocks, base),
                                      lambda res: mean_of(res, op, g.world_size)), async_op)
-    mine: dict[str, Any] = {}  # this rank's shape and checked axis, which local() finds for the code below
+    mine: dict[str, Any] = {}  # this rank's shape, checked axis and transport tensor, which local() finds below
 
     def local() -> Call:
         b = _tensor(x, what)
@@ -781,8 +800,9 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
         check_op(op, dtype, what)
         shp = _shape(b, x, what)
         mine.update(shape=shp, axis=check_axis(axis, len(shp), what))
-        return Call("reduce_scatter", op=op, axis=mine["axis"], dtype=dtype, shape=shp,
-                    tkind=carried_kind(g, b, x, dtype, what))
+        placed = _placement(g, b, x, dtype, what)
+        mine["t"], mine["origin"], _, _ = to_transport(x, g, placed)
+        return Call("reduce_scatter", op=op, axis=mine["axis"], dtype=dtype, shape=shp, tkind=placed[3].kind)
 
     agreed = agree(g, "reduce_scatter", local, async_op)
     if isinstance(agreed, Work):
@@ -790,7 +810,7 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
     shape, ax = mine["shape"], mine["axis"]
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, _, _ = to_transport(x, g)
+        t, origin = mine["t"], mine["origin"]
         sizes = split_sizes(shape[ax], g.world_size)
         blocks = blocks_of(g, t, sizes, ax)
         h = g.engine.reduce_scatter(blocks, "sum" if op == "mean" else op)
@@ -816,16 +836,20 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
     g = current()
     what = "distributed.scatter"
     if _is_tree(x):
+        # (only src sends: the other ranks' leaves give devices and dtypes)
+        sends: list[Any] | None = [] if g.rank == src else None
         tree = _tree_agree(g, "scatter", x, None, src, False, async_op, axis,
                            None if backend is None and device is None else
                            "backend= and device= are for a tensor received where None was passed; a structure's "
-                           "pieces land on its own leaves' devices, of its backend")
+                           "pieces land on its own leaves' devices, of its backend", sends=sends, leafwise=True)
         if isinstance(tree, Work):
             return tree
         lv, axes, _ = tree
-        return run(g, what, _cut_run(g, "scatter", x, lv, axes, g.rank == src,
+        return run(g, what, _cut_run(g, "scatter", x, lv, axes, sends[0] if sends else None,
                                      lambda blocks, like: g.engine.scatter(blocks, like, src), lambda res: res),
                    async_op)
+
+    sending: list[Any] = []  # on src: x as the transport tensor and its origin, which local() makes below
 
     def local() -> Call:
         _check_rank(src, g, what, "src")
@@ -839,8 +863,9 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
         shape = _shape(b, x, what)
         check_axis(axis, len(shape), what)
         dtype = b.dtype_of(x)
-        return Call("scatter", root=src, axis=axis, dtype=dtype, shape=shape, tkind=carried_kind(g, b, x, dtype, what),
-                    backend=b.name)
+        placed = _placement(g, b, x, dtype, what)
+        sending.extend(to_transport(x, g, placed)[:2])
+        return Call("scatter", root=src, axis=axis, dtype=dtype, shape=shape, tkind=placed[3].kind, backend=b.name)
 
     calls = agree(g, "scatter", local, async_op)
     if isinstance(calls, Work):
@@ -856,7 +881,7 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
         piece = list(full_shape)
         piece[ax] = sizes[0] if sizes else 0
         if g.rank == src:
-            t, origin, _, _ = to_transport(x, g)
+            t, origin = sending
             blocks = blocks_of(g, t, sizes, ax)
             tb = backend_of(blocks)
             like = tb.empty(tuple(piece), dtype, tb.device_of(blocks))
