@@ -455,6 +455,7 @@ from multidev import distributed as dist
 
 dist.init(engine="torch", transport="gloo", timeout=30)
 r = dist.rank()
+mesh = dist.process_mesh(2, "dp")
 good = lambda: torch.ones(3)
 bad = {  # what the engine cannot carry or write: refused in this rank's checks, before anything is sent
     "sparse": lambda: dist.allreduce(torch.ones(3).to_sparse()),
@@ -467,6 +468,8 @@ bad = {  # what the engine cannot carry or write: refused in this rank's checks,
     "structure allgather": lambda: dist.allgather([torch.ones(3).to_sparse(), torch.ones(2)]),
     "structure reduce_scatter": lambda: dist.reduce_scatter([torch.ones(4).to_sparse(), torch.ones(2)]),
     "structure scatter": lambda: dist.scatter([torch.ones(4).to_sparse(), torch.ones(2)], src=1),
+    "allreduce_along": lambda: dist.allreduce_along(torch.ones(4).to_sparse(), mesh, "dp"),
+    "all_to_all_along": lambda: dist.all_to_all_along(torch.ones(4).to_sparse(), mesh, "dp"),
 }
 ok = {"sparse": lambda: dist.allreduce(good()), "expanded in place": lambda: dist.allreduce(good(), inplace=True),
       "sparse broadcast": lambda: dist.broadcast(good()), "sparse reduce": lambda: dist.reduce(good()),
@@ -474,7 +477,9 @@ ok = {"sparse": lambda: dist.allreduce(good()), "expanded in place": lambda: dis
       "structure with a sparse leaf": lambda: dist.allreduce([torch.ones(3), torch.ones(2)]),
       "structure allgather": lambda: dist.allgather([torch.ones(3), torch.ones(2)]),
       "structure reduce_scatter": lambda: dist.reduce_scatter([torch.ones(4), torch.ones(2)]),
-      "structure scatter": lambda: dist.scatter([torch.ones(4), torch.ones(2)], src=1)}
+      "structure scatter": lambda: dist.scatter([torch.ones(4), torch.ones(2)], src=1),
+      "allreduce_along": lambda: dist.allreduce_along(torch.ones(4), mesh, "dp"),
+      "all_to_all_along": lambda: dist.all_to_all_along(torch.ones(4), mesh, "dp")}
 out = {}
 for checks in (True, False):
     dist.set_checks(checks)
@@ -517,6 +522,10 @@ def test_a_tensor_the_engine_cannot_carry_is_refused_typed_on_every_rank_and_the
         out[1]["True expanded in place"]
     assert out[0]["True expanded in place"].startswith("DistributedError")
     assert all(out[r]["False expanded in place"].startswith("CapabilityError") for r in (0, 1))
+    for name in ("allreduce_along", "all_to_all_along"):  # (a mesh's calls always exchange: a mismatch on rank 0)
+        for c in ("True", "False"):
+            assert out[1][f"{c} {name}"].startswith("UnsupportedTensorError: the torch engine's"), out[1]
+        assert out[0][f"True {name}"].startswith("CollectiveMismatchError") and "rank 1" in out[0][f"True {name}"]
     leaf = "structure with a sparse leaf"  # (flattened into a bucket: torch's own refusal, translated)
     assert out[1][f"True {leaf}"].startswith("BackendError") and "sparse" in out[1][f"True {leaf}"]
     assert out[0][f"True {leaf}"].startswith("DistributedError")

@@ -68,6 +68,18 @@ def _record(g: Group, kind: str, **given: Any) -> Call:
     return call
 
 
+def _agreed(g: Group, kind: str, local: Callable[[], Call], async_op: bool,
+            made: list[Any] | dict[str, Any] | None) -> list[Call] | Work | None:
+    """:func:`agree` of a call whose ``local`` also made what it sends (into ``made``): that is dropped
+    where the call raises, so an exception kept by the caller keeps no copy of the tensors."""
+    try:
+        return agree(g, kind, local, async_op)
+    except BaseException:
+        if made is not None:
+            made.clear()
+        raise
+
+
 def _shape(b: Backend, x: Any, what: str) -> tuple[int, ...]:
     shape = b.shape_of(x)
     if len(shape) > MAX_DIMS:
@@ -175,12 +187,14 @@ def _writes_through(origin: Origin) -> bool:
     return origin.is_transport or (caps.mutable and not caps.async_execution)
 
 
-def working(x: Any, g: Group, inplace: bool, placed: Placement | None = None) -> tuple[Any, Origin, bool, bool]:
+def working(x: Any, g: Group, inplace: bool, placed: Placement | None = None,
+            sent: tuple[Any, Origin, bool, str] | None = None) -> tuple[Any, Origin, bool, bool]:
     """The transport tensor a primitive may write into, ``(t, origin, shares x's memory, writes
     through)``: x's own memory only when ``inplace`` (the call is in place, or its primitive only
     reads: :meth:`Engine.allreduce_new`) and writes reach x; else a copy (none for engines that
-    never write into their inputs). ``placed``: x's :func:`_placement`."""
-    t, origin, shared, _ = to_transport(x, g, placed)
+    never write into their inputs). ``placed``: x's :func:`_placement`; ``sent``: x's
+    :func:`to_transport`, where the call's checks made it."""
+    t, origin, shared, _ = to_transport(x, g, placed) if sent is None else sent
     through = _writes_through(origin)
     t, shared = private(t, g, inplace, shared, through)
     return t, origin, shared, through
@@ -330,7 +344,7 @@ def _tree_agree(g: Group, kind: str, x: Any, op: str | None, root: int | None, i
                     leaves=len(lv.tensors), sig=lv.signature(tkinds, shapes=masked),
                     shape=lengths if lengths is not None and len(lengths) <= MAX_DIMS else None)
 
-    calls = agree(g, kind, local, async_op or False)
+    calls = _agreed(g, kind, local, async_op or False, sends)
     if isinstance(calls, Work):
         return calls
     return mine["leaves"], mine["axes"], calls
@@ -590,7 +604,7 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     if unsent:
         checked_here(checks, what)
         return run(g, what, start, async_op)
-    agreed = agree(g, "allreduce", checks, async_op)
+    agreed = _agreed(g, "allreduce", checks, async_op, ready)
     if isinstance(agreed, Work):
         return agreed
     return run(g, what, start, async_op)
@@ -633,7 +647,7 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
     if unchecked(g, "broadcast"):
         checked_here(local, what)
         return run(g, what, start, async_op)
-    agreed = agree(g, "broadcast", local, async_op)
+    agreed = _agreed(g, "broadcast", local, async_op, ready)
     if isinstance(agreed, Work):
         return agreed
     return run(g, what, start, async_op)
@@ -666,7 +680,7 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
         ready.append(working(x, g, False, placed))
         return _record(g, "reduce", op=op, root=dst, dtype=dtype, shape=shape, tkind=placed[3].kind)
 
-    agreed = agree(g, "reduce", local, async_op)
+    agreed = _agreed(g, "reduce", local, async_op, ready)
     if isinstance(agreed, Work):
         return agreed
 
@@ -698,7 +712,7 @@ def _gather_call(g: Group, kind: str, x: Any, axis: Any, root: int | None,
         mine["t"], mine["origin"], _, _ = to_transport(x, g, placed)
         return Call(kind, root=root, axis=mine["axis"], dtype=dtype, shape=shape, tkind=placed[3].kind)
 
-    calls = agree(g, kind, local, async_op)
+    calls = _agreed(g, kind, local, async_op, mine)
     if isinstance(calls, Work):
         return calls
     assert calls is not None  # the gathers always exchange
@@ -804,7 +818,7 @@ def reduce_scatter(x: Any, op: str = "sum", axis: int = 0, *, async_op: bool = F
         mine["t"], mine["origin"], _, _ = to_transport(x, g, placed)
         return Call("reduce_scatter", op=op, axis=mine["axis"], dtype=dtype, shape=shp, tkind=placed[3].kind)
 
-    agreed = agree(g, "reduce_scatter", local, async_op)
+    agreed = _agreed(g, "reduce_scatter", local, async_op, mine)
     if isinstance(agreed, Work):
         return agreed
     shape, ax = mine["shape"], mine["axis"]
@@ -867,7 +881,7 @@ def scatter(x: Any, src: int = 0, axis: int = 0, *, backend: str | None = None,
         sending.extend(to_transport(x, g, placed)[:2])
         return Call("scatter", root=src, axis=axis, dtype=dtype, shape=shape, tkind=placed[3].kind, backend=b.name)
 
-    calls = agree(g, "scatter", local, async_op)
+    calls = _agreed(g, "scatter", local, async_op, sending)
     if isinstance(calls, Work):
         return calls
     assert calls is not None  # scatter always exchanges

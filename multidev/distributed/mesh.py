@@ -51,7 +51,7 @@ from .engine import Engine, Handle
 from .group import current
 from .handles import run
 from .p2p import recv, send
-from .transport import Origin, from_transport
+from .transport import Origin, from_transport, to_transport
 
 __all__ = ["ProcessMesh", "all_to_all", "all_to_all_along", "allgather_along", "allreduce_along", "from_native_mesh",
            "process_mesh", "reduce_scatter_along", "sendrecv", "to_native_mesh"]
@@ -121,12 +121,14 @@ def _fingerprint(*parts: Any) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
-def agree_call(what: str, check: Callable[[], tuple[tuple[Any, ...], int]]) -> list[int]:
+def agree_call(what: str, check: Callable[[], tuple[tuple[Any, ...], int]],
+               made: dict[str, Any] | None = None) -> list[int]:
     """This rank's checks (``check()`` gives its record of the call and its length along the
     gathered axis), then every rank's record compared in one consistency exchange (the group's
     channel, as every collective's): a rank whose own checks failed raises its error and the
     others CollectiveMismatchError naming it; ranks that called differently raise
-    CollectiveMismatchError on every rank. Returns every rank's length."""
+    CollectiveMismatchError on every rank. Returns every rank's length. ``made``: what ``check``
+    made for the call (its transport tensor), dropped where the call raises."""
     g = current()
     mine: list[Any] = []
 
@@ -136,7 +138,12 @@ def agree_call(what: str, check: Callable[[], tuple[tuple[Any, ...], int]]) -> l
         return Call("along", sig=_fingerprint(what, *record), shape=(length,))
 
     try:
-        calls = agree(g, "along", local)
+        try:
+            calls = agree(g, "along", local)
+        except BaseException:
+            if made is not None:
+                made.clear()  # (an exception the caller keeps keeps no copy of the tensors)
+            raise
     except CollectiveMismatchError as e:
         raise CollectiveMismatchError(f"{what}: the ranks called it differently (the mesh, axes, op, shape or dtype "
                                       f"differ from rank {g.rank}'s {mine[0] if mine else '?'}): {e}") from None
@@ -165,14 +172,14 @@ def _split(mesh: ProcessMesh, axes: AxisNames, group: tuple[int, ...]) -> Engine
 
 
 def _within(what: str, x: Any, start: Callable[[Any], tuple[Handle, tuple[Any, ...]]],
-            finish: Callable[[Any, Origin], Any]) -> Any:
+            finish: Callable[[Any, Origin], Any], sent: Any = None) -> Any:
     """A primitive of a subgroup's engine on x's transport tensor (a private copy where the engine
-    writes into its inputs), waited for with the group's timeout and errors; ``finish`` turns its
-    result into the caller's."""
+    writes into its inputs; ``sent``: x's transport, as :func:`checked_input` made it), waited for
+    with the group's timeout and errors; ``finish`` turns its result into the caller's."""
     g = current()
 
     def go() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, _, _ = working(x, g, False)
+        t, origin, _, _ = working(x, g, False, sent=sent)
         h, held = start(t)
         return h, holding(lambda res: finish(res, origin), t, *held)
 
@@ -188,14 +195,20 @@ def _fold(b: Any, parts: Sequence[Any], op: str) -> Any:
     return b.divide(acc, len(parts)) if op == "mean" else acc
 
 
-def checked_input(x: Any, what: str) -> tuple[Any, tuple[int, ...]]:
+def checked_input(x: Any, what: str, found: dict[str, Any] | None = None) -> tuple[Any, tuple[int, ...]]:
     """x's backend and shape, and that the group can carry its dtype (CapabilityError naming the
-    engine otherwise): refused inside the agreed exchange, before anything moves."""
+    engine otherwise): refused inside the agreed exchange, before anything moves. With ``found``,
+    x's transport tensor is made here too (``found["sent"]``, :func:`to_transport`'s), so that a
+    tensor the engine cannot send (a sparse one) is refused here, not inside the primitive."""
     try:
         b = backend_of(x)
     except UnsupportedTensorError as e:
         raise CollectiveInputError(f"{what} takes a tensor: {e}") from None
-    carried_kind(current(), b, x, b.dtype_of(x), what)
+    g = current()
+    dtype = b.dtype_of(x)
+    carried_kind(g, b, x, dtype, what)
+    if found is not None:
+        found["sent"] = to_transport(x, g)
     return b, b.shape_of(x)
 
 
@@ -268,7 +281,7 @@ def allreduce_along_one(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "s
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
-        b, shape = checked_input(x, what)
+        b, shape = checked_input(x, what, found)
         check_op(op, b.dtype_of(x), what)
         if not isinstance(inplace, bool):
             raise InvalidArgumentError(f"{what}: inplace must be True or False, got {inplace!r:.40}")
@@ -280,7 +293,7 @@ def allreduce_along_one(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "s
     if agreed:
         check()
     else:
-        agree_call(what, check)
+        agree_call(what, check, found)
     group = found["group"]
     if len(group) == 1:  # a subgroup of one rank (an axis of size 1): its own tensor, nothing moves
         if inplace:
@@ -293,7 +306,7 @@ def allreduce_along_one(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "s
         n, base = len(group), "sum" if op == "mean" else op
 
         def go() -> tuple[Handle, Callable[[Any], Any]]:
-            t, origin, shared, through = working(x, g, inplace)
+            t, origin, shared, through = working(x, g, inplace, sent=found["sent"])
             return sub.allreduce(t, base), holding(
                 lambda res: landed(mean_of(res, op, n), t, origin, x, inplace, shared, through), t)
         return run(g, what, go, False, probe=False)
@@ -320,7 +333,7 @@ def allgather_along_one(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
-        b, shape = checked_input(x, what)
+        b, shape = checked_input(x, what, found)
         found["axis"] = ax = check_axis(axis, len(shape), what)
         found["group"] = _group(mesh, axes)
         return (mesh, check_axis_names(axes), ax, len(shape), b.dtype_of(x)), shape[ax]
@@ -329,7 +342,7 @@ def allgather_along_one(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 
         check()
         lengths = agreed
     else:
-        lengths = agree_call(what, check)
+        lengths = agree_call(what, check, found)
     b, ax, group = backend_of(x), found["axis"], found["group"]
     if len(group) == 1:  # a subgroup of one rank: its own tensor, nothing moves
         return b.copy(x, b.device_of(x))
@@ -344,7 +357,7 @@ def allgather_along_one(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 
         def joined(res: Any, origin: Origin) -> Any:
             parts = [narrow(p, ax, n) for p, n in zip(res, mine)]
             return from_transport(backend_of(parts[0]).concat(parts, ax), origin)
-        return _within(what, x, gather, joined)
+        return _within(what, x, gather, joined, found["sent"])
     pieces = b.split(allgather(x, ax), lengths, ax)
     out = b.concat([pieces[r] for r in group], ax)
     return b.copy(out, b.device_of(out)) if len(group) == 1 else out
@@ -362,12 +375,12 @@ def _reduce_scatter_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = 
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
-        b, shape = checked_input(x, what)
+        b, shape = checked_input(x, what, found)
         check_op(op, b.dtype_of(x), what)
         found.update(axis=check_axis(axis, len(shape), what), group=_group(mesh, axes), shape=shape)
         return (mesh, check_axis_names(axes), op, found["axis"], shape, b.dtype_of(x)), 0
 
-    agree_call(what, check)
+    agree_call(what, check, found)
     group, ax = found["group"], found["axis"]
     if len(group) == 1:  # a subgroup of one rank: the whole of its own tensor, nothing moves
         b = backend_of(x)
@@ -381,7 +394,7 @@ def _reduce_scatter_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = 
             blocks = blocks_of(current(), t, sizes, ax)
             return sub.reduce_scatter(blocks, base), (blocks,)
         return _within(what, x, scatter, lambda res, origin: from_transport(
-            mean_of(narrow(res, ax, sizes[k]), op, len(group)), origin))
+            mean_of(narrow(res, ax, sizes[k]), op, len(group)), origin), found["sent"])
     b, parts = _everyone(x)
     total = _fold(b, [parts[r] for r in group], op)
     piece = b.split(total, _sizes(found["shape"][ax], len(group)), ax)[group.index(current().rank)]
@@ -401,12 +414,12 @@ def _all_to_all_along(x: Any, mesh: ProcessMesh, axes: AxisNames, split_axis: in
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
-        b, shape = checked_input(x, what)
+        b, shape = checked_input(x, what, found)
         found.update(sa=check_axis(split_axis, len(shape), what), ca=check_axis(concat_axis, len(shape), what),
                      group=_group(mesh, axes), shape=shape)
         return (mesh, check_axis_names(axes), found["sa"], found["ca"], shape, b.dtype_of(x)), 0
 
-    agree_call(what, check)
+    agree_call(what, check, found)
     group, sa, ca = found["group"], found["sa"], found["ca"]
     if len(group) == 1:  # a subgroup of one rank: its own tensor, nothing moves
         b = backend_of(x)
@@ -423,12 +436,12 @@ def _all_to_all_along(x: Any, mesh: ProcessMesh, axes: AxisNames, split_axis: in
             def joined(res: Any, origin: Origin) -> Any:
                 parts = [narrow(p, sa, sizes[k]) for p in res]
                 return from_transport(backend_of(parts[0]).concat(parts, ca), origin)
-            return _within(what, x, exchange, joined)
+            return _within(what, x, exchange, joined, found["sent"])
 
         def swapped(res: Any, origin: Origin) -> Any:
             tb = backend_of(res[0])
             return from_transport(tb.concat([tb.split(p, sizes, sa)[k] for p in res], ca), origin)
-        return _within(what, x, lambda t: (sub.allgather(t), ()), swapped)
+        return _within(what, x, lambda t: (sub.allgather(t), ()), swapped, found["sent"])
     b, parts = _everyone(x)
     out = b.concat([b.split(parts[r], sizes, sa)[k] for r in group], ca)
     return b.copy(out, b.device_of(out)) if len(group) == 1 else out

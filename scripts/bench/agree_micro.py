@@ -23,7 +23,6 @@ def main() -> None:
     a, b = (Mailbox(m, r, 2, [os.getpid()] * 2) for r in range(2))
     g: Any = types.SimpleNamespace(ahead=None, check=True, seq=0, channel=a, engine=None, timeout=5.0, rank=0,
                                    world_size=2)
-    early: list[int] = []
 
     def local() -> Any:
         return collectives._record(g, "allreduce", op="sum", dtype="float32", shape=(4,), tkind="cpu")
@@ -31,7 +30,7 @@ def main() -> None:
 
     def agree() -> object:
         b.post(g.seq, [g.seq, *tail])
-        return consistency.agree(g, "allreduce", local, False, lambda: early.append(1))
+        return consistency.agree(g, "allreduce", local, False)
 
     def posts() -> None:
         s = g.seq
@@ -41,7 +40,6 @@ def main() -> None:
     best: dict[str, float] = {}
     for _ in range(3):
         for f in (agree, posts):
-            early.clear()
             t = min(timeit.repeat(f, number=20000, repeat=5)) / 20000 * 1e6
             best[f.__name__] = min(best.get(f.__name__, t), t)
     print(f"agree {best['agree']:.2f} us, posts {best['posts']:.2f} us")
