@@ -304,9 +304,6 @@ class NumpyBackend(BaseBackend):
                 _DTYPE_NAMES[dt] = name
         return name
 
-    def shape_of(self, x: Any) -> tuple[int, ...]:
-        return x.shape  # (a tuple of Python ints, for arrays and NumPy scalars alike)
-
     # -- creation ---------------------------------------------------------------------------
     def full(self, shape: tuple[int, ...], value: Any, dtype: str, device: Device) -> Any:
         out = _aligned(tuple(shape), _NATIVE_DTYPES.get(dtype) or self.to_native_dtype(dtype))
