@@ -454,9 +454,9 @@ class Engine(ABC):
 
     def post(self, seq: int, row: Sequence[int]) -> None:
         """Optional: send this rank's ``row`` of call ``seq`` ahead, without waiting for anything;
-        :meth:`exchange` of the same ``seq`` and ``row`` follows (the core prepares the call's
-        tensors in between, so the round trip overlaps that work) and must not send it again.
-        Default: nothing (:meth:`exchange` sends it)."""
+        :meth:`exchange` of the same ``seq`` and ``row`` follows (a data-parallel step sends its
+        gradients' record ahead of the backward pass, so the round trip overlaps it) and must not
+        send it again. Default: nothing (:meth:`exchange` sends it)."""
         return None
 
     # -- primitives (asynchronous: each returns a Handle at once) ---------------------------------
