@@ -12,9 +12,10 @@ backend's tensor becomes one zero-copy through DLPack where it can.
 - The consistency exchange goes through the same store, on a connection of its own: this rank's
   row pushed to every other rank's queue (no reply awaited: :meth:`TorchEngine.post` sends it ahead
   where a data-parallel step overlaps the round trip with its backward pass), the others' popped
-  from its own with a deadline, one round trip per other rank and nothing left to delete (init's and shutdown's: a key per rank and a timed
-  ``wait``). Never on the GPU, and never through gloo: gloo aborts the process when two ranks'
-  calls differ in length, so the records must agree before any data moves.
+  from its own with a deadline, one round trip per other rank and nothing left to delete (init's and
+  shutdown's: a key per rank and a timed ``wait``). Never on the GPU, and never through gloo: gloo
+  aborts the process when two ranks' calls differ in length, so the records must agree before any
+  data moves.
 - Under NCCL, ``TORCH_NCCL_BLOCKING_WAIT=1`` is set (unless set already) so that a timeout raises
   instead of tearing the process down.
 - A failure during a collective (torch's ``DistError`` family, gloo's ``RuntimeError`` for a lost
