@@ -195,21 +195,24 @@ def _fold(b: Any, parts: Sequence[Any], op: str) -> Any:
     return b.divide(acc, len(parts)) if op == "mean" else acc
 
 
-def checked_input(x: Any, what: str, found: dict[str, Any] | None = None) -> tuple[Any, tuple[int, ...]]:
+def checked_input(x: Any, what: str) -> tuple[Any, tuple[int, ...]]:
     """x's backend and shape, and that the group can carry its dtype (CapabilityError naming the
-    engine otherwise): refused inside the agreed exchange, before anything moves. With ``found``,
-    x's transport tensor is made here too (``found["sent"]``, :func:`to_transport`'s), so that a
-    tensor the engine cannot send (a sparse one) is refused here, not inside the primitive."""
+    engine otherwise): refused inside the agreed exchange, before anything moves."""
     try:
         b = backend_of(x)
     except UnsupportedTensorError as e:
         raise CollectiveInputError(f"{what} takes a tensor: {e}") from None
-    g = current()
-    dtype = b.dtype_of(x)
-    carried_kind(g, b, x, dtype, what)
-    if found is not None:
-        found["sent"] = to_transport(x, g)
+    carried_kind(current(), b, x, b.dtype_of(x), what)
     return b, b.shape_of(x)
+
+
+def _sent(x: Any, group: tuple[int, ...], agreed: bool = False) -> Any:
+    """x's transport tensor (:func:`to_transport`'s), made in the call's checks so that a tensor the
+    engine cannot send (a sparse one) is refused there, before any rank sends, where a subgroup of
+    several ranks will send it; None (made where the primitive starts, if at all) where the subgroup
+    is this rank alone, or where the caller's exchange was agreed already (a failure then marks the
+    group unusable, as the primitive's start does)."""
+    return to_transport(x, current()) if len(group) > 1 and not agreed else None
 
 
 def _group(mesh: Any, axes: AxisNames) -> tuple[int, ...]:
@@ -281,13 +284,14 @@ def allreduce_along_one(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = "s
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
-        b, shape = checked_input(x, what, found)
+        b, shape = checked_input(x, what)
         check_op(op, b.dtype_of(x), what)
         if not isinstance(inplace, bool):
             raise InvalidArgumentError(f"{what}: inplace must be True or False, got {inplace!r:.40}")
         if inplace:
             check_writable(b, x, f"{what}(inplace=True)")
         found["group"] = _group(mesh, axes)
+        found["sent"] = _sent(x, found["group"], agreed)
         return (mesh, check_axis_names(axes), op, shape, b.dtype_of(x), inplace), 0
 
     if agreed:
@@ -333,9 +337,10 @@ def allgather_along_one(x: Any, mesh: ProcessMesh, axes: AxisNames, axis: int = 
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
-        b, shape = checked_input(x, what, found)
+        b, shape = checked_input(x, what)
         found["axis"] = ax = check_axis(axis, len(shape), what)
         found["group"] = _group(mesh, axes)
+        found["sent"] = _sent(x, found["group"], agreed is not None)
         return (mesh, check_axis_names(axes), ax, len(shape), b.dtype_of(x)), shape[ax]
 
     if agreed is not None:
@@ -375,9 +380,10 @@ def _reduce_scatter_along(x: Any, mesh: ProcessMesh, axes: AxisNames, op: str = 
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
-        b, shape = checked_input(x, what, found)
+        b, shape = checked_input(x, what)
         check_op(op, b.dtype_of(x), what)
         found.update(axis=check_axis(axis, len(shape), what), group=_group(mesh, axes), shape=shape)
+        found["sent"] = _sent(x, found["group"])
         return (mesh, check_axis_names(axes), op, found["axis"], shape, b.dtype_of(x)), 0
 
     agree_call(what, check, found)
@@ -414,9 +420,10 @@ def _all_to_all_along(x: Any, mesh: ProcessMesh, axes: AxisNames, split_axis: in
     found: dict[str, Any] = {}
 
     def check() -> tuple[tuple[Any, ...], int]:
-        b, shape = checked_input(x, what, found)
+        b, shape = checked_input(x, what)
         found.update(sa=check_axis(split_axis, len(shape), what), ca=check_axis(concat_axis, len(shape), what),
                      group=_group(mesh, axes), shape=shape)
+        found["sent"] = _sent(x, found["group"])
         return (mesh, check_axis_names(axes), found["sa"], found["ca"], shape, b.dtype_of(x)), 0
 
     agree_call(what, check, found)
