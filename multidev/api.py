@@ -53,7 +53,16 @@ from .sharding import (
     unshard,
 )
 from .transfer import start_to
-from .trees import is_structure, leaves, model_owner, owner_or_structure, resident_container, tree_map
+from .trees import (
+    is_structure,
+    leaves,
+    model_owner,
+    owner_or_structure,
+    plain_rebuild,
+    plain_walk,
+    resident_container,
+    tree_map,
+)
 from .validate import (
     MAX_ELEMENTS,
     check_fill,
@@ -696,7 +705,8 @@ def to(x: Any, device: DeviceLike, *, non_blocking: bool = False) -> Any:
         if resident_container(x, dev):  # (trees.resident_container)
             return x if cls is tuple else cls(x)  # (a list or dict: a new one, as tree_map gives)
         if cached_owner(cls) is None:  # (Python's own containers are no tensors: owner_or_structure's answer)
-            return _structure_to(x, dev)
+            moved = _plain_to(x, dev)
+            return _structure_to(x, dev) if moved is _NOT_PLAIN else moved
     b = cached_owner(type(x))  # a tensor of a class seen before: one lookup (owner_or_structure's first)
     if b is None:
         try:  # (the layouts and sharded tensors of multidev.sharding are dispatched where they raise: no cost here)
@@ -749,6 +759,41 @@ def _structure_to(x: Any, device: DeviceLike) -> Any:
     return tree_map(lambda t: to(t, dev), x, "to", module=move_module, check=lambda b: resolve(b, dev),
                     scalar=lambda b, v: require(b, SupportsModels, "to").put_scalar(v, resolve(b, dev)),
                     batch=lambda ts: _moved_all(ts, dev))
+
+
+_NOT_PLAIN: Any = object()
+
+
+def _plain_to(x: Any, dev: Device) -> Any:
+    """to() of Python's own lists, tuples and dicts, nested, whose tensors (two or more) are all distinct, of one
+    class seen before, of an adapter with ``move_all``, and none on ``dev`` yet (a model's
+    parameters moved, mostly): what :func:`_structure_to` gives for it, in one pass and one
+    ``move_all`` (``resolve`` first, as its walk's check); :data:`_NOT_PLAIN` for anything else,
+    which :func:`_structure_to` takes."""
+    walked = plain_walk(x)
+    if walked is None:
+        return _NOT_PLAIN
+    shape, xs = walked
+    if len(xs) < 2:  # (one tensor: to() itself, as the walk's batch gives it)
+        return _NOT_PLAIN
+    one = xs[0].__class__
+    b: Any = cached_owner(one)
+    if b is None or one is ShardedTensor or getattr(b, "move_all", None) is None:
+        return _NOT_PLAIN
+    resolve(b, dev)  # (the walk's check: before any tensor's device is read)
+    device_of = b.device_of
+    try:
+        for t in xs:  # (Devices are interned; a resident tensor is kept as it is: the walk's)
+            if t.__class__ is not one or device_of(t) is dev:
+                return _NOT_PLAIN
+    except MultidevError:  # no single device (a framework's sharded array): the walk gathers it
+        return _NOT_PLAIN
+    if len(set(map(id, xs))) != len(xs):  # (a tied tensor: one object, as the walk gives it)
+        return _NOT_PLAIN
+    ys = _all_moved(b, xs, dev)
+    if len(ys) != len(xs):
+        raise RuntimeError(f"to: {b.name}'s move_all gave {len(ys)} results for {len(xs)} tensors")
+    return plain_rebuild(shape, ys)
 
 
 def _moved_all(xs: list[Any], dev: Device) -> list[Any]:

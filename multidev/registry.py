@@ -656,6 +656,8 @@ def backend_of(x: Any) -> Backend:
                         break
             with _s.lock:
                 _s.type_cache[t] = inst.name
+                if _s.instances.get(inst.name) is inst:  # (the class seen once is a class seen before)
+                    _s.owner_cache[t] = inst
             return inst
     if not related:  # no adapter of this tensor's framework: ask the families (array API, ...)
         found = _family_member_for(x, names, broken)

@@ -368,8 +368,34 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
     distinct tensor once in pre-order, a tied tensor one object, every container rebuilt as its own
     type); :data:`_NOT_FLAT` for anything else (the walk takes it, and names what it refuses). Each
     container is read once."""
-    shape: list[Any] = []  # pre-order: (type, item count, a dict's keys) per container, None per tensor
-    found: list[Any] = []  # the tensors, in pre-order (a tied one as often as it occurs)
+    walked = plain_walk(obj)
+    if walked is None:
+        return _NOT_FLAT
+    shape, found = walked
+    owners: dict[int, Backend] = {}
+    for c in dict.fromkeys(map(type, found)):  # (in the order first met: which adapter's check raises first)
+        b = cached_owner(c)
+        if b is None or c is ShardedTensor:
+            return _NOT_FLAT
+        owners[id(b)] = b
+    return plain_rebuild(shape, _leaf_results(leaf, found, owners, check, batch, what))
+
+
+def plain_walk(obj: Any) -> tuple[list[Any], list[Any]] | None:
+    """``(shape, tensors)`` of Python's own lists, tuples and dicts nested in ``obj`` (one of them; at most
+    :data:`RESIDENT_MAX` nodes, :data:`MAX_DEPTH` levels): ``shape`` a container's ``(type, item
+    count, a dict's keys)`` or None for anything else (a leaf), in pre-order; ``tensors`` the leaves
+    in pre-order (a tied one as often as it occurs), not yet told apart from other objects. None
+    where there is no leaf, or the structure is too large or too deep (:func:`tree_map`'s walk
+    takes it, and names what it refuses). Each container is read once."""
+    shape: list[Any] = []
+    found: list[Any] = []
+    try:  # (recursion: a third less Python a node than the stack below, for the common shallow structure)
+        _walk_into(obj, shape, found, 0)
+    except (_Deep, RecursionError):  # deeper than _SHALLOW levels (or a deep caller): the stack's walk
+        shape, found = [], []
+    else:
+        return (shape, found) if found and len(shape) <= RESIDENT_MAX else None
     containers = 0
     stack = [obj]
     while stack:
@@ -385,21 +411,49 @@ def _plain_map(leaf: Callable[[Any], Any], obj: Any, check: Callable[[Backend], 
             stack.extend(reversed(vals))
             containers += 1
             if len(shape) + len(stack) > RESIDENT_MAX:  # (the nodes read and to read; a circular structure ends
-                return _NOT_FLAT  # here too: the walk names it)
+                return None  # here too: the walk names it)
         else:
             found.append(x)
             shape.append(None)
     # (the walk's depth limit, MAX_DEPTH: read from the shape once the structure has more containers)
     if not found or (containers > MAX_DEPTH and _deeper_than_the_limit(shape)):
-        return _NOT_FLAT
-    owners: dict[int, Backend] = {}
-    for c in dict.fromkeys(map(type, found)):  # (in the order first met: which adapter's check raises first)
-        b = cached_owner(c)
-        if b is None or c is ShardedTensor:
-            return _NOT_FLAT
-        owners[id(b)] = b
-    res = _leaf_results(leaf, found, owners, check, batch, what)
-    # rebuilt children before parents: a container's items are the top of the stack, first item on top
+        return None
+    return shape, found
+
+
+#: The levels :func:`plain_walk` walks by recursion; a deeper structure is walked by its stack.
+_SHALLOW = 32
+
+
+class _Deep(Exception):
+    pass
+
+
+def _walk_into(x: Any, shape: list[Any], found: list[Any], depth: int) -> None:
+    """:func:`plain_walk` of container ``x`` (a dict, list or tuple), ``depth`` levels down, by recursion;
+    raises :class:`_Deep` past :data:`_SHALLOW` levels or :data:`RESIDENT_MAX` nodes."""
+    cls = type(x)
+    if cls is dict:
+        keys = list(x)
+        vals = [x[k] for k in keys]
+    else:
+        keys, vals = None, list(x)
+    if depth >= _SHALLOW or len(shape) + len(vals) >= RESIDENT_MAX:
+        raise _Deep
+    shape.append((cls, len(vals), keys))
+    for v in vals:
+        c = type(v)
+        if c is dict or c is list or c is tuple:
+            _walk_into(v, shape, found, depth + 1)
+        else:
+            found.append(v)
+            shape.append(None)
+
+
+def plain_rebuild(shape: list[Any], res: list[Any]) -> Any:
+    """The structure :func:`plain_walk` read as ``shape``, rebuilt with ``res`` (one result per
+    leaf, in its order) in place of its leaves: every container a new one of its own type."""
+    # children before parents: a container's items are the top of the stack, first item on top
     built: list[Any] = []
     i = len(res)
     for node in reversed(shape):

@@ -308,8 +308,15 @@ class JaxCore(BaseBackend):
             return [self.move(x, device) for x in xs]
         native = self.to_native_device(device)
         to_host = device.kind == "cpu"
-        single, hosts = self._single, self._from_native
         threshold = self.staging.threshold
+        if not to_host:  # (a model's parameters to an accelerator, mostly: one device_put of the list, as it is;
+            prod = math.prod  # quick's test below for an accelerator, without a call a tensor)
+            for x in xs:
+                if prod(x.shape) * 16 >= threshold:
+                    break
+            else:
+                return list(self.jax.device_put(xs, native))
+        single, hosts = self._single, self._from_native
 
         def quick(x: Any) -> bool:
             # What takes no route is told without the route's calls: to a host device, a one-device
