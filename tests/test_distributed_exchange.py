@@ -7,15 +7,18 @@ each rank's call when they differ. The multi-process rows (a mismatch caught on 
 rank that never arrives) are tests/adversarial/test_ranks.py and tests/test_faults_engines.py."""
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict, deque
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import pytest
 
+from multidev import distributed as dist
 from multidev.distributed.consistency import Call, agree
-from multidev.errors import CollectiveMismatchError, DistributedTimeoutError
+from multidev.errors import CollectiveMismatchError, DistributedTimeoutError, UnsupportedTensorError
 
 torch_engine = pytest.importorskip("multidev.adapters.torch.engine")
 jax_engine = pytest.importorskip("multidev.adapters.jax.engine")
@@ -214,6 +217,78 @@ def test_identical_records_decode_once_and_different_ones_name_every_rank() -> N
     g.seq = 1
     with pytest.raises(CollectiveMismatchError, match=r"op \(rank 0: sum, rank 1: max, rank 2: sum\)"):
         agree(g, "allreduce", lambda: mine)  # type: ignore[arg-type]
+
+
+def test_meanwhile_runs_between_post_and_exchange_only_for_a_call_this_rank_accepts() -> None:
+    events: list[str] = []
+    G = _recording(events)
+    mine = Call("broadcast", root=0, dtype="float32", shape=(2,), tkind="cpu")
+    g = G([None, None])
+    agree(g, "broadcast", lambda: mine, meanwhile=lambda: events.append("meanwhile"))  # type: ignore[arg-type]
+    assert events == ["post 0", "meanwhile", "exchange 0"]
+
+    def broken() -> None:
+        events.append("broken")
+        raise MemoryError("an allocation that fails: the call's own step raises it again")
+    agree(g, "broadcast", lambda: mine, meanwhile=broken)  # type: ignore[arg-type]
+    assert events[-3:] == ["post 1", "broken", "exchange 1"]  # swallowed: the exchange still ran
+
+    def refuse() -> Call:
+        raise CollectiveMismatchError("this rank's own input")
+    del events[:]
+    with pytest.raises(CollectiveMismatchError, match="own input"):
+        agree(g, "broadcast", refuse, meanwhile=lambda: events.append("meanwhile"))  # type: ignore[arg-type]
+    assert events == ["exchange 2"]  # the refusal travels; nothing prepared for a call this rank refused
+
+
+@pytest.mark.parametrize("call", ["allreduce", "broadcast", "reduce"])
+def test_a_tensor_the_engine_admits_is_made_while_the_records_travel_and_one_it_refuses_is_refused_first(
+        call: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checked one-tensor collective of the engine's own tensor: where the engine admits it
+    (Engine.admit), its transport tensor is made after this rank's record is posted and before the
+    exchange; where it refuses it, the call raises that refusal before anything is posted; where it
+    cannot tell (the default), the tensor is made before the post. Unchecked, it is made at once."""
+    from multidev.distributed import collectives
+    from multidev.distributed.group import current
+
+    for k in [k for k in os.environ if k in ("RANK", "WORLD_SIZE", "MULTIDEV_ENGINE") or k.startswith("OMPI_")]:
+        monkeypatch.delenv(k)
+    dist.shutdown()
+    dist.init()
+    try:
+        g = current()
+        eng = g.engine
+        events: list[str] = []
+        real_working = collectives.working
+        monkeypatch.setattr(collectives, "working", lambda *a, **k: events.append("made") or real_working(*a, **k))
+        monkeypatch.setattr(eng, "post", lambda seq, row: events.append("post"), raising=False)
+        real_exchange = eng.exchange
+        monkeypatch.setattr(eng, "exchange", lambda seq, row, t: events.append("exchange") or real_exchange(seq, row, t))
+        run = {"allreduce": lambda: dist.allreduce(np.ones(3)), "broadcast": lambda: dist.broadcast(np.ones(3)),
+               "reduce": lambda: dist.reduce(np.ones(3))}[call]
+        assert eng.admit(np.ones(3)) is False  # (the default: only prepare can tell)
+        run()
+        assert events == ["made", "post", "exchange"]  # made before this rank's record is sent
+        del events[:]
+        monkeypatch.setattr(eng, "admit", lambda t: True, raising=False)
+        out = run()
+        assert events == ["post", "made", "exchange"], events
+        np.testing.assert_array_equal(out, np.ones(3))
+
+        def refuse(t: object) -> bool:
+            raise UnsupportedTensorError("this engine cannot carry it")
+        monkeypatch.setattr(eng, "admit", refuse, raising=False)
+        del events[:]
+        with pytest.raises(UnsupportedTensorError, match="cannot carry it"):
+            run()
+        assert events == ["exchange"]  # the refusal travels; nothing made, nothing posted
+        monkeypatch.setattr(eng, "admit", lambda t: True, raising=False)
+        dist.set_checks(False)
+        del events[:]
+        run()
+        assert events == ["made"]
+    finally:
+        dist.shutdown()
 
 
 def test_a_record_sent_ahead_is_exchanged_where_it_settles_or_before_the_next_checked_call() -> None:

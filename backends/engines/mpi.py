@@ -471,6 +471,9 @@ class MpiEngine(Engine):
         md.synchronize(t)  # a device buffer: MPI reads it from the host's side of the stream
         return t, True
 
+    def admit(self, t: Any) -> bool:
+        return type(t) is np.ndarray  # (prepare copies what MPI cannot read as it is; a device buffer waits)
+
     # -- the consistency channel -----------------------------------------------------------------
     def post(self, seq: int, row: Sequence[int]) -> None:
         if seq >= 0 and self.xcomm is not None:

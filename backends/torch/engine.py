@@ -395,10 +395,14 @@ class TorchEngine(Engine):
             return "torch", _HOST
         return "torch", gpu if gpu is not None else _HOST
 
-    def prepare(self, t: Any) -> tuple[Any, bool]:
+    def admit(self, t: Any) -> bool:
         if t.layout is not self.torch.strided:  # (the core calls this in a rank's checks: a refusal every rank sees)
             raise UnsupportedTensorError(f"the torch engine's collectives take dense tensors, not {t.layout} ones; "
                                          "pass x.to_dense()")
+        return True  # (prepare then detaches, or copies a view it cannot send as it is)
+
+    def prepare(self, t: Any) -> tuple[Any, bool]:
+        self.admit(t)
         # collectives are not autograd operations (the memory is shared): what autograd tracks, a
         # tensor that requires grad or a view (of one that may), goes as a detached alias
         d = t.detach() if t.requires_grad or t._is_view() else t

@@ -69,11 +69,13 @@ def _record(g: Group, kind: str, **given: Any) -> Call:
 
 
 def _agreed(g: Group, kind: str, local: Callable[[], Call], async_op: bool,
-            made: list[Any] | dict[str, Any] | None) -> list[Call] | Work | None:
-    """:func:`agree` of a call whose ``local`` also made what it sends (into ``made``): that is dropped
-    where the call raises, so an exception kept by the caller keeps no copy of the tensors."""
+            made: list[Any] | dict[str, Any] | None,
+            meanwhile: Callable[[], object] | None = None) -> list[Call] | Work | None:
+    """:func:`agree` of a call whose ``local`` (or ``meanwhile``: :func:`agree`'s) also made what it
+    sends (into ``made``): that is dropped where the call raises, so an exception kept by the caller
+    keeps no copy of the tensors."""
     try:
-        return agree(g, kind, local, async_op)
+        return agree(g, kind, local, async_op, meanwhile)
     except BaseException:
         if made is not None:
             made.clear()
@@ -179,6 +181,26 @@ def _check_rank(r: Any, g: Group, what: str, name: str) -> int:
 
 
 # -- transport tensors -----------------------------------------------------------------------------
+def _making(g: Group, x: Any, inplace: bool, placed: Placement, ready: list[Any], later: list[Any],
+            exchanged: bool) -> None:
+    """A one-tensor collective's checks: x's transport tensor (:func:`working`) made into ``ready``
+    now, or, where the call's records are exchanged and x is the engine's own tensor on its device,
+    which the engine admits (:meth:`Engine.admit`: it refuses here what it cannot carry), left to
+    :func:`_made` (``placed`` into ``later``), which :func:`agree` runs while the records travel."""
+    if exchanged and placed[0] is placed[2] and placed[1] == placed[3] and g.engine.admit(x):
+        later.append(placed)
+    else:
+        ready.append(working(x, g, inplace, placed))
+
+
+def _made(g: Group, x: Any, inplace: bool, ready: list[Any], later: list[Any]) -> Any:
+    """``ready[0]``, x's transport tensor as :func:`working` gives it, made now where :func:`_making`
+    left it to later."""
+    if not ready:
+        ready.append(working(x, g, inplace, later[0]))
+    return ready[0]
+
+
 def _writes_through(origin: Origin) -> bool:
     """Whether writing into memory shared through DLPack is a valid in-place update of the input:
     transport tensors, and synchronous mutable backends (NumPy). Asynchronous engines (MXNet) get an
@@ -575,7 +597,8 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
 
     # a synchronous out-of-place call where the engine reduces into new memory: x's values are read, not copied
     fresh = not inplace and not async_op and type(g.engine).allreduce_new is not Engine.allreduce_new
-    ready: list[Any] = []  # x as the transport tensor, which checks() makes for the code below
+    ready: list[Any] = []  # x as the transport tensor, which checks() makes for the code below (or _made)
+    later: list[Any] = []
 
     def checks() -> Call:  # this rank's argument checks; its record of the call where one is sent
         b = backend_of(x)
@@ -585,12 +608,15 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
             _check_inplace(b, x, what)
         shape = _shape(b, x, what)
         placed = _placement(g, b, x, dtype, what)
-        ready.append(working(x, g, inplace or fresh, placed))
+        _making(g, x, inplace or fresh, placed, ready, later, not unsent)
         return _BARE["allreduce"] if unsent else _record(g, "allreduce", op=op, dtype=dtype, shape=shape,
                                                           tkind=placed[3].kind)
 
+    def made() -> Any:
+        return _made(g, x, inplace or fresh, ready, later)
+
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, shared, through = ready[0]
+        t, origin, shared, through = made()
         base = "sum" if op == "mean" else op
         # (t not shared: a copy already, which the engine's allreduce reduces in place)
         h = g.engine.allreduce_new(t, base) if fresh and shared else None
@@ -604,7 +630,7 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     if unsent:
         checked_here(checks, what)
         return run(g, what, start, async_op)
-    agreed = _agreed(g, "allreduce", checks, async_op, ready)
+    agreed = _agreed(g, "allreduce", checks, async_op, ready, made)
     if isinstance(agreed, Work):
         return agreed
     return run(g, what, start, async_op)
@@ -627,7 +653,8 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
         return _tree_run(g, "broadcast", x, tree[0], inplace, async_op, sends[0], lambda t: g.engine.broadcast(t, src),
                          lambda res: res)
 
-    ready: list[Any] = []  # x as the transport tensor, which local() makes for the code below
+    ready: list[Any] = []  # x as the transport tensor, which local() makes for the code below (or _made)
+    later: list[Any] = []
 
     def local() -> Call:
         _check_rank(src, g, what, "src")
@@ -637,17 +664,21 @@ def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = F
             _check_inplace(b, x, what)
         shape = _shape(b, x, what)
         placed = _placement(g, b, x, dtype, what)
-        ready.append(working(x, g, inplace, placed))
+        _making(g, x, inplace, placed, ready, later, not unsent)
         return _record(g, "broadcast", root=src, dtype=dtype, shape=shape, tkind=placed[3].kind)
 
+    def made() -> Any:
+        return _made(g, x, inplace, ready, later)
+
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, shared, through = ready[0]
+        t, origin, shared, through = made()
         return g.engine.broadcast(t, src), lambda res: landed(res, t, origin, x, inplace, shared, through)
 
-    if unchecked(g, "broadcast"):
+    unsent = unchecked(g, "broadcast")
+    if unsent:
         checked_here(local, what)
         return run(g, what, start, async_op)
-    agreed = _agreed(g, "broadcast", local, async_op, ready)
+    agreed = _agreed(g, "broadcast", local, async_op, ready, made)
     if isinstance(agreed, Work):
         return agreed
     return run(g, what, start, async_op)
@@ -668,7 +699,8 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
         return _tree_run(g, "reduce", x, tree[0], False, async_op, sends[0], lambda t: g.engine.reduce(t, dst, base),
                          lambda res: mean_of(res, op, g.world_size), keep=g.rank == dst)
 
-    ready: list[Any] = []  # x as the transport tensor, which local() makes for the code below
+    ready: list[Any] = []  # x as the transport tensor, which local() makes for the code below (or _made)
+    later: list[Any] = []
 
     def local() -> Call:
         b = _tensor(x, what)
@@ -677,15 +709,18 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> 
         check_op(op, dtype, what)
         shape = _shape(b, x, what)
         placed = _placement(g, b, x, dtype, what)
-        ready.append(working(x, g, False, placed))
+        _making(g, x, False, placed, ready, later, g.check)
         return _record(g, "reduce", op=op, root=dst, dtype=dtype, shape=shape, tkind=placed[3].kind)
 
-    agreed = _agreed(g, "reduce", local, async_op, ready)
+    def made() -> Any:
+        return _made(g, x, False, ready, later)
+
+    agreed = _agreed(g, "reduce", local, async_op, ready, made)
     if isinstance(agreed, Work):
         return agreed
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        t, origin, _, _ = ready[0]
+        t, origin, _, _ = made()
 
         def finish(res: Any) -> Any:
             return None if g.rank != dst else from_transport(mean_of(res, op, g.world_size), origin)

@@ -172,7 +172,8 @@ class PeerFailure(Exception):
         self.error = error
 
 
-def agree(g: Group, kind: str, local: Callable[[], Call], async_op: bool = False) -> list[Call] | Work | None:
+def agree(g: Group, kind: str, local: Callable[[], Call], async_op: bool = False,
+          meanwhile: Callable[[], object] | None = None) -> list[Call] | Work | None:
     """Run ``local`` (this rank's own argument checks, giving its record of the call), then, when
     the group checks consistency (always for :data:`ALWAYS`), exchange the records and fail on
     every rank alike if any rank refused its input (DistributedError; that rank raises its own
@@ -181,7 +182,11 @@ def agree(g: Group, kind: str, local: Callable[[], Call], async_op: bool = False
 
     A collective of one tensor makes its transport tensor in ``local`` too, so that a tensor the
     engine cannot carry (a sparse one, say) is this rank's refusal, seen by every rank, not a
-    failure after the ranks agreed, which breaks the group.
+    failure after the ranks agreed, which breaks the group; where the engine admits the tensor
+    without making it (:meth:`Engine.admit`), ``local`` leaves the making to ``meanwhile``, run
+    while the records travel (between :meth:`Engine.post` and the exchange) when this rank's
+    checks passed; its error is swallowed here (the caller makes it again, after the exchange,
+    where it raises: only an allocation can fail there).
 
     Where every rank's record equals this rank's (the common case), each entry of the list is
     this rank's record as ``local`` made it: its :attr:`Call.seq` may be an earlier call's.
@@ -194,6 +199,12 @@ def agree(g: Group, kind: str, local: Callable[[], Call], async_op: bool = False
         if opened is None:
             return None
         call, row, err, seq = opened
+        if meanwhile is not None and err is None:
+            _post(g, kind, seq, row)
+            try:
+                meanwhile()
+            except Exception:  # noqa: BLE001 - the caller's own step raises it again, after the exchange
+                pass
         return _close(g, kind, call, row, err, seq)
     except PeerFailure as f:
         if async_op:

@@ -437,6 +437,13 @@ class Engine(ABC):
         finished), and whether the result still shares ``t``'s memory. Default: ``(t, True)``."""
         return t, True
 
+    def admit(self, t: Any) -> bool:
+        """Refuse transport tensor ``t`` where :meth:`prepare` would (a typed MultidevError), making
+        nothing; True where :meth:`prepare` of ``t`` then fails only as an allocation can, so the
+        core may prepare it while the call's records travel; False (the default) where only
+        :meth:`prepare` itself can tell (the core prepares it before its record is sent)."""
+        return False
+
     def dtypes(self) -> frozenset[str] | None:
         """The dtypes this group can carry (the core refuses others on every rank with
         CapabilityError naming the engine), or None for every dtype the transport holds. Fixed for
