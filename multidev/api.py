@@ -780,11 +780,14 @@ def _plain_to(x: Any, dev: Device) -> Any:
     b: Any = cached_owner(one)
     if b is None or one is ShardedTensor or getattr(b, "move_all", None) is None:
         return _NOT_PLAIN
+    for t in xs:  # (every leaf recognised first: a stranger is named by the walk before the device is resolved)
+        if t.__class__ is not one:
+            return _NOT_PLAIN
     resolve(b, dev)  # (the walk's check: before any tensor's device is read)
     device_of = b.device_of
     try:
         for t in xs:  # (Devices are interned; a resident tensor is kept as it is: the walk's)
-            if t.__class__ is not one or device_of(t) is dev:
+            if device_of(t) is dev:
                 return _NOT_PLAIN
     except MultidevError:  # no single device (a framework's sharded array): the walk gathers it
         return _NOT_PLAIN

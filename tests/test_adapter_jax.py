@@ -329,6 +329,34 @@ def test_a_structure_moves_in_one_device_put():
     assert out == "ok"
 
 
+def test_a_structure_names_its_stranger_leaf_before_a_missing_device():
+    """md.to of a plain structure of JAX arrays with a non-tensor among them names that leaf
+    (UnsupportedTensorError, its path) whether or not the target exists, as the walk does: every leaf
+    is recognised before the device is resolved (round 24's reviewer: the one-walk path resolved it
+    first, so a missing device was reported instead)."""
+    out = _py("""
+        import multidev as md
+        a, b = md.ones(2, device="cpu:0", backend="jax"), md.zeros(2, device="cpu:0", backend="jax")
+        md.to([a, b], "cpu:1")  # (the class seen)
+        for dev in ("cpu:1", "cpu:99"):
+            for obj in ([a, "name", b], {"w": {"x": a, "y": 2.0}, "b": b}):
+                try:
+                    md.to(obj, dev)
+                except md.UnsupportedTensorError as e:
+                    assert "is a builtins" in str(e), e
+                else:
+                    raise AssertionError(obj)
+        try:
+            md.to([a, b], "cpu:99")
+        except md.DeviceNotFoundError:
+            pass
+        else:
+            raise AssertionError("cpu:99")
+        print("ok")
+    """)
+    assert out == "ok"
+
+
 def test_to_host_of_a_deleted_array_raises_multidevs_error():
     """The wait of a host copy translates the framework's error (one tensor, and a structure's)."""
     x = jnp.ones(3)

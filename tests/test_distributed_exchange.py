@@ -572,6 +572,16 @@ for checks in (True, False):
 # (a lazily conjugated complex tensor, in place: resolved for the primitive, written back)
 z = torch.ones(3, dtype=torch.complex64).conj()
 assert dist.allreduce(z, inplace=True) is z and torch.equal(z.resolve_conj(), torch.full((3,), 2 - 0j))
+# (a result this rank cannot convert back, an np.matrix's: its own typed error after the primitive, the group lives)
+import numpy as np
+for who in (0, 1):
+    x = np.matrix(np.ones((1, 4), np.float32)) if r == who else np.ones((1, 4), np.float32)
+    try:
+        dist.allreduce(x)
+        out[f"matrix {who}"] = "no error"
+    except Exception as e:
+        out[f"matrix {who}"] = type(e).__name__ + ": " + str(e)[:160]
+    assert torch.equal(dist.allreduce(good()), torch.full((3,), 2.0))
 json.dump(out, open(sys.argv[1] + f".{r}", "w"))
 dist.shutdown()
 '''
@@ -605,4 +615,7 @@ def test_a_tensor_the_engine_cannot_carry_is_refused_typed_on_every_rank_and_the
     assert out[1][f"True {leaf}"].startswith("BackendError") and "sparse" in out[1][f"True {leaf}"]
     assert out[0][f"True {leaf}"].startswith("DistributedError")
     assert all(out[r][f"False {leaf}"].startswith("BackendError") for r in (0, 1))
+    for who in (0, 1):  # (round 24's reviewer: a failure to finish the result broke the group as a lost peer)
+        assert out[who][f"matrix {who}"].startswith("InvalidArgumentError") and "its result" in out[who][f"matrix {who}"]
+        assert out[1 - who][f"matrix {who}"] == "no error"
 
