@@ -71,8 +71,7 @@ def _fault_rows(engine: str, n: int, runs: int, timeout: float, run_index: int) 
 def _table(doc: dict[str, Any]) -> str:
     rows = ["| engine | processes | size | md busbw GB/s (checks off) | engine's own call GB/s | ratio | md out of "
             "place | md, checks on | check's cost per call | md over the floor (MPI: Iallreduce + Test loop; "
-            "torch: async_op + wait(timeout); JAX: the global array made per call, dispatched from a thread and "
-            "waited for with a timeout) |",
+            "torch: async_op + wait(timeout); JAX: the global array made per call) |",
             "|" + " --- |" * 10]
     by: dict[tuple, dict[str, Any]] = {}
     for r in doc["results"]:

@@ -4,10 +4,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
-import queue
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -15,26 +12,6 @@ import numpy as np
 from multidev import Device
 
 from ..baseline import Call, Native
-
-_HELPER: list[queue.SimpleQueue] = []
-
-
-def _helper() -> queue.SimpleQueue:
-    """The queue of one daemon thread that runs what is put on it, ``(fn, future)``, setting the
-    future (the floor row's dispatch thread; made once a process)."""
-    if not _HELPER:
-        q: queue.SimpleQueue = queue.SimpleQueue()
-
-        def loop() -> None:
-            while True:
-                fn, fut = q.get()
-                try:
-                    fut.set_result(fn())
-                except BaseException as e:  # noqa: BLE001 - the caller's to raise
-                    fut.set_exception(e)
-        threading.Thread(target=loop, name="the jax floor's dispatch", daemon=True).start()
-        _HELPER.append(q)
-    return _HELPER[0]
 
 
 class JaxNative(Native):
@@ -150,13 +127,10 @@ class JaxNative(Native):
         return f, (g,), "jax.jit(lambda a: a.sum(0), out_shardings=replicated)(global array of the processes' shards)"
 
     def op_dist_allreduce_floor_jax(self, x: Any) -> Call:
-        """The least a call that takes this process's array, hands back its own and can give up on a
-        lost peer does on JAX (suite ``distributed``'s floor row): :meth:`op_dist_allreduce_jax`'s
-        jitted sum, the global array made from ``x`` (the shard along a first axis of the processes: no
-        copy) on every call, and this process's piece of the replicated result taken, as multidev's call
-        must; dispatched from a helper thread and waited for with a timeout (XLA's CPU client runs a
-        cheap computation inside its dispatch, where a missing peer would hold the caller past any
-        deadline: ``benchmarks/results/jax-dispatch-cpu-2026-12-07.txt``)."""
+        """The least a call that takes this process's array and hands back its own does on JAX (suite
+        ``distributed``'s floor row): :meth:`op_dist_allreduce_jax`'s jitted sum, the global array made
+        from ``x`` (the shard along a first axis of the processes: no copy) on every call, and this
+        process's piece of the replicated result taken, as multidev's call must."""
         jax = self.jax
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -168,17 +142,11 @@ class JaxNative(Native):
         f = jax.jit(lambda a: a.reshape((n, *shape)).sum(0), out_shardings=NamedSharding(mesh, PartitionSpec()))
         a = jax.device_put(x, dev)
 
-        def call(a: Any) -> Any:
-            g = jax.make_array_from_single_device_arrays((n * shape[0], *shape[1:]), sharded, [a])
-            return f(g)
-
         def floor(a: Any) -> Any:
-            fut: Future = Future()
-            _helper().put((functools.partial(call, a), fut))
-            return fut.result(timeout=300).addressable_data(0)
-        return floor, (a,), ("jax.make_array_from_single_device_arrays(its shard) then the jitted sum, dispatched "
-                             "from a helper thread and waited for with a timeout, this process's piece of the "
-                             "result taken, every call")
+            g = jax.make_array_from_single_device_arrays((n * shape[0], *shape[1:]), sharded, [a])
+            return f(g).addressable_data(0)
+        return floor, (a,), ("jax.make_array_from_single_device_arrays(its shard) then the jitted sum, this "
+                             "process's piece of the result taken, every call")
 
     def op_dist_allreduce_group_jax(self, x: Any, groups: Any) -> Call:
         """The jax engine's own subgroup call: a jitted sum over a global array of the shards of this

@@ -79,9 +79,8 @@ def _complete(h: Handle | None, finish: Callable[[Any], Any], what: str, g: Grou
               deadline: float | None) -> tuple[Any, BaseException | None]:
     """``(result, None)`` of primitive ``h`` waited for until ``deadline`` (``time.monotonic``; None:
     the group's timeout from now) and finished, or ``(None, error)``: a DistributedError, or the
-    engine's own failure classified, marks the group unusable; finishing the result (converting it
-    back, writing it into the input: this rank's own, after every rank's primitive is done; a
-    framework's error translated) and a :class:`Kept` error do not."""
+    engine's own failure classified, marks the group unusable; converting the result back (this
+    rank's own) and a :class:`Kept` error do not."""
     try:
         if h is not None:
             left = g.timeout if deadline is None else deadline - time.monotonic()
@@ -92,32 +91,18 @@ def _complete(h: Handle | None, finish: Callable[[Any], Any], what: str, g: Grou
                 translate_errors(what).reraise(e)
         else:
             raw = None
+        return finish(raw), None
     except Kept as e:
         return None, e.error
     except DistributedError as e:
         g.fail(str(e))
         return None, e
-    except MultidevError as e:  # the primitive's result refused (a framework's error translated): this rank's own
+    except MultidevError as e:  # converting the result back failed: this rank's own
         return None, e
     except Exception as e:  # noqa: BLE001 - the engine's own, classified; the group is unusable
         err = classify_lost(e, f"{what} on rank {g.rank}", g)
         g.fail(str(err))
         return None, err
-    try:
-        return finish(raw), None
-    except Kept as e:
-        return None, e.error
-    except DistributedError as e:  # (a structure's later bucket, started in finish: its own failure)
-        g.fail(str(e))
-        return None, e
-    except MultidevError as e:
-        return None, e
-    except Exception as e:  # a framework's error in this rank's own finish, translated
-        try:
-            translate_errors(f"{what} (its result on rank {g.rank})").reraise(e)
-        except MultidevError as t:
-            return None, t
-        raise
 
 
 def run(g: Group, what: str, start: Callable[[], tuple[Handle, Callable[[Any], Any]]], async_op: bool, *,

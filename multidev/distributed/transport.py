@@ -106,7 +106,8 @@ def _as_type_of(b: Backend, y: Any, like: Any) -> Any:
     """``y`` as a tensor of ``like``'s array type, for backends with several (MXNet's ``mx.nd`` and
     ``mx.np``: DLPack imports give the first), through the protocol: adapter operations return
     their first operand's type, so ``y`` is joined onto an empty piece of ``like`` (one copy, and
-    only when the types differ)."""
+    only when the types differ); ``y`` itself for an array type that keeps a rank of its own
+    (NumPy's matrix), as the engines whose transport it is give it."""
     if like is None or type(y) is type(like):
         return y
     shape = b.shape_of(y)
@@ -116,7 +117,10 @@ def _as_type_of(b: Backend, y: Any, like: Any) -> Any:
     m = 1
     for d in b.shape_of(like):
         m *= d
-    empty = b.split(b.reshape(like, (m,)), [0, m], 0)[0]
+    flat = b.reshape(like, (m,))
+    if len(b.shape_of(flat)) != 1:  # an array type that keeps a rank of its own (NumPy's matrix): the backend's plain
+        return y  # type, as a transport tensor of it comes back
+    empty = b.split(flat, [0, m], 0)[0]
     if b.device_of(empty) != b.device_of(y):
         empty = b.move(empty, b.device_of(y))
     return b.reshape(b.concat([empty, b.reshape(y, (n,))], 0), shape)
