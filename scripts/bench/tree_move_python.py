@@ -13,6 +13,7 @@ import cProfile
 import io
 import os
 import pstats
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,24 +25,14 @@ ap.add_argument("--profile", action="store_true")
 args = ap.parse_args()
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
-import jax  # noqa: E402
-
 import multidev as md  # noqa: E402
 from multidev import api, trees  # noqa: E402
-from multidev.benchmarks.baseline import native_for  # noqa: E402
-from multidev.registry import cached_owner  # noqa: E402
 
-b = md.backend("jax")
-target = md.device(args.device)
-dst = b.to_native_device(target)
-tree = native_for(b).model_d2l("lenet", md.device("cpu:0"))  # (the models suite's LeNet, as its move row has it)
-leaves = jax.tree_util.tree_leaves(tree)
-md.to(tree, target)  # (the classes seen once)
-probe = (Path(__file__).resolve().parents[1] / "gpu" / "tree_move_probe.py").read_text()
-ns: dict[str, Any] = {"cached_owner": cached_owner, "owner": cached_owner(type(leaves[0])), "jax": jax, "dst": dst,
-                      "md": md, "Any": Any}
-exec(probe[probe.index("def floor_to"):probe.index("variants = {")], ns)  # the probe's floor, as it is there
-floor_to = ns["floor_to"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lenet_tree import lenet_setup  # noqa: E402
+
+s = lenet_setup(args.device)
+jax, b, target, dst, tree, leaves, floor_to = s.jax, s.b, s.target, s.dst, s.tree, s.leaves, s.floor_to
 jax.device_put = lambda xs, device=None, **kw: xs  # (md's adapter and the floor read it from the module)
 
 

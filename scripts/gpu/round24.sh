@@ -16,12 +16,6 @@ OLD=${OLD:-$R/.old}
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore XLA_PYTHON_CLIENT_PREALLOCATE=false
 OUT=$OUT OLD=$OLD BACKENDS=jax ROUNDS=${ROUNDS:-2} PROBE_INNER="" CAP=${CAP:-110} timeout -k 5 ${CAP1:-240} \
   bash scripts/gpu/round17.sh
-S_OLD=$(bash scripts/bench/shadow_tree.sh "$OLD"); S_NEW=$(bash scripts/bench/shadow_tree.sh .)
-for i in 1 2; do for t in old new; do S=$S_OLD; [ $t = new ] && S=$S_NEW
-  echo "## $t, run $i" >> $OUT/gap.txt
-  (cd /tmp && PYTHONPATH=$S timeout -k 5 60 python3 $R/scripts/gpu/tree_move_gap.py --device gpu:0 >> $OUT/gap.txt 2>&1)
-  echo "gap $t $i exit $?"
-done; done
-cat $OUT/gap.txt
+OUT=$OUT OLD=$OLD bash scripts/gpu/gap_ab.sh
 OUT=$OUT OLD=$OLD ENGINES=mpi,torch ROUNDS=2 CAP=45 timeout -k 5 ${CAP3:-150} bash scripts/gpu/round16.sh
 OUT=$OUT CAP2=150 timeout -k 5 170 bash scripts/gpu/round22b.sh

@@ -10,10 +10,4 @@ OLD=${OLD:-$R/.old}
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore XLA_PYTHON_CLIENT_PREALLOCATE=false
 OUT=$OUT OLD=$OLD BACKENDS=jax ROUNDS=${ROUNDS:-3} CHECKS=0 PROBE_INNER=1 ROUNDS_PROBE=300 CAP=110 \
   timeout -k 5 ${CAP1:-380} bash scripts/gpu/round17.sh
-S_OLD=$(bash scripts/bench/shadow_tree.sh "$OLD"); S_NEW=$(bash scripts/bench/shadow_tree.sh .)
-for i in 1 2; do for t in old new; do S=$S_OLD; [ $t = new ] && S=$S_NEW
-  echo "## $t, run $i" >> $OUT/gap.txt
-  (cd /tmp && PYTHONPATH=$S timeout -k 5 60 python3 $R/scripts/gpu/tree_move_gap.py --device gpu:0 >> $OUT/gap.txt 2>&1)
-  echo "gap $t $i exit $?"
-done; done
-grep -E "^##|md.to|floor_to|tree, device" $OUT/gap.txt
+OUT=$OUT OLD=$OLD bash scripts/gpu/gap_ab.sh
