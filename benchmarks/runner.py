@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, help="minimum samples per variant (default 20; quick 5)")
     p.add_argument("--budget", type=float, help="seconds per variant before stopping short of --reps "
                                                "(default 2; quick 0.2)")
+    p.add_argument("--sample-time", type=float, metavar="MS",
+                   help="batch a variant's calls up to MS milliseconds a sample (default 1; quick 0.2): longer "
+                        "samples average out a noisy machine's jitter between alternating samples")
     p.add_argument("--max-time", type=float, metavar="S",
                    help="stop starting new rows after S seconds (the rest are marked skipped; the "
                         "JSON is still written): for fixed-length slots such as a lent GPU")
@@ -110,7 +113,8 @@ class Settings:
         self.max_reps = max(self.min_reps, 20 if q else 200)
         self.budget = args.budget if args.budget else (0.2 if q else 2.0)
         self.min_time = 0.005 if q else 0.1  # keep sampling fast rows at least this long
-        self.target_sample = 2e-4 if q else 1e-3  # batch fast calls up to this much per sample
+        # batch fast calls up to this much per sample
+        self.target_sample = args.sample_time / 1e3 if getattr(args, "sample_time", None) else (2e-4 if q else 1e-3)
         self.warmup = 1 if q else 2
         self.floor_reps = 2 if q else 3
 
@@ -468,9 +472,9 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
         # a sample (no per-rank calibration of the calls per sample: a rank batching more would hang).
         s.max_reps, s.budget, s.min_time, s.target_sample = s.min_reps, math.inf, 0.0, 0.0
         args.no_progress = args.no_progress or mdist.rank() != 0
-    for flag in ("reps", "budget", "max_time"):
+    for flag in ("reps", "budget", "max_time", "sample_time"):
         v = getattr(args, flag, None)
-        if v is not None and v <= 0:
+        if v is not None and not 0 < v < math.inf:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {v}")
     try:
         benches = mb.load_all(args.bench_file)

@@ -206,6 +206,8 @@ def test_goals_are_data_and_check_fails_on_a_missed_goal(tmp_path: Path) -> None
     (["--backend", "numpy", "--device", "cpu:0,gpu:0"], "numpy has no gpu:0"),
     (["--backend", "numpy", "--suite", "nope"], "unknown suite"),
     (["--backend", "numpy", "--reps", "0"], "--reps"),
+    (["--backend", "numpy", "--sample-time", "0"], "--sample-time"),
+    (["--backend", "numpy", "--sample-time", "nan"], "--sample-time"),
     (["--report", "/no/such/file.json"], "--report"),
 ])
 def test_bad_flags_give_one_line_and_a_nonzero_exit(argv: list[str], needle: str) -> None:
@@ -448,6 +450,10 @@ def test_the_variants_of_a_case_take_as_many_calls_a_sample() -> None:
     rec = runner.measure_case(Case("c", {"md": too_slow, "native": fast}), md_numpy(), s)
     inner = {k: v["inner"] for k, v in rec["variants"].items()}
     assert inner["md"] <= 2 and inner["native"] >= inner["md"], inner  # (20 target samples: two calls of 10)
+    longer = runner.Settings(runner.build_parser().parse_args(["--quick", "--sample-time", "5"]))
+    assert longer.target_sample == 0.005  # (--sample-time: milliseconds)
+    rec = runner.measure_case(Case("c", {"md": Variant(wait, (0.001,))}), md_numpy(), longer)
+    assert rec["variants"]["md"]["inner"] >= 4, rec["variants"]["md"]["inner"]
 
 
 def md_numpy() -> Any:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -98,7 +99,8 @@ def main() -> None:
                 med = {k: statistics.median(v) for k, v in res.items()}
                 print(f"{g.engine.name} 2 processes {size} B, {calls} call(s) a sample (us): "
                       + ", ".join(f"{k} {v:.1f}" for k, v in med.items())
-                      + f"; md - floor {med['md'] - med['floor']:+.1f}, checked - md {med['md_checked'] - med['md']:+.1f}",
+                      + f"; md - floor {med['md'] - med['floor']:+.1f}"
+                      + f", checked - md {med['md_checked'] - med['md']:+.1f}",
                       flush=True)
     dist.shutdown()
 

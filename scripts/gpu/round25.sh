@@ -6,7 +6,10 @@
 #      one call a sample and 20, the two checkouts alternated ROUNDS (default 2) times: where a real
 #      call's time goes above the engine's own call (native, floor, the engine's wrapper, md, md checked);
 #   2. scripts/bench/percall_stub.py on both engines, checks off and on, both checkouts;
-#   3. where STEPS names 3, multidev.benchmarks.distributed_run on ENGINES3 (default mpi,torch), this checkout.
+#   3. where STEPS names 3, multidev.benchmarks.distributed_run on ENGINES3 (default mpi,torch), this checkout;
+#   4. where STEPS names 4, the models suite for JAX on cpu:0,gpu:0 with --sample-time SAMPLE_MS (default 20: a
+#      sample of many moves, whose alternating samples' ratio a noisy host spreads less), ROUNDS4 (default 3)
+#      runs, this checkout (the round's start has no --sample-time).
 #   OUT=/path/to/out bash scripts/gpu/round25.sh
 NAME=round25
 source "$(dirname "$0")/prelude.sh"
@@ -44,6 +47,15 @@ if [[ $STEPS == *,3,* ]]; then
   (cd "$W" && OMP_NUM_THREADS=4 timeout -k 10 "${CAP3:-200}" "$PY" -m multidev.benchmarks.distributed_run \
     --out "$W/distributed" --processes 2 --reps 10 --faults 0 --engines "${ENGINES3:-mpi,torch}" > "$W/distributed.txt" 2>&1)
   echo "exit $?"; head -n 20 "$W/distributed.md"
+fi
+if [[ $STEPS == *,4,* ]]; then
+  for i in $(seq "${ROUNDS4:-3}"); do
+    stamp "4. the models suite, JAX, --sample-time ${SAMPLE_MS:-20}, run $i"
+    (cd "$W" && CUDA_VISIBLE_DEVICES=0 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 "${CAP4:-150}" "$PY" -m multidev.cli bench \
+      --backend jax --suite models --device cpu:0,gpu:0 --sample-time "${SAMPLE_MS:-20}" --no-progress \
+      --json "models-jax-$i.json" --markdown "models-jax-$i.md" > "models-jax-$i.txt" 2>&1); echo "exit $?"
+    grep -E -A2 "^(met|MISSED|UNSTABLE) +md.to\(model\) move" "$W/models-jax-$i.txt"
+  done
 fi
 uptime
 stamp "finished"
