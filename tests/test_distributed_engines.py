@@ -4,6 +4,7 @@ spellings, the consistency records, the deadline helpers, and every collective t
 engine registered at run time (what the core does itself: mean, uneven pieces, in place, refusals)."""
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import threading
@@ -155,6 +156,64 @@ def test_poll_until_returns_at_the_deadline_and_when_done() -> None:
         n[0] += 1
         return n[0] >= 3
     assert eng.poll_until(third, 5.0) is True and n[0] == 3
+
+
+def test_an_mpi_requests_wait_tests_back_to_back_keeps_its_deadline_and_classifies_errors() -> None:
+    """The MPI engine's wait tests the request back to back first (MPI moves data only inside its tests),
+    then polls with the clock: done at the test that says so, False at the deadline (the back-to-back
+    stretch skipped for a deadline under 10 ms), and an MPI error from a test classified as the engine's
+    ``errors`` says (no mpi4py needed: a stand-in engine)."""
+    import contextlib
+
+    mpi = importlib.import_module(eng.engine_class("mpi").__module__)
+
+    class MpiError(Exception):
+        pass
+
+    class Engine:
+        class MPI:
+            Exception = MpiError
+
+        @contextlib.contextmanager
+        def errors(self, what: str) -> Any:
+            try:
+                yield
+            except MpiError as e:
+                raise dist.DistributedTimeoutError(f"{what}: lost") from e
+
+    class Req:
+        def __init__(self, done_at: int | None, fail_at: int | None = None) -> None:
+            self.n, self.done_at, self.fail_at = 0, done_at, fail_at
+
+        def Test(self) -> bool:
+            self.n += 1
+            if self.n == self.fail_at:
+                raise MpiError("a peer is gone")
+            return self.done_at is not None and self.n >= self.done_at
+
+    clock = time.perf_counter
+    reads = [0]
+
+    def counted() -> float:
+        reads[0] += 1
+        return clock()
+    for done_at in (1, 10, mpi._TIGHT + 50):
+        r = Req(done_at)
+        h = mpi._Request(Engine(), r, lambda: "result", "MPI_Iallreduce")
+        reads[0] = 0
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(time, "perf_counter", counted)
+            assert h.wait(5.0) is True and r.n == done_at and h.result() == "result"
+        assert (reads[0] == 0) is (done_at <= mpi._TIGHT), reads  # (the clock unread while testing back to back)
+        assert h.wait(5.0) is True and r.n == done_at  # (done: no test more)
+    for timeout in (0.005, 0.2):
+        r = Req(None)
+        t0 = time.monotonic()
+        assert mpi._Request(Engine(), r, lambda: None, "MPI_Iallreduce").wait(timeout) is False
+        assert timeout * 0.95 <= time.monotonic() - t0 < timeout + 0.5 and r.n > 1
+    for fail_at in (3, mpi._TIGHT + 3):
+        with pytest.raises(dist.DistributedTimeoutError, match="MPI_Ibcast: lost"):
+            mpi._Request(Engine(), Req(None, fail_at), lambda: None, "MPI_Ibcast").wait(5.0)
 
 
 def test_run_with_deadline_gives_the_result_the_error_or_a_timeout() -> None:
