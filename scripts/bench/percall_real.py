@@ -6,6 +6,9 @@ one call after the barrier, as the ``distributed`` bench suite samples them):
 - ``floor``: the least a call that can give up on a lost peer does (MPI ``Iallreduce`` then ``Test``
   in a loop; torch ``all_reduce(async_op=True)`` then ``wait(timeout)``);
 - ``engine``: the engine's primitive, its timeout-bounded wait and its result, as the core calls them;
+- ``contract``: the least a core over the adapter protocol does per call on top of ``engine`` (the group
+  looked up, the tensor's class, dtype, op, writability, rank of dimensions and placement checked: one
+  adapter call or table lookup each, as multidev's own call makes them, none of its layers);
 - ``md``: ``dist.allreduce(x, inplace=True)``, checks off; ``md_checked``: the same, checks on.
 
 Rank 0 prints the median microseconds per call of each row and ``md - floor``. Run under the engine::
@@ -59,6 +62,28 @@ def _rows(g: Any, n: int) -> dict[str, Callable[[], Any]]:
         h.wait(g.timeout)
         return h.result()
 
+    from multidev.distributed.collectives import _placement
+    from multidev.distributed.consistency import MAX_DIMS
+    from multidev.distributed.group import current as group
+    from multidev.registry import backend_of
+    from multidev.validate import check_op
+
+    def contract() -> Any:
+        gr = group()
+        b = backend_of(x)
+        dtype = b.dtype_of(x)
+        check_op("sum", dtype, "allreduce")
+        if gr.check or b.writable(x) is not True or len(b.shape_of(x)) > MAX_DIMS:
+            raise AssertionError("the contract row times an unchecked call of a writable tensor")
+        placed = _placement(gr, b, x, dtype, "allreduce")
+        if placed[0] is not placed[2] or placed[1] != placed[3]:
+            raise AssertionError("the contract row times the engine's own tensors")
+        t, _ = eng.prepare(x)
+        h = eng.allreduce(t, "sum")
+        if not h.wait(gr.timeout):
+            raise TimeoutError
+        return h.result()
+
     def md() -> None:
         dist.allreduce(x, inplace=True)
 
@@ -69,7 +94,8 @@ def _rows(g: Any, n: int) -> dict[str, Callable[[], Any]]:
         finally:
             g.check = False
 
-    return {"native": native, "floor": floor, "engine": engine, "md": md, "md_checked": md_checked}
+    return {"native": native, "floor": floor, "engine": engine, "contract": contract, "md": md,
+            "md_checked": md_checked}
 
 
 def main() -> None:
@@ -100,6 +126,7 @@ def main() -> None:
                 print(f"{g.engine.name} 2 processes {size} B, {calls} call(s) a sample (us): "
                       + ", ".join(f"{k} {v:.1f}" for k, v in med.items())
                       + f"; md - floor {med['md'] - med['floor']:+.1f}"
+                      + f", contract - floor {med['contract'] - med['floor']:+.1f}"
                       + f", checked - md {med['md_checked'] - med['md']:+.1f}",
                       flush=True)
     dist.shutdown()
