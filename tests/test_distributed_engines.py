@@ -409,6 +409,51 @@ def test_collectives_keep_backend_device_and_dtype(one_rank: Any) -> None:
     dist.barrier()
 
 
+def test_an_unchecked_inplace_allreduce_of_the_engines_own_tensor_takes_the_short_path_alike(
+        one_rank: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``allreduce(x, inplace=True)``, unchecked and synchronous, of the engine's own tensor goes around
+    the general path's layers (no transport tensor made) with its results; anything else (a copy to
+    make, a refusal, a structure, the checks on) takes the general path, which raises as ever."""
+    from multidev.distributed import collectives
+
+    made = [0]
+    general = collectives.to_transport
+
+    def counted(*a: Any, **k: Any) -> Any:
+        made[0] += 1
+        return general(*a, **k)
+    monkeypatch.setattr(collectives, "to_transport", counted)
+    dist.set_checks(False)
+    x = np.arange(6, dtype=np.float32)
+    assert dist.allreduce(x, inplace=True) is x  # (the class seen)
+    made[0] = 0
+    assert dist.allreduce(x, inplace=True) is x and dist.allreduce(x, op="mean", inplace=True) is x
+    np.testing.assert_array_equal(x, np.arange(6))
+    assert made[0] == 0
+    monkeypatch.setattr(_OneRank, "prepare", lambda self, t: (t, True) if t.flags.c_contiguous else (
+        np.ascontiguousarray(t), False))  # (as MPI's: a copy of what is not contiguous)
+    view = np.arange(12, dtype=np.float32)[::2]  # (not contiguous: the engine takes a copy, the general path)
+    assert dist.allreduce(view, inplace=True) is view and made[0] == 1
+    np.testing.assert_array_equal(view, np.arange(0, 12, 2))
+    ints, frozen = np.arange(3, dtype=np.int32), np.ones(3, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(md.CollectiveInputError, match="mean"):
+        dist.allreduce(ints, op="mean", inplace=True)
+    with pytest.raises(md.CollectiveInputError, match="unknown op"):
+        dist.allreduce(x, op="bogus", inplace=True)
+    with pytest.raises(md.CapabilityError, match="inplace"):
+        dist.allreduce(frozen, inplace=True)
+    tree = [x]
+    assert dist.allreduce(tree, inplace=True) is tree
+    monkeypatch.setattr(_OneRank, "allreduce", lambda self, t, op: _Done(t * 2))  # (a result in new memory)
+    made[0] = 0
+    assert dist.allreduce(x, inplace=True) is x and made[0] == 0
+    np.testing.assert_array_equal(x, 2 * np.arange(6))
+    dist.set_checks(True)
+    assert dist.allreduce(x, inplace=True) is x and made[0] == 1  # (checked: the general path)
+    np.testing.assert_array_equal(x, 4 * np.arange(6))
+
+
 def test_refused_inputs_change_nothing_and_are_typed(one_rank: Any) -> None:
     ints = np.arange(3, dtype=np.int32)
     with pytest.raises(md.CollectiveInputError, match="mean"):

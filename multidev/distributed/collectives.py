@@ -27,7 +27,7 @@ from ..dtypes import ITEMSIZE
 from ..errors import CapabilityError, CollectiveInputError, MultidevError, translate_errors
 from ..placement import resolve
 from ..protocol import Backend
-from ..registry import backend_of, get_backend, registry_generation
+from ..registry import backend_of, cached_owner, get_backend, registry_generation
 from ..structured import Leaves, rebuild, structure_leaves
 from ..trees import owner_or_structure
 from ..validate import OPS, check_axis, check_op, check_writable
@@ -586,6 +586,10 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     """
     g = current()
     what = "distributed.allreduce"
+    if inplace and not async_op:
+        out = _inplace_quick(g, x, op, what)
+        if out is not _GENERAL:
+            return out
     if _is_tree(x):
         sends: list[Any] = []
         tree = _tree_agree(g, "allreduce", x, op, None, inplace, async_op, sends=sends)
@@ -634,6 +638,46 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     if isinstance(agreed, Work):
         return agreed
     return run(g, what, start, async_op)
+
+
+_GENERAL = object()  # (_inplace_quick: the general path applies)
+
+
+def _inplace_quick(g: Group, x: Any, op: Any, what: str) -> Any:
+    """``allreduce(x, op, inplace=True)``, unchecked and synchronous, of the engine's own tensor on its
+    transport device, which the engine takes as it is: the general path's checks (the same adapter
+    calls, in its order) and its primitive through :func:`run`, without its layers; ``_GENERAL``
+    where anything else applies (a structure, a class not seen before, a check that fails, a copy
+    to make), so that the general path decides, and raises, as ever."""
+    if not unchecked(g, "allreduce"):
+        return _GENERAL
+    b = cached_owner(type(x))
+    if b is None:
+        return _GENERAL
+    try:
+        dtype = b.dtype_of(x)
+        check_op(op, dtype, what)
+        writable = getattr(b, "writable", None)
+        if writable is None or not b.capabilities.mutable or writable(x) is not True \
+                or len(b.shape_of(x)) > MAX_DIMS:
+            return _GENERAL
+        placed = _placement(g, b, x, dtype, what)
+        if placed[0] is not placed[2] or placed[1] != placed[3]:
+            return _GENERAL
+        t, still = g.engine.prepare(x)
+    except Exception:  # noqa: BLE001 - the general path makes the same calls and raises what it must
+        return _GENERAL
+    if not still:
+        return _GENERAL
+    base = "sum" if op == "mean" else op
+
+    def finish(res: Any) -> Any:
+        res = mean_of(res, op, g.world_size) if op == "mean" else res
+        if res is t:
+            return x  # the primitive wrote into x's own memory
+        return landed(res, t, Origin(b, placed[1], dtype, True, x), x, True, True, True)
+
+    return run(g, what, lambda: (g.engine.allreduce(t, base), finish), False)
 
 
 def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = False) -> Any:
