@@ -409,11 +409,12 @@ def test_collectives_keep_backend_device_and_dtype(one_rank: Any) -> None:
     dist.barrier()
 
 
-def test_an_unchecked_inplace_allreduce_of_the_engines_own_tensor_takes_the_short_path_alike(
+def test_an_inplace_allreduce_of_the_engines_own_tensor_takes_the_short_path_alike(
         one_rank: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """``allreduce(x, inplace=True)``, unchecked and synchronous, of the engine's own tensor goes around
-    the general path's layers (no transport tensor made) with its results; anything else (a copy to
-    make, a refusal, a structure, the checks on) takes the general path, which raises as ever."""
+    the general path's layers (no transport tensor made) with its results, its record exchanged where
+    the call is checked; anything else (a copy to make, a refusal, a structure) takes the general path,
+    which raises, and sends the refusal, as ever."""
     from multidev.distributed import collectives
 
     made = [0]
@@ -450,8 +451,14 @@ def test_an_unchecked_inplace_allreduce_of_the_engines_own_tensor_takes_the_shor
     assert dist.allreduce(x, inplace=True) is x and made[0] == 0
     np.testing.assert_array_equal(x, 2 * np.arange(6))
     dist.set_checks(True)
-    assert dist.allreduce(x, inplace=True) is x and made[0] == 1  # (checked: the general path)
+    _OneRank.rows.clear()
+    assert dist.allreduce(x, inplace=True) is x and made[0] == 0
     np.testing.assert_array_equal(x, 4 * np.arange(6))
+    assert [Call.decode(r).kind for r in _OneRank.rows] == ["allreduce"]  # (checked: its record exchanged)
+    assert Call.decode(_OneRank.rows[0]).shape == (6,) and Call.decode(_OneRank.rows[0]).dtype == "float32"
+    with pytest.raises(md.CapabilityError, match="inplace"):
+        dist.allreduce(frozen, inplace=True)
+    assert Call.decode(_OneRank.rows[-1]).refused  # (a refusal: the general path's record says so)
 
 
 def test_refused_inputs_change_nothing_and_are_typed(one_rank: Any) -> None:

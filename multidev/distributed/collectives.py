@@ -640,16 +640,14 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     return run(g, what, start, async_op)
 
 
-_GENERAL = object()  # (_inplace_quick: the general path applies)
-
-
 def _inplace_quick(g: Group, x: Any, op: Any, what: str) -> Any:
-    """``allreduce(x, op, inplace=True)``, unchecked and synchronous, of the engine's own tensor on its
-    transport device, which the engine takes as it is: the general path's checks (the same adapter
-    calls, in its order) and its primitive through :func:`run`, without its layers; ``_GENERAL``
-    where anything else applies (a structure, a class not seen before, a check that fails, a copy
-    to make), so that the general path decides, and raises, as ever."""
-    if not unchecked(g, "allreduce"):
+    """``allreduce(x, op, inplace=True)``, synchronous, of the engine's own tensor on its transport
+    device, which the engine takes as it is: the general path's checks (the same adapter calls, in its
+    order), its record exchanged by :func:`agree` where the call is checked, and its primitive through
+    :func:`run`, without its layers; ``_GENERAL`` where anything else applies (a structure, a class
+    not seen before, a check that fails, a copy to make), before anything is sent, so that the
+    general path decides, and raises or reports the refusal to the other ranks, as ever."""
+    if getattr(g, "ahead", None) is not None:
         return _GENERAL
     b = cached_owner(type(x))
     if b is None:
@@ -658,8 +656,10 @@ def _inplace_quick(g: Group, x: Any, op: Any, what: str) -> Any:
         dtype = b.dtype_of(x)
         check_op(op, dtype, what)
         writable = getattr(b, "writable", None)
-        if writable is None or not b.capabilities.mutable or writable(x) is not True \
-                or len(b.shape_of(x)) > MAX_DIMS:
+        if writable is None or not b.capabilities.mutable or writable(x) is not True:
+            return _GENERAL
+        shape = b.shape_of(x)
+        if len(shape) > MAX_DIMS:
             return _GENERAL
         placed = _placement(g, b, x, dtype, what)
         if placed[0] is not placed[2] or placed[1] != placed[3]:
@@ -669,6 +669,9 @@ def _inplace_quick(g: Group, x: Any, op: Any, what: str) -> Any:
         return _GENERAL
     if not still:
         return _GENERAL
+    if g.check:  # (every rank's record of the call compared, as the general path's)
+        call = _record(g, "allreduce", op=op, dtype=dtype, shape=shape, tkind=placed[3].kind)
+        agree(g, "allreduce", lambda: call)
     base = "sum" if op == "mean" else op
 
     def finish(res: Any) -> Any:
@@ -678,6 +681,9 @@ def _inplace_quick(g: Group, x: Any, op: Any, what: str) -> Any:
         return landed(res, t, Origin(b, placed[1], dtype, True, x), x, True, True, True)
 
     return run(g, what, lambda: (g.engine.allreduce(t, base), finish), False)
+
+
+_GENERAL = object()  # (_inplace_quick: the general path applies)
 
 
 def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = False) -> Any:
