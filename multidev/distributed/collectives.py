@@ -642,11 +642,12 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
 
 def _inplace_quick(g: Group, x: Any, op: Any, what: str) -> Any:
     """``allreduce(x, op, inplace=True)``, synchronous, of the engine's own tensor on its transport
-    device, which the engine takes as it is: the general path's checks (the same adapter calls, in its
-    order), its record exchanged by :func:`agree` where the call is checked, and its primitive through
-    :func:`run`, without its layers; ``_GENERAL`` where anything else applies (a structure, a class
-    not seen before, a check that fails, a copy to make), before anything is sent, so that the
-    general path decides, and raises or reports the refusal to the other ranks, as ever."""
+    device (as it is, or the engine's copy of it, written back after): the general path's checks (the
+    same adapter calls, in its order), its record exchanged by :func:`agree` where the call is
+    checked, and its primitive through :func:`run`, without its layers; ``_GENERAL`` where anything
+    else applies (a structure, a class not seen before, a check that fails), before anything is
+    sent, so that the general path decides, and raises or reports the refusal to the other ranks,
+    as ever."""
     if getattr(g, "ahead", None) is not None:
         return _GENERAL
     b = cached_owner(type(x))
@@ -667,18 +668,21 @@ def _inplace_quick(g: Group, x: Any, op: Any, what: str) -> Any:
         t, still = g.engine.prepare(x)
     except Exception:  # noqa: BLE001 - the general path makes the same calls and raises what it must
         return _GENERAL
-    if not still:
-        return _GENERAL
     if g.check:  # (every rank's record of the call compared, as the general path's)
         call = _record(g, "allreduce", op=op, dtype=dtype, shape=shape, tkind=placed[3].kind)
-        agree(g, "allreduce", lambda: call)
+        try:
+            agree(g, "allreduce", lambda: call)
+        except BaseException:
+            del t  # (an error the caller keeps holds no copy of x, as in the general path)
+            raise
     base = "sum" if op == "mean" else op
 
     def finish(res: Any) -> Any:
         res = mean_of(res, op, g.world_size) if op == "mean" else res
-        if res is t:
+        if still and res is t:
             return x  # the primitive wrote into x's own memory
-        return landed(res, t, Origin(b, placed[1], dtype, True, x), x, True, True, True)
+        # (the engine's copy of x, or a result in new memory: written into x, as the general path does)
+        return landed(res, t, Origin(b, placed[1], dtype, True, x), x, True, still, True)
 
     return run(g, what, lambda: (g.engine.allreduce(t, base), finish), False)
 
