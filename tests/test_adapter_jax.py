@@ -535,9 +535,9 @@ def test_staged_put_is_exact_in_pieces(jb, shape):
 
 
 def test_a_staged_upload_while_the_last_one_lands_is_one_put(jb, monkeypatch):
-    """Uploads in a row: while the last staged upload's join is not ready (its result kept or not),
-    the next is one ``device_put`` (JAX's own puts overlap one another; a staged one waits until its
-    source is read), with the same values; once it landed, staging again."""
+    """Uploads in a row: while the last staged upload's result is not ready, the next is one
+    ``device_put`` (JAX's own puts overlap one another; a staged one waits until its source is read),
+    with the same values; once it is ready (or gone), staging again."""
     from multidev.adapter import StagingPlan
     from multidev.adapters.jax import transfers
 
@@ -558,7 +558,8 @@ def test_a_staged_upload_while_the_last_one_lands_is_one_put(jb, monkeypatch):
     class Landing:  # the last result as a staged upload in flight reads
         def is_ready(self):
             return landing[0]
-    monkeypatch.setattr(jb.transfers, "_landing", Landing())
+    busy = Landing()
+    monkeypatch.setattr(jb.transfers, "_last_staged", lambda: busy)
     z = jb.transfers.staged_put(a + 1, native)
     assert staged[0] == 1  # (one put)
     np.testing.assert_array_equal(np.asarray(z), a + 1)
@@ -566,8 +567,9 @@ def test_a_staged_upload_while_the_last_one_lands_is_one_put(jb, monkeypatch):
     w = jb.transfers.staged_put(a + 2, native)
     assert staged[0] == 2  # (landed: staged again)
     np.testing.assert_array_equal(np.asarray(w), a + 2)
-    mark = jb.transfers._landing  # (one element of the join, kept; not the result)
-    assert mark.size == 1 and float(mark[0]) == 2.0 and jb.device_of(y) == CPU0
+    assert jb.transfers._last_staged() is w and jb.device_of(y) == CPU0
+    del w
+    assert jb.transfers._last_staged() is None  # (a weak reference: the result is not kept)
 
 
 def test_parallel_put_keeps_order_and_raises_the_first_error():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,10 @@ import numpy as np
 from multidev.adapter import Concern, Device, SupportsNonBlocking, parallel_put
 
 from .core import JaxCore
+
+
+def _nothing() -> None:
+    return None
 
 
 class JaxTransfers(Concern, SupportsNonBlocking):
@@ -25,7 +30,7 @@ class JaxTransfers(Concern, SupportsNonBlocking):
     def __init__(self, core: JaxCore) -> None:
         super().__init__(core)
         self._pinned_kinds: dict[Any, bool] = {}  # native device -> has a pinned_host memory kind
-        self._landing: Any = None  # one element of the last staged upload's join: ready once it landed
+        self._last_staged: Callable[[], Any] = _nothing  # the last staged upload's result, while it lives
 
     def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], Any] | None]:
         """Dispatched, not awaited. To the host: the copy into pinned host memory is dispatched now
@@ -121,22 +126,20 @@ class JaxTransfers(Concern, SupportsNonBlocking):
         (where the device has no room for that, one ``device_put`` instead). While the last staged
         upload is still landing (uploads in a row), one ``device_put``: JAX's own puts overlap."""
         jax = self.core.jax
-        last = self._landing
+        last = self._last_staged()  # (its result while it lives)
         if last is not None and not last.is_ready():
             # the last staged upload still landing: uploads in a row, where JAX's own puts overlap one
             # another and a staged one, which waits until its source is read, would not
             return jax.device_put(arr, native)
         try:
             parts = parallel_put(arr, lambda p: jax.device_put(p, native), self.core.staging)
-            y, self._landing = self._join(tuple(parts), arr.shape)
+            y = self._join(tuple(parts), arr.shape)
         except (RuntimeError, MemoryError):  # the join needs the array twice: no room, so one put
             return jax.device_put(arr, native)
+        self._last_staged = weakref.ref(y)
         return y
 
     @functools.cached_property
     def _join(self) -> Callable[[tuple, tuple[int, ...]], Any]:
         jnp = self.core.jnp
-        def join(parts: tuple, shape: tuple[int, ...]) -> tuple[Any, Any]:  # (and one element: ready when it is)
-            whole = jnp.concatenate(parts)
-            return whole.reshape(shape), whole[:1]
-        return self.core.jax.jit(join, static_argnums=1)
+        return self.core.jax.jit(lambda parts, shape: jnp.concatenate(parts).reshape(shape), static_argnums=1)
