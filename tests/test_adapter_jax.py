@@ -534,44 +534,6 @@ def test_staged_put_is_exact_in_pieces(jb, shape):
         jb.staging = old
 
 
-def test_a_staged_upload_while_the_last_one_lands_is_one_put(jb, monkeypatch):
-    """Uploads in a row: while the last staged upload's result is not ready, the next is one
-    ``device_put`` (JAX's own puts overlap one another; a staged one waits until its source is read),
-    with the same values; once it is ready (or gone), staging again."""
-    from multidev.adapter import StagingPlan
-    from multidev.adapters.jax import transfers
-
-    staged = [0]
-    real = transfers.parallel_put
-
-    def counted(*a, **k):
-        staged[0] += 1
-        return real(*a, **k)
-    monkeypatch.setattr(transfers, "parallel_put", counted)
-    monkeypatch.setattr(jb, "staging", StagingPlan(chunk=1000, threshold=1))
-    native = jb.to_native_device(CPU0)
-    a = np.arange(1000, dtype=np.float32)
-    y = jb.transfers.staged_put(a, native)
-    assert staged[0] == 1
-    landing = [False]
-
-    class Landing:  # the last result as a staged upload in flight reads
-        def is_ready(self):
-            return landing[0]
-    busy = Landing()
-    monkeypatch.setattr(jb.transfers, "_last_staged", lambda: busy)
-    z = jb.transfers.staged_put(a + 1, native)
-    assert staged[0] == 1  # (one put)
-    np.testing.assert_array_equal(np.asarray(z), a + 1)
-    landing[0] = True
-    w = jb.transfers.staged_put(a + 2, native)
-    assert staged[0] == 2  # (landed: staged again)
-    np.testing.assert_array_equal(np.asarray(w), a + 2)
-    assert jb.transfers._last_staged() is w and jb.device_of(y) == CPU0
-    del w
-    assert jb.transfers._last_staged() is None  # (a weak reference: the result is not kept)
-
-
 def test_parallel_put_keeps_order_and_raises_the_first_error():
     from multidev.adapter import StagingPlan, parallel_put
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -15,10 +14,6 @@ import numpy as np
 from multidev.adapter import Concern, Device, SupportsNonBlocking, parallel_put
 
 from .core import JaxCore
-
-
-def _nothing() -> None:
-    return None
 
 
 class JaxTransfers(Concern, SupportsNonBlocking):
@@ -30,7 +25,6 @@ class JaxTransfers(Concern, SupportsNonBlocking):
     def __init__(self, core: JaxCore) -> None:
         super().__init__(core)
         self._pinned_kinds: dict[Any, bool] = {}  # native device -> has a pinned_host memory kind
-        self._last_staged: Callable[[], Any] = _nothing  # the last staged upload's result, while it lives
 
     def start_move(self, x: Any, device: Device) -> tuple[Any, Callable[[], Any] | None]:
         """Dispatched, not awaited. To the host: the copy into pinned host memory is dispatched now
@@ -123,21 +117,13 @@ class JaxTransfers(Concern, SupportsNonBlocking):
         """A large pageable upload: ``device_put`` of ``staging.chunk``-byte pieces from several
         threads (JAX reads pageable memory faster so), joined on the device. Synchronous for the
         source; the join compiles once per shape and dtype and holds the array twice for a moment
-        (where the device has no room for that, one ``device_put`` instead). While the last staged
-        upload is still landing (uploads in a row), one ``device_put``: JAX's own puts overlap."""
+        (where the device has no room for that, one ``device_put`` instead)."""
         jax = self.core.jax
-        last = self._last_staged()  # (its result while it lives)
-        if last is not None and not last.is_ready():
-            # the last staged upload still landing: uploads in a row, where JAX's own puts overlap one
-            # another and a staged one, which waits until its source is read, would not
-            return jax.device_put(arr, native)
         try:
             parts = parallel_put(arr, lambda p: jax.device_put(p, native), self.core.staging)
-            y = self._join(tuple(parts), arr.shape)
+            return self._join(tuple(parts), arr.shape)
         except (RuntimeError, MemoryError):  # the join needs the array twice: no room, so one put
             return jax.device_put(arr, native)
-        self._last_staged = weakref.ref(y)
-        return y
 
     @functools.cached_property
     def _join(self) -> Callable[[tuple, tuple[int, ...]], Any]:
