@@ -72,8 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=float, help="seconds per variant before stopping short of --reps "
                                                "(default 2; quick 0.2)")
     p.add_argument("--sample-time", type=float, metavar="MS",
-                   help="batch a variant's calls up to MS milliseconds a sample (default 1; quick 0.2): longer "
-                        "samples average out a noisy machine's jitter between alternating samples")
+                   help="batch a variant's calls up to MS milliseconds a sample (default 1; quick 0.2; at most "
+                        "10,000 calls; not for variants timing themselves or sampled one call at a time, nor "
+                        "under a launcher): longer samples average out a noisy machine's jitter")
     p.add_argument("--max-time", type=float, metavar="S",
                    help="stop starting new rows after S seconds (the rest are marked skipped; the "
                         "JSON is still written): for fixed-length slots such as a lent GPU")
@@ -465,17 +466,20 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
     s = Settings(args)
     from multidev import distributed as mdist
 
+    for flag in ("reps", "budget", "max_time", "sample_time"):
+        v = getattr(args, flag, None)
+        if v is not None and not 0 < v < math.inf:
+            raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {v}")
     if mdist.is_initialized() or mdist.launched():  # torchrun, mpiexec, srun, JAX's variables
+        if getattr(args, "sample_time", None) is not None:
+            raise UsageError("--sample-time: under a launcher every sample is one call (every rank must make the "
+                             "same calls), so it cannot apply")
         if not mdist.is_initialized():
             mdist.init(timeout=300)
         # Every rank must run the same collectives: a fixed number of samples, no time budget, one call
         # a sample (no per-rank calibration of the calls per sample: a rank batching more would hang).
         s.max_reps, s.budget, s.min_time, s.target_sample = s.min_reps, math.inf, 0.0, 0.0
         args.no_progress = args.no_progress or mdist.rank() != 0
-    for flag in ("reps", "budget", "max_time", "sample_time"):
-        v = getattr(args, flag, None)
-        if v is not None and not 0 < v < math.inf:
-            raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {v}")
     try:
         benches = mb.load_all(args.bench_file)
     except (ImportError, OSError) as e:

@@ -5,6 +5,7 @@ engine registered at run time (what the core does itself: mean, uneven pieces, i
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 import threading
@@ -181,40 +182,50 @@ def test_an_mpi_requests_wait_tests_back_to_back_keeps_its_deadline_and_classifi
             except MpiError as e:
                 raise dist.DistributedTimeoutError(f"{what}: lost") from e
 
+    now = [0.0]  # a clock that moves by `cost` seconds a test, and only then
+
     class Req:
-        def __init__(self, done_at: int | None, fail_at: int | None = None) -> None:
-            self.n, self.done_at, self.fail_at = 0, done_at, fail_at
+        def __init__(self, done_at: int | None, fail_at: int | None = None, cost: float = 1e-7) -> None:
+            self.n, self.done_at, self.fail_at, self.cost = 0, done_at, fail_at, cost
 
         def Test(self) -> bool:
             self.n += 1
+            now[0] += self.cost
             if self.n == self.fail_at:
                 raise MpiError("a peer is gone")
             return self.done_at is not None and self.n >= self.done_at
 
-    clock = time.perf_counter
     reads = [0]
 
-    def counted() -> float:
+    def clock() -> float:
         reads[0] += 1
-        return clock()
-    for done_at in (1, 10, mpi._TIGHT + 50):
-        r = Req(done_at)
-        h = mpi._Request(Engine(), r, lambda: "result", "MPI_Iallreduce")
+        return now[0]
+
+    def wait(r: Req, timeout: float, what: str = "MPI_Iallreduce") -> tuple[bool, mpi._Request]:
+        h = mpi._Request(Engine(), r, lambda: "result", what)
         reads[0] = 0
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(time, "perf_counter", counted)
-            assert h.wait(5.0) is True and r.n == done_at and h.result() == "result"
+            mp.setattr(time, "perf_counter", clock)
+            mp.setattr(os, "sched_yield", lambda: None)
+            return h.wait(timeout), h
+
+    for done_at in (1, 10, mpi._TIGHT, mpi._TIGHT + 50):
+        r = Req(done_at)
+        done, h = wait(r, 5.0)
+        assert done is True and r.n == done_at and h.result() == "result"
         if done_at <= mpi._TIGHT:  # (the clock read once a block of tests back to back)
             assert reads[0] <= 2 + done_at // mpi._BLOCK, reads
         assert h.wait(5.0) is True and r.n == done_at  # (done: no test more)
-    for timeout in (0.003, 0.012, 0.2):  # (the back-to-back stretch skipped, cut short by the deadline, whole)
-        r = Req(None)
-        t0 = time.monotonic()
-        assert mpi._Request(Engine(), r, lambda: None, "MPI_Iallreduce").wait(timeout) is False
-        assert timeout * 0.95 <= time.monotonic() - t0 < timeout + 0.05 and r.n > 1
-    for fail_at in (3, mpi._TIGHT + 3):
+    for timeout, cost in ((0.003, 1e-5), (0.012, 1e-5), (0.02, 1e-6)):
+        # (the stretch skipped, cut short by its span, whole by its count; the deadline kept within a block)
+        r = Req(None, cost=cost)
+        start = now[0]
+        done, _ = wait(r, timeout)
+        spent = now[0] - start
+        assert done is False and timeout <= spent <= timeout + (mpi._BLOCK + 2) * cost, (timeout, cost, spent)
+    for fail_at in (3, mpi._TIGHT - 3, mpi._TIGHT + 3):
         with pytest.raises(dist.DistributedTimeoutError, match="MPI_Ibcast: lost"):
-            mpi._Request(Engine(), Req(None, fail_at), lambda: None, "MPI_Ibcast").wait(5.0)
+            wait(Req(None, fail_at), 5.0, "MPI_Ibcast")
 
 
 def test_run_with_deadline_gives_the_result_the_error_or_a_timeout() -> None:
@@ -445,14 +456,31 @@ def test_an_inplace_allreduce_of_the_engines_own_tensor_takes_the_short_path_ali
     monkeypatch.setattr(collectives, "to_transport", counted)
     ints, frozen = np.arange(3, dtype=np.int32), np.ones(3, np.float32)
     frozen.flags.writeable = False
+    taken, is_tree = [0], collectives._is_tree
+
+    def counted_general(x: Any) -> bool:  # (the general path's first step)
+        taken[0] += 1
+        return is_tree(x)
+    monkeypatch.setattr(collectives, "_is_tree", counted_general)
     with pytest.raises(md.CollectiveInputError, match="mean"):
         dist.allreduce(ints, op="mean", inplace=True)
     with pytest.raises(md.CollectiveInputError, match="unknown op"):
         dist.allreduce(x, op="bogus", inplace=True)
     with pytest.raises(md.CapabilityError, match="inplace"):
         dist.allreduce(frozen, inplace=True)
+    assert taken[0] == 3  # (each refused by the general path)
     tree = [x]
-    assert dist.allreduce(tree, inplace=True) is tree
+    assert dist.allreduce(tree, inplace=True) is tree and taken[0] == 4  # (a structure: the general path)
+    made[0] = 0
+
+    def refuses(self: Any, t: Any) -> Any:  # (an engine refusing float64 in prepare, as torch's refuses sparse)
+        if t.dtype == np.float64:
+            raise md.UnsupportedTensorError("no float64 here")
+        return t, True
+    monkeypatch.setattr(_OneRank, "prepare", refuses)
+    with pytest.raises(md.UnsupportedTensorError, match="no float64"):
+        dist.allreduce(np.ones(3), inplace=True)
+    assert taken[0] == 5 and made[0] == 1  # (the general path's prepare refused it)
     monkeypatch.setattr(_OneRank, "allreduce", lambda self, t, op: _Done(t * 2))  # (a result in new memory)
     made[0] = 0
     assert dist.allreduce(x, inplace=True) is x and made[0] == 0
@@ -466,6 +494,41 @@ def test_an_inplace_allreduce_of_the_engines_own_tensor_takes_the_short_path_ali
     with pytest.raises(md.CapabilityError, match="inplace"):
         dist.allreduce(frozen, inplace=True)
     assert Call.decode(_OneRank.rows[-1]).refused  # (a refusal: the general path's record says so)
+    with pytest.raises(md.UnsupportedTensorError, match="no float64"):
+        dist.allreduce(np.ones(3), inplace=True)
+    assert Call.decode(_OneRank.rows[-1]).refused == "UnsupportedTensorError"  # (sent to the others)
+
+
+@pytest.mark.parametrize("checks", [False, True])
+def test_the_short_inplace_allreduce_gives_what_the_general_path_gives(
+        one_rank: Any, monkeypatch: pytest.MonkeyPatch, checks: bool) -> None:
+    """Every op, contiguous or a view the engine copies, checked or not, in a world that reads as two
+    ranks (the primitive sums x with itself): the short path's result, and x after it, are the general
+    path's (the short path turned off)."""
+    from multidev.distributed import collectives
+    from multidev.distributed.group import Group
+
+    monkeypatch.setattr(Group, "world_size", property(lambda self: 2))
+    ops = {"sum": lambda t: t + t, "prod": lambda t: t * t, "max": lambda t: t, "min": lambda t: t}
+    monkeypatch.setattr(_OneRank, "allreduce", lambda self, t, op: _Done(np.copyto(t, ops[op](t)) or t))
+    monkeypatch.setattr(_OneRank, "prepare", lambda self, t: (t, True) if t.flags.c_contiguous else (
+        np.ascontiguousarray(t), False))
+    dist.set_checks(checks)
+    short = collectives._inplace_quick
+    for op in ("sum", "mean", "prod", "max", "min"):
+        for strided in (False, True):
+            got = []
+            for quick in (True, False):
+                monkeypatch.setattr(collectives, "_inplace_quick", short if quick else (
+                    lambda *a: collectives._GENERAL))
+                base = np.arange(1, 13, dtype=np.float32)
+                x = base[::2] if strided else base[:6].copy()
+                out = dist.allreduce(x, op=op, inplace=True)
+                got.append((out is x, x.copy(), base.copy()))
+            assert got[0][0] and got[1][0], (op, strided)
+            np.testing.assert_array_equal(got[0][1], got[1][1], err_msg=f"{op} strided={strided}")
+            np.testing.assert_array_equal(got[0][2], got[1][2], err_msg=f"{op} strided={strided}")
+    np.testing.assert_array_equal(got[1][1], np.arange(1, 13, 2))  # (min: x itself)
 
 
 def test_refused_inputs_change_nothing_and_are_typed(one_rank: Any) -> None:

@@ -82,10 +82,10 @@ _OPS = {("sum", False): "SUM", ("prod", False): "PROD", ("max", False): "MAX", (
 _BUSY = 10.0
 
 #: Tests a request's wait makes back to back first, reading the clock once every _BLOCK of them, for at most
-#: _TIGHT tests or _TIGHT_SPAN seconds (MPI_Test of a request in flight takes 0.1-1 us), where its timeout is at
-#: least _TIGHT_SPAN: the wait keeps its deadline within one block's tests.
+#: _TIGHT tests or _TIGHT_SPAN seconds, where its timeout is at least _TIGHT_SPAN: the wait keeps its deadline
+#: within one block of tests (a test of a request in flight may copy a fragment of the message).
 _TIGHT = 4000
-_BLOCK = 200
+_BLOCK = 50
 _TIGHT_SPAN = 0.005
 
 #: Results under this many bytes are plain ``np.empty`` memory (aligned_empty's alignment costs 2 us a call).
