@@ -3,7 +3,8 @@
 sample): D2L's MLP parameters (1024-4096-4096-10, on JAX's CPU device) put on the device by ``md.to``, by
 ``md.to`` with the staged upload off (the adapter's staging threshold raised past the largest array), and
 by ``jax.device_put`` of the tree; K moves back to back a sample (each result dropped as the next comes, as
-the bench's inner loop does, or all kept), then the last waited for; the variants in turn, medians of
+the bench's inner loop does, or all kept), then waited for (every result kept, and the device synchronized,
+as the bench's samples end); the variants in turn, medians of
 ``--rounds`` rounds, per move.
 
     python scripts/gpu/consecutive_move_probe.py [--device gpu:0] [--rounds 30] [--k 1,3]
@@ -71,7 +72,8 @@ for k in (int(v) for v in args.k.split(",")):
                     r = f()
                     if keep:
                         kept.append(r)
-                jax.block_until_ready(r)
+                jax.block_until_ready(kept or r)
+                md.synchronize(target)  # (and the device's every transfer, as the bench's samples end)
                 times[name].append((time.perf_counter() - t0) / k)
                 del r, kept
         base = statistics.median(times["jax.device_put(tree)"])
