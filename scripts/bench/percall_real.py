@@ -6,9 +6,10 @@ one call after the barrier, as the ``distributed`` bench suite samples them):
 - ``floor``: the least a call that can give up on a lost peer does (MPI ``Iallreduce`` then ``Test``
   in a loop; torch ``all_reduce(async_op=True)`` then ``wait(timeout)``);
 - ``engine``: the engine's primitive, its timeout-bounded wait and its result, as the core calls them;
-- ``contract``: the least a core over the adapter protocol does per call on top of ``engine`` (the group
+- ``contract``: ``engine`` plus the per-call checks a core makes over the adapter protocol (the group
   looked up, the tensor's class, dtype, op, writability, rank of dimensions and placement checked: one
-  adapter call or table lookup each, as multidev's own call makes them, none of its layers);
+  adapter call or table lookup each, as multidev's own call makes them, none of its layers); ``contract``
+  less ``engine`` is what the checks cost;
 - ``md``: ``dist.allreduce(x, inplace=True)``, checks off; ``md_checked``: the same, checks on.
 
 Rank 0 prints the median microseconds per call of each row and ``md - floor``. Run under the engine::
