@@ -514,12 +514,12 @@ def test_the_short_inplace_allreduce_gives_what_the_general_path_gives(
     monkeypatch.setattr(_OneRank, "prepare", lambda self, t: (t, True) if t.flags.c_contiguous else (
         np.ascontiguousarray(t), False))
     dist.set_checks(checks)
-    short = collectives._inplace_quick
+    short = collectives._quick
     for op in ("sum", "mean", "prod", "max", "min"):
         for strided in (False, True):
             got = []
             for quick in (True, False):
-                monkeypatch.setattr(collectives, "_inplace_quick", short if quick else (
+                monkeypatch.setattr(collectives, "_quick", short if quick else (
                     lambda *a: collectives._GENERAL))
                 base = np.arange(1, 13, dtype=np.float32)
                 x = base[::2] if strided else base[:6].copy()
@@ -529,6 +529,76 @@ def test_the_short_inplace_allreduce_gives_what_the_general_path_gives(
             np.testing.assert_array_equal(got[0][1], got[1][1], err_msg=f"{op} strided={strided}")
             np.testing.assert_array_equal(got[0][2], got[1][2], err_msg=f"{op} strided={strided}")
     np.testing.assert_array_equal(got[1][1], np.arange(1, 13, 2))  # (min: x itself)
+
+
+@pytest.mark.parametrize("checks", [False, True])
+@pytest.mark.parametrize("declines", [False, True])
+def test_the_short_out_of_place_allreduce_gives_what_the_general_path_gives(
+        monkeypatch: pytest.MonkeyPatch, checks: bool, declines: bool) -> None:
+    """An engine that reduces into new memory (or declines, and reduces a copy in place), every op,
+    contiguous or a view the engine copies, checked or not, in a world that reads as two ranks: the
+    short path's result and x after it are the general path's (the short path turned off); the short
+    path is taken (the general path's first step is never reached), its record exchanged where
+    checked, and x is never written."""
+    from multidev.distributed import collectives
+    from multidev.distributed.group import Group
+
+    if "new-memory" not in dist.engine_names():
+        dist.register_engine("new-memory", _NewMemory)
+    ops = {"sum": lambda t: t + t, "prod": lambda t: t * t, "max": lambda t: t, "min": lambda t: t}
+    monkeypatch.setattr(_NewMemory, "allreduce", lambda self, t, op: (
+        self.seen.append(("allreduce", t)), _Done(np.copyto(t, ops[op](t)) or t))[1])
+    monkeypatch.setattr(_NewMemory, "allreduce_new", lambda self, t, op: (
+        self.seen.append(("allreduce_new", t)), None if self.declines else _Done(np.array(ops[op](t), copy=True)))[1])
+    monkeypatch.setattr(_NewMemory, "prepare", lambda self, t: (t, True) if t.flags.c_contiguous else (
+        np.ascontiguousarray(t), False))
+    taken, is_tree = [0], collectives._is_tree
+
+    def counted_general(x: Any) -> bool:
+        taken[0] += 1
+        return is_tree(x)
+    monkeypatch.setattr(collectives, "_is_tree", counted_general)
+    _NewMemory.declines, _NewMemory.seen = declines, []
+    _NewMemory.rows.clear()
+    dist.init("new-memory", timeout=5)
+    try:
+        monkeypatch.setattr(Group, "world_size", property(lambda self: 2))
+        dist.set_checks(checks)
+        dist.allreduce(np.ones(2, np.float32))  # (NumPy's array class seen: the short path knows it now)
+        short = collectives._quick
+        for op in ("sum", "mean", "prod", "max", "min"):
+            for strided in (False, True):
+                got = []
+                for quick in (True, False):
+                    monkeypatch.setattr(collectives, "_quick", short if quick else (lambda *a: collectives._GENERAL))
+                    base = np.arange(1, 13, dtype=np.float32)
+                    x = base[::2] if strided else base[:6].copy()
+                    _NewMemory.seen.clear()
+                    taken[0], rows = 0, len(_NewMemory.rows)
+                    out = dist.allreduce(x, op=op)
+                    if quick:
+                        assert taken[0] == 0, (op, strided)
+                        assert len(_NewMemory.rows) == rows + checks
+                        if checks:
+                            sent = Call.decode(_NewMemory.rows[-1])
+                            assert sent == Call("allreduce", op=op, dtype="float32", shape=(6,), tkind="cpu",
+                                                seq=sent.seq)
+                        kinds = [k for k, _ in _NewMemory.seen]
+                        expect = ["allreduce"] if strided else (
+                            ["allreduce_new", "allreduce"] if declines else ["allreduce_new"])
+                        assert kinds == expect, (op, strided, kinds)
+                        assert not np.shares_memory(_NewMemory.seen[-1][1], base) or kinds[-1] == "allreduce_new"
+                    assert type(out) is np.ndarray and not np.shares_memory(out, base) and not np.shares_memory(out, x)
+                    np.testing.assert_array_equal(x, np.arange(1, 13)[::2] if strided else np.arange(1, 7),
+                                                  err_msg=f"{op} strided={strided} quick={quick}: x written")
+                    got.append((out.copy(), base.copy()))
+                np.testing.assert_array_equal(got[0][0], got[1][0], err_msg=f"{op} strided={strided}")
+                np.testing.assert_array_equal(got[0][1], got[1][1], err_msg=f"{op} strided={strided}")
+                np.testing.assert_array_equal(got[0][1], np.arange(1, 13), err_msg=f"{op}: x written")
+        np.testing.assert_array_equal(got[0][0], np.arange(1, 13, 2))  # (min: x's values)
+    finally:
+        monkeypatch.undo()
+        dist.shutdown()
 
 
 def test_refused_inputs_change_nothing_and_are_typed(one_rank: Any) -> None:

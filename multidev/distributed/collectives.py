@@ -31,7 +31,7 @@ from ..registry import backend_of, cached_owner, get_backend, registry_generatio
 from ..structured import Leaves, rebuild, structure_leaves
 from ..trees import owner_or_structure
 from ..validate import OPS, check_axis, check_op, check_writable
-from .consistency import ALWAYS, KINDS_OF_CALL, MAX_DIMS, Call, agree, checked_here, unchecked
+from .consistency import ALWAYS, KINDS_OF_CALL, MAX_DIMS, Call, agree, agree_made, checked_here, unchecked
 from .engine import Engine, Handle
 from .group import Group, current
 from .handles import Work, run
@@ -586,8 +586,8 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     """
     g = current()
     what = "distributed.allreduce"
-    if inplace and not async_op:
-        out = _inplace_quick(g, x, op, what)
+    if not async_op:
+        out = _quick(g, x, op, inplace, what)
         if out is not _GENERAL:
             return out
     if _is_tree(x):
@@ -640,12 +640,14 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
     return run(g, what, start, async_op)
 
 
-def _inplace_quick(g: Group, x: Any, op: Any, what: str) -> Any:
-    """``allreduce(x, op, inplace=True)``, synchronous, of the engine's own tensor on its transport
-    device (as it is, or the engine's copy of it, written back after): the general path's checks (the
-    same adapter calls, in its order), its record exchanged by :func:`agree` where the call is
-    checked, and its primitive through :func:`run`, without its layers; ``_GENERAL`` where anything
-    else applies (a structure, a class not seen before, a check that fails), before anything is
+def _quick(g: Group, x: Any, op: Any, inplace: bool, what: str) -> Any:
+    """``allreduce(x, op, inplace=inplace)``, synchronous, of the engine's own tensor on its transport
+    device (as it is, or the engine's copy of it; in place, that copy is written back after; out of
+    place, only where the engine reduces into new memory, :meth:`Engine.allreduce_new`): the general
+    path's checks (the same adapter calls, in its order), its record exchanged by
+    :func:`agree_made` where the call is checked, and its primitive through :func:`run`, without
+    its layers; ``_GENERAL`` where anything else applies (a structure, a class not seen before, a
+    check that fails, an engine that would copy x while the records travel), before anything is
     sent, so that the general path decides, and raises or reports the refusal to the other ranks,
     as ever."""
     if getattr(g, "ahead", None) is not None:
@@ -653,41 +655,60 @@ def _inplace_quick(g: Group, x: Any, op: Any, what: str) -> Any:
     b = cached_owner(type(x))
     if b is None:
         return _GENERAL
+    eng = g.engine
+    if not inplace and type(eng).allreduce_new is Engine.allreduce_new:
+        return _GENERAL
     try:
         dtype = b.dtype_of(x)
         check_op(op, dtype, what)
-        writable = getattr(b, "writable", None)
-        if writable is None or not b.capabilities.mutable or writable(x) is not True:
-            return _GENERAL
+        if inplace:
+            writable = getattr(b, "writable", None)
+            if writable is None or not b.capabilities.mutable or writable(x) is not True:
+                return _GENERAL
         shape = b.shape_of(x)
         if len(shape) > MAX_DIMS:
             return _GENERAL
         placed = _placement(g, b, x, dtype, what)
         if placed[0] is not placed[2] or placed[1] != placed[3]:
             return _GENERAL
-        t, still = g.engine.prepare(x)
+        t, still = eng.prepare(x)
     except Exception:  # noqa: BLE001 - the general path makes the same calls and raises what it must
         return _GENERAL
     if g.check:  # (every rank's record of the call compared, as the general path's)
-        call = _record(g, "allreduce", op=op, dtype=dtype, shape=shape, tkind=placed[3].kind)
         try:
-            agree(g, "allreduce", lambda: call)
+            agree_made(g, "allreduce", _record(g, "allreduce", op=op, dtype=dtype, shape=shape,
+                                               tkind=placed[3].kind))
         except BaseException:
             del t  # (an error the caller keeps holds no copy of x, as in the general path)
             raise
     base = "sum" if op == "mean" else op
+    if inplace:
+        def finish(res: Any) -> Any:
+            res = mean_of(res, op, g.world_size) if op == "mean" else res
+            if still and res is t:
+                return x  # the primitive wrote into x's own memory
+            # (the engine's copy of x, or a result in new memory: written into x, as the general path does)
+            return landed(res, t, Origin(b, placed[1], dtype, True, x), x, True, still, True)
 
-    def finish(res: Any) -> Any:
+        return run(g, what, lambda: (eng.allreduce(t, base), finish), False)
+
+    def new(res: Any) -> Any:
         res = mean_of(res, op, g.world_size) if op == "mean" else res
-        if still and res is t:
-            return x  # the primitive wrote into x's own memory
-        # (the engine's copy of x, or a result in new memory: written into x, as the general path does)
-        return landed(res, t, Origin(b, placed[1], dtype, True, x), x, True, still, True)
+        # (the general path's from_transport: the result where x is, else moved there)
+        return res if b.device_of(res) == placed[1] else landed(res, t, Origin(b, placed[1], dtype, True, x), x,
+                                                                   False, False, True)
 
-    return run(g, what, lambda: (g.engine.allreduce(t, base), finish), False)
+    def start() -> tuple[Handle, Callable[[Any], Any]]:
+        h = eng.allreduce_new(t, base) if still else None
+        if h is not None:
+            return h, new
+        u, _ = private(t, g, False, still, True)  # (the engine declined: a copy of x, reduced in place)
+        return eng.allreduce(u, base), new
+
+    return run(g, what, start, False)
 
 
-_GENERAL = object()  # (_inplace_quick: the general path applies)
+_GENERAL = object()  # (_quick: the general path applies)
 
 
 def broadcast(x: Any, src: int = 0, *, inplace: bool = False, async_op: bool = False) -> Any:
