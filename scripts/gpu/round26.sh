@@ -9,7 +9,9 @@
 #   4. multidev.benchmarks.distributed_run on the mpi engine, 2 processes, the two checkouts alternated once;
 #   5. the models suite for JAX on cpu:0,gpu:0 (one move a sample, then --sample-time 20), this checkout;
 #   6. scripts/gpu/staged_async_probe.py on gpu:0 (could the staged upload be asynchronous?), this checkout.
-#   STEPS (default 1,2,3,4,5,6) picks the steps.
+#   7. scripts/bench/percall_cold.py on the mpi and torch engines, checks off and on (this checkout; mpi's
+#      with OLD's too): multidev's own time when the caches are cold, as after a real collective.
+#   STEPS (default 1,2,3,4,5,6,7) picks the steps.
 #   OUT=/path/to/out bash scripts/gpu/round26.sh
 set -u
 R=$(pwd)
@@ -20,7 +22,7 @@ export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore XLA_PYTHON_CLIENT_PREALLOCATE=fa
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > /dev/null 2>&1
 S_OLD=$(bash scripts/bench/shadow_tree.sh "$OLD") && S_NEW=$(bash scripts/bench/shadow_tree.sh .) || exit 1
 { nproc; uptime; python3 -c "import numpy, torch, jax, mpi4py; print('numpy', numpy.__version__, 'torch', torch.__version__, 'jax', jax.__version__, 'mpi4py', mpi4py.__version__)"; } > "$W/versions.txt" 2>&1
-STEPS=",${STEPS:-1,2,3,4,5,6},"
+STEPS=",${STEPS:-1,2,3,4,5,6,7},"
 if [[ $STEPS == *,1,* ]]; then
 echo "== 1. the check's cost"
 CUDA_VISIBLE_DEVICES= OUT=$W OLD=$OLD ENGINES=mpi ROUNDS=${ROUNDS1:-3} CAP=45 timeout -k 5 200 bash scripts/gpu/round16.sh > /dev/null 2>&1
@@ -65,4 +67,14 @@ if [[ $STEPS == *,6,* ]]; then
 echo "== 6. staged_async_probe.py"
 (cd "$W" && PYTHONPATH=$S_NEW timeout -k 5 150 python3 "$R/scripts/gpu/staged_async_probe.py" --device gpu:0 --rounds 20 \
   > "$W/staged_async.txt" 2>&1); echo "exit $?"; cat "$W/staged_async.txt"
+fi
+if [[ $STEPS == *,7,* ]]; then
+echo "== 7. percall_cold.py"
+for e in mpi torch; do for c in 0 1; do for t in new old; do S=$S_OLD; [ $t = new ] && S=$S_NEW
+  [ $e = torch ] && [ $t = old ] && continue
+  echo "## $e, $t, CHECKS=$c" >> "$W/cold.txt"
+  (cd "$W" && CUDA_VISIBLE_DEVICES= CHECKS=$c OMP_NUM_THREADS=1 PYTHONPATH=$S timeout -k 5 60 python3 -m multidev.distributed.launch \
+    -n 1 --engine $e "$R/scripts/bench/percall_cold.py" --calls 1000) 2>&1 | grep -E "written|[Ee]rror" >> "$W/cold.txt"
+done; done; done
+cat "$W/cold.txt"
 fi
