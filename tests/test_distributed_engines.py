@@ -541,7 +541,7 @@ def test_the_short_out_of_place_allreduce_gives_what_the_general_path_gives(
     path is taken (the general path's first step is never reached), its record exchanged where
     checked, and x is never written."""
     from multidev.distributed import collectives
-    from multidev.distributed.group import Group
+    from multidev.distributed.group import Group, current
 
     if "new-memory" not in dist.engine_names():
         dist.register_engine("new-memory", _NewMemory)
@@ -574,15 +574,15 @@ def test_the_short_out_of_place_allreduce_gives_what_the_general_path_gives(
                     base = np.arange(1, 13, dtype=np.float32)
                     x = base[::2] if strided else base[:6].copy()
                     _NewMemory.seen.clear()
-                    taken[0], rows = 0, len(_NewMemory.rows)
+                    taken[0], rows, seq = 0, len(_NewMemory.rows), current().seq
                     out = dist.allreduce(x, op=op)
+                    assert current().seq == seq + checks  # (one call number a checked call, as every rank's)
                     if quick:
                         assert taken[0] == 0, (op, strided)
                         assert len(_NewMemory.rows) == rows + checks
                         if checks:
-                            sent = Call.decode(_NewMemory.rows[-1])
-                            assert sent == Call("allreduce", op=op, dtype="float32", shape=(6,), tkind="cpu",
-                                                seq=sent.seq)
+                            assert Call.decode(_NewMemory.rows[-1]) == Call(
+                                "allreduce", op=op, dtype="float32", shape=(6,), tkind="cpu", seq=seq)
                         kinds = [k for k, _ in _NewMemory.seen]
                         expect = ["allreduce"] if strided else (
                             ["allreduce_new", "allreduce"] if declines else ["allreduce_new"])
@@ -598,6 +598,51 @@ def test_the_short_out_of_place_allreduce_gives_what_the_general_path_gives(
         np.testing.assert_array_equal(got[0][0], np.arange(1, 13, 2))  # (min: x's values)
     finally:
         monkeypatch.undo()
+        dist.shutdown()
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_the_short_allreduce_keeps_no_copy_in_an_error_and_refuses_too_many_dimensions(
+        monkeypatch: pytest.MonkeyPatch, inplace: bool) -> None:
+    """A checked short call whose exchange fails keeps no copy of x in the error's frames (the engine's
+    copy of a strided x, here); a tensor of more than MAX_DIMS dimensions is the general path's to refuse,
+    typed, and nothing is reduced."""
+    from multidev.distributed import collectives
+    from multidev.distributed.consistency import MAX_DIMS
+
+    if "new-memory" not in dist.engine_names():
+        dist.register_engine("new-memory", _NewMemory)
+    monkeypatch.setattr(_NewMemory, "prepare", lambda self, t: (t, True) if t.flags.c_contiguous else (
+        np.ascontiguousarray(t), False))
+    _NewMemory.declines, _NewMemory.seen = False, []
+    dist.init("new-memory", timeout=5)
+    try:
+        dist.allreduce(np.ones(2, np.float32))  # (NumPy's array class seen: the short path knows it now)
+        _NewMemory.seen.clear()
+        x = np.arange(12, dtype=np.float32)[::2]
+
+        def lost(*a: Any) -> None:
+            raise dist.DistributedError("the exchange failed")
+        monkeypatch.setattr(collectives, "agree_made", lost)
+        with pytest.raises(dist.DistributedError, match="the exchange failed") as info:
+            dist.allreduce(x, inplace=inplace)
+        frames = []
+        tb = info.value.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        assert any(f.f_code.co_name == "_quick" for f in frames)
+        for f in frames:
+            for name, v in f.f_locals.items():
+                assert not (isinstance(v, np.ndarray) and v is not x and v.shape == x.shape
+                            and v.flags.c_contiguous and np.array_equal(v, x)), (f.f_code.co_name, name)
+        assert _NewMemory.seen == []
+        monkeypatch.undo()
+        deep = np.ones((1,) * (MAX_DIMS + 1), np.float32)
+        with pytest.raises(md.CollectiveInputError, match=f"at most {MAX_DIMS} dimensions"):
+            dist.allreduce(deep, inplace=inplace)
+        assert _NewMemory.seen == []
+    finally:
         dist.shutdown()
 
 

@@ -131,6 +131,45 @@ def test_a_dead_rank_is_missing_and_a_late_live_one_still_awaited() -> None:
     assert rows == [[10], [11], None]
 
 
+@pytest.mark.parametrize("seq", [4, 5])
+def test_a_row_written_during_the_back_to_back_reads_is_taken_without_the_wait(
+        monkeypatch: pytest.MonkeyPatch, seq: int) -> None:
+    """A late row is seen by the reads of the late rank's own slot for this call (its parity), back to
+    back, before the general wait (here: made to fail if reached); with more ranks than cores the
+    mailbox skips those reads and waits as before."""
+    from multidev.distributed import mailbox as mb
+
+    boxes = _boxes(2)
+    boxes[0]._tight = mb._TIGHT_READS
+    row = [seq, 1, 2]
+    words = boxes[0]._words
+    assert words is not None
+    mark_at = (1 * 2 + (seq & 1)) * mb._SLOT  # rank 1's slot of this call
+
+    class Late:  # the words as rank 0 reads them: rank 1 writes its row once rank 0 read its mark 5 times
+        reads = 0
+
+        def __getitem__(self, i: int) -> int:
+            if i == mark_at:
+                Late.reads += 1
+                if Late.reads == 5:
+                    boxes[1].post(seq, row)
+            return words[i]
+
+        def __setitem__(self, i: int, v: int) -> None:
+            words[i] = v
+
+    monkeypatch.setattr(boxes[0], "_words", Late())
+
+    def no_wait(*a: object, **k: object) -> bool:
+        raise AssertionError("the general wait was reached")
+    monkeypatch.setattr(mb, "poll_until", no_wait)
+    assert boxes[0].exchange(seq, row, 5.0) == [row, row]
+    assert 5 <= Late.reads < 50
+    monkeypatch.setattr(mb, "_cores", lambda: 1)
+    assert _boxes(2)[0]._tight == 0 and _boxes(1)[0]._tight == mb._TIGHT_READS
+
+
 def test_a_row_longer_than_a_slot_is_refused() -> None:
     from multidev.errors import DistributedError
 

@@ -647,9 +647,10 @@ def _quick(g: Group, x: Any, op: Any, inplace: bool, what: str) -> Any:
     path's checks (the same adapter calls, in its order), its record exchanged by
     :func:`agree_made` where the call is checked, and its primitive through :func:`run`, without
     its layers; ``_GENERAL`` where anything else applies (a structure, a class not seen before, a
-    check that fails, an engine that would copy x while the records travel), before anything is
-    sent, so that the general path decides, and raises or reports the refusal to the other ranks,
-    as ever."""
+    check that fails; out of place, an engine without ``allreduce_new``, whose private copy of x the
+    general path makes while the records travel), before anything is sent, so that the general
+    path decides, and raises or reports the refusal to the other ranks, as ever. The engine's own
+    copy of an x it cannot send as it is (:meth:`Engine.prepare`) is made before the records travel."""
     if getattr(g, "ahead", None) is not None:
         return _GENERAL
     b = cached_owner(type(x))

@@ -48,8 +48,16 @@ WIDTH = 64
 _HEAD = 3  # a slot: call number, checksum, row length, then the row
 _SLOT = _HEAD + WIDTH
 #: How many times :meth:`Mailbox.exchange` reads a missing row's call number back to back (about 0.1 ms)
-#: before its general wait.
+#: before its general wait, where the group has no more ranks than this process has cores.
 _TIGHT_READS = 2000
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 _NAME_SEQ, _AGREE_SEQ = -6, -7  # init's two exchanges over the engine's channel
 _PREFIX = "multidev-exchange-"
 
@@ -112,6 +120,9 @@ class Mailbox:
         # per slot (call number parity): the length of the row it holds, a copy of the row (its first
         # integer overwritten by each comparison), and the digest of the row after its first integer
         self._tails: list[tuple[int, list[int], int] | None] = [None, None]
+        # (the back-to-back reads of a late row only where every rank can have a core of its own: where ranks
+        # share cores, the late one may be waiting for this one's)
+        self._tight = _TIGHT_READS if world <= _cores() else 0
 
     @staticmethod
     def size(world: int) -> int:
@@ -206,20 +217,21 @@ class Mailbox:
         # (a row not there yet: each such rank's call-number word read back to back, a few thousand reads at most,
         # before the wait below, which reads whole slots and the clock between its reads: a row written a few
         # microseconds late is seen within a read, as the peers' mostly are after a collective)
-        w, mark, parity = self._words, seq + 1, seq & 1
-        assert w is not None
-        for p in waiting:
-            at = (p * 2 + parity) * _SLOT
-            for _ in range(_TIGHT_READS):
-                if w[at] == mark:
-                    break
-        for p in list(waiting):
-            got = mine if self._same(p, seq, n) else self._read(p, seq)
-            if got is not None:
-                out[p] = got
-                waiting.remove(p)
-        if not waiting:
-            return out
+        if self._tight:
+            w, mark, parity = self._words, seq + 1, seq & 1
+            assert w is not None
+            for p in waiting:
+                at = (p * 2 + parity) * _SLOT
+                for _ in range(self._tight):
+                    if w[at] == mark:
+                        break
+            for p in list(waiting):
+                got = mine if self._same(p, seq, n) else self._read(p, seq)
+                if got is not None:
+                    out[p] = got
+                    waiting.remove(p)
+            if not waiting:
+                return out
         dead: set[int] = set()
         checks = [0]
 
