@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Round 26's call on a lent GPU machine, checkout OLD (default .old: the round's start) against this one,
 # every step under a time cap, all into $OUT/round26.tgz:
-#   1. scripts/gpu/round16.sh with ENGINES=mpi ROUNDS=3 (the consistency check's cost, the two checkouts
+#   1. scripts/gpu/round16.sh with ENGINES=mpi ROUNDS=ROUNDS1 (default 3; the consistency check's cost, the two checkouts
 #      alternated), its dcc.txt beside;
 #   2. scripts/bench/check_parts.py on the mpi engine (this checkout): a 1 MiB call out of place and in
 #      place, where the checked call's time goes;
 #   3. scripts/bench/percall_real.py on the mpi and torch engines, the two checkouts alternated once;
 #   4. multidev.benchmarks.distributed_run on the mpi engine, 2 processes, the two checkouts alternated once;
-#   5. the models suite for JAX on cpu:0,gpu:0 (one move a sample, then --sample-time 20), this checkout;
+#   5. the models suite for JAX on cpu:0,gpu:0 (one move a sample, then --sample-time 20; MODELS_ST picks), this checkout;
 #   6. scripts/gpu/staged_async_probe.py on gpu:0 (could the staged upload be asynchronous?), this checkout.
 #   7. scripts/bench/percall_cold.py on the mpi and torch engines, checks off and on (this checkout; mpi's
 #      with OLD's too): multidev's own time when the caches are cold, as after a real collective.
@@ -55,7 +55,7 @@ done
 fi
 if [[ $STEPS == *,5,* ]]; then
 echo "== 5. the models suite, JAX"
-for st in 0 20; do
+for st in ${MODELS_ST:-0 20}; do
   extra=(); [ "$st" != 0 ] && extra=(--sample-time "$st")
   (cd "$W" && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$S_NEW timeout -k 5 150 python3 -m multidev.cli bench --backend jax --suite models \
     --device cpu:0,gpu:0 "${extra[@]}" --no-progress --markdown "models-jax-st$st.md" > "models-jax-st$st.txt" 2>&1); echo "exit $?"
