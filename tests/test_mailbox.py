@@ -135,8 +135,8 @@ def test_a_dead_rank_is_missing_and_a_late_live_one_still_awaited() -> None:
 def test_a_row_written_during_the_back_to_back_reads_is_taken_without_the_wait(
         monkeypatch: pytest.MonkeyPatch, seq: int) -> None:
     """A late row is seen by the reads of the late rank's own slot for this call (its parity), back to
-    back, before the general wait (here: made to fail if reached); with more ranks than cores the
-    mailbox skips those reads and waits as before."""
+    back, before the general wait (here: made to fail if reached); where the ranks' processes have fewer
+    cores between them than there are ranks, the mailbox skips those reads."""
     from multidev.distributed import mailbox as mb
 
     boxes = _boxes(2)
@@ -166,8 +166,19 @@ def test_a_row_written_during_the_back_to_back_reads_is_taken_without_the_wait(
     monkeypatch.setattr(mb, "poll_until", no_wait)
     assert boxes[0].exchange(seq, row, 5.0) == [row, row]
     assert 5 <= Late.reads < 50
-    monkeypatch.setattr(mb, "_cores", lambda: 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # (every rank pinned to one core)
     assert _boxes(2)[0]._tight == 0 and _boxes(1)[0]._tight == mb._TIGHT_READS
+    spins: list[float] = []
+
+    def wait(done: object, timeout: float, *, spin: float = 1e-3, busy: float = 0.05) -> bool:
+        spins.append(spin)
+        return False
+    monkeypatch.setattr(mb, "poll_until", wait)
+    assert _boxes(2)[0].exchange(0, [1], 0.1) == [[1], None]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {pid % 7})  # (each bound to a core of its own)
+    assert _boxes(2, [14, 15])[0]._tight == mb._TIGHT_READS and _boxes(2, [14, 21])[0]._tight == 0
+    assert _boxes(2, [14, 15])[0].exchange(0, [1], 0.1) == [[1], None]
+    assert spins == [0.0, 2e-4]  # (sharing cores: the wait yields at once; else it spins first)
 
 
 def test_a_row_longer_than_a_slot_is_refused() -> None:

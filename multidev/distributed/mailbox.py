@@ -48,15 +48,19 @@ WIDTH = 64
 _HEAD = 3  # a slot: call number, checksum, row length, then the row
 _SLOT = _HEAD + WIDTH
 #: How many times :meth:`Mailbox.exchange` reads a missing row's call number back to back (about 0.1 ms)
-#: before its general wait, where the group has no more ranks than this process has cores.
+#: before its general wait, where the group has no more ranks than its processes have cores.
 _TIGHT_READS = 2000
 
 
-def _cores() -> int:
-    """The cores this process may run on."""
+def _cores(pids: Sequence[int]) -> int:
+    """How many cores the processes ``pids`` may run on together (their affinity masks' union: ranks
+    each bound to a core of its own count one each; ranks all pinned to one core, one)."""
     try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
+        cpus: set[int] = set()
+        for pid in pids:
+            cpus |= os.sched_getaffinity(pid)
+        return len(cpus)
+    except (AttributeError, OSError):  # (no affinity here, or a process gone: the machine's count)
         return os.cpu_count() or 1
 _NAME_SEQ, _AGREE_SEQ = -6, -7  # init's two exchanges over the engine's channel
 _PREFIX = "multidev-exchange-"
@@ -120,9 +124,9 @@ class Mailbox:
         # per slot (call number parity): the length of the row it holds, a copy of the row (its first
         # integer overwritten by each comparison), and the digest of the row after its first integer
         self._tails: list[tuple[int, list[int], int] | None] = [None, None]
-        # (the back-to-back reads of a late row only where every rank can have a core of its own: where ranks
-        # share cores, the late one may be waiting for this one's)
-        self._tight = _TIGHT_READS if world <= _cores() else 0
+        # (the back-to-back reads of a late row, and the wait's spin, only where every rank can have a core of its
+        # own: where ranks share cores, the late one may be waiting for this one's)
+        self._tight = _TIGHT_READS if world <= _cores(self._pids) else 0
 
     @staticmethod
     def size(world: int) -> int:
@@ -248,7 +252,9 @@ class Mailbox:
                     dead.update(p for p in waiting if not _alive(self._pids[p]))
             return len(dead) == len(waiting)
 
-        poll_until(arrived, timeout, spin=2e-4)  # (then yielding: the peers may share this core)
+        # (then yielding: the peers may share this core; at once where the ranks outnumber the cores, for a late
+        # rank may be waiting for this one's core)
+        poll_until(arrived, timeout, spin=2e-4 if self._tight else 0.0)
         return out
 
     def close(self) -> None:
