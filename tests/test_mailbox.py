@@ -131,12 +131,13 @@ def test_a_dead_rank_is_missing_and_a_late_live_one_still_awaited() -> None:
     assert rows == [[10], [11], None]
 
 
-@pytest.mark.parametrize("seq", [4, 5])
+@pytest.mark.parametrize(("seq", "theirs"), [(4, [4, 1, 2]), (5, [5, 1, 2]), (4, [4, 9, 9]), (5, [5, 1, 2, 3])])
 def test_a_row_written_during_the_back_to_back_reads_is_taken_without_the_wait(
-        monkeypatch: pytest.MonkeyPatch, seq: int) -> None:
+        monkeypatch: pytest.MonkeyPatch, seq: int, theirs: list[int]) -> None:
     """A late row is seen by the reads of the late rank's own slot for this call (its parity), back to
-    back, before the general wait (here: made to fail if reached); where the ranks' processes have fewer
-    cores between them than there are ranks, the mailbox skips those reads."""
+    back, before the general wait (here: made to fail if reached), and read as it was written (equal to
+    this rank's or not); where the ranks' processes have fewer cores between them than there are ranks,
+    the mailbox skips those reads; without affinity masks it counts the machine's cores."""
     from multidev.distributed import mailbox as mb
 
     boxes = _boxes(2)
@@ -153,7 +154,7 @@ def test_a_row_written_during_the_back_to_back_reads_is_taken_without_the_wait(
             if i == mark_at:
                 Late.reads += 1
                 if Late.reads == 5:
-                    boxes[1].post(seq, row)
+                    boxes[1].post(seq, theirs)
             return words[i]
 
         def __setitem__(self, i: int, v: int) -> None:
@@ -164,9 +165,14 @@ def test_a_row_written_during_the_back_to_back_reads_is_taken_without_the_wait(
     def no_wait(*a: object, **k: object) -> bool:
         raise AssertionError("the general wait was reached")
     monkeypatch.setattr(mb, "poll_until", no_wait)
-    assert boxes[0].exchange(seq, row, 5.0) == [row, row]
+    assert boxes[0].exchange(seq, row, 5.0) == [row, theirs]
     assert 5 <= Late.reads < 50
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # (every rank pinned to one core)
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # (no affinity masks: macOS)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert _boxes(2)[0]._tight == 0 and _boxes(1)[0]._tight == mb._TIGHT_READS
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert _boxes(2)[0]._tight == mb._TIGHT_READS
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)  # (every rank pinned to one core)
     assert _boxes(2)[0]._tight == 0 and _boxes(1)[0]._tight == mb._TIGHT_READS
     spins: list[float] = []
 
@@ -175,7 +181,7 @@ def test_a_row_written_during_the_back_to_back_reads_is_taken_without_the_wait(
         return False
     monkeypatch.setattr(mb, "poll_until", wait)
     assert _boxes(2)[0].exchange(0, [1], 0.1) == [[1], None]
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {pid % 7})  # (each bound to a core of its own)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {pid % 7}, raising=False)  # (a core each)
     assert _boxes(2, [14, 15])[0]._tight == mb._TIGHT_READS and _boxes(2, [14, 21])[0]._tight == 0
     assert _boxes(2, [14, 15])[0].exchange(0, [1], 0.1) == [[1], None]
     assert spins == [0.0, 2e-4]  # (sharing cores: the wait yields at once; else it spins first)

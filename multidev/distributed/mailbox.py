@@ -54,7 +54,9 @@ _TIGHT_READS = 2000
 
 def _cores(pids: Sequence[int]) -> int:
     """How many cores the processes ``pids`` may run on together (their affinity masks' union: ranks
-    each bound to a core of its own count one each; ranks all pinned to one core, one)."""
+    each bound to a core of its own count one each; ranks all pinned to one core, one). Fewer than the
+    ranks means they share cores; as many does not prove they do not (masks {0}, {0}, {0, 1, 2}), nor
+    does a container's CPU quota show here."""
     try:
         cpus: set[int] = set()
         for pid in pids:

@@ -1,10 +1,11 @@
 """multidev's own time per ``dist.allreduce`` call, without the collective: the engine's primitive is
 replaced by one that is already complete (torch's ``all_reduce`` returns a finished work, MPI's
 ``Iallreduce`` a request whose ``Test()`` is True), so what is left is multidev's Python, free of the
-network's noise. Three rows, each a best-of-15 mean over blocks of 2,000 calls, run in turn:
+network's noise. Four rows, each a best-of-15 mean over blocks of 2,000 calls, run in turn:
 
 - ``md``: ``dist.allreduce(x, inplace=True)`` of 1,024 float32 values (checks off; ``CHECKS=1`` on,
   which in a one-process world still runs the record's exchange);
+- ``md_out``: ``dist.allreduce(x)``, the same out of place (the result in new memory);
 - ``engine``: the engine's own primitive, its timeout-bounded wait and its result, as the core calls
   them (:meth:`Engine.allreduce`, ``Handle.wait``, ``Handle.result``);
 - ``stub``: the stubbed call as the engine's floor row makes it (torch: ``all_reduce(async_op=True)``
@@ -103,7 +104,8 @@ def main() -> None:
         h.wait(g.timeout)
         return h.result()
 
-    rows = {"md": lambda: dist.allreduce(x, inplace=True), "engine": engine, "stub": stub}
+    rows = {"md": lambda: dist.allreduce(x, inplace=True), "md_out": lambda: dist.allreduce(x), "engine": engine,
+            "stub": stub}
     best = {k: float("inf") for k in rows}
     for _ in range(15):
         for k, f in rows.items():

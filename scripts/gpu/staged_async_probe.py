@@ -78,9 +78,10 @@ for name, f in variants.items():
     got = jax.tree_util.tree_leaves(f())
     ok = len(got) == len(want) and all(np.array_equal(np.asarray(g), w) for g, w in zip(got, want, strict=True))
     print(f"{name}: result {'equal' if ok else 'DIFFERENT'}; on {got[0].devices()}", flush=True)
-pieces = cut(np.asarray(jax.tree_util.tree_leaves(tree)[2]))
+pieces = cut(np.asarray(max(jax.tree_util.tree_leaves(tree), key=lambda x: x.nbytes)))  # (the 64 MiB weight's)
 aliased = jax.device_put(pieces, host)
-print("cpu alias shares the host buffer:", aliased[0].unsafe_buffer_pointer() == pieces[0].ctypes.data, flush=True)
+print(f"cpu alias shares the host buffer, {len(pieces)} pieces of the largest array:",
+      [a.unsafe_buffer_pointer() == p.ctypes.data for a, p in zip(aliased, pieces, strict=True)], flush=True)
 for k in (int(v) for v in args.k.split(",")):
     times: dict[str, list[float]] = {name: [] for name in variants}
     back: dict[str, list[float]] = {name: [] for name in variants}
