@@ -13,10 +13,12 @@ read. A slot holds the call number plus one (written last), a checksum of the ca
 row, the row's length and the row. A call made again with the same record rewrites only the row's
 first integer (its call count) and the checksum; a rank reads another's row as its own when the two
 slots' checksums, lengths and first integers match (the common case: nothing decoded, nothing hashed,
-three words of the other slot compared; the checksum covers the rest of the row). The wait
-backs off as :func:`~multidev.engine.poll_until` does; a rank whose process is gone is counted
-missing at once (its pid is read at the start), one that hangs once ``timeout`` passes, as the
-engine's channel would.
+three words of the other slot compared; the checksum covers the rest of the row). A row not there
+yet is awaited by reading its call number back to back a while, then as
+:func:`~multidev.engine.poll_until` waits, where every rank can have a core of its own (the union
+of the ranks' affinity masks); where they share cores, the wait yields the core from the start (the
+late rank may need it). A rank whose process is gone is counted missing at once (its pid is read at
+the start), one that hangs once ``timeout`` passes, as the engine's channel would.
 
 The mailbox starts at ``init`` (two small exchanges over the engine's channel: rank 0's file name,
 then every rank's answer, so that all ranks use it or none does), is used for every call numbered
