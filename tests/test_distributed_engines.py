@@ -46,6 +46,39 @@ def test_each_launcher_is_recognised_by_its_engine() -> None:
     assert strong[0].engine == "mpi" and not strong[0].weak
 
 
+def test_free_port_picks_below_the_ephemeral_range_and_falls_back_to_the_systems_pick(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """free_port gives a port that can be bound, below the range the system hands to outgoing
+    connections where that range is known and leaves room, skipping one that is taken; else the
+    system's pick."""
+    import socket
+
+    from multidev.distributed import launch
+
+    monkeypatch.setattr(launch, "_ephemeral_low", lambda: 32768)
+    for _ in range(20):
+        port = launch.free_port()
+        assert launch._LOWEST <= port < 32768
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # (free: nothing holds it)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        monkeypatch.setattr(launch, "_ephemeral_low", lambda: taken + 1)
+        monkeypatch.setattr(launch, "_LOWEST", taken - 999)
+        picks = iter([taken, taken - 1])
+        monkeypatch.setattr(launch.random.Random, "randrange", lambda self, a, b: next(picks))
+        assert launch.free_port() == taken - 1  # (the taken one skipped)
+    monkeypatch.undo()
+    for low in (None, launch._LOWEST + 10):  # (no range known, or no room below it)
+        monkeypatch.setattr(launch, "_ephemeral_low", lambda low=low: low)
+        monkeypatch.setattr(launch.random.Random, "randrange", lambda self, a, b: pytest.fail("picked at random"))
+        assert launch.free_port() > 0
+    monkeypatch.undo()
+    low = launch._ephemeral_low()  # (this machine's, where it says)
+    assert low is None or 0 < low < 65536
+
+
 def test_a_launch_carries_the_rank_world_and_evidence() -> None:
     (x,) = dist.detect_launch({"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2",
                                "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"})

@@ -21,7 +21,6 @@ import functools
 import importlib.util
 import os
 import re
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -102,9 +101,9 @@ def gpu_count() -> int:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from multidev.distributed.launch import free_port
+
+    return free_port()
 
 
 def _need_engine(snip: Snippet, engine: str) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -79,9 +78,9 @@ def test_n_devices_learn_what_one_device_learns(tmp_path: Path, name: str) -> No
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from multidev.distributed.launch import free_port
+
+    return free_port()
 
 
 def _torchrun() -> list[str]:

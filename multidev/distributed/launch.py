@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,8 +29,35 @@ from .engine import engine_class, engine_names
 __all__ = ["free_port", "main", "start"]
 
 
+#: The lowest port :func:`free_port` picks from below the system's ephemeral range.
+_LOWEST = 20000
+
+
+def _ephemeral_low() -> int | None:
+    """The first port of the range the system hands to outgoing connections (Linux), or None."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago: one picked at random below the system's
+    ephemeral range where that range is known and leaves room (the system hands ports of that range
+    to every outgoing connection, so on a busy machine one free a moment ago may be taken before the
+    rank that serves the rendezvous binds it), else one the system picks."""
+    low = _ephemeral_low()
+    if low is not None and low - _LOWEST >= 1000:
+        pick = random.Random()
+        for _ in range(32):
+            port = pick.randrange(_LOWEST, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
