@@ -54,7 +54,7 @@ def free_port() -> int:
             port = pick.randrange(_LOWEST, low)
             with socket.socket() as s:
                 try:
-                    s.bind(("127.0.0.1", port))
+                    s.bind(("0.0.0.0", port))  # (free on every interface: so on 127.0.0.1, whatever a runtime binds)
                 except OSError:
                     continue
                 return port
