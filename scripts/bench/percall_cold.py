@@ -12,17 +12,14 @@ floor makes it). Medians of ``--calls`` calls per row and eviction size. Run in 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from multidev import distributed as dist
-from multidev.distributed.group import current
 
 
 def main() -> None:
@@ -33,21 +30,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import percall_stub  # (its stubs: the primitive complete at once)
 
-    dist.init()
-    dist.set_checks(os.environ.get("CHECKS", "0") == "1")
-    g = current()
-    if g.world_size != 1:
-        raise SystemExit("percall_cold.py runs in a one-process world (launch -n 1): the stub answers at once")
-    name = dist.engine_name()
-    if name not in ("mpi", "torch"):
-        raise SystemExit(f"percall_cold.py stubs the torch and mpi engines' primitives, not {name}'s")
-    x, stub = percall_stub._mpi_rows(g) if name == "mpi" else percall_stub._torch_rows(g)
-
-    def engine() -> Any:
-        h = g.engine.allreduce(x, "sum")
-        h.wait(g.timeout)
-        return h.result()
-
+    g, name, x, engine, stub = percall_stub.stubbed("percall_cold.py")
     rows = {"md": lambda: dist.allreduce(x, inplace=True), "engine": engine, "stub": stub}
     for evict in (int(v) for v in a.evict.split(",")):
         buf = np.ones(max(evict, 8) // 8)

@@ -85,25 +85,32 @@ def _mpi_rows(g: Any) -> tuple[Any, Any]:
     return x, floor
 
 
-def main() -> None:
+def stubbed(script: str) -> tuple[Any, str, Any, Any, Any]:
+    """The group started (``CHECKS=1``: checked) in a one-process world, its engine's primitive
+    stubbed: ``(group, engine name, x, the engine row, the stub row)``; SystemExit naming ``script``
+    where the world or the engine is not one this stubs."""
     dist.init()
     dist.set_checks(os.environ.get("CHECKS", "0") == "1")
     g = current()
     if g.world_size != 1:
-        raise SystemExit("percall_stub.py runs in a one-process world (launch -n 1): the stub answers at once")
+        raise SystemExit(f"{script} runs in a one-process world (launch -n 1): the stub answers at once")
     name = dist.engine_name()
     if name == "torch":
         x, stub = _torch_rows(g)
     elif name == "mpi":
         x, stub = _mpi_rows(g)
     else:
-        raise SystemExit(f"percall_stub.py stubs the torch and mpi engines' primitives, not {name}'s")
+        raise SystemExit(f"{script} stubs the torch and mpi engines' primitives, not {name}'s")
 
     def engine() -> Any:
         h = g.engine.allreduce(x, "sum")
         h.wait(g.timeout)
         return h.result()
+    return g, name, x, engine, stub
 
+
+def main() -> None:
+    g, name, x, engine, stub = stubbed("percall_stub.py")
     rows = {"md": lambda: dist.allreduce(x, inplace=True), "md_out": lambda: dist.allreduce(x), "engine": engine,
             "stub": stub}
     best = {k: float("inf") for k in rows}

@@ -11,32 +11,23 @@ as the bench's samples end); the variants in turn, medians of
 """
 from __future__ import annotations
 
-import argparse
-import itertools
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--device", default="gpu:0")
-ap.add_argument("--rounds", type=int, default=30)
-ap.add_argument("--k", default="1,3", help="moves a sample, comma-separated")
-args = ap.parse_args()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mlp_tree import mlp_setup
+
+setup = mlp_setup(30)
+args, target, dst, host, tree = setup.args, setup.target, setup.dst, setup.host, setup.tree
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
 import multidev as md  # noqa: E402
 
 b = md.backend("jax")
-target = md.device(args.device)
-dst = b.to_native_device(target)
-host = b.to_native_device(md.device("cpu:0"))
-rng = np.random.default_rng(0)
-sizes = (1024, 4096, 4096, 10)
-tree = jax.device_put([{"w": rng.normal(size=(i, o)).astype(np.float32), "b": np.zeros(o, np.float32)}
-                       for i, o in itertools.pairwise(sizes)], host)
-jax.block_until_ready(tree)
 staging = b.staging
 threshold = staging.threshold
 

@@ -18,18 +18,18 @@ in turn, medians of ``--rounds`` rounds, per move; and, a move a sample, the tim
 """
 from __future__ import annotations
 
-import argparse
-import itertools
 import statistics
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--device", default="gpu:0")
-ap.add_argument("--rounds", type=int, default=20)
-ap.add_argument("--k", default="1,3", help="moves a sample, comma-separated")
-args = ap.parse_args()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mlp_tree import mlp_setup
+
+setup = mlp_setup(20)
+args, target, dst, host, tree = setup.args, setup.target, setup.dst, setup.host, setup.tree
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -37,14 +37,6 @@ import numpy as np  # noqa: E402
 
 import multidev as md  # noqa: E402
 
-target = md.device(args.device)
-dst = md.backend("jax").to_native_device(target)
-host = md.backend("jax").to_native_device(md.device("cpu:0"))
-rng = np.random.default_rng(0)
-sizes = (1024, 4096, 4096, 10)
-tree = jax.device_put([{"w": rng.normal(size=(i, o)).astype(np.float32), "b": np.zeros(o, np.float32)}
-                       for i, o in itertools.pairwise(sizes)], host)
-jax.block_until_ready(tree)
 CHUNK, BIG = 16 << 20, 32 << 20
 pool = ThreadPoolExecutor(8)
 join = jax.jit(lambda parts, shape: jnp.concatenate(parts).reshape(shape), static_argnums=1)
