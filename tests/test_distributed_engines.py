@@ -306,6 +306,94 @@ def test_the_jax_dispatchers_stop_waits_for_a_dispatch_it_has_not_started_yet() 
     assert first.result(0) is True and ran == [] and not d.thread.is_alive()
 
 
+def _one_process_jax_engine(jax: Any) -> Any:
+    """A JaxEngine of one process over JAX's first CPU device, without jax.distributed, its dispatch
+    thread counting what it is handed."""
+    import collections
+
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from multidev.adapters.jax.engine import JaxEngine, _Dispatcher
+
+    class Counting(_Dispatcher):
+        handed = 0
+
+        def submit(self, fn: Any) -> Any:
+            self.handed += 1
+            return super().submit(fn)
+
+    dev = jax.devices("cpu")[0]
+    mesh = Mesh(np.array([dev], dtype=object), ("p",))
+    e = object.__new__(JaxEngine)
+    e.jax, e.world, e.rank, e.native, e.platform, e.timeout = jax, 1, 0, dev, "cpu", 5.0
+    e.sharded, e.whole = NamedSharding(mesh, PartitionSpec("p")), NamedSharding(mesh, PartitionSpec())
+    e._home, e._fns, e._lock = jax.device_put(np.zeros(1, np.float32), dev).sharding, {}, threading.Lock()
+    e._seen, e._costly_fns, e._pending = set(), set(), collections.deque()
+    e._dispatch = Counting()
+    return e
+
+
+def test_the_jax_engine_dispatches_a_costly_collective_itself_once_it_ran_and_nothing_is_pending() -> None:
+    """A collective's first dispatch is the thread's; after it, a function the cost rule admits is
+    dispatched by the caller, but only while every earlier dispatch of the engine has completed
+    (one queued or in flight sends it to the thread, behind them); one the rule refuses, never."""
+    jax = pytest.importorskip("jax")
+    from concurrent.futures import Future
+
+    e = _one_process_jax_engine(jax)
+    e._costly = lambda f, g: True  # (the rule itself: the next test)
+    try:
+        x = jax.numpy.arange(4.0)
+
+        def call() -> Any:
+            h = e.allreduce(x, "sum")
+            assert h.wait(5.0)
+            assert np.array_equal(np.asarray(h.result()), np.arange(4.0))
+
+        call()
+        assert e._dispatch.handed == 1 and len(e._costly_fns) == 1
+        call()
+        call()
+        assert e._dispatch.handed == 1  # (the caller's)
+        late: Future = Future()  # (an earlier dispatch not complete)
+        e._pending.appendleft(late)
+        call()
+        assert e._dispatch.handed == 2
+        late.set_result(jax.numpy.zeros(1))  # (complete now: dropped, and the caller dispatches again)
+        call()
+        assert e._dispatch.handed == 2 and len(e._pending) == 1
+        failed: Future = Future()
+        failed.set_exception(RuntimeError("a lost peer"))  # (a failed computation has completed)
+        e._pending.appendleft(failed)
+        call()
+        assert e._dispatch.handed == 2
+        e._costly = lambda f, g: False
+        y = jax.numpy.arange(5.0)  # (another shape: another function, which the rule refuses)
+        for _ in range(3):
+            assert np.array_equal(np.asarray(e.allreduce(y, "sum").result()), np.arange(5.0))
+        assert e._dispatch.handed == 5
+    finally:
+        e._dispatch.close()
+
+
+def test_the_jax_engines_cost_rule_reads_xlas_cost_analysis() -> None:
+    """The caller dispatches a function of 8,000 flops or more by XLA's own cost analysis (XLA's CPU
+    client runs one of under 1,000 inside its dispatch), on the CPU only."""
+    jax = pytest.importorskip("jax")
+    e = _one_process_jax_engine(jax)
+    e._dispatch.close()
+
+    def costly(n: int) -> bool:
+        x = jax.device_put(np.ones(2 * n, np.float32), e.native)
+        return e._costly(jax.jit(lambda a: a.reshape((2, n)).sum(0)), x)  # (n adds)
+
+    assert costly(8192) and costly(1 << 20)
+    assert not costly(4096) and not costly(1)
+    assert not e._costly(lambda a: a, None)  # (no analysis: the thread's)
+    e.platform = "gpu"
+    assert not costly(1 << 20)
+
+
 def test_a_jax_collectives_wait_takes_any_timeout() -> None:
     """The JAX engine's wait blocks on its dispatch's future first: an infinite timeout (which
     init accepts) must not overflow the lock's, and a dispatch not done in time is a False."""
@@ -873,9 +961,11 @@ x = jnp.ones(n, jnp.float32)
 for _ in range(3):  # (the function has run: a later dispatch of it may still run it, see below)
     dist.allreduce(x).block_until_ready()
 dist.set_timeout(2)
+from multidev.distributed.group import current
 if dist.rank() == 1:
     time.sleep(12)  # alive, never calling: rank 0's collective has no peer until this rank leaves
     os._exit(0)
+print(f"MDCOSTLY {len(current().engine._costly_fns)}", flush=True)  # (functions the caller dispatches itself)
 t = time.monotonic()
 try:
     hs = [dist.allreduce(x, async_op=True) for _ in range(int(sys.argv[2]))]
@@ -889,7 +979,8 @@ os._exit(0)
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("n, calls", [(1, 1), (1024, 40)], ids=["a-cheap-call", "40-calls-in-flight"])
+@pytest.mark.parametrize("n, calls", [(1, 1), (1024, 40), (65536, 40)],
+                         ids=["a-cheap-call", "40-calls-in-flight", "40-costly-calls-in-flight"])
 def test_a_jax_collective_whose_peer_never_comes_times_out_on_the_callers_deadline(n: int, calls: int,
                                                                                    tmp_path: Any) -> None:
     """XLA's CPU client runs a cheap computation (under 1,000 flops: a 1-element allreduce) inside its
@@ -897,7 +988,8 @@ def test_a_jax_collective_whose_peer_never_comes_times_out_on_the_callers_deadli
     the first: either would hold a caller that dispatched itself until the peer's connection closed
     (12 s here), then raise gloo's error as a refused input. The engine's dispatch thread keeps the
     caller on its own deadline (2 s): DistributedTimeoutError naming the rank, the async calls handed
-    back at once."""
+    back at once. A costly allreduce (65,536 flops) that has run once is dispatched by the caller
+    (the first of the 40 here), the ones after it, with it in flight, by the thread."""
     from multidev.conformance.test_distributed import engine_unavailable, worker_env
 
     why = engine_unavailable("jax")
@@ -914,6 +1006,7 @@ def test_a_jax_collective_whose_peer_never_comes_times_out_on_the_callers_deadli
     kind, took, named = out[out.index("MDRESULT") + 1:out.index("MDRESULT") + 4]
     assert kind == "DistributedTimeoutError" and named == "True", p.stdout[-2000:]
     assert submitted < 1.0 and float(took) < 8.0, p.stdout[-2000:]
+    assert out[out.index("MDCOSTLY") + 1] == ("1" if n >= 8000 else "0"), p.stdout[-2000:]
 
 
 _MPI_BUFFERS = """

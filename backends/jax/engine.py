@@ -22,6 +22,7 @@ NCCL.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import importlib
@@ -58,6 +59,9 @@ from multidev.distributed.engine import (
 from multidev.errors import CapabilityError, DistributedError, DistributedSetupError, InvalidArgumentError
 
 _generation = [0]
+#: The least flops (XLA's cost analysis) of a collective the caller dispatches itself: eight times
+#: the cost under which XLA's CPU client runs a computation inside its dispatch.
+_INLINE_FLOPS = 8000.0
 
 
 def _env_int(env: Mapping[str, str], *names: str) -> int | None:
@@ -85,11 +89,12 @@ def _split_address(address: str, what: str) -> tuple[str, int]:
 _BLOCK = 32
 
 class _Dispatcher:
-    """One daemon thread that dispatches the engine's jitted collectives, in the order they were
-    called (every rank must issue them in one order). XLA's CPU client may run a collective inside
-    the dispatch itself, where gloo waits up to its own 30 s for a missing rank: from this thread
-    the caller's deadline still holds (:class:`_Ready` polls the future). A daemon thread, not an
-    executor's: one stuck in gloo must not hold up the interpreter's exit."""
+    """One daemon thread that dispatches the engine's jitted collectives (but those the caller may
+    dispatch itself, :meth:`JaxEngine._run`), in the order they were called (every rank must issue
+    them in one order). XLA's CPU client may run a collective inside the dispatch itself, where gloo
+    waits up to its own 30 s for a missing rank: from this thread the caller's deadline still holds
+    (:class:`_Ready` polls the future). A daemon thread, not an executor's: one stuck in gloo must
+    not hold up the interpreter's exit."""
 
     #: Seconds a stop waits for a dispatch still inside a collective (gloo gives up on a missing peer
     #: after 30 s): a thread killed inside XLA at interpreter exit aborts the process.
@@ -304,6 +309,12 @@ class JaxEngine(Engine):
         self._pairs: dict[tuple[int, int], JaxEngine] = {}
         self._lock = threading.Lock()
         self._dispatch = _Dispatcher()
+        # (the caller's own dispatches, _run: functions dispatched once, those the caller may dispatch,
+        # and the dispatches not seen complete, the last one until the next call; shared with the
+        # subgroups' views)
+        self._seen: set[Any] = set()
+        self._costly_fns: set[Any] = set()
+        self._pending: collections.deque[Future] = collections.deque()
         impl = jax.config.jax_cpu_collectives_implementation if self.platform == "cpu" else "NCCL"
         return Membership(self.rank, self.world, local,
                           f"JAX {jax.__version__} multi-controller, {self.platform} collectives over {impl}")
@@ -414,10 +425,69 @@ class JaxEngine(Engine):
 
     def _run(self, what: str, key: tuple, t: Any, fn: Callable[[Any], Any], out: Any,
              pick: Callable[[Any, tuple[int, ...]], Any]) -> Handle:
+        """``fn`` of the global array of ``t`` dispatched, its result's piece taken by ``pick``. The
+        dispatch is made on the dispatch thread, where the caller's deadline holds whatever XLA does
+        inside it; the caller makes it itself only where it cannot wait for a peer (see
+        :meth:`_costly`) and nothing of this engine's is queued or in flight before it."""
         with self.lost(what):
             g, local = self._global(t)
             f = self._fn((*key, local), lambda: self._stacked(fn, local), out)
-        return _Ready(self, self._dispatch.submit(lambda: f(g)), lambda a: pick(a, local), what)
+        fut: Future
+        settled = self._settled()  # (also drops the completed computations it holds, on every call)
+        if settled and f in self._costly_fns:
+            fut = Future()
+            try:
+                fut.set_result(f(g))
+            except BaseException as e:  # noqa: BLE001 - the caller's to raise, as the thread's
+                fut.set_exception(e)
+        else:
+            fut = self._dispatch.submit(lambda: self._first(f, g))
+        self._pending.append(fut)
+        return _Ready(self, fut, lambda a: pick(a, local), what)
+
+    def _first(self, f: Callable[[Any], Any], g: Any) -> Any:
+        """``f(g)`` on the dispatch thread; after a function's first dispatch there, whether its
+        later ones may be the caller's (:meth:`_costly`)."""
+        res = f(g)
+        if f not in self._seen:
+            self._seen.add(f)
+            if self._costly(f, g):
+                self._costly_fns.add(f)
+        return res
+
+    def _costly(self, f: Any, g: Any) -> bool:
+        """Whether ``f``'s dispatch only enqueues it. XLA's CPU client runs a computation of under
+        1,000 flops (its own cost analysis) inside the dispatch, where a collective waits for a
+        missing peer (up to gloo's 30 s) and holds the caller past its deadline: only a computation
+        of :data:`_INLINE_FLOPS` or more by that analysis (which JAX gives for the compiled function,
+        read from its cache) is dispatched by the caller. On another platform, never (its runtime may
+        set up a communicator inside a dispatch)."""
+        if self.platform != "cpu":
+            return False
+        try:
+            cost = f.lower(g).compile().cost_analysis()
+            cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+            return float(cost.get("flops", 0.0)) >= _INLINE_FLOPS
+        except Exception:  # noqa: BLE001 - no analysis: the thread dispatches it
+            return False
+
+    def _settled(self) -> bool:
+        """Whether every computation this engine dispatched, or queued for its thread, has completed
+        (or failed): a dispatch made then comes after them, as every rank's does, and takes none of
+        XLA's in-flight slots (32) from a collective waiting for a peer."""
+        pending = self._pending
+        while pending:
+            fut = pending[0]
+            if not fut.done():
+                return False
+            if fut.exception() is None:
+                try:
+                    if not fut.result().is_ready():
+                        return False
+                except Exception:  # noqa: BLE001 - a failed computation has completed
+                    pass
+            pending.popleft()
+        return True
 
     @staticmethod
     def _mine(a: Any) -> Any:

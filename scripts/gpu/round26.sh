@@ -11,6 +11,8 @@
 #   6. scripts/gpu/staged_async_probe.py on gpu:0 (could the staged upload be asynchronous?), this checkout.
 #   7. scripts/bench/percall_cold.py on the mpi and torch engines, checks off and on (this checkout; mpi's
 #      with OLD's too): multidev's own time when the caches are cold, as after a real collective.
+#   8. (round 27) scripts/bench/jax_inline_ab.py at 4 KiB, 64 KiB, 1 MiB, 16 MiB (this checkout), then the jax
+#      engine's 2-process bench rows, OLD against this checkout alternated once.
 #   STEPS (default 1,2,3,4,5,6,7) picks the steps.
 #   OUT=/path/to/out bash scripts/gpu/round26.sh
 set -u
@@ -77,4 +79,17 @@ for e in mpi torch; do for c in 0 1; do for t in new old; do S=$S_OLD; [ $t = ne
     -n 1 --engine $e "$R/scripts/bench/percall_cold.py" --calls 1000) 2>&1 | grep -E "written|[Ee]rror" >> "$W/cold.txt"
 done; done; done
 cat "$W/cold.txt"
+fi
+if [[ $STEPS == *,8,* ]]; then
+echo "== 8. the jax engine: the caller's dispatch"
+for e in 1024 16384 262144 4194304; do
+  (cd "$W" && CUDA_VISIBLE_DEVICES= ELEMS=$e PYTHONPATH=$S_NEW timeout -k 5 60 python3 -m multidev.distributed.launch -n 2 \
+    --engine jax "$R/scripts/bench/jax_inline_ab.py") 2>&1 | grep -E "caller|[Ee]rror" >> "$W/jax-inline.txt"
+done
+cat "$W/jax-inline.txt"
+for t in old new; do S=$S_OLD; [ $t = new ] && S=$S_NEW
+  (cd "$W" && CUDA_VISIBLE_DEVICES= PYTHONPATH=$S timeout -k 10 100 python3 -m multidev.benchmarks.distributed_run \
+    --out "$W/distributed-jax-$t" --processes 2 --reps 10 --faults 0 --engines jax > "$W/distributed-jax-$t.txt" 2>&1)
+  echo "$t exit $?"; grep -E "^\| jax" "$W/distributed-jax-$t.md" | cut -d'|' -f2,4,5,6,7,10
+done
 fi
