@@ -394,6 +394,32 @@ def test_the_jax_engines_cost_rule_reads_xlas_cost_analysis() -> None:
     assert not costly(1 << 20)
 
 
+def test_the_jax_engines_wait_spins_only_where_each_process_has_two_cores(monkeypatch: Any) -> None:
+    """The wait for a computation polls back to back (1 ms) only where this process may run on two
+    cores for each process on the machine (its poll, XLA's thread running the collective); else it
+    yields at once. The wait passes the engine's figure to the poll."""
+    import contextlib
+    import os
+    from concurrent.futures import Future
+
+    import multidev.adapters.jax.engine as je
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    assert je._poll_spin(2) == 1e-3 and je._poll_spin(1) == 1e-3
+    assert je._poll_spin(3) == 0.0
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)  # (bound to one core)
+    assert je._poll_spin(1) == 0.0
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # (no masks: the machine's count)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert je._poll_spin(8) == 1e-3 and je._poll_spin(9) == 0.0
+    spins: list[float] = []
+    monkeypatch.setattr(je, "poll_until", lambda done, timeout, spin=1e-3: spins.append(spin) or done())
+    engine = type("E", (), {"lost": lambda self, what: contextlib.nullcontext(), "spin": 0.0})()
+    fut: Future = Future()
+    fut.set_result(type("A", (), {"is_ready": lambda self: True})())
+    assert je._Ready(engine, fut, lambda a: a, "x").wait(1.0) is True and spins == [0.0]
+
+
 def test_a_jax_collectives_wait_takes_any_timeout() -> None:
     """The JAX engine's wait blocks on its dispatch's future first: an infinite timeout (which
     init accepts) must not overflow the lock's, and a dispatch not done in time is a False."""
@@ -402,7 +428,7 @@ def test_a_jax_collectives_wait_takes_any_timeout() -> None:
 
     from multidev.adapters.jax.engine import _Ready
 
-    engine = type("E", (), {"lost": lambda self, what: contextlib.nullcontext()})()
+    engine = type("E", (), {"lost": lambda self, what: contextlib.nullcontext(), "spin": 1e-3})()
     later: Future = Future()  # (dispatched while the wait blocks on it)
     threading.Timer(0.05, lambda: later.set_result(type("A", (), {"is_ready": lambda self: True})())).start()
     assert _Ready(engine, later, lambda a: a, "x").wait(float("inf")) is True
