@@ -68,8 +68,8 @@ def _poll_spin(local: int) -> float:
     """Seconds the engine's wait for a computation polls it back to back before yielding the CPU
     between polls: 1 ms where this process may run on two cores or more for each of the ``local``
     processes on this machine (the caller's poll and XLA's thread running the collective a core
-    each), else none: there a spinning poll keeps XLA's threads from the collective it waits for (a
-    2-process call on a 2-core machine took 1.2-2.5x as long, the two ways alternated in one process)."""
+    each), else none: there a spinning poll keeps XLA's threads from the collective it waits for
+    (measured: docs/distributed.md)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # (no affinity masks here: the machine's count)
