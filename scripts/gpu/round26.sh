@@ -11,7 +11,8 @@
 #   6. scripts/gpu/staged_async_probe.py on gpu:0 (could the staged upload be asynchronous?), this checkout.
 #   7. scripts/bench/percall_cold.py on the mpi and torch engines, checks off and on (this checkout; mpi's
 #      with OLD's too): multidev's own time when the caches are cold, as after a real collective.
-#   8. (round 27) scripts/bench/jax_inline_ab.py at 4 KiB, 64 KiB, 1 MiB, 16 MiB (this checkout), then the jax
+#   8. (round 27) scripts/bench/jax_inline_ab.py at 4 KiB, 64 KiB, 1 MiB, 16 MiB and jax_spin_ab.py at 4 KiB and
+#      1 MiB (this checkout), then the jax
 #      engine's 2-process bench rows, OLD against this checkout alternated once.
 #   STEPS (default 1,2,3,4,5,6,7) picks the steps.
 #   OUT=/path/to/out bash scripts/gpu/round26.sh
@@ -85,6 +86,10 @@ echo "== 8. the jax engine: the caller's dispatch"
 for e in 1024 16384 262144 4194304; do
   (cd "$W" && CUDA_VISIBLE_DEVICES= ELEMS=$e PYTHONPATH=$S_NEW timeout -k 5 60 python3 -m multidev.distributed.launch -n 2 \
     --engine jax "$R/scripts/bench/jax_inline_ab.py") 2>&1 | grep -E "caller|[Ee]rror" >> "$W/jax-inline.txt"
+done
+for e in 1024 262144; do
+  (cd "$W" && CUDA_VISIBLE_DEVICES= ELEMS=$e PYTHONPATH=$S_NEW timeout -k 5 60 python3 -m multidev.distributed.launch -n 2 \
+    --engine jax "$R/scripts/bench/jax_spin_ab.py") 2>&1 | grep -E "spin/|[Ee]rror" >> "$W/jax-inline.txt"
 done
 cat "$W/jax-inline.txt"
 for t in old new; do S=$S_OLD; [ $t = new ] && S=$S_NEW
