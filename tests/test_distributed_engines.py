@@ -329,6 +329,7 @@ def _one_process_jax_engine(jax: Any) -> Any:
     e.sharded, e.whole = NamedSharding(mesh, PartitionSpec("p")), NamedSharding(mesh, PartitionSpec())
     e._home, e._fns, e._lock = jax.device_put(np.zeros(1, np.float32), dev).sharding, {}, threading.Lock()
     e._seen, e._costly_fns, e._pending = set(), set(), collections.deque()
+    e._order, e._async_cpu = threading.Lock(), True
     e._dispatch = Counting()
     return e
 
@@ -361,17 +362,30 @@ def test_the_jax_engine_dispatches_a_costly_collective_itself_once_it_ran_and_no
         assert e._dispatch.handed == 2
         late.set_result(jax.numpy.zeros(1))  # (complete now: dropped, and the caller dispatches again)
         call()
-        assert e._dispatch.handed == 2 and len(e._pending) == 1
+        assert e._dispatch.handed == 2 and not e._pending  # (a result waited for is not kept)
+        computing: Future = Future()  # (dispatched, its computation not finished)
+        computing.set_result(type("A", (), {"is_ready": lambda self: False})())
+        e._pending.appendleft(computing)
+        call()
+        assert e._dispatch.handed == 3
+        e._pending.clear()
+        import _thread
+
+        done = threading.Event()
+        _thread.start_new_thread(lambda: (call(), done.set()), ())  # (a thread Python did not start: XLA's
+        assert done.wait(10) and e._dispatch.handed == 4  # callback threads, where XLA runs every computation)
+        call()
+        assert e._dispatch.handed == 4
         failed: Future = Future()
         failed.set_exception(RuntimeError("a lost peer"))  # (a failed computation has completed)
         e._pending.appendleft(failed)
         call()
-        assert e._dispatch.handed == 2
+        assert e._dispatch.handed == 4
         e._costly = lambda f, g: False
         y = jax.numpy.arange(5.0)  # (another shape: another function, which the rule refuses)
         for _ in range(3):
             assert np.array_equal(np.asarray(e.allreduce(y, "sum").result()), np.arange(5.0))
-        assert e._dispatch.handed == 5
+        assert e._dispatch.handed == 7 and not e._pending  # (a result read is not kept either)
     finally:
         e._dispatch.close()
 
@@ -390,8 +404,56 @@ def test_the_jax_engines_cost_rule_reads_xlas_cost_analysis() -> None:
     assert costly(8192) and costly(1 << 20)
     assert not costly(4096) and not costly(1)
     assert not e._costly(lambda a: a, None)  # (no analysis: the thread's)
-    e.platform = "gpu"
+    e._async_cpu = False  # (a synchronous CPU client runs every computation inside its dispatch)
     assert not costly(1 << 20)
+    e._async_cpu, e.platform = True, "gpu"
+    assert not costly(1 << 20)
+
+
+def test_the_jax_engines_own_dispatches_stay_in_order_from_several_threads() -> None:
+    """Collectives issued from several threads at once (p2p's completion checks may ask from
+    another): each dispatch and its record are one step, so none is forgotten or made while one
+    before it is pending, and nothing raises."""
+    import collections
+    import sys
+
+    jax = pytest.importorskip("jax")
+    e = _one_process_jax_engine(jax)
+    e._costly = lambda f, g: True
+
+    class Guarded(collections.deque):  # (the record is read and written only under the engine's lock)
+        def append(self, item: Any) -> None:
+            assert e._order.locked(), "appended without the lock"
+            super().append(item)
+
+        def popleft(self) -> Any:
+            assert e._order.locked(), "dropped without the lock"
+            return super().popleft()
+
+    e._pending = Guarded()
+    x = jax.numpy.arange(4.0)
+    errors: list[BaseException] = []
+    old = sys.getswitchinterval()
+
+    def work() -> None:
+        try:
+            for _ in range(200):
+                h = e.allreduce(x, "sum")
+                assert h.wait(5.0)
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+    try:
+        e.allreduce(x, "sum").wait(5.0)
+        sys.setswitchinterval(1e-6)
+        threads = [threading.Thread(target=work) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(old)
+        e._dispatch.close()
+    assert errors == [] and not e._pending
 
 
 def test_the_jax_engines_wait_spins_only_where_each_process_has_two_cores(monkeypatch: Any) -> None:
@@ -414,7 +476,8 @@ def test_the_jax_engines_wait_spins_only_where_each_process_has_two_cores(monkey
     assert je._poll_spin(8) == 1e-3 and je._poll_spin(9) == 0.0
     spins: list[float] = []
     monkeypatch.setattr(je, "poll_until", lambda done, timeout, spin=1e-3: spins.append(spin) or done())
-    engine = type("E", (), {"lost": lambda self, what: contextlib.nullcontext(), "spin": 0.0})()
+    engine = type("E", (), {"lost": lambda self, what: contextlib.nullcontext(), "spin": 0.0,
+                            "_completed": lambda self: None})()
     fut: Future = Future()
     fut.set_result(type("A", (), {"is_ready": lambda self: True})())
     assert je._Ready(engine, fut, lambda a: a, "x").wait(1.0) is True and spins == [0.0]
@@ -428,7 +491,8 @@ def test_a_jax_collectives_wait_takes_any_timeout() -> None:
 
     from multidev.adapters.jax.engine import _Ready
 
-    engine = type("E", (), {"lost": lambda self, what: contextlib.nullcontext(), "spin": 1e-3})()
+    engine = type("E", (), {"lost": lambda self, what: contextlib.nullcontext(), "spin": 1e-3,
+                            "_completed": lambda self: None})()
     later: Future = Future()  # (dispatched while the wait blocks on it)
     threading.Timer(0.05, lambda: later.set_result(type("A", (), {"is_ready": lambda self: True})())).start()
     assert _Ready(engine, later, lambda a: a, "x").wait(float("inf")) is True

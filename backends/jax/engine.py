@@ -59,6 +59,8 @@ from multidev.distributed.engine import (
 from multidev.errors import CapabilityError, DistributedError, DistributedSetupError, InvalidArgumentError
 
 _generation = [0]
+#: A thread Python did not start (XLA's, running a host callback): ``threading`` names it so.
+_Foreign = getattr(threading, "_DummyThread", ())
 #: The least flops (XLA's cost analysis) of a collective the caller dispatches itself: eight times
 #: the cost under which XLA's CPU client runs a computation inside its dispatch.
 _INLINE_FLOPS = 8000.0
@@ -178,13 +180,18 @@ class _Ready(Handle):
             self.fut.exception(min(timeout, threading.TIMEOUT_MAX))  # (an infinite timeout overflows the lock's)
         except FutureTimeout:
             return False
-        return poll_until(self.test, max(0.0, timeout - (time.monotonic() - start)), spin=self.engine.spin)
+        if not poll_until(self.test, max(0.0, timeout - (time.monotonic() - start)), spin=self.engine.spin):
+            return False
+        self.engine._completed()
+        return True
 
     def result(self) -> Any:
         with self.engine.lost(self.what):
             out = self.fut.result()
             out.block_until_ready()  # raises the computation's error, if any
-            return self.pick(out)
+            res = self.pick(out)
+        self.engine._completed()
+        return res
 
 
 class JaxEngine(Engine):
@@ -330,6 +337,10 @@ class JaxEngine(Engine):
         self._seen: set[Any] = set()
         self._costly_fns: set[Any] = set()
         self._pending: collections.deque[Future] = collections.deque()
+        self._order = threading.Lock()
+        # (read once the CPU client has started, as it did: a synchronous client runs every computation
+        # inside its dispatch)
+        self._async_cpu = jax.config.values.get("jax_cpu_enable_async_dispatch") is True
         self.spin = _poll_spin(local_world or self.world)
         impl = jax.config.jax_cpu_collectives_implementation if self.platform == "cpu" else "NCCL"
         return Membership(self.rank, self.world, local,
@@ -349,6 +360,9 @@ class JaxEngine(Engine):
             # before the runtime goes: a dispatch still inside a collective ends first (after a lost rank,
             # the ones queued behind it never start)
             dispatch.close(drop_pending=not healthy)
+        pending = getattr(self, "_pending", None)
+        if pending is not None:
+            pending.clear()  # (no result or error kept past the group)
         with contextlib.suppress(Exception):
             jax.distributed.shutdown()
         self.client = None
@@ -443,22 +457,24 @@ class JaxEngine(Engine):
              pick: Callable[[Any, tuple[int, ...]], Any]) -> Handle:
         """``fn`` of the global array of ``t`` dispatched, its result's piece taken by ``pick``. The
         dispatch is made on the dispatch thread, where the caller's deadline holds whatever XLA does
-        inside it; the caller makes it itself only where it cannot wait for a peer (see
-        :meth:`_costly`) and nothing of this engine's is queued or in flight before it."""
+        inside it; the caller makes it itself only where XLA's dispatch of it only enqueues it (see
+        :meth:`_costly`), the caller is not one of XLA's threads (a host callback's, where XLA runs
+        every computation inside the dispatch), and nothing of this engine's is queued or in flight
+        before it."""
         with self.lost(what):
             g, local = self._global(t)
             f = self._fn((*key, local), lambda: self._stacked(fn, local), out)
         fut: Future
-        settled = self._settled()  # (also drops the completed computations it holds, on every call)
-        if settled and f in self._costly_fns:
-            fut = Future()
-            try:
-                fut.set_result(f(g))
-            except BaseException as e:  # noqa: BLE001 - the caller's to raise, as the thread's
-                fut.set_exception(e)
-        else:
-            fut = self._dispatch.submit(lambda: self._first(f, g))
-        self._pending.append(fut)
+        with self._order:  # (the check, the dispatch and its record as one step among the caller's threads)
+            if self._settled() and f in self._costly_fns and not isinstance(threading.current_thread(), _Foreign):
+                fut = Future()
+                try:
+                    fut.set_result(f(g))
+                except Exception as e:  # noqa: BLE001 - the caller's to raise, as the thread's
+                    fut.set_exception(e)
+            else:
+                fut = self._dispatch.submit(lambda: self._first(f, g))
+            self._pending.append(fut)
         return _Ready(self, fut, lambda a: pick(a, local), what)
 
     def _first(self, f: Callable[[Any], Any], g: Any) -> Any:
@@ -472,13 +488,15 @@ class JaxEngine(Engine):
         return res
 
     def _costly(self, f: Any, g: Any) -> bool:
-        """Whether ``f``'s dispatch only enqueues it. XLA's CPU client runs a computation of under
-        1,000 flops (its own cost analysis) inside the dispatch, where a collective waits for a
-        missing peer (up to gloo's 30 s) and holds the caller past its deadline: only a computation
-        of :data:`_INLINE_FLOPS` or more by that analysis (which JAX gives for the compiled function,
-        read from its cache) is dispatched by the caller. On another platform, never (its runtime may
-        set up a communicator inside a dispatch)."""
-        if self.platform != "cpu":
+        """Whether XLA's dispatch of ``f`` only enqueues it. XLA's CPU client runs a computation
+        inside the dispatch where the client is synchronous (``jax_cpu_enable_async_dispatch`` off
+        when it started) or the computation costs under 1,000 flops (its own cost analysis); a
+        collective there waits for a missing peer (up to gloo's 30 s) and would hold a caller past
+        its deadline. So only a computation of :data:`_INLINE_FLOPS` or more by that analysis (which
+        JAX gives for the compiled function, read from its cache), on an asynchronous CPU client, is
+        the caller's to dispatch; on another platform, none (its runtime may set up a communicator
+        inside a dispatch)."""
+        if self.platform != "cpu" or not self._async_cpu:
             return False
         try:
             cost = f.lower(g).compile().cost_analysis()
@@ -489,8 +507,9 @@ class JaxEngine(Engine):
 
     def _settled(self) -> bool:
         """Whether every computation this engine dispatched, or queued for its thread, has completed
-        (or failed): a dispatch made then comes after them, as every rank's does, and takes none of
-        XLA's in-flight slots (32) from a collective waiting for a peer."""
+        (or failed), the completed ones dropped (the caller holds :attr:`_order`): a dispatch made
+        then comes after them, as every rank's does, and takes none of XLA's in-flight slots (32)
+        from a collective waiting for a peer."""
         pending = self._pending
         while pending:
             fut = pending[0]
@@ -504,6 +523,12 @@ class JaxEngine(Engine):
                     pass
             pending.popleft()
         return True
+
+    def _completed(self) -> None:
+        """A handle's computation has completed: the completed ones at the front of the record
+        dropped now (a result is not kept alive by the engine once waited for in order)."""
+        with self._order:
+            self._settled()
 
     @staticmethod
     def _mine(a: Any) -> Any:
