@@ -115,7 +115,7 @@ from .protocol import (
     protocol_methods,
 )
 from .replicas import Ready, Replica, param_spec
-from .staging import StagingPlan, parallel_put, staged_upload
+from .staging import StagingPlan, parallel_put, split_pieces, staged_upload
 
 __all__ = [
     "API_VERSION",
@@ -186,6 +186,7 @@ __all__ = [
     "protocol_methods",
     "run_parts",
     "same_device",
+    "split_pieces",
     "staged_upload",
     "start_move",
     "start_to_numpy",

@@ -31,7 +31,7 @@ import numpy as np
 
 from .hostthreads import executor
 
-__all__ = ["StagingPlan", "parallel_put", "staged_upload"]
+__all__ = ["StagingPlan", "parallel_put", "split_pieces", "staged_upload"]
 
 def _workers() -> int:
     return max(1, min(8, (os.cpu_count() or 2)))
@@ -91,6 +91,14 @@ def staged_upload(src: np.ndarray, alloc: Callable[[int], tuple[Any, np.ndarray]
         pending[b] = submit(buf, n, off)
 
 
+def split_pieces(src: np.ndarray, chunk: int) -> list[np.ndarray]:
+    """C-contiguous ``src`` flattened and cut into views of ``chunk`` bytes each, in order (the last
+    one shorter; one view of an empty ``src``). No copy."""
+    flat = src.reshape(-1)
+    step = max(1, chunk // max(1, src.itemsize))
+    return [flat[i:i + step] for i in range(0, flat.size, step)] or [flat]
+
+
 def parallel_put(src: np.ndarray, put: Callable[[np.ndarray], Any], plan: StagingPlan | None = None) -> list[Any]:
     """``put`` of each ``plan.chunk``-byte piece of C-contiguous ``src`` (flattened, in order; the
     last piece shorter), from the shared worker pool; the results in order. For frameworks whose
@@ -99,9 +107,7 @@ def parallel_put(src: np.ndarray, put: Callable[[np.ndarray], Any], plan: Stagin
     may be written again once it returns, unless ``put`` itself keeps reading it. Raises the first
     error ``put`` raised (after every piece is done)."""
     plan = plan or StagingPlan()
-    flat = src.reshape(-1)
-    step = max(1, plan.chunk // max(1, src.itemsize))
-    pieces = [flat[i:i + step] for i in range(0, flat.size, step)] or [flat]
+    pieces = split_pieces(src, plan.chunk)
     if len(pieces) == 1 or plan.threads <= 1:
         return [put(p) for p in pieces]
     futures = [executor().submit(put, p) for p in pieces]

@@ -50,7 +50,8 @@ ADDED_0_3 = {
 ADDED_0_4 = {"CONCERNS", "Concern", "concern",
              "ProcessMesh",  # layouts across processes: the process-sharding hooks of a mesh concern (issue 34)
              "param_spec",  # the core's parameter layout rule, for sharding over processes (issue 34)
-             "run_parts", "host_threads"}  # host loops over the one thread pool (issue 36)
+             "run_parts", "host_threads",  # host loops over the one thread pool (issue 36)
+             "split_pieces"}  # a large upload's pieces, as one list put takes them (issue 36, round 27)
 
 
 def test_the_exported_names_are_the_documented_api() -> None:

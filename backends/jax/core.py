@@ -88,8 +88,8 @@ class JaxCore(BaseBackend):
         #: JAX's one-device sharding class, whose ``_device`` device_of reads first (see there)
         self._single = getattr(getattr(jax, "sharding", None), "SingleDeviceSharding", None)
         self._dtype_names: dict[Any, str] = {}  # NumPy dtype -> canonical name (dtype_of)
-        #: Pageable uploads to an accelerator from this size up go in pieces from several threads
-        #: (multidev.adapter.parallel_put), of the size measured fastest (docs/transfers.md).
+        #: Pageable uploads to an accelerator from this size up go in pieces, one device_put of their
+        #: list (multidev.adapter.split_pieces), of the size measured fastest (docs/transfers.md).
         self.staging = StagingPlan(chunk=16 << 20, threshold=32 << 20)
 
     def _enumerate(self) -> None:

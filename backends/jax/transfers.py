@@ -1,6 +1,6 @@
 """Non-blocking moves for JAX (:class:`~multidev.adapter.SupportsNonBlocking`) and the machinery the
 blocking moves share: copies into the ``pinned_host`` memory kind, and large pageable uploads as
-``device_put`` pieces from several threads joined on the device (:func:`multidev.adapter.parallel_put`).
+``device_put`` of a list of pieces joined on the device (:func:`multidev.adapter.split_pieces`).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from multidev.adapter import Concern, Device, SupportsNonBlocking, parallel_put
+from multidev.adapter import Concern, Device, SupportsNonBlocking, split_pieces
 
 from .core import JaxCore
 
@@ -114,13 +114,16 @@ class JaxTransfers(Concern, SupportsNonBlocking):
         return hit
 
     def staged_put(self, arr: np.ndarray, native: Any) -> Any:
-        """A large pageable upload: ``device_put`` of ``staging.chunk``-byte pieces from several
-        threads (JAX reads pageable memory faster so), joined on the device. Synchronous for the
-        source; the join compiles once per shape and dtype and holds the array twice for a moment
-        (where the device has no room for that, one ``device_put`` instead)."""
+        """A large pageable upload: one ``device_put`` of the list of its ``staging.chunk``-byte
+        pieces (JAX uploads a list's arrays side by side, reading pageable memory faster so than
+        whole, and overlaps consecutive uploads better than puts from several threads:
+        docs/transfers.md), joined on the device. Synchronous for the source (``device_put`` reads a
+        NumPy array before it returns); the join compiles once per shape and dtype and holds the
+        array twice for a moment (where the device has no room for that, one ``device_put``
+        instead)."""
         jax = self.core.jax
         try:
-            parts = parallel_put(arr, lambda p: jax.device_put(p, native), self.core.staging)
+            parts = jax.device_put(split_pieces(arr, self.core.staging.chunk), native)
             return self._join(tuple(parts), arr.shape)
         except (RuntimeError, MemoryError):  # the join needs the array twice: no room, so one put
             return jax.device_put(arr, native)

@@ -14,6 +14,7 @@
 #   8. (round 27) scripts/bench/jax_inline_ab.py at 4 KiB, 64 KiB, 1 MiB, 16 MiB and jax_spin_ab.py at 4 KiB and
 #      1 MiB (this checkout), then the jax
 #      engine's 2-process bench rows, OLD against this checkout alternated once.
+#   9. (round 27) scripts/gpu/staged_list_probe.py on gpu:0: the staged upload by size, threads against one list put.
 #   STEPS (default 1,2,3,4,5,6,7) picks the steps.
 #   OUT=/path/to/out bash scripts/gpu/round26.sh
 set -u
@@ -97,4 +98,9 @@ for t in old new; do S=$S_OLD; [ $t = new ] && S=$S_NEW
     --out "$W/distributed-jax-$t" --processes 2 --reps 10 --faults 0 --engines jax > "$W/distributed-jax-$t.txt" 2>&1)
   echo "$t exit $?"; grep -E "^\| jax" "$W/distributed-jax-$t.md" | cut -d'|' -f2,4,5,6,7,10
 done
+fi
+if [[ $STEPS == *,9,* ]]; then
+echo "== 9. staged_list_probe.py"
+(cd "$W" && PYTHONPATH=$S_NEW timeout -k 5 200 python3 "$R/scripts/gpu/staged_list_probe.py" --device gpu:0 --rounds 8 \
+  > "$W/staged_list.txt" 2>&1); echo "exit $?"; cat "$W/staged_list.txt"
 fi
