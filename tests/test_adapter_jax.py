@@ -514,7 +514,7 @@ def test_a_host_memory_array_lands_as_an_ordinary_cpu_array(jb):
 
 @pytest.mark.parametrize("shape", [(1000,), (37, 101), (3, 5, 7, 11)])
 def test_staged_put_is_exact_in_pieces(jb, shape):
-    """The large-upload path (device_put of pieces from the worker pool, joined on the device)
+    """The large-upload path (one device_put of the pieces' list, joined on the device)
     gives the array itself: shape, dtype and every value, pieces not dividing the size included;
     the result is independent of the source."""
     from multidev.adapter import StagingPlan
@@ -532,6 +532,35 @@ def test_staged_put_is_exact_in_pieces(jb, shape):
         assert jb.device_of(y) == CPU0
     finally:
         jb.staging = old
+
+
+def test_a_move_to_an_accelerator_puts_the_plain_arrays_before_the_staged_ones(jb, monkeypatch):
+    """move_all to an accelerator: one device_put of the arrays too small to stage first (JAX starts
+    their copies and returns), then each staged upload (one put of its pieces, which reads them
+    before it returns); every result exact, in the caller's order."""
+    from multidev.adapter import StagingPlan
+
+    native = jb.to_native_device(CPU0)
+    small = [jax.device_put(np.arange(4, dtype=np.float32) + i, native) for i in range(2)]
+    big = jax.device_put(np.arange(3000, dtype=np.float32), native)
+    calls: list = []
+    real = jax.device_put
+
+    def spy(x, *a, **k):
+        calls.append([type(v).__name__ for v in x] if isinstance(x, list) else type(x).__name__)
+        return real(x, *a, **k)
+
+    monkeypatch.setattr(jax, "device_put", spy)
+    monkeypatch.setattr(jb, "to_native_device", lambda d: native)  # ("gpu:0" here: the CPU device)
+    old = jb.staging
+    jb.staging = StagingPlan(chunk=4000, threshold=4000)  # big: 3 pieces; small: too small to stage
+    try:
+        out = jb.move_all([small[0], big, small[1]], Device("gpu", 0))
+    finally:
+        jb.staging = old
+    assert calls == [["ArrayImpl", "ArrayImpl"], ["ndarray", "ndarray", "ndarray"]]
+    for x, y in zip([small[0], big, small[1]], out, strict=True):
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
 
 
 def test_parallel_put_keeps_order_and_raises_the_first_error():

@@ -330,6 +330,21 @@ class JaxCore(BaseBackend):
 
         if all(map(quick, xs)):  # (a model's parameters, mostly: one device_put of the list, as it is)
             return list(self.jax.device_put(xs, native))
+        if not to_host:
+            # The plain puts first, which JAX starts without waiting (a JAX array's put returns before its
+            # copy), then the staged uploads, which read their source before they return: the plain copies
+            # need not wait for the staged reads.
+            stage = self.transfers.stages
+            views = [None if quick(x) else stage(x, device) for x in xs]
+            moved: list[Any] = [None] * len(xs)
+            plain_at = [i for i, v in enumerate(views) if v is None]
+            if plain_at:
+                for i, y in zip(plain_at, self.jax.device_put([xs[i] for i in plain_at], native), strict=True):
+                    moved[i] = y
+            for i, v in enumerate(views):
+                if v is not None:
+                    moved[i] = self.transfers.staged_put(v, native)
+            return moved
         out: list[Any] = [None] * len(xs)
         at: list[int] = []
         plain: list[Any] = []

@@ -77,6 +77,13 @@ class JaxTransfers(Concern, SupportsNonBlocking):
     def staged_from_host(self, x: Any, device: Device, native: Any) -> Any:
         """A large host array ``x`` (on a CPU device) put on accelerator ``device`` through the staged
         upload (read before this returns), or None where the plain ``device_put`` applies."""
+        view = self.stages(x, device)
+        return None if view is None else self.staged_put(view, native)
+
+    def stages(self, x: Any, device: Device) -> np.ndarray | None:
+        """The NumPy view of ``x`` the staged upload would read (a large host array on a CPU device,
+        ``device`` an accelerator; after ``x`` is computed), or None where the plain ``device_put``
+        applies. Puts nothing."""
         jax = self.core.jax
         threshold = self.core.staging.threshold
         # (16 bytes an element at most: JAX's nbytes, a Python property, read only near the threshold)
@@ -86,7 +93,7 @@ class JaxTransfers(Concern, SupportsNonBlocking):
         ds = x.sharding.device_set
         if len(ds) != 1 or next(iter(ds)).platform != "cpu":
             return None
-        return self.staged_put(np.asarray(x), native)  # a view of the CPU buffer (after x is computed)
+        return np.asarray(x)  # a view of the CPU buffer (after x is computed)
 
     def pinned(self, x: Any) -> Any:
         """``x``'s copy in pinned host memory (``device_put`` to the ``pinned_host`` memory kind of its

@@ -8,7 +8,7 @@ the device by one jitted concatenate, the rest put in one ``device_put`` of thei
 - ``cpu alias``: the pieces' NumPy views put on the CPU device first (XLA aliases an aligned host
   buffer), then one ``device_put`` of that list of CPU arrays (a JAX array's put, which JAX need not
   finish reading before it returns);
-- ``md.to`` and ``jax.device_put(tree)``.
+- ``md.to``, ``md.to`` with its staged upload off (round 27), and ``jax.device_put(tree)``.
 
 K moves back to back a sample (results kept), then waited for and the device synchronized; the variants
 in turn, medians of ``--rounds`` rounds, per move; and, a move a sample, the time until the call returned
@@ -36,6 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import multidev as md  # noqa: E402
+from multidev.adapter import StagingPlan  # noqa: E402
 
 CHUNK, BIG = 16 << 20, 32 << 20
 pool = ThreadPoolExecutor(8)
@@ -58,11 +59,25 @@ def via(put_pieces: Any) -> Any:
     return move
 
 
+jb = md.backend("jax")
+
+
+def unstaged(f: Any) -> Any:
+    """``f()`` with multidev's staged upload off (its threshold out of reach): the plain puts."""
+    plan = jb.staging
+    jb.staging = StagingPlan(chunk=plan.chunk, threshold=1 << 62)
+    try:
+        return f()
+    finally:
+        jb.staging = plan
+
+
 variants = {
     "threads": via(lambda ps: [f.result() for f in [pool.submit(jax.device_put, p, dst) for p in ps]]),
     "numpy list": via(lambda ps: jax.device_put(ps, dst)),
     "cpu alias": via(lambda ps: jax.device_put(jax.device_put(ps, host), dst)),
     "md.to": lambda: md.to(tree, target),
+    "md.to unstaged": lambda: unstaged(lambda: md.to(tree, target)),
     "jax.device_put(tree)": lambda: jax.device_put(tree, dst),
 }
 want = [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
