@@ -39,7 +39,7 @@ for mib in (int(v) for v in args.sizes_mib.split(",")):
         "threads": lambda a=a: join(tuple(parallel_put(a, lambda p: jax.device_put(p, dst), plan)), a.shape),
         "list": lambda a=a: join(tuple(jax.device_put(split_pieces(a, plan.chunk), dst)), a.shape),
         "whole": lambda a=a: jax.device_put(a, dst),
-        "md.asarray": lambda a=a: md.asarray(a, device=target),
+        "md.asarray": lambda a=a: md.asarray(a, device=target, backend="jax"),
     }
     for name, f in ways.items():
         ok = np.array_equal(np.asarray(f()), a)
