@@ -376,16 +376,30 @@ def test_the_jax_engine_dispatches_a_costly_collective_itself_once_it_ran_and_no
         assert done.wait(10) and e._dispatch.handed == 4  # callback threads, where XLA runs every computation)
         call()
         assert e._dispatch.handed == 4
+
+        def inside(v: Any) -> Any:  # (a host callback, where XLA runs every computation inside its dispatch,
+            call()  # on whichever thread: here the caller's own)
+            return np.asarray(v)
+        spec = jax.ShapeDtypeStruct((4,), np.float32)
+        jax.block_until_ready(jax.jit(lambda v: jax.pure_callback(inside, spec, v))(x))
+        assert e._dispatch.handed == 5
+        call()
+        assert e._dispatch.handed == 5
+        raising: Future = Future()  # (a computation whose readiness raises: it has failed, so completed)
+        raising.set_result(type("A", (), {"is_ready": lambda self: 1 / 0})())
+        e._pending.appendleft(raising)
+        call()
+        assert e._dispatch.handed == 5
         failed: Future = Future()
         failed.set_exception(RuntimeError("a lost peer"))  # (a failed computation has completed)
         e._pending.appendleft(failed)
         call()
-        assert e._dispatch.handed == 4
+        assert e._dispatch.handed == 5
         e._costly = lambda f, g: False
         y = jax.numpy.arange(5.0)  # (another shape: another function, which the rule refuses)
         for _ in range(3):
             assert np.array_equal(np.asarray(e.allreduce(y, "sum").result()), np.arange(5.0))
-        assert e._dispatch.handed == 7 and not e._pending  # (a result read is not kept either)
+        assert e._dispatch.handed == 8 and not e._pending  # (a result read is not kept either)
     finally:
         e._dispatch.close()
 

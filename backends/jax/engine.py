@@ -33,6 +33,7 @@ import queue
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -61,6 +62,21 @@ from multidev.errors import CapabilityError, DistributedError, DistributedSetupE
 _generation = [0]
 #: A thread Python did not start (XLA's, running a host callback): ``threading`` names it so.
 _Foreign = getattr(threading, "_DummyThread", ())
+
+
+def _in_host_callback() -> bool:
+    """Whether this call runs inside a JAX host callback (``pure_callback``, ``io_callback``: JAX's
+    callback module on the stack), where XLA's CPU client runs every computation inside its dispatch,
+    whichever thread it is on (the one that dispatched the outer computation, often the main one)."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_CALLBACK_FILE):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_CALLBACK_FILE = os.path.join("jax", "_src", "callback.py")
 #: The least flops (XLA's cost analysis) of a collective the caller dispatches itself: eight times
 #: the cost under which XLA's CPU client runs a computation inside its dispatch.
 _INLINE_FLOPS = 8000.0
@@ -360,9 +376,10 @@ class JaxEngine(Engine):
             # before the runtime goes: a dispatch still inside a collective ends first (after a lost rank,
             # the ones queued behind it never start)
             dispatch.close(drop_pending=not healthy)
-        pending = getattr(self, "_pending", None)
-        if pending is not None:
-            pending.clear()  # (no result or error kept past the group)
+        pending, order = getattr(self, "_pending", None), getattr(self, "_order", None)
+        if pending is not None and order is not None:
+            with order:
+                pending.clear()  # (no result or error kept past the group)
         with contextlib.suppress(Exception):
             jax.distributed.shutdown()
         self.client = None
@@ -463,10 +480,12 @@ class JaxEngine(Engine):
         before it."""
         with self.lost(what):
             g, local = self._global(t)
-            f = self._fn((*key, local), lambda: self._stacked(fn, local), out)
+            # (one function, and one cost verdict, per dtype: XLA counts some dtypes' flops differently)
+            f = self._fn((*key, local, t.dtype), lambda: self._stacked(fn, local), out)
         fut: Future
         with self._order:  # (the check, the dispatch and its record as one step among the caller's threads)
-            if self._settled() and f in self._costly_fns and not isinstance(threading.current_thread(), _Foreign):
+            if self._settled() and f in self._costly_fns and not isinstance(threading.current_thread(), _Foreign) \
+                    and not _in_host_callback():
                 fut = Future()
                 try:
                     fut.set_result(f(g))

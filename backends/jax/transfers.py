@@ -122,17 +122,18 @@ class JaxTransfers(Concern, SupportsNonBlocking):
 
     def staged_put(self, arr: np.ndarray, native: Any) -> Any:
         """A large pageable upload: one ``device_put`` of the list of its ``staging.chunk``-byte
-        pieces (JAX uploads a list's arrays side by side, reading pageable memory faster so than
-        whole, and overlaps consecutive uploads better than puts from several threads:
-        docs/transfers.md), joined on the device. Synchronous for the source (``device_put`` reads a
+        pieces (faster than the whole array, and than puts from several threads, alone and several
+        in a row: docs/transfers.md), joined on the device. Synchronous for the source (``device_put`` reads a
         NumPy array before it returns); the join compiles once per shape and dtype and holds the
         array twice for a moment (where the device has no room for that, one ``device_put``
         instead)."""
         jax = self.core.jax
+        parts = None
         try:
             parts = jax.device_put(split_pieces(arr, self.core.staging.chunk), native)
             return self._join(tuple(parts), arr.shape)
         except (RuntimeError, MemoryError):  # the join needs the array twice: no room, so one put
+            parts = None  # (its pieces freed first)
             return jax.device_put(arr, native)
 
     @functools.cached_property
