@@ -11,9 +11,26 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 from multidev import distributed as dist
 from multidev.distributed.group import current
+
+
+def alternated(ways: dict[str, Callable[[], object]], call: Callable[[], object]) -> dict[str, list[float]]:
+    """Per way (its set-up called first), the median µs of ``call`` over blocks of 100 calls timed one
+    by one, ``ROUNDS`` blocks each (default 12), the ways in turn, the order reversed every round."""
+    res: dict[str, list[float]] = {w: [] for w in ways}
+    for r in range(int(os.environ.get("ROUNDS", "12"))):
+        for way in list(ways) if r % 2 == 0 else list(ways)[::-1]:
+            ways[way]()
+            each = []
+            for _ in range(100):
+                t = time.perf_counter()
+                call()
+                each.append(time.perf_counter() - t)
+            res[way].append(statistics.median(each) * 1e6)
+    return res
 
 
 def main() -> None:
@@ -27,16 +44,8 @@ def main() -> None:
     for _ in range(20):
         dist.allreduce(x)
     costly = set(eng._costly_fns)
-    res: dict[str, list[float]] = {"caller": [], "thread": []}
-    for r in range(int(os.environ.get("ROUNDS", "12"))):
-        for mode in ("caller", "thread") if r % 2 == 0 else ("thread", "caller"):
-            eng._costly_fns = costly if mode == "caller" else set()
-            each = []
-            for _ in range(100):
-                t = time.perf_counter()
-                dist.allreduce(x)
-                each.append(time.perf_counter() - t)
-            res[mode].append(statistics.median(each) * 1e6)
+    res = alternated({"caller": lambda: setattr(eng, "_costly_fns", costly),
+                      "thread": lambda: setattr(eng, "_costly_fns", set())}, lambda: dist.allreduce(x))
     eng._costly_fns = costly
     if dist.rank() == 0:
         c, t = statistics.median(res["caller"]), statistics.median(res["thread"])

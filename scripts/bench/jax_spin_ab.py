@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
+import sys
+from pathlib import Path
 
 from multidev import distributed as dist
 from multidev.distributed.group import current
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jax_inline_ab import alternated
 
 
 def main() -> None:
@@ -27,17 +31,8 @@ def main() -> None:
     x = jnp.ones(n, jnp.float32)
     for _ in range(20):
         dist.allreduce(x)
-    ways = {"spin 1 ms": 1e-3, "no spin": 0.0}
-    res: dict[str, list[float]] = {w: [] for w in ways}
-    for r in range(int(os.environ.get("ROUNDS", "12"))):
-        for way in list(ways) if r % 2 == 0 else list(ways)[::-1]:
-            eng.spin = ways[way]
-            each = []
-            for _ in range(100):
-                t = time.perf_counter()
-                dist.allreduce(x)
-                each.append(time.perf_counter() - t)
-            res[way].append(statistics.median(each) * 1e6)
+    res = alternated({"spin 1 ms": lambda: setattr(eng, "spin", 1e-3), "no spin": lambda: setattr(eng, "spin", 0.0)},
+                     lambda: dist.allreduce(x))
     eng.spin = chosen
     if dist.rank() == 0:
         a, b = (statistics.median(v) for v in res.values())
