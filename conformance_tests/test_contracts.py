@@ -155,6 +155,27 @@ def test_asarray_never_shares_the_callers_buffer(md_backend: Any, md_device: Dev
                                       err_msg="a write into the tensor reached the caller's array")
 
 
+@pytest.mark.md_feature("protocol")
+@pytest.mark.parametrize("n", [64, 512 << 10, 8 << 20])
+def test_asarray_is_done_with_the_callers_array_when_it_returns(md_backend: Any, md_device: Device, n: int) -> None:
+    """``asarray`` of a NumPy array may copy asynchronously into the device, but the caller's array is
+    free once it returns: writing it at once (nothing waited for; its last element first, which a
+    copy still running reads last) changes nothing, at 256 bytes, 2 MiB and 32 MiB of float32 (where
+    an upload may go in pieces)."""
+    b = md_backend
+    need_dtype(b, "float32", md_device)
+    want = np.arange(n, dtype=np.float32)
+    host = want.copy()
+    x = md.asarray(host, device=md_device, backend=b.name)
+    host[-1] = -1.0
+    host[...] = -1.0
+    md.synchronize(x)
+    got = md.to_numpy(x)
+    bad = int(np.count_nonzero(got != want))
+    assert bad == 0, f"asarray of {n} float32 on {md_device}: {bad} values written by the caller after it " \
+        "returned reached the tensor (the copy read the caller's array after returning)"
+
+
 # -- the arithmetic the collectives are built from ------------------------------------------------
 @pytest.mark.md_feature("protocol")
 @pytest.mark.parametrize("dtype", ALL_DTYPES)

@@ -590,12 +590,13 @@ def _jax_gpus():
 @pytest.mark.skipif(not _jax_gpus(), reason="needs a GPU JAX can use (the lent H200 runs it: scripts/gpu/final.sh)")
 def test_a_large_pageable_upload_to_the_gpu_is_exact():
     """md.asarray of a 48 MiB NumPy array onto the GPU takes the staged path and lands every
-    value on the GPU; writing the source afterwards changes nothing."""
+    value on the GPU; writing the source at once after it returns changes nothing."""
     jb = md.backend("jax")
     a = np.random.default_rng(2).random((3, 4 << 20), dtype=np.float32)
     assert a.nbytes >= jb.staging.threshold
-    y = md.asarray(a, device="gpu:0", backend="jax")
     keep = a.copy()
+    y = md.asarray(a, device="gpu:0", backend="jax")
+    a[-1, -1] = 0
     a[...] = 0
     assert md.device_of(y) == Device("gpu", 0) and y.shape == a.shape
     np.testing.assert_array_equal(md.to_numpy(y), keep)
@@ -642,3 +643,76 @@ def test_a_large_cpu_array_moved_to_the_gpu_is_exact_both_ways():
         back = md.to(y, "cpu:0")
         assert md.device_of(back) == CPU0
         np.testing.assert_array_equal(np.asarray(back + x), 2 * a)
+
+
+class _Accelerator:
+    """A stand-in for an accelerator's JAX device (put_host reads only its platform)."""
+    platform = "gpu"
+
+
+def test_put_host_copies_small_arrays_waits_for_large_ones_and_shares_its_own_copy_on_a_cpu(jb, monkeypatch):
+    """put_host's rule (the caller may write its array once it returns): to an accelerator (a
+    stand-in, JAX's puts spied and run on the CPU device), under copy_below bytes the put gets an
+    aligned copy and nothing waits; from copy_below the caller's own array, then its transfer is
+    waited for; from the staging threshold its pieces (views of it) in one put, then waited for; a
+    cast puts a fresh array and waits for nothing. To a CPU device JAX shares multidev's aligned
+    copy, never the caller's array. Every result exact."""
+    from multidev.adapter import HOST_ALIGNMENT, StagingPlan
+
+    cpu = jb.to_native_device(CPU0)
+    real_put, real_block = jax.device_put, jax.block_until_ready
+    puts: list = []
+    waits: list = []
+
+    def put(x, dst, *a, **k):
+        puts.append(x)
+        return real_put(x, cpu if isinstance(dst, _Accelerator) else dst, *a, **k)
+
+    def block(x):
+        waits.append(x)
+        return real_block(x)
+
+    monkeypatch.setattr(jax, "device_put", put)
+    monkeypatch.setattr(jax, "block_until_ready", block)
+    monkeypatch.setattr(jb.transfers, "copy_below", 1024)
+    monkeypatch.setattr(jb, "staging", StagingPlan(chunk=4000, threshold=8000))
+    gpu = _Accelerator()
+
+    def run(a, native, nd=None):
+        puts.clear()
+        waits.clear()
+        y = jb.transfers.put_host(a, native, nd)
+        np.testing.assert_array_equal(np.asarray(y), a.astype(nd or a.dtype))
+        return y
+
+    small = np.arange(100, dtype=np.float32)  # 400 bytes
+    run(small, gpu)
+    assert len(puts) == 1 and isinstance(puts[0], np.ndarray) and not np.shares_memory(puts[0], small)
+    assert puts[0].ctypes.data % HOST_ALIGNMENT == 0 and not waits
+    middle = np.arange(1000, dtype=np.float32)  # 4,000 bytes: copy_below <= it < the threshold
+    y = run(middle, gpu)
+    assert len(puts) == 1 and puts[0] is middle and len(waits) == 1 and waits[0] is y
+    large = np.arange(3000, dtype=np.float32)  # 12,000 bytes: three pieces
+    run(large, gpu)
+    assert len(puts) == 1 and isinstance(puts[0], list) and len(puts[0]) == 3
+    assert all(np.shares_memory(p, large) for p in puts[0]) and len(waits) == 1
+    cast = np.arange(3000, dtype=np.float64)
+    run(cast, gpu, np.dtype(np.float32))
+    assert all(not np.shares_memory(p, cast) for p in puts[0]) and not waits
+    for a in (small, large):
+        y = run(a, cpu)
+        assert len(puts) == 1 and not np.shares_memory(puts[0], a) and not waits
+        assert y.unsafe_buffer_pointer() == puts[0].ctypes.data  # (JAX shares multidev's copy: no second one)
+
+
+def test_asarray_of_another_frameworks_cpu_tensor_is_done_with_it_when_it_returns():
+    """md.asarray of a torch CPU tensor onto a JAX device: jnp.array copies the buffer it shares
+    with the tensor after it returns; asarray waits for that, so a write into the tensor at once
+    (its last element first) changes nothing."""
+    torch = pytest.importorskip("torch")
+    want = np.arange(8 << 20, dtype=np.float32)
+    t = torch.from_numpy(want.copy())
+    y = md.asarray(t, device="cpu:0", backend="jax")
+    t[-1] = -1.0
+    t[:] = -1.0
+    assert int(np.count_nonzero(np.asarray(y) != want)) == 0

@@ -203,16 +203,17 @@ class JaxCore(BaseBackend):
     def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
         native = self.to_native_device(device)
         nd = None if dtype is None else self.to_native_dtype(dtype)
-        if device.kind != "cpu" and isinstance(obj, np.ndarray) and (nd is None or obj.dtype == nd):
-            # device_put is JAX's fast upload, several times jnp.array's (benchmarks/results/README.md).
-            # Not to a CPU device: there it may share the caller's aligned buffer (may_alias=False or
-            # not), and asarray always copies.
-            if obj.nbytes >= self.staging.threshold and obj.ndim and obj.flags.c_contiguous:
-                x = self.transfers.staged_put(obj, native)
-            else:
-                x = self.jax.device_put(obj, native)
+        if isinstance(obj, np.ndarray) and (obj.dtype == nd or obj.dtype.kind in "biufc"):
+            # device_put, JAX's fast upload (several times jnp.array's), of a buffer the caller may
+            # write again once this returns (transfers.put_host).
+            x = self.transfers.put_host(obj, native, nd)
             return self._finish(x, native, x.dtype if nd is None else nd)
         x = self.jnp.array(obj, dtype=nd, copy=True, device=native)
+        if not isinstance(obj, (list, tuple, int, float, complex, np.ndarray, np.generic, self.jax.Array)):
+            # jnp.array copies a host buffer it shares with obj (another framework's CPU tensor,
+            # through __array__) after it returns, as device_put reads one: wait for that. (Python
+            # data and NumPy arrays of other dtypes are put from a fresh host array.)
+            x.block_until_ready()
         if nd is None:
             nd = x.dtype
             if x.weak_type:  # jnp.array(3.0) is weakly typed; give it a definite dtype
@@ -332,8 +333,8 @@ class JaxCore(BaseBackend):
             return list(self.jax.device_put(xs, native))
         if not to_host:
             # The plain puts first, which JAX starts without waiting (a JAX array's put returns before its
-            # copy), then the staged uploads, which read their source before they return: the plain copies
-            # need not wait for the staged reads.
+            # copy), then the staged uploads (their sources JAX arrays' host buffers, which nothing
+            # writes): the plain copies need not queue behind the staged ones.
             stage = self.transfers.stages
             views = [None if quick(x) else stage(x, device) for x in xs]
             moved: list[Any] = [None] * len(xs)

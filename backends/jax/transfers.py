@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from multidev.adapter import Concern, Device, SupportsNonBlocking, split_pieces
+from multidev.adapter import Concern, Device, SupportsNonBlocking, aligned_empty, split_pieces
 
 from .core import JaxCore
 
@@ -120,21 +120,55 @@ class JaxTransfers(Concern, SupportsNonBlocking):
             self._pinned_kinds[nd] = hit
         return hit
 
-    def staged_put(self, arr: np.ndarray, native: Any) -> Any:
+    #: A caller's NumPy array smaller than this is copied before its put to an accelerator (:meth:`put_host`).
+    copy_below = 1 << 20
+
+    def put_host(self, arr: np.ndarray, native: Any, nd: Any = None) -> Any:
+        """The caller's NumPy array put on JAX device ``native`` (cast to dtype ``nd``, as ``astype``
+        casts); ``arr`` may be written again once this returns. JAX's ``device_put`` shares an aligned
+        host buffer with a CPU device's array and copies into an accelerator after it returns
+        (zero-copy semantics: it keeps a reference and reads the buffer when the transfer runs). So
+        to a CPU device, a cast, or an array under :attr:`copy_below` bytes: an aligned copy of
+        ``arr`` of multidev's own (:func:`~multidev.adapter.aligned_empty`), put (JAX shares it on a
+        CPU device; to an accelerator the put stays asynchronous); else ``arr`` itself put (staged
+        from ``staging.threshold``) and its transfer waited for."""
+        jax = self.core.jax
+        cast = nd is not None and arr.dtype != nd
+        host = native.platform == "cpu"
+        if host or cast or arr.nbytes < self.copy_below:
+            own = aligned_empty(arr.shape, nd if cast else arr.dtype)
+            np.copyto(own, arr, casting="unsafe")
+            if host or own.nbytes < self.core.staging.threshold or not own.ndim:
+                return jax.device_put(own, native)
+            return self.staged_put(own, native)  # (own is read by nothing else: no wait)
+        if arr.nbytes >= self.core.staging.threshold and arr.ndim and arr.flags.c_contiguous:
+            return self.staged_put(arr, native, wait=True)
+        y = jax.device_put(arr, native)
+        jax.block_until_ready(y)
+        return y
+
+    def staged_put(self, arr: np.ndarray, native: Any, wait: bool = False) -> Any:
         """A large pageable upload: one ``device_put`` of the list of its ``staging.chunk``-byte
         pieces (faster than the whole array, and than puts from several threads, alone and several
-        in a row: docs/transfers.md), joined on the device. Synchronous for the source (``device_put`` reads a
-        NumPy array before it returns); the join compiles once per shape and dtype and holds the
-        array twice for a moment (where the device has no room for that, one ``device_put``
-        instead)."""
+        in a row: docs/transfers.md), joined on the device. The pieces are views of ``arr``, which the
+        transfer may read after this returns: ``wait`` waits for the pieces (``arr`` the caller's,
+        who may write it again), else ``arr`` must not change (a JAX array's host buffer). The join
+        compiles once per shape and dtype and holds the array twice for a moment (where the device
+        has no room for that, one ``device_put`` instead)."""
         jax = self.core.jax
         parts = None
         try:
             parts = jax.device_put(split_pieces(arr, self.core.staging.chunk), native)
-            return self._join(tuple(parts), arr.shape)
+            y = self._join(tuple(parts), arr.shape)
         except (RuntimeError, MemoryError):  # the join needs the array twice: no room, so one put
+            if parts is not None and wait:
+                jax.block_until_ready(parts)  # (still reading arr, maybe)
             parts = None  # (its pieces freed first)
-            return jax.device_put(arr, native)
+            y = jax.device_put(arr, native)
+            parts = [y]
+        if wait:
+            jax.block_until_ready(parts)
+        return y
 
     @functools.cached_property
     def _join(self) -> Callable[[tuple, tuple[int, ...]], Any]:

@@ -67,6 +67,18 @@ class JaxAsarrayShares(JaxBackend):
         return super().asarray(obj, dtype, device)
 
 
+@mutant("jax", "asarray copies with jnp.array(copy=True), which reads the caller's array after it returns "
+        "(round 27's asarray to a CPU device)", ["test_asarray_is_done_with_the_callers_array"])
+class JaxAsarrayReadsLate(JaxBackend):
+    name = "jax_asarray_reads_late"
+
+    def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
+        if isinstance(obj, np.ndarray):
+            nd = None if dtype is None else self.to_native_dtype(dtype)
+            return self.jnp.array(obj, dtype=nd, copy=True, device=self.to_native_device(device))
+        return super().asarray(obj, dtype, device)
+
+
 @mutant("jax", "to_numpy gives a Python scalar for a 0-d array (x.item())", ["test_to_numpy_gives_an_exact_ndarray"])
 class JaxToNumpyItem(JaxBackend):
     name = "jax_to_numpy_item"
