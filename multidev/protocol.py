@@ -214,8 +214,9 @@ class Backend(Protocol):
 
     def asarray(self, obj: Any, dtype: str | None, device: Device) -> Any:
         """A new tensor from nested sequences, scalars or a NumPy array: always a copy, never sharing
-        the caller's buffer. ``dtype=None`` keeps a NumPy array's dtype, else the framework's own
-        inference."""
+        the caller's buffer, and done with it on return (the caller may write it at once; the copy
+        into the device may still run). ``dtype=None`` keeps a NumPy array's dtype, else the
+        framework's own inference."""
         ...
 
     def rand(self, shape: tuple[int, ...], dtype: str, device: Device, seed: int | None) -> Any:
