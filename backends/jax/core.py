@@ -209,10 +209,12 @@ class JaxCore(BaseBackend):
             x = self.transfers.put_host(obj, native, nd)
             return self._finish(x, native, x.dtype if nd is None else nd)
         x = self.jnp.array(obj, dtype=nd, copy=True, device=native)
-        if not isinstance(obj, (list, tuple, int, float, complex, np.ndarray, np.generic, self.jax.Array)):
-            # jnp.array copies a host buffer it shares with obj (another framework's CPU tensor,
-            # through __array__) after it returns, as device_put reads one: wait for that. (Python
-            # data and NumPy arrays of other dtypes are put from a fresh host array.)
+        if (not isinstance(obj, (list, tuple, int, float, complex, np.generic, self.jax.Array))
+                and not (isinstance(obj, np.ndarray) and nd is not None and obj.dtype != nd)):
+            # jnp.array copies a host buffer it shares with obj (another framework's CPU tensor
+            # through __array__, a NumPy array of a dtype such as bfloat16 kept) after it returns, as
+            # device_put reads one: wait for that. (Python data and NumPy arrays cast to nd are put
+            # from a fresh host array.)
             x.block_until_ready()
         if nd is None:
             nd = x.dtype

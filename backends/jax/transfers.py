@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from multidev import hostpool
 from multidev.adapter import Concern, Device, SupportsNonBlocking, aligned_empty, split_pieces
 
 from .core import JaxCore
@@ -128,16 +129,20 @@ class JaxTransfers(Concern, SupportsNonBlocking):
         casts); ``arr`` may be written again once this returns. JAX's ``device_put`` shares an aligned
         host buffer with a CPU device's array and copies into an accelerator after it returns
         (zero-copy semantics: it keeps a reference and reads the buffer when the transfer runs). So
-        to a CPU device, a cast, or an array under :attr:`copy_below` bytes: an aligned copy of
-        ``arr`` of multidev's own (:func:`~multidev.adapter.aligned_empty`), put (JAX shares it on a
-        CPU device; to an accelerator the put stays asynchronous); else ``arr`` itself put (staged
-        from ``staging.threshold``) and its transfer waited for."""
+        to a CPU device, a cast, or an array under :attr:`copy_below` bytes: a copy of ``arr`` of
+        multidev's own (from 256 KiB aligned and pooled, :func:`~multidev.adapter.aligned_empty`),
+        put (JAX shares an aligned one on a CPU device; to an accelerator the put stays
+        asynchronous); else ``arr`` itself put (staged from ``staging.threshold``) and its transfer
+        waited for."""
         jax = self.core.jax
         cast = nd is not None and arr.dtype != nd
         host = native.platform == "cpu"
         if host or cast or arr.nbytes < self.copy_below:
-            own = aligned_empty(arr.shape, nd if cast else arr.dtype)
-            np.copyto(own, arr, casting="unsafe")
+            if arr.nbytes >= hostpool.MIN_BYTES:  # (aligned: JAX shares it on a CPU device; pooled: no page faults)
+                own = aligned_empty(arr.shape, nd if cast else arr.dtype)
+                np.copyto(own, arr, casting="unsafe")
+            else:  # (small: a plain copy costs less than the alignment, and a second copy by JAX little)
+                own = np.array(arr, dtype=nd if cast else None, order="C")
             if host or own.nbytes < self.core.staging.threshold or not own.ndim:
                 return jax.device_put(own, native)
             return self.staged_put(own, native)  # (own is read by nothing else: no wait)
