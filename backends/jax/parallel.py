@@ -29,7 +29,7 @@ from multidev.adapter import (
     SupportsDataParallel,
 )
 
-from ._common import LossCache, trainable
+from ._common import LossCache, own_host_arrays, trainable
 from .core import JaxCore
 
 
@@ -176,6 +176,9 @@ class JaxReplica(Replica):
 
     def _place_batch(self, batch: Any) -> Any:
         leaves = self._leaves(batch)[0]
+        owned = own_host_arrays(self.jax, batch, leaves)  # (the caller may write its arrays once step returns)
+        if owned is not batch:
+            batch, leaves = owned, self._leaves(owned)[0]
         placed, one = self._placed, self._sharded is None
         for x in leaves:
             if id(getattr(x, "sharding", None)) not in placed:

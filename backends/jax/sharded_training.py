@@ -23,7 +23,7 @@ from multidev.adapter import (
     param_spec,
 )
 
-from ._common import LossCache, trainable
+from ._common import LossCache, own_copy, own_host_arrays, trainable
 from .core import JaxCore
 from .parallel import JaxReplica
 
@@ -146,6 +146,9 @@ class JaxMeshReplica(JaxReplica):
     def _place_batch(self, batch: Any) -> Any:
         jax = self.jax
         leaves = jax.tree_util.tree_leaves(batch)
+        owned = own_host_arrays(jax, batch, leaves)  # (the caller may write its arrays once step returns)
+        if owned is not batch:
+            batch, leaves = owned, jax.tree_util.tree_leaves(owned)
         if leaves and all(isinstance(x, jax.Array) and x.sharding == self._sharded for x in leaves):
             return batch
         for x in leaves:
@@ -300,6 +303,8 @@ class JaxProcessMeshReplica(JaxMeshReplica):
         def one(x: Any) -> Any:
             if isinstance(x, jax.Array) and x.sharding == self._sharded:
                 return x
+            if type(x) is np.ndarray:
+                x = own_copy(x)  # (the caller may write its arrays once step returns)
             shape = tuple(x.shape)
             if not shape:
                 raise InvalidArgumentError("DataParallel.step: every tensor of the batch has rows (a first axis), "

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from multidev import hostpool
-from multidev.adapter import Concern, Device, SupportsNonBlocking, aligned_empty, split_pieces
+from multidev.adapter import Concern, Device, SupportsNonBlocking, split_pieces
 
+from ._common import own_copy
 from .core import JaxCore
 
 
@@ -138,11 +138,7 @@ class JaxTransfers(Concern, SupportsNonBlocking):
         cast = nd is not None and arr.dtype != nd
         host = native.platform == "cpu"
         if host or cast or arr.nbytes < self.copy_below:
-            if arr.nbytes >= hostpool.MIN_BYTES:  # (aligned: JAX shares it on a CPU device; pooled: no page faults)
-                own = aligned_empty(arr.shape, nd if cast else arr.dtype)
-                np.copyto(own, arr, casting="unsafe")
-            else:  # (small: a plain copy costs less than the alignment, and a second copy by JAX little)
-                own = np.array(arr, dtype=nd if cast else None, order="C")
+            own = own_copy(arr, nd if cast else None)
             if host or own.nbytes < self.core.staging.threshold or not own.ndim:
                 return jax.device_put(own, native)
             return self.staged_put(own, native)  # (own is read by nothing else: no wait)
