@@ -738,24 +738,30 @@ def test_the_adapters_asarray_keeping_a_bfloat16_arrays_dtype_is_done_with_it_wh
 @pytest.mark.parametrize("n", [1, 2])
 def test_a_data_parallel_step_is_done_with_a_numpy_batch_when_it_returns(n):
     """md.data_parallel's step of a NumPy batch over n devices (which the jitted step or device_put
-    would read after returning: a CPU device shares it) runs on its own copies: the batch written at
-    once after step returns (its last row first) changes nothing in the update."""
+    would read after returning: a CPU device shares it) runs on its own copies, of a subclass's
+    arrays too: the batch written at once after step returns (its last row first) changes nothing
+    in the update."""
     pytest.importorskip("optax")
     out = _py(f"""
         import numpy as np, jax.numpy as jnp, optax, multidev as md
         devs = md.devices(backend="jax")[:{n}]
         assert len(devs) == {n}, devs
         rng = np.random.default_rng(0)
-        X0 = rng.standard_normal((4096, 512), np.float32)
-        y0 = rng.standard_normal((4096, 1), np.float32)
+        X0 = rng.standard_normal((8192, 512), np.float32)
+        y0 = rng.standard_normal((8192, 1), np.float32)
 
         def loss_fn(p, batch):
             X, y = batch
             return ((X @ p["w"] - y) ** 2).mean()
 
-        def run(write):
+        class Sub(np.ndarray):  # (a subclass, as np.memmap is one)
+            pass
+
+        def run(write, sub=False):
             dp = md.data_parallel({{"w": jnp.zeros((512, 1))}}, optax.sgd(1e-2), devices=devs)
             X, y = X0.copy(), y0.copy()
+            if sub:
+                X = X.view(Sub)
             dp.step((X, y), loss_fn)
             if write:
                 X[-1] = 1e6
@@ -763,6 +769,6 @@ def test_a_data_parallel_step_is_done_with_a_numpy_batch_when_it_returns(n):
             return np.asarray(dp.model["w"]).copy()
 
         want = run(False)
-        print(sum(not np.array_equal(run(True), want) for _ in range(3)))
+        print(sum(not np.array_equal(run(True, sub), want) for sub in (False, True, False, True)))
     """, devices=max(n, 2))
     assert out.splitlines()[-1] == "0", f"a write into the batch after step returned reached the update: {out}"

@@ -44,9 +44,15 @@ def own_host_arrays(jax: Any, batch: Any, leaves: Sequence[Any]) -> Any:
     accelerator's transfer reads it when it runs): with its own copies, a step is done with the
     caller's arrays when it returns."""
     for x in leaves:
-        if type(x) is np.ndarray:
-            return jax.tree_util.tree_map(lambda v: own_copy(v) if type(v) is np.ndarray else v, batch)
+        if host_array(x):
+            return jax.tree_util.tree_map(lambda v: own_copy(v) if host_array(v) else v, batch)
     return batch
+
+
+def host_array(x: Any) -> bool:
+    """Whether ``x`` is a NumPy array JAX would read as such (a subclass too: ``np.memmap``; not a
+    masked array, which JAX refuses and a copy would unmask)."""
+    return isinstance(x, np.ndarray) and not isinstance(x, np.ma.MaskedArray)
 
 
 class LossCache:

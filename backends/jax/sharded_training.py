@@ -23,7 +23,7 @@ from multidev.adapter import (
     param_spec,
 )
 
-from ._common import LossCache, own_copy, own_host_arrays, trainable
+from ._common import LossCache, host_array, own_copy, own_host_arrays, trainable
 from .core import JaxCore
 from .parallel import JaxReplica
 
@@ -303,7 +303,7 @@ class JaxProcessMeshReplica(JaxMeshReplica):
         def one(x: Any) -> Any:
             if isinstance(x, jax.Array) and x.sharding == self._sharded:
                 return x
-            if type(x) is np.ndarray:
+            if host_array(x):
                 x = own_copy(x)  # (the caller may write its arrays once step returns)
             shape = tuple(x.shape)
             if not shape:
