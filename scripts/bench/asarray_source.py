@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import multidev as md
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from put_timing import returns_and_ready
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--reps", type=int, default=15)
@@ -35,14 +39,9 @@ for kib in (int(v) for v in args.sizes_kib.split(",")):
     changed = dict.fromkeys(ways, 0)
     for _ in range(args.reps):
         for name, f in ways.items():
-            a = want.copy()
-            t0 = time.perf_counter()
-            y = f(a)
-            t1 = time.perf_counter()
-            y.block_until_ready()
-            t2 = time.perf_counter()
-            ret[name].append((t1 - t0) * 1e6)
-            ready[name].append((t2 - t0) * 1e6)
+            back, done = returns_and_ready(f, want.copy())
+            ret[name].append(back)
+            ready[name].append(done)
             a = want.copy()
             y = f(a)
             a[-1] = -1.0  # written at once, its last element first

@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
 
 import multidev as md
 from multidev.adapter import split_pieces
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from put_timing import returns_and_ready
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--device", default="gpu:0")
@@ -78,19 +83,15 @@ for kib in (int(v) for v in args.time_sizes_kib.split(",")):
         jax.block_until_ready([put(s) for s in srcs[:2]])
     for _ in range(args.reps):
         for name, put in timed.items():
-            t0 = time.perf_counter()
-            y = put(srcs[0])
-            t1 = time.perf_counter()
-            y.block_until_ready()
-            t2 = time.perf_counter()
-            ret[name].append((t1 - t0) * 1e6)
-            done[name].append((t2 - t0) * 1e6)
+            r, d = returns_and_ready(put, srcs[0])
+            ret[name].append(r)
+            done[name].append(d)
             t0 = time.perf_counter()
             ys = [put(s) for s in srcs]
             t1 = time.perf_counter()
             jax.block_until_ready(ys)
             row[name].append((t1 - t0) * 1e6 / len(srcs))
-            del y, ys
+            del ys
     base = statistics.median(ret["jax device_put"])
     for name in timed:
         r, d, w = (statistics.median(v[name]) for v in (ret, done, row))

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
 
 import multidev as md
 from multidev.adapter import aligned_empty
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from put_timing import returns_and_ready
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--device", default="gpu:0")
@@ -62,14 +66,9 @@ for kib in (int(v) for v in args.sizes_kib.split(",")):
         jax.block_until_ready(f(src))
     for _ in range(args.reps):
         for k, f in ways.items():
-            t0 = time.perf_counter()
-            y = f(src)
-            t1 = time.perf_counter()
-            jax.block_until_ready(y)
-            t2 = time.perf_counter()
-            ret[k].append((t1 - t0) * 1e6)
-            rdy[k].append((t2 - t0) * 1e6)
-            del y
+            r, d = returns_and_ready(f, src)
+            ret[k].append(r)
+            rdy[k].append(d)
     for k in ways:
         print(f"{kib:6d} KiB {k:26s} returns {statistics.median(ret[k]):9.1f} ready {statistics.median(rdy[k]):9.1f}",
               flush=True)
