@@ -313,7 +313,7 @@ def _one_process_jax_engine(jax: Any) -> Any:
 
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from multidev.adapters.jax.engine import JaxEngine, _Dispatcher
+    from multidev.adapters.jax.engine import JaxEngine, _array_constructor, _Dispatcher
 
     class Counting(_Dispatcher):
         handed = 0
@@ -330,6 +330,7 @@ def _one_process_jax_engine(jax: Any) -> Any:
     e._home, e._fns, e._lock = jax.device_put(np.zeros(1, np.float32), dev).sharding, {}, threading.Lock()
     e._seen, e._costly_fns, e._pending = set(), set(), collections.deque()
     e._order, e._async_cpu = threading.Lock(), True
+    e._avals, e._make = {}, _array_constructor()
     e._dispatch = Counting()
     return e
 

@@ -82,6 +82,17 @@ _CALLBACK_FILE = os.path.join("jax", "_src", "callback.py")
 _INLINE_FLOPS = 8000.0
 
 
+def _array_constructor() -> Callable[..., Any] | None:
+    """JAX's array class, whose constructor ``jax.make_array_from_single_device_arrays`` calls after
+    its checks (``ArrayImpl(aval, sharding, arrays, committed=, _skip_checks=)`` from JAX 0.4 to
+    0.11), or None where this JAX has none by that name."""
+    try:
+        from jax._src.array import ArrayImpl
+    except ImportError:
+        return None
+    return ArrayImpl if callable(ArrayImpl) else None
+
+
 def _poll_spin(local: int) -> float:
     """Seconds the engine's wait for a computation polls it back to back before yielding the CPU
     between polls: 1 ms where this process may run on two cores or more for each of the ``local``
@@ -174,18 +185,43 @@ class _Dispatcher:
             self.thread.join(self.DRAIN)
 
 
+class _Done:
+    """A dispatch the caller made itself, complete: what :class:`_Ready` and
+    :meth:`JaxEngine._settled` read of a future (``done``, ``result``, ``exception``), without a
+    :class:`~concurrent.futures.Future`'s lock and condition (a hot path: every such call)."""
+
+    __slots__ = ("error", "value")
+
+    def __init__(self, value: Any, error: BaseException | None) -> None:
+        self.value, self.error = value, error
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self.error
+
+
 class _Ready(Handle):
     """A JAX computation being dispatched (``fut``) and computed; ``pick`` gives the primitive's
     result from its output."""
 
-    def __init__(self, engine: JaxEngine, fut: Future, pick: Callable[[Any], Any], what: str) -> None:
+    def __init__(self, engine: JaxEngine, fut: Future | _Done, pick: Callable[[Any], Any], what: str) -> None:
         self.engine, self.fut, self.pick, self.what = engine, fut, pick, what
 
     def test(self) -> bool:
         if not self.fut.done():
             return False
-        with self.engine.lost(self.what):
+        try:
             return bool(self.fut.result().is_ready())
+        except Exception:  # (classified by lost(): its context costs a call a poll on the way in)
+            with self.engine.lost(self.what):
+                raise
 
     def wait(self, timeout: float) -> bool:
         # the dispatch runs on the dispatcher's thread, which needs the GIL: its future is waited for
@@ -202,11 +238,15 @@ class _Ready(Handle):
         return True
 
     def result(self) -> Any:
-        with self.engine.lost(self.what):
+        try:
             out = self.fut.result()
             out.block_until_ready()  # raises the computation's error, if any
             res = self.pick(out)
-        self.engine._completed()
+        except Exception:  # (classified by lost(), as test())
+            with self.engine.lost(self.what):
+                raise
+        if self.engine._pending:  # (wait() dropped this one and those before it: mostly nothing is left)
+            self.engine._completed()
         return res
 
 
@@ -352,7 +392,10 @@ class JaxEngine(Engine):
         # subgroups' views)
         self._seen: set[Any] = set()
         self._costly_fns: set[Any] = set()
-        self._pending: collections.deque[Future] = collections.deque()
+        self._pending: collections.deque[Future | _Done] = collections.deque()
+        # (_global: the abstract value of each shape and dtype's global array, and JAX's array constructor)
+        self._avals: dict[tuple[Any, ...], Any] = {}
+        self._make: Callable[..., Any] | None = _array_constructor()
         self._order = threading.Lock()
         # (read once the CPU client has started, as it did: a synchronous client runs every computation
         # inside its dispatch)
@@ -430,7 +473,12 @@ class JaxEngine(Engine):
     def _global(self, t: Any) -> tuple[Any, tuple[int, ...]]:
         """The global array of every process's ``t`` and the local shape: ``t`` itself is the shard
         (along its first axis, so nothing is copied; a 0-d or empty ``t`` gets a leading axis of
-        one first), and the jitted functions view the result as ``(world_size, *local)``."""
+        one first), and the jitted functions view the result as ``(world_size, *local)``. The first
+        of a shape and dtype is ``jax.make_array_from_single_device_arrays``'; later ones are JAX's
+        array constructor given that one's abstract value, without the checks that function makes
+        again on every call (its device and shape, which this engine has just made sure of): 3-4
+        against 13-19 µs a call. A JAX whose constructor refuses that call takes the function from
+        then on."""
         jax = self.jax
         shape = tuple(t.shape)
         if not shape or shape[0] == 0:
@@ -442,7 +490,16 @@ class JaxEngine(Engine):
         sh = getattr(t, "sharding", None)
         if sh is None or sh.device_set != self._home.device_set or sh.memory_kind != self._home.memory_kind:
             t = jax.device_put(t, self.native)
+        key = (local, t.dtype)
+        aval = self._avals.get(key)
+        if aval is not None and self._make is not None:
+            try:
+                return self._make(aval, self.sharded, [t], committed=True, _skip_checks=True), local
+            except Exception:  # noqa: BLE001 - a JAX whose constructor differs: its public function from now on
+                self._make = None
         g = jax.make_array_from_single_device_arrays((self.world * local[0], *local[1:]), self.sharded, [t])
+        if self._make is not None and len(self._avals) < 256:
+            self._avals[key] = g.aval
         return g, local
 
     def _stacked(self, fn: Callable[[Any], Any], local: tuple[int, ...]) -> Callable[[Any], Any]:
@@ -478,19 +535,22 @@ class JaxEngine(Engine):
         :meth:`_costly`), the caller is not one of XLA's threads (a host callback's, where XLA runs
         every computation inside the dispatch), and nothing of this engine's is queued or in flight
         before it."""
-        with self.lost(what):
+        try:
             g, local = self._global(t)
             # (one function, and one cost verdict, per dtype: XLA counts some dtypes' flops differently)
-            f = self._fn((*key, local, t.dtype), lambda: self._stacked(fn, local), out)
-        fut: Future
+            fkey = (*key, local, t.dtype)
+            f = self._fns.get(fkey) or self._fn(fkey, lambda: self._stacked(fn, local), out)
+        except Exception:  # (classified by lost(): its context costs a call on the way in)
+            with self.lost(what):
+                raise
+        fut: Future | _Done
         with self._order:  # (the check, the dispatch and its record as one step among the caller's threads)
-            if self._settled() and f in self._costly_fns and not isinstance(threading.current_thread(), _Foreign) \
-                    and not _in_host_callback():
-                fut = Future()
+            if (not self._pending or self._settled()) and f in self._costly_fns \
+                    and not isinstance(threading.current_thread(), _Foreign) and not _in_host_callback():
                 try:
-                    fut.set_result(f(g))
+                    fut = _Done(f(g), None)
                 except Exception as e:  # noqa: BLE001 - the caller's to raise, as the thread's
-                    fut.set_exception(e)
+                    fut = _Done(None, e)
             else:
                 fut = self._dispatch.submit(lambda: self._first(f, g))
             self._pending.append(fut)
@@ -622,7 +682,7 @@ class JaxEngine(Engine):
         v.mesh = Mesh(np.array([self.devs[r] for r in members], dtype=object), ("p",))
         v.sharded = NamedSharding(v.mesh, PartitionSpec("p"))
         v.whole = NamedSharding(v.mesh, PartitionSpec())
-        v._fns, v._pairs = {}, {}
+        v._fns, v._pairs, v._avals = {}, {}, {}
         return v
 
     def split(self, groups: tuple[tuple[int, ...], ...]) -> Engine:

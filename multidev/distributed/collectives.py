@@ -643,21 +643,22 @@ def allreduce(x: Any, op: str = "sum", *, inplace: bool = False, async_op: bool 
 def _quick(g: Group, x: Any, op: Any, inplace: bool, what: str) -> Any:
     """``allreduce(x, op, inplace=inplace)``, synchronous, of the engine's own tensor on its transport
     device (as it is, or the engine's copy of it; in place, that copy is written back after; out of
-    place, only where the engine reduces into new memory, :meth:`Engine.allreduce_new`): the general
-    path's checks (the same adapter calls, in its order), its record exchanged by
-    :func:`agree_made` where the call is checked, and its primitive through :func:`run`, without
-    its layers; ``_GENERAL`` where anything else applies (a structure, a class not seen before, a
-    check that fails; out of place, an engine without ``allreduce_new``, whose private copy of x the
-    general path makes while the records travel), before anything is sent, so that the general
-    path decides, and raises or reports the refusal to the other ranks, as ever. The engine's own
-    copy of an x it cannot send as it is (:meth:`Engine.prepare`) is made before the records travel."""
+    place, only where the engine reduces into new memory, :meth:`Engine.allreduce_new`, or never
+    writes its inputs, JAX's): the general path's checks (the same adapter calls, in its order), its
+    record exchanged by :func:`agree_made` where the call is checked, and its primitive through
+    :func:`run`, without its layers; ``_GENERAL`` where anything else applies (a structure, a class
+    not seen before, a check that fails; out of place, an engine that writes its inputs without
+    ``allreduce_new``, whose private copy of x the general path makes while the records travel),
+    before anything is sent, so that the general path decides, and raises or reports the refusal to
+    the other ranks, as ever. The engine's own copy of an x it cannot send as it is
+    (:meth:`Engine.prepare`) is made before the records travel."""
     if getattr(g, "ahead", None) is not None:
         return _GENERAL
     b = cached_owner(type(x))
     if b is None:
         return _GENERAL
     eng = g.engine
-    if not inplace and type(eng).allreduce_new is Engine.allreduce_new:
+    if not inplace and type(eng).allreduce_new is Engine.allreduce_new and eng.writes_inputs:
         return _GENERAL
     try:
         dtype = b.dtype_of(x)
@@ -700,6 +701,8 @@ def _quick(g: Group, x: Any, op: Any, inplace: bool, what: str) -> Any:
                                                                    False, False, True)
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
+        if not eng.writes_inputs:  # (its primitives make new tensors: x is read, never written)
+            return eng.allreduce(t, base), new
         h = eng.allreduce_new(t, base) if still else None
         if h is not None:
             return h, new
