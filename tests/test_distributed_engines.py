@@ -405,6 +405,47 @@ def test_the_jax_engine_dispatches_a_costly_collective_itself_once_it_ran_and_no
         e._dispatch.close()
 
 
+def test_the_jax_engine_makes_a_shape_and_dtypes_later_global_arrays_with_jaxs_constructor() -> None:
+    """The first global array of a local shape and dtype is jax.make_array_from_single_device_arrays';
+    later ones JAX's array constructor given its abstract value (kept per shape and dtype: an array of
+    another dtype or shape gets its own), each the array the public function makes; a constructor
+    that refuses the call is dropped for the public function, the result the same."""
+    jax = pytest.importorskip("jax")
+    e = _one_process_jax_engine(jax)
+    e._dispatch.close()
+    made: list[Any] = []
+    public = jax.make_array_from_single_device_arrays
+
+    def counted(*a: Any, **k: Any) -> Any:
+        made.append(a[0])
+        return public(*a, **k)
+    arrays = [jax.numpy.arange(n, dtype=dt).reshape(shape) for dt in (jax.numpy.float32, jax.numpy.int32)
+              for n, shape in ((6, (6,)), (6, (2, 3)), (1, ()))]
+    old = jax.make_array_from_single_device_arrays
+    jax.make_array_from_single_device_arrays = counted
+    try:
+        for rnd in range(3):
+            for x in arrays:
+                g, local = e._global(x)
+                want = public(g.shape, e.sharded, [x.reshape(local)])
+                assert g.shape == want.shape and g.dtype == want.dtype and g.sharding == want.sharding
+                assert g.aval == want.aval and g.committed
+                np.testing.assert_array_equal(np.asarray(g), np.asarray(want))
+            assert len(made) == len(arrays), rnd  # (the public function once a shape and dtype)
+        assert e._make is not None and len(e._avals) == len(arrays)
+
+        def refuses(*a: Any, **k: Any) -> Any:
+            raise TypeError("this JAX's constructor takes other arguments")
+        e._make = refuses
+        g, _ = e._global(arrays[0])
+        assert e._make is None and len(made) == len(arrays) + 1
+        np.testing.assert_array_equal(np.asarray(g), np.arange(6))
+        g, _ = e._global(arrays[1])
+        assert len(made) == len(arrays) + 2  # (the public function from then on)
+    finally:
+        jax.make_array_from_single_device_arrays = old
+
+
 def test_the_jax_engines_cost_rule_reads_xlas_cost_analysis() -> None:
     """The caller dispatches a function of 8,000 flops or more by XLA's own cost analysis (XLA's CPU
     client runs one of under 1,000 inside its dispatch), on the CPU only."""
@@ -822,6 +863,81 @@ def test_the_short_out_of_place_allreduce_gives_what_the_general_path_gives(
                 np.testing.assert_array_equal(got[0][1], got[1][1], err_msg=f"{op} strided={strided}")
                 np.testing.assert_array_equal(got[0][1], np.arange(1, 13), err_msg=f"{op}: x written")
         np.testing.assert_array_equal(got[0][0], np.arange(1, 13, 2))  # (min: x's values)
+    finally:
+        monkeypatch.undo()
+        dist.shutdown()
+
+
+class _Reads(_OneRank):
+    """A one-process engine whose primitives never write their inputs (``writes_inputs`` False, as
+    JAX's): each makes a new array; it records what each primitive was handed."""
+
+    name = "reads-only"
+    writes_inputs = False
+    seen: list[tuple[str, Any]] = []  # noqa: RUF012 - (primitive, its tensor), for the tests
+
+    def allreduce(self, t: Any, op: str) -> eng.Handle:
+        self.seen.append(("allreduce", t))
+        return _Done(np.array(t, copy=True))
+
+
+@pytest.mark.parametrize("checks", [False, True])
+def test_the_short_out_of_place_allreduce_hands_an_engine_that_never_writes_its_input_the_input(
+        monkeypatch: pytest.MonkeyPatch, checks: bool) -> None:
+    """An engine that never writes its inputs, without ``allreduce_new``: a synchronous out-of-place
+    call takes the short path (the general path's first step never reached), hands the primitive x
+    itself (contiguous; a strided x the engine's own copy), as the general path (the short path
+    turned off) does, exchanges its record where checked, gives the general path's result and
+    leaves x as it was."""
+    from multidev.distributed import collectives
+    from multidev.distributed.group import Group, current
+
+    if "reads-only" not in dist.engine_names():
+        dist.register_engine("reads-only", _Reads)
+    ops = {"sum": lambda t: t + t, "prod": lambda t: t * t, "max": lambda t: t, "min": lambda t: t}
+    monkeypatch.setattr(_Reads, "allreduce", lambda self, t, op: (
+        self.seen.append(("allreduce", t)), _Done(np.array(ops[op](t), copy=True)))[1])
+    monkeypatch.setattr(_Reads, "prepare", lambda self, t: (t, True) if t.flags.c_contiguous else (
+        np.ascontiguousarray(t), False))
+    taken, is_tree = [0], collectives._is_tree
+
+    def counted_general(x: Any) -> bool:
+        taken[0] += 1
+        return is_tree(x)
+    monkeypatch.setattr(collectives, "_is_tree", counted_general)
+    _Reads.seen = []
+    _Reads.rows.clear()
+    dist.init("reads-only", timeout=5)
+    try:
+        monkeypatch.setattr(Group, "world_size", property(lambda self: 2))
+        dist.set_checks(checks)
+        dist.allreduce(np.ones(2, np.float32))  # (NumPy's array class seen: the short path knows it now)
+        short = collectives._quick
+        for op in ("sum", "mean", "prod", "max", "min"):
+            for strided in (False, True):
+                got = []
+                for quick in (True, False):
+                    monkeypatch.setattr(collectives, "_quick", short if quick else (lambda *a: collectives._GENERAL))
+                    base = np.arange(1, 13, dtype=np.float32)
+                    x = base[::2] if strided else base[:6].copy()
+                    _Reads.seen.clear()
+                    taken[0], rows, seq = 0, len(_Reads.rows), current().seq
+                    out = dist.allreduce(x, op=op)
+                    assert current().seq == seq + checks
+                    assert (taken[0] == 0) == quick, (op, strided, quick)
+                    assert len(_Reads.rows) == rows + checks
+                    if checks:
+                        assert Call.decode(_Reads.rows[-1]) == Call(
+                            "allreduce", op=op, dtype="float32", shape=(6,), tkind="cpu", seq=seq)
+                    assert [k for k, _ in _Reads.seen] == ["allreduce"]
+                    handed = _Reads.seen[0][1]
+                    assert (handed is x) == (not strided), (op, strided, quick)  # (either path: no private copy)
+                    assert type(out) is np.ndarray and not np.shares_memory(out, base)
+                    np.testing.assert_array_equal(x, np.arange(1, 13)[::2] if strided else np.arange(1, 7),
+                                                  err_msg=f"{op} strided={strided} quick={quick}: x written")
+                    got.append(out.copy())
+                np.testing.assert_array_equal(got[0], got[1], err_msg=f"{op} strided={strided}")
+        np.testing.assert_array_equal(got[0], np.arange(1, 13, 2))  # (min: x's values)
     finally:
         monkeypatch.undo()
         dist.shutdown()
