@@ -446,6 +446,33 @@ def test_the_jax_engine_makes_a_shape_and_dtypes_later_global_arrays_with_jaxs_c
         jax.make_array_from_single_device_arrays = old
 
 
+def test_the_jax_engine_refuses_a_deleted_array_in_its_checks_and_takes_one_in_host_memory() -> None:
+    """A deleted (or donated) array, 0-d and empty ones included, is InvalidArgumentError from the
+    engine's ``prepare`` (the call's checks, before any record travels) and from ``_global``, not a
+    runtime error read as a lost peer; an array in the device's pinned or unpinned host memory is
+    moved to its own memory, its values kept."""
+    jax = pytest.importorskip("jax")
+    e = _one_process_jax_engine(jax)
+    e._dispatch.close()
+    for shape in ((), (0,), (3,)):
+        x = jax.numpy.zeros(shape)
+        x.delete()
+        for step in (e.prepare, e._global):
+            with pytest.raises(md.InvalidArgumentError, match="deleted or donated"):
+                step(x)
+    x = jax.numpy.arange(4.0)
+    assert e.prepare(x) == (x, True)
+    for kind in ("pinned_host", "unpinned_host"):
+        try:
+            y = jax.device_put(np.arange(4.0, dtype=np.float32), jax.sharding.SingleDeviceSharding(e.native, memory_kind=kind))
+        except Exception as err:  # noqa: BLE001 - a JAX without that memory kind here
+            pytest.skip(f"no {kind} memory on JAX's CPU device here: {err}")
+        for _ in range(2):  # (the public function, then the constructor)
+            g, _ = e._global(y)
+            assert g.sharding.memory_kind == e._home.memory_kind
+            np.testing.assert_array_equal(np.asarray(g), np.arange(4.0))
+
+
 def test_the_jax_engines_cost_rule_reads_xlas_cost_analysis() -> None:
     """The caller dispatches a function of 8,000 flops or more by XLA's own cost analysis (XLA's CPU
     client runs one of under 1,000 inside its dispatch), on the CPU only."""
@@ -1187,6 +1214,7 @@ if dist.rank() == 1:
     time.sleep(12)  # alive, never calling: rank 0's collective has no peer until this rank leaves
     os._exit(0)
 print(f"MDCOSTLY {len(current().engine._costly_fns)}", flush=True)  # (functions the caller dispatches itself)
+print(f"MDFAST {current().engine._make is not None and bool(current().engine._avals)}", flush=True)  # (the constructor)
 t = time.monotonic()
 try:
     hs = [dist.allreduce(x, async_op=True) for _ in range(int(sys.argv[2]))]
@@ -1228,6 +1256,56 @@ def test_a_jax_collective_whose_peer_never_comes_times_out_on_the_callers_deadli
     assert kind == "DistributedTimeoutError" and named == "True", p.stdout[-2000:]
     assert submitted < 1.0 and float(took) < 8.0, p.stdout[-2000:]
     assert out[out.index("MDCOSTLY") + 1] == ("1" if n >= 8000 else "0"), p.stdout[-2000:]
+    assert out[out.index("MDFAST") + 1] == "True", p.stdout[-2000:]  # (later global arrays: JAX's constructor)
+
+
+_JAX_DELETED = """
+import time
+import jax.numpy as jnp
+import numpy as np
+from multidev import distributed as dist
+dist.init("jax", timeout=30)
+import jax
+for shape in ((), (0,), (3,)):
+    x = jnp.ones(shape, jnp.float32)
+    if dist.rank() == 0:
+        x.delete()
+    t = time.monotonic()
+    try:
+        dist.allreduce(x)
+        print("MDRESULT none", flush=True)
+    except dist.DistributedError as e:
+        print(f"MDRESULT {type(e).__name__} {time.monotonic() - t:.2f} {'rank 0' in str(e)}", flush=True)
+    except Exception as e:
+        print(f"MDRESULT {type(e).__name__} {time.monotonic() - t:.2f} own", flush=True)
+y = dist.allreduce(jnp.ones(3, jnp.float32))  # (the group still usable)
+print(f"MDAFTER {np.asarray(y).tolist()}", flush=True)
+dist.shutdown()
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_deleted_jax_array_is_refused_on_every_rank_before_anything_is_sent(tmp_path: Any) -> None:
+    """A deleted (or donated) JAX array on one rank, 0-d, empty or not: that rank raises
+    InvalidArgumentError and the other a DistributedError naming its refusal, at once (the engine's
+    checks refuse it before the records travel), and the group stays usable."""
+    from multidev.conformance.test_distributed import engine_unavailable, worker_env
+
+    why = engine_unavailable("jax")
+    if why:
+        pytest.skip(why)
+    script = tmp_path / "deleted.py"
+    script.write_text(_JAX_DELETED)
+    cmd = [sys.executable, "-m", "multidev.distributed.launch", "-n", "2", "--engine", "jax", str(script)]
+    p = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    lines = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("MDRESULT")]
+    assert len(lines) == 6, p.stdout[-2000:]
+    kinds = sorted(ln[1] for ln in lines)
+    assert kinds == ["DistributedError"] * 3 + ["InvalidArgumentError"] * 3, p.stdout[-2000:]
+    assert all(float(ln[2]) < 10 for ln in lines), p.stdout[-2000:]  # (not the group's 30 s timeout)
+    assert all(ln[3] == "True" for ln in lines if ln[1] == "DistributedError"), p.stdout[-2000:]
+    assert p.stdout.count("MDAFTER [2.0, 2.0, 2.0]") == 2, p.stdout[-2000:]
 
 
 _MPI_BUFFERS = """

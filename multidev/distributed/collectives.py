@@ -701,8 +701,8 @@ def _quick(g: Group, x: Any, op: Any, inplace: bool, what: str) -> Any:
                                                                    False, False, True)
 
     def start() -> tuple[Handle, Callable[[Any], Any]]:
-        if not eng.writes_inputs:  # (its primitives make new tensors: x is read, never written)
-            return eng.allreduce(t, base), new
+        if not eng.writes_inputs and type(eng).allreduce_new is Engine.allreduce_new:
+            return eng.allreduce(t, base), new  # (its primitives make new tensors: x is read, never written)
         h = eng.allreduce_new(t, base) if still else None
         if h is not None:
             return h, new
