@@ -6,6 +6,8 @@
 #   3. scripts/bench/jax_layers.py at 4 KiB, 64 KiB and 1 MiB (2 processes, the host's CPUs), this checkout:
 #      JAX's own call, the global array made per call (public function, constructor), from a thread, md;
 #   4. the jax engine's 2-process bench rows, OLD and this checkout alternated ROUNDS4 times (default 2).
+#   5. scripts/bench/jax_layers.py at 4 KiB, 64 KiB and 1 MiB, OLD and this checkout alternated ROUNDS5 times
+#      (default 2): multidev's call itself, old against new, beside the same floors.
 #   STEPS (default 1,2,3,4) picks the steps.
 #   OUT=/path/to/out bash scripts/gpu/round29.sh
 set -u
@@ -45,4 +47,13 @@ for r in $(seq 1 "${ROUNDS4:-2}"); do for t in old new; do S=$S_OLD; [ $t = new 
     --out "$W/distributed-jax-$t$r" --processes 2 --reps 10 --faults 0 --engines jax > "$W/distributed-jax-$t$r.txt" 2>&1)
   echo "$t$r exit $?"; grep -E "^\| jax" "$W/distributed-jax-$t$r.md" | cut -d'|' -f2,4,5,6,7,10
 done; done
+fi
+if [[ $STEPS == *,5,* ]]; then
+echo "== 5. jax_layers.py, $OLD against this checkout"
+for r in $(seq 1 "${ROUNDS5:-2}"); do for e in 1024 16384 262144; do for t in old new; do S=$S_OLD; [ $t = new ] && S=$S_NEW
+  echo "## $t$r" >> "$W/jax-layers-ab.txt"
+  (cd "$W" && CUDA_VISIBLE_DEVICES= ELEMS=$e ROUNDS=${ROUNDS3:-10} PYTHONPATH=$S timeout -k 5 90 python3 -m multidev.distributed.launch \
+    -n 2 --engine jax "$R/scripts/bench/jax_layers.py") 2>&1 | grep -E "^  (floor|md)|allreduce|[Ee]rror" >> "$W/jax-layers-ab.txt"
+done; done; done
+grep -v "plugin\|File \|cuda" "$W/jax-layers-ab.txt"
 fi
