@@ -442,6 +442,14 @@ def test_the_jax_engine_makes_a_shape_and_dtypes_later_global_arrays_with_jaxs_c
         np.testing.assert_array_equal(np.asarray(g), np.arange(6))
         g, _ = e._global(arrays[1])
         assert len(made) == len(arrays) + 2  # (the public function from then on)
+        e._make = refuses  # (the public function refuses this array too: its error, the constructor kept)
+
+        def also_refuses(*a: Any, **k: Any) -> Any:
+            raise ValueError("the public function's own refusal")
+        jax.make_array_from_single_device_arrays = also_refuses
+        with pytest.raises(ValueError, match="own refusal"):
+            e._global(arrays[0])
+        assert e._make is refuses
     finally:
         jax.make_array_from_single_device_arrays = old
 
@@ -462,15 +470,21 @@ def test_the_jax_engine_refuses_a_deleted_array_in_its_checks_and_takes_one_in_h
                 step(x)
     x = jax.numpy.arange(4.0)
     assert e.prepare(x) == (x, True)
+    kinds = []
     for kind in ("pinned_host", "unpinned_host"):
         try:
-            y = jax.device_put(np.arange(4.0, dtype=np.float32), jax.sharding.SingleDeviceSharding(e.native, memory_kind=kind))
-        except Exception as err:  # noqa: BLE001 - a JAX without that memory kind here
-            pytest.skip(f"no {kind} memory on JAX's CPU device here: {err}")
+            y = jax.device_put(np.arange(4.0, dtype=np.float32),
+                               jax.sharding.SingleDeviceSharding(e.native, memory_kind=kind))
+        except Exception:  # noqa: BLE001 - a JAX without that memory kind here: the other is tried
+            continue
+        kinds.append(kind)
         for _ in range(2):  # (the public function, then the constructor)
             g, _ = e._global(y)
-            assert g.sharding.memory_kind == e._home.memory_kind
+            assert g.addressable_data(0).sharding.memory_kind == e._home.memory_kind
             np.testing.assert_array_equal(np.asarray(g), np.arange(4.0))
+            np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: a * 2)(g)), 2 * np.arange(4.0))
+    if not kinds:
+        pytest.skip("no pinned or unpinned host memory on JAX's CPU device here")
 
 
 def test_the_jax_engines_cost_rule_reads_xlas_cost_analysis() -> None:
@@ -967,6 +981,33 @@ def test_the_short_out_of_place_allreduce_hands_an_engine_that_never_writes_its_
         np.testing.assert_array_equal(got[0], np.arange(1, 13, 2))  # (min: x's values)
     finally:
         monkeypatch.undo()
+        dist.shutdown()
+
+
+class _ReadsNew(_Reads):
+    """:class:`_Reads` with an ``allreduce_new`` of its own."""
+
+    name = "reads-only-new"
+
+    def allreduce_new(self, t: Any, op: str) -> eng.Handle | None:
+        self.seen.append(("allreduce_new", t))
+        return _Done(np.array(t, copy=True))
+
+
+def test_the_short_path_keeps_the_allreduce_new_of_an_engine_that_never_writes_its_inputs() -> None:
+    """An engine that never writes its inputs and has an ``allreduce_new`` of its own: a synchronous
+    out-of-place call hands x to ``allreduce_new``, as the general path does."""
+    if "reads-only-new" not in dist.engine_names():
+        dist.register_engine("reads-only-new", _ReadsNew)
+    _ReadsNew.seen = []
+    dist.init("reads-only-new", timeout=5)
+    try:
+        x = np.arange(6, dtype=np.float32)
+        for _ in range(2):  # (the first call meets NumPy's array class: the general path; then the short one)
+            _ReadsNew.seen.clear()
+            np.testing.assert_array_equal(dist.allreduce(x), x)
+            assert [k for k, _ in _ReadsNew.seen] == ["allreduce_new"] and _ReadsNew.seen[0][1] is x
+    finally:
         dist.shutdown()
 
 
