@@ -1321,15 +1321,34 @@ for shape in ((), (0,), (3,)):
         print(f"MDRESULT {type(e).__name__} {time.monotonic() - t:.2f} own", flush=True)
 y = dist.allreduce(jnp.ones(3, jnp.float32))  # (the group still usable)
 print(f"MDAFTER {np.asarray(y).tolist()}", flush=True)
+x = jnp.ones(3, jnp.float32)  # (a point-to-point message: the refusal travels in its header)
+t = time.monotonic()
+try:
+    if dist.rank() == 0:
+        x.delete()
+        dist.send(x, 1)
+        print("MDRESULT none", flush=True)
+    else:
+        dist.recv(0, backend="jax")
+        print("MDRESULT none", flush=True)
+except dist.DistributedError as e:
+    print(f"MDRESULT {type(e).__name__} {time.monotonic() - t:.2f} {'rank 0' in str(e)}", flush=True)
+except Exception as e:
+    print(f"MDRESULT {type(e).__name__} {time.monotonic() - t:.2f} own", flush=True)
+if dist.rank() == 0:
+    dist.send(jnp.full(2, 5.0, jnp.float32), 1)
+else:
+    print(f"MDAFTER {np.asarray(dist.recv(0, backend='jax')).tolist()}", flush=True)
 dist.shutdown()
 """
 
 
 @pytest.mark.multiprocess
 def test_a_deleted_jax_array_is_refused_on_every_rank_before_anything_is_sent(tmp_path: Any) -> None:
-    """A deleted (or donated) JAX array on one rank, 0-d, empty or not: that rank raises
-    InvalidArgumentError and the other a DistributedError naming its refusal, at once (the engine's
-    checks refuse it before the records travel), and the group stays usable."""
+    """A deleted (or donated) JAX array on one rank, 0-d, empty or not, in a collective or sent to
+    the other: that rank raises InvalidArgumentError and the other a DistributedError naming its
+    refusal, at once (the engine's checks refuse it before the records or the message's header
+    travel), and the group stays usable."""
     from multidev.conformance.test_distributed import engine_unavailable, worker_env
 
     why = engine_unavailable("jax")
@@ -1341,12 +1360,12 @@ def test_a_deleted_jax_array_is_refused_on_every_rank_before_anything_is_sent(tm
     p = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     lines = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("MDRESULT")]
-    assert len(lines) == 6, p.stdout[-2000:]
+    assert len(lines) == 8, p.stdout[-2000:]
     kinds = sorted(ln[1] for ln in lines)
-    assert kinds == ["DistributedError"] * 3 + ["InvalidArgumentError"] * 3, p.stdout[-2000:]
+    assert kinds == ["DistributedError"] * 4 + ["InvalidArgumentError"] * 4, p.stdout[-2000:]
     assert all(float(ln[2]) < 10 for ln in lines), p.stdout[-2000:]  # (not the group's 30 s timeout)
     assert all(ln[3] == "True" for ln in lines if ln[1] == "DistributedError"), p.stdout[-2000:]
-    assert p.stdout.count("MDAFTER [2.0, 2.0, 2.0]") == 2, p.stdout[-2000:]
+    assert p.stdout.count("MDAFTER [2.0, 2.0, 2.0]") == 2 and "MDAFTER [5.0, 5.0]" in p.stdout, p.stdout[-2000:]
 
 
 _MPI_BUFFERS = """

@@ -441,6 +441,11 @@ class JaxEngine(Engine):
         _refuse_deleted(t)
         return t, True
 
+    def admit(self, t: Any) -> bool:
+        """:meth:`prepare`'s refusal without its work (it makes nothing): True for a live array."""
+        _refuse_deleted(t)
+        return True
+
     def lost(self, what: str, timeout: float | None = None) -> Any:
         return peer_errors(f"the jax engine: {what}", (RuntimeError, TimeoutError, ConnectionError),
                            self.timeout if timeout is None else timeout)

@@ -228,6 +228,8 @@ def send(x: Any, dst: int, *, tag: int = 0, async_op: bool = False) -> Work | No
             allowed = g.engine.dtypes()
             if (allowed is not None and dtype not in allowed) or dtype not in tb.capabilities.dtypes_on(tdev):
                 raise CapabilityError(f"{what}: the {g.info.engine} engine cannot carry {dtype} tensors here")
+            if tb is b:  # (the engine's own tensor: what its prepare would refuse, refused in the header)
+                g.engine.admit(x)
             tkind, name = tdev.kind, b.name
     except UnsupportedTensorError as e:
         refused = CollectiveInputError(f"{what} sends one tensor (a structure: send each of its tensors): {e}")
