@@ -1438,3 +1438,29 @@ def test_the_torch_engine_chooses_nccl_only_where_no_two_ranks_share_a_gpu() -> 
     a, b = _gpu_identity(fake_torch(["GPU-a"]), 0), _gpu_identity(fake_torch(["GPU-b"]), 0)
     assert a != b and a != 0 and b != 0          # device 0 of each rank, two physical GPUs
     assert _gpu_identity(fake_torch(["GPU-x", "GPU-a"]), 1) == a  # the same GPU seen at another index
+
+
+def test_the_mesh_calls_checks_ask_the_engine_to_admit_its_own_kind_of_tensor(one_rank: Any,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process-mesh or layout call's checks (``checked_input``) ask the engine's ``admit`` about a
+    tensor of the engine's own kind, so what its ``prepare`` would refuse (a deleted JAX array) is this
+    rank's refusal inside the agreed exchange, also where the transport tensor is made after it; a
+    tensor of another backend is converted later and not asked about."""
+    from multidev.distributed.mesh import checked_input
+
+    asked: list[Any] = []
+
+    def admit(self: Any, t: Any) -> bool:
+        asked.append(t)
+        if t.dtype == np.float64:
+            raise md.InvalidArgumentError("this engine takes no float64 here")
+        return True
+    monkeypatch.setattr(_OneRank, "admit", admit)
+    x = np.ones(3, np.float32)
+    assert checked_input(x, "test")[1] == (3,) and asked == [x]
+    with pytest.raises(md.InvalidArgumentError, match="no float64"):
+        checked_input(np.ones(3), "test")
+    torch = pytest.importorskip("torch")
+    asked.clear()
+    checked_input(torch.ones(3), "test")
+    assert asked == []

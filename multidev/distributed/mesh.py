@@ -197,12 +197,17 @@ def _fold(b: Any, parts: Sequence[Any], op: str) -> Any:
 
 def checked_input(x: Any, what: str) -> tuple[Any, tuple[int, ...]]:
     """x's backend and shape, and that the group can carry its dtype (CapabilityError naming the
-    engine otherwise): refused inside the agreed exchange, before anything moves."""
+    engine otherwise) and its engine would take x (:meth:`Engine.admit`, for the engine's own kind
+    of tensor: a deleted JAX array, a sparse torch tensor): refused inside the agreed exchange,
+    before anything moves, also where the transport tensor is made later (``agreed`` calls)."""
     try:
         b = backend_of(x)
     except UnsupportedTensorError as e:
         raise CollectiveInputError(f"{what} takes a tensor: {e}") from None
-    carried_kind(current(), b, x, b.dtype_of(x), what)
+    g = current()
+    carried_kind(g, b, x, b.dtype_of(x), what)
+    if b.name == g.engine.tensors:
+        g.engine.admit(x)
     return b, b.shape_of(x)
 
 
