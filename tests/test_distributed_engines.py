@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -839,6 +839,39 @@ def test_the_short_inplace_allreduce_gives_what_the_general_path_gives(
     np.testing.assert_array_equal(got[1][1], np.arange(1, 13, 2))  # (min: x itself)
 
 
+def _both_ways(cls: Any, monkeypatch: pytest.MonkeyPatch, taken: list[int], checks: bool,
+               each: Callable[..., None]) -> list[Any]:
+    """Every op, on a contiguous x and a strided view, out of place, through the short path and then
+    the general one (the short path turned off); ``each(op, strided, quick, x, base, out, rows, seq)``
+    checks one call (``taken``: the general path's first steps counted since it began; ``rows``,
+    ``seq``: ``cls``'s exchanged rows and the group's call number before it). Both ways' results and
+    x's memory after them must agree; the last op's two results are returned."""
+    from multidev.distributed import collectives
+    from multidev.distributed.group import current
+
+    short = collectives._quick
+    got: list[Any] = []
+    for op in ("sum", "mean", "prod", "max", "min"):
+        for strided in (False, True):
+            got = []
+            for quick in (True, False):
+                monkeypatch.setattr(collectives, "_quick", short if quick else (lambda *a: collectives._GENERAL))
+                base = np.arange(1, 13, dtype=np.float32)
+                x = base[::2] if strided else base[:6].copy()
+                cls.seen.clear()
+                taken[0], rows, seq = 0, len(cls.rows), current().seq
+                out = dist.allreduce(x, op=op)
+                assert current().seq == seq + checks  # (one call number a checked call, as every rank's)
+                assert type(out) is np.ndarray and not np.shares_memory(out, base)
+                each(op, strided, quick, x, base, out, rows, seq)
+                np.testing.assert_array_equal(x, np.arange(1, 13)[::2] if strided else np.arange(1, 7),
+                                              err_msg=f"{op} strided={strided} quick={quick}: x written")
+                np.testing.assert_array_equal(base, np.arange(1, 13), err_msg=f"{op}: x written")
+                got.append(out.copy())
+            np.testing.assert_array_equal(got[0], got[1], err_msg=f"{op} strided={strided}")
+    return got
+
+
 @pytest.mark.parametrize("checks", [False, True])
 @pytest.mark.parametrize("declines", [False, True])
 def test_the_short_out_of_place_allreduce_gives_what_the_general_path_gives(
@@ -849,7 +882,7 @@ def test_the_short_out_of_place_allreduce_gives_what_the_general_path_gives(
     path is taken (the general path's first step is never reached), its record exchanged where
     checked, and x is never written."""
     from multidev.distributed import collectives
-    from multidev.distributed.group import Group, current
+    from multidev.distributed.group import Group
 
     if "new-memory" not in dist.engine_names():
         dist.register_engine("new-memory", _NewMemory)
@@ -873,37 +906,22 @@ def test_the_short_out_of_place_allreduce_gives_what_the_general_path_gives(
         monkeypatch.setattr(Group, "world_size", property(lambda self: 2))
         dist.set_checks(checks)
         dist.allreduce(np.ones(2, np.float32))  # (NumPy's array class seen: the short path knows it now)
-        short = collectives._quick
-        for op in ("sum", "mean", "prod", "max", "min"):
-            for strided in (False, True):
-                got = []
-                for quick in (True, False):
-                    monkeypatch.setattr(collectives, "_quick", short if quick else (lambda *a: collectives._GENERAL))
-                    base = np.arange(1, 13, dtype=np.float32)
-                    x = base[::2] if strided else base[:6].copy()
-                    _NewMemory.seen.clear()
-                    taken[0], rows, seq = 0, len(_NewMemory.rows), current().seq
-                    out = dist.allreduce(x, op=op)
-                    assert current().seq == seq + checks  # (one call number a checked call, as every rank's)
-                    if quick:
-                        assert taken[0] == 0, (op, strided)
-                        assert len(_NewMemory.rows) == rows + checks
-                        if checks:
-                            assert Call.decode(_NewMemory.rows[-1]) == Call(
-                                "allreduce", op=op, dtype="float32", shape=(6,), tkind="cpu", seq=seq)
-                        kinds = [k for k, _ in _NewMemory.seen]
-                        expect = ["allreduce"] if strided else (
-                            ["allreduce_new", "allreduce"] if declines else ["allreduce_new"])
-                        assert kinds == expect, (op, strided, kinds)
-                        assert not np.shares_memory(_NewMemory.seen[-1][1], base) or kinds[-1] == "allreduce_new"
-                    assert type(out) is np.ndarray and not np.shares_memory(out, base) and not np.shares_memory(out, x)
-                    np.testing.assert_array_equal(x, np.arange(1, 13)[::2] if strided else np.arange(1, 7),
-                                                  err_msg=f"{op} strided={strided} quick={quick}: x written")
-                    got.append((out.copy(), base.copy()))
-                np.testing.assert_array_equal(got[0][0], got[1][0], err_msg=f"{op} strided={strided}")
-                np.testing.assert_array_equal(got[0][1], got[1][1], err_msg=f"{op} strided={strided}")
-                np.testing.assert_array_equal(got[0][1], np.arange(1, 13), err_msg=f"{op}: x written")
-        np.testing.assert_array_equal(got[0][0], np.arange(1, 13, 2))  # (min: x's values)
+
+        def each(op: str, strided: bool, quick: bool, x: Any, base: Any, out: Any, rows: int, seq: int) -> None:
+            if quick:
+                assert taken[0] == 0, (op, strided)
+                assert len(_NewMemory.rows) == rows + checks
+                if checks:
+                    assert Call.decode(_NewMemory.rows[-1]) == Call(
+                        "allreduce", op=op, dtype="float32", shape=(6,), tkind="cpu", seq=seq)
+                kinds = [k for k, _ in _NewMemory.seen]
+                expect = ["allreduce"] if strided else (
+                    ["allreduce_new", "allreduce"] if declines else ["allreduce_new"])
+                assert kinds == expect, (op, strided, kinds)
+                assert not np.shares_memory(_NewMemory.seen[-1][1], base) or kinds[-1] == "allreduce_new"
+            assert not np.shares_memory(out, x)
+        got = _both_ways(_NewMemory, monkeypatch, taken, checks, each)
+        np.testing.assert_array_equal(got[0], np.arange(1, 13, 2))  # (min: x's values)
     finally:
         monkeypatch.undo()
         dist.shutdown()
@@ -931,7 +949,7 @@ def test_the_short_out_of_place_allreduce_hands_an_engine_that_never_writes_its_
     turned off) does, exchanges its record where checked, gives the general path's result and
     leaves x as it was."""
     from multidev.distributed import collectives
-    from multidev.distributed.group import Group, current
+    from multidev.distributed.group import Group
 
     if "reads-only" not in dist.engine_names():
         dist.register_engine("reads-only", _Reads)
@@ -953,31 +971,16 @@ def test_the_short_out_of_place_allreduce_hands_an_engine_that_never_writes_its_
         monkeypatch.setattr(Group, "world_size", property(lambda self: 2))
         dist.set_checks(checks)
         dist.allreduce(np.ones(2, np.float32))  # (NumPy's array class seen: the short path knows it now)
-        short = collectives._quick
-        for op in ("sum", "mean", "prod", "max", "min"):
-            for strided in (False, True):
-                got = []
-                for quick in (True, False):
-                    monkeypatch.setattr(collectives, "_quick", short if quick else (lambda *a: collectives._GENERAL))
-                    base = np.arange(1, 13, dtype=np.float32)
-                    x = base[::2] if strided else base[:6].copy()
-                    _Reads.seen.clear()
-                    taken[0], rows, seq = 0, len(_Reads.rows), current().seq
-                    out = dist.allreduce(x, op=op)
-                    assert current().seq == seq + checks
-                    assert (taken[0] == 0) == quick, (op, strided, quick)
-                    assert len(_Reads.rows) == rows + checks
-                    if checks:
-                        assert Call.decode(_Reads.rows[-1]) == Call(
-                            "allreduce", op=op, dtype="float32", shape=(6,), tkind="cpu", seq=seq)
-                    assert [k for k, _ in _Reads.seen] == ["allreduce"]
-                    handed = _Reads.seen[0][1]
-                    assert (handed is x) == (not strided), (op, strided, quick)  # (either path: no private copy)
-                    assert type(out) is np.ndarray and not np.shares_memory(out, base)
-                    np.testing.assert_array_equal(x, np.arange(1, 13)[::2] if strided else np.arange(1, 7),
-                                                  err_msg=f"{op} strided={strided} quick={quick}: x written")
-                    got.append(out.copy())
-                np.testing.assert_array_equal(got[0], got[1], err_msg=f"{op} strided={strided}")
+
+        def each(op: str, strided: bool, quick: bool, x: Any, base: Any, out: Any, rows: int, seq: int) -> None:
+            assert (taken[0] == 0) == quick, (op, strided, quick)
+            assert len(_Reads.rows) == rows + checks
+            if checks:
+                assert Call.decode(_Reads.rows[-1]) == Call(
+                    "allreduce", op=op, dtype="float32", shape=(6,), tkind="cpu", seq=seq)
+            assert [k for k, _ in _Reads.seen] == ["allreduce"]
+            assert (_Reads.seen[0][1] is x) == (not strided), (op, strided, quick)  # (either path: no private copy)
+        got = _both_ways(_Reads, monkeypatch, taken, checks, each)
         np.testing.assert_array_equal(got[0], np.arange(1, 13, 2))  # (min: x's values)
     finally:
         monkeypatch.undo()
